@@ -1,0 +1,36 @@
+# The two commands the README starts with: `make demo` (the whole graph, locally) and `make test`.
+# Both create .venv when it is missing. DAGSTER_HOME is honoured when set; otherwise the instance
+# lives in .dagster_home/ with the repo's dagster.yaml.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ifeq ($(origin DAGSTER_HOME), undefined)
+DAGSTER_HOME := $(CURDIR)/.dagster_home
+HOME_CONFIG := $(DAGSTER_HOME)/dagster.yaml
+endif
+export DAGSTER_HOME
+ZERO_RAW_URI ?= $(CURDIR)/.zero/raw
+
+.PHONY: demo test bench venv
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml requirements.lock
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	@touch $@
+
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	@mkdir -p $(DAGSTER_HOME)
+	cp dagster.yaml $@
+
+demo: venv $(HOME_CONFIG)
+	@case "$(ZERO_RAW_URI)" in s3://*) ;; *) test -e "$(ZERO_RAW_URI)" || $(VENV)/bin/zero-assets make-demo-data --out "$(ZERO_RAW_URI)";; esac
+	ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/dagster asset materialize --select '*' -m zero_assets.definitions
+	ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/zero-assets summary
+
+test: venv $(HOME_CONFIG)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: venv
+	$(PY) -m benchmarks

@@ -1,0 +1,124 @@
+"""The SageMaker container contract as seen from inside a job script, plus the Pipes report channel.
+
+SageMaker lays a job out under `/opt/ml`; the local runner reproduces that layout under a run folder
+and points `ZERO_OPT_ML` at it, so scripts resolve every path through here and run unchanged on both.
+Processing scripts get their input and output folders as command-line arguments (as SageMaker
+Processing does); training scripts read channels from `SM_CHANNEL_<NAME>` and write to `SM_MODEL_DIR`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from dagster_pipes import PipesContext, PipesEnvVarParamsLoader, open_dagster_pipes
+
+log = logging.getLogger("zero.job")
+
+
+def opt_ml() -> Path:
+    return Path(os.environ.get("ZERO_OPT_ML", "/opt/ml"))
+
+
+def channel_dir(name: str) -> Path:
+    """A training channel's folder (`SM_CHANNEL_TRAIN` for channel `train`)."""
+    value = os.environ.get(f"SM_CHANNEL_{name.upper()}")
+    path = Path(value) if value else opt_ml() / "input" / "data" / name
+    if not path.is_dir():
+        raise FileNotFoundError(f"input channel {name!r} is missing: expected a folder at {path}")
+    return path
+
+
+def model_dir() -> Path:
+    return Path(os.environ.get("SM_MODEL_DIR", opt_ml() / "model"))
+
+
+def checkpoint_dir() -> Path:
+    """Where SageMaker's CheckpointConfig syncs to S3 (`/opt/ml/checkpoints` by default)."""
+    return Path(os.environ.get("ZERO_CHECKPOINT_DIR", opt_ml() / "checkpoints"))
+
+
+def job_name() -> str:
+    return os.environ.get("ZERO_JOB_NAME") or json.loads(os.environ.get("SM_TRAINING_ENV", "{}")).get("job_name", "local")
+
+
+def is_rank_zero() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+class _LogOnlyReporter:
+    """Stand-in for a Pipes context when a script runs by hand or on a non-zero rank."""
+
+    def __init__(self) -> None:
+        self.log = log
+
+    def report_asset_materialization(self, metadata: dict[str, Any] | None = None, data_version: str | None = None, **_: Any) -> None:
+        if is_rank_zero():
+            print(json.dumps({"event": "materialization", "data_version": data_version, "metadata": _plain(metadata)}))
+
+    def report_custom_message(self, payload: Any) -> None:
+        if is_rank_zero():
+            print(json.dumps({"event": "message", "payload": payload}))
+
+
+def _plain(metadata: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: (v.get("raw_value") if isinstance(v, dict) and "raw_value" in v else v) for k, v in (metadata or {}).items()}
+
+
+@contextmanager
+def pipes_session() -> Iterator[Any]:
+    """Open Dagster Pipes on rank 0 when launched by Dagster; otherwise a reporter that only logs.
+
+    On failure, write `/opt/ml/output/failure` (SageMaker's FailureReason) before re-raising.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    launched_by_dagster = PipesEnvVarParamsLoader().is_dagster_pipes_process()
+    try:
+        if launched_by_dagster and is_rank_zero():
+            with open_dagster_pipes() as context:
+                yield context
+        else:
+            yield _LogOnlyReporter()
+    except BaseException as error:
+        if not isinstance(error, SystemExit) or error.code not in (0, None):
+            write_failure_reason(error)
+        raise
+
+
+def write_failure_reason(error: BaseException) -> None:
+    failure = opt_ml() / "output" / "failure"
+    try:
+        failure.parent.mkdir(parents=True, exist_ok=True)
+        text = f"{type(error).__name__}: {error}\n" + "".join(traceback.format_exception(error)[-6:])
+        failure.write_text(text[:1024])  # SageMaker keeps the first 1024 characters
+    except OSError as write_error:
+        log.error("could not write failure reason to %s: %s", failure, write_error)
+
+
+def md_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pipes metadata value for a small table, rendered as markdown in the Dagster UI."""
+    if not rows:
+        return {"raw_value": "(none)", "type": "md"}
+    columns = list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return {"raw_value": "\n".join(lines), "type": "md"}
+
+
+__all__ = [
+    "PipesContext",
+    "channel_dir",
+    "checkpoint_dir",
+    "is_rank_zero",
+    "job_name",
+    "md_table",
+    "model_dir",
+    "opt_ml",
+    "pipes_session",
+]

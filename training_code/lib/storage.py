@@ -1,0 +1,150 @@
+"""One storage layer for local paths and `s3://` URIs: list, read, atomic write, publish a folder.
+
+Every write is atomic: a temporary name then a rename locally, a single PUT (or completed multipart
+upload) on S3. `publish_folder` copies a finished job output to its destination with the manifest
+last, so a reader that trusts the manifest never sees a half-written set.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Iterator
+
+MANIFEST_NAMES = ("manifest.json",)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str  # relative to the listed root, "/"-separated
+    size: int
+    etag: str
+
+
+def is_s3(uri: str | os.PathLike) -> bool:
+    return str(uri).startswith("s3://")
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    bucket, _, prefix = str(uri)[len("s3://") :].partition("/")
+    if not bucket:
+        raise ValueError(f"{uri!r} is not an s3://bucket/prefix URI")
+    return bucket, prefix.strip("/")
+
+
+def join(root: str | os.PathLike, relative: str) -> str:
+    """Join a checked relative key onto a root URI or path."""
+    relative = safe_relative_key(relative)
+    return f"{str(root).rstrip('/')}/{relative}" if is_s3(root) else str(Path(root) / relative)
+
+
+def safe_relative_key(key: str) -> str:
+    """Reject keys that could escape their root: `..`, absolute paths, control characters."""
+    if not key or _CONTROL.search(key) or "\\" in key:
+        raise ValueError(f"unsafe object key {key!r}: empty, control characters or backslashes")
+    path = PurePosixPath(key)
+    if path.is_absolute() or ".." in path.parts:
+        raise ValueError(f"unsafe object key {key!r}: absolute paths and '..' are not allowed")
+    return str(path)
+
+
+def _s3_client():
+    import boto3
+
+    return boto3.client("s3", endpoint_url=os.environ.get("ZERO_S3_ENDPOINT_URL") or None)
+
+
+def list_objects(root: str | os.PathLike) -> Iterator[ObjectInfo]:
+    """Every object under `root`, sorted by key. Local etag is `<mtime_ns>-<size>`."""
+    if is_s3(root):
+        bucket, prefix = split_s3(str(root))
+        paginator = _s3_client().get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else ""):
+            for obj in page.get("Contents", []):
+                key = obj["Key"][len(prefix) + 1 :] if prefix else obj["Key"]
+                yield ObjectInfo(key, int(obj["Size"]), obj["ETag"].strip('"'))
+        return
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"raw root {root} does not exist or is not a folder")
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        stat = path.stat()
+        yield ObjectInfo(path.relative_to(root).as_posix(), stat.st_size, f"{stat.st_mtime_ns}-{stat.st_size}")
+
+
+def read_bytes(uri: str | os.PathLike) -> bytes:
+    if is_s3(uri):
+        bucket, key = split_s3(str(uri))
+        return _s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    return Path(uri).read_bytes()
+
+
+def exists(uri: str | os.PathLike) -> bool:
+    if is_s3(uri):
+        bucket, key = split_s3(str(uri))
+        response = _s3_client().list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+        return response.get("KeyCount", 0) > 0
+    return Path(uri).exists()
+
+
+def write_bytes_atomic(uri: str | os.PathLike, data: bytes) -> None:
+    if is_s3(uri):
+        bucket, key = split_s3(str(uri))
+        _s3_client().put_object(Bucket=bucket, Key=key, Body=data)  # S3 PUTs are all-or-nothing
+        return
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def copy_file_atomic(src: Path, dest: str | os.PathLike) -> None:
+    if is_s3(dest):
+        bucket, key = split_s3(str(dest))
+        _s3_client().upload_file(str(src), bucket, key)  # multipart uploads complete atomically
+        return
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def publish_folder(src: Path, dest: str | os.PathLike) -> list[str]:
+    """Copy every file of `src` to `dest`, manifests last; returns the relative keys written."""
+    files = sorted(p for p in Path(src).rglob("*") if p.is_file())
+    files.sort(key=lambda p: p.name in MANIFEST_NAMES)  # stable: manifests move to the end
+    written = []
+    for path in files:
+        relative = path.relative_to(src).as_posix()
+        copy_file_atomic(path, join(dest, relative))
+        written.append(relative)
+    return written
+
+
+def download_prefix(uri: str, dest: Path) -> Path:
+    """Copy an S3 prefix into a local folder (SageMaker's File input mode)."""
+    bucket, prefix = split_s3(uri)
+    client = _s3_client()
+    for obj in list_objects(uri):
+        target = dest / safe_relative_key(obj.key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        client.download_file(bucket, f"{prefix}/{obj.key}" if prefix else obj.key, str(target))
+    return dest

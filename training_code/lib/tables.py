@@ -1,0 +1,118 @@
+"""Pandera schemas for the pipeline's tables, checked whenever one is written.
+
+Each table is a Parquet file. The Dagster side shows the same schemas as column schemas in the UI,
+so a malformed table fails at the boundary where it was produced.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pandera.pandas as pa
+
+from .storage import write_bytes_atomic
+
+REASONS = (
+    "empty", "unidentified", "truncated", "checksum", "bomb", "timeout", "crash",
+    "unsupported", "format_not_allowed", "too_small", "exif", "decode_error",
+)
+LABEL_REASONS = ("outside_image", "degenerate", "non_finite", "unknown_category", "malformed")
+SPLITS = ("train", "val")
+
+_key = pa.Column(str, pa.Check.str_length(min_value=1))
+_sha = pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{64}$"))
+
+RAW_INDEX = pa.DataFrameSchema(
+    {
+        "source": pa.Column(str),
+        "key": _key,  # path relative to the raw root: "<source>/<file>"
+        "size": pa.Column("int64", pa.Check.ge(0)),
+        "etag": pa.Column(str),  # S3 ETag, or "<mtime_ns>-<size>" for local files
+        "group": pa.Column(str),
+        "annotation_count": pa.Column("int64", pa.Check.ge(0)),
+    },
+    unique=["key"],
+    name="raw_image_index",
+    strict=True,
+)
+
+ACCEPTED = pa.DataFrameSchema(
+    {
+        "source": pa.Column(str),
+        "key": _key,
+        "sha256": _sha,
+        "size": pa.Column("int64", pa.Check.gt(0)),
+        "format": pa.Column(str),
+        "mode": pa.Column(str),  # the decoder's original mode (CMYK, I;16, P, RGBA...)
+        "width": pa.Column("int64", pa.Check.gt(0)),  # upright frame
+        "height": pa.Column("int64", pa.Check.gt(0)),
+        "orientation": pa.Column("int64", pa.Check.isin(list(range(1, 9)))),
+        "group": pa.Column(str),
+        "split": pa.Column(str, pa.Check.isin(list(SPLITS))),
+        "boxes": pa.Column(object),  # list of [x1, y1, x2, y2], upright frame
+        "category_names": pa.Column(object),  # list of str, one per box
+    },
+    unique=["key"],
+    name="validated_images",
+    strict=True,
+)
+
+QUARANTINE = pa.DataFrameSchema(
+    {
+        "key": _key,
+        "sha256": pa.Column(str, nullable=True),  # null when the bytes could not be read
+        "stage": pa.Column(str),
+        "reason": pa.Column(str, pa.Check.isin(list(REASONS))),
+        "error": pa.Column(str),
+    },
+    name="quarantine",
+    strict=True,
+)
+
+DUPLICATES = pa.DataFrameSchema(
+    {"key": _key, "sha256": _sha, "duplicate_of": _key},
+    unique=["key"],
+    name="duplicates",
+    strict=True,
+)
+
+REJECTED_LABELS = pa.DataFrameSchema(
+    {
+        "key": _key,
+        "annotation_id": pa.Column("int64"),
+        "category": pa.Column(str),
+        "bbox": pa.Column(object),  # the COCO [x, y, w, h] as given
+        "reason": pa.Column(str, pa.Check.isin(list(LABEL_REASONS))),
+        "detail": pa.Column(str),
+    },
+    name="rejected_labels",
+    strict=True,
+)
+
+UNMATCHED = pa.DataFrameSchema(
+    {
+        "kind": pa.Column(str, pa.Check.isin(["image_without_annotation", "annotation_without_image"])),
+        "key": _key,
+        "detail": pa.Column(str),
+    },
+    name="unmatched",
+    strict=True,
+)
+
+
+def write_table(frame: pd.DataFrame, schema: pa.DataFrameSchema, path: Path) -> pd.DataFrame:
+    """Validate `frame` against `schema`, then write it as Parquet atomically."""
+    frame = schema.validate(frame.reset_index(drop=True), lazy=True)
+    write_bytes_atomic(Path(path), frame.to_parquet(index=False))
+    return frame
+
+
+def read_table(path: Path, schema: pa.DataFrameSchema) -> pd.DataFrame:
+    frame = pd.read_parquet(path)
+    return schema.validate(frame, lazy=True)
+
+
+def empty_frame(schema: pa.DataFrameSchema) -> pd.DataFrame:
+    """A zero-row frame with the schema's columns, for tables that have nothing to report."""
+    return pd.DataFrame({name: pd.Series(dtype=str(col.dtype) if col.dtype else object) for name, col in schema.columns.items()})
