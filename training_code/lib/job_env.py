@@ -77,7 +77,7 @@ def pipes_session() -> Iterator[Any]:
 
     On failure, write `/opt/ml/output/failure` (SageMaker's FailureReason) before re-raising.
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    _configure_logging()
     launched_by_dagster = PipesEnvVarParamsLoader().is_dagster_pipes_process()
     try:
         if launched_by_dagster and is_rank_zero():
@@ -89,6 +89,16 @@ def pipes_session() -> Iterator[Any]:
         if not isinstance(error, SystemExit) or error.code not in (0, None):
             write_failure_reason(error)
         raise
+
+
+def _configure_logging() -> None:
+    """Log to stderr (CloudWatch on SageMaker); the local runner also keeps `output/job.log` per job."""
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if os.environ.get("ZERO_OPT_ML") and is_rank_zero():
+        log_file = opt_ml() / "output" / "job.log"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_file))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True)
 
 
 def write_failure_reason(error: BaseException) -> None:

@@ -8,7 +8,6 @@ pixels in the upright frame: decode `image` with `decode_upright` (EXIF orientat
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from pathlib import Path
@@ -16,6 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 from PIL import Image, ImageOps
+
+from .hashing import sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "zero-shards/1"
@@ -39,14 +40,6 @@ SHARD_SCHEMA = pa.schema(
 
 class ShardIntegrityError(RuntimeError):
     """A shard on disk does not match its manifest entry."""
-
-
-def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:

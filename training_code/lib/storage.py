@@ -148,3 +148,19 @@ def download_prefix(uri: str, dest: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         client.download_file(bucket, f"{prefix}/{obj.key}" if prefix else obj.key, str(target))
     return dest
+
+
+def fetch_file(uri: str, dest: Path) -> None:
+    """Copy one object (local path or s3:// URI) to a local file atomically."""
+    if not is_s3(uri):
+        copy_file_atomic(Path(uri), dest)
+        return
+    bucket, key = split_s3(uri)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        _s3_client().download_file(bucket, key, str(tmp))
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -101,10 +101,10 @@ UNMATCHED = pa.DataFrameSchema(
 )
 
 
-def write_table(frame: pd.DataFrame, schema: pa.DataFrameSchema, path: Path) -> pd.DataFrame:
-    """Validate `frame` against `schema`, then write it as Parquet atomically."""
+def write_table(frame: pd.DataFrame, schema: pa.DataFrameSchema, uri: str | Path) -> pd.DataFrame:
+    """Validate `frame` against `schema`, then write it as Parquet atomically (local path or s3:// URI)."""
     frame = schema.validate(frame.reset_index(drop=True), lazy=True)
-    write_bytes_atomic(Path(path), frame.to_parquet(index=False))
+    write_bytes_atomic(uri, frame.to_parquet(index=False))
     return frame
 
 

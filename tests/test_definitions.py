@@ -1,0 +1,42 @@
+"""The code location loads and wires the six assets as one lineage chain."""
+
+import subprocess
+import sys
+
+from dagster import AssetKey
+
+from zero_assets.definitions import defs
+
+CHAIN = ["raw_image_index", "validated_images", "arrow_shards", "fsx_warm_state", "trained_checkpoint", "map_report"]
+
+
+def test_six_assets_form_one_lineage_chain():
+    graph = defs.resolve_asset_graph()
+    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == set(CHAIN)
+    for upstream, downstream in zip(CHAIN, CHAIN[1:]):
+        assert AssetKey(upstream) in graph.get(AssetKey(downstream)).parent_keys
+
+
+def test_map_report_reads_the_warm_shards_and_the_checkpoint():
+    parents = defs.resolve_asset_graph().get(AssetKey("map_report")).parent_keys
+    assert parents == {AssetKey("trained_checkpoint"), AssetKey("fsx_warm_state")}
+
+
+def test_dagster_cli_validates_the_code_location():
+    result = subprocess.run(
+        [sys.executable, "-m", "dagster", "definitions", "validate", "-m", "zero_assets.definitions"],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_unknown_backend_is_rejected_with_the_variable_name(monkeypatch):
+    from zero_assets.resources.settings import settings_from_env
+
+    monkeypatch.setenv("ZERO_BACKEND", "kubernetes")
+    try:
+        settings_from_env()
+    except ValueError as error:
+        assert "ZERO_BACKEND" in str(error) and "kubernetes" in str(error)
+    else:
+        raise AssertionError("an unknown backend must be rejected")

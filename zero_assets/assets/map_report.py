@@ -1,0 +1,32 @@
+"""`map_report`: COCO metrics of the checkpoint on the val shards, run as a Processing job."""
+
+from dagster import AssetExecutionContext, Config, MaterializeResult, asset
+
+from ..fingerprints import upstream_output
+from ..job_launch import launch_job
+from ..resources.local_runner import LocalJobRunner
+from ..resources.settings import ZeroSettings
+from .fsx_warm_state import fsx_warm_state
+from .trained_checkpoint import trained_checkpoint
+
+
+class EvalConfig(Config):
+    split: str = "val"
+    score_threshold: float = 0.0  # keep every detection: COCO mAP integrates over the score ranking
+
+
+@asset(deps=[trained_checkpoint, fsx_warm_state], group_name="zero", kinds={"json"})
+def map_report(context: AssetExecutionContext, config: EvalConfig, settings: ZeroSettings, jobs: LocalJobRunner) -> MaterializeResult:
+    """mAP, mAP@0.5, mAP@0.75 and per-class AP of the checkpoint on the held-out split."""
+    checkpoint = upstream_output(context, "trained_checkpoint")
+    shards = upstream_output(context, "fsx_warm_state")
+    return launch_job(
+        context,
+        jobs=jobs,
+        settings=settings,
+        kind="processing",
+        module="training_code.evaluate",
+        config=config.model_dump(),
+        upstream=[checkpoint, shards],
+        inputs={"model": checkpoint.uri, "shards": shards.uri},
+    )

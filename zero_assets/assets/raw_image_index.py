@@ -1,0 +1,46 @@
+"""`raw_image_index`: one row per raw image, built from the listing alone (no image bytes read)."""
+
+import json
+
+from dagster import AssetExecutionContext, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+
+from training_code.lib.storage import join, write_bytes_atomic
+from training_code.lib.tables import RAW_INDEX, write_table
+
+from ..metadata import table_schema
+from ..raw_index import build_raw_index
+from ..resources.settings import ZeroSettings
+
+
+@asset(group_name="zero", kinds={"parquet"}, metadata={"dagster/column_schema": table_schema(RAW_INDEX)})
+def raw_image_index(context: AssetExecutionContext, settings: ZeroSettings) -> MaterializeResult:
+    """Index of every image under the raw root: source, key, size, etag, group, annotation count."""
+    index = build_raw_index(settings.raw_uri)
+    if index.frame.empty:
+        raise Failure(f"no images found under the raw root {settings.raw_uri}; set ZERO_RAW_URI or run `zero-assets make-demo-data`")
+    fingerprint = index.listing_fingerprint
+    out = settings.asset_uri("raw_image_index", fingerprint[:16])
+    write_table(index.frame, RAW_INDEX, join(out, "index.parquet"))
+    manifest = {"format": "zero-raw-index/1", "listing_fingerprint": fingerprint, "raw_uri": settings.raw_uri, "images": len(index.frame)}
+    write_bytes_atomic(join(out, "manifest.json"), json.dumps(manifest, indent=1).encode())
+    by_source = index.frame.groupby("source").agg(images=("key", "size"), bytes=("size", "sum")).reset_index()
+    for key in index.annotations_without_image:
+        context.log.warning(f"annotation for a missing image: {key}")
+    return MaterializeResult(
+        metadata={
+            "uri": MetadataValue.path(out),
+            "raw_uri": MetadataValue.path(settings.raw_uri),
+            "images": len(index.frame),
+            "bytes": int(index.frame["size"].sum()),
+            "sources": index.frame["source"].nunique(),
+            "groups": index.frame["group"].nunique(),
+            "images_without_annotation": int((index.frame["annotation_count"] == 0).sum()),
+            "annotations_without_image": len(index.annotations_without_image),
+            "ignored_files": len(index.ignored_files),
+            "sources_without_annotations_json": MetadataValue.json(index.sources_without_annotations),
+            "by_source": MetadataValue.md(by_source.to_markdown(index=False)),
+            "fingerprint": fingerprint,
+            "cache": "miss",
+        },
+        data_version=DataVersion(fingerprint),
+    )

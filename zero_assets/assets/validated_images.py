@@ -1,0 +1,38 @@
+"""`validated_images`: the corrupt-image pass over the index, run as a Processing job."""
+
+from dagster import AssetExecutionContext, Config, MaterializeResult, asset
+
+from training_code.lib.tables import ACCEPTED
+
+from ..fingerprints import upstream_output
+from ..job_launch import launch_job
+from ..metadata import table_schema
+from ..resources.local_runner import LocalJobRunner
+from ..resources.settings import ZeroSettings
+from .raw_image_index import raw_image_index
+
+
+class ValidationConfig(Config):
+    val_fraction: float = 0.2  # share of groups held out for evaluation
+    split_seed: int = 0
+    max_quarantine_rate: float = 0.5  # fail the asset when more of the images than this are rejected
+    min_side: int = 8
+    timeout_s: float = 20.0  # per-file decode limit
+
+
+@asset(deps=[raw_image_index], group_name="zero", kinds={"parquet"}, metadata={"dagster/column_schema": table_schema(ACCEPTED)})
+def validated_images(
+    context: AssetExecutionContext, config: ValidationConfig, settings: ZeroSettings, jobs: LocalJobRunner
+) -> MaterializeResult:
+    """Accepted images (sha256, size, format, mode, split, labels) and the quarantine, duplicate and label-rejection tables."""
+    index = upstream_output(context, "raw_image_index")
+    return launch_job(
+        context,
+        jobs=jobs,
+        settings=settings,
+        kind="processing",
+        module="training_code.validate",
+        config=config.model_dump(),
+        upstream=[index],
+        inputs={"index": index.uri, "raw": settings.raw_uri},
+    )

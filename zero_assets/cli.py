@@ -1,0 +1,80 @@
+"""`zero-assets`: what is not a materialization (those are Dagster's job: UI, CLI, sensors).
+
+    zero-assets make-demo-data --out DIR [--images N] [--seed S]
+    zero-assets summary            # the latest materialization of each asset, from $DAGSTER_HOME
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .demo_data import make_demo_raw_root
+
+SUMMARY_KEYS = {
+    "raw_image_index": ("images", "sources", "images_without_annotation", "annotations_without_image"),
+    "validated_images": ("images_in", "accepted", "quarantined", "duplicates", "labels_rejected", "train", "val"),
+    "arrow_shards": ("shards", "shard_bytes", "train_rows", "val_rows"),
+    "fsx_warm_state": ("shards", "bytes", "copied", "already_warm"),
+    "trained_checkpoint": ("steps", "images_per_s", "final_loss", "world_size", "job_wall_s"),
+    "map_report": ("mAP", "mAP_50", "mAP_75", "val_images"),
+}
+
+
+def _make_demo_data(args: argparse.Namespace) -> int:
+    summary = make_demo_raw_root(args.out, images=args.images, seed=args.seed)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def _summary(_: argparse.Namespace) -> int:
+    from dagster import AssetKey, DagsterInstance
+
+    instance = DagsterInstance.get()
+    missing = False
+    for asset, keys in SUMMARY_KEYS.items():
+        event = instance.get_latest_materialization_event(AssetKey(asset))
+        if event is None or event.asset_materialization is None:
+            print(f"{asset:<20} not materialized")
+            missing = True
+            continue
+        metadata = event.asset_materialization.metadata
+        values = ", ".join(f"{k}={_plain(metadata[k].value)}" for k in keys if k in metadata)
+        print(f"{asset:<20} {values}\n{'':<20} uri={metadata['uri'].value if 'uri' in metadata else '?'}")
+    final = instance.get_latest_materialization_event(AssetKey("map_report"))
+    if final is not None and final.asset_materialization is not None:
+        metrics = final.asset_materialization.metadata
+        print(f"\nfinal mAP@[.5:.95] = {_plain(metrics['mAP'].value)}   mAP@0.5 = {_plain(metrics['mAP_50'].value)}")
+    return 1 if missing else 0
+
+
+def _plain(value: object) -> object:
+    return round(value, 4) if isinstance(value, float) else value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zero-assets", description="zero_assets command line")
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("make-demo-data", help="write the deterministic demo raw root")
+    demo.add_argument("--out", type=Path, required=True, help="new or empty folder for the raw root")
+    demo.add_argument("--images", type=int, default=240, help="good images to render (bad cases are added on top)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(handler=_make_demo_data)
+    summary = commands.add_parser("summary", help="print the latest materialization of each asset")
+    summary.set_defaults(handler=_summary)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (FileExistsError, FileNotFoundError, ValueError) as error:
+        print(f"zero-assets {args.command}: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

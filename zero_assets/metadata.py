@@ -1,0 +1,26 @@
+"""Metadata helpers shared by the assets: pandera schemas as Dagster column schemas, job results."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pandera.pandas as pa
+from dagster import DataVersion, MaterializeResult, TableSchemaMetadataValue
+from dagster._core.pipes.client import PipesClientCompletedInvocation
+from dagster_pandera import pandera_schema_to_dagster_type
+
+
+def table_schema(schema: pa.DataFrameSchema) -> TableSchemaMetadataValue:
+    """The pandera schema a table is checked against, shown as its column schema in the UI."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dagster-pandera marks this beta; the output is stable metadata
+        return pandera_schema_to_dagster_type(schema).metadata["schema"]
+
+
+def job_result(invocation: PipesClientCompletedInvocation, extra: dict[str, Any]) -> MaterializeResult:
+    """The script's own report (metadata and data version), plus what the asset knows about the run."""
+    reported = invocation.get_materialize_result()
+    if reported.data_version is None:
+        raise RuntimeError("the job script reported no data version; it must report one through Dagster Pipes")
+    return MaterializeResult(metadata={**(reported.metadata or {}), **extra}, data_version=DataVersion(reported.data_version.value))

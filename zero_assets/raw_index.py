@@ -1,0 +1,72 @@
+"""Build the raw image index from a listing of the raw root, never from image bytes.
+
+One row per image file: source, key, size, etag (or mtime-size), group (the folder it sits in) and
+how many COCO annotations point at it. Annotation files are read (they are small); images are not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+import pandas as pd
+
+from training_code.lib.coco import ANNOTATIONS_FILE, annotated_files_without_image, parse_annotations
+from training_code.lib.hashing import sha256_json
+from training_code.lib.storage import ObjectInfo, join, list_objects, read_bytes
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".mpo")
+
+
+@dataclass
+class RawIndex:
+    frame: pd.DataFrame
+    listing_fingerprint: str
+    ignored_files: list[str] = field(default_factory=list)
+    sources_without_annotations: list[str] = field(default_factory=list)
+    annotations_without_image: list[str] = field(default_factory=list)
+
+
+def group_of(key: str) -> str:
+    """The folder an image sits in: `source/lot_003` for `source/lot_003/part_1.jpg`."""
+    return str(PurePosixPath(key).parent)
+
+
+def build_raw_index(raw_uri: str) -> RawIndex:
+    listing = list(list_objects(raw_uri))
+    images: dict[str, list[ObjectInfo]] = {}
+    annotation_files, ignored = [], []
+    for obj in listing:
+        source, _, rest = obj.key.partition("/")
+        if not rest:
+            ignored.append(obj.key)  # files at the top level belong to no source
+        elif rest == ANNOTATIONS_FILE:
+            annotation_files.append(source)
+        elif rest.lower().endswith(IMAGE_SUFFIXES):
+            images.setdefault(source, []).append(obj)
+        else:
+            ignored.append(obj.key)
+    rows, missing = [], []
+    for source in sorted(set(images) | set(annotation_files)):
+        listed = {obj.key.partition("/")[2]: obj for obj in images.get(source, [])}
+        counts: dict[str, int] = {}
+        if source in annotation_files:
+            where = join(raw_uri, f"{source}/{ANNOTATIONS_FILE}")
+            parsed = parse_annotations(source, read_bytes(where), where)
+            counts = {name: len(parsed.annotations_for(name)) for name in listed}
+            missing += [f"{source}/{name}" for name in annotated_files_without_image(parsed, set(listed))]
+        for name, obj in sorted(listed.items()):
+            rows.append(
+                {"source": source, "key": obj.key, "size": obj.size, "etag": obj.etag,
+                 "group": group_of(obj.key), "annotation_count": counts.get(name, 0)}
+            )
+    frame = pd.DataFrame(rows, columns=["source", "key", "size", "etag", "group", "annotation_count"])
+    frame = frame.astype({"size": "int64", "annotation_count": "int64"})
+    fingerprint = sha256_json([(obj.key, obj.size, obj.etag) for obj in listing])
+    return RawIndex(
+        frame=frame,
+        listing_fingerprint=fingerprint,
+        ignored_files=ignored,
+        sources_without_annotations=sorted(set(images) - set(annotation_files)),
+        annotations_without_image=missing,
+    )

@@ -1,0 +1,138 @@
+"""Run job scripts on this machine with SageMaker's container contract, through Dagster Pipes.
+
+Each job gets a run folder named after the job with the `/opt/ml` layout: inputs linked (or, for
+`s3://` inputs, downloaded as File mode would) under the paths SageMaker uses, `SM_*` variables set,
+training launched under `torchrun`. When the script succeeds its outputs are published to their
+destinations with the manifest last, as SageMaker uploads a job's outputs when it completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dagster import (
+    AssetExecutionContext,
+    ConfigurableResource,
+    Failure,
+    MetadataValue,
+    PipesSubprocessClient,
+)
+from dagster._core.errors import DagsterPipesExecutionError
+from dagster._core.pipes.client import PipesClientCompletedInvocation
+
+from training_code.lib.storage import download_prefix, is_s3, publish_folder
+
+from ..job_request import JobRequest
+from .settings import REPO_ROOT, ZeroSettings
+
+LOG_TAIL_LINES = 30
+
+
+class LocalJobRunner(ConfigurableResource):
+    """The embedded default backend: the job scripts as subprocesses of the Dagster run."""
+
+    settings: ZeroSettings
+    python: str = sys.executable
+
+    def run(self, context: AssetExecutionContext, request: JobRequest) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
+        run_dir = Path(self.settings.jobs_root()) / request.job_name
+        opt_ml = run_dir / "opt" / "ml"
+        container_paths = self._lay_out(opt_ml, request)
+        env = self._environment(opt_ml, request, container_paths)
+        command = self._command(request, container_paths)
+        context.log.info(f"launching local {request.kind} job {request.job_name}: {' '.join(command)}")
+        started = time.perf_counter()
+        try:
+            invocation = PipesSubprocessClient(cwd=str(REPO_ROOT)).run(context=context, command=command, env=env)
+        except DagsterPipesExecutionError as error:
+            raise Failure(
+                description=f"job {request.job_name} failed: {_failure_reason(opt_ml)}",
+                metadata={"job_name": request.job_name, "log_tail": MetadataValue.md(f"```\n{_log_tail(opt_ml)}\n```")},
+            ) from error
+        wall = time.perf_counter() - started
+        for name, destination in request.outputs.items():
+            publish_folder(container_paths[name], destination)
+        return invocation, {
+            "job_name": request.job_name,
+            "backend": "local",
+            "instance_type": f"local ({os.cpu_count()} cpu)",
+            "instance_count": request.instance_count,
+            "job_wall_s": round(wall, 2),
+            "job_logs": MetadataValue.path(str(opt_ml / "output" / "job.log")),
+        }
+
+    def _lay_out(self, opt_ml: Path, request: JobRequest) -> dict[str, Path]:
+        """Create the `/opt/ml` layout afresh (checkpoints survive, so a retried job resumes)."""
+        for stale in ("input", "processing", "model", "output"):
+            shutil.rmtree(opt_ml / stale, ignore_errors=True)
+        if request.kind == "training":
+            inputs = {name: opt_ml / "input" / "data" / name for name in request.inputs}
+            outputs = {name: opt_ml / "model" for name in request.outputs}
+        else:
+            inputs = {name: opt_ml / "processing" / "input" / name for name in request.inputs}
+            outputs = {name: opt_ml / "processing" / "output" / name for name in request.outputs}
+        for name, uri in request.inputs.items():
+            target = inputs[name]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if is_s3(uri):
+                download_prefix(uri, target)
+            else:
+                source = Path(uri).resolve()
+                if not source.exists():
+                    raise FileNotFoundError(f"input {name!r} of job {request.job_name} does not exist: {source}")
+                target.symlink_to(source, target_is_directory=source.is_dir())
+        for path in [*outputs.values(), opt_ml / "output", opt_ml / "input" / "config"]:
+            path.mkdir(parents=True, exist_ok=True)
+        return {**inputs, **outputs}
+
+    def _environment(self, opt_ml: Path, request: JobRequest, paths: dict[str, Path]) -> dict[str, str]:
+        hosts = [f"algo-{i + 1}" for i in range(request.instance_count)]
+        (opt_ml / "input" / "config" / "hyperparameters.json").write_text(json.dumps(request.arguments))
+        (opt_ml / "input" / "config" / "resourceconfig.json").write_text(json.dumps({"current_host": hosts[0], "hosts": hosts}))
+        env = {
+            "ZERO_OPT_ML": str(opt_ml),
+            "ZERO_JOB_NAME": request.job_name,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+            "SM_CURRENT_HOST": hosts[0],
+            "SM_HOSTS": json.dumps(hosts),
+            "SM_NUM_CPUS": str(os.cpu_count()),
+            "SM_NUM_GPUS": "0",
+            "SM_OUTPUT_DATA_DIR": str(opt_ml / "output" / "data"),
+            "SM_HPS": json.dumps(request.arguments),
+            "SM_TRAINING_ENV": json.dumps({"job_name": request.job_name, "hosts": hosts}),
+        }
+        if request.kind == "training":
+            env["SM_MODEL_DIR"] = str(paths[next(iter(request.outputs))])
+            env["ZERO_CHECKPOINT_DIR"] = self.checkpoint_uri(request.job_name)
+            env["SM_CHANNELS"] = json.dumps(sorted(request.inputs))
+            env.update({f"SM_CHANNEL_{name.upper()}": str(paths[name]) for name in request.inputs})
+        return env
+
+    def checkpoint_uri(self, job_name: str) -> str:
+        """Checkpoints live under a path built from the job name, so a retry finds and resumes them."""
+        return str(Path(self.settings.jobs_root()) / job_name / "opt" / "ml" / "checkpoints")
+
+    def _command(self, request: JobRequest, paths: dict[str, Path]) -> list[str]:
+        if request.kind == "training":
+            launcher = [self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={request.processes_per_host}"]
+            return [*launcher, "-m", request.module, *request.argument_list()]
+        io_arguments = [token for name, path in paths.items() for token in (f"--{name}", str(path))]
+        return [self.python, "-m", request.module, *io_arguments, *request.argument_list()]
+
+
+def _failure_reason(opt_ml: Path) -> str:
+    failure = opt_ml / "output" / "failure"
+    return failure.read_text().strip() if failure.is_file() else "the script exited non-zero without writing a failure reason"
+
+
+def _log_tail(opt_ml: Path) -> str:
+    log = opt_ml / "output" / "job.log"
+    if not log.is_file():
+        return "(no job log written)"
+    return "\n".join(log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])

@@ -1,0 +1,62 @@
+"""Where things live: the raw root, the lake for derived assets, the backend and the FSx mount.
+
+Each field is read from its environment variable (`ZERO_RAW_URI`, `ZERO_LAKE_URI`, `ZERO_BACKEND`,
+`ZERO_FSX_MOUNT`) through `EnvVar` when it is set, else defaults under `.zero/` in the repo.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+from dagster import ConfigurableResource, EnvVar
+
+from training_code.lib.storage import is_s3
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_STATE = REPO_ROOT / ".zero"
+BACKENDS = ("local",)
+
+
+class ZeroSettings(ConfigurableResource):
+    """Locations shared by every asset."""
+
+    raw_uri: str = str(DEFAULT_STATE / "raw")
+    lake_uri: str = str(DEFAULT_STATE / "lake")
+    backend: str = "local"
+    fsx_mount: Optional[str] = None  # None: `.zero/fsx`, created on demand; set: must exist and be writable
+
+    def asset_uri(self, asset: str, key: str) -> str:
+        """Output prefix of one materialization: keyed by content, so concurrent runs never collide."""
+        base = self.lake_uri.rstrip("/")
+        return f"{base}/{asset}/{key}" if is_s3(base) else str(Path(base) / asset / key)
+
+    def jobs_root(self) -> Path:
+        """Local run folders for jobs (the `/opt/ml` layouts); always on this machine."""
+        return DEFAULT_STATE / "jobs" if is_s3(self.lake_uri) else Path(self.lake_uri) / "_jobs"
+
+    def warm_mount(self) -> Path:
+        """The folder the trainer reads shards from; fails with the path when it is unusable."""
+        if self.fsx_mount is None:
+            mount = DEFAULT_STATE / "fsx"
+            mount.mkdir(parents=True, exist_ok=True)
+            return mount
+        mount = Path(self.fsx_mount)
+        if not mount.is_dir():
+            raise FileNotFoundError(
+                f"ZERO_FSX_MOUNT={mount} does not exist or is not a folder. Mount the file system there, "
+                "or unset ZERO_FSX_MOUNT to use the local default (.zero/fsx)."
+            )
+        if not os.access(mount, os.W_OK | os.X_OK):
+            raise PermissionError(f"ZERO_FSX_MOUNT={mount} is not writable by this process; fix its permissions.")
+        return mount
+
+
+def settings_from_env() -> ZeroSettings:
+    """Settings bound to the environment variables that are set; defaults for the rest."""
+    fields = {"raw_uri": "ZERO_RAW_URI", "lake_uri": "ZERO_LAKE_URI", "backend": "ZERO_BACKEND", "fsx_mount": "ZERO_FSX_MOUNT"}
+    backend = os.environ.get("ZERO_BACKEND", "local")
+    if backend not in BACKENDS:
+        raise ValueError(f"ZERO_BACKEND={backend!r} is not a backend this version runs; use one of {BACKENDS}")
+    return ZeroSettings(**{field: EnvVar(var) for field, var in fields.items() if os.environ.get(var)})
