@@ -11,7 +11,7 @@ endif
 export DAGSTER_HOME
 ZERO_RAW_URI ?= $(CURDIR)/.zero/raw
 
-.PHONY: demo test bench venv
+.PHONY: demo test venv
 
 venv: $(VENV)/.installed
 
@@ -31,6 +31,3 @@ demo: venv $(HOME_CONFIG)
 
 test: venv $(HOME_CONFIG)
 	$(PY) -m pytest $(PYTEST_ARGS)
-
-bench: venv
-	$(PY) -m benchmarks

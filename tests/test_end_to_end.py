@@ -1,0 +1,46 @@
+"""The whole graph materializes on a tiny raw root, on the local backend, with a real Dagster instance."""
+
+import pandas as pd
+import pytest
+from dagster import materialize
+
+from zero_assets.assets import ALL_ASSETS
+
+FAST_TRAINING = {"ops": {"trained_checkpoint": {"config": {"max_steps": 12, "checkpoint_every": 6, "batch_size": 4}}}}
+
+
+def _metadata(result, asset):
+    return {k: v.value for k, v in result.asset_materializations_for_node(asset)[0].metadata.items()}
+
+
+@pytest.mark.slow
+def test_whole_graph_materializes_and_reports_every_planted_case(instance, resources, tiny_raw_root):
+    result = materialize(ALL_ASSETS, resources=resources, instance=instance, run_config=FAST_TRAINING)
+    assert result.success
+    meta = {asset.key.to_user_string(): _metadata(result, asset.key.to_user_string()) for asset in ALL_ASSETS}
+    for asset, values in meta.items():
+        assert values["uri"], f"{asset} records where its output is"
+        assert values["cache"] == "miss"
+
+    validated = meta["validated_images"]
+    assert validated["images_in"] == validated["accepted"] + validated["quarantined"] + validated["duplicates"]
+    assert validated["images_in"] == meta["raw_image_index"]["images"]
+    assert meta["arrow_shards"]["train_rows"] + meta["arrow_shards"]["val_rows"] == validated["accepted"]
+
+    out = validated["uri"]
+    quarantine = pd.read_parquet(f"{out}/quarantine.parquet").set_index("key")["reason"].to_dict()
+    assert quarantine["line_a_camera/lot_900/bad_truncated.jpg"] == "truncated"
+    assert quarantine["line_b_camera/lot_900/bad_empty.jpg"] == "empty"
+    assert quarantine["warehouse_scanner/lot_900/bad_text.jpg"] == "unidentified"
+    assert quarantine["line_a_camera/lot_900/bad_crc.png"] == "checksum"
+    duplicates = pd.read_parquet(f"{out}/duplicates.parquet")
+    assert duplicates["key"].tolist() == ["line_b_camera/lot_000/copy_of_part_00000.jpg"]
+    rejected = pd.read_parquet(f"{out}/rejected_labels.parquet")
+    assert "outside_image" in rejected.loc[rejected["key"] == "warehouse_scanner/lot_000/part_00005.png", "reason"].tolist()
+    unmatched = pd.read_parquet(f"{out}/unmatched.parquet").set_index("key")["kind"].to_dict()
+    assert unmatched["warehouse_scanner/lot_900/unlabeled_0001.jpg"] == "image_without_annotation"
+    assert unmatched["line_b_camera/lot_900/missing_0001.jpg"] == "annotation_without_image"
+
+    assert meta["trained_checkpoint"]["steps"] == 12
+    assert meta["trained_checkpoint"]["job_name"].startswith("zero-trained-checkpoint-")
+    assert 0.0 <= meta["map_report"]["mAP_50"] <= 1.0
