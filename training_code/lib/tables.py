@@ -16,6 +16,7 @@ from .storage import write_bytes_atomic
 REASONS = (
     "empty", "unidentified", "truncated", "checksum", "bomb", "timeout", "crash",
     "unsupported", "format_not_allowed", "too_small", "exif", "decode_error",
+    "unreadable",  # listed in the index but could not be read (vanished, permissions): stage "read"
 )
 LABEL_REASONS = ("outside_image", "degenerate", "non_finite", "unknown_category", "malformed")
 SPLITS = ("train", "val")

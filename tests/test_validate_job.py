@@ -1,0 +1,279 @@
+"""The validation job: box transposes against real EXIF-rotated files, label and split rules, and the
+script end to end (in-process with an injected hanging/crashing decoder, and as a real subprocess)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image, ImageDraw, ImageOps
+
+from training_code.lib.coco import ANNOTATIONS_FILE, parse_annotations
+from training_code.lib.image_checks import check_image_file
+from training_code.lib.labels import box_to_upright, check_labels, upright_size, vocabulary
+from training_code.lib.split import assign_splits, find_exact_duplicates, split_of_group
+from training_code.lib.storage import list_objects
+from training_code.lib.tables import RAW_INDEX, write_table
+from training_code.validate import MANIFEST, get_args_parser, validate
+from test_image_checks import check_that_hangs_or_crashes  # its light module keeps worker start-up fast
+from zero_assets.demo_data import _box_in_stored_frame, make_demo_raw_root
+
+REPO = Path(__file__).resolve().parents[1]
+TABLES = ("accepted", "quarantine", "duplicates", "rejected_labels", "unmatched")
+
+
+def red_patch_bbox(image: Image.Image) -> tuple[int, int, int, int]:
+    pixels = np.asarray(image.convert("RGB")).astype(int)
+    ys, xs = np.nonzero((pixels[..., 0] > 200) & (pixels[..., 1] < 60))
+    return int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_box_lands_on_the_patch_after_exif_transpose(tmp_path, orientation):
+    stored = Image.new("RGB", (60, 40), "black")
+    ImageDraw.Draw(stored).rectangle((7, 5, 18, 12), fill="red")  # pixels 7..18 x 5..12: box 7,5,19,13
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = tmp_path / f"orientation_{orientation}.png"
+    stored.save(path, exif=exif.tobytes())
+    with Image.open(path) as image:
+        upright = ImageOps.exif_transpose(image)
+    assert upright.size == upright_size(60, 40, orientation)
+    assert tuple(box_to_upright((7, 5, 19, 13), orientation, 60, 40)) == red_patch_bbox(upright)
+    # The same through the job's own path: verdict from the file, then the COCO box [x, y, w, h].
+    verdict = check_image_file(path, ("PNG",), 8)
+    assert verdict.orientation == orientation
+    annotation = {"id": 1, "category_id": 1, "bbox": [7, 5, 12, 8]}  # COCO x, y, w, h of the stored patch
+    labels = check_labels("cam/o.png", [annotation], {1: "nut"}, orientation, verdict.width, verdict.height)
+    assert labels.boxes == [list(red_patch_bbox(upright))] and labels.category_names == ["nut"]
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_mapping_inverts_the_demo_generator(orientation):
+    upright_box, upright_wh = (30.5, 10.0, 80.0, 45.25), (120, 90)
+    stored_box = _box_in_stored_frame(upright_box, orientation, upright_wh)
+    stored_wh = upright_size(*upright_wh, orientation)
+    assert box_to_upright(stored_box, orientation, *stored_wh) == pytest.approx(list(upright_box))
+
+
+CATEGORIES = {1: "hex_nut", 2: "washer"}
+LABEL_CASES = {
+    "nan": ({"bbox": [float("nan"), 1, 5, 5]}, "non_finite"),
+    "infinite": ({"bbox": [1, 1, float("inf"), 5]}, "non_finite"),
+    "zero_width": ({"bbox": [1, 1, 0, 5]}, "degenerate"),
+    "inverted": ({"bbox": [10, 1, -4, 5]}, "degenerate"),
+    "off_right_edge": ({"bbox": [90, 1, 20, 5]}, "outside_image"),
+    "negative_corner": ({"bbox": [-3, 1, 20, 5]}, "outside_image"),
+    "unknown_category": ({"category_id": 9, "bbox": [1, 1, 5, 5]}, "unknown_category"),
+    "three_numbers": ({"bbox": [1, 1, 5]}, "malformed"),
+    "text_bbox": ({"bbox": "1,1,5,5"}, "malformed"),
+    "no_bbox": ({"bbox": None}, "malformed"),
+    "no_category": ({"category_id": None, "bbox": [1, 1, 5, 5]}, "malformed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LABEL_CASES))
+def test_bad_label_is_rejected_with_its_reason(case):
+    fields, reason = LABEL_CASES[case]
+    annotation = {"id": 7, "category_id": 1, **fields}
+    labels = check_labels("cam/a.jpg", [annotation], CATEGORIES, 1, 100, 50)
+    assert labels.boxes == [] and labels.category_names == []
+    [row] = labels.rejected
+    assert (row["key"], row["annotation_id"], row["reason"]) == ("cam/a.jpg", 7, reason)
+    assert row["detail"]
+
+
+def test_sub_pixel_overshoot_is_clipped_and_good_boxes_kept():
+    annotations = [
+        {"id": 1, "category_id": 2, "bbox": [-0.4, 2, 10, 10]},
+        {"id": 2, "category_id": 1, "bbox": [95, 40, 5.6, 10.5]},  # x2 = 100.6, y2 = 50.5: within 1 px
+    ]
+    labels = check_labels("cam/a.jpg", annotations, CATEGORIES, 1, 100, 50)
+    assert labels.rejected == []
+    assert labels.boxes == [[0.0, 2.0, 9.6, 12.0], [95.0, 40.0, 100.0, 50.0]]
+    assert labels.category_names == ["washer", "hex_nut"]
+
+
+def test_vocabulary_is_sorted_names_with_ids_from_one():
+    assert vocabulary([{1: "washer", 2: "bolt"}, {5: "gear", 1: "washer"}]) == [
+        {"id": 1, "name": "bolt"}, {"id": 2, "name": "gear"}, {"id": 3, "name": "washer"}
+    ]
+
+
+def test_split_is_the_documented_hash_and_stable_as_groups_grow():
+    group, seed = "line_a_camera/lot_003", 4
+    point = int(hashlib.sha256(f"{seed}:{group}".encode()).hexdigest()[:8], 16) / 2**32
+    assert split_of_group(group, seed, 0.2) == ("val" if point < 0.2 else "train")
+    few = pd.Series([f"src/lot_{n:03d}" for n in range(50)])
+    more = pd.concat([few, pd.Series([f"src/lot_{n:03d}" for n in range(50, 400)])], ignore_index=True)
+    assert assign_splits(few, seed, 0.2).tolist() == assign_splits(more, seed, 0.2).tolist()[:50]
+    assert 0.1 < (assign_splits(more, seed, 0.2) == "val").mean() < 0.3
+
+
+def test_exact_duplicates_keep_the_first_key_in_sorted_order():
+    keys = pd.Series(["b/2.jpg", "a/1.jpg", "c/3.jpg", "a/0.jpg"])
+    shas = pd.Series(["x" * 64, "x" * 64, "y" * 64, "x" * 64])
+    duplicates = find_exact_duplicates(keys, shas)
+    assert duplicates.to_dict("records") == [
+        {"key": "a/1.jpg", "sha256": "x" * 64, "duplicate_of": "a/0.jpg"},
+        {"key": "b/2.jpg", "sha256": "x" * 64, "duplicate_of": "a/0.jpg"},
+    ]
+
+
+def build_index(raw: Path, index_dir: Path) -> pd.DataFrame:
+    """The raw_image_index contract from a listing: group = source/lot, annotation_count from COCO."""
+    parsed, rows = {}, []
+    for obj in list_objects(raw):
+        source, _, file_name = obj.key.partition("/")
+        if file_name == ANNOTATIONS_FILE:
+            continue
+        if source not in parsed and (raw / source / ANNOTATIONS_FILE).is_file():
+            parsed[source] = parse_annotations(source, (raw / source / ANNOTATIONS_FILE).read_bytes(), source)
+        count = len(parsed[source].annotations_for(file_name)) if source in parsed else 0
+        group = "/".join(obj.key.split("/")[:2])
+        rows.append({"source": source, "key": obj.key, "size": obj.size, "etag": obj.etag, "group": group, "annotation_count": count})
+    return write_table(pd.DataFrame(rows), RAW_INDEX, index_dir / "index.parquet")
+
+
+def jpeg_bytes(seed: int) -> bytes:
+    image = Image.fromarray(np.random.default_rng(seed).integers(0, 255, (48, 64, 3), dtype=np.uint8))
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+def make_small_raw(raw: Path, names: list[str]) -> None:
+    """One source `cam` with good JPEGs under the given names (bad ones are overwritten by the caller)."""
+    coco = {"images": [], "annotations": [], "categories": [{"id": 1, "name": "part"}]}
+    for n, name in enumerate(names, start=1):
+        (raw / "cam" / name).parent.mkdir(parents=True, exist_ok=True)
+        (raw / "cam" / name).write_bytes(jpeg_bytes(n))
+        coco["images"].append({"id": n, "file_name": name, "width": 64, "height": 48})
+        coco["annotations"].append({"id": n, "image_id": n, "category_id": 1, "bbox": [4, 4, 20, 20]})
+    (raw / "cam" / ANNOTATIONS_FILE).write_text(json.dumps(coco))
+
+
+def test_hang_and_crash_cost_one_file_each(tmp_path):
+    names = [f"lot_{n % 3}/img_{n}.jpg" for n in range(8)] + ["lot_0/hang.jpg", "lot_1/segfault.jpg"]
+    make_small_raw(tmp_path / "raw", names)
+    build_index(tmp_path / "raw", tmp_path / "index")
+    args = get_args_parser().parse_args(
+        ["--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "out"),
+         "--workers", "2", "--timeout-s", "1"]
+    )
+    manifest, manifest_bytes = validate(args, check=check_that_hangs_or_crashes)
+    quarantine = pd.read_parquet(tmp_path / "out" / "quarantine.parquet").set_index("key")
+    for key, reason in [("cam/lot_0/hang.jpg", "timeout"), ("cam/lot_1/segfault.jpg", "crash")]:
+        assert quarantine.loc[key, "reason"] == reason
+        assert quarantine.loc[key, "sha256"] == hashlib.sha256((tmp_path / "raw" / key).read_bytes()).hexdigest()
+    assert manifest["counts"]["accepted"] == 8 and manifest["counts"]["quarantined"] == 2
+    assert (tmp_path / "out" / MANIFEST).read_bytes() == manifest_bytes
+
+
+def test_too_many_quarantined_fails_with_tables_but_no_manifest(tmp_path):
+    names = [f"lot_0/img_{n}.jpg" for n in range(4)]
+    make_small_raw(tmp_path / "raw", names)
+    (tmp_path / "raw" / "cam" / names[0]).write_bytes(b"")
+    (tmp_path / "raw" / "cam" / names[1]).write_bytes(b"not an image")
+    build_index(tmp_path / "raw", tmp_path / "index")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / MANIFEST).write_text("{}")  # from an earlier run: must not survive to vouch for new tables
+    args = get_args_parser().parse_args(
+        ["--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"), "--out", str(out), "--max-quarantine-rate", "0.25", "--workers", "1"]
+    )
+    expected = r"2 of 4 images quarantined \(50.0%\), above --max-quarantine-rate 25.0%; top reasons: empty 1, unidentified 1"
+    with pytest.raises(SystemExit, match=expected):
+        validate(args)
+    assert not (out / MANIFEST).exists()
+    assert len(pd.read_parquet(out / "quarantine.parquet")) == 2 and len(pd.read_parquet(out / "accepted.parquet")) == 2
+
+
+def test_same_data_in_another_folder_gives_the_same_manifest_bytes(tmp_path):
+    """The manifest hash is the data version: paths, worker count and object addresses must not leak in."""
+    make_small_raw(tmp_path / "raw", ["lot_0/a.jpg", "lot_1/b.jpg", "lot_1/c.jpg"])
+    (tmp_path / "raw" / "cam" / "lot_1" / "c.jpg").write_bytes(b"<html>not an image</html>")
+    build_index(tmp_path / "raw", tmp_path / "index")
+    manifests = []
+    for out, workers in [("first", "1"), ("second", "2")]:
+        args = get_args_parser().parse_args(
+            ["--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / out), "--workers", workers]
+        )
+        manifests.append(validate(args)[1])
+    assert manifests[0] == manifests[1]
+
+
+def test_impossible_settings_fail_before_any_work(tmp_path):
+    args = get_args_parser().parse_args(
+        ["--index", str(tmp_path / "nowhere"), "--raw", str(tmp_path), "--out", str(tmp_path / "out"), "--val-fraction", "1.5", "--workers", "0"]
+    )
+    with pytest.raises(ValueError, match=r"--val-fraction 1.5 must be within \[0, 1\]; --workers 0 must be at least 1"):
+        validate(args)
+
+
+def test_job_script_does_not_import_dagster():
+    code = "import sys, training_code.validate; print(sorted(m for m in sys.modules if m.split('.')[0] == 'dagster'))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_validate_script_end_to_end_on_the_demo_raw_root(tmp_path):
+    summary = make_demo_raw_root(tmp_path / "raw", images=30, seed=1)
+    index = build_index(tmp_path / "raw", tmp_path / "index")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "training_code.validate", "--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"),
+               "--out", str(out), "--workers", "2"]
+    # Not launched by Dagster (the reporter prints the event); a failure file would go under tmp_path.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {"ZERO_OPT_ML": str(tmp_path / "opt_ml")}
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tables = {name: pd.read_parquet(out / f"{name}.parquet") for name in TABLES}
+    manifest_bytes = (out / MANIFEST).read_bytes()
+    manifest, counts = json.loads(manifest_bytes), json.loads(manifest_bytes)["counts"]
+
+    planted = summary["planted"]
+    quarantine = tables["quarantine"].set_index("key")
+    expected = {"truncated_jpeg": "truncated", "zero_byte": "empty", "text_as_jpg": "unidentified", "png_bad_crc": "checksum"}
+    for case, reason in expected.items():
+        assert quarantine.loc[planted[case], "reason"] == reason, case
+    duplicates = tables["duplicates"].set_index("key")
+    assert duplicates.loc[planted["duplicate_across_sources"], "duplicate_of"].startswith("line_a_camera/")
+    rejected = tables["rejected_labels"]
+    assert rejected.loc[rejected["key"] == planted["box_outside_image"], "reason"].tolist() == ["outside_image"]
+    unmatched = set(zip(tables["unmatched"]["kind"], tables["unmatched"]["key"]))
+    assert ("image_without_annotation", planted["image_without_annotation"]) in unmatched
+    assert ("annotation_without_image", planted["annotation_without_image"]) in unmatched
+
+    accepted = tables["accepted"]
+    assert planted["image_without_annotation"] in set(accepted["key"])  # a valid image, reported, kept with no labels
+    assert counts["images_in"] == len(index) == counts["accepted"] + counts["quarantined"] + counts["duplicates"]
+    assert (counts["accepted"], counts["quarantined"], counts["duplicates"]) == (len(accepted), len(quarantine), len(duplicates))
+    assert counts["train"] + counts["val"] == counts["accepted"]
+    assert counts["labels_in"] == counts["labels_accepted"] + counts["labels_rejected"]
+    assert counts["labels_accepted"] == int(accepted["boxes"].map(len).sum()) and counts["labels_rejected"] == len(rejected)
+    assert not set(accepted.loc[accepted["split"] == "train", "group"]) & set(accepted.loc[accepted["split"] == "val", "group"])
+    assert set(accepted["orientation"]) > {1}  # the demo stores some EXIF-rotated JPEGs
+
+    assert manifest["format"] == "zero-validated/1" and manifest["validator_version"]
+    assert json.loads((out / "categories.json").read_text()) == [
+        {"id": 1, "name": "bolt"}, {"id": 2, "name": "gear"}, {"id": 3, "name": "hex_nut"}, {"id": 4, "name": "washer"}
+    ]
+    for name, digest in manifest["files"].items():
+        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest, name
+
+    [event] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert event["data_version"] == hashlib.sha256(manifest_bytes).hexdigest()
+    metadata = event["metadata"]
+    assert {k: metadata[k] for k in ("images_in", "accepted", "quarantined", "duplicates")} == {
+        k: counts[k] for k in ("images_in", "accepted", "quarantined", "duplicates")
+    }
+    assert "| truncated | 1 |" in metadata["quarantined_by_reason"]
+    assert "| outside_image | 1 |" in metadata["labels_rejected_by_reason"]

@@ -1,0 +1,173 @@
+"""The per-image verdict: can these bytes be decoded safely into an upright picture we allow?
+
+Runs inside the isolated decode workers (`isolated_pool`), one file at a time. Every failure maps to
+one reason code of `tables.REASONS`, with the exception text kept for the quarantine table.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+
+from .hashing import sha256_bytes
+
+DEFAULT_ALLOWED_FORMATS = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF", "MPO")
+ORIENTATION_TAG = 0x0112
+_ORIENTATIONS = frozenset(range(1, 9))
+
+# Pillow reports problems through exception text only (SyntaxError and OSError cover both corrupt and
+# unsupported files), so the message decides; each pattern below is copied from Pillow's own raises.
+_BOMB = re.compile(r"decompressed data too large|too much memory used in text chunks", re.I)
+_TRUNCATED = re.compile(r"truncated|incomplete checksum|unexpected end|premature end", re.I)
+_CHECKSUM = re.compile(r"bad header checksum|crc", re.I)
+_UNSUPPORTED = re.compile(
+    r"cannot handle|unsupported|not supported|unknown pixel mode|unrecognized data stream contents"
+    r"|decoder \S+ not available|unknown (raw )?mode",
+    re.I,
+)
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+# When two checks fail, report the most specific cause.
+_PRIORITY = ("bomb", "truncated", "checksum", "unsupported", "unidentified", "decode_error")
+
+
+@dataclass(frozen=True)
+class ImageVerdict:
+    """What the validation pass learned about one file; `reason` is None when the image is usable."""
+
+    sha256: str | None
+    size: int
+    reason: str | None = None
+    stage: str = "decode"  # "read" (bytes) or "decode" (Pillow)
+    error: str = ""
+    format: str = ""
+    mode: str = ""  # the decoder's original mode, before any conversion
+    width: int = 0  # upright frame, after EXIF orientation
+    height: int = 0
+    orientation: int = 1  # the EXIF orientation exif_transpose applied (1 when absent or not 1..8)
+
+    @property
+    def accepted(self) -> bool:
+        return self.reason is None
+
+
+def check_image_file(path: Path, allowed_formats: tuple[str, ...], min_side: int) -> ImageVerdict:
+    """Read `path` (read-only) and judge its bytes; an unreadable file is a `read` verdict, not a crash."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as error:
+        # strerror, not the message: the key column names the file, and the text stays free of the
+        # machine's raw-root path so the table is the same wherever the job ran.
+        text = f"{type(error).__name__}: {error.strerror or error}"
+        return ImageVerdict(sha256=None, size=0, reason="unreadable", stage="read", error=text)
+    return check_image_bytes(data, allowed_formats, min_side)
+
+
+def check_image_bytes(data: bytes, allowed_formats: tuple[str, ...], min_side: int) -> ImageVerdict:
+    digest = sha256_bytes(data)
+    if not data:
+        return ImageVerdict(sha256=digest, size=0, reason="empty", stage="read", error="the file has zero bytes")
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is on; it would let truncated images through")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        return _judge(data, digest, allowed_formats, min_side)
+
+
+def _judge(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side: int) -> ImageVerdict:
+    def quarantine(reason: str, error: str) -> ImageVerdict:
+        return ImageVerdict(sha256=digest, size=len(data), reason=reason, stage="decode", error=error)
+
+    # Pass 1: identify, then verify() (structure and CRCs, no pixel decoding). The content decides
+    # the format; a format we do not allow is never handed to its decoder.
+    failures: list[tuple[str, str, str]] = []  # (step, reason, text)
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            if image.format not in allowed_formats:
+                return quarantine("format_not_allowed", f"content is {image.format}; allowed: {','.join(allowed_formats)}")
+            image.verify()
+    except UnidentifiedImageError:
+        return quarantine(*_diagnose_unidentified(data))
+    except Exception as error:  # noqa: BLE001 - a fuzzed file can make Pillow raise anything; classify it
+        failures.append(("verify", _classify(error), _describe(error)))
+    # Pass 2: a full load() of the first frame on a freshly opened file; it catches truncation that
+    # verify() misses, and verify() catches bad CRCs that load() skips, so both always run.
+    try:
+        image = Image.open(io.BytesIO(data))
+        original_mode = image.mode
+        image.load()
+    except Exception as error:  # noqa: BLE001 - see above
+        failures.append(("load", _classify(error), _describe(error)))
+    if failures:
+        step, reason, text = min(failures, key=lambda failure: _PRIORITY.index(failure[1]))
+        return quarantine(reason, f"{step}(): {text}")
+    with image:
+        return _upright_verdict(image, digest, len(data), original_mode, min_side)
+
+
+def _upright_verdict(image: Image.Image, digest: str, size: int, original_mode: str, min_side: int) -> ImageVerdict:
+    """Apply EXIF orientation exactly as training will read the image, then check the size."""
+    try:
+        tag = image.getexif().get(ORIENTATION_TAG, 1)
+        upright = ImageOps.exif_transpose(image)
+    except Exception as error:  # noqa: BLE001 - broken EXIF raises arbitrary types from Pillow's parser
+        text = f"exif_transpose(): {_describe(error)}"
+        return ImageVerdict(sha256=digest, size=size, reason="exif", stage="decode", error=text)
+    # exif_transpose looks the tag up in a dict, so 6.0 (a rational) acts as 6 and 0 or 9 act as 1.
+    orientation = int(tag) if tag in _ORIENTATIONS else 1
+    width, height = upright.size
+    verdict = ImageVerdict(
+        sha256=digest, size=size, format=image.format, mode=original_mode, width=width, height=height, orientation=orientation
+    )
+    if width < min_side or height < min_side:
+        return replace(verdict, reason="too_small", error=f"upright size {width}x{height} is under --min-side {min_side}")
+    return verdict
+
+
+def _classify(error: BaseException) -> str:
+    if isinstance(error, (Image.DecompressionBombError, Image.DecompressionBombWarning)) or _BOMB.search(str(error)):
+        return "bomb"
+    text = str(error)
+    if _TRUNCATED.search(text):
+        return "truncated"
+    if _CHECKSUM.search(text):
+        return "checksum"
+    if _UNSUPPORTED.search(text):
+        return "unsupported"
+    return "decode_error"
+
+
+def _diagnose_unidentified(data: bytes) -> tuple[str, str]:
+    """Tell "not an image" apart from "a known format whose variant Pillow cannot open".
+
+    Image.open hides each plugin's own complaint behind "cannot identify image file"; rerun the
+    plugins whose magic-byte check accepts this file to recover it (a 12-bit JPEG says
+    "cannot handle 12-bit layers", a TIFF with an unknown compression names the code).
+    """
+    Image.init()
+    complaints = []
+    for name, (factory, accept) in Image.OPEN.items():
+        if accept is None or not accept(data[:16]):
+            continue  # plugins without a magic check would claim any file
+        try:
+            factory(io.BytesIO(data), "")
+        except Exception as plugin_error:  # noqa: BLE001 - we only want its message
+            complaints.append(f"{name}: {_describe(plugin_error)}")
+            # Pillow wraps a KeyError from the plugin's lookup tables (an unknown TIFF compression or
+            # photometric code) in a SyntaxError: a variant it does not implement.
+            if _UNSUPPORTED.search(str(plugin_error)) or isinstance(plugin_error.__cause__, KeyError):
+                return "unsupported", f"looks like {name} but Pillow cannot open this variant: {complaints[-1]}"
+    if complaints:
+        return "unidentified", f"looks like {' / '.join(complaints)}; header unreadable"
+    return "unidentified", f"not a recognised image format (starts with {data[:16]!r})"
+
+
+def _describe(error: BaseException) -> str:
+    # Without object addresses ("<_io.BytesIO object at 0x7f...>") the same file gives the same text,
+    # so the quarantine table, and with it the data version, is reproducible.
+    return _ADDRESS.sub("", f"{type(error).__name__}: {error}")

@@ -1,0 +1,158 @@
+"""Turn one image's COCO annotations into checked boxes in the upright frame, or rejections with a reason.
+
+COCO boxes are `[x, y, w, h]` in the stored pixel frame; training sees pixels after
+`ImageOps.exif_transpose`, so every box goes through the same transpose. Box coordinates are pixel
+edges (0..width), the frame `Image.getbbox()` reports.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any, NamedTuple
+
+# Pixels a box may overshoot the image edge and still be clipped; annotation tools round, but a box
+# further out means the annotation and the image disagree, and clipping would hide that.
+EDGE_TOLERANCE_PX = 1.0
+
+
+def upright_size(stored_width: int, stored_height: int, orientation: int) -> tuple[int, int]:
+    return (stored_height, stored_width) if orientation in (5, 6, 7, 8) else (stored_width, stored_height)
+
+
+def stored_size(upright_width: int, upright_height: int, orientation: int) -> tuple[int, int]:
+    return upright_size(upright_width, upright_height, orientation)  # swapping is its own inverse
+
+
+def point_to_upright(x: float, y: float, orientation: int, stored_width: int, stored_height: int) -> tuple[float, float]:
+    """Where the stored-frame point (x, y) lands after the transpose exif_transpose applies."""
+    w, h = stored_width, stored_height
+    if orientation == 1:
+        return x, y
+    if orientation == 2:  # FLIP_LEFT_RIGHT
+        return w - x, y
+    if orientation == 3:  # ROTATE_180
+        return w - x, h - y
+    if orientation == 4:  # FLIP_TOP_BOTTOM
+        return x, h - y
+    if orientation == 5:  # TRANSPOSE: mirror across the main diagonal
+        return y, x
+    if orientation == 6:  # ROTATE_270: 90 degrees clockwise
+        return h - y, x
+    if orientation == 7:  # TRANSVERSE: mirror across the anti-diagonal
+        return h - y, w - x
+    if orientation == 8:  # ROTATE_90: 90 degrees counter-clockwise
+        return y, w - x
+    raise ValueError(f"EXIF orientation must be 1..8, got {orientation!r}")
+
+
+def box_to_upright(box: tuple[float, float, float, float], orientation: int, stored_width: int, stored_height: int) -> list[float]:
+    """Map a stored-frame `x1, y1, x2, y2` box to the upright frame (corners mapped, then re-sorted)."""
+    x1, y1, x2, y2 = box
+    ax, ay = point_to_upright(x1, y1, orientation, stored_width, stored_height)
+    bx, by = point_to_upright(x2, y2, orientation, stored_width, stored_height)
+    return [min(ax, bx), min(ay, by), max(ax, bx), max(ay, by)]
+
+
+class Rejection(NamedTuple):
+    reason: str  # one of tables.LABEL_REASONS
+    detail: str
+
+
+@dataclass
+class ImageLabels:
+    boxes: list[list[float]] = field(default_factory=list)  # x1, y1, x2, y2, upright frame
+    category_names: list[str] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)  # rows of tables.REJECTED_LABELS
+
+
+def check_labels(
+    key: str, annotations: list[dict[str, Any]], categories: dict[int, str], orientation: int, upright_width: int, upright_height: int
+) -> ImageLabels:
+    """Accept or reject each annotation of the image `key` (see `tables.LABEL_REASONS`)."""
+    width, height = stored_size(upright_width, upright_height, orientation)
+    result = ImageLabels()
+    for annotation in annotations:
+        bbox = annotation.get("bbox")
+        category_id = annotation.get("category_id")
+        verdict = _judge_box(bbox, category_id, categories, width, height)
+        if isinstance(verdict, Rejection):
+            result.rejected.append(
+                {
+                    "key": key,
+                    "annotation_id": _annotation_id(annotation),
+                    "category": _category_label(category_id, categories),
+                    "bbox": _numbers_or_empty(bbox),
+                    "reason": verdict.reason,
+                    "detail": verdict.detail,
+                }
+            )
+            continue
+        result.boxes.append(box_to_upright(verdict, orientation, width, height))
+        result.category_names.append(categories[category_id])
+    return result
+
+
+def _judge_box(
+    bbox: Any, category_id: Any, categories: dict[int, str], width: int, height: int
+) -> tuple[float, float, float, float] | Rejection:
+    """The stored-frame box with sub-pixel overshoot clipped, or why it is rejected."""
+    if not _is_int(category_id) or not _is_number_list(bbox, 4):
+        return Rejection(
+            "malformed", f"needs an integer 'category_id' and 'bbox' as 4 numbers; got category_id={category_id!r}, bbox={bbox!r}"
+        )
+    x, y, w, h = (float(v) for v in bbox)
+    if not all(math.isfinite(v) for v in (x, y, w, h)):
+        return Rejection("non_finite", f"bbox {bbox!r} holds NaN or infinity")
+    if category_id not in categories:
+        return Rejection("unknown_category", f"category_id {category_id} is not in this source's categories {sorted(categories)}")
+    if w <= 0 or h <= 0:
+        return Rejection("degenerate", f"bbox {bbox!r} has width or height <= 0")
+    x1, y1, x2, y2 = x, y, x + w, y + h
+    tol = EDGE_TOLERANCE_PX
+    if x1 < -tol or y1 < -tol or x2 > width + tol or y2 > height + tol:
+        return Rejection(
+            "outside_image", f"box {x1:g},{y1:g},{x2:g},{y2:g} runs more than {tol:g} px outside the stored image {width}x{height}"
+        )
+    clipped = (min(max(x1, 0.0), width), min(max(y1, 0.0), height), min(max(x2, 0.0), width), min(max(y2, 0.0), height))
+    if clipped[2] <= clipped[0] or clipped[3] <= clipped[1]:
+        return Rejection("degenerate", f"bbox {bbox!r} has no area left inside the {width}x{height} image")
+    return clipped
+
+
+def _is_number_list(value: Any, length: int) -> bool:
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) == length
+        and all(isinstance(v, Real) and not isinstance(v, bool) for v in value)
+    )
+
+
+def _category_label(category_id: Any, categories: dict[int, str]) -> str:
+    """The category's name for the rejection table, or a marker saying why there is none."""
+    if _is_int(category_id) and category_id in categories:
+        return categories[category_id]
+    return f"<unknown category_id {category_id!r}>"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _numbers_or_empty(bbox: Any) -> list[float]:
+    """The bbox as floats for the Parquet column; a non-numeric one is kept only in `detail`."""
+    if isinstance(bbox, (list, tuple)) and all(isinstance(v, Real) and not isinstance(v, bool) for v in bbox):
+        return [float(v) for v in bbox]
+    return []
+
+
+def _annotation_id(annotation: dict[str, Any]) -> int:
+    value = annotation.get("id")
+    return value if _is_int(value) else -1  # -1: the file gave no integer id
+
+
+def vocabulary(categories_by_source: list[dict[int, str]]) -> list[dict[str, Any]]:
+    """The shared vocabulary: every category name of every source, sorted, with ids 1..K in name order."""
+    names = sorted({name for categories in categories_by_source for name in categories.values()})
+    return [{"id": index, "name": name} for index, name in enumerate(names, start=1)]

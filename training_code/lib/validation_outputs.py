@@ -1,0 +1,167 @@
+"""Assemble the validation pass's tables and counts from per-image verdicts and COCO annotations.
+
+Pure bookkeeping, no decoding: every index row ends in exactly one of accepted, quarantine or
+duplicates, so `images_in == accepted + quarantined + duplicates` holds by construction and is
+asserted before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pandera.pandas as pa
+
+from .coco import SourceAnnotations, annotated_files_without_image
+from .hashing import sha256_file
+from .image_checks import ImageVerdict
+from .labels import check_labels, vocabulary
+from .split import assign_splits, find_exact_duplicates
+from .storage import write_bytes_atomic
+from .tables import ACCEPTED, DUPLICATES, QUARANTINE, REJECTED_LABELS, UNMATCHED, empty_frame, write_table
+
+CATEGORIES_FILE = "categories.json"
+
+
+@dataclass
+class ValidationOutputs:
+    accepted: pd.DataFrame
+    quarantine: pd.DataFrame
+    duplicates: pd.DataFrame
+    rejected_labels: pd.DataFrame
+    unmatched: pd.DataFrame
+    categories: list[dict[str, Any]]
+    counts: dict[str, Any]
+
+
+def build_outputs(
+    index: pd.DataFrame,
+    verdicts: dict[str, ImageVerdict],
+    annotations: dict[str, SourceAnnotations | None],
+    seed: int,
+    val_fraction: float,
+) -> ValidationOutputs:
+    missing = set(index["key"]) - set(verdicts)
+    if missing:
+        raise RuntimeError(f"no verdict for {len(missing)} indexed images, e.g. {sorted(missing)[:3]}")
+    quarantine_rows, decodable = [], []
+    for row in index.itertuples(index=False):
+        verdict = verdicts[row.key]
+        if verdict.accepted:
+            decodable.append(row)
+        else:
+            quarantine_rows.append(
+                {"key": row.key, "sha256": verdict.sha256, "stage": verdict.stage, "reason": verdict.reason, "error": verdict.error}
+            )
+    decodable_keys = pd.Series([row.key for row in decodable], dtype=object)
+    duplicates = find_exact_duplicates(decodable_keys, decodable_keys.map(lambda key: verdicts[key].sha256))
+    duplicate_keys = set(duplicates["key"])
+
+    accepted_rows, rejected_rows = [], []
+    for row in decodable:
+        if row.key in duplicate_keys:
+            continue  # its labels go with the kept copy's; the duplicates table says which
+        verdict = verdicts[row.key]
+        parsed = annotations.get(row.source)
+        file_annotations = parsed.annotations_for(_file_name(row.source, row.key)) if parsed else []
+        labels = check_labels(
+            row.key, file_annotations, parsed.categories if parsed else {}, verdict.orientation, verdict.width, verdict.height
+        )
+        rejected_rows += labels.rejected
+        accepted_rows.append(
+            {
+                "source": row.source, "key": row.key, "sha256": verdict.sha256, "size": verdict.size,
+                "format": verdict.format, "mode": verdict.mode, "width": verdict.width, "height": verdict.height,
+                "orientation": verdict.orientation, "group": row.group, "split": "",
+                "boxes": labels.boxes, "category_names": labels.category_names,
+            }
+        )
+    accepted = _frame(accepted_rows, ACCEPTED)
+    accepted["split"] = assign_splits(accepted["group"], seed, val_fraction)
+    outputs = ValidationOutputs(
+        accepted=accepted,
+        quarantine=_frame(quarantine_rows, QUARANTINE),
+        duplicates=duplicates if len(duplicates) else empty_frame(DUPLICATES),
+        rejected_labels=_frame(rejected_rows, REJECTED_LABELS),
+        unmatched=_frame(unmatched_rows(index, annotations), UNMATCHED),
+        categories=vocabulary([parsed.categories for parsed in annotations.values() if parsed]),
+        counts={},
+    )
+    outputs.counts = count_outputs(index, outputs)
+    return outputs
+
+
+def unmatched_rows(index: pd.DataFrame, annotations: dict[str, SourceAnnotations | None]) -> list[dict[str, str]]:
+    """Images with no COCO image entry, and COCO entries with annotations whose image is not in the index."""
+    rows = []
+    for source, key in zip(index["source"], index["key"]):
+        parsed = annotations.get(source)
+        if parsed is None:
+            rows.append({"kind": "image_without_annotation", "key": key, "detail": f"source {source!r} has no annotations.json"})
+        elif _file_name(source, key) not in parsed.image_entries:
+            rows.append({"kind": "image_without_annotation", "key": key, "detail": f"no image entry in {source}/annotations.json"})
+    for source, parsed in sorted(annotations.items()):
+        if parsed is None:
+            continue
+        listed = {_file_name(source, key) for key in index.loc[index["source"] == source, "key"]}
+        for file_name in annotated_files_without_image(parsed, listed):
+            count = len(parsed.annotations_for(file_name))
+            rows.append(
+                {"kind": "annotation_without_image", "key": f"{source}/{file_name}",
+                 "detail": f"{count} annotation(s) in {source}/annotations.json for a file the index does not list"}
+            )
+    return rows
+
+
+def count_outputs(index: pd.DataFrame, outputs: ValidationOutputs) -> dict[str, Any]:
+    accepted, quarantine, rejected = outputs.accepted, outputs.quarantine, outputs.rejected_labels
+    labels_accepted = int(accepted["boxes"].map(len).sum()) if len(accepted) else 0
+    counts = {
+        "images_in": len(index),
+        "accepted": len(accepted),
+        "quarantined": len(quarantine),
+        "duplicates": len(outputs.duplicates),
+        "quarantined_by_reason": dict(sorted(Counter(quarantine["reason"]).items())),
+        "labels_in": labels_accepted + len(rejected),  # the annotations of accepted images
+        "labels_accepted": labels_accepted,
+        "labels_rejected": len(rejected),
+        "labels_rejected_by_reason": dict(sorted(Counter(rejected["reason"]).items())),
+        "images_without_annotation": int((outputs.unmatched["kind"] == "image_without_annotation").sum()),
+        "annotations_without_image": int((outputs.unmatched["kind"] == "annotation_without_image").sum()),
+        "train": int((accepted["split"] == "train").sum()),
+        "val": int((accepted["split"] == "val").sum()),
+        "categories": len(outputs.categories),
+    }
+    if counts["images_in"] != counts["accepted"] + counts["quarantined"] + counts["duplicates"]:
+        raise AssertionError(f"counts do not add up: {counts}")
+    return counts
+
+
+def write_outputs(outputs: ValidationOutputs, out: Path) -> dict[str, str]:
+    """Write the five tables (schema-checked) and categories.json; returns file name -> sha256."""
+    tables = {
+        "accepted.parquet": (outputs.accepted, ACCEPTED),
+        "quarantine.parquet": (outputs.quarantine, QUARANTINE),
+        "duplicates.parquet": (outputs.duplicates, DUPLICATES),
+        "rejected_labels.parquet": (outputs.rejected_labels, REJECTED_LABELS),
+        "unmatched.parquet": (outputs.unmatched, UNMATCHED),
+    }
+    for name, (frame, schema) in tables.items():
+        write_table(frame, schema, out / name)
+    write_bytes_atomic(out / CATEGORIES_FILE, json.dumps(outputs.categories, indent=1).encode())
+    return {name: sha256_file(out / name) for name in [*tables, CATEGORIES_FILE]}
+
+
+def _frame(rows: list[dict[str, Any]], schema: pa.DataFrameSchema) -> pd.DataFrame:
+    """Rows in key order, or the schema's empty frame (a zero-row DataFrame would lose the dtypes)."""
+    if not rows:
+        return empty_frame(schema)
+    return pd.DataFrame(rows, columns=list(schema.columns)).sort_values("key", kind="stable").reset_index(drop=True)
+
+
+def _file_name(source: str, key: str) -> str:
+    return key[len(source) + 1 :]

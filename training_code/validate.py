@@ -1,0 +1,233 @@
+r"""Decide which raw images and labels are fit to train on, and report every one that is not.
+
+    python -m training_code.validate --index DIR --raw DIR --out DIR [--val-fraction 0.2] [--split-seed 0] \
+        [--max-quarantine-rate 0.5] [--min-side 8] \
+        [--allowed-formats JPEG,PNG,GIF,WEBP,BMP,TIFF,MPO] [--workers N] [--timeout-s 20]
+
+A SageMaker Processing job script. Reads `index.parquet` (one row per raw image) and the raw root
+(read-only), decodes every image in isolated worker processes, checks each COCO box in the upright
+frame, drops exact duplicates and assigns train/val by group. Writes accepted, quarantine,
+duplicates, rejected_labels and unmatched tables, `categories.json`, then `manifest.json` last.
+Fails without a manifest when more images are quarantined than --max-quarantine-rate allows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from collections import Counter
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+import PIL
+
+from training_code.lib import job_env
+from training_code.lib.coco import ANNOTATIONS_FILE, SourceAnnotations, parse_annotations
+from training_code.lib.hashing import sha256_bytes
+from training_code.lib.image_checks import DEFAULT_ALLOWED_FORMATS, ImageVerdict, check_image_file
+from training_code.lib.isolated_pool import IsolatedPool, WorkerLost
+from training_code.lib.storage import safe_relative_key, write_bytes_atomic
+from training_code.lib.tables import RAW_INDEX, read_table
+from training_code.lib.validation_outputs import build_outputs, write_outputs
+
+log = logging.getLogger("zero.validate")
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "zero-validated/1"
+# Bump when a change here or in image_checks/labels could change a verdict, so cached verdicts are redone.
+VALIDATOR_VERSION = "validate-1"
+PROGRESS_EVERY_S = 10.0
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--index", type=Path, required=True, help="folder holding index.parquet (the raw_image_index output)")
+    parser.add_argument(
+        "--raw", type=Path, required=True, help="the raw root: <raw>/<source>/... and <raw>/<source>/annotations.json"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="folder for the tables, categories.json and manifest.json")
+    parser.add_argument("--val-fraction", type=float, default=0.2, help="share of groups (not images) that go to val")
+    parser.add_argument("--split-seed", type=int, default=0)
+    parser.add_argument("--max-quarantine-rate", type=float, default=0.5, help="fail when quarantined/images_in is above this")
+    parser.add_argument("--min-side", type=int, default=8, help="smallest upright width or height accepted, in pixels")
+    parser.add_argument(
+        "--allowed-formats", type=_formats, default=",".join(DEFAULT_ALLOWED_FORMATS), help="Pillow format names, comma-separated"
+    )
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="decode worker processes")
+    parser.add_argument(
+        "--timeout-s", type=float, default=20.0, help="decode time limit per file; past it the file is quarantined as timeout"
+    )
+    return parser
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    formats = tuple(sorted({name.strip().upper() for name in text.split(",") if name.strip()}))
+    if not formats:
+        raise argparse.ArgumentTypeError("--allowed-formats needs at least one format name, e.g. JPEG,PNG")
+    return formats
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Fail before any work on settings that cannot be right."""
+    problems = [
+        f"--{name} {value} must be {rule}"
+        for name, value, ok, rule in [
+            ("val-fraction", args.val_fraction, 0 <= args.val_fraction <= 1, "within [0, 1]"),
+            ("max-quarantine-rate", args.max_quarantine_rate, 0 <= args.max_quarantine_rate <= 1, "within [0, 1]"),
+            ("min-side", args.min_side, args.min_side >= 1, "at least 1"),
+            ("workers", args.workers, args.workers >= 1, "at least 1"),
+            ("timeout-s", args.timeout_s, args.timeout_s > 0, "positive"),
+        ]
+        if not ok
+    ]
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def load_index(index_dir: Path) -> pd.DataFrame:
+    index = read_table(index_dir / "index.parquet", RAW_INDEX).sort_values("key", kind="stable").reset_index(drop=True)
+    if index.empty:
+        raise ValueError(f"{index_dir / 'index.parquet'} lists no images; check the raw root the index was built from")
+    for source, key in zip(index["source"], index["key"]):
+        if not safe_relative_key(key).startswith(f"{source}/"):
+            raise ValueError(f"{index_dir / 'index.parquet'}: key {key!r} is not under its source folder {source!r}/")
+    return index
+
+
+def load_annotations(raw: Path, sources: set[str]) -> dict[str, SourceAnnotations | None]:
+    """Each source's parsed COCO file; None for a source folder without one (its images are all unmatched).
+
+    Sources are those in the index plus any folder with an annotations.json, so annotations whose
+    images are all missing are still reported.
+    """
+    with_file = {path.parent.name for path in raw.glob(f"*/{ANNOTATIONS_FILE}")}
+    parsed: dict[str, SourceAnnotations | None] = {}
+    for source in sorted(sources | with_file):
+        path = raw / source / ANNOTATIONS_FILE
+        if source in with_file:
+            parsed[source] = parse_annotations(source, path.read_bytes(), str(path))
+        else:
+            log.warning("source %r has no %s: all its images are reported as image_without_annotation", source, path)
+            parsed[source] = None
+    return parsed
+
+
+def decode_all(
+    raw: Path, keys: list[str], args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file
+) -> dict[str, ImageVerdict]:
+    """A verdict per key, decoded in isolated workers. `check` is injectable so tests can hang or crash one."""
+    function = partial(check, allowed_formats=args.allowed_formats, min_side=args.min_side)
+    paths = {str(raw / key): key for key in keys}
+    verdicts: dict[str, ImageVerdict] = {}
+    started = last_log = time.monotonic()
+    workers = max(1, min(args.workers, len(paths)))
+    with IsolatedPool(function, workers=workers, timeout_s=args.timeout_s, preload=[check.__module__]) as pool:
+        log.info("started %d decode workers in %.1f s", workers, time.monotonic() - started)
+        for path, outcome in pool.imap_unordered(paths):
+            verdicts[paths[path]] = _verdict_for_lost(Path(path), outcome) if isinstance(outcome, WorkerLost) else outcome
+            if time.monotonic() - last_log > PROGRESS_EVERY_S:
+                last_log = time.monotonic()
+                log.info("decoded %d/%d files (%.0f files/s)", len(verdicts), len(paths), len(verdicts) / (last_log - started))
+    log.info("decoded %d files in %.1f s with %d workers (%d replaced after a hang or crash)",
+             len(verdicts), time.monotonic() - started, workers, pool.replaced)
+    return verdicts
+
+
+def _verdict_for_lost(path: Path, lost: WorkerLost) -> ImageVerdict:
+    """The decoder hung or crashed: hash the bytes here (reading is safe; decoding was not)."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        error_text = f"{lost.detail}; then unreadable: {type(error).__name__}: {error.strerror or error}"
+        return ImageVerdict(sha256=None, size=0, reason=lost.reason, stage="decode", error=error_text)
+    return ImageVerdict(sha256=sha256_bytes(data), size=len(data), reason=lost.reason, stage="decode", error=lost.detail)
+
+
+def run_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The knobs that decide the output. Paths and --workers are left out: the same data validated
+    in another folder or with more workers must give the same manifest, hence the same data version."""
+    return {
+        "val_fraction": args.val_fraction,
+        "split_seed": args.split_seed,
+        "max_quarantine_rate": args.max_quarantine_rate,
+        "min_side": args.min_side,
+        "allowed_formats": list(args.allowed_formats),
+        "timeout_s": args.timeout_s,
+    }
+
+
+def check_quarantine_rate(counts: dict[str, Any], max_rate: float, out: Path) -> None:
+    rate = counts["quarantined"] / counts["images_in"]
+    if rate > max_rate:
+        top = Counter(counts["quarantined_by_reason"]).most_common(3)
+        message = (
+            f"validation failed: {counts['quarantined']} of {counts['images_in']} images quarantined ({rate:.1%}), "
+            f"above --max-quarantine-rate {max_rate:.1%}; top reasons: {', '.join(f'{r} {n}' for r, n in top)}. "
+            f"The tables are in {out} (no manifest.json was written); fix the raw data or raise the threshold."
+        )
+        log.error(message)
+        raise SystemExit(message)
+
+
+def validate(args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file) -> tuple[dict[str, Any], bytes]:
+    """Run the whole pass; returns the manifest and its exact bytes."""
+    check_args(args)
+    (args.out / MANIFEST).unlink(missing_ok=True)  # a manifest from an earlier run must not vouch for these tables
+    index = load_index(args.index)
+    annotations = load_annotations(args.raw, set(index["source"]))
+    verdicts = decode_all(args.raw, list(index["key"]), args, check)
+    outputs = build_outputs(index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction)
+    files = write_outputs(outputs, args.out)
+    check_quarantine_rate(outputs.counts, args.max_quarantine_rate, args.out)
+    # Only what was decided goes in: no paths, times or input hashes, so a rebuild that reaches the
+    # same verdicts writes the same bytes and downstream assets stay fresh.
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "validator_version": VALIDATOR_VERSION,
+        "pillow_version": PIL.__version__,
+        "counts": outputs.counts,
+        "files": files,
+        "config": run_config(args),
+    }
+    manifest_bytes = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    write_bytes_atomic(args.out / MANIFEST, manifest_bytes)
+    return manifest, manifest_bytes
+
+
+def report_metadata(manifest: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    counts = manifest["counts"]
+    plain = {name: value for name, value in counts.items() if isinstance(value, int)}
+    by_reason = counts["quarantined_by_reason"]
+    return {
+        **plain,
+        "quarantine_rate": round(counts["quarantined"] / counts["images_in"], 4),
+        "quarantined_by_reason": job_env.md_table([{"reason": r, "count": n} for r, n in by_reason.items()]),
+        "labels_rejected_by_reason": job_env.md_table(
+            [{"reason": r, "count": n} for r, n in counts["labels_rejected_by_reason"].items()]
+        ),
+        "validator_version": manifest["validator_version"],
+        "validate_wall_s": round(wall_s, 3),
+    }
+
+
+def main(args: argparse.Namespace) -> None:
+    with job_env.pipes_session() as pipes:
+        started = time.perf_counter()
+        manifest, manifest_bytes = validate(args)
+        wall_s = time.perf_counter() - started
+        counts = manifest["counts"]
+        log.info(
+            "images in %d: accepted %d (train %d, val %d), quarantined %d, duplicates %d; labels accepted %d, rejected %d",
+            counts["images_in"], counts["accepted"], counts["train"], counts["val"], counts["quarantined"],
+            counts["duplicates"], counts["labels_accepted"], counts["labels_rejected"],
+        )
+        pipes.report_asset_materialization(metadata=report_metadata(manifest, wall_s), data_version=sha256_bytes(manifest_bytes))
+
+
+if __name__ == "__main__":
+    main(get_args_parser().parse_args())
