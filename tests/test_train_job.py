@@ -1,0 +1,237 @@
+"""The training job script: its data stream, model builder, and real `torchrun` runs (train, resume, fail, stop)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from training_code.lib.detection_data import (
+    Augmentation, ShardDetectionStream, TooManyBadSamplesError, build_train_loader, collate_detection, verified_split,
+)
+from training_code.lib.model import build_model, model_config
+from training_code.lib.shard_format import FORMAT, MANIFEST, ShardIntegrityError
+from training_code.lib.shard_writer import ShardWriter
+
+REPO = Path(__file__).resolve().parents[1]
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+CATEGORIES = [{"id": 1, "name": "red_square"}, {"id": 2, "name": "blue_disc"}]
+FAST_ARGS = ["--batch-size", "2", "--width", "16", "--min-size", "64", "--max-size", "96", "--warmup-steps", "2", "--log-every", "1"]
+
+
+def shape_row(rng: np.random.Generator, key: str, shapes: int, image_format: str = "JPEG") -> dict:
+    """A small image with `shapes` coloured shapes (category 1 squares, 2 discs) and their boxes."""
+    width, height = int(rng.integers(96, 129)), int(rng.integers(72, 97))
+    image = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(90, 160, size=3)))
+    draw = ImageDraw.Draw(image)
+    boxes, ids = [], []
+    for _ in range(shapes):
+        size = float(rng.uniform(18, 34))
+        x1, y1 = float(rng.uniform(0, width - size)), float(rng.uniform(0, height - size))
+        category = int(rng.integers(1, 3))
+        (draw.rectangle if category == 1 else draw.ellipse)((x1, y1, x1 + size, y1 + size), fill=(220, 30, 30) if category == 1 else (30, 30, 220))
+        boxes.append([x1, y1, x1 + size, y1 + size])
+        ids.append(category)
+    buffer = io.BytesIO()
+    image.save(buffer, image_format)
+    return encoded_row(buffer.getvalue(), image_format, width, height, boxes, ids, key)
+
+
+def encoded_row(data: bytes, image_format: str, width: int, height: int, boxes, ids, key: str) -> dict:
+    names = [c["name"] for i in ids for c in CATEGORIES if c["id"] == i]
+    return {"image": data, "image_format": image_format, "width": width, "height": height, "boxes": boxes,
+            "category_ids": ids, "category_names": names, "source": "test", "key": key, "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def write_shard_set(folder: Path, rows_by_split: dict[str, list[dict]], shard_bytes: int = 40_000) -> Path:
+    entries = []
+    for split, rows in rows_by_split.items():
+        with ShardWriter(folder, split, shard_bytes) as writer:
+            for row in rows:
+                writer.write(row)
+        entries += writer.entries
+    (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "categories": CATEGORIES, "shards": entries}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    rng = np.random.default_rng(3)
+    # Every fourth image has no boxes at all: background-only images must train too.
+    train = [shape_row(rng, f"train/{i:03d}", shapes=0 if i % 4 == 0 else 1 + i % 3, image_format="PNG" if i % 5 == 0 else "JPEG") for i in range(40)]
+    val = [shape_row(rng, f"val/{i:03d}", shapes=1 + i % 2) for i in range(6)]
+    return write_shard_set(tmp_path_factory.mktemp("shards"), {"train": train, "val": val})
+
+
+def stream(shard_refs, rank=0, world_size=1, augmentation=None, **kwargs) -> ShardDetectionStream:
+    return ShardDetectionStream(shard_refs, rank=rank, world_size=world_size, seed=5, batch_size=2, augmentation=augmentation, **kwargs)
+
+
+def take(dataset, count: int):
+    return [sample for sample, _ in zip(iter(dataset), range(count))]
+
+
+def same_sample(a, b) -> bool:
+    return torch.equal(a[0], b[0]) and torch.equal(a[1]["boxes"], b[1]["boxes"]) and torch.equal(a[1]["labels"], b[1]["labels"])
+
+
+@pytest.mark.parametrize("augmentation", [None, Augmentation(hflip_prob=0.5, color_jitter=0.3)])
+def test_ranks_split_one_global_order_whatever_the_process_count(shards, augmentation):
+    _, refs = verified_split(shards, "train")
+    alone = take(stream(refs, augmentation=augmentation), 50)  # past one epoch of 40
+    rank0 = take(stream(refs, 0, 2, augmentation), 25)
+    rank1 = take(stream(refs, 1, 2, augmentation), 25)
+    interleaved = [sample for pair in zip(rank0, rank1) for sample in pair]
+    assert all(same_sample(a, b) for a, b in zip(alone, interleaved))
+    assert len({a[0].sum().item() for a in alone[:40]}) > 30, "one epoch visits distinct images"
+
+
+def test_resume_skips_exactly_the_batches_already_delivered(shards):
+    _, refs = verified_split(shards, "train")
+    full = take(stream(refs), 10)
+    resumed = take(stream(refs, resume_batches=3), 4)
+    assert all(same_sample(a, b) for a, b in zip(full[6:], resumed))
+
+
+def test_resume_with_loader_workers_continues_the_same_batch_sequence(shards):
+    _, refs = verified_split(shards, "train")
+
+    def batches(resume_batches: int, count: int):
+        loader = build_train_loader(stream(refs, resume_batches=resume_batches), 2, workers=2, device=torch.device("cpu"))
+        return [batch for batch, _ in zip(loader, range(count))]
+
+    full, resumed = batches(0, 8), batches(3, 5)
+    for (images_a, targets_a), (images_b, targets_b) in zip(full[3:], resumed):
+        assert all(torch.equal(a, b) for a, b in zip(images_a, images_b))
+        assert all(torch.equal(a["boxes"], b["boxes"]) for a, b in zip(targets_a, targets_b))
+
+
+def test_undecodable_samples_are_skipped_up_to_the_bound(tmp_path):
+    rng = np.random.default_rng(0)
+    good = [shape_row(rng, f"good/{i}", shapes=1) for i in range(4)]
+    truncated = dict(good[0], image=good[0]["image"][:200], key="bad/truncated")
+    folder = write_shard_set(tmp_path, {"train": [good[0], truncated, *good[1:]]})
+    _, refs = verified_split(folder, "train")
+    assert len(take(stream(refs, max_bad_samples=1, shuffle_buffer=1), 4)) == 4
+    with pytest.raises(TooManyBadSamplesError, match="--max-bad-samples 0"):
+        take(stream(refs, max_bad_samples=0, shuffle_buffer=1), 4)
+
+
+def test_an_edited_shard_fails_verification(tmp_path, shards):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in shards.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    victim = copy / "train-00000.arrow"
+    data = bytearray(victim.read_bytes())
+    data[-100] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(ShardIntegrityError, match="train-00000.arrow: sha256"):
+        verified_split(copy, "train")
+
+
+def test_fcos_tiny_trains_on_images_without_boxes(shards):
+    _, refs = verified_split(shards, "train")
+    images, targets = collate_detection(take(stream(refs, shuffle_buffer=1), 4))
+    assert any(len(t["boxes"]) == 0 for t in targets)
+    model = build_model(model_config("fcos_tiny", CATEGORIES, width=16, min_size=64, max_size=96))
+    losses = model([image.float() / 255 for image in images], targets)
+    total = sum(losses.values())
+    total.backward()
+    assert torch.isfinite(total)
+
+
+def test_torchvision_builders_get_one_slot_per_category_plus_background():
+    model = build_model(model_config("fasterrcnn_mobilenet_v3_large_fpn", CATEGORIES, min_size=64, max_size=96))
+    assert model.roi_heads.box_predictor.cls_score.out_features == len(CATEGORIES) + 1
+    with pytest.raises(ValueError, match="unknown --arch 'yolo'"):
+        model_config("yolo", CATEGORIES)
+
+
+def job_environment(tmp_path: Path, shards: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_PIPES", "SM_", "ZERO_"))}
+    return {**env, "SM_CHANNEL_TRAIN": str(shards), "SM_MODEL_DIR": str(tmp_path / "model"),
+            "ZERO_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "ZERO_OPT_ML": str(tmp_path / "opt_ml"),
+            "ZERO_JOB_NAME": "test-train", "PYTHONPATH": str(REPO)}
+
+
+def torchrun(env: dict[str, str], *arguments: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    command = [TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "training_code.train", *FAST_ARGS, *arguments]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def events(output: str, kind: str) -> list[dict]:
+    found = []
+    for line in output.splitlines():
+        start = line.find('{"job"')
+        if start >= 0 and (event := json.loads(line[start:]))["event"] == kind:
+            found.append(event)
+    return found
+
+
+def checkpoint_steps(tmp_path: Path) -> list[int]:
+    return sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "checkpoints").glob("checkpoint-*.pt"))
+
+
+def test_torchrun_trains_writes_the_model_and_resumes_from_the_latest_checkpoint(tmp_path, shards):
+    env = job_environment(tmp_path, shards)
+    first = torchrun(env, "--max-steps", "4", "--checkpoint-every", "2", "--keep-checkpoints", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert checkpoint_steps(tmp_path) == [2, 4]
+    model_file = tmp_path / "model" / "model.pt"
+    payload = torch.load(model_file, weights_only=True)
+    assert payload["step"] == 4 and payload["categories"] == CATEGORIES
+    assert payload["model_config"]["arch"] == "fcos_tiny" and payload["args"]["batch_size"] == 2
+    build_model(payload["model_config"]).load_state_dict(payload["model"])
+    report = next(json.loads(line) for line in first.stdout.splitlines() if '"materialization"' in line)
+    assert report["data_version"] == hashlib.sha256(model_file.read_bytes()).hexdigest()
+    assert report["metadata"]["steps"] == 4 and report["metadata"]["world_size"] == 2
+    assert report["metadata"]["images_seen"] == 4 * 2 * 2
+    for key in ("images_per_s", "final_loss", "wall_s", "data_wait_fraction", "arch"):
+        assert key in report["metadata"]
+    assert json.loads((tmp_path / "model" / "training_summary.json").read_text())["model_sha256"] == report["data_version"]
+    assert len(events(first.stderr, "train")) == 4, "one structured line per step from rank 0 only"
+
+    second = torchrun(env, "--max-steps", "6", "--checkpoint-every", "2", "--keep-checkpoints", "2")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert [e["step"] for e in events(second.stderr, "resumed")] == [4]
+    assert [e["step"] for e in events(second.stderr, "train")] == [5, 6]
+    assert checkpoint_steps(tmp_path) == [4, 6]
+    assert torch.load(model_file, weights_only=True)["step"] == 6
+    resumed_report = next(json.loads(line) for line in second.stdout.splitlines() if '"materialization"' in line)
+    assert resumed_report["metadata"]["resumed_from_step"] == 4 and resumed_report["metadata"]["images_seen"] == 6 * 2 * 2
+
+
+def test_a_non_finite_loss_fails_the_job_naming_the_step(tmp_path, shards):
+    result = torchrun(job_environment(tmp_path, shards), "--max-steps", "6", "--lr", "1e30", "--warmup-steps", "1")
+    assert result.returncode != 0
+    assert "NonFiniteLossError: step " in result.stderr
+    assert (tmp_path / "opt_ml" / "output" / "failure").read_text().startswith("NonFiniteLossError: step ")
+    assert not (tmp_path / "model" / "model.pt").exists()
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_non_zero(tmp_path, shards):
+    log = tmp_path / "stderr.log"
+    command = [TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "training_code.train", *FAST_ARGS, "--max-steps", "10000"]
+    with open(log, "w") as stderr:
+        launcher = subprocess.Popen(command, cwd=REPO, env=job_environment(tmp_path, shards), stdout=subprocess.DEVNULL, stderr=stderr)
+        deadline = time.monotonic() + 90
+        while not events(log.read_text(), "train") and time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.2)
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) != 0
+    saved = events(log.read_text(), "checkpoint")
+    assert len(saved) == 1 and saved[0]["step"] >= 1
+    assert checkpoint_steps(tmp_path) == [saved[0]["step"]]
+    assert "TrainingInterrupted: SIGTERM received" in log.read_text()

@@ -1,0 +1,146 @@
+"""python -m training_code.evaluate --model DIR --shards DIR --out DIR [--split val] [--score-threshold 0.0]
+
+SageMaker Processing job script: run the trained model on a split of the shards, write COCO
+`predictions.json` and `ground_truth.json`, score them into `metrics.json` (mAP, mAP_50, mAP_75, by
+size, AR, per-class AP) and report through Dagster Pipes. By hand, score existing files:
+
+    python -m training_code.evaluate --predictions P.json --ground-truth G.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from training_code.lib import job_env
+from training_code.lib.coco_eval import score_detections
+from training_code.lib.detection_data import EvalSample, iter_eval_samples, verified_split
+from training_code.lib.model import load_model_file
+from training_code.lib.shard_format import sha256_file
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Score a ZERO checkpoint with COCO box metrics")
+    graph = parser.add_argument_group("graph mode (run the model on shards)")
+    graph.add_argument("--model", type=Path, help="folder holding model.pt (the training job's model output)")
+    graph.add_argument("--shards", type=Path, help="shard folder with manifest.json")
+    graph.add_argument("--out", type=Path, help="folder for predictions.json, ground_truth.json, metrics.json")
+    graph.add_argument("--split", default="val")
+    graph.add_argument("--score-threshold", type=float, default=0.0, help="drop detections scoring below this")
+    graph.add_argument("--batch-size", type=int, default=8)
+    graph.add_argument("--threads", type=int, default=None, help="torch threads (default: all CPUs)")
+    standalone = parser.add_argument_group("standalone mode (score existing COCO files)")
+    standalone.add_argument("--predictions", type=Path, help="COCO results JSON (list of detections)")
+    standalone.add_argument("--ground-truth", type=Path, help="COCO ground-truth JSON")
+    return parser
+
+
+def write_json_atomic(path: Path, document: Any) -> None:
+    temporary = path.with_name(f".tmp-{path.name}")
+    temporary.write_text(json.dumps(document))
+    os.replace(temporary, path)
+
+
+def batched(samples: Iterator[EvalSample], size: int) -> Iterator[list[EvalSample]]:
+    batch: list[EvalSample] = []
+    for sample in samples:
+        batch.append(sample)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _category_pairs(categories: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    return sorted((int(c["id"]), str(c["name"])) for c in categories)
+
+
+def check_categories(model_categories: list[dict[str, Any]], manifest_categories: list[dict[str, Any]], model_path: Path) -> None:
+    """Labels are category ids, so the model and the shards must agree on what each id means."""
+    trained, listed = _category_pairs(model_categories), _category_pairs(manifest_categories)
+    if trained != listed:
+        raise ValueError(
+            f"{model_path} was trained on categories {trained} but the shard manifest has {listed}; "
+            "evaluate on shards built with the training categories"
+        )
+
+
+def predict(model: torch.nn.Module, shards, batch_size: int, device: torch.device, score_threshold: float, category_ids: set[int]):
+    """COCO ground truth and detections for every sample in shard order (image ids 1..N)."""
+    images, annotations, predictions = [], [], []
+    image_id = 0
+    with torch.inference_mode():
+        for batch in batched(iter_eval_samples(shards), batch_size):
+            outputs = model([s.image.to(device).float().div_(255) for s in batch])
+            for sample, output in zip(batch, outputs):
+                image_id += 1
+                images.append({"id": image_id, "file_name": sample.key, "width": sample.width, "height": sample.height})
+                for box, label in zip(sample.boxes.tolist(), sample.labels.tolist()):
+                    w, h = box[2] - box[0], box[3] - box[1]
+                    annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": int(label),
+                                        "bbox": [box[0], box[1], w, h], "area": w * h, "iscrowd": 0})
+                for box, label, score in zip(output["boxes"].tolist(), output["labels"].tolist(), output["scores"].tolist()):
+                    # Label 0 is the unused background slot; boxes clipped to zero area carry no detection.
+                    if label not in category_ids or score < score_threshold or box[2] <= box[0] or box[3] <= box[1]:
+                        continue
+                    predictions.append({"image_id": image_id, "category_id": int(label), "score": score,
+                                        "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]]})
+    return images, annotations, predictions
+
+
+def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    started = time.perf_counter()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
+    manifest, shards = verified_split(args.shards, args.split)
+    model, payload = load_model_file(args.model, device)
+    model = model.to(memory_format=torch.channels_last)  # the layout it was trained in; faster convolutions
+    check_categories(payload["categories"], manifest["categories"], args.model)
+    category_ids = {int(c["id"]) for c in manifest["categories"]}
+    images, annotations, predictions = predict(model, shards, args.batch_size, device, args.score_threshold, category_ids)
+    ground_truth = {"images": images, "annotations": annotations, "categories": manifest["categories"]}
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(args.out / "ground_truth.json", ground_truth)
+    write_json_atomic(args.out / "predictions.json", predictions)
+    scores = score_detections(predictions, ground_truth)
+    # Only deterministic content, so re-scoring the same model writes the same bytes (same data version).
+    metrics = {**scores, "split": args.split, "val_images": len(images), "annotations": len(annotations),
+               "predictions": len(predictions), "score_threshold": args.score_threshold, "model_step": payload.get("step")}
+    write_json_atomic(args.out / "metrics.json", metrics)
+    return metrics, {"eval_wall_s": round(time.perf_counter() - started, 2), "device": str(device)}
+
+
+def report(pipes, metrics: dict[str, Any], run_info: dict[str, Any], metrics_path: Path) -> None:
+    per_class = [{"category": row["category"],
+                  "AP": "n/a" if row["ap"] is None else f"{row['ap']:.4f}",
+                  "AP@0.5": "n/a" if row["ap_50"] is None else f"{row['ap_50']:.4f}"} for row in metrics["per_class"]]
+    metadata = {name: float(metrics[name]) for name in ("mAP", "mAP_50", "mAP_75", "AR_100") if metrics[name] is not None}
+    metadata.update({"per_class_ap": job_env.md_table(per_class), "val_images": metrics["val_images"],
+                     "predictions": metrics["predictions"], "metrics_path": str(metrics_path), **run_info})
+    pipes.report_asset_materialization(metadata=metadata, data_version=sha256_file(metrics_path))
+
+
+def main(args: argparse.Namespace) -> None:
+    if args.predictions or args.ground_truth:
+        if not (args.predictions and args.ground_truth):
+            raise SystemExit("standalone mode needs both --predictions and --ground-truth")
+        metrics = score_detections(json.loads(args.predictions.read_text()), json.loads(args.ground_truth.read_text()))
+        print(json.dumps(metrics, indent=2))
+        return
+    missing = [flag for flag, value in (("--model", args.model), ("--shards", args.shards), ("--out", args.out)) if value is None]
+    if missing:
+        raise SystemExit(f"graph mode needs {', '.join(missing)} (or use --predictions and --ground-truth)")
+    with job_env.pipes_session() as pipes:
+        metrics, run_info = evaluate_model(args)
+        report(pipes, metrics, run_info, args.out / "metrics.json")
+
+
+if __name__ == "__main__":
+    main(get_args_parser().parse_args())
