@@ -10,16 +10,22 @@ from zero_assets.resources import LocalJobRunner, ZeroSettings
 
 
 @pytest.fixture(scope="session")
-def tiny_raw_root(tmp_path_factory) -> Path:
-    """A raw root with every planted bad case and 36 good images (read-only by convention)."""
-    root = tmp_path_factory.mktemp("raw") / "root"
-    make_demo_raw_root(root, images=36, seed=7)
-    return root
+def tiny_demo(tmp_path_factory) -> dict:
+    """A raw root with every planted bad case and 36 good images (read-only by convention).
+
+    Returns make_demo_raw_root's summary: `out` (the root) and `planted` (bad case -> key).
+    """
+    return make_demo_raw_root(tmp_path_factory.mktemp("raw") / "root", images=36, seed=7)
+
+
+@pytest.fixture(scope="session")
+def tiny_raw_root(tiny_demo) -> Path:
+    return Path(tiny_demo["out"])
 
 
 @pytest.fixture
 def instance(tmp_path):
-    with instance_for_test(temp_dir=str(tmp_path / "dagster_home")) as dagster_instance:
+    with instance_for_test(temp_dir=str(tmp_path)) as dagster_instance:
         yield dagster_instance
 
 

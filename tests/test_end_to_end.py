@@ -14,7 +14,7 @@ def _metadata(result, asset):
 
 
 @pytest.mark.slow
-def test_whole_graph_materializes_and_reports_every_planted_case(instance, resources, tiny_raw_root):
+def test_whole_graph_materializes_and_reports_every_planted_case(instance, resources, tiny_demo):
     result = materialize(ALL_ASSETS, resources=resources, instance=instance, run_config=FAST_TRAINING)
     assert result.success
     meta = {asset.key.to_user_string(): _metadata(result, asset.key.to_user_string()) for asset in ALL_ASSETS}
@@ -27,19 +27,19 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
     assert validated["images_in"] == meta["raw_image_index"]["images"]
     assert meta["arrow_shards"]["train_rows"] + meta["arrow_shards"]["val_rows"] == validated["accepted"]
 
-    out = validated["uri"]
+    out, planted = validated["uri"], tiny_demo["planted"]
     quarantine = pd.read_parquet(f"{out}/quarantine.parquet").set_index("key")["reason"].to_dict()
-    assert quarantine["line_a_camera/lot_900/bad_truncated.jpg"] == "truncated"
-    assert quarantine["line_b_camera/lot_900/bad_empty.jpg"] == "empty"
-    assert quarantine["warehouse_scanner/lot_900/bad_text.jpg"] == "unidentified"
-    assert quarantine["line_a_camera/lot_900/bad_crc.png"] == "checksum"
+    assert quarantine[planted["truncated_jpeg"]] == "truncated"
+    assert quarantine[planted["zero_byte"]] == "empty"
+    assert quarantine[planted["text_as_jpg"]] == "unidentified"
+    assert quarantine[planted["png_bad_crc"]] == "checksum"
     duplicates = pd.read_parquet(f"{out}/duplicates.parquet")
-    assert duplicates["key"].tolist() == ["line_b_camera/lot_000/copy_of_part_00000.jpg"]
+    assert duplicates["key"].tolist() == [planted["duplicate_across_sources"]]
     rejected = pd.read_parquet(f"{out}/rejected_labels.parquet")
-    assert "outside_image" in rejected.loc[rejected["key"] == "warehouse_scanner/lot_000/part_00005.png", "reason"].tolist()
+    assert "outside_image" in rejected.loc[rejected["key"] == planted["box_outside_image"], "reason"].tolist()
     unmatched = pd.read_parquet(f"{out}/unmatched.parquet").set_index("key")["kind"].to_dict()
-    assert unmatched["warehouse_scanner/lot_900/unlabeled_0001.jpg"] == "image_without_annotation"
-    assert unmatched["line_b_camera/lot_900/missing_0001.jpg"] == "annotation_without_image"
+    assert unmatched[planted["image_without_annotation"]] == "image_without_annotation"
+    assert unmatched[planted["annotation_without_image"]] == "annotation_without_image"
 
     assert meta["trained_checkpoint"]["steps"] == 12
     assert meta["trained_checkpoint"]["job_name"].startswith("zero-trained-checkpoint-")
