@@ -18,6 +18,11 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	@grep -q DAGSTER_MODULE_NAME $(VENV)/bin/activate || printf '%s\n' \
+		'# zero_assets: after activation, `dagster asset materialize --select ...` finds this repo' \
+		'# instance and code location.' \
+		'export DAGSTER_HOME="$${DAGSTER_HOME:-$(CURDIR)/.dagster_home}"' \
+		'export DAGSTER_MODULE_NAME=zero_assets.definitions' >> $(VENV)/bin/activate
 	@touch $@
 
 $(DAGSTER_HOME)/dagster.yaml: dagster.yaml

@@ -46,7 +46,11 @@ def upstream_output(context: AssetExecutionContext, asset: str) -> UpstreamOutpu
     """The latest materialization of an upstream asset: where its output is and its data version."""
     event = context.instance.get_latest_materialization_event(AssetKey(asset))
     if event is None or event.asset_materialization is None:
-        raise Failure(f"upstream asset {asset} has never been materialized; materialize it first (for example --select '{asset}+')")
+        raise Failure(
+            f"upstream asset {asset} has no materialization in this Dagster instance. Materialize it first "
+            f"(for example --select '{asset}+'), and make sure DAGSTER_HOME points at the instance that holds "
+            "earlier runs: without it the Dagster CLI uses a throwaway instance."
+        )
     materialization = event.asset_materialization
     uri = materialization.metadata.get("uri")
     version = materialization.tags.get(DATA_VERSION_TAG) if materialization.tags else None
