@@ -11,7 +11,7 @@ endif
 export DAGSTER_HOME
 ZERO_RAW_URI ?= $(CURDIR)/.zero/raw
 
-.PHONY: demo test venv
+.PHONY: demo test bench venv
 
 venv: $(VENV)/.installed
 
@@ -36,3 +36,7 @@ demo: venv $(HOME_CONFIG)
 
 test: venv $(HOME_CONFIG)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Speed: each benchmark prints `BENCH <name> ratio=<x> goal=<y>` against a baseline from the same run.
+bench: venv
+	$(PY) -m benchmarks $(BENCH)
