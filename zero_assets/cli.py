@@ -2,6 +2,7 @@
 
     zero-assets make-demo-data --out DIR [--images N] [--seed S]
     zero-assets summary            # the latest materialization of each asset, from $DAGSTER_HOME
+    zero-assets render-jobs --out DIR   # the SageMaker/FSx requests the graph would send (no AWS calls)
 """
 
 from __future__ import annotations
@@ -50,6 +51,27 @@ def _summary(_: argparse.Namespace) -> int:
     return 1 if missing else 0
 
 
+def _render_jobs(args: argparse.Namespace) -> int:
+    import os
+
+    from .profiles import apply_profile, profile_from_env, sample_images
+    from .resources.sagemaker_settings import sagemaker_settings_from_env
+    from .resources.settings import ZeroSettings
+    from .sagemaker.render import render_jobs
+
+    env = dict(os.environ)
+    profile = profile_from_env()
+    aws = apply_profile(sagemaker_settings_from_env(env), profile)
+    lake = env.get("ZERO_LAKE_URI") or aws.lake_uri()
+    settings = ZeroSettings(raw_uri=env.get("ZERO_RAW_URI", f"{aws.s3_root()}/raw"), lake_uri=lake, backend="sagemaker", sample_images=sample_images(profile))
+    args.out.mkdir(parents=True, exist_ok=True)
+    for asset, _service, operation, params in render_jobs(settings, aws):
+        path = args.out / f"{asset}.{operation}.json"
+        path.write_text(json.dumps(params, indent=1, sort_keys=True) + "\n")
+        print(path)
+    return 0
+
+
 def _plain(value: object) -> object:
     return round(value, 4) if isinstance(value, float) else value
 
@@ -64,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_make_demo_data)
     summary = commands.add_parser("summary", help="print the latest materialization of each asset")
     summary.set_defaults(handler=_summary)
+    render = commands.add_parser("render-jobs", help="write every SageMaker/FSx request the graph would send, one JSON file each")
+    render.add_argument("--out", type=Path, required=True, help="folder for <asset>.<Operation>.json files")
+    render.set_defaults(handler=_render_jobs)
     return parser
 
 

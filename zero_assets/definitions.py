@@ -3,11 +3,6 @@
 from dagster import Definitions
 
 from .assets import ALL_ASSETS
-from .resources import LocalJobRunner, settings_from_env
+from .resources.backend import resources_from_env
 
-settings = settings_from_env()
-
-defs = Definitions(
-    assets=ALL_ASSETS,
-    resources={"settings": settings, "jobs": LocalJobRunner(settings=settings)},
-)
+defs = Definitions(assets=ALL_ASSETS, resources=resources_from_env())

@@ -9,14 +9,41 @@ from dagster import AssetExecutionContext, MaterializeResult, MetadataValue
 from .fingerprints import UpstreamOutput, code_version, input_fingerprint
 from .job_request import JobRequest
 from .metadata import job_result
-from .resources.local_runner import LocalJobRunner
+from .resources.job_runner import JobRunner
 from .resources.settings import ZeroSettings
+
+
+def build_job_request(
+    asset: str,
+    *,
+    settings: ZeroSettings,
+    kind: Literal["processing", "training"],
+    module: str,
+    config: dict[str, Any],
+    upstream: list[UpstreamOutput],
+    inputs: dict[str, str],
+    processes_per_host: int = 1,
+    **options: Any,
+) -> JobRequest:
+    """The request for one materialization; its output goes under the input fingerprint."""
+    fingerprint = input_fingerprint(code_version(module), config, {u.asset: u.data_version for u in upstream})
+    return JobRequest(
+        asset=asset,
+        kind=kind,
+        module=module,
+        fingerprint=fingerprint,
+        inputs=inputs,
+        outputs={"out": settings.asset_uri(asset, fingerprint[:16])},
+        arguments=config,
+        processes_per_host=processes_per_host,
+        **options,
+    )
 
 
 def launch_job(
     context: AssetExecutionContext,
     *,
-    jobs: LocalJobRunner,
+    jobs: JobRunner,
     settings: ZeroSettings,
     kind: Literal["processing", "training"],
     module: str,
@@ -25,27 +52,23 @@ def launch_job(
     inputs: dict[str, str],
     processes_per_host: int = 1,
 ) -> MaterializeResult:
-    asset = context.asset_key.to_user_string()
-    code = code_version(module)
-    fingerprint = input_fingerprint(code, config, {u.asset: u.data_version for u in upstream})
-    out = settings.asset_uri(asset, fingerprint[:16])
-    request = JobRequest(
-        asset=asset,
+    request = build_job_request(
+        context.asset_key.to_user_string(),
+        settings=settings,
         kind=kind,
         module=module,
-        fingerprint=fingerprint,
+        config=config,
+        upstream=upstream,
         inputs=inputs,
-        outputs={"out": out},
-        arguments=config,
         processes_per_host=processes_per_host,
     )
     invocation, job_metadata = jobs.run(context, request)
     return job_result(
         invocation,
         {
-            "uri": MetadataValue.path(out),
-            "fingerprint": fingerprint,
-            "code_version": code,
+            "uri": MetadataValue.path(request.outputs["out"]),
+            "fingerprint": request.fingerprint,
+            "code_version": code_version(module),
             "upstream": MetadataValue.json({u.asset: {"uri": u.uri, "data_version": u.data_version} for u in upstream}),
             "cache": "miss",
             **job_metadata,

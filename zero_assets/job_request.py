@@ -24,7 +24,9 @@ class JobRequest:
     arguments: dict[str, str] = field(default_factory=dict)  # config: `--key value` for the script
     instance_type: str = "local"
     instance_count: int = 1
-    processes_per_host: int = 1  # training: torchrun's --nproc_per_node
+    processes_per_host: int = 1  # training: torchrun's --nproc_per_node (SageMaker: one per GPU of the instance)
+    sharded_inputs: tuple[str, ...] = ()
+    launcher: Literal["torchrun", "python"] = "torchrun"  # training: torchrun, or one plain process per instance  # processing inputs split across instances by S3 key (multi-instance jobs)
 
     @property
     def job_name(self) -> str:

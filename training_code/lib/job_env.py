@@ -17,7 +17,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from dagster_pipes import PipesContext, PipesEnvVarParamsLoader, open_dagster_pipes
+from dagster_pipes import (
+    PipesContext,
+    PipesEnvVarParamsLoader,
+    PipesS3ContextLoader,
+    PipesS3MessageWriter,
+    open_dagster_pipes,
+)
 
 log = logging.getLogger("zero.job")
 
@@ -49,7 +55,7 @@ def job_name() -> str:
 
 
 def is_rank_zero() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
+    return int(os.environ.get("RANK", "0")) == 0 and ("RANK" in os.environ or is_first_host())
 
 
 class _LogOnlyReporter:
@@ -78,10 +84,10 @@ def pipes_session() -> Iterator[Any]:
     On failure, write `/opt/ml/output/failure` (SageMaker's FailureReason) before re-raising.
     """
     _configure_logging()
-    launched_by_dagster = PipesEnvVarParamsLoader().is_dagster_pipes_process()
+    params = PipesEnvVarParamsLoader()
     try:
-        if launched_by_dagster and is_rank_zero():
-            with open_dagster_pipes() as context:
+        if params.is_dagster_pipes_process() and is_rank_zero():
+            with open_dagster_pipes(**_pipes_io(params)) as context:
                 yield context
         else:
             yield _LogOnlyReporter()
@@ -89,6 +95,28 @@ def pipes_session() -> Iterator[Any]:
         if not isinstance(error, SystemExit) or error.code not in (0, None):
             write_failure_reason(error)
         raise
+
+
+def _pipes_io(params: PipesEnvVarParamsLoader) -> dict[str, Any]:
+    """S3 context loader / message writer when Dagster put the context or messages on S3 (SageMaker:
+    environment values are capped at 256-512 characters); the defaults otherwise (local subprocess)."""
+    from .storage import s3_client
+
+    io: dict[str, Any] = {}
+    if "bucket" in params.load_context_params():
+        io["context_loader"] = PipesS3ContextLoader(s3_client())
+    if "bucket" in params.load_messages_params():
+        io["message_writer"] = PipesS3MessageWriter(s3_client(), interval=float(os.environ.get("ZERO_PIPES_FLUSH_S", "10")))
+    return io
+
+
+def is_first_host() -> bool:
+    """Multi-instance Processing jobs run the script on every host; only the first one reports."""
+    config = opt_ml() / "config" / "resourceconfig.json"
+    if not config.is_file():
+        return True
+    hosts = json.loads(config.read_text())
+    return hosts.get("current_host") == sorted(hosts.get("hosts", [hosts.get("current_host")]))[0]
 
 
 def _configure_logging() -> None:
@@ -102,11 +130,13 @@ def _configure_logging() -> None:
 
 
 def write_failure_reason(error: BaseException) -> None:
+    """Training jobs report `output/failure` as FailureReason, Processing jobs `output/message` as ExitMessage."""
     failure = opt_ml() / "output" / "failure"
     try:
         failure.parent.mkdir(parents=True, exist_ok=True)
         text = f"{type(error).__name__}: {error}\n" + "".join(traceback.format_exception(error)[-6:])
         failure.write_text(text[:1024])  # SageMaker keeps the first 1024 characters
+        (failure.parent / "message").write_text(text[:1024])
     except OSError as write_error:
         log.error("could not write failure reason to %s: %s", failure, write_error)
 

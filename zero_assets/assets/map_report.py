@@ -1,10 +1,10 @@
 """`map_report`: COCO metrics of the checkpoint on the val shards, run as a Processing job."""
 
-from dagster import AssetExecutionContext, Config, MaterializeResult, asset
+from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
 
 from ..fingerprints import upstream_output
 from ..job_launch import launch_job
-from ..resources.local_runner import LocalJobRunner
+from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
 from .fsx_warm_state import fsx_warm_state
 from .trained_checkpoint import trained_checkpoint
@@ -16,11 +16,11 @@ class EvalConfig(Config):
 
 
 @asset(deps=[trained_checkpoint, fsx_warm_state], group_name="zero", kinds={"json"})
-def map_report(context: AssetExecutionContext, config: EvalConfig, settings: ZeroSettings, jobs: LocalJobRunner) -> MaterializeResult:
+def map_report(context: AssetExecutionContext, config: EvalConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """mAP, mAP@0.5, mAP@0.75 and per-class AP of the checkpoint on the held-out split."""
     checkpoint = upstream_output(context, "trained_checkpoint")
     shards = upstream_output(context, "fsx_warm_state")
-    return launch_job(
+    result = launch_job(
         context,
         jobs=jobs,
         settings=settings,
@@ -30,3 +30,7 @@ def map_report(context: AssetExecutionContext, config: EvalConfig, settings: Zer
         upstream=[checkpoint, shards],
         inputs={"model": checkpoint.uri, "shards": shards.uri},
     )
+    # The job draws these beside metrics.json; the paths are where they were published.
+    out = str(result.metadata["uri"].value).rstrip("/")
+    pictures = {f"{name}_png": MetadataValue.path(f"{out}/{name}.png") for name in ("pr_curve", "sample_predictions")}
+    return MaterializeResult(metadata={**result.metadata, **pictures}, data_version=result.data_version)

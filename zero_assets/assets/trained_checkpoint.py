@@ -4,7 +4,7 @@ from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 
 from ..fingerprints import upstream_output
 from ..job_launch import launch_job
-from ..resources.local_runner import LocalJobRunner
+from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
 from .fsx_warm_state import fsx_warm_state
 
@@ -23,7 +23,7 @@ class TrainConfig(Config):
 
 
 @asset(deps=[fsx_warm_state], group_name="zero", kinds={"pytorch"})
-def trained_checkpoint(context: AssetExecutionContext, config: TrainConfig, settings: ZeroSettings, jobs: LocalJobRunner) -> MaterializeResult:
+def trained_checkpoint(context: AssetExecutionContext, config: TrainConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """`model.pt` (weights, model config, categories, step) trained under torchrun on the warm shards."""
     warm = upstream_output(context, "fsx_warm_state")
     hyperparameters = config.model_dump(exclude={"processes"})

@@ -18,8 +18,9 @@ from typing import Any
 
 from dagster import (
     AssetExecutionContext,
-    ConfigurableResource,
+    DataVersion,
     Failure,
+    MaterializeResult,
     MetadataValue,
     PipesSubprocessClient,
 )
@@ -28,13 +29,16 @@ from dagster._core.pipes.client import PipesClientCompletedInvocation
 
 from training_code.lib.storage import download_prefix, is_s3, publish_folder
 
+from ..fingerprints import UpstreamOutput
 from ..job_request import JobRequest
+from ..warm_state import warm_shards
+from .job_runner import JobRunner
 from .settings import REPO_ROOT, ZeroSettings
 
 LOG_TAIL_LINES = 30
 
 
-class LocalJobRunner(ConfigurableResource):
+class LocalJobRunner(JobRunner):
     """The embedded default backend: the job scripts as subprocesses of the Dagster run."""
 
     settings: ZeroSettings
@@ -66,6 +70,27 @@ class LocalJobRunner(ConfigurableResource):
             "job_wall_s": round(wall, 2),
             "job_logs": MetadataValue.path(str(opt_ml / "output" / "job.log")),
         }
+
+    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
+        """Copy the shards into the folder standing in for the FSx mount, each verified there."""
+        mount = self.settings.warm_mount()
+        result = warm_shards(shards.uri, mount, key=shards.data_version[:16])
+        context.log.info(f"{result.copied} shards copied, {result.already_warm} already warm under {result.path}")
+        return MaterializeResult(
+            metadata={
+                "uri": MetadataValue.path(str(result.path)),
+                "mount": MetadataValue.path(str(mount)),
+                "shards": result.shards,
+                "bytes": result.bytes,
+                "copied": result.copied,
+                "already_warm": result.already_warm,
+                "verified": "size, sha256 and row count of every shard",
+                "backend": "local",
+                "cache": "miss",
+            },
+            # Same shards, same version: warming identical bytes must not make training stale.
+            data_version=DataVersion(shards.data_version),
+        )
 
     def _lay_out(self, opt_ml: Path, request: JobRequest) -> dict[str, Path]:
         """Create the `/opt/ml` layout afresh (checkpoints survive, so a retried job resumes)."""

@@ -1,7 +1,8 @@
 """Where things live: the raw root, the lake for derived assets, the backend and the FSx mount.
 
 Each field is read from its environment variable (`ZERO_RAW_URI`, `ZERO_LAKE_URI`, `ZERO_BACKEND`,
-`ZERO_FSX_MOUNT`) through `EnvVar` when it is set, else defaults under `.zero/` in the repo.
+`ZERO_FSX_MOUNT`) through `EnvVar` when it is set, else defaults under `.zero/` in the repo (on the
+SageMaker backend the lake defaults to `s3://$ZERO_SM_BUCKET/$ZERO_SM_PREFIX/lake`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from training_code.lib.storage import is_s3
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE = REPO_ROOT / ".zero"
-BACKENDS = ("local",)
+BACKENDS = ("local", "sagemaker")
 
 
 class ZeroSettings(ConfigurableResource):
@@ -26,6 +27,7 @@ class ZeroSettings(ConfigurableResource):
     lake_uri: str = str(DEFAULT_STATE / "lake")
     backend: str = "local"
     fsx_mount: Optional[str] = None  # None: `.zero/fsx`, created on demand; set: must exist and be writable
+    sample_images: Optional[int] = None  # rehearsal profile: index only this many images (None: all)
 
     def asset_uri(self, asset: str, key: str) -> str:
         """Output prefix of one materialization: keyed by content, so concurrent runs never collide."""
@@ -53,10 +55,11 @@ class ZeroSettings(ConfigurableResource):
         return mount
 
 
-def settings_from_env() -> ZeroSettings:
-    """Settings bound to the environment variables that are set; defaults for the rest."""
+def settings_from_env(**overrides) -> ZeroSettings:
+    """Settings bound to the environment variables that are set; defaults (or `overrides`) for the rest."""
     fields = {"raw_uri": "ZERO_RAW_URI", "lake_uri": "ZERO_LAKE_URI", "backend": "ZERO_BACKEND", "fsx_mount": "ZERO_FSX_MOUNT"}
     backend = os.environ.get("ZERO_BACKEND", "local")
     if backend not in BACKENDS:
         raise ValueError(f"ZERO_BACKEND={backend!r} is not a backend this version runs; use one of {BACKENDS}")
-    return ZeroSettings(**{field: EnvVar(var) for field, var in fields.items() if os.environ.get(var)})
+    bound = {field: EnvVar(var) for field, var in fields.items() if os.environ.get(var)}
+    return ZeroSettings(**{**overrides, **bound})

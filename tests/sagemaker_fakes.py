@@ -1,0 +1,241 @@
+"""A stand-in for boto3's SageMaker client that really runs the job: the subset our client calls.
+
+Create*Job validates its parameters against botocore's SageMaker model, lays out `/opt/ml` under
+a folder, downloads code and inputs from S3 (a moto server or SeaweedFS), runs the script in a
+subprocess with the Environment it was given, ships its output lines to CloudWatch Logs (moto),
+and maps the exit to job states: 0 -> Completed (outputs uploaded), non-zero -> Failed with
+FailureReason / ExitMessage from `/opt/ml/output/{failure,message}`, Stop*Job -> Stopping -> Stopped,
+MaxRuntimeInSeconds exceeded -> Stopped / MaxRuntimeExceeded.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import botocore.session
+from botocore.exceptions import ClientError
+from botocore.validate import validate_parameters
+
+from training_code.lib.storage import split_s3
+
+_MODEL = botocore.session.get_session().get_service_model("sagemaker")
+
+
+class FakeSageMaker:
+    def __init__(self, root: Path, s3, logs, env: dict[str, str], region: str = "us-east-1") -> None:
+        self.root, self.s3, self.logs, self.env = Path(root), s3, logs, env
+        self.meta = SimpleNamespace(region_name=region)
+        self.calls: list[tuple[str, str]] = []
+        self.jobs: dict[str, dict] = {}
+        self._lock = threading.Lock()
+
+    # --- the boto3 surface -------------------------------------------------------------------
+    def create_training_job(self, **params):
+        return self._create("training", "CreateTrainingJob", params["TrainingJobName"], params)
+
+    def create_processing_job(self, **params):
+        return self._create("processing", "CreateProcessingJob", params["ProcessingJobName"], params)
+
+    def describe_training_job(self, TrainingJobName: str):
+        return self._describe("training", TrainingJobName)
+
+    def describe_processing_job(self, ProcessingJobName: str):
+        return self._describe("processing", ProcessingJobName)
+
+    def stop_training_job(self, TrainingJobName: str):
+        return self._stop("training", TrainingJobName)
+
+    def stop_processing_job(self, ProcessingJobName: str):
+        return self._stop("processing", ProcessingJobName)
+
+    def wait_until_done(self, name: str, timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        while self.jobs[name]["status"] not in ("Completed", "Failed", "Stopped"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fake job {name} still {self.jobs[name]['status']}")
+            time.sleep(0.1)
+        return self.jobs[name]
+
+    # --- job life cycle ----------------------------------------------------------------------
+    def _create(self, kind: str, operation: str, name: str, params: dict):
+        validate_parameters(params, _MODEL.operation_model(operation).input_shape)
+        self.calls.append((operation, name))
+        with self._lock:
+            if name in self.jobs:
+                raise ClientError({"Error": {"Code": "ResourceInUse", "Message": f"Job name {name} must be unique"}}, operation)
+            self.jobs[name] = {"kind": kind, "params": params, "status": "InProgress", "secondary": "Starting", "transitions": ["Starting"],
+                               "created": datetime.now(timezone.utc), "started": None, "ended": None, "process": None, "failure": None, "exit_message": None}
+        threading.Thread(target=self._run, args=(name,), daemon=True).start()
+        return {"TrainingJobArn" if kind == "training" else "ProcessingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:{kind}-job/{name}"}
+
+    def _describe(self, kind: str, name: str) -> dict:
+        self.calls.append((f"Describe{kind}", name))
+        job = self.jobs.get(name)
+        if job is None or job["kind"] != kind:
+            message = "Requested resource not found." if kind == "training" else f"Could not find requested job with name {name}"
+            raise ClientError({"Error": {"Code": "ValidationException", "Message": message}}, f"Describe{kind}")
+        params = job["params"]
+        if kind == "training":
+            billable = int(((job["ended"] or datetime.now(timezone.utc)) - job["created"]).total_seconds()) * params["ResourceConfig"]["InstanceCount"]
+            return {"TrainingJobName": name, "TrainingJobStatus": job["status"], "SecondaryStatus": job["secondary"],
+                    "FailureReason": job["failure"], "ResourceConfig": params["ResourceConfig"], "BillableTimeInSeconds": billable,
+                    "SecondaryStatusTransitions": [{"Status": s} for s in job["transitions"]], "CreationTime": job["created"]}
+        return {"ProcessingJobName": name, "ProcessingJobStatus": job["status"], "FailureReason": job["failure"], "ExitMessage": job["exit_message"],
+                "ProcessingResources": params["ProcessingResources"], "ProcessingStartTime": job["started"], "ProcessingEndTime": job["ended"]}
+
+    def _stop(self, kind: str, name: str):
+        self.calls.append((f"Stop{kind}", name))
+        job = self.jobs[name]
+        if job["status"] != "InProgress":
+            raise ClientError({"Error": {"Code": "ValidationException", "Message": f"job {name} is {job['status']}"}}, "Stop")
+        job["status"], job["secondary"] = "Stopping", "Stopping"
+        if job["process"] is not None:
+            job["process"].terminate()
+        return {}
+
+    def _run(self, name: str) -> None:
+        job = self.jobs[name]
+        opt = self.root / name / "opt" / "ml"
+        try:
+            command, env = (self._prepare_training if job["kind"] == "training" else self._prepare_processing)(job, opt)
+        except (ClientError, OSError, KeyError) as error:
+            job.update(status="Failed", secondary="Failed", failure=f"ClientError: {error}", ended=datetime.now(timezone.utc))
+            return
+        job["started"] = datetime.now(timezone.utc)
+        job["transitions"].append("Training" if job["kind"] == "training" else "Processing")
+        job["secondary"] = job["transitions"][-1]
+        if job["status"] == "Stopping":  # stopped while downloading
+            job.update(status="Stopped", secondary="Stopped", ended=datetime.now(timezone.utc))
+            return
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        job["process"] = process
+        shipper = threading.Thread(target=self._ship_logs, args=(job, name, process), daemon=True)
+        shipper.start()
+        limit = job["params"]["StoppingCondition"]["MaxRuntimeInSeconds"]
+        try:
+            code = process.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            code = process.wait()
+            job["secondary"] = "MaxRuntimeExceeded"
+            job["status"] = "Stopping"
+        shipper.join(timeout=10)
+        self._finish(job, opt, code)
+
+    def _finish(self, job: dict, opt: Path, code: int) -> None:
+        failure, message = opt / "output" / "failure", opt / "output" / "message"
+        if job["status"] == "Stopping":
+            job.update(status="Stopped", secondary=job["secondary"] if job["secondary"] == "MaxRuntimeExceeded" else "Stopped")
+        elif code == 0:
+            self._upload_outputs(job, opt)
+            job.update(status="Completed", secondary="Completed")
+        else:
+            reason = failure.read_text()[:1024] if failure.is_file() and job["kind"] == "training" else f"AlgorithmError: exit code {code}"
+            job.update(status="Failed", secondary="Failed", failure=reason)
+            if job["kind"] == "processing" and message.is_file():
+                job["exit_message"] = message.read_text()[:1024]
+        job["transitions"].append(job["secondary"])
+        job["ended"] = datetime.now(timezone.utc)
+
+    # --- container contract ------------------------------------------------------------------
+    def _prepare_training(self, job: dict, opt: Path):
+        params = job["params"]
+        hp = dict(params.get("HyperParameters", {}))
+        code_dir = opt / "code"
+        self._extract_tarball(hp.pop("sagemaker_submit_directory"), code_dir)
+        channels = {}
+        for channel in params.get("InputDataConfig", []):
+            source = channel["DataSource"].get("S3DataSource")
+            if source is None:
+                raise KeyError(f"the fake runs S3 channels only, not {channel['DataSource']}")
+            channels[channel["ChannelName"]] = self._download(source["S3Uri"], opt / "input" / "data" / channel["ChannelName"])
+        checkpoints = self._download(params["CheckpointConfig"]["S3Uri"], opt / "checkpoints") if "CheckpointConfig" in params else opt / "checkpoints"
+        (opt / "model").mkdir(parents=True, exist_ok=True)
+        env = self._environment(params.get("Environment", {}), opt, code_dir)
+        env.update({"SM_MODEL_DIR": str(opt / "model"), "SM_CHANNELS": json.dumps(sorted(channels)), "ZERO_CHECKPOINT_DIR": str(checkpoints),
+                    "SM_TRAINING_ENV": json.dumps({"job_name": params["TrainingJobName"], "hosts": ["algo-1"]}), "SM_CURRENT_HOST": "algo-1"})
+        env.update({f"SM_CHANNEL_{name.upper()}": str(path) for name, path in channels.items()})
+        program = str(code_dir / hp.pop("sagemaker_program"))
+        distributed = hp.pop("sagemaker_torch_distributed_enabled", "false") == "true"
+        arguments = [token for key, value in hp.items() if not key.startswith("sagemaker_") for token in (f"--{key}", value)]
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"] if distributed else [sys.executable]
+        return [*launcher, program, *arguments], env
+
+    def _prepare_processing(self, job: dict, opt: Path):
+        params = job["params"]
+        for item in params.get("ProcessingInputs", []):
+            self._download(item["S3Input"]["S3Uri"], self._local(item["S3Input"]["LocalPath"], opt))
+        for item in params["ProcessingOutputConfig"]["Outputs"]:
+            self._local(item["S3Output"]["LocalPath"], opt).mkdir(parents=True, exist_ok=True)
+        app = params["AppSpecification"]
+        command = [sys.executable if token == "python3" else token for token in app["ContainerEntrypoint"]]
+        command += [str(self._local(a, opt)) if a.startswith("/opt/ml") else a for a in app.get("ContainerArguments", [])]
+        return command, self._environment(params.get("Environment", {}), opt, None)
+
+    def _environment(self, requested: dict, opt: Path, code_dir: Path | None) -> dict:
+        env = {**os.environ, **self.env}
+        env.update({k: str(self._local(v, opt)) if v.startswith("/opt/ml") else v for k, v in requested.items()})
+        env["ZERO_OPT_ML"] = str(opt)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), self.env.get("PYTHONPATH")]))
+        return env
+
+    def _ship_logs(self, job: dict, name: str, process: subprocess.Popen) -> None:
+        group = "/aws/sagemaker/TrainingJobs" if job["kind"] == "training" else "/aws/sagemaker/ProcessingJobs"
+        stream = f"{name}/algo-1-{int(time.time())}"
+        try:
+            self.logs.create_log_group(logGroupName=group)
+        except self.logs.exceptions.ResourceAlreadyExistsException:
+            pass
+        self.logs.create_log_stream(logGroupName=group, logStreamName=stream)
+        for line in process.stdout:
+            self.logs.put_log_events(logGroupName=group, logStreamName=stream, logEvents=[{"timestamp": int(time.time() * 1000), "message": line.rstrip("\n") or " "}])
+
+    def _upload_outputs(self, job: dict, opt: Path) -> None:
+        params = job["params"]
+        if job["kind"] == "training":
+            raw = io.BytesIO()
+            with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+                tar.add(opt / "model", arcname=".")
+            bucket, prefix = split_s3(params["OutputDataConfig"]["S3OutputPath"])
+            self.s3.put_object(Bucket=bucket, Key=f"{prefix}/{params['TrainingJobName']}/output/model.tar.gz".lstrip("/"), Body=raw.getvalue())
+            if "CheckpointConfig" in params:
+                self._upload(opt / "checkpoints", params["CheckpointConfig"]["S3Uri"])
+            return
+        for item in params["ProcessingOutputConfig"]["Outputs"]:
+            self._upload(self._local(item["S3Output"]["LocalPath"], opt), item["S3Output"]["S3Uri"])
+
+    # --- S3 ----------------------------------------------------------------------------------
+    @staticmethod
+    def _local(container_path: str, opt: Path) -> Path:
+        return opt / container_path[len("/opt/ml/") :]
+
+    def _download(self, uri: str, dest: Path) -> Path:
+        bucket, prefix = split_s3(uri)
+        dest.mkdir(parents=True, exist_ok=True)
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else ""):
+            for obj in page.get("Contents", []):
+                target = dest / obj["Key"][len(prefix) + 1 :]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(self.s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+        return dest
+
+    def _upload(self, folder: Path, uri: str) -> None:
+        bucket, prefix = split_s3(uri)
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            self.s3.put_object(Bucket=bucket, Key=f"{prefix}/{path.relative_to(folder).as_posix()}".lstrip("/"), Body=path.read_bytes())
+
+    def _extract_tarball(self, uri: str, dest: Path) -> None:
+        bucket, key = split_s3(uri)
+        body = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
+            tar.extractall(dest, filter="data")

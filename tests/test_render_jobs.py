@@ -1,0 +1,88 @@
+"""`render-jobs`: every request passes botocore's validation, for both profiles, with and without FSx and spot."""
+
+from __future__ import annotations
+
+import json
+
+import botocore.session
+import pytest
+from botocore.validate import validate_parameters
+
+from zero_assets.cli import main
+
+BASE_ENV = {
+    "ZERO_SM_REGION": "us-east-1",
+    "ZERO_SM_ROLE_ARN": "arn:aws:iam::123456789012:role/zero-jobs",
+    "ZERO_SM_BUCKET": "zero-ml-lake",
+    "ZERO_SM_TRAINING_IMAGE_URI": "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker",
+    "ZERO_SM_PROCESSING_IMAGE_URI": "123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-processing:1",
+    "ZERO_SM_KMS_KEY_ID": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+    "ZERO_SM_TAGS": "team=vision,cost-center=ml-42",
+}
+FSX_ENV = {
+    "ZERO_SM_FSX_FILE_SYSTEM_ID": "fs-0123456789abcdef0",
+    "ZERO_SM_FSX_MOUNT_NAME": "abcdefgh",
+    "ZERO_SM_SUBNETS": "subnet-0a1b2c3d,subnet-4e5f6a7b",
+    "ZERO_SM_SECURITY_GROUP_IDS": "sg-0123456789abcdef0",
+}
+SESSION = botocore.session.get_session()
+
+
+def render(tmp_path, monkeypatch, env: dict) -> dict:
+    for key in [k for k in list(__import__("os").environ) if k.startswith("ZERO_SM_") or k in ("ZERO_PROFILE", "ZERO_LAKE_URI", "ZERO_RAW_URI")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "jobs"
+    assert main(["render-jobs", "--out", str(out)]) == 0
+    return {path.name: json.loads(path.read_text()) for path in sorted(out.glob("*.json"))}
+
+
+@pytest.mark.parametrize("profile", ["production", "rehearsal"])
+@pytest.mark.parametrize("fsx", [False, True], ids=["s3", "fsx"])
+@pytest.mark.parametrize("spot", [False, True], ids=["on-demand", "spot"])
+def test_every_rendered_request_is_valid(tmp_path, monkeypatch, profile, fsx, spot):
+    env = {**BASE_ENV, **(FSX_ENV if fsx else {}), "ZERO_PROFILE": profile, "ZERO_SM_USE_SPOT": "true" if spot else "false"}
+    requests = render(tmp_path, monkeypatch, env)
+    expected = {"validated_images.CreateProcessingJob.json", "arrow_shards.CreateProcessingJob.json",
+                "trained_checkpoint.CreateTrainingJob.json", "map_report.CreateProcessingJob.json"}
+    if fsx:
+        expected |= {"fsx_warm_state.CreateDataRepositoryAssociation.json", "fsx_warm_state.CreateDataRepositoryTask.json",
+                     "fsx_warm_state.CreateTrainingJob.json"}
+    assert set(requests) == expected
+    for filename, params in requests.items():
+        operation = filename.split(".")[1]
+        service = "fsx" if "DataRepository" in operation else "sagemaker"
+        validate_parameters(params, SESSION.get_service_model(service).operation_model(operation).input_shape)
+
+    training = requests["trained_checkpoint.CreateTrainingJob.json"]
+    channel = training["InputDataConfig"][0]
+    assert ("FileSystemDataSource" in channel["DataSource"]) == fsx
+    assert channel["InputMode"] == ("File" if fsx else "FastFile")
+    assert ("VpcConfig" in training) == fsx
+    # Rehearsal turns spot off (quick answers); production keeps what is configured.
+    assert training.get("EnableManagedSpotTraining", False) == (spot and profile == "production")
+    assert training["ResourceConfig"]["InstanceCount"] == 2
+    if profile == "rehearsal":
+        assert training["ResourceConfig"]["InstanceType"] == "ml.g4dn.xlarge"
+    assert training["CheckpointConfig"]["S3Uri"].startswith("s3://zero-ml-lake/zero/checkpoints/trained_checkpoint/")
+    for params in requests.values():
+        for key, value in params.get("Environment", {}).items():
+            assert len(value) <= (512 if "TrainingJobName" in params else 256), key
+
+
+def test_missing_settings_are_named(tmp_path, monkeypatch, capsys):
+    env = {k: v for k, v in BASE_ENV.items() if k != "ZERO_SM_ROLE_ARN"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("ZERO_SM_ROLE_ARN", raising=False)
+    assert main(["render-jobs", "--out", str(tmp_path / "out")]) == 2
+    assert "ZERO_SM_ROLE_ARN" in capsys.readouterr().err
+
+
+def test_fsx_without_vpc_is_refused(tmp_path, monkeypatch, capsys):
+    env = {**BASE_ENV, "ZERO_SM_FSX_FILE_SYSTEM_ID": "fs-0123456789abcdef0", "ZERO_SM_FSX_MOUNT_NAME": "abcdefgh"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main(["render-jobs", "--out", str(tmp_path / "out")]) == 2
+    assert "ZERO_SM_SUBNETS" in capsys.readouterr().err

@@ -1,0 +1,73 @@
+"""The SageMaker backend's S3 data path against a real S3-compatible server (SeaweedFS on loopback):
+raw root and lake on S3, the code package uploaded once, Pipes context and messages through S3.
+SageMaker itself is the fake from sagemaker_fakes; CloudWatch Logs is a moto server."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from dagster import AssetKey, materialize
+from moto.server import ThreadedMotoServer
+
+from sagemaker_fakes import FakeSageMaker
+from training_code.lib.storage import publish_folder
+from zero_assets.assets import raw_image_index, validated_images
+from zero_assets.local_s3 import LocalS3Server
+from zero_assets.resources import SageMakerJobRunner, SageMakerSettings, ZeroSettings
+from zero_assets.resources import sagemaker_runner
+from zero_assets.resources.sagemaker_runner import AwsClients
+from zero_assets.resources.sagemaker_settings import JobCompute
+from zero_assets.resources.settings import REPO_ROOT
+from zero_assets.sagemaker.code_package import MARKER, build_code_package
+
+BUCKET = "zero-ml"
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory):
+    with LocalS3Server(tmp_path_factory.mktemp("seaweed")) as server:
+        server.client().create_bucket(Bucket=BUCKET)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cloudwatch():
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield boto3.client("logs", endpoint_url=f"http://{host}:{port}", region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")
+    server.stop()
+
+
+def test_validation_job_runs_on_the_s3_path(seaweed, cloudwatch, tiny_raw_root, instance, tmp_path, monkeypatch):
+    for key, value in seaweed.env().items():
+        monkeypatch.setenv(key, value)
+    publish_folder(tiny_raw_root, f"s3://{BUCKET}/raw")
+    settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw", lake_uri=f"s3://{BUCKET}/zero/lake", backend="sagemaker")
+    aws = SageMakerSettings(
+        region="us-east-1", role_arn="arn:aws:iam::123456789012:role/zero-jobs", bucket=BUCKET,
+        training_image_uri="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5-gpu-py311",
+        processing_image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-processing:1",
+        validated_images=JobCompute(instance_type="ml.m5.xlarge"), poll_interval_s=0.3,
+    )
+    fake = FakeSageMaker(tmp_path / "sm", seaweed.client(), cloudwatch, {**seaweed.env(), "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.3"})
+    monkeypatch.setattr(sagemaker_runner, "make_aws_clients", lambda region: AwsClients(fake, cloudwatch, seaweed.client(), None))
+    jobs = SageMakerJobRunner(settings=settings, aws=aws)
+
+    result = materialize([raw_image_index, validated_images], instance=instance, resources={"settings": settings, "jobs": jobs})
+    assert result.success
+    metadata = instance.get_latest_materialization_event(AssetKey("validated_images")).asset_materialization.metadata
+    assert metadata["backend"].value == "sagemaker" and metadata["job_status"].value == "Completed"
+    assert metadata["accepted"].value > 0  # reported by the script through S3 Pipes messages
+    assert str(metadata["uri"].value).startswith(f"s3://{BUCKET}/zero/lake/validated_images/")
+    s3 = seaweed.client()
+    lake = str(metadata["uri"].value)[len(f"s3://{BUCKET}/"):]
+    assert s3.head_object(Bucket=BUCKET, Key=f"{lake}/manifest.json")["ContentLength"] > 0
+    digest = build_code_package().digest
+    assert s3.head_object(Bucket=BUCKET, Key=f"zero/code/{digest}/{MARKER}")
+    name = metadata["job_name"].value
+    assert s3.list_objects_v2(Bucket=BUCKET, Prefix=f"zero/pipes/{name}/messages/")["KeyCount"] >= 1
+
+    # Same inputs again: the finished job is found by name, nothing new is launched.
+    assert materialize([validated_images], instance=instance, resources={"settings": settings, "jobs": jobs}).success
+    assert [c for c in fake.calls if c[0] == "CreateProcessingJob"] == [("CreateProcessingJob", name)]

@@ -1,0 +1,22 @@
+"""The one interface every backend implements: run a `JobRequest`, return the Pipes result and metadata."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dagster import AssetExecutionContext, ConfigurableResource, MaterializeResult
+from dagster._core.pipes.client import PipesClientCompletedInvocation
+
+from ..fingerprints import UpstreamOutput
+from ..job_request import JobRequest
+
+
+class JobRunner(ConfigurableResource):
+    """Base of `LocalJobRunner` and `SageMakerJobRunner`; asset code depends on this alone."""
+
+    def run(self, context: AssetExecutionContext, request: JobRequest) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
+        raise TypeError(f"{type(self).__name__} does not run jobs; configure LocalJobRunner or SageMakerJobRunner as the `jobs` resource")
+
+    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
+        """Make a shard set readable by the trainer, verified; its `uri` is what training reads."""
+        raise TypeError(f"{type(self).__name__} does not warm shards; configure LocalJobRunner or SageMakerJobRunner as `jobs`")

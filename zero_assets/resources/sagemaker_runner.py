@@ -1,0 +1,118 @@
+"""Run job scripts as SageMaker Training and Processing jobs, through `PipesSageMakerClient`.
+
+The code is packaged and uploaded once per content hash; the job name comes from asset,
+fingerprint and attempt; a training job's `model.tar.gz` is unpacked to the asset's output
+prefix (manifest last), so downstream jobs read files exactly as they do on the local backend.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue
+from dagster._core.pipes.client import PipesClientCompletedInvocation
+
+from training_code.lib.storage import fetch_file, publish_folder
+
+from ..fingerprints import UpstreamOutput
+from ..job_request import JobRequest
+from ..sagemaker.fsx import shards_on_fsx
+from ..sagemaker.fsx_warm import ensure_association, import_metadata, verify_on_s3, warm_job_request
+from ..sagemaker.code_package import build_code_package, upload_code_package
+from ..sagemaker.names import job_name
+from ..sagemaker.pipes_client import PipesSageMakerClient
+from ..sagemaker.requests import build_job_params
+from .job_runner import JobRunner
+from .sagemaker_settings import SageMakerSettings
+from .settings import ZeroSettings
+
+
+@dataclass(frozen=True)
+class AwsClients:
+    sagemaker: Any
+    logs: Any
+    s3: Any
+    fsx: Any
+
+
+def make_aws_clients(region: str) -> AwsClients:
+    """boto3 clients from the default credential chain (tests replace this function with stand-ins)."""
+    import boto3
+
+    from training_code.lib.storage import s3_client
+
+    return AwsClients(boto3.client("sagemaker", region_name=region), boto3.client("logs", region_name=region), s3_client(), boto3.client("fsx", region_name=region))
+
+
+class SageMakerJobRunner(JobRunner):
+    """The AWS backend: every job-backed materialization is one SageMaker job."""
+
+    settings: ZeroSettings
+    aws: SageMakerSettings
+
+    def clients(self) -> AwsClients:
+        return make_aws_clients(self.aws.region)
+
+    def pipes_client(self, clients: AwsClients) -> PipesSageMakerClient:
+        return PipesSageMakerClient(
+            client=clients.sagemaker,
+            logs_client=clients.logs,
+            s3_client=clients.s3,
+            pipes_uri=f"{self.aws.s3_root()}/pipes",
+            messages=self.aws.messages,
+            poll_interval=self.aws.poll_interval_s,
+            message_poll_interval=min(10.0, self.aws.poll_interval_s),
+        )
+
+    def run(self, context: AssetExecutionContext, request: JobRequest) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
+        clients = self.clients()
+        package = build_code_package()
+        upload_code_package(package, self.aws.s3_root(), clients.s3)
+        pipes = self.pipes_client(clients)
+        name = pipes.resolve_job_name(context, request.kind, lambda attempt: job_name(request.asset, request.fingerprint, attempt))
+        _, params = build_job_params(request, self.aws, job_name=name, code=package, environment={}, lake_uri=self.settings.lake_uri)
+        started = time.perf_counter()
+        invocation = pipes.run(context=context, kind=request.kind, params=params)
+        extra: dict[str, Any] = {"backend": "sagemaker", "job_wall_s": round(time.perf_counter() - started, 2), "code_package": package.digest}
+        if request.kind == "training":
+            model_tar = f"{params['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{name}/output/model.tar.gz"
+            for destination in request.outputs.values():
+                unpack_model_artifact(model_tar, destination)
+            extra["checkpoint_uri"] = params["CheckpointConfig"]["S3Uri"]
+            extra["model_artifact"] = model_tar
+        return invocation, extra
+
+    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
+        """FSx configured: link, import, load and verify on the file system; else verify the set on S3."""
+        base = {"backend": "sagemaker", "cache": "miss", "shards_uri": MetadataValue.path(shards.uri)}
+        if not self.aws.fsx_enabled():
+            counts = verify_on_s3(shards.uri)
+            metadata = {"uri": MetadataValue.path(shards.uri), **counts, "file_system": "none: training reads S3 in FastFile mode",
+                        "verified": "every shard of the manifest present on S3 with its size", **base}
+            return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
+        fs_id, mount = self.aws.fsx_file_system_id, self.aws.fsx_mount_name
+        location = shards_on_fsx(shards.uri, self.settings.lake_uri, fs_id, mount)
+        fsx = self.clients().fsx
+        association = ensure_association(fsx, fs_id, self.settings.lake_uri, context.log)
+        import_task = import_metadata(fsx, fs_id, location.path, context.log)
+        invocation, extra = self.run(context, warm_job_request(shards, location, self.settings))
+        reported = invocation.get_materialize_result()
+        metadata = {**(reported.metadata or {}), **extra, **base, "uri": location.uri, "file_system_id": fs_id,
+                    "mount_path": location.directory_path, "association_id": association, "import_task_id": import_task}
+        return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
+
+
+def unpack_model_artifact(model_tar_uri: str, destination: str) -> None:
+    """SageMaker tars `/opt/ml/model`; downstream jobs read plain files, so unpack it (manifest last)."""
+    with tempfile.TemporaryDirectory(prefix="zero-model-") as tmp:
+        archive = Path(tmp) / "model.tar.gz"
+        fetch_file(model_tar_uri, archive)
+        unpacked = Path(tmp) / "model"
+        with tarfile.open(archive) as tar:
+            tar.extractall(unpacked, filter="data")  # rejects absolute paths and links out of the folder
+        publish_folder(unpacked, destination)

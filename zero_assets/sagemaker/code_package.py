@@ -1,0 +1,88 @@
+"""The job scripts as SageMaker receives them, packaged once per content hash.
+
+Training jobs get `sourcedir.tar.gz` (the PyTorch container's toolkit unpacks it into
+`/opt/ml/code`, installs `requirements.txt` and launches the program under torchrun); Processing
+jobs get the same files unpacked under `files/`, mounted as an input. Both live under
+`<s3_root>/code/<hash>/`, so an unchanged package is never uploaded twice.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from training_code.lib.hashing import sha256_bytes
+
+from ..resources.settings import REPO_ROOT
+
+PACKAGE_DIRS = ("training_code",)
+# What the scripts import beyond the container's Python and torch; pinned like requirements.lock.
+JOB_REQUIREMENTS = ("dagster-pipes", "pyarrow", "pandas", "pandera", "pillow", "faster-coco-eval", "boto3", "datasets")
+TARBALL = "sourcedir.tar.gz"
+MARKER = "PACKAGE_COMPLETE"
+
+
+@dataclass(frozen=True)
+class CodePackage:
+    files: dict[str, bytes]  # archive name -> content
+    digest: str
+
+    def prefix(self, s3_root: str) -> str:
+        return f"{s3_root}/code/{self.digest}"
+
+    def tarball_uri(self, s3_root: str) -> str:
+        return f"{self.prefix(s3_root)}/{TARBALL}"
+
+    def files_uri(self, s3_root: str) -> str:
+        return f"{self.prefix(s3_root)}/files"
+
+    def tarball(self) -> bytes:
+        """Byte-identical for identical files: sorted names, zero times and owners."""
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w") as archive:
+            for name in sorted(self.files):
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(self.files[name]), 0o644, 0
+                archive.addfile(info, io.BytesIO(self.files[name]))
+        return gzip.compress(raw.getvalue(), mtime=0)
+
+
+def build_code_package(root: Path = REPO_ROOT, package_dirs: tuple[str, ...] = PACKAGE_DIRS) -> CodePackage:
+    files: dict[str, bytes] = {}
+    for package in package_dirs:
+        for path in sorted((root / package).rglob("*.py")):
+            files[path.relative_to(root).as_posix()] = path.read_bytes()
+    if not files:
+        raise FileNotFoundError(f"no Python files under {[str(root / p) for p in package_dirs]}: nothing to package")
+    files["requirements.txt"] = _pinned_requirements(root).encode()
+    digest = sha256_bytes(b"".join(name.encode() + b"\0" + content for name, content in sorted(files.items())))[:16]
+    return CodePackage(files, digest)
+
+
+def _pinned_requirements(root: Path) -> str:
+    lock = root / "requirements.lock"
+    pins = {}
+    if lock.is_file():
+        for line in lock.read_text().splitlines():
+            name, sep, version = line.strip().partition("==")
+            if sep:
+                pins[name.lower()] = version
+    return "".join(f"{name}=={pins[name]}\n" if name in pins else f"{name}\n" for name in JOB_REQUIREMENTS)
+
+
+def upload_code_package(package: CodePackage, s3_root: str, s3_client) -> str:
+    """Upload unless the marker of this hash exists; the marker goes last, so it means complete."""
+    from training_code.lib.storage import split_s3
+
+    bucket, prefix = split_s3(package.prefix(s3_root))
+    marker = f"{prefix}/{MARKER}"
+    if s3_client.list_objects_v2(Bucket=bucket, Prefix=marker, MaxKeys=1).get("KeyCount", 0):
+        return package.prefix(s3_root)
+    for name, content in sorted(package.files.items()):
+        s3_client.put_object(Bucket=bucket, Key=f"{prefix}/files/{name}", Body=content)
+    s3_client.put_object(Bucket=bucket, Key=f"{prefix}/{TARBALL}", Body=package.tarball())
+    s3_client.put_object(Bucket=bucket, Key=marker, Body=package.digest.encode())
+    return package.prefix(s3_root)

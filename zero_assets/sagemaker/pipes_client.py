@@ -1,0 +1,229 @@
+"""`PipesSageMakerClient`: SageMaker Training and Processing jobs as Dagster Pipes invocations.
+
+Shaped like dagster-aws's ECS and Glue clients. What it adds for SageMaker: jobs are found again by
+their deterministic name (a restarted run reattaches instead of launching twice), a job that ends
+`Stopped` (for example on MaxRuntimeExceeded, which boto3's waiter counts as done) is a failure,
+and failures carry the job name, FailureReason and the last log lines.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+import boto3
+from botocore.exceptions import ClientError
+from dagster import Failure, MetadataValue, PipesClient
+from dagster._core.definitions.resource_annotation import TreatAsResourceParam
+from dagster._core.errors import DagsterExecutionInterruptedError
+from dagster._core.pipes.client import PipesClientCompletedInvocation, PipesContextInjector, PipesMessageReader
+from dagster._core.pipes.utils import open_pipes_session
+from dagster_aws.pipes import PipesCloudWatchMessageReader
+
+from .job_logs import JobLogTail
+from .pipes_io import JobKeyedS3ContextInjector, message_reader_for
+from .requests import check_environment
+
+Kind = Literal["training", "processing"]
+
+
+@dataclass(frozen=True)
+class _JobApi:
+    create: str
+    describe: str
+    stop: str
+    name_key: str
+    status_key: str
+    log_group: str
+
+
+API = {
+    "training": _JobApi("create_training_job", "describe_training_job", "stop_training_job", "TrainingJobName", "TrainingJobStatus", "/aws/sagemaker/TrainingJobs"),
+    "processing": _JobApi("create_processing_job", "describe_processing_job", "stop_processing_job", "ProcessingJobName", "ProcessingJobStatus", "/aws/sagemaker/ProcessingJobs"),
+}
+TERMINAL = ("Completed", "Failed", "Stopped")
+REATTACHABLE = ("InProgress", "Completed")  # Stopping ends as Stopped: the next attempt takes over
+LIMIT_STOPS = ("MaxRuntimeExceeded", "MaxWaitTimeExceeded")
+MAX_ATTEMPTS = 50
+
+
+class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
+    """A Pipes client for SageMaker Training and Processing jobs.
+
+    Args:
+        client: boto3 SageMaker client. logs_client: boto3 CloudWatch Logs client (job logs, messages).
+        s3_client: boto3 S3 client for the default context injector and message reader.
+        pipes_uri: `s3://bucket/prefix` for contexts and messages, keyed by job name (the default
+            injector and reader; required unless both are given).
+        messages: where the default reader reads: "s3" (reattach-safe) or "cloudwatch".
+        forward_termination: stop the job when the Dagster run is terminated.
+    """
+
+    def __init__(
+        self,
+        client=None,
+        logs_client=None,
+        s3_client=None,
+        context_injector: Optional[PipesContextInjector] = None,
+        message_reader: Optional[PipesMessageReader] = None,
+        pipes_uri: Optional[str] = None,
+        messages: Literal["s3", "cloudwatch"] = "s3",
+        forward_termination: bool = True,
+        poll_interval: float = 15.0,
+        message_poll_interval: float = 10.0,
+        log_tail_lines: int = 30,
+    ):
+        self._client = client or boto3.client("sagemaker")
+        self._logs = logs_client or boto3.client("logs")
+        self._s3 = s3_client or boto3.client("s3")
+        self._context_injector = context_injector
+        self._message_reader = message_reader
+        if pipes_uri is None and (context_injector is None or message_reader is None):
+            raise ValueError("PipesSageMakerClient needs pipes_uri (s3://bucket/prefix) unless both context_injector and message_reader are given")
+        self._pipes_uri = pipes_uri
+        self._messages = messages
+        self.forward_termination = forward_termination
+        self.poll_interval = poll_interval
+        self.message_poll_interval = message_poll_interval
+        self.log_tail_lines = log_tail_lines
+
+    @classmethod
+    def _is_dagster_maintained(cls) -> bool:
+        return False
+
+    def describe(self, kind: Kind, job_name: str) -> Optional[dict[str, Any]]:
+        """The job's description, or None when no job has that name."""
+        api = API[kind]
+        try:
+            return getattr(self._client, api.describe)(**{api.name_key: job_name})
+        except ClientError as error:
+            message = error.response.get("Error", {}).get("Message", "").lower()
+            if error.response.get("Error", {}).get("Code") == "ValidationException" and ("not found" in message or "could not find" in message):
+                return None
+            raise
+
+    def resolve_job_name(self, context, kind: Kind, name_for_attempt: Callable[[int], str]) -> str:
+        """The first attempt's name that is free, running or completed; ended attempts are skipped."""
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            name = name_for_attempt(attempt)
+            job = self.describe(kind, name)
+            if job is None or job[API[kind].status_key] in REATTACHABLE:
+                return name
+            context.log.info(f"[pipes] attempt {attempt} ({name}) ended {job[API[kind].status_key]}; trying attempt {attempt + 1}")
+        raise Failure(f"{MAX_ATTEMPTS} attempts of this materialization have ended without success; change its inputs or investigate {name}")
+
+    def run(  # type: ignore[override]
+        self, *, context, kind: Kind, params: dict[str, Any], extras: Optional[dict[str, Any]] = None
+    ) -> PipesClientCompletedInvocation:
+        """Launch the job described by `params` (Create*Job parameters), or reattach to it, and wait."""
+        api = API[kind]
+        name = params[api.name_key]
+        existing = self.describe(kind, name)
+        if existing is not None and existing[api.status_key] not in REATTACHABLE:
+            raise Failure(f"SageMaker {kind} job {name} already ended {existing[api.status_key]}; use resolve_job_name for a fresh attempt")
+        injector, reader = self._pipes_io(name)
+        logs = JobLogTail(self._logs, api.log_group, name, keep_lines=self.log_tail_lines)
+        with open_pipes_session(context=context, message_reader=reader, context_injector=injector, extras=extras) as session:
+            if existing is None:
+                environment = {**params.get("Environment", {}), **session.get_bootstrap_env_vars()}
+                check_environment(environment, kind)
+                tags = [*params.get("Tags", []), *({"Key": k, "Value": v[:256]} for k, v in session.default_remote_invocation_info.items())]
+                getattr(self._client, api.create)(**{**params, "Environment": environment, "Tags": tags})
+                context.log.info(f"[pipes] launched SageMaker {kind} job {name}")
+            else:
+                context.log.info(f"[pipes] reattached to SageMaker {kind} job {name} ({existing[api.status_key]}), launched by an earlier run")
+            try:
+                job, history = self._wait_for_completion(context, kind, name, logs, session, reader)
+            except DagsterExecutionInterruptedError:
+                if self.forward_termination:
+                    context.log.warning(f"[pipes] Dagster run interrupted: stopping SageMaker {kind} job {name}")
+                    self._terminate(context, kind, name)
+                raise
+            if job[api.status_key] != "Completed":
+                raise Failure(description=failure_description(kind, job, logs.last_lines), metadata=self._extract_dagster_metadata(kind, job, history))
+        return PipesClientCompletedInvocation(session, metadata=self._extract_dagster_metadata(kind, job, history))
+
+    def _pipes_io(self, job_name: str):
+        injector = self._context_injector or JobKeyedS3ContextInjector(pipes_uri=self._pipes_uri, job_name=job_name, client=self._s3)
+        reader = self._message_reader or message_reader_for(
+            self._messages, pipes_uri=self._pipes_uri, job_name=job_name, s3_client=self._s3, logs_client=self._logs, interval=self.message_poll_interval
+        )
+        return injector, reader
+
+    def _wait_for_completion(self, context, kind: Kind, name: str, logs: JobLogTail, session, reader) -> tuple[dict, list[str]]:
+        status_key = API[kind].status_key
+        history: list[str] = []
+        reported_stream = False
+        while True:
+            job = self.describe(kind, name)
+            status = "/".join(filter(None, [job[status_key], job.get("SecondaryStatus")]))
+            if not history or history[-1] != status:
+                history.append(status)
+                context.log.info(f"[pipes] {name}: {status}")
+            for host, line in logs.poll():
+                context.log.info(f"[{name} {host}] {line}")
+            if isinstance(reader, PipesCloudWatchMessageReader) and not reported_stream:
+                reported_stream = self._report_message_stream(logs, session, API[kind].log_group)
+            if job[status_key] in TERMINAL:
+                for host, line in logs.poll():  # lines CloudWatch delivered after the last poll
+                    context.log.info(f"[{name} {host}] {line}")
+                return job, history
+            time.sleep(self.poll_interval)
+
+    @staticmethod
+    def _report_message_stream(logs: JobLogTail, session, log_group: str) -> bool:
+        """CloudWatch messages: point the reader at the first host's stream (rank 0 writes them) once it exists."""
+        streams = logs.streams()
+        if not streams:
+            return False
+        session.report_launched({"extras": {"log_group": log_group, "log_stream": streams[0]}})
+        return True
+
+    def _terminate(self, context, kind: Kind, name: str) -> None:
+        api = API[kind]
+        try:
+            getattr(self._client, api.stop)(**{api.name_key: name})
+        except ClientError as error:  # already ending: nothing to stop, but say so
+            context.log.warning(f"[pipes] could not stop SageMaker {kind} job {name}: {error}")
+
+    def _extract_dagster_metadata(self, kind: Kind, job: dict, history: list[str]) -> dict[str, Any]:
+        name = job[API[kind].name_key]
+        region = self._client.meta.region_name
+        section = "jobs" if kind == "training" else "processing-jobs"
+        if kind == "training":
+            resources = job.get("ResourceConfig", {})
+            billable = job.get("BillableTimeInSeconds")
+            transitions = [t["Status"] for t in job.get("SecondaryStatusTransitions", [])]
+        else:
+            resources = job.get("ProcessingResources", {}).get("ClusterConfig", {})
+            start, end = job.get("ProcessingStartTime"), job.get("ProcessingEndTime")
+            billable = int((end - start).total_seconds() * resources.get("InstanceCount", 1)) if start and end else None
+            transitions = []
+        return {
+            "job_name": name,
+            "job_status": job[API[kind].status_key],
+            "console_url": MetadataValue.url(f"https://{region}.console.aws.amazon.com/sagemaker/home?region={region}#/{section}/{name}"),
+            "logs_url": MetadataValue.url(
+                f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#logsV2:log-groups/log-group/"
+                f"{API[kind].log_group.replace('/', '$252F')}$3FlogStreamNameFilter$3D{name}"
+            ),
+            "instance_type": resources.get("InstanceType", "?"),
+            "instance_count": resources.get("InstanceCount", 1),
+            "billable_seconds": billable if billable is not None else MetadataValue.null(),
+            "status_history": MetadataValue.json(transitions or history),
+        }
+
+
+def failure_description(kind: Kind, job: dict, last_lines) -> str:
+    api = API[kind]
+    status = job[api.status_key]
+    # Processing jobs put the script's own words in ExitMessage (`/opt/ml/output/message`), training in FailureReason.
+    reason = " | ".join(filter(None, [job.get("FailureReason"), job.get("ExitMessage")])) or "(SageMaker gave no FailureReason)"
+    secondary = job.get("SecondaryStatus", "")
+    if status == "Stopped":
+        limit = next((s for s in LIMIT_STOPS if s in f"{secondary} {reason}"), None)
+        reason = f"stopped by SageMaker: {limit}; raise max_runtime_s (or max_wait_s for spot)" if limit else "stopped before completing (StopJob was called)"
+    tail = "\n".join(last_lines) or "(no log lines reached CloudWatch)"
+    return f"SageMaker {kind} job {job[api.name_key]} {status}: {reason}\nlast log lines:\n{tail}"

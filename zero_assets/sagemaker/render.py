@@ -1,0 +1,75 @@
+"""`render-jobs`: every request the graph would send to AWS for the current configuration, without sending it.
+
+Fingerprints use the upstream data versions of the latest materializations when a lookup is given
+(the Dagster instance); otherwise a stand-in version per asset, so the names and prefixes have the
+right shape but the fingerprint parts differ from a real run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+from training_code.lib.hashing import sha256_json
+
+from ..assets.arrow_shards import ShardConfig
+from ..assets.map_report import EvalConfig
+from ..assets.trained_checkpoint import TrainConfig
+from ..assets.validated_images import ValidationConfig
+from ..fingerprints import UpstreamOutput
+from ..job_launch import build_job_request
+from ..job_request import JobRequest
+from ..resources.sagemaker_settings import SageMakerSettings
+from ..resources.settings import ZeroSettings
+from .code_package import build_code_package
+from .fsx import LINKED_PATH, linked_s3_prefix, shards_on_fsx
+from .fsx_warm import warm_job_request
+from .names import job_name
+from .pipes_io import bootstrap_environment
+from .requests import build_job_params
+
+Lookup = Callable[[str], Optional[UpstreamOutput]]
+
+
+def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup = lambda asset: None) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(asset, service, operation, parameters) for every AWS call that launches work, in graph order."""
+    code = build_code_package()
+    rendered: list[tuple[str, str, str, dict[str, Any]]] = []
+
+    def upstream(asset: str) -> UpstreamOutput:
+        found = lookup(asset)
+        return found or UpstreamOutput(asset, settings.asset_uri(asset, sha256_json(asset)[:16]), f"unmaterialized-{asset}")
+
+    def add(request: JobRequest) -> None:
+        name = job_name(request.asset, request.fingerprint, 1)
+        environment = bootstrap_environment(f"{aws.s3_root()}/pipes", name, aws.messages)
+        operation, params = build_job_params(request, aws, job_name=name, code=code, environment=environment, lake_uri=settings.lake_uri)
+        rendered.append((request.asset, "sagemaker", operation, params))
+
+    index = upstream("raw_image_index")
+    add(build_job_request("validated_images", settings=settings, kind="processing", module="training_code.validate",
+                          config=ValidationConfig().model_dump(), upstream=[index], inputs={"index": index.uri, "raw": settings.raw_uri}))
+    validated = upstream("validated_images")
+    add(build_job_request("arrow_shards", settings=settings, kind="processing", module="training_code.shard",
+                          config=ShardConfig().model_dump(), upstream=[validated], inputs={"validated": validated.uri, "raw": settings.raw_uri}))
+    shards = upstream("arrow_shards")
+    warm_uri = shards.uri
+    if aws.fsx_enabled():
+        location = shards_on_fsx(shards.uri, settings.lake_uri, aws.fsx_file_system_id, aws.fsx_mount_name)
+        rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryAssociation", {
+            "FileSystemId": aws.fsx_file_system_id, "FileSystemPath": LINKED_PATH, "DataRepositoryPath": linked_s3_prefix(settings.lake_uri),
+            "BatchImportMetaDataOnCreate": True, "S3": {"AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}},
+        }))
+        rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryTask", {
+            "Type": "IMPORT_METADATA_FROM_REPOSITORY", "FileSystemId": aws.fsx_file_system_id, "Paths": [location.path.lstrip("/")], "Report": {"Enabled": False},
+        }))
+        add(warm_job_request(shards, location, settings))
+        warm_uri = location.uri
+    warm = UpstreamOutput("fsx_warm_state", warm_uri, shards.data_version)
+    train = TrainConfig()
+    add(build_job_request("trained_checkpoint", settings=settings, kind="training", module="training_code.train",
+                          config=train.model_dump(exclude={"processes"}), upstream=[warm], inputs={"train": warm.uri}, processes_per_host=train.processes))
+    checkpoint = upstream("trained_checkpoint")
+    add(build_job_request("map_report", settings=settings, kind="processing", module="training_code.evaluate",
+                          config=EvalConfig().model_dump(), upstream=[checkpoint, warm], inputs={"model": checkpoint.uri, "shards": warm.uri}))
+    return rendered

@@ -1,0 +1,194 @@
+"""Turn a `JobRequest` into the exact CreateTrainingJob / CreateProcessingJob parameters.
+
+Pure functions of the request and the settings (no AWS calls), so `render-jobs` writes what the
+runner sends. SageMaker's limits are checked here, naming the entry at fault, rather than left to
+a ValidationException after the Dagster run has started.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..job_request import JobRequest
+from ..resources.sagemaker_settings import SageMakerSettings
+from .code_package import CodePackage
+from .fsx import is_fsx, parse_fsx_uri, s3_behind_fsx
+
+OPERATIONS = {"training": "CreateTrainingJob", "processing": "CreateProcessingJob"}
+# SageMaker's limits on Environment: entries, key and value lengths (Training, Processing).
+ENV_LIMITS = {"training": (100, 512, 512), "processing": (100, 256, 256)}
+PROCESSING_ROOT = "/opt/ml/processing"
+CODE_INPUT = "code"
+CHECKPOINT_LOCAL = "/opt/ml/checkpoints"
+
+
+def build_job_params(
+    request: JobRequest,
+    settings: SageMakerSettings,
+    *,
+    job_name: str,
+    code: CodePackage,
+    environment: dict[str, str],
+    tags: dict[str, str] | None = None,
+    lake_uri: str | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """(operation, parameters) for one job; `environment` holds the Pipes bootstrap variables."""
+    lake = lake_uri or settings.lake_uri()
+    if request.kind == "training":
+        params = _training_params(request, settings, job_name, code, environment)
+    else:
+        params = _processing_params(request, settings, job_name, code, environment, lake)
+    all_tags = {**settings.tags, "zero:asset": request.asset, "zero:fingerprint": request.fingerprint[:16], **(tags or {})}
+    params["Tags"] = [{"Key": key, "Value": str(value)[:256]} for key, value in all_tags.items()]
+    check_environment(params["Environment"], request.kind)
+    return OPERATIONS[request.kind], params
+
+
+def check_environment(environment: dict[str, str], kind: str) -> None:
+    entries, key_max, value_max = ENV_LIMITS[kind]
+    if len(environment) > entries:
+        raise ValueError(f"{kind} job environment has {len(environment)} entries; SageMaker allows {entries}")
+    for key, value in environment.items():
+        if len(key) > key_max or len(value) > value_max:
+            raise ValueError(
+                f"{kind} job environment entry {key!r} is {len(value)} characters; SageMaker allows {value_max} "
+                f"(keys {key_max}). Pass large values through S3 (Pipes context) or as arguments instead."
+            )
+
+
+def _training_params(request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict) -> dict:
+    compute = settings.compute(request.asset)
+    root = settings.s3_root()
+    # The warm job asks Lustre to restore files, which needs the file system mounted read-write.
+    access = "rw" if request.asset == "fsx_warm_state" else "ro"
+    channels = [_training_channel(name, uri, settings, access) for name, uri in request.inputs.items()]
+    input_mode = "File" if any("FileSystemDataSource" in c["DataSource"] for c in channels) else "FastFile"
+    hyperparameters = {key.replace("_", "-"): str(value) for key, value in request.arguments.items()}
+    hyperparameters.update(
+        {
+            # The PyTorch container's toolkit: fetch the code, install requirements.txt, run the
+            # program under torchrun with one process per GPU on every instance.
+            "sagemaker_program": module_path(request.module),
+            "sagemaker_submit_directory": code.tarball_uri(root),
+            "sagemaker_region": settings.region,
+            "sagemaker_container_log_level": "20",
+        }
+    )
+    if request.launcher == "torchrun":
+        hyperparameters["sagemaker_torch_distributed_enabled"] = "true"
+    params: dict[str, Any] = {
+        "TrainingJobName": job_name,
+        "RoleArn": settings.role_arn,
+        "AlgorithmSpecification": {"TrainingImage": settings.training_image_uri, "TrainingInputMode": input_mode},
+        "HyperParameters": hyperparameters,
+        "OutputDataConfig": _with_kms({"S3OutputPath": f"{root}/jobs/"}, settings),
+        "ResourceConfig": _with_volume_kms(
+            {"InstanceType": compute.instance_type, "InstanceCount": compute.instance_count, "VolumeSizeInGB": compute.volume_size_gb},
+            settings,
+        ),
+        "StoppingCondition": {"MaxRuntimeInSeconds": compute.max_runtime_s},
+        "CheckpointConfig": {"S3Uri": settings.checkpoint_uri(request.asset, request.fingerprint), "LocalPath": CHECKPOINT_LOCAL},
+        "Environment": {**env, "ZERO_JOB_NAME": job_name, "PYTHONPATH": "/opt/ml/code"},
+    }
+    if channels:  # SageMaker rejects an empty list
+        params["InputDataConfig"] = channels
+    if settings.use_spot:
+        params["EnableManagedSpotTraining"] = True
+        params["StoppingCondition"]["MaxWaitTimeInSeconds"] = max(settings.max_wait_s, compute.max_runtime_s)
+    vpc = settings.vpc_config()
+    if vpc:
+        params["VpcConfig"] = vpc
+    return params
+
+
+def _training_channel(name: str, uri: str, settings: SageMakerSettings, access: str) -> dict:
+    if is_fsx(uri):
+        location = parse_fsx_uri(uri)
+        if settings.vpc_config() is None:
+            raise ValueError(f"input {name!r} is on FSx ({uri}); FSx needs ZERO_SM_SUBNETS and ZERO_SM_SECURITY_GROUP_IDS")
+        source = {
+            "FileSystemDataSource": {
+                "FileSystemId": location.file_system_id,
+                "FileSystemAccessMode": access,
+                "FileSystemType": "FSxLustre",
+                "DirectoryPath": location.directory_path,
+            }
+        }
+        return {"ChannelName": name, "DataSource": source, "InputMode": "File"}
+    _require_s3(name, uri)
+    source = {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": uri.rstrip("/") + "/", "S3DataDistributionType": "FullyReplicated"}}
+    return {"ChannelName": name, "DataSource": source, "InputMode": "FastFile"}
+
+
+def _processing_params(request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict, lake: str) -> dict:
+    compute = settings.compute(request.asset)
+    if CODE_INPUT in request.inputs:
+        raise ValueError(f"input name {CODE_INPUT!r} of {request.asset} is reserved for the code package; rename the input")
+    inputs = [_processing_input(CODE_INPUT, code.files_uri(settings.s3_root()), sharded=False)]
+    io_arguments: list[str] = []
+    for name, uri in request.inputs.items():
+        s3_uri = s3_behind_fsx(uri, lake) if is_fsx(uri) else uri
+        _require_s3(name, s3_uri)
+        sharded = name in request.sharded_inputs and compute.instance_count > 1
+        inputs.append(_processing_input(name, s3_uri, sharded=sharded))
+        io_arguments += [f"--{name}", f"{PROCESSING_ROOT}/input/{name}"]
+    outputs = []
+    for name, uri in request.outputs.items():
+        _require_s3(name, uri)
+        local = f"{PROCESSING_ROOT}/output/{name}"
+        outputs.append({"OutputName": name, "S3Output": {"S3Uri": uri, "LocalPath": local, "S3UploadMode": "EndOfJob"}})
+        io_arguments += [f"--{name}", local]
+    arguments = io_arguments + request.argument_list()
+    too_long = [a for a in arguments if len(a) > 256]
+    if too_long:
+        raise ValueError(f"container arguments longer than SageMaker's 256 characters: {[a[:40] + '...' for a in too_long]}")
+    params: dict[str, Any] = {
+        "ProcessingJobName": job_name,
+        "RoleArn": settings.role_arn,
+        "AppSpecification": {"ImageUri": settings.processing_image_uri, "ContainerEntrypoint": ["python3", "-m", request.module], "ContainerArguments": arguments},
+        "ProcessingInputs": inputs,
+        "ProcessingOutputConfig": _with_kms({"Outputs": outputs}, settings),
+        "ProcessingResources": {
+            "ClusterConfig": _with_volume_kms(
+                {"InstanceCount": compute.instance_count, "InstanceType": compute.instance_type, "VolumeSizeInGB": compute.volume_size_gb},
+                settings,
+            )
+        },
+        "StoppingCondition": {"MaxRuntimeInSeconds": compute.max_runtime_s},
+        "Environment": {**env, "ZERO_JOB_NAME": job_name, "PYTHONPATH": f"{PROCESSING_ROOT}/input/{CODE_INPUT}"},
+    }
+    vpc = settings.vpc_config()
+    if vpc:
+        params["NetworkConfig"] = {"VpcConfig": vpc}
+    return params
+
+
+def _processing_input(name: str, uri: str, *, sharded: bool) -> dict:
+    return {
+        "InputName": name,
+        "S3Input": {
+            "S3Uri": uri,
+            "LocalPath": f"{PROCESSING_ROOT}/input/{name}",
+            "S3DataType": "S3Prefix",
+            "S3InputMode": "File",
+            # Sharded: each instance receives a disjoint part of the objects under the prefix.
+            "S3DataDistributionType": "ShardedByS3Key" if sharded else "FullyReplicated",
+        },
+    }
+
+
+def module_path(module: str) -> str:
+    return module.replace(".", "/") + ".py"
+
+
+def _require_s3(name: str, uri: str) -> None:
+    if not uri.startswith("s3://"):
+        raise ValueError(f"job input/output {name!r} is {uri!r}; SageMaker jobs read and write s3:// URIs (set ZERO_LAKE_URI/ZERO_RAW_URI to S3)")
+
+
+def _with_kms(config: dict, settings: SageMakerSettings) -> dict:
+    return {**config, "KmsKeyId": settings.kms_key_id} if settings.kms_key_id else config
+
+
+def _with_volume_kms(config: dict, settings: SageMakerSettings) -> dict:
+    return {**config, "VolumeKmsKeyId": settings.kms_key_id} if settings.kms_key_id else config
