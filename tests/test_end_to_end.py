@@ -44,3 +44,23 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
     assert meta["trained_checkpoint"]["steps"] == 12
     assert meta["trained_checkpoint"]["job_name"].startswith("zero-trained-checkpoint-")
     assert 0.0 <= meta["map_report"]["mAP_50"] <= 1.0
+
+
+    _check_lineage(instance, meta, planted)
+
+
+def _check_lineage(instance, meta, planted):
+    from zero_assets.lineage import checkpoint_lineage, find_checkpoint, image_fate
+
+    checkpoint_uri = meta["trained_checkpoint"]["uri"]
+    found = checkpoint_lineage(instance, find_checkpoint(instance, checkpoint_uri))
+    assert found.shards.uri == meta["arrow_shards"]["uri"] and found.validated.uri == meta["validated_images"]["uri"]
+    assert len(found.train_images) == meta["arrow_shards"]["train_rows"]
+    assert [r.uri for r in found.reports] == [meta["map_report"]["uri"]]
+
+    trained_key = found.train_images["key"].iloc[0]
+    assert image_fate(instance, trained_key)["checkpoints"] == [checkpoint_uri]
+    truncated = image_fate(instance, planted["truncated_jpeg"])
+    assert truncated["status"] == "quarantined" and truncated["reason"] == "truncated" and truncated["checkpoints"] == []
+    assert image_fate(instance, planted["duplicate_across_sources"])["status"] == "duplicate"
+    assert image_fate(instance, "line_a_camera/lot_999/never_seen.jpg")["status"] == "not yet processed"

@@ -3,6 +3,8 @@
     zero-assets make-demo-data --out DIR [--images N] [--seed S]
     zero-assets summary            # the latest materialization of each asset, from $DAGSTER_HOME
     zero-assets render-jobs --out DIR   # the SageMaker/FSx requests the graph would send (no AWS calls)
+    zero-assets lineage CHECKPOINT_URI_OR_RUN_ID   # which images and shards trained it, which reports scored it
+    zero-assets lineage --image KEY                # which checkpoints an image reached, or why it did not
 """
 
 from __future__ import annotations
@@ -72,6 +74,28 @@ def _render_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lineage(args: argparse.Namespace) -> int:
+    from dagster import DagsterInstance
+
+    from .lineage import checkpoint_lineage, find_checkpoint, image_fate
+
+    with DagsterInstance.get() as instance:
+        if args.image:
+            print(json.dumps(image_fate(instance, args.image), indent=1, default=str))
+            return 0
+        found = checkpoint_lineage(instance, find_checkpoint(instance, args.checkpoint))
+    print(f"checkpoint   {found.checkpoint.uri}  (run {found.checkpoint.run_id})")
+    print(f"warm shards  {found.warm.uri}")
+    print(f"shard set    {found.shards.uri}")
+    print(f"validated    {found.validated.uri}")
+    for report in found.reports:
+        print(f"scored by    {report.uri}  mAP={_plain(report.metadata.get('mAP'))} mAP@0.5={_plain(report.metadata.get('mAP_50'))}")
+    print(f"trained on   {len(found.train_images)} images (source, key, sha256):")
+    for row in found.train_images.itertuples(index=False):
+        print(f"  {row.source}\t{row.key}\t{row.sha256}")
+    return 0
+
+
 def _plain(value: object) -> object:
     return round(value, 4) if isinstance(value, float) else value
 
@@ -89,14 +113,23 @@ def build_parser() -> argparse.ArgumentParser:
     render = commands.add_parser("render-jobs", help="write every SageMaker/FSx request the graph would send, one JSON file each")
     render.add_argument("--out", type=Path, required=True, help="folder for <asset>.<Operation>.json files")
     render.set_defaults(handler=_render_jobs)
+    _add_lineage(commands)
     return parser
+
+
+def _add_lineage(commands) -> None:
+    lineage = commands.add_parser("lineage", help="which raw images reached which checkpoint")
+    target = lineage.add_mutually_exclusive_group(required=True)
+    target.add_argument("checkpoint", nargs="?", help="a trained_checkpoint uri or the run id that wrote it")
+    target.add_argument("--image", help="a raw image key (<source>/<path>): which checkpoints it reached, or why not")
+    lineage.set_defaults(handler=_lineage)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (FileExistsError, FileNotFoundError, ValueError) as error:
+    except (FileExistsError, FileNotFoundError, LookupError, ValueError) as error:
         print(f"zero-assets {args.command}: {error}", file=sys.stderr)
         return 2
 

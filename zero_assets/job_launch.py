@@ -8,7 +8,7 @@ from dagster import AssetExecutionContext, MaterializeResult, MetadataValue
 
 from .fingerprints import UpstreamOutput, code_version, input_fingerprint
 from .job_request import JobRequest
-from .metadata import job_result
+from .metadata import job_result, upstream_metadata
 from .resources.job_runner import JobRunner
 from .resources.settings import ZeroSettings
 
@@ -69,7 +69,7 @@ def launch_job(
             "uri": MetadataValue.path(request.outputs["out"]),
             "fingerprint": request.fingerprint,
             "code_version": code_version(module),
-            "upstream": MetadataValue.json({u.asset: {"uri": u.uri, "data_version": u.data_version} for u in upstream}),
+            "upstream": upstream_metadata(upstream),
             "cache": "miss",
             **job_metadata,
         },

@@ -6,9 +6,16 @@ import warnings
 from typing import Any
 
 import pandera.pandas as pa
-from dagster import DataVersion, MaterializeResult, TableSchemaMetadataValue
+from dagster import DataVersion, JsonMetadataValue, MaterializeResult, MetadataValue, TableSchemaMetadataValue
 from dagster._core.pipes.client import PipesClientCompletedInvocation
 from dagster_pandera import pandera_schema_to_dagster_type
+
+from .fingerprints import UpstreamOutput
+
+
+def upstream_metadata(upstream: list[UpstreamOutput]) -> JsonMetadataValue:
+    """What a materialization was built from (asset -> uri, data version): the links lineage walks."""
+    return MetadataValue.json({u.asset: {"uri": u.uri, "data_version": u.data_version} for u in upstream})
 
 
 def table_schema(schema: pa.DataFrameSchema) -> TableSchemaMetadataValue:

@@ -3,6 +3,7 @@
 from dagster import AssetExecutionContext, MaterializeResult, asset
 
 from ..fingerprints import upstream_output
+from ..metadata import upstream_metadata
 from ..resources.job_runner import JobRunner
 from .arrow_shards import arrow_shards
 
@@ -13,4 +14,6 @@ def fsx_warm_state(context: AssetExecutionContext, jobs: JobRunner) -> Materiali
 
     Its data version is the shard set's: warming the same bytes again does not make training stale.
     """
-    return jobs.warm_shards(context, upstream_output(context, "arrow_shards"))
+    shards = upstream_output(context, "arrow_shards")
+    warmed = jobs.warm_shards(context, shards)
+    return MaterializeResult(metadata={**warmed.metadata, "upstream": upstream_metadata([shards])}, data_version=warmed.data_version)
