@@ -15,6 +15,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from training_code.lib.image_checks import DEFAULT_ALLOWED_FORMATS, check_image_file
+from training_code.lib.shard_format import decode_upright
 from training_code.lib.isolated_pool import IsolatedPool, TaskRaised, WorkerLost
 
 ALLOWED = DEFAULT_ALLOWED_FORMATS
@@ -94,6 +95,23 @@ def multi_frame_gif() -> bytes:
     return encode(frames[0], "GIF", save_all=True, append_images=frames[1:])
 
 
+def tiff_with_photometric(code: int) -> bytes:
+    """A TIFF whose PhotometricInterpretation is one Pillow does not implement (e.g. 32844, LogL)."""
+    data = bytearray(encode(scene(), "TIFF", compression="raw"))
+    entry = data.index(b"\x06\x01\x03\x00\x01\x00\x00\x00")  # tag 262 (Photometric), SHORT, count 1
+    data[entry + 8 : entry + 10] = code.to_bytes(2, "little")
+    return bytes(data)
+
+
+FIRST, SECOND = (200, 30, 30), (30, 200, 30)
+
+
+def two_frames(fmt: str) -> bytes:
+    """A multi-frame file whose first frame is red and the second green (MPO, APNG, GIF)."""
+    frames = [Image.new("RGB", (60, 40), FIRST), Image.new("RGB", (60, 40), SECOND)]
+    return encode(frames[0], fmt, save_all=True, append_images=frames[1:])
+
+
 def judge(tmp_path: Path, name: str, data: bytes, allowed=ALLOWED, min_side: int = 8):
     path = tmp_path / name
     path.write_bytes(data)
@@ -112,6 +130,7 @@ BAD_CASES = {
     "huge_text.png": (lambda: png_with_huge_text(encode(scene(), "PNG")), "bomb", "decode"),
     "twelve_bit.jpg": (jpeg_12_bit, "unsupported", "decode"),
     "jpeg2000_in.tif": (lambda: tiff_with_compression(34712), "unsupported", "decode"),
+    "logl_photometric.tif": (lambda: tiff_with_photometric(32844), "unsupported", "decode"),
     "tiny.png": (lambda: encode(Image.new("RGB", (1, 1)), "PNG"), "too_small", "decode"),
     "icon.ico": (lambda: encode(scene(), "ICO"), "format_not_allowed", "decode"),
     # A float-typed tag next to orientation 6: exif_transpose fails re-writing the EXIF.
@@ -151,7 +170,19 @@ GOOD_CASES = {
     "animated.gif": (multi_frame_gif, "GIF", "P", (70, 40)),
     "png_named_as.jpg": (lambda: encode(scene(), "PNG"), "PNG", "RGB", (96, 64)),  # content decides
     "webp.webp": (lambda: encode(scene(), "WEBP"), "WEBP", "RGB", (96, 64)),
+    "two_frames.mpo": (lambda: two_frames("MPO"), "MPO", "RGB", (60, 40)),
+    "two_frames.apng": (lambda: two_frames("PNG"), "PNG", "RGB", (60, 40)),
+    "float.tif": (lambda: encode(scene("F"), "TIFF"), "TIFF", "F", (96, 64)),
 }
+
+
+@pytest.mark.parametrize("fmt", ["MPO", "PNG", "GIF"])
+def test_multi_frame_file_is_read_as_its_first_frame(tmp_path, fmt):
+    data = two_frames(fmt)
+    with Image.open(io.BytesIO(data)) as image:
+        assert getattr(image, "n_frames", 1) == 2, "the file must really hold two frames"
+    assert judge(tmp_path, f"f.{fmt.lower()}", data).accepted
+    assert decode_upright(data).getpixel((30, 20)) == pytest.approx(FIRST, abs=8)
 
 
 @pytest.mark.parametrize("name", sorted(GOOD_CASES))

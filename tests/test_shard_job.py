@@ -12,9 +12,11 @@ import pytest
 from PIL import Image
 
 from training_code.lib.hashing import sha256_bytes
-from training_code.lib.shard_format import ShardIntegrityError, read_manifest, verify_shard
+from training_code.lib.shard_format import ShardIntegrityError, decode_upright, read_manifest, verify_shard
+from training_code.lib.shard_rows import Encoding
 from training_code.lib.storage import write_bytes_atomic
 from training_code.lib.tables import ACCEPTED, write_table
+from training_code.shard import build_shards
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,3 +89,46 @@ def test_truncated_or_edited_shard_is_rejected_on_read(tmp_path, damage):
     path.write_bytes(data[: len(data) // 2] if damage == "truncate" else data[:-9] + b"X" + data[-8:])
     with pytest.raises(ShardIntegrityError, match=entry["file"]):
         verify_shard(out, entry)
+
+
+def _build(raw: Path, validated: Path, out: Path, previous: Path | None = None, encoding: Encoding = Encoding(), target: int = 300):
+    return build_shards(validated, raw, out, target, encoding, workers=2, previous=previous)
+
+
+def test_resize_mode_scales_boxes_and_sizes_to_match_the_decoded_image(tmp_path):
+    raw, validated = _validated_set(tmp_path, images=4)
+    manifest, _ = _build(raw, validated, tmp_path / "shards", encoding=Encoding("resize", max_side=20, jpeg_quality=85))
+    assert manifest["config"] == {"target_shard_bytes": 300, "image_encoding": "resize", "max_side": 20, "jpeg_quality": 85}
+    for entry in manifest["shards"]:
+        for row in datasets.Dataset.from_file(str(tmp_path / "shards" / entry["file"])):
+            picture = decode_upright(row["image"])
+            assert picture.size == (row["width"], row["height"]) and max(picture.size) == 20
+            sx, sy = row["width"] / (40 + int(row["key"][-7:-4])), row["height"] / 30
+            assert row["boxes"][0] == pytest.approx([1.0 * sx, 2.0 * sy, 10.0 * sx, 12.0 * sy], rel=1e-5)
+            assert row["image_format"] == "JPEG" and row["sha256"] == sha256_bytes((raw / row["key"]).read_bytes())
+
+
+def test_previous_set_is_carried_over_and_a_changed_image_rebuilds_only_its_shard(tmp_path):
+    raw, validated = _validated_set(tmp_path, images=12)
+    first, _ = _build(raw, validated, tmp_path / "first")
+    assert len(first["shards"]) >= 4
+    same, work = _build(raw, validated, tmp_path / "same", previous=tmp_path / "first")
+    assert same["shards"] == first["shards"] and work["rows_packed"] == 0
+    assert (tmp_path / "same" / first["shards"][0]["file"]).stat().st_ino == (tmp_path / "first" / first["shards"][0]["file"]).stat().st_ino
+
+    # Relabel one image: the shard holding it is dropped and its rows packed again under a new index.
+    accepted = pd.read_parquet(validated / "accepted.parquet")
+    changed_key = accepted.loc[accepted["split"] == "train", "key"].iloc[0]
+    accepted.loc[accepted["key"] == changed_key, "boxes"] = pd.Series([[[2.0, 2.0, 9.0, 9.0]]] * 1, index=accepted.index[accepted["key"] == changed_key])
+    write_table(accepted, ACCEPTED, validated / "accepted.parquet")
+    relabelled, work = _build(raw, validated, tmp_path / "relabelled", previous=tmp_path / "first")
+    holder = next(e for e in first["shards"] if changed_key in datasets.Dataset.from_file(str(tmp_path / "first" / e["file"]))["key"])
+    assert work["shards_dropped"] == 1 and work["shards_reused"] == len(first["shards"]) - 1
+    assert holder not in relabelled["shards"] and work["rows_packed"] == holder["rows"]
+    new_files = {e["file"] for e in relabelled["shards"]} - {e["file"] for e in first["shards"]}
+    assert all(int(name.split("-")[1][:5]) > max(int(e["file"].split("-")[1][:5]) for e in first["shards"] if e["split"] == "train") for name in new_files)
+    assert relabelled["rows"] == first["rows"]
+
+    # Another shard config: nothing is carried over.
+    _, work = _build(raw, validated, tmp_path / "bigger", previous=tmp_path / "first", target=1 << 30)
+    assert work["shards_reused"] == 0 and work["rows_packed"] == 12

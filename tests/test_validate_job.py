@@ -169,7 +169,7 @@ def test_hang_and_crash_cost_one_file_each(tmp_path):
         ["--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "out"),
          "--workers", "2", "--timeout-s", "1"]
     )
-    manifest, manifest_bytes = validate(args, check=check_that_hangs_or_crashes)
+    manifest, manifest_bytes, _ = validate(args, check=check_that_hangs_or_crashes)
     quarantine = pd.read_parquet(tmp_path / "out" / "quarantine.parquet").set_index("key")
     for key, reason in [("cam/lot_0/hang.jpg", "timeout"), ("cam/lot_1/segfault.jpg", "crash")]:
         assert quarantine.loc[key, "reason"] == reason
@@ -277,3 +277,29 @@ def test_validate_script_end_to_end_on_the_demo_raw_root(tmp_path):
     }
     assert "| truncated | 1 |" in metadata["quarantined_by_reason"]
     assert "| outside_image | 1 |" in metadata["labels_rejected_by_reason"]
+
+
+def test_previous_verdicts_are_reused_only_for_unchanged_files_and_settings(tmp_path):
+    names = [f"lot_{n % 2}/img_{n}.jpg" for n in range(6)]
+    make_small_raw(tmp_path / "raw", names)
+    build_index(tmp_path / "raw", tmp_path / "index")
+
+    def run(out: str, previous: str | None, *extra: str):
+        arguments = ["--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / out), "--workers", "1", *extra]
+        return validate(get_args_parser().parse_args(arguments + (["--previous", str(tmp_path / previous)] if previous else [])))
+
+    full_manifest, full_bytes, work = run("full", None)
+    assert work == {"decoded": 6, "reused": 0}
+    same_manifest, same_bytes, work = run("same", "full")
+    assert work == {"decoded": 0, "reused": 6} and same_bytes == full_bytes, "reuse must not change the result"
+
+    changed = tmp_path / "raw" / "cam" / names[0]
+    changed.write_bytes(b"")  # new size and mtime: a new etag, so it is decoded again
+    (tmp_path / "raw" / "cam" / "lot_1" / "new.jpg").write_bytes(jpeg_bytes(99))
+    build_index(tmp_path / "raw", tmp_path / "index")
+    manifest, _, work = run("changed", "same")
+    assert work == {"decoded": 2, "reused": 5}
+    assert manifest["counts"]["quarantined_by_reason"] == {"empty": 1} and manifest["counts"]["images_in"] == 7
+
+    _, _, work = run("stricter", "changed", "--min-side", "16")
+    assert work == {"decoded": 7, "reused": 0}, "another decode setting invalidates every cached verdict"

@@ -1,10 +1,13 @@
-"""Pack the validated image set into Arrow IPC shards per split, with a manifest written last.
+r"""Pack the validated image set into Arrow IPC shards per split, with a manifest written last.
 
-    python -m training_code.shard --validated DIR --raw DIR --out DIR [--target-shard-bytes 1000000000]
+    python -m training_code.shard --validated DIR --raw DIR --out DIR [--target-shard-bytes 1000000000] \
+        [--image-encoding original|resize] [--max-side 1024] [--jpeg-quality 90] [--workers N] [--previous DIR]
 
-A SageMaker Processing job script. The image bytes are packed as they are (augmentation happens at
-read time, never here); each image's sha256 is checked against the validated set while it is packed,
-so bytes that changed after validation fail the job instead of reaching training.
+A SageMaker Processing job script. Image bytes are packed as they are, or resized to --max-side and
+re-encoded (preprocessing, part of the config; augmentation happens at read time, never here). Each
+image's sha256 is checked while it is packed, so bytes that changed after validation fail the job.
+With --previous (an earlier shard set) unchanged shards are carried over byte for byte (hard links
+where possible) and only rows not in them are packed: see lib/shard_plan for the rules.
 """
 
 from __future__ import annotations
@@ -12,21 +15,27 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
+import os
+import shutil
 import time
+from collections import deque
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
 
 from training_code.lib import job_env
-from training_code.lib.shard_format import FORMAT, MANIFEST
-from training_code.lib.shard_writer import ShardWriter
 from training_code.lib.hashing import sha256_bytes
+from training_code.lib.shard_format import FORMAT, MANIFEST, read_manifest
+from training_code.lib.shard_plan import ShardPlan, plan_shards
+from training_code.lib.shard_rows import ENCODINGS, Encoding, load_image_bytes, shard_labels
+from training_code.lib.shard_writer import ShardWriter
 from training_code.lib.storage import safe_relative_key, write_bytes_atomic
 from training_code.lib.tables import ACCEPTED, SPLITS, read_table
 
 log = logging.getLogger("zero.shard")
 
-
-class ChangedAfterValidation(RuntimeError):
-    """Raw bytes no longer match the sha256 recorded by validation."""
+PREFETCH_PER_WORKER = 4  # images in flight per worker: enough to hide I/O, bounded so memory stays flat
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -35,59 +44,106 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--raw", type=Path, required=True, help="the raw root the validated keys are relative to")
     parser.add_argument("--out", type=Path, required=True, help="folder for the shards and manifest.json")
     parser.add_argument("--target-shard-bytes", type=int, default=1_000_000_000)
+    parser.add_argument("--image-encoding", choices=ENCODINGS, default="original")
+    parser.add_argument("--max-side", type=int, default=1024, help="resize: longest upright side in pixels")
+    parser.add_argument("--jpeg-quality", type=int, default=90, help="resize: JPEG quality of the re-encoded image")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="threads (original) or processes (resize)")
+    parser.add_argument("--previous", type=Path, default=None, help="an earlier shard set whose unchanged shards are carried over")
     return parser
 
 
-def build_shards(validated: Path, raw: Path, out: Path, target_shard_bytes: int) -> dict:
+def build_shards(
+    validated: Path, raw: Path, out: Path, target_shard_bytes: int, encoding: Encoding = Encoding(),
+    workers: int = 1, previous: Path | None = None,
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """Write the shard set; returns the manifest and what was reused or packed."""
     accepted = read_table(validated / "accepted.parquet", ACCEPTED).sort_values("key")
     categories = json.loads((validated / "categories.json").read_text())
     category_id = {c["name"]: c["id"] for c in categories}
-    entries = []
+    rows = {row.key: row for row in accepted.itertuples(index=False)}
+    expected = {key: (row.split, shard_labels(row, category_id, encoding)) for key, row in rows.items()}
+    config = {"target_shard_bytes": target_shard_bytes, **encoding.config()}
+    (out / MANIFEST).unlink(missing_ok=True)
+    plan = plan_shards(expected, config, previous, read_manifest(previous) if previous else None)
+    for reason in plan.dropped:
+        log.info("earlier shard not carried over: %s", reason)
+    entries = [_carry_over(previous, out, entry) for entry in plan.kept]
     for split in SPLITS:
-        rows = accepted[accepted["split"] == split]
-        with ShardWriter(out, split, target_shard_bytes) as writer:
-            for row in rows.itertuples(index=False):
-                data = (raw / safe_relative_key(row.key)).read_bytes()
-                if (digest := sha256_bytes(data)) != row.sha256:
-                    raise ChangedAfterValidation(
-                        f"{row.key}: sha256 is {digest} but validation recorded {row.sha256}; the raw file changed "
-                        "after validation. Re-materialize validated_images, then arrow_shards."
-                    )
-                writer.write(
-                    {
-                        "image": data,
-                        "image_format": row.format,
-                        "width": int(row.width),
-                        "height": int(row.height),
-                        "boxes": [list(map(float, box)) for box in row.boxes],
-                        "category_ids": [category_id[name] for name in row.category_names],
-                        "category_names": list(row.category_names),
-                        "source": row.source,
-                        "key": row.key,
-                        "sha256": row.sha256,
-                    }
-                )
+        keys = plan.to_pack.get(split, [])
+        tasks = (_task(raw, rows[key], expected[key][1], encoding) for key in keys)
+        images = _ordered_map(load_image_bytes, tasks, workers, processes=encoding.mode == "resize")
+        with ShardWriter(out, split, target_shard_bytes, first_index=plan.first_index.get(split, 0)) as writer:
+            for key, image in zip(keys, images):
+                writer.write({"image": image, **expected[key][1]})
         entries += writer.entries
-    validated_manifest = (validated / MANIFEST).read_bytes()
+    entries.sort(key=lambda e: (SPLITS.index(e["split"]), e["file"]))
     manifest = {
         "format": FORMAT,
         "categories": categories,
         "shards": entries,
         "rows": {split: sum(e["rows"] for e in entries if e["split"] == split) for split in SPLITS},
-        "config": {"target_shard_bytes": target_shard_bytes, "image_encoding": "original"},
-        "validated_manifest_sha256": sha256_bytes(validated_manifest),
+        "config": config,
+        "validated_manifest_sha256": sha256_bytes((validated / MANIFEST).read_bytes()),
     }
     write_bytes_atomic(out / MANIFEST, json.dumps(manifest, indent=1).encode())
-    return manifest
+    return manifest, _work(plan)
+
+
+def _work(plan: ShardPlan) -> dict[str, int]:
+    return {
+        "shards_reused": len(plan.kept),
+        "shards_dropped": len(plan.dropped),
+        "rows_reused": sum(e["rows"] for e in plan.kept),
+        "rows_packed": sum(len(keys) for keys in plan.to_pack.values()),
+    }
+
+
+def _task(raw: Path, row: Any, labels: dict[str, Any], encoding: Encoding) -> tuple:
+    path = str(raw / safe_relative_key(row.key))
+    return (path, row.key, row.sha256, (labels["width"], labels["height"]), int(row.orientation), encoding)
+
+
+def _carry_over(previous: Path, out: Path, entry: dict[str, Any]) -> dict[str, Any]:
+    """Put an unchanged earlier shard into this set: a hard link (no bytes written) or, across devices, a copy."""
+    source, target = previous / entry["file"], out / entry["file"]
+    out.mkdir(parents=True, exist_ok=True)
+    target.unlink(missing_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+    return dict(entry)
+
+
+def _ordered_map(function: Callable[[Any], Any], tasks: Iterable[Any], workers: int, processes: bool) -> Iterator[Any]:
+    """`map(function, tasks)` on a pool, in order, with a bounded number of results in flight.
+
+    Threads for plain reads (hashing and file reads release the GIL); processes for decode and encode.
+    """
+    if processes:
+        executor: Executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
+    else:
+        executor = ThreadPoolExecutor(workers)
+    with executor:
+        window = deque()
+        for task in tasks:
+            window.append(executor.submit(function, task))
+            if len(window) >= workers * PREFETCH_PER_WORKER:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
 
 
 def main(args: argparse.Namespace) -> None:
     with job_env.pipes_session() as pipes:
         started = time.perf_counter()
-        manifest = build_shards(args.validated, args.raw, args.out, args.target_shard_bytes)
+        encoding = Encoding(args.image_encoding, args.max_side, args.jpeg_quality)
+        manifest, work = build_shards(
+            args.validated, args.raw, args.out, args.target_shard_bytes, encoding, max(1, args.workers), args.previous
+        )
         wall = time.perf_counter() - started
         shard_bytes = sum(e["bytes"] for e in manifest["shards"])
-        log.info("wrote %d shards (%d bytes) in %.1f s", len(manifest["shards"]), shard_bytes, wall)
+        log.info("%d shards (%d bytes) in %.1f s: %s", len(manifest["shards"]), shard_bytes, wall, work)
         pipes.report_asset_materialization(
             metadata={
                 "shards": len(manifest["shards"]),
@@ -95,6 +151,8 @@ def main(args: argparse.Namespace) -> None:
                 "train_rows": manifest["rows"]["train"],
                 "val_rows": manifest["rows"]["val"],
                 "categories": len(manifest["categories"]),
+                **work,
+                "image_encoding": encoding.mode,
                 "pack_wall_s": round(wall, 3),
                 "shard_table": job_env.md_table(
                     [{"file": e["file"], "rows": e["rows"], "bytes": e["bytes"], "sha256": e["sha256"][:16]} for e in manifest["shards"]]

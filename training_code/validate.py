@@ -2,13 +2,14 @@ r"""Decide which raw images and labels are fit to train on, and report every one
 
     python -m training_code.validate --index DIR --raw DIR --out DIR [--val-fraction 0.2] [--split-seed 0] \
         [--max-quarantine-rate 0.5] [--min-side 8] \
-        [--allowed-formats JPEG,PNG,GIF,WEBP,BMP,TIFF,MPO] [--workers N] [--timeout-s 20]
+        [--allowed-formats JPEG,PNG,GIF,WEBP,BMP,TIFF,MPO] [--workers N] [--timeout-s 20] [--previous DIR]
 
 A SageMaker Processing job script. Reads `index.parquet` (one row per raw image) and the raw root
 (read-only), decodes every image in isolated worker processes, checks each COCO box in the upright
 frame, drops exact duplicates and assigns train/val by group. Writes accepted, quarantine,
 duplicates, rejected_labels and unmatched tables, `categories.json`, then `manifest.json` last.
 Fails without a manifest when more images are quarantined than --max-quarantine-rate allows.
+With --previous (an earlier run's output) only new or changed images are decoded: see verdict_cache.
 """
 
 from __future__ import annotations
@@ -32,15 +33,16 @@ from training_code.lib.hashing import sha256_bytes
 from training_code.lib.image_checks import DEFAULT_ALLOWED_FORMATS, ImageVerdict, check_image_file
 from training_code.lib.isolated_pool import IsolatedPool, WorkerLost
 from training_code.lib.storage import safe_relative_key, write_bytes_atomic
-from training_code.lib.tables import RAW_INDEX, read_table
+from training_code.lib.tables import RAW_INDEX, VERDICTS, read_table, write_table
 from training_code.lib.validation_outputs import build_outputs, write_outputs
+from training_code.lib.verdict_cache import VERDICTS_FILE, load_reusable, split_reused, verdict_frame
 
 log = logging.getLogger("zero.validate")
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "zero-validated/1"
 # Bump when a change here or in image_checks/labels could change a verdict, so cached verdicts are redone.
-VALIDATOR_VERSION = "validate-1"
+VALIDATOR_VERSION = "validate-2"
 PROGRESS_EVERY_S = 10.0
 
 
@@ -61,6 +63,10 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="decode worker processes")
     parser.add_argument(
         "--timeout-s", type=float, default=20.0, help="decode time limit per file; past it the file is quarantined as timeout"
+    )
+    parser.add_argument(
+        "--previous", type=Path, default=None,
+        help="an earlier run's output folder: verdicts of images whose key, etag and size are unchanged are reused",
     )
     return parser
 
@@ -124,6 +130,8 @@ def decode_all(
     function = partial(check, allowed_formats=args.allowed_formats, min_side=args.min_side)
     paths = {str(raw / key): key for key in keys}
     verdicts: dict[str, ImageVerdict] = {}
+    if not paths:
+        return verdicts
     started = last_log = time.monotonic()
     workers = max(1, min(args.workers, len(paths)))
     with IsolatedPool(function, workers=workers, timeout_s=args.timeout_s, preload=[check.__module__]) as pool:
@@ -161,6 +169,17 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def decode_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything that can change an image's verdict; a cached verdict is reused only when all match."""
+    return {
+        "validator_version": VALIDATOR_VERSION,
+        "pillow_version": PIL.__version__,
+        "min_side": args.min_side,
+        "allowed_formats": list(args.allowed_formats),
+        "timeout_s": args.timeout_s,
+    }
+
+
 def check_quarantine_rate(counts: dict[str, Any], max_rate: float, out: Path) -> None:
     rate = counts["quarantined"] / counts["images_in"]
     if rate > max_rate:
@@ -174,13 +193,20 @@ def check_quarantine_rate(counts: dict[str, Any], max_rate: float, out: Path) ->
         raise SystemExit(message)
 
 
-def validate(args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file) -> tuple[dict[str, Any], bytes]:
-    """Run the whole pass; returns the manifest and its exact bytes."""
+def validate(
+    args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file
+) -> tuple[dict[str, Any], bytes, dict[str, int]]:
+    """Run the whole pass; returns the manifest, its exact bytes, and how many images were decoded or reused."""
     check_args(args)
     (args.out / MANIFEST).unlink(missing_ok=True)  # a manifest from an earlier run must not vouch for these tables
     index = load_index(args.index)
     annotations = load_annotations(args.raw, set(index["source"]))
-    verdicts = decode_all(args.raw, list(index["key"]), args, check)
+    reusable = load_reusable(args.previous, decode_settings(args)) if args.previous else {}
+    verdicts, to_decode = split_reused(index, reusable)
+    work = {"decoded": len(to_decode), "reused": len(verdicts)}
+    log.info("decoding %d images, reusing %d verdicts from %s", work["decoded"], work["reused"], args.previous)
+    verdicts.update(decode_all(args.raw, to_decode, args, check))
+    write_table(verdict_frame(index, verdicts), VERDICTS, args.out / VERDICTS_FILE)
     outputs = build_outputs(index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction)
     files = write_outputs(outputs, args.out)
     check_quarantine_rate(outputs.counts, args.max_quarantine_rate, args.out)
@@ -193,13 +219,14 @@ def validate(args: argparse.Namespace, check: Callable[..., ImageVerdict] = chec
         "counts": outputs.counts,
         "files": files,
         "config": run_config(args),
+        "decode_settings": decode_settings(args),
     }
     manifest_bytes = json.dumps(manifest, indent=1, sort_keys=True).encode()
     write_bytes_atomic(args.out / MANIFEST, manifest_bytes)
-    return manifest, manifest_bytes
+    return manifest, manifest_bytes, work
 
 
-def report_metadata(manifest: dict[str, Any], wall_s: float) -> dict[str, Any]:
+def report_metadata(manifest: dict[str, Any], wall_s: float, work: dict[str, int]) -> dict[str, Any]:
     counts = manifest["counts"]
     plain = {name: value for name, value in counts.items() if isinstance(value, int)}
     by_reason = counts["quarantined_by_reason"]
@@ -211,6 +238,7 @@ def report_metadata(manifest: dict[str, Any], wall_s: float) -> dict[str, Any]:
             [{"reason": r, "count": n} for r, n in counts["labels_rejected_by_reason"].items()]
         ),
         "validator_version": manifest["validator_version"],
+        **work,  # decoded + reused == images_in: how much of the pass was incremental
         "validate_wall_s": round(wall_s, 3),
     }
 
@@ -218,7 +246,7 @@ def report_metadata(manifest: dict[str, Any], wall_s: float) -> dict[str, Any]:
 def main(args: argparse.Namespace) -> None:
     with job_env.pipes_session() as pipes:
         started = time.perf_counter()
-        manifest, manifest_bytes = validate(args)
+        manifest, manifest_bytes, work = validate(args)
         wall_s = time.perf_counter() - started
         counts = manifest["counts"]
         log.info(
@@ -226,7 +254,7 @@ def main(args: argparse.Namespace) -> None:
             counts["images_in"], counts["accepted"], counts["train"], counts["val"], counts["quarantined"],
             counts["duplicates"], counts["labels_accepted"], counts["labels_rejected"],
         )
-        pipes.report_asset_materialization(metadata=report_metadata(manifest, wall_s), data_version=sha256_bytes(manifest_bytes))
+        pipes.report_asset_materialization(metadata=report_metadata(manifest, wall_s, work), data_version=sha256_bytes(manifest_bytes))
 
 
 if __name__ == "__main__":

@@ -114,13 +114,15 @@ def _upright_verdict(image: Image.Image, digest: str, size: int, original_mode: 
     """Apply EXIF orientation exactly as training will read the image, then check the size."""
     try:
         tag = image.getexif().get(ORIENTATION_TAG, 1)
-        upright = ImageOps.exif_transpose(image)
+        # In place: for the common orientation 1 it does nothing, where a copy would duplicate every
+        # decoded pixel; it still rewrites the EXIF of a rotated image, which is where broken EXIF fails.
+        ImageOps.exif_transpose(image, in_place=True)
     except Exception as error:  # noqa: BLE001 - broken EXIF raises arbitrary types from Pillow's parser
         text = f"exif_transpose(): {_describe(error)}"
         return ImageVerdict(sha256=digest, size=size, reason="exif", stage="decode", error=text)
     # exif_transpose looks the tag up in a dict, so 6.0 (a rational) acts as 6 and 0 or 9 act as 1.
     orientation = int(tag) if tag in _ORIENTATIONS else 1
-    width, height = upright.size
+    width, height = image.size
     verdict = ImageVerdict(
         sha256=digest, size=size, format=image.format, mode=original_mode, width=width, height=height, orientation=orientation
     )

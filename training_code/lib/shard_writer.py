@@ -7,15 +7,19 @@ writes the manifest last.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import queue
+import threading
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from .shard_format import SHARD_SCHEMA, sha256_file
+from .shard_format import SHARD_SCHEMA
 
 ROWS_PER_BATCH = 64  # small record batches keep memory flat and let readers slice cheaply
+BATCH_BYTES = 32 << 20  # and at most about this much image data per batch, so 5 MP originals do not pile up
 
 
 class ShardWriter:
@@ -28,6 +32,7 @@ class ShardWriter:
         self.next_index = first_index
         self.entries: list[dict[str, Any]] = []
         self._pending: list[dict[str, Any]] = []
+        self._pending_bytes = 0
         self._stream: pa.ipc.RecordBatchStreamWriter | None = None
         self._sink: pa.OSFile | None = None
         self._rows = 0
@@ -46,26 +51,32 @@ class ShardWriter:
 
     def write(self, row: dict[str, Any]) -> None:
         self._pending.append(row)
-        if len(self._pending) >= ROWS_PER_BATCH:
+        self._pending_bytes += len(row["image"])
+        # Roll over by the row, not by the batch, so a shard ends close to the target whatever the batch size.
+        written = self._sink.tell() if self._sink is not None else 0
+        if written + self._pending_bytes >= self.target_bytes:
+            self._flush()
+            self._close_shard()
+        elif len(self._pending) >= ROWS_PER_BATCH or self._pending_bytes >= BATCH_BYTES:
             self._flush()
 
     def _flush(self) -> None:
         if not self._pending:
             return
         batch = pa.RecordBatch.from_pylist(self._pending, schema=SHARD_SCHEMA)
-        self._pending = []
+        self._pending, self._pending_bytes = [], 0
         if self._stream is None:
             self._open_shard()
         self._stream.write_batch(batch)
         self._rows += batch.num_rows
-        if self._sink.tell() >= self.target_bytes:
-            self._close_shard()
+        self._hasher.submit(self._sink.tell())
 
     def _open_shard(self) -> None:
         self._name = f"{self.split}-{self.next_index:05d}.arrow"
         self.next_index += 1
         self._sink = pa.OSFile(str(self._tmp_path()), "wb")
         self._stream = pa.ipc.new_stream(self._sink, SHARD_SCHEMA)
+        self._hasher = _TrailingHasher(self._tmp_path())
         self._rows = 0
 
     def _tmp_path(self) -> Path:
@@ -75,16 +86,65 @@ class ShardWriter:
         if self._stream is None:
             return
         self._stream.close()
+        size = self._sink.tell()
         self._sink.close()
+        digest = self._hasher.finish(size)
         final = self.out_dir / self._name
         os.replace(self._tmp_path(), final)
-        self.entries.append(
-            {"split": self.split, "file": self._name, "rows": self._rows, "bytes": final.stat().st_size, "sha256": sha256_file(final)}
-        )
+        self.entries.append({"split": self.split, "file": self._name, "rows": self._rows, "bytes": size, "sha256": digest})
         self._stream = self._sink = None
 
     def _abort(self) -> None:
         if self._stream is not None:
             self._sink.close()
+            self._hasher.finish(None)
             self._tmp_path().unlink(missing_ok=True)
             self._stream = self._sink = None
+
+
+class _TrailingHasher:
+    """sha256 of a file being written, computed in a thread that reads each flushed part back from the
+    page cache while the writer goes on: the manifest's hash costs no second pass over the shard."""
+
+    CHUNK = 8 << 20
+
+    def __init__(self, path: Path) -> None:
+        self._reader = open(path, "rb")
+        self._digest = hashlib.sha256()
+        self._offsets: queue.Queue[int | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"hash-{path.name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, written: int) -> None:
+        """Everything up to `written` bytes is on disk (flushed by the writer)."""
+        self._offsets.put(written)
+
+    def finish(self, size: int | None) -> str:
+        """Hash up to `size` and return the hex digest; None abandons the file."""
+        if size is not None:
+            self._offsets.put(size)
+        self._offsets.put(None)
+        self._thread.join()
+        self._reader.close()
+        if self._error is not None:
+            raise self._error
+        return self._digest.hexdigest()
+
+    def _run(self) -> None:
+        try:
+            self._hash_until_told_to_stop()
+        except BaseException as error:  # noqa: BLE001 - handed to finish(), which raises it in the writer's thread
+            self._error = error
+            while self._offsets.get() is not None:  # drain so finish() does not wait on a dead thread
+                pass
+
+    def _hash_until_told_to_stop(self) -> None:
+        done = 0
+        while (target := self._offsets.get()) is not None:
+            while done < target:
+                block = os.pread(self._reader.fileno(), min(self.CHUNK, target - done), done)
+                if not block:
+                    raise RuntimeError(f"{self._reader.name}: ended at byte {done}, the writer reported {target}")
+                self._digest.update(block)
+                done += len(block)

@@ -71,6 +71,30 @@ QUARANTINE = pa.DataFrameSchema(
     strict=True,
 )
 
+# Every image verdict of a validation run with the listing identity it was reached for: the cache an
+# incremental run reuses for keys whose etag and size did not change. Not part of the data version
+# (a local etag holds an mtime), so it is left out of the manifest's file hashes.
+VERDICTS = pa.DataFrameSchema(
+    {
+        "key": _key,
+        "etag": pa.Column(str),
+        "listed_size": pa.Column("int64", pa.Check.ge(0)),  # the index's size, compared with the next listing
+        "sha256": pa.Column(str),  # "" when the bytes could not be read
+        "size": pa.Column("int64", pa.Check.ge(0)),  # bytes actually read
+        "reason": pa.Column(str),  # "" for an accepted image
+        "stage": pa.Column(str),
+        "error": pa.Column(str),
+        "format": pa.Column(str),
+        "mode": pa.Column(str),
+        "width": pa.Column("int64"),
+        "height": pa.Column("int64"),
+        "orientation": pa.Column("int64"),
+    },
+    unique=["key"],
+    name="verdicts",
+    strict=True,
+)
+
 DUPLICATES = pa.DataFrameSchema(
     {"key": _key, "sha256": _sha, "duplicate_of": _key},
     unique=["key"],

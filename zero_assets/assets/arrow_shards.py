@@ -1,8 +1,10 @@
 """`arrow_shards`: the validated set packed into Arrow IPC shards per split, run as a Processing job."""
 
+from typing import Literal
+
 from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 
-from ..fingerprints import upstream_output
+from ..fingerprints import previous_output, upstream_output
 from ..job_launch import launch_job
 from ..resources.local_runner import LocalJobRunner
 from ..resources.settings import ZeroSettings
@@ -11,12 +13,19 @@ from .validated_images import validated_images
 
 class ShardConfig(Config):
     target_shard_bytes: int = 1_000_000_000  # roll over to a new shard at about this size
+    # Preprocessing, part of the fingerprint: keep the original bytes, or resize the longest side to
+    # max_side and re-encode as JPEG. Augmentation is never done here.
+    image_encoding: Literal["original", "resize"] = "original"
+    max_side: int = 1024
+    jpeg_quality: int = 90
 
 
 @asset(deps=[validated_images], group_name="zero", kinds={"arrow"})
 def arrow_shards(context: AssetExecutionContext, config: ShardConfig, settings: ZeroSettings, jobs: LocalJobRunner) -> MaterializeResult:
     """Arrow IPC shards (`<split>-<n>.arrow`) and `manifest.json` with rows, bytes and sha256 per shard."""
     validated = upstream_output(context, "validated_images")
+    # Unchanged earlier shards are carried over, not rewritten (see training_code/lib/shard_plan).
+    previous = previous_output(context)
     return launch_job(
         context,
         jobs=jobs,
@@ -25,5 +34,5 @@ def arrow_shards(context: AssetExecutionContext, config: ShardConfig, settings: 
         module="training_code.shard",
         config=config.model_dump(),
         upstream=[validated],
-        inputs={"validated": validated.uri, "raw": settings.raw_uri},
+        inputs={"validated": validated.uri, "raw": settings.raw_uri, **({"previous": previous} if previous else {})},
     )

@@ -2,8 +2,9 @@
 
 import json
 
-from dagster import AssetExecutionContext, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
 
+from training_code.lib.hashing import sha256_json
 from training_code.lib.storage import join, write_bytes_atomic
 from training_code.lib.tables import RAW_INDEX, write_table
 
@@ -12,13 +13,22 @@ from ..raw_index import build_raw_index
 from ..resources.settings import ZeroSettings
 
 
+class RawIndexConfig(Config):
+    # An S3 Inventory report's manifest.json (s3://...): index from it instead of listing the bucket.
+    inventory_manifest_uri: str = ""
+    # How images are grouped for the train/val split: empty means the folder an image sits in;
+    # otherwise a regex over the key whose match (or first group) names the group, e.g. "^[^/]+/lot_\\d+".
+    group_pattern: str = ""
+
+
 @asset(group_name="zero", kinds={"parquet"}, metadata={"dagster/column_schema": table_schema(RAW_INDEX)})
-def raw_image_index(context: AssetExecutionContext, settings: ZeroSettings) -> MaterializeResult:
+def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, settings: ZeroSettings) -> MaterializeResult:
     """Index of every image under the raw root: source, key, size, etag, group, annotation count."""
-    index = build_raw_index(settings.raw_uri)
+    index = build_raw_index(settings.raw_uri, config.inventory_manifest_uri, config.group_pattern)
     if index.frame.empty:
         raise Failure(f"no images found under the raw root {settings.raw_uri}; set ZERO_RAW_URI or run `zero-assets make-demo-data`")
-    fingerprint = index.listing_fingerprint
+    # The grouping decides splits downstream, so it is part of what this output is.
+    fingerprint = sha256_json([index.listing_fingerprint, config.group_pattern]) if config.group_pattern else index.listing_fingerprint
     out = settings.asset_uri("raw_image_index", fingerprint[:16])
     write_table(index.frame, RAW_INDEX, join(out, "index.parquet"))
     manifest = {"format": "zero-raw-index/1", "listing_fingerprint": fingerprint, "raw_uri": settings.raw_uri, "images": len(index.frame)}

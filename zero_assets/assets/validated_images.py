@@ -4,7 +4,7 @@ from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 
 from training_code.lib.tables import ACCEPTED
 
-from ..fingerprints import upstream_output
+from ..fingerprints import previous_output, upstream_output
 from ..job_launch import launch_job
 from ..metadata import table_schema
 from ..resources.local_runner import LocalJobRunner
@@ -26,6 +26,8 @@ def validated_images(
 ) -> MaterializeResult:
     """Accepted images (sha256, size, format, mode, split, labels) and the quarantine, duplicate and label-rejection tables."""
     index = upstream_output(context, "raw_image_index")
+    # The previous output lets the job decode only new or changed images (see training_code/lib/verdict_cache).
+    previous = previous_output(context)
     return launch_job(
         context,
         jobs=jobs,
@@ -34,5 +36,5 @@ def validated_images(
         module="training_code.validate",
         config=config.model_dump(),
         upstream=[index],
-        inputs={"index": index.uri, "raw": settings.raw_uri},
+        inputs={"index": index.uri, "raw": settings.raw_uri, **({"previous": previous} if previous else {})},
     )

@@ -1,0 +1,54 @@
+"""`list`: building the raw index from S3 against a bare paginated `list_objects_v2` loop over the same bucket.
+
+Runs on the local S3-compatible server (SeaweedFS on loopback, about 20 s to start). The project lists
+the source folders in parallel and also reads each source's annotations.json; the baseline only lists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from unittest import mock
+
+from zero_assets.local_s3 import LocalS3Server
+from zero_assets.raw_index import build_raw_index
+
+from .images import best_of
+from .report import BenchResult
+
+SOURCES, KEYS_PER_SOURCE, RUNS = 20, 1000, 3
+BUCKET = "zero-bench-raw"
+
+
+def _upload(client) -> None:
+    client.create_bucket(Bucket=BUCKET)
+    objects = [(f"raw/src_{s:02d}/lot_{k // 100:02d}/img_{k:05d}.jpg", b"x" * 64) for s in range(SOURCES) for k in range(KEYS_PER_SOURCE)]
+    coco = {"images": [], "annotations": [], "categories": [{"id": 1, "name": "part"}]}
+    objects += [(f"raw/src_{s:02d}/annotations.json", json.dumps(coco).encode()) for s in range(SOURCES)]
+    with ThreadPoolExecutor(32) as pool:
+        list(pool.map(lambda item: client.put_object(Bucket=BUCKET, Key=item[0], Body=item[1]), objects))
+
+
+def run() -> list[BenchResult]:
+    with tempfile.TemporaryDirectory(prefix="bench-list-") as tmp, LocalS3Server(Path(tmp) / "s3") as server:
+        client = server.client()
+        _upload(client)
+
+        def baseline() -> int:
+            keys = 0
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="raw/"):
+                keys += len(page.get("Contents", []))
+            return keys
+
+        with mock.patch.dict(os.environ, server.env()):
+            listed = len(build_raw_index(f"s3://{BUCKET}/raw").frame)
+            if listed != SOURCES * KEYS_PER_SOURCE:
+                raise AssertionError(f"the index lists {listed} images, expected {SOURCES * KEYS_PER_SOURCE}")
+            baseline()
+            baseline_s = best_of(RUNS, baseline)
+            project_s = best_of(RUNS, lambda: build_raw_index(f"s3://{BUCKET}/raw"))
+    return [BenchResult("list", baseline_s / project_s, ">=0.8",
+                        {"baseline_s": baseline_s, "project_s": project_s, "keys": SOURCES * KEYS_PER_SOURCE, "sources": SOURCES})]

@@ -1,0 +1,70 @@
+"""Reuse image verdicts from an earlier validation run for files that did not change.
+
+A verdict is reused only when the key, the listing's etag and size, and every setting that can
+change a verdict (validator version, Pillow version, min side, allowed formats, time limit) are the
+same as when it was reached. `unreadable` verdicts are never reused: a file that could not be read
+may be readable now. Labels, duplicates and splits are always recomputed (no decoding needed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .image_checks import ImageVerdict
+from .tables import VERDICTS, read_table
+
+log = logging.getLogger("zero.validate")
+
+VERDICTS_FILE = "verdicts.parquet"
+NEVER_REUSED = frozenset({"unreadable"})
+
+
+def verdict_frame(index: pd.DataFrame, verdicts: dict[str, ImageVerdict]) -> pd.DataFrame:
+    """One VERDICTS row per index row, in index order."""
+    rows = []
+    for key, etag, listed_size in zip(index["key"], index["etag"], index["size"]):
+        fields = asdict(verdicts[key])
+        fields.update(sha256=fields["sha256"] or "", reason=fields["reason"] or "")
+        rows.append({"key": key, "etag": etag, "listed_size": int(listed_size), **fields})
+    return pd.DataFrame(rows, columns=list(VERDICTS.columns))
+
+
+def load_reusable(previous: Path, decode_settings: dict[str, Any]) -> dict[tuple[str, str, int], ImageVerdict]:
+    """(key, etag, listed_size) -> verdict from the previous run's output, or {} when nothing there may be reused."""
+    manifest_path = previous / "manifest.json"
+    if not manifest_path.is_file():
+        log.warning("--previous %s has no manifest.json (an unfinished run): every image is decoded", previous)
+        return {}
+    manifest = json.loads(manifest_path.read_text())
+    earlier = manifest.get("decode_settings")
+    if earlier != decode_settings:
+        log.info("decode settings changed since %s (%s -> %s): every image is decoded", previous, earlier, decode_settings)
+        return {}
+    frame = read_table(previous / VERDICTS_FILE, VERDICTS)
+    reusable = {}
+    for row in frame.itertuples(index=False):
+        if row.reason in NEVER_REUSED:
+            continue
+        reusable[(row.key, row.etag, int(row.listed_size))] = ImageVerdict(
+            sha256=row.sha256 or None, size=int(row.size), reason=row.reason or None, stage=row.stage, error=row.error,
+            format=row.format, mode=row.mode, width=int(row.width), height=int(row.height), orientation=int(row.orientation),
+        )
+    return reusable
+
+
+def split_reused(index: pd.DataFrame, reusable: dict[tuple[str, str, int], ImageVerdict]) -> tuple[dict[str, ImageVerdict], list[str]]:
+    """The verdicts reused for this index, and the keys that must be decoded (new or changed)."""
+    reused, to_decode = {}, []
+    for key, etag, listed_size in zip(index["key"], index["etag"], index["size"]):
+        verdict = reusable.get((key, etag, int(listed_size)))
+        if verdict is None:
+            to_decode.append(key)
+        else:
+            reused[key] = verdict
+    return reused, to_decode
