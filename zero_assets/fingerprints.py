@@ -7,6 +7,7 @@ written under that fingerprint, so a rerun with the same inputs writes to the sa
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
@@ -16,23 +17,84 @@ from typing import Any
 from dagster import AssetExecutionContext, AssetKey, Failure
 
 from training_code.lib.hashing import sha256_bytes, sha256_json
+from training_code.lib.storage import exists, join
 
 DATA_VERSION_TAG = "dagster/data_version"
 
 
+CODE_PACKAGES = ("training_code", "zero_assets")
+
+
 @lru_cache(maxsize=None)
 def code_version(module: str) -> str:
-    """Hash of the job script and the shared library it runs with (`training_code/lib`)."""
+    """Hash of a job script's source and of every project module it imports, transitively.
+
+    Derived from the files, never typed by hand: editing a module the script does not import leaves
+    its version (and its cached outputs) alone.
+    """
+    closure = _import_closure(module)
+    return sha256_bytes(b"".join(name.encode() + b"\0" + _source(name).read_bytes() for name in sorted(closure)))[:16]
+
+
+def _source(module: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
-        raise ModuleNotFoundError(f"job script module {module!r} not found")
-    script = Path(spec.origin)
-    library = sorted((script.parent / "lib").glob("*.py"))
-    return sha256_bytes(b"".join(path.read_bytes() for path in [script, *library]))[:16]
+        raise ModuleNotFoundError(f"module {module!r} not found while deriving a code version")
+    return Path(spec.origin)
 
 
-def input_fingerprint(code: str, config: dict[str, Any], upstream: dict[str, str]) -> str:
-    return sha256_json({"code": code, "config": config, "upstream": upstream})
+def _import_closure(module: str) -> set[str]:
+    seen: set[str] = set()
+    pending = [module]
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = _source(name)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            pending += [m for m in _imported_modules(node, package) if m not in seen]
+    return seen
+
+
+def _imported_modules(node: ast.AST, package: str) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name.split(".")[0] in CODE_PACKAGES]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:  # relative import: resolve against the importing package
+        parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+        base = f"{parent}.{base}" if base else parent
+    # `from pkg import name` may name a submodule: count it when one exists
+    if base.split(".")[0] not in CODE_PACKAGES:
+        return []
+    spec = importlib.util.find_spec(base)
+    if spec is None or spec.submodule_search_locations is None:
+        return [base]
+    submodules = [f"{base}.{alias.name}" for alias in node.names]
+    return [base, *(m for m in submodules if importlib.util.find_spec(m) is not None)]
+
+
+@dataclass(frozen=True)
+class FingerprintInputs:
+    """What a materialization is built from; its hash is the input fingerprint."""
+
+    code: str
+    config: dict[str, Any]
+    upstream: dict[str, str]  # asset -> data version
+
+    @classmethod
+    def of(cls, module: str, config: dict[str, Any], upstream: list["UpstreamOutput"]) -> "FingerprintInputs":
+        return cls(code_version(module), config, {u.asset: u.data_version for u in upstream})
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {"code": self.code, "config": self.config, "upstream": self.upstream}
+
+    @property
+    def fingerprint(self) -> str:
+        return sha256_json(self.as_metadata())
 
 
 @dataclass(frozen=True)
@@ -57,3 +119,19 @@ def upstream_output(context: AssetExecutionContext, asset: str) -> UpstreamOutpu
     if uri is None or version is None:
         raise Failure(f"the latest materialization of {asset} records no uri or data version; re-materialize {asset}")
     return UpstreamOutput(asset, str(uri.value), version)
+
+
+def previous_output(context: AssetExecutionContext) -> str | None:
+    """Where this asset's latest materialization wrote its output, when that output is still complete.
+
+    Incremental jobs take it as `--previous` to reuse earlier work. It is deliberately not part of the
+    input fingerprint: the job must produce the same result with or without it.
+    """
+    event = context.instance.get_latest_materialization_event(context.asset_key)
+    if event is None or event.asset_materialization is None:
+        return None
+    uri = event.asset_materialization.metadata.get("uri")
+    if uri is None or not exists(join(str(uri.value), "manifest.json")):
+        context.log.info(f"no complete earlier output of {context.asset_key.to_user_string()} to reuse; doing the full pass")
+        return None
+    return str(uri.value)

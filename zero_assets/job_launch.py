@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue
 
-from .fingerprints import UpstreamOutput, code_version, input_fingerprint
+from .cache import decide, mark_output_complete, miss_metadata
+from .fingerprints import FingerprintInputs, UpstreamOutput
 from .job_request import JobRequest
 from .metadata import job_result, upstream_metadata
 from .resources.job_runner import JobRunner
@@ -26,7 +27,7 @@ def build_job_request(
     **options: Any,
 ) -> JobRequest:
     """The request for one materialization; its output goes under the input fingerprint."""
-    fingerprint = input_fingerprint(code_version(module), config, {u.asset: u.data_version for u in upstream})
+    fingerprint = FingerprintInputs.of(module, config, upstream).fingerprint
     return JobRequest(
         asset=asset,
         kind=kind,
@@ -52,6 +53,13 @@ def launch_job(
     inputs: dict[str, str],
     processes_per_host: int = 1,
 ) -> MaterializeResult:
+    """Launch the asset's job unless an earlier materialization with the same inputs is still complete."""
+    inputs_of_fingerprint = FingerprintInputs.of(module, config, upstream)
+    decision = decide(context, inputs_of_fingerprint)
+    if decision.hit is not None:
+        context.log.info(f"cache hit, no job launched: {decision.reason}")
+        return decision.hit
+    context.log.info(f"cache miss: {decision.reason}")
     request = build_job_request(
         context.asset_key.to_user_string(),
         settings=settings,
@@ -63,14 +71,13 @@ def launch_job(
         processes_per_host=processes_per_host,
     )
     invocation, job_metadata = jobs.run(context, request)
+    mark_output_complete(request.outputs["out"], request.fingerprint)
     return job_result(
         invocation,
         {
             "uri": MetadataValue.path(request.outputs["out"]),
-            "fingerprint": request.fingerprint,
-            "code_version": code_version(module),
             "upstream": upstream_metadata(upstream),
-            "cache": "miss",
+            **miss_metadata(inputs_of_fingerprint, decision.reason),
             **job_metadata,
         },
     )

@@ -2,7 +2,8 @@
 
 from dagster import AssetExecutionContext, MaterializeResult, asset
 
-from ..fingerprints import upstream_output
+from ..cache import decide, mark_output_complete, miss_metadata, output_is_checkable
+from ..fingerprints import FingerprintInputs, upstream_output
 from ..metadata import upstream_metadata
 from ..resources.job_runner import JobRunner
 from .arrow_shards import arrow_shards
@@ -15,5 +16,15 @@ def fsx_warm_state(context: AssetExecutionContext, jobs: JobRunner) -> Materiali
     Its data version is the shard set's: warming the same bytes again does not make training stale.
     """
     shards = upstream_output(context, "arrow_shards")
+    inputs = FingerprintInputs.of("zero_assets.warm_state", {"backend": type(jobs).__name__}, [shards])
+    decision = decide(context, inputs)
+    if decision.hit is not None:
+        context.log.info(f"cache hit, shards already warm: {decision.reason}")
+        return decision.hit
     warmed = jobs.warm_shards(context, shards)
-    return MaterializeResult(metadata={**warmed.metadata, "upstream": upstream_metadata([shards])}, data_version=warmed.data_version)
+    location = warmed.metadata["uri"]
+    uri = str(getattr(location, "value", location))  # a path metadata value locally, a plain string on AWS
+    if output_is_checkable(uri):
+        mark_output_complete(uri, inputs.fingerprint)
+    metadata = {**warmed.metadata, "upstream": upstream_metadata([shards]), **miss_metadata(inputs, decision.reason)}
+    return MaterializeResult(metadata=metadata, data_version=warmed.data_version)

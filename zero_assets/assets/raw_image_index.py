@@ -8,6 +8,8 @@ from training_code.lib.hashing import sha256_json
 from training_code.lib.storage import join, write_bytes_atomic
 from training_code.lib.tables import RAW_INDEX, write_table
 
+from ..cache import decide, mark_output_complete, miss_metadata
+from ..fingerprints import FingerprintInputs, code_version
 from ..metadata import table_schema
 from ..raw_index import build_raw_index
 from ..resources.settings import ZeroSettings
@@ -29,10 +31,16 @@ def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, sett
         raise Failure(f"no images found under the raw root {settings.raw_uri}; set ZERO_RAW_URI or run `zero-assets make-demo-data`")
     # The grouping decides splits downstream, so it is part of what this output is.
     fingerprint = sha256_json([index.listing_fingerprint, config.group_pattern]) if config.group_pattern else index.listing_fingerprint
+    inputs = FingerprintInputs(code_version("zero_assets.raw_index"), config.model_dump(), {"raw_listing": index.listing_fingerprint})
+    decision = decide(context, inputs)
+    if decision.hit is not None:
+        context.log.info(f"cache hit, index not rewritten: {decision.reason}")
+        return decision.hit
     out = settings.asset_uri("raw_image_index", fingerprint[:16])
     write_table(index.frame, RAW_INDEX, join(out, "index.parquet"))
     manifest = {"format": "zero-raw-index/1", "listing_fingerprint": fingerprint, "raw_uri": settings.raw_uri, "images": len(index.frame)}
     write_bytes_atomic(join(out, "manifest.json"), json.dumps(manifest, indent=1).encode())
+    mark_output_complete(out, inputs.fingerprint)
     by_source = index.frame.groupby("source").agg(images=("key", "size"), bytes=("size", "sum")).reset_index()
     for key in index.annotations_without_image:
         context.log.warning(f"annotation for a missing image: {key}")
@@ -49,8 +57,8 @@ def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, sett
             "ignored_files": len(index.ignored_files),
             "sources_without_annotations_json": MetadataValue.json(index.sources_without_annotations),
             "by_source": MetadataValue.md(by_source.to_markdown(index=False)),
-            "fingerprint": fingerprint,
-            "cache": "miss",
+            "listing_fingerprint": fingerprint,
+            **miss_metadata(inputs, decision.reason),
         },
         data_version=DataVersion(fingerprint),
     )

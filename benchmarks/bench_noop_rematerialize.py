@@ -1,0 +1,43 @@
+"""`noop_rematerialize`: wall time of materializing the whole graph again with nothing changed, over
+the first materialization of the same graph on the same raw root (goal <= 0.1).
+
+The second run must launch no job: every asset finds its earlier output by input fingerprint.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from dagster import instance_for_test, materialize
+
+from zero_assets.assets import ALL_ASSETS
+from zero_assets.demo_data import make_demo_raw_root
+from zero_assets.resources import LocalJobRunner, ZeroSettings
+
+from .report import BenchResult
+
+TRAINING = {"ops": {"trained_checkpoint": {"config": {"max_steps": 40, "checkpoint_every": 20}}}}
+
+
+def _timed(resources, instance) -> tuple[float, dict[str, str]]:
+    started = time.perf_counter()
+    result = materialize(ALL_ASSETS, resources=resources, instance=instance, run_config=TRAINING)
+    wall = time.perf_counter() - started
+    caches = {a.key.to_user_string(): result.asset_materializations_for_node(a.key.to_user_string())[0].metadata["cache"].value for a in ALL_ASSETS}
+    return wall, caches
+
+
+def run() -> list[BenchResult]:
+    with tempfile.TemporaryDirectory(prefix="zero-bench-noop-") as tmp, instance_for_test(temp_dir=tmp) as instance:
+        root = Path(tmp)
+        make_demo_raw_root(root / "raw", images=120, seed=5)
+        (root / "fsx").mkdir()
+        settings = ZeroSettings(raw_uri=str(root / "raw"), lake_uri=str(root / "lake"), fsx_mount=str(root / "fsx"))
+        resources = {"settings": settings, "jobs": LocalJobRunner(settings=settings)}
+        first, _ = _timed(resources, instance)
+        second, caches = _timed(resources, instance)
+    if set(caches.values()) != {"hit"}:
+        raise RuntimeError(f"the second materialization was not all cache hits: {caches}")
+    return [BenchResult("noop_rematerialize", second / first, "<=0.1", {"first_s": first, "second_s": second})]
