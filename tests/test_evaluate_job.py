@@ -110,6 +110,16 @@ def test_empty_predictions_score_zero():
     metrics = score_detections([], ground_truth)
     assert all(metrics[name] == 0.0 for name in SUMMARY_NAMES.values())
     assert [row["ap"] for row in metrics["per_class"]] == [0.0] * len(CATEGORIES)
+    assert metrics["pr_curve"]["mean"] == [0.0] * 101 and metrics["pr_curve"]["per_class"]["never_seen"] is None
+
+
+def test_pr_curve_is_cocos_precision_at_iou_50():
+    ground_truth, predictions = synthetic_set()
+    curve = score_detections(predictions, ground_truth)["pr_curve"]
+    _, precision = pycocotools_scores(ground_truth, predictions)
+    expected = precision[0, :, :3, 0, -1].mean(axis=1)  # the three categories with ground truth
+    assert curve["mean"] == pytest.approx(expected.tolist(), abs=1e-4)
+    assert curve["per_class"]["never_seen"] is None
 
 
 def test_standalone_mode_prints_the_metrics(tmp_path, capsys):
@@ -161,6 +171,12 @@ def test_graph_mode_scores_a_model_on_val_shards(tmp_path):
     assert report["data_version"] == hashlib.sha256((tmp_path / "out" / "metrics.json").read_bytes()).hexdigest()
     assert {"mAP", "mAP_50", "mAP_75", "per_class_ap", "val_images", "predictions", "eval_wall_s"} <= set(report["metadata"])
     assert report["metadata"]["per_class_ap"].startswith("| category | AP | AP@0.5 |")
+    for picture in ("pr_curve", "sample_predictions"):
+        assert report["metadata"][picture].startswith("![") and "(data:image/jpeg;base64," in report["metadata"][picture]
+        assert len(report["metadata"][picture]) < 60_000, "inline pictures stay small: they are stored with the event"
+        with Image.open(tmp_path / "out" / f"{picture}.png") as image:
+            assert image.width >= 240
+    assert len(metrics["pr_curve"]["recall"]) == 101 and len(metrics["pr_curve"]["per_class"]) == len(CATEGORIES)
 
 
 def test_graph_mode_refuses_shards_with_other_categories(tmp_path):

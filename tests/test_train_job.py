@@ -159,6 +159,32 @@ def test_torchvision_builders_get_one_slot_per_category_plus_background():
         model_config("yolo", CATEGORIES)
 
 
+def test_online_tracking_needs_an_explicit_endpoint(capsys):
+    from training_code.train import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--wandb-mode", "online"])
+    assert "--wandb-mode online needs --wandb-base-url" in capsys.readouterr().err
+    assert parse_args(["--wandb-mode", "online", "--wandb-base-url", "https://wandb.example"]).wandb_base_url == "https://wandb.example"
+    assert parse_args([]).wandb_mode == "offline"
+
+
+def test_photometric_factors_are_drawn_at_read_time_and_applied_on_the_device(shards):
+    from training_code.lib.detection_data import apply_photometric
+
+    _, refs = verified_split(shards, "train")
+    images, targets = collate_detection(take(stream(refs, augmentation=Augmentation(hflip_prob=0.0, color_jitter=0.3)), 4))
+    factors = [target["photometric"].tolist() for target in targets]
+    assert all(0.7 <= f <= 1.3 for pair in factors for f in pair) and len({tuple(f) for f in factors}) == 4
+    adjusted = apply_photometric([image.float() / 255 for image in images], targets)
+    assert all("photometric" not in target for target in targets), "the model never sees the factors"
+    brightness = factors[0][0]
+    expected = torch.nn.functional.hardtanh(images[0].float() / 255 * brightness, 0, 1)
+    gray = (0.2989 * expected[0] + 0.587 * expected[1] + 0.114 * expected[2]).mean()
+    expected = (factors[0][1] * expected + (1 - factors[0][1]) * gray).clamp(0, 1)
+    assert torch.allclose(adjusted[0], expected, atol=1e-5)
+
+
 def job_environment(tmp_path: Path, shards: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_PIPES", "SM_", "ZERO_"))}
     return {**env, "SM_CHANNEL_TRAIN": str(shards), "SM_MODEL_DIR": str(tmp_path / "model"),
@@ -198,8 +224,11 @@ def test_torchrun_trains_writes_the_model_and_resumes_from_the_latest_checkpoint
     assert report["data_version"] == hashlib.sha256(model_file.read_bytes()).hexdigest()
     assert report["metadata"]["steps"] == 4 and report["metadata"]["world_size"] == 2
     assert report["metadata"]["images_seen"] == 4 * 2 * 2
-    for key in ("images_per_s", "final_loss", "wall_s", "data_wait_fraction", "arch"):
+    for key in ("images_per_s", "final_loss", "wall_s", "data_wait_fraction", "arch", "bad_samples_skipped"):
         assert key in report["metadata"]
+    offline_runs = list((tmp_path / "opt_ml" / "output" / "data" / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 1, "wandb is offline by default, under the job's output data folder"
+    assert not (REPO / "wandb").exists(), "nothing is written into the repository"
     assert json.loads((tmp_path / "model" / "training_summary.json").read_text())["model_sha256"] == report["data_version"]
     assert len(events(first.stderr, "train")) == 4, "one structured line per step from rank 0 only"
 

@@ -2,7 +2,8 @@
 
 SageMaker Processing job script: run the trained model on a split of the shards, write COCO
 `predictions.json` and `ground_truth.json`, score them into `metrics.json` (mAP, mAP_50, mAP_75, by
-size, AR, per-class AP) and report through Dagster Pipes. By hand, score existing files:
+size, AR, per-class AP, the precision-recall curve), draw `pr_curve.png` and `sample_predictions.png`,
+and report through Dagster Pipes (the pictures inline, as Markdown images). By hand, score existing files:
 
     python -m training_code.evaluate --predictions P.json --ground-truth G.json
 """
@@ -22,7 +23,12 @@ from training_code.lib import job_env
 from training_code.lib.coco_eval import score_detections
 from training_code.lib.detection_data import EvalSample, iter_eval_samples, verified_split
 from training_code.lib.model import load_model_file
+from training_code.lib.report_plots import draw_pr_curve, draw_samples, markdown_image, save_png
 from training_code.lib.shard_format import sha256_file
+
+
+SAMPLE_PICTURES = 4
+PICTURE_MIN_SCORE = 0.3  # the sample picture shows confident detections; the metrics use every one
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -73,14 +79,18 @@ def check_categories(model_categories: list[dict[str, Any]], manifest_categories
 
 
 def predict(model: torch.nn.Module, shards, batch_size: int, device: torch.device, score_threshold: float, category_ids: set[int]):
-    """COCO ground truth and detections for every sample in shard order (image ids 1..N)."""
-    images, annotations, predictions = [], [], []
+    """COCO ground truth and detections for every sample in shard order (image ids 1..N), and the first
+    few samples as (image, truth boxes, confident predicted boxes) for the report's picture."""
+    images, annotations, predictions, pictures = [], [], [], []
     image_id = 0
     with torch.inference_mode():
         for batch in batched(iter_eval_samples(shards), batch_size):
             outputs = model([s.image.to(device).float().div_(255) for s in batch])
             for sample, output in zip(batch, outputs):
                 image_id += 1
+                if len(pictures) < SAMPLE_PICTURES:
+                    confident = output["boxes"][output["scores"] >= PICTURE_MIN_SCORE].tolist()
+                    pictures.append((sample.image, sample.boxes.tolist(), confident))
                 images.append({"id": image_id, "file_name": sample.key, "width": sample.width, "height": sample.height})
                 for box, label in zip(sample.boxes.tolist(), sample.labels.tolist()):
                     w, h = box[2] - box[0], box[3] - box[1]
@@ -92,7 +102,7 @@ def predict(model: torch.nn.Module, shards, batch_size: int, device: torch.devic
                         continue
                     predictions.append({"image_id": image_id, "category_id": int(label), "score": score,
                                         "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]]})
-    return images, annotations, predictions
+    return images, annotations, predictions, pictures
 
 
 def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -104,7 +114,7 @@ def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     model = model.to(memory_format=torch.channels_last)  # the layout it was trained in; faster convolutions
     check_categories(payload["categories"], manifest["categories"], args.model)
     category_ids = {int(c["id"]) for c in manifest["categories"]}
-    images, annotations, predictions = predict(model, shards, args.batch_size, device, args.score_threshold, category_ids)
+    images, annotations, predictions, pictures = predict(model, shards, args.batch_size, device, args.score_threshold, category_ids)
     ground_truth = {"images": images, "annotations": annotations, "categories": manifest["categories"]}
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "ground_truth.json", ground_truth)
@@ -114,14 +124,21 @@ def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     metrics = {**scores, "split": args.split, "val_images": len(images), "annotations": len(annotations),
                "predictions": len(predictions), "score_threshold": args.score_threshold, "model_step": payload.get("step")}
     write_json_atomic(args.out / "metrics.json", metrics)
-    return metrics, {"eval_wall_s": round(time.perf_counter() - started, 2), "device": str(device)}
+    pr_curve, samples = draw_pr_curve(metrics["pr_curve"]), draw_samples(pictures)
+    save_png(pr_curve, args.out / "pr_curve.png")
+    save_png(samples, args.out / "sample_predictions.png")
+    return metrics, {"eval_wall_s": round(time.perf_counter() - started, 2), "device": str(device),
+                     "pr_curve": {"raw_value": markdown_image(pr_curve, "precision-recall at IoU 0.5"), "type": "md"},
+                     "sample_predictions": {"raw_value": markdown_image(samples, "ground truth (green) and predictions (red)"),
+                                            "type": "md"}}
 
 
 def report(pipes, metrics: dict[str, Any], run_info: dict[str, Any], metrics_path: Path) -> None:
     per_class = [{"category": row["category"],
                   "AP": "n/a" if row["ap"] is None else f"{row['ap']:.4f}",
                   "AP@0.5": "n/a" if row["ap_50"] is None else f"{row['ap_50']:.4f}"} for row in metrics["per_class"]]
-    metadata = {name: float(metrics[name]) for name in ("mAP", "mAP_50", "mAP_75", "AR_100") if metrics[name] is not None}
+    summary = ("mAP", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large", "AR_100")
+    metadata = {name: float(metrics[name]) for name in summary if metrics[name] is not None}
     metadata.update({"per_class_ap": job_env.md_table(per_class), "val_images": metrics["val_images"],
                      "predictions": metrics["predictions"], "metrics_path": str(metrics_path), **run_info})
     pipes.report_asset_materialization(metadata=metadata, data_version=sha256_file(metrics_path))

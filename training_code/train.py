@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
 import random
-import re
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +22,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from training_code.lib import job_env
-from training_code.lib.detection_data import Augmentation, ShardDetectionStream, build_train_loader, verified_split
-from training_code.lib.distributed import (
-    DistributedContext, all_reduce_sum, broadcast_from_main, distributed_session, gather_to_all, log0,
+from training_code.lib.checkpoints import log_event, prepare_folder, resume_if_possible, save_checkpoint
+from training_code.lib.detection_data import (
+    Augmentation, ShardDetectionStream, apply_photometric, build_train_loader, verified_split,
 )
-from training_code.lib.model import ARCHITECTURES, DEFAULT_ARCH, atomic_torch_save, build_model, model_config, save_model_file
+from training_code.lib.distributed import DistributedContext, all_reduce_sum, distributed_session
+from training_code.lib.model import ARCHITECTURES, DEFAULT_ARCH, build_model, model_config, save_model_file
 from training_code.lib.shard_format import sha256_file
-
-log = logging.getLogger("zero.train")
-CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)\.pt$")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -70,21 +65,27 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hflip-prob", type=float, default=0.5)
     parser.add_argument("--color-jitter", type=float, default=0.2, help="brightness/contrast factor spread; 0 disables")
     parser.add_argument("--shuffle-buffer", type=int, default=256)
-    parser.add_argument("--max-bad-samples", type=int, default=10, help="undecodable samples tolerated per reader")
-    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
+    parser.add_argument("--max-bad-samples", type=int, default=10, help="undecodable samples tolerated per rank; more fails the job")
+    parser.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank (0: decode in the training process)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: CPUs / local ranks)")
     parser.add_argument("--checkpoint-every", type=positive_int, default=50)
     parser.add_argument("--keep-checkpoints", type=positive_int, default=3)
     parser.add_argument("--log-every", type=positive_int, default=10)
     parser.add_argument("--pg-timeout-min", type=float, default=30.0)
-    parser.add_argument("--wandb-mode", default="disabled", choices=("disabled", "offline", "online"))
+    parser.add_argument("--wandb-mode", default="offline", choices=("disabled", "offline", "online"),
+                        help="offline: the run is written under the job's output data folder, for `wandb sync`")
+    parser.add_argument("--wandb-base-url", default=None, help="W&B server for online mode (key from WANDB_API_KEY)")
     parser.add_argument("--wandb-project", default="zero")
     return parser
 
 
-def log_event(ctx: DistributedContext, event: str, **fields: Any) -> None:
-    """One structured JSON line per event, tagged with the job name, from rank 0."""
-    log0(json.dumps({"job": job_env.job_name(), "event": event, **fields}), context=ctx)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
+    if args.wandb_mode == "online" and not args.wandb_base_url:
+        # Online tracking sends metrics off the machine: the destination is named, never a library default.
+        parser.error("--wandb-mode online needs --wandb-base-url (e.g. https://api.wandb.ai or your server)")
+    return args
 
 
 def warmup_cosine(warmup_steps: int, max_steps: int, final_fraction: float):
@@ -95,72 +96,6 @@ def warmup_cosine(warmup_steps: int, max_steps: int, final_fraction: float):
         return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
-
-
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    found = [(int(m.group(1)), p) for p in folder.glob("checkpoint-*.pt") if (m := CHECKPOINT_NAME.match(p.name))]
-    return sorted(found)
-
-
-def save_checkpoint(folder: Path, keep: int, state: dict[str, Any], ctx: DistributedContext) -> None:
-    """Collective (every rank sends its RNG state); only rank 0 writes, then prunes to the newest `keep`."""
-    rng_by_rank = gather_to_all(rng_state())
-    if not ctx.is_main:
-        return
-    path = folder / f"checkpoint-{state['step']:08d}.pt"
-    atomic_torch_save({**state, "rng": rng_by_rank}, path)
-    for _, old in list_checkpoints(folder)[:-keep]:
-        old.unlink()
-    log_event(ctx, "checkpoint", step=state["step"], path=str(path))
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    step: int = 0
-    images_seen: int = 0
-    data_continues: bool = True  # the stream can pick up exactly where it stopped (same ranks and batch size)
-
-
-def resume_if_possible(folder: Path, model, optimizer, scheduler, config: dict[str, Any], batch_size: int,
-                       ctx: DistributedContext) -> ResumePoint:
-    """Load the newest checkpoint rank 0 sees (every rank loads the same file) and say where training resumes."""
-    found = list_checkpoints(folder) if ctx.is_main else []
-    path = broadcast_from_main(str(found[-1][1]) if found else None)
-    if path is None:
-        return ResumePoint()
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if state["model_config"] != config:
-        raise ValueError(
-            f"{path} was trained with model config {state['model_config']}, this run builds {config}; "
-            "point ZERO_CHECKPOINT_DIR at an empty folder to start a new model"
-        )
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    written_by = len(state["rng"])  # one RNG state per rank that wrote it
-    same_layout = written_by == ctx.world_size and state["args"]["batch_size"] == batch_size
-    if same_layout:  # every rank continues its own random stream
-        restore_rng(state["rng"][ctx.rank])
-    elif ctx.is_main:
-        log.warning("%s was written by %d processes with batch %d, this job has %d with batch %d: weights and optimizer "
-                    "resume exactly, the sample order starts afresh", path, written_by, state["args"]["batch_size"],
-                    ctx.world_size, batch_size)
-    log_event(ctx, "resumed", step=state["step"], path=path)
-    return ResumePoint(int(state["step"]), int(state["images_seen"]), same_layout)
 
 
 class StopRequest:
@@ -185,8 +120,18 @@ def start_wandb(args: argparse.Namespace, ctx: DistributedContext, config: dict[
     # SageMaker uploads SM_OUTPUT_DATA_DIR with the job's output, so offline runs can be synced later.
     run_dir = Path(os.environ.get("SM_OUTPUT_DATA_DIR", job_env.opt_ml() / "output" / "data"))
     run_dir.mkdir(parents=True, exist_ok=True)
+    settings = wandb.Settings(console="off")  # our stdout/stderr carry structured lines and Pipes messages
+    if args.wandb_mode == "online":
+        settings = wandb.Settings(console="off", base_url=args.wandb_base_url)
     return wandb.init(mode=args.wandb_mode, project=args.wandb_project, name=job_env.job_name(), dir=str(run_dir),
-                      config={**vars(args), "model_config": config})
+                      config={**vars(args), "model_config": config}, settings=settings)
+
+
+def report_progress(pipes, ctx: DistributedContext, line: dict[str, Any]) -> None:
+    """A training line in the job log and, when Dagster launched the job, in the run's event log."""
+    log_event(ctx, "train", **line)
+    if ctx.is_main and isinstance(pipes, job_env.PipesContext):
+        pipes.log.info(json.dumps({"job": job_env.job_name(), "event": "train", **line}))
 
 
 def train_step(model, model_without_ddp, optimizer, images, targets, step: int, args, ctx: DistributedContext,
@@ -194,6 +139,7 @@ def train_step(model, model_without_ddp, optimizer, images, targets, step: int, 
     """Forward, agree across ranks, backward, clip, update. Returns the sample-weighted mean loss over
     all ranks and whether any rank was asked to stop."""
     images = [image.to(ctx.device, non_blocking=True).float().div_(255) for image in images]
+    images = apply_photometric(images, targets)
     targets = [{k: v.to(ctx.device, non_blocking=True) for k, v in t.items()} for t in targets]
     with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=ctx.device.type == "cuda"):
         losses = model(images, targets)
@@ -214,7 +160,7 @@ def train_step(model, model_without_ddp, optimizer, images, targets, step: int, 
     return mean_loss, shared[2].item() > 0
 
 
-def train(args: argparse.Namespace, ctx: DistributedContext) -> tuple[dict[str, Any], torch.nn.Module, dict[str, Any]]:
+def train(args: argparse.Namespace, ctx: DistributedContext, pipes) -> tuple[dict[str, Any], torch.nn.Module, dict[str, Any]]:
     """Run (or finish) training; return the summary, the unwrapped model and its config."""
     started = time.perf_counter()
     torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // ctx.local_world_size))
@@ -226,8 +172,7 @@ def train(args: argparse.Namespace, ctx: DistributedContext) -> tuple[dict[str, 
     optimizer = torch.optim.AdamW(model_without_ddp.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.warmup_steps, args.max_steps, args.final_lr_fraction))
     checkpoints = job_env.checkpoint_dir()
-    if ctx.is_main:
-        checkpoints.mkdir(parents=True, exist_ok=True)
+    prepare_folder(checkpoints, ctx)
     random.seed(args.seed + ctx.rank)
     torch.manual_seed(args.seed + ctx.rank)
     resumed = resume_if_possible(checkpoints, model_without_ddp, optimizer, scheduler, config, args.batch_size, ctx)
@@ -269,7 +214,7 @@ def train(args: argparse.Namespace, ctx: DistributedContext) -> tuple[dict[str, 
                         "lr": scheduler.get_last_lr()[0], "data_wait": round(data_wait / (now - loop_started), 4),
                         "images_per_s": round((step - window_first_step) * args.batch_size * ctx.world_size / (now - window_started), 2)}
                 window_started, window_first_step = now, step
-                log_event(ctx, "train", **line)
+                report_progress(pipes, ctx, line)
                 if tracker is not None:
                     tracker.log({k: v for k, v in line.items() if k != "step"}, step=step)
             if stop_agreed:
@@ -279,13 +224,16 @@ def train(args: argparse.Namespace, ctx: DistributedContext) -> tuple[dict[str, 
             if step % args.checkpoint_every == 0 or step == args.max_steps:
                 save_checkpoint(checkpoints, args.keep_checkpoints, checkpoint_state(step), ctx)
     finally:
+        # Stop the loader's workers now, not at interpreter exit: they ignore SIGTERM (see build_train_loader),
+        # and multiprocessing's exit hook stops children with SIGTERM and then waits for them.
+        del batches
         stop.restore()
         if tracker is not None:
             tracker.finish()
     loop_seconds = time.perf_counter() - loop_started
     steps_run = step - start_step
     # Per-rank throughput figures, averaged over ranks.
-    totals = all_reduce_sum(torch.tensor([data_wait / max(loop_seconds, 1e-9)], dtype=torch.float64))
+    totals = all_reduce_sum(torch.tensor([data_wait / max(loop_seconds, 1e-9), dataset.bad_samples.value], dtype=torch.float64))
     return {
         "steps": step,
         "resumed_from_step": start_step,
@@ -294,6 +242,7 @@ def train(args: argparse.Namespace, ctx: DistributedContext) -> tuple[dict[str, 
         "final_loss": round(sum(recent_losses) / len(recent_losses), 5) if recent_losses else None,
         "wall_s": round(time.perf_counter() - started, 2),
         "data_wait_fraction": round(totals[0].item() / ctx.world_size, 4),
+        "bad_samples_skipped": int(totals[1].item()),
         "world_size": ctx.world_size,
         "arch": args.arch,
         "train_images": sum(s.rows for s in shards),
@@ -304,7 +253,7 @@ def train(args: argparse.Namespace, ctx: DistributedContext) -> tuple[dict[str, 
 
 def main(args: argparse.Namespace) -> None:
     with job_env.pipes_session() as pipes, distributed_session(args.pg_timeout_min) as ctx:
-        summary, model, config = train(args, ctx)
+        summary, model, config = train(args, ctx, pipes)
         if not ctx.is_main:
             return
         model_path = save_model_file(job_env.model_dir(), model, config, summary["steps"], vars(args))
@@ -319,4 +268,4 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main(get_args_parser().parse_args())
+    main(parse_args())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-from numbers import Real
 from typing import Any
 
 import numpy as np
@@ -32,8 +31,11 @@ SUMMARY_NAMES = {
 }
 
 
+_NUMBER_TYPES = (int, float, np.integer, np.floating)  # concrete types: an ABC check costs 4x on 50k predictions
+
+
 def _is_number(value: Any) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool)
+    return isinstance(value, _NUMBER_TYPES) and not isinstance(value, bool)
 
 
 def validate_predictions(predictions: Any, ground_truth: dict[str, Any]) -> None:
@@ -89,12 +91,19 @@ def score_detections(predictions: list[dict[str, Any]], ground_truth: dict[str, 
     categories = sorted(ground_truth["categories"], key=lambda c: c["id"])
     if not predictions:
         # A model that detects nothing has zero precision and recall; COCO tools reject an empty result set.
+        with_truth = {a["category_id"] for a in ground_truth["annotations"]}
+        recall = np.linspace(0.0, 1.0, 101).round(2).tolist()
         return {
             **{name: 0.0 for name in SUMMARY_NAMES.values()},
             "per_class": [{"category": c["name"], "category_id": c["id"], "ap": 0.0, "ap_50": 0.0} for c in categories],
+            "pr_curve": {"iou": 0.5, "recall": recall, "mean": [0.0] * len(recall),
+                         "per_class": {c["name"]: [0.0] * len(recall) if c["id"] in with_truth else None for c in categories}},
         }
     quiet = logging.getLogger("zero.coco_eval").debug
-    truth = COCO(ground_truth, use_deepcopy=True, print_function=quiet)
+    # One-level copies, not deep copies (half the time on 50k predictions): the library adds keys
+    # (id, area, segmentation) to the entries it is given, never edits their boxes.
+    sections = {name: [dict(entry) for entry in ground_truth[name]] for name in ("images", "annotations", "categories")}
+    truth = COCO({**ground_truth, **sections}, use_deepcopy=False, print_function=quiet)
     detections = truth.loadRes([dict(p) for p in predictions])
     evaluator = COCOeval_faster(truth, detections, iouType="bbox", print_function=quiet)
     evaluator.evaluate()
@@ -103,7 +112,23 @@ def score_detections(predictions: list[dict[str, Any]], ground_truth: dict[str, 
     stats = evaluator.stats_as_dict
     metrics: dict[str, Any] = {name: _defined(stats[label]) for label, name in SUMMARY_NAMES.items()}
     metrics["per_class"] = _per_class_ap(evaluator, categories)
+    metrics["pr_curve"] = _pr_curve(evaluator, categories)
     return metrics
+
+
+def _pr_curve(evaluator: COCOeval_faster, categories: list[dict[str, Any]]) -> dict[str, Any]:
+    """Interpolated precision on COCO's 101 recall points at IoU 0.5 (area all, 100 detections): per class
+    (None for a class without ground truth) and the mean over the classes that have some."""
+    precision = np.asarray(evaluator.eval["precision"])
+    params = evaluator.params
+    iou_50 = int(np.argmin(np.abs(np.asarray(params.iouThrs) - 0.5)))
+    at_50 = precision[iou_50, :, :, params.areaRngLbl.index("all"), params.maxDets.index(100)]  # [recall, class]
+    names = {c["id"]: c["name"] for c in categories}
+    per_class = {names[category_id]: (at_50[:, column].round(4).tolist() if (at_50[:, column] > -1).all() else None)
+                 for column, category_id in enumerate(params.catIds)}
+    defined = at_50[:, (at_50 > -1).all(axis=0)]
+    return {"iou": 0.5, "recall": np.asarray(params.recThrs).round(2).tolist(),
+            "mean": defined.mean(axis=1).round(4).tolist() if defined.size else None, "per_class": per_class}
 
 
 def _per_class_ap(evaluator: COCOeval_faster, categories: list[dict[str, Any]]) -> list[dict[str, Any]]:

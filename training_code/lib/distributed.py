@@ -6,8 +6,11 @@ it is a world of one with no process group, and every collective here degrades t
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -64,6 +67,7 @@ def distributed_session(timeout_min: float = 30.0) -> Iterator[DistributedContex
     hashing) while the other ranks wait in a collective.
     """
     context = read_context()
+    die_with_launcher()
     if context.device.type == "cuda":
         torch.cuda.set_device(context.device)
     if context.is_distributed:
@@ -77,6 +81,26 @@ def distributed_session(timeout_min: float = 30.0) -> Iterator[DistributedContex
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_launcher() -> None:
+    """Under torchrun, let the kernel kill this worker when the launcher dies.
+
+    torchrun starts workers in their own sessions, so a launcher killed with SIGKILL (OOM killer, a
+    lost Dagster run, kill -9) leaves them training on as orphans that keep writing checkpoints while
+    a retry resumes from the same folder. A lost launcher is a lost job: the retry resumes instead.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    launcher = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != launcher:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 _rank0_log = logging.getLogger("zero.rank0")
