@@ -40,3 +40,10 @@ def test_unknown_backend_is_rejected_with_the_variable_name(monkeypatch):
         assert "ZERO_BACKEND" in str(error) and "kubernetes" in str(error)
     else:
         raise AssertionError("an unknown backend must be rejected")
+
+
+def test_sensor_schedule_and_checks_are_wired():
+    assert {s.name for s in defs.sensors} == {"new_raw_data_sensor"}
+    assert {s.name for s in defs.schedules} == {"weekly_full_refresh"}
+    checks = {k.name for k in defs.resolve_asset_graph().asset_check_keys}
+    assert checks == {"quarantine_rate_under_limit", "shard_manifest_integrity", "map_not_regressed"}

@@ -6,8 +6,6 @@ last key seen: a key-ordered cursor misses new keys that sort before it and obje
 place; a listing digest misses neither. Listing never reads image bytes.
 """
 
-from __future__ import annotations
-
 import json
 
 from dagster import AssetSelection, DefaultScheduleStatus, RunRequest, SensorEvaluationContext, SkipReason, define_asset_job, schedule, sensor
