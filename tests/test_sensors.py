@@ -49,3 +49,4 @@ def test_every_kind_of_change_requests_a_run(raw_root, change):
     result, new_cursor = _tick(raw_root, cursor)
     assert isinstance(result, RunRequest), change
     assert new_cursor != cursor, "the cursor moves so the same change is not requested twice"
+

@@ -6,6 +6,7 @@ how many COCO annotations point at it. Annotation files are read (they are small
 
 from __future__ import annotations
 
+import hashlib
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -93,3 +94,22 @@ def build_raw_index(raw_uri: str, inventory_manifest_uri: str = "", group_patter
 def _read_annotations(raw_uri: str, source: str) -> SourceAnnotations:
     where = join(raw_uri, f"{source}/{ANNOTATIONS_FILE}")
     return parse_annotations(source, read_bytes(where), where)
+
+
+def sample_by_group(frame: pd.DataFrame, images: int) -> pd.DataFrame:
+    """A deterministic sample of about `images` rows that keeps whole groups (so splits stay honest).
+
+    Groups are taken in the order of a hash of their name, so the sample is stable as data grows:
+    a rehearsal run sees the same images again plus, at most, some from new groups.
+    """
+    if len(frame) <= images:
+        return frame
+    order = sorted(frame["group"].unique(), key=lambda group: hashlib.sha256(group.encode()).hexdigest())
+    sizes = frame.groupby("group").size()
+    chosen, total = [], 0
+    for group in order:
+        if total >= images:
+            break
+        chosen.append(group)
+        total += int(sizes[group])
+    return frame[frame["group"].isin(chosen)].reset_index(drop=True)

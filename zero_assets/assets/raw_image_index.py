@@ -11,7 +11,7 @@ from training_code.lib.tables import RAW_INDEX, write_table
 from ..cache import decide, mark_output_complete, miss_metadata
 from ..fingerprints import FingerprintInputs, code_version
 from ..metadata import table_schema
-from ..raw_index import build_raw_index
+from ..raw_index import build_raw_index, sample_by_group
 from ..resources.settings import ZeroSettings
 
 
@@ -29,9 +29,14 @@ def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, sett
     index = build_raw_index(settings.raw_uri, config.inventory_manifest_uri, config.group_pattern)
     if index.frame.empty:
         raise Failure(f"no images found under the raw root {settings.raw_uri}; set ZERO_RAW_URI or run `zero-assets make-demo-data`")
-    # The grouping decides splits downstream, so it is part of what this output is.
-    fingerprint = sha256_json([index.listing_fingerprint, config.group_pattern]) if config.group_pattern else index.listing_fingerprint
-    inputs = FingerprintInputs(code_version("zero_assets.raw_index"), config.model_dump(), {"raw_listing": index.listing_fingerprint})
+    if settings.sample_images:  # the rehearsal profile: a small, stable sample of whole groups
+        index.frame = sample_by_group(index.frame, settings.sample_images)
+        context.log.info(f"rehearsal sample: {len(index.frame)} images in {index.frame['group'].nunique()} groups")
+    # The grouping and the sample decide what downstream sees, so they are part of what this output is.
+    shape = [config.group_pattern, settings.sample_images]
+    fingerprint = sha256_json([index.listing_fingerprint, *shape]) if any(shape) else index.listing_fingerprint
+    run_config = {**config.model_dump(), "sample_images": settings.sample_images}
+    inputs = FingerprintInputs(code_version("zero_assets.raw_index"), run_config, {"raw_listing": index.listing_fingerprint})
     decision = decide(context, inputs)
     if decision.hit is not None:
         context.log.info(f"cache hit, index not rewritten: {decision.reason}")
