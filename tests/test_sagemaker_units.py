@@ -64,3 +64,19 @@ def test_backend_is_chosen_from_the_environment(monkeypatch):
     monkeypatch.delenv("ZERO_SM_BUCKET")
     with pytest.raises(ValueError, match="ZERO_SM_BUCKET"):
         resources_from_env()
+
+
+def test_multi_instance_processing_without_split_input_is_refused():
+    from zero_assets.job_request import JobRequest
+    from zero_assets.sagemaker.requests import _processing_params
+
+    class Compute:
+        instance_count, instance_type, volume_size_gb, max_runtime_s = 2, "ml.m5.xlarge", 50, 3600
+
+    class Settings:
+        def compute(self, asset):
+            return Compute()
+
+    request = JobRequest(asset="validated_images", kind="processing", module="training_code.validate", fingerprint="f" * 64)
+    with pytest.raises(ValueError, match="instance count to 1"):
+        _processing_params(request, Settings(), "job", None, {}, "s3://bucket/lake")

@@ -122,6 +122,12 @@ def _training_channel(name: str, uri: str, settings: SageMakerSettings, access: 
 
 def _processing_params(request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict, lake: str) -> dict:
     compute = settings.compute(request.asset)
+    if compute.instance_count > 1 and not request.sharded_inputs:
+        # Every instance would process the whole input and upload to the same output prefix.
+        raise ValueError(
+            f"{request.asset}: instance_count={compute.instance_count}, but its job splits no input across instances; "
+            f"set the {request.asset} instance count to 1"
+        )
     if CODE_INPUT in request.inputs:
         raise ValueError(f"input name {CODE_INPUT!r} of {request.asset} is reserved for the code package; rename the input")
     inputs = [_processing_input(CODE_INPUT, code.files_uri(settings.s3_root()), sharded=False)]
