@@ -52,7 +52,8 @@ def _validate(raw: Path, work: Path, out: str, previous: Path | None) -> tuple[f
 
 
 def run() -> list[BenchResult]:
-    base = photo_jpeg(seed=1, megapixels=0.08)  # small frames keep the 10,000-file root quick to make
+    # 0.3 MP, the low end of the realistic range: unique copies of one photo keep the root quick to make
+    base = photo_jpeg(seed=1, megapixels=0.3)
     with tempfile.TemporaryDirectory(prefix="bench-incremental-") as tmp:
         work, raw = Path(tmp), Path(tmp) / "raw"
         _write_images(raw, base, 0, IMAGES)

@@ -35,7 +35,7 @@ from training_code.lib.tables import ACCEPTED, SPLITS, read_table
 
 log = logging.getLogger("zero.shard")
 
-PREFETCH_PER_WORKER = 4  # images in flight per worker: enough to hide I/O, bounded so memory stays flat
+PREFETCH_PER_WORKER = 8  # images in flight per worker: enough to hide I/O and a flush, bounded so memory stays flat
 
 
 def get_args_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ import pyarrow as pa
 from .shard_format import SHARD_SCHEMA
 
 ROWS_PER_BATCH = 64  # small record batches keep memory flat and let readers slice cheaply
-BATCH_BYTES = 32 << 20  # and at most about this much image data per batch, so 5 MP originals do not pile up
+BATCH_BYTES = 4 << 20  # and about this much image data per batch: short flushes keep the reader threads busy meanwhile
 
 
 class ShardWriter:
