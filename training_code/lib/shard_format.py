@@ -80,4 +80,5 @@ def open_shard(path: Path) -> pa.Table:
 def decode_upright(data: bytes) -> Image.Image:
     """Decode stored image bytes to RGB in the frame the boxes use."""
     with Image.open(io.BytesIO(data)) as image:
-        return ImageOps.exif_transpose(image).convert("RGB")
+        ImageOps.exif_transpose(image, in_place=True)  # in place: no extra copy of an image already upright
+        return image.convert("RGB")
