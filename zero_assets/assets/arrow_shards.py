@@ -6,7 +6,7 @@ from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 
 from ..fingerprints import previous_output, upstream_output
 from ..job_launch import launch_job
-from ..resources.local_runner import LocalJobRunner
+from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
 from .validated_images import validated_images
 
@@ -21,7 +21,7 @@ class ShardConfig(Config):
 
 
 @asset(deps=[validated_images], group_name="zero", kinds={"arrow"})
-def arrow_shards(context: AssetExecutionContext, config: ShardConfig, settings: ZeroSettings, jobs: LocalJobRunner) -> MaterializeResult:
+def arrow_shards(context: AssetExecutionContext, config: ShardConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """Arrow IPC shards (`<split>-<n>.arrow`) and `manifest.json` with rows, bytes and sha256 per shard."""
     validated = upstream_output(context, "validated_images")
     # Unchanged earlier shards are carried over, not rewritten (see training_code/lib/shard_plan).

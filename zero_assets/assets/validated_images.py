@@ -7,7 +7,7 @@ from training_code.lib.tables import ACCEPTED
 from ..fingerprints import previous_output, upstream_output
 from ..job_launch import launch_job
 from ..metadata import table_schema
-from ..resources.local_runner import LocalJobRunner
+from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
 from .raw_image_index import raw_image_index
 
@@ -22,7 +22,7 @@ class ValidationConfig(Config):
 
 @asset(deps=[raw_image_index], group_name="zero", kinds={"parquet"}, metadata={"dagster/column_schema": table_schema(ACCEPTED)})
 def validated_images(
-    context: AssetExecutionContext, config: ValidationConfig, settings: ZeroSettings, jobs: LocalJobRunner
+    context: AssetExecutionContext, config: ValidationConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> MaterializeResult:
     """Accepted images (sha256, size, format, mode, split, labels) and the quarantine, duplicate and label-rejection tables."""
     index = upstream_output(context, "raw_image_index")
