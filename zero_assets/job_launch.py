@@ -45,31 +45,22 @@ def launch_job(
     context: AssetExecutionContext,
     *,
     jobs: JobRunner,
-    settings: ZeroSettings,
-    kind: Literal["processing", "training"],
     module: str,
     config: dict[str, Any],
     upstream: list[UpstreamOutput],
-    inputs: dict[str, str],
-    processes_per_host: int = 1,
+    **request_fields: Any,
 ) -> MaterializeResult:
-    """Launch the asset's job unless an earlier materialization with the same inputs is still complete."""
-    inputs_of_fingerprint = FingerprintInputs.of(module, config, upstream)
-    decision = decide(context, inputs_of_fingerprint)
+    """Launch the asset's job unless an earlier materialization with the same inputs is still complete.
+
+    `request_fields` (settings, kind, inputs, processes_per_host) go to `build_job_request` unchanged.
+    """
+    fingerprint_inputs = FingerprintInputs.of(module, config, upstream)
+    decision = decide(context, fingerprint_inputs)
     if decision.hit is not None:
         context.log.info(f"cache hit, no job launched: {decision.reason}")
         return decision.hit
     context.log.info(f"cache miss: {decision.reason}")
-    request = build_job_request(
-        context.asset_key.to_user_string(),
-        settings=settings,
-        kind=kind,
-        module=module,
-        config=config,
-        upstream=upstream,
-        inputs=inputs,
-        processes_per_host=processes_per_host,
-    )
+    request = build_job_request(context.asset_key.to_user_string(), module=module, config=config, upstream=upstream, **request_fields)
     invocation, job_metadata = jobs.run(context, request)
     mark_output_complete(request.outputs["out"], request.fingerprint)
     return job_result(
@@ -77,7 +68,7 @@ def launch_job(
         {
             "uri": MetadataValue.path(request.outputs["out"]),
             "upstream": upstream_metadata(upstream),
-            **miss_metadata(inputs_of_fingerprint, decision.reason),
+            **miss_metadata(fingerprint_inputs, decision.reason),
             **job_metadata,
         },
     )
