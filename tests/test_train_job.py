@@ -18,7 +18,8 @@ import torch
 from PIL import Image, ImageDraw
 
 from training_code.lib.detection_data import (
-    Augmentation, ShardDetectionStream, TooManyBadSamplesError, build_train_loader, collate_detection, verified_split,
+    Augmentation, ShardDetectionStream, TooManyBadSamplesError, build_train_loader, collate_detection, targets_on,
+    verified_split,
 )
 from training_code.lib.model import build_model, model_config
 from training_code.lib.shard_format import FORMAT, MANIFEST, ShardIntegrityError
@@ -114,7 +115,39 @@ def test_resume_with_loader_workers_continues_the_same_batch_sequence(shards):
     full, resumed = batches(0, 8), batches(3, 5)
     for (images_a, targets_a), (images_b, targets_b) in zip(full[3:], resumed):
         assert all(torch.equal(a, b) for a, b in zip(images_a, images_b))
-        assert all(torch.equal(a["boxes"], b["boxes"]) for a, b in zip(targets_a, targets_b))
+        assert [t["boxes"] for t in targets_a] == [t["boxes"] for t in targets_b]
+
+
+def test_a_batch_from_loader_workers_holds_the_same_samples_as_the_stream(shards):
+    """Collation packs images into one shared buffer and targets into lists; nothing may change on the way."""
+    _, refs = verified_split(shards, "train")
+    augmentation = Augmentation(hflip_prob=0.5, color_jitter=0.3)
+    alone = take(stream(refs, augmentation=augmentation), 8)
+    # Two workers deal the stream by stride and the loader takes their batches of 2 in turn.
+    expected = [alone[i] for i in (0, 2, 1, 3, 4, 6, 5, 7)]
+    loader = build_train_loader(stream(refs, augmentation=augmentation), 2, workers=2, device=torch.device("cpu"))
+    received = [pair for batch, _ in zip(loader, range(4)) for pair in zip(*batch)]
+    assert len(received) == 8
+    for (image, target), (got_image, got_target) in zip(expected, received):
+        assert torch.equal(image, got_image) and got_image.shape == image.shape
+        assert got_target["photometric"] == target["photometric"]
+        assert torch.equal(targets_on([got_target], torch.device("cpu"))[0]["boxes"], target["boxes"])
+
+
+def test_a_flip_moves_the_boxes_with_the_pixels(tmp_path):
+    """One red square left of centre: flipped, its box must still cover red pixels."""
+    image = Image.new("RGB", (120, 80), (128, 128, 128))
+    ImageDraw.Draw(image).rectangle((10, 20, 39, 49), fill=(220, 30, 30))
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    folder = write_shard_set(tmp_path, {"train": [encoded_row(buffer.getvalue(), "PNG", 120, 80, [[10.0, 20.0, 40.0, 50.0]], [1], "one")]})
+    _, refs = verified_split(folder, "train")
+    flipped, target = take(stream(refs, augmentation=Augmentation(hflip_prob=1.0, color_jitter=0.0)), 1)[0]
+    assert target["boxes"].tolist() == [[80.0, 20.0, 110.0, 50.0]]
+    x1, y1, x2, y2 = (int(v) for v in target["boxes"][0])
+    inside, outside = flipped[:, y1:y2, x1:x2], flipped[:, y1:y2, 10:40]
+    assert (inside[0] > 200).all() and (inside[1] < 60).all(), "the flipped box covers the red square"
+    assert (outside[0] < 140).all(), "nothing red is left where the square was"
 
 
 def test_undecodable_samples_are_skipped_up_to_the_bound(tmp_path):
@@ -146,7 +179,7 @@ def test_fcos_tiny_trains_on_images_without_boxes(shards):
     images, targets = collate_detection(take(stream(refs, shuffle_buffer=1), 4))
     assert any(len(t["boxes"]) == 0 for t in targets)
     model = build_model(model_config("fcos_tiny", CATEGORIES, width=16, min_size=64, max_size=96))
-    losses = model([image.float() / 255 for image in images], targets)
+    losses = model([image.float() / 255 for image in images], targets_on(targets, torch.device("cpu")))
     total = sum(losses.values())
     total.backward()
     assert torch.isfinite(total)
@@ -174,7 +207,7 @@ def test_photometric_factors_are_drawn_at_read_time_and_applied_on_the_device(sh
 
     _, refs = verified_split(shards, "train")
     images, targets = collate_detection(take(stream(refs, augmentation=Augmentation(hflip_prob=0.0, color_jitter=0.3)), 4))
-    factors = [target["photometric"].tolist() for target in targets]
+    factors = [target["photometric"] for target in targets]
     assert all(0.7 <= f <= 1.3 for pair in factors for f in pair) and len({tuple(f) for f in factors}) == 4
     adjusted = apply_photometric([image.float() / 255 for image in images], targets)
     assert all("photometric" not in target for target in targets), "the model never sees the factors"

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from training_code.lib import job_env
 from training_code.lib.checkpoints import log_event, prepare_folder, resume_if_possible, save_checkpoint
 from training_code.lib.detection_data import (
-    Augmentation, ShardDetectionStream, apply_photometric, build_train_loader, verified_split,
+    Augmentation, ShardDetectionStream, apply_photometric, build_train_loader, targets_on, verified_split,
 )
 from training_code.lib.distributed import DistributedContext, all_reduce_sum, distributed_session
 from training_code.lib.model import ARCHITECTURES, DEFAULT_ARCH, build_model, model_config, save_model_file
@@ -140,7 +140,7 @@ def train_step(model, model_without_ddp, optimizer, images, targets, step: int, 
     all ranks and whether any rank was asked to stop."""
     images = [image.to(ctx.device, non_blocking=True).float().div_(255) for image in images]
     images = apply_photometric(images, targets)
-    targets = [{k: v.to(ctx.device, non_blocking=True) for k, v in t.items()} for t in targets]
+    targets = targets_on(targets, ctx.device)
     with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=ctx.device.type == "cuda"):
         losses = model(images, targets)
     loss = sum(losses.values())

@@ -81,4 +81,6 @@ def decode_upright(data: bytes) -> Image.Image:
     """Decode stored image bytes to RGB in the frame the boxes use."""
     with Image.open(io.BytesIO(data)) as image:
         ImageOps.exif_transpose(image, in_place=True)  # in place: no extra copy of an image already upright
-        return image.convert("RGB")
+        image.load()
+        # Pixels stay valid after the `with` (it only drops the byte stream); convert() would copy an RGB image.
+        return image if image.mode == "RGB" else image.convert("RGB")
