@@ -5,7 +5,9 @@ a folder, downloads code and inputs from S3 (a moto server or SeaweedFS), runs t
 subprocess with the Environment it was given, ships its output lines to CloudWatch Logs (moto),
 and maps the exit to job states: 0 -> Completed (outputs uploaded), non-zero -> Failed with
 FailureReason / ExitMessage from `/opt/ml/output/{failure,message}`, Stop*Job -> Stopping -> Stopped,
-MaxRuntimeInSeconds exceeded -> Stopped / MaxRuntimeExceeded.
+MaxRuntimeInSeconds exceeded -> Stopped / MaxRuntimeExceeded. A Processing job with several instances
+runs one process per host, each with its own `/opt/ml` and `config/resourceconfig.json`; a
+ShardedByS3Key input gives each host every n-th object; every host uploads its outputs.
 """
 
 from __future__ import annotations
@@ -99,15 +101,24 @@ class FakeSageMaker:
         if job["status"] != "InProgress":
             raise ClientError({"Error": {"Code": "ValidationException", "Message": f"job {name} is {job['status']}"}}, "Stop")
         job["status"], job["secondary"] = "Stopping", "Stopping"
-        if job["process"] is not None:
-            job["process"].terminate()
+        for process in job["process"] or []:
+            process.terminate()
         return {}
+
+    @staticmethod
+    def _hosts(job: dict) -> list[str]:
+        count = job["params"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] if job["kind"] == "processing" else 1
+        return [f"algo-{i + 1}" for i in range(count)]
 
     def _run(self, name: str) -> None:
         job = self.jobs[name]
-        opt = self.root / name / "opt" / "ml"
+        hosts = self._hosts(job)
+        opts = {host: self.root / name / (host if len(hosts) > 1 else "") / "opt" / "ml" for host in hosts}
         try:
-            command, env = (self._prepare_training if job["kind"] == "training" else self._prepare_processing)(job, opt)
+            if job["kind"] == "training":
+                launches = {hosts[0]: self._prepare_training(job, opts[hosts[0]])}
+            else:
+                launches = {host: self._prepare_processing(job, opts[host], host, hosts) for host in hosts}
         except (ClientError, OSError, KeyError) as error:
             job.update(status="Failed", secondary="Failed", failure=f"ClientError: {error}", ended=datetime.now(timezone.utc))
             return
@@ -117,29 +128,37 @@ class FakeSageMaker:
         if job["status"] == "Stopping":  # stopped while downloading
             job.update(status="Stopped", secondary="Stopped", ended=datetime.now(timezone.utc))
             return
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        job["process"] = process
-        shipper = threading.Thread(target=self._ship_logs, args=(job, name, process), daemon=True)
-        shipper.start()
-        limit = job["params"]["StoppingCondition"]["MaxRuntimeInSeconds"]
-        try:
-            code = process.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            process.terminate()
-            code = process.wait()
-            job["secondary"] = "MaxRuntimeExceeded"
-            job["status"] = "Stopping"
-        shipper.join(timeout=10)
-        self._finish(job, opt, code)
+        processes = {host: subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                     for host, (command, env) in launches.items()}
+        job["process"] = list(processes.values())
+        shippers = [threading.Thread(target=self._ship_logs, args=(job, name, host, process), daemon=True) for host, process in processes.items()]
+        for shipper in shippers:
+            shipper.start()
+        deadline = time.monotonic() + job["params"]["StoppingCondition"]["MaxRuntimeInSeconds"]
+        codes = {}
+        for host, process in processes.items():
+            try:
+                codes[host] = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for other in processes.values():
+                    other.terminate()
+                codes[host] = process.wait()
+                job["secondary"] = "MaxRuntimeExceeded"
+                job["status"] = "Stopping"
+        for shipper in shippers:
+            shipper.join(timeout=10)
+        failed = [host for host in hosts if codes.get(host, 0) != 0]
+        self._finish(job, opts, codes[failed[0]] if failed else 0, opts[failed[0]] if failed else None)
 
-    def _finish(self, job: dict, opt: Path, code: int) -> None:
-        failure, message = opt / "output" / "failure", opt / "output" / "message"
+    def _finish(self, job: dict, opts: dict[str, Path], code: int, failed_opt: Path | None) -> None:
         if job["status"] == "Stopping":
             job.update(status="Stopped", secondary=job["secondary"] if job["secondary"] == "MaxRuntimeExceeded" else "Stopped")
         elif code == 0:
-            self._upload_outputs(job, opt)
+            for opt in opts.values():
+                self._upload_outputs(job, opt)
             job.update(status="Completed", secondary="Completed")
         else:
+            failure, message = failed_opt / "output" / "failure", failed_opt / "output" / "message"
             reason = failure.read_text()[:1024] if failure.is_file() and job["kind"] == "training" else f"AlgorithmError: exit code {code}"
             job.update(status="Failed", secondary="Failed", failure=reason)
             if job["kind"] == "processing" and message.is_file():
@@ -171,10 +190,14 @@ class FakeSageMaker:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"] if distributed else [sys.executable]
         return [*launcher, program, *arguments], env
 
-    def _prepare_processing(self, job: dict, opt: Path):
+    def _prepare_processing(self, job: dict, opt: Path, host: str, hosts: list[str]):
         params = job["params"]
+        (opt / "config").mkdir(parents=True, exist_ok=True)
+        (opt / "config" / "resourceconfig.json").write_text(json.dumps({"current_host": host, "hosts": hosts}))
         for item in params.get("ProcessingInputs", []):
-            self._download(item["S3Input"]["S3Uri"], self._local(item["S3Input"]["LocalPath"], opt))
+            sharded = item["S3Input"]["S3DataDistributionType"] == "ShardedByS3Key"
+            part = (hosts.index(host), len(hosts)) if sharded else (0, 1)
+            self._download(item["S3Input"]["S3Uri"], self._local(item["S3Input"]["LocalPath"], opt), part)
         for item in params["ProcessingOutputConfig"]["Outputs"]:
             self._local(item["S3Output"]["LocalPath"], opt).mkdir(parents=True, exist_ok=True)
         app = params["AppSpecification"]
@@ -189,9 +212,9 @@ class FakeSageMaker:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), self.env.get("PYTHONPATH")]))
         return env
 
-    def _ship_logs(self, job: dict, name: str, process: subprocess.Popen) -> None:
+    def _ship_logs(self, job: dict, name: str, host: str, process: subprocess.Popen) -> None:
         group = "/aws/sagemaker/TrainingJobs" if job["kind"] == "training" else "/aws/sagemaker/ProcessingJobs"
-        stream = f"{name}/algo-1-{int(time.time())}"
+        stream = f"{name}/{host}-{int(time.time())}"
         try:
             self.logs.create_log_group(logGroupName=group)
         except self.logs.exceptions.ResourceAlreadyExistsException:
@@ -219,14 +242,16 @@ class FakeSageMaker:
     def _local(container_path: str, opt: Path) -> Path:
         return opt / container_path[len("/opt/ml/") :]
 
-    def _download(self, uri: str, dest: Path) -> Path:
+    def _download(self, uri: str, dest: Path, part: tuple[int, int] = (0, 1)) -> Path:
+        """The objects under `uri` (with `part` = (host, hosts): every hosts-th one, from the host-th)."""
         bucket, prefix = split_s3(uri)
         dest.mkdir(parents=True, exist_ok=True)
-        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else ""):
-            for obj in page.get("Contents", []):
-                target = dest / obj["Key"][len(prefix) + 1 :]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(self.s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+        keys = [obj["Key"] for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
+                for obj in page.get("Contents", [])]
+        for key in sorted(keys)[part[0]::part[1]]:
+            target = dest / key[len(prefix) + 1 :]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
         return dest
 
     def _upload(self, folder: Path, uri: str) -> None:

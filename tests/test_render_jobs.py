@@ -44,8 +44,11 @@ def render(tmp_path, monkeypatch, env: dict) -> dict:
 def test_every_rendered_request_is_valid(tmp_path, monkeypatch, profile, fsx, spot):
     env = {**BASE_ENV, **(FSX_ENV if fsx else {}), "ZERO_PROFILE": profile, "ZERO_SM_USE_SPOT": "true" if spot else "false"}
     requests = render(tmp_path, monkeypatch, env)
-    expected = {"validated_images.CreateProcessingJob.json", "arrow_shards.CreateProcessingJob.json",
-                "trained_checkpoint.CreateTrainingJob.json", "map_report.CreateProcessingJob.json"}
+    # Rehearsal spreads validation over two instances: a map job with the raw input split by key, a reduce job.
+    validation = ({"validated_images-map.CreateProcessingJob.json", "validated_images-reduce.CreateProcessingJob.json"}
+                  if profile == "rehearsal" else {"validated_images.CreateProcessingJob.json"})
+    expected = validation | {"arrow_shards.CreateProcessingJob.json", "trained_checkpoint.CreateTrainingJob.json",
+                             "map_report.CreateProcessingJob.json"}
     if fsx:
         expected |= {"fsx_warm_state.CreateDataRepositoryAssociation.json", "fsx_warm_state.CreateDataRepositoryTask.json",
                      "fsx_warm_state.CreateTrainingJob.json"}
@@ -65,6 +68,13 @@ def test_every_rendered_request_is_valid(tmp_path, monkeypatch, profile, fsx, sp
     assert training["ResourceConfig"]["InstanceCount"] == 2
     if profile == "rehearsal":
         assert training["ResourceConfig"]["InstanceType"] == "ml.g4dn.xlarge"
+        mapped = requests["validated_images-map.CreateProcessingJob.json"]
+        assert mapped["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2
+        assert {i["InputName"]: i["S3Input"]["S3DataDistributionType"] for i in mapped["ProcessingInputs"]}["raw"] == "ShardedByS3Key"
+        reduced = requests["validated_images-reduce.CreateProcessingJob.json"]
+        assert reduced["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 1
+        assert [i["S3Input"]["S3Uri"] for i in reduced["ProcessingInputs"] if i["InputName"] == "decoded"] == [
+            o["S3Output"]["S3Uri"] for o in mapped["ProcessingOutputConfig"]["Outputs"]]
     assert training["CheckpointConfig"]["S3Uri"].startswith("s3://zero-ml-lake/zero/checkpoints/trained_checkpoint/")
     for params in requests.values():
         for key, value in params.get("Environment", {}).items():

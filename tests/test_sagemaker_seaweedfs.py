@@ -39,16 +39,18 @@ def cloudwatch():
     server.stop()
 
 
-def test_validation_job_runs_on_the_s3_path(seaweed, cloudwatch, tiny_raw_root, instance, tmp_path, monkeypatch):
+@pytest.mark.parametrize("instances", [1, 2])
+def test_validation_job_runs_on_the_s3_path(seaweed, cloudwatch, tiny_raw_root, instance, tmp_path, monkeypatch, instances):
     for key, value in seaweed.env().items():
         monkeypatch.setenv(key, value)
     publish_folder(tiny_raw_root, f"s3://{BUCKET}/raw")
-    settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw", lake_uri=f"s3://{BUCKET}/zero/lake", backend="sagemaker")
+    lake = f"s3://{BUCKET}/zero/lake-{instances}"  # its own lake per case: the other case's output must not be found
+    settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw", lake_uri=lake, backend="sagemaker")
     aws = SageMakerSettings(
         region="us-east-1", role_arn="arn:aws:iam::123456789012:role/zero-jobs", bucket=BUCKET,
         training_image_uri="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5-gpu-py311",
         processing_image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-processing:1",
-        validated_images=JobCompute(instance_type="ml.m5.xlarge"), poll_interval_s=0.3,
+        validated_images=JobCompute(instance_type="ml.m5.xlarge", instance_count=instances), poll_interval_s=0.3,
     )
     fake = FakeSageMaker(tmp_path / "sm", seaweed.client(), cloudwatch, {**seaweed.env(), "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.3"})
     monkeypatch.setattr(sagemaker_runner, "make_aws_clients", lambda region: AwsClients(fake, cloudwatch, seaweed.client(), None))
@@ -59,15 +61,28 @@ def test_validation_job_runs_on_the_s3_path(seaweed, cloudwatch, tiny_raw_root, 
     metadata = instance.get_latest_materialization_event(AssetKey("validated_images")).asset_materialization.metadata
     assert metadata["backend"].value == "sagemaker" and metadata["job_status"].value == "Completed"
     assert metadata["accepted"].value > 0  # reported by the script through S3 Pipes messages
-    assert str(metadata["uri"].value).startswith(f"s3://{BUCKET}/zero/lake/validated_images/")
+    assert str(metadata["uri"].value).startswith(f"{lake}/validated_images/")
     s3 = seaweed.client()
-    lake = str(metadata["uri"].value)[len(f"s3://{BUCKET}/"):]
-    assert s3.head_object(Bucket=BUCKET, Key=f"{lake}/manifest.json")["ContentLength"] > 0
+    output = str(metadata["uri"].value)[len(f"s3://{BUCKET}/"):]
+    assert s3.head_object(Bucket=BUCKET, Key=f"{output}/manifest.json")["ContentLength"] > 0
     digest = build_code_package().digest
     assert s3.head_object(Bucket=BUCKET, Key=f"zero/code/{digest}/{MARKER}")
     name = metadata["job_name"].value
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix=f"zero/pipes/{name}/messages/")["KeyCount"] >= 1
 
+    launched = [c for c in fake.calls if c[0] == "CreateProcessingJob"]
+    if instances == 2:
+        # Map on two instances, each given half the raw objects by key, then the reduce on one.
+        map_name = metadata["map_job_name"].value
+        assert launched == [("CreateProcessingJob", map_name), ("CreateProcessingJob", name)]
+        assert fake.jobs[map_name]["params"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2
+        parts = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{output}-map/verdicts-")["Contents"]
+        assert sorted(part["Key"].rsplit("/", 1)[1] for part in parts) == ["verdicts-algo-1.parquet", "verdicts-algo-2.parquet"]
+        streams = cloudwatch.describe_log_streams(logGroupName="/aws/sagemaker/ProcessingJobs", logStreamNamePrefix=f"{map_name}/")["logStreams"]
+        assert {stream["logStreamName"].split("/")[1].rsplit("-", 1)[0] for stream in streams} == {"algo-1", "algo-2"}
+    else:
+        assert launched == [("CreateProcessingJob", name)]
+
     # Same inputs again: the finished job is found by name, nothing new is launched.
     assert materialize([validated_images], instance=instance, resources={"settings": settings, "jobs": jobs}).success
-    assert [c for c in fake.calls if c[0] == "CreateProcessingJob"] == [("CreateProcessingJob", name)]
+    assert [c for c in fake.calls if c[0] == "CreateProcessingJob"] == launched

@@ -2,7 +2,8 @@ r"""Decide which raw images and labels are fit to train on, and report every one
 
     python -m training_code.validate --index DIR --raw DIR --out DIR [--val-fraction 0.2] [--split-seed 0] \
         [--max-quarantine-rate 0.5] [--min-side 8] \
-        [--allowed-formats JPEG,PNG,GIF,WEBP,BMP,TIFF,MPO] [--workers N] [--timeout-s 20] [--previous DIR]
+        [--allowed-formats JPEG,PNG,GIF,WEBP,BMP,TIFF,MPO] [--workers N] [--timeout-s 20] [--previous DIR] \
+        [--phase all|map|reduce] [--decoded DIR]
 
 A SageMaker Processing job script. Reads `index.parquet` (one row per raw image) and the raw root
 (read-only), decodes every image in isolated worker processes, checks each COCO box in the upright
@@ -10,6 +11,11 @@ frame, drops exact duplicates and assigns train/val by group. Writes accepted, q
 duplicates, rejected_labels and unmatched tables, `categories.json`, then `manifest.json` last.
 Fails without a manifest when more images are quarantined than --max-quarantine-rate allows.
 With --previous (an earlier run's output) only new or changed images are decoded: see verdict_cache.
+
+On several instances the pass is two jobs (zero_assets/job_request.py `fan_out`): `--phase map` on
+every instance decodes the images of this host's part of the raw input (split by S3 key) and writes
+`verdicts-<host>.parquet` plus the annotation files it received; `--phase reduce` on one instance
+reads them all from --decoded and decides as the single-host pass does, so both write the same manifest.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from training_code.lib.isolated_pool import IsolatedPool, WorkerLost
 from training_code.lib.storage import safe_relative_key, write_bytes_atomic
 from training_code.lib.tables import RAW_INDEX, VERDICTS, read_table, write_table
 from training_code.lib.validation_outputs import build_outputs, write_outputs
-from training_code.lib.verdict_cache import VERDICTS_FILE, load_reusable, split_reused, verdict_frame
+from training_code.lib.verdict_cache import VERDICTS_FILE, load_reusable, read_verdicts, split_reused, verdict_frame
 
 log = logging.getLogger("zero.validate")
 
@@ -44,13 +50,15 @@ MANIFEST_FORMAT = "zero-validated/1"
 # Bump when a change here or in image_checks/labels could change a verdict, so cached verdicts are redone.
 VALIDATOR_VERSION = "validate-2"
 PROGRESS_EVERY_S = 10.0
+PHASES = ("all", "map", "reduce")
+MAP_ANNOTATIONS = "annotations"  # map output: the annotation files this host received, by source
 
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--index", type=Path, required=True, help="folder holding index.parquet (the raw_image_index output)")
     parser.add_argument(
-        "--raw", type=Path, required=True, help="the raw root: <raw>/<source>/... and <raw>/<source>/annotations.json"
+        "--raw", type=Path, default=None, help="the raw root: <raw>/<source>/... and <raw>/<source>/annotations.json (map: this host's part)"
     )
     parser.add_argument("--out", type=Path, required=True, help="folder for the tables, categories.json and manifest.json")
     parser.add_argument("--val-fraction", type=float, default=0.2, help="share of groups (not images) that go to val")
@@ -68,6 +76,9 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--previous", type=Path, default=None,
         help="an earlier run's output folder: verdicts of images whose key, etag and size are unchanged are reused",
     )
+    parser.add_argument("--phase", choices=PHASES, default="all",
+                        help="all: the whole pass on one host; map/reduce: the two stages of a multi-instance pass")
+    parser.add_argument("--decoded", type=Path, default=None, help="reduce: the map stage's output from every host")
     return parser
 
 
@@ -91,6 +102,10 @@ def check_args(args: argparse.Namespace) -> None:
         ]
         if not ok
     ]
+    if args.phase == "reduce" and args.decoded is None:
+        problems.append("--phase reduce needs --decoded (the map stage's output)")
+    if args.phase != "reduce" and args.raw is None:
+        problems.append(f"--phase {args.phase} needs --raw (the raw root)")
     if problems:
         raise ValueError("; ".join(problems))
 
@@ -196,22 +211,27 @@ def check_quarantine_rate(counts: dict[str, Any], max_rate: float, out: Path) ->
 def validate(
     args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file
 ) -> tuple[dict[str, Any], bytes, dict[str, int]]:
-    """Run the whole pass; returns the manifest, its exact bytes, and how many images were decoded or reused."""
+    """Run the whole pass (or its reduce stage); returns the manifest, its exact bytes, and how many
+    images were decoded or reused."""
     check_args(args)
     (args.out / MANIFEST).unlink(missing_ok=True)  # a manifest from an earlier run must not vouch for these tables
     index = load_index(args.index)
-    annotations = load_annotations(args.raw, set(index["source"]))
     reusable = load_reusable(args.previous, decode_settings(args)) if args.previous else {}
     verdicts, to_decode = split_reused(index, reusable)
     work = {"decoded": len(to_decode), "reused": len(verdicts)}
-    log.info("decoding %d images, reusing %d verdicts from %s", work["decoded"], work["reused"], args.previous)
-    verdicts.update(decode_all(args.raw, to_decode, args, check))
+    if args.phase == "reduce":
+        annotations = load_annotations(args.decoded / MAP_ANNOTATIONS, set(index["source"]))
+        verdicts.update(collect_map_verdicts(args.decoded, index, set(to_decode)))
+    else:
+        annotations = load_annotations(args.raw, set(index["source"]))
+        log.info("decoding %d images, reusing %d verdicts from %s", work["decoded"], work["reused"], args.previous)
+        verdicts.update(decode_all(args.raw, to_decode, args, check))
     write_table(verdict_frame(index, verdicts), VERDICTS, args.out / VERDICTS_FILE)
     outputs = build_outputs(index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction)
     files = write_outputs(outputs, args.out)
     check_quarantine_rate(outputs.counts, args.max_quarantine_rate, args.out)
-    # Only what was decided goes in: no paths, times or input hashes, so a rebuild that reaches the
-    # same verdicts writes the same bytes and downstream assets stay fresh.
+    # Only what was decided goes in: no paths, times, hosts or input hashes, so a rebuild that reaches
+    # the same verdicts writes the same bytes and downstream assets stay fresh.
     manifest = {
         "format": MANIFEST_FORMAT,
         "validator_version": VALIDATOR_VERSION,
@@ -224,6 +244,45 @@ def validate(
     manifest_bytes = json.dumps(manifest, indent=1, sort_keys=True).encode()
     write_bytes_atomic(args.out / MANIFEST, manifest_bytes)
     return manifest, manifest_bytes, work
+
+
+def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file) -> dict[str, Any]:
+    """The map stage on one host: decode the images of the index (new or changed ones, with
+    --previous) that this host received, and pass on the annotation files it received."""
+    check_args(args)
+    host = job_env.current_host()
+    index = load_index(args.index)
+    reusable = load_reusable(args.previous, decode_settings(args)) if args.previous else {}
+    _, to_decode = split_reused(index, reusable)
+    here = [key for key in to_decode if (args.raw / key).is_file()]
+    log.info("%s: decoding %d of the %d images to decode; the others went to other hosts", host, len(here), len(to_decode))
+    verdicts = decode_all(args.raw, here, args, check)
+    write_table(verdict_frame(index[index["key"].isin(verdicts)], verdicts), VERDICTS, args.out / f"verdicts-{host}.parquet")
+    annotation_files = sorted(args.raw.glob(f"*/{ANNOTATIONS_FILE}"))
+    for path in annotation_files:
+        write_bytes_atomic(args.out / MAP_ANNOTATIONS / path.parent.name / ANNOTATIONS_FILE, path.read_bytes())
+    return {"host": host, "decoded": len(verdicts), "annotation_files": len(annotation_files)}
+
+
+def collect_map_verdicts(decoded: Path, index: pd.DataFrame, wanted: set[str]) -> dict[str, ImageVerdict]:
+    """The verdicts every map host reached for the keys in `wanted`. A key no host received (its
+    object went away between the listing and the job) is `unreadable`, as a missing file is on one host."""
+    reached: dict[tuple[str, str, int], ImageVerdict] = {}
+    parts = sorted(decoded.glob("verdicts-*.parquet"))
+    if not parts:
+        raise FileNotFoundError(f"{decoded} holds no verdicts-<host>.parquet: the map stage wrote nothing; check its job logs")
+    for part in parts:
+        reached.update(read_verdicts(part))
+    verdicts = {}
+    for key, etag, listed_size in zip(index["key"], index["etag"], index["size"]):
+        if key not in wanted:
+            continue
+        verdict = reached.get((key, etag, int(listed_size)))
+        verdicts[key] = verdict or ImageVerdict(
+            sha256=None, size=0, reason="unreadable", stage="read", error="no host of the map stage received this object",
+        )
+    log.info("collected %d verdicts from %d map hosts", len(verdicts), len(parts))
+    return verdicts
 
 
 def report_metadata(manifest: dict[str, Any], wall_s: float, work: dict[str, int]) -> dict[str, Any]:
@@ -246,6 +305,10 @@ def report_metadata(manifest: dict[str, Any], wall_s: float, work: dict[str, int
 def main(args: argparse.Namespace) -> None:
     with job_env.pipes_session() as pipes:
         started = time.perf_counter()
+        if args.phase == "map":  # a stage, not the asset: only the reduce stage reports a materialization
+            part = decode_part(args)
+            pipes.log.info(json.dumps({"event": "map", **part, "wall_s": round(time.perf_counter() - started, 3)}))
+            return
         manifest, manifest_bytes, work = validate(args)
         wall_s = time.perf_counter() - started
         counts = manifest["counts"]

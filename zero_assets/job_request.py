@@ -7,7 +7,7 @@ contract on this machine, a SageMaker runner turns it into a Create*Job call.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9-]+")
@@ -25,14 +25,54 @@ class JobRequest:
     instance_type: str = "local"
     instance_count: int = 1
     processes_per_host: int = 1  # training: torchrun's --nproc_per_node (SageMaker: one per GPU of the instance)
-    sharded_inputs: tuple[str, ...] = ()
-    launcher: Literal["torchrun", "python"] = "torchrun"  # training: torchrun, or one plain process per instance  # processing inputs split across instances by S3 key (multi-instance jobs)
+    sharded_inputs: tuple[str, ...] = ()  # processing inputs split across the instances by S3 key (`map` stage)
+    launcher: Literal["torchrun", "python"] = "torchrun"  # training: torchrun, or one plain process per instance
+    stage: Literal["", "map", "reduce"] = ""  # one of the two jobs of a fanned-out materialization (see `fan_out`)
+
+    @property
+    def label(self) -> str:
+        """What job names start with: the asset, and the stage when the materialization has two jobs."""
+        return f"{self.asset}-{self.stage}" if self.stage else self.asset
 
     @property
     def job_name(self) -> str:
         """Deterministic and within SageMaker's rules (alphanumerics and hyphens, at most 63 characters)."""
-        stem = _NAME_UNSAFE.sub("-", f"zero-{self.asset}").strip("-")[:46]
+        stem = _NAME_UNSAFE.sub("-", f"zero-{self.label}").strip("-")[:46]
         return f"{stem}-{self.fingerprint[:16]}"
 
     def argument_list(self) -> list[str]:
         return [token for key, value in self.arguments.items() for token in (f"--{key.replace('_', '-')}", str(value))]
+
+
+@dataclass(frozen=True)
+class FanOut:
+    """How a Processing job spreads over several instances: a `map` stage runs on every instance with
+    `split_input` divided among them by S3 key (SageMaker's ShardedByS3Key), each writing its own
+    files; a `reduce` stage on one instance reads all of them as `collected_input` and writes the
+    asset's output. The job script takes `--phase map|reduce` and `--<collected_input> DIR`."""
+
+    split_input: str
+    collected_input: str
+
+
+def fan_out(request: JobRequest, plan: FanOut, instances: int) -> tuple[JobRequest, JobRequest]:
+    """The (map, reduce) requests that replace `request` on `instances` instances.
+
+    Both keep the request's fingerprint, so the result is cached and named as one materialization
+    whatever the instance count; the map output sits in a `_map` folder beside the asset's output.
+    """
+    if plan.split_input not in request.inputs:
+        raise ValueError(f"{request.asset}: cannot split input {plan.split_input!r}; its inputs are {sorted(request.inputs)}")
+    if instances < 2:
+        raise ValueError(f"{request.asset}: a fan-out needs at least 2 instances, got {instances}")
+    collected = request.outputs["out"].rstrip("/") + "-map"
+    mapped = replace(
+        request, stage="map", instance_count=instances, sharded_inputs=(plan.split_input,),
+        arguments={**request.arguments, "phase": "map"}, outputs={"out": collected},
+    )
+    reduce_inputs = {name: uri for name, uri in request.inputs.items() if name != plan.split_input}
+    reduced = replace(
+        request, stage="reduce", instance_count=1,
+        inputs={**reduce_inputs, plan.collected_input: collected}, arguments={**request.arguments, "phase": "reduce"},
+    )
+    return mapped, reduced

@@ -1,6 +1,7 @@
 """Run profiles (`ZERO_PROFILE`): `production` uses the configured compute; `rehearsal` proves the
 graph end to end on AWS for little money: a small sample of the index, cheap instances, and two
-training instances so multi-node training is exercised before the expensive run.
+instances for training and for validation, so multi-node training and the split validation pass
+(map on every instance, reduce on one) are exercised before the expensive run.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ PROFILES = ("production", "rehearsal")
 REHEARSAL_SAMPLE_IMAGES = 2000
 
 REHEARSAL_COMPUTE = {
-    "validated_images": JobCompute(instance_type="ml.m5.xlarge", volume_size_gb=50, max_runtime_s=2 * 3600),
+    "validated_images": JobCompute(instance_type="ml.m5.xlarge", instance_count=2, volume_size_gb=50, max_runtime_s=2 * 3600),
     "arrow_shards": JobCompute(instance_type="ml.m5.xlarge", volume_size_gb=50, max_runtime_s=2 * 3600),
     "fsx_warm_state": JobCompute(instance_type="ml.m5.large", volume_size_gb=30, max_runtime_s=3600),
     "trained_checkpoint": JobCompute(instance_type="ml.g4dn.xlarge", instance_count=2, volume_size_gb=50, max_runtime_s=2 * 3600),

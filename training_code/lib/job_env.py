@@ -110,13 +110,22 @@ def _pipes_io(params: PipesEnvVarParamsLoader) -> dict[str, Any]:
     return io
 
 
+def _resource_config() -> dict[str, Any]:
+    """Processing containers' `/opt/ml/config/resourceconfig.json` (current_host, hosts); {} outside a job."""
+    config = opt_ml() / "config" / "resourceconfig.json"
+    return json.loads(config.read_text()) if config.is_file() else {}
+
+
+def current_host() -> str:
+    return _resource_config().get("current_host") or os.environ.get("SM_CURRENT_HOST", "algo-1")
+
+
 def is_first_host() -> bool:
     """Multi-instance Processing jobs run the script on every host; only the first one reports."""
-    config = opt_ml() / "config" / "resourceconfig.json"
-    if not config.is_file():
+    config = _resource_config()
+    if not config:
         return True
-    hosts = json.loads(config.read_text())
-    return hosts.get("current_host") == sorted(hosts.get("hosts", [hosts.get("current_host")]))[0]
+    return config.get("current_host") == sorted(config.get("hosts", [config.get("current_host")]))[0]
 
 
 def _configure_logging() -> None:

@@ -46,16 +46,19 @@ def load_reusable(previous: Path, decode_settings: dict[str, Any]) -> dict[tuple
     if earlier != decode_settings:
         log.info("decode settings changed since %s (%s -> %s): every image is decoded", previous, earlier, decode_settings)
         return {}
-    frame = read_table(previous / VERDICTS_FILE, VERDICTS)
-    reusable = {}
-    for row in frame.itertuples(index=False):
-        if row.reason in NEVER_REUSED:
-            continue
-        reusable[(row.key, row.etag, int(row.listed_size))] = ImageVerdict(
+    reusable = read_verdicts(previous / VERDICTS_FILE)
+    return {identity: verdict for identity, verdict in reusable.items() if verdict.reason not in NEVER_REUSED}
+
+
+def read_verdicts(path: Path) -> dict[tuple[str, str, int], ImageVerdict]:
+    """(key, etag, listed_size) -> verdict from a VERDICTS table (a run's, or one host's part of a map stage)."""
+    verdicts = {}
+    for row in read_table(path, VERDICTS).itertuples(index=False):
+        verdicts[(row.key, row.etag, int(row.listed_size))] = ImageVerdict(
             sha256=row.sha256 or None, size=int(row.size), reason=row.reason or None, stage=row.stage, error=row.error,
             format=row.format, mode=row.mode, width=int(row.width), height=int(row.height), orientation=int(row.orientation),
         )
-    return reusable
+    return verdicts
 
 
 def split_reused(index: pd.DataFrame, reusable: dict[tuple[str, str, int], ImageVerdict]) -> tuple[dict[str, ImageVerdict], list[str]]:

@@ -6,10 +6,15 @@ from training_code.lib.tables import ACCEPTED
 
 from ..fingerprints import previous_output, upstream_output
 from ..job_launch import launch_job
+from ..job_request import FanOut
 from ..metadata import table_schema
 from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
 from .raw_image_index import raw_image_index
+
+
+# On several instances each decodes its part of the raw images; one then decides (see training_code/validate.py).
+VALIDATION_SPREAD = FanOut(split_input="raw", collected_input="decoded")
 
 
 class ValidationConfig(Config):
@@ -37,4 +42,5 @@ def validated_images(
         config=config.model_dump(),
         upstream=[index],
         inputs={"index": index.uri, "raw": settings.raw_uri, **({"previous": previous} if previous else {})},
+        spread=VALIDATION_SPREAD,
     )

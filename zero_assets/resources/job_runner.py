@@ -17,6 +17,10 @@ class JobRunner(ConfigurableResource):
     def run(self, context: AssetExecutionContext, request: JobRequest) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
         raise TypeError(f"{type(self).__name__} does not run jobs; configure LocalJobRunner or SageMakerJobRunner as the `jobs` resource")
 
+    def instance_count(self, asset: str) -> int:
+        """Instances the asset's Processing job may spread over (see `job_request.fan_out`)."""
+        return 1
+
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
         """Make a shard set readable by the trainer, verified; its `uri` is what training reads."""
         raise TypeError(f"{type(self).__name__} does not warm shards; configure LocalJobRunner or SageMakerJobRunner as `jobs`")

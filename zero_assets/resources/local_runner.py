@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from dagster import (
 from dagster._core.errors import DagsterPipesExecutionError
 from dagster._core.pipes.client import PipesClientCompletedInvocation
 
-from training_code.lib.storage import download_prefix, is_s3, publish_folder
+from training_code.lib.storage import download_prefix, fetch_file, is_s3, join, list_objects, publish_folder
 
 from ..fingerprints import UpstreamOutput
 from ..job_request import JobRequest
@@ -44,32 +45,55 @@ class LocalJobRunner(JobRunner):
     settings: ZeroSettings
     python: str = sys.executable
 
+    instances: dict[str, int] = {}  # asset -> hosts its Processing job spreads over (a fan-out), as on SageMaker
+
+    def instance_count(self, asset: str) -> int:
+        return self.instances.get(asset, 1)
+
     def run(self, context: AssetExecutionContext, request: JobRequest) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
         run_dir = Path(self.settings.jobs_root()) / request.job_name
-        opt_ml = run_dir / "opt" / "ml"
-        container_paths = self._lay_out(opt_ml, request)
-        env = self._environment(opt_ml, request, container_paths)
-        command = self._command(request, container_paths)
-        context.log.info(f"launching local {request.kind} job {request.job_name}: {' '.join(command)}")
+        hosts = [f"algo-{i + 1}" for i in range(request.instance_count)]
+        if len(hosts) > 1 and request.kind != "processing":
+            raise ValueError(f"{request.asset}: the local backend runs multi-instance jobs for Processing only; training uses processes_per_host")
+        # One host keeps the plain layout; several get one `/opt/ml` each, as separate instances would.
+        layouts = {host: (run_dir / "hosts" / host if len(hosts) > 1 else run_dir) / "opt" / "ml" for host in hosts}
+        paths = {host: self._lay_out(opt_ml, request, hosts.index(host), len(hosts)) for host, opt_ml in layouts.items()}
+        first, others = hosts[0], hosts[1:]
+        context.log.info(f"launching local {request.kind} job {request.job_name} on {len(hosts)} host(s): "
+                         f"{' '.join(self._command(request, paths[first]))}")
         started = time.perf_counter()
+        # Hosts after the first run beside it without Pipes: only the first host reports, as on SageMaker.
+        siblings = {host: self._start_sibling(layouts[host], request, paths[host], host, hosts) for host in others}
         try:
-            invocation = PipesSubprocessClient(cwd=str(REPO_ROOT)).run(context=context, command=command, env=env)
+            invocation = PipesSubprocessClient(cwd=str(REPO_ROOT)).run(
+                context=context, command=self._command(request, paths[first]),
+                env=self._environment(layouts[first], request, paths[first], first, hosts),
+            )
         except DagsterPipesExecutionError as error:
-            raise Failure(
-                description=f"job {request.job_name} failed: {_failure_reason(opt_ml)}",
-                metadata={"job_name": request.job_name, "log_tail": MetadataValue.md(f"```\n{_log_tail(opt_ml)}\n```")},
-            ) from error
+            for process in siblings.values():
+                process.kill()
+            raise _job_failure(request, layouts[first], first) from error
+        for host, process in siblings.items():
+            if process.wait() != 0:
+                raise _job_failure(request, layouts[host], host)
         wall = time.perf_counter() - started
-        for name, destination in request.outputs.items():
-            publish_folder(container_paths[name], destination)
+        for host in hosts:  # every host uploads its own files to the same destination, as S3 outputs do
+            for name, destination in request.outputs.items():
+                publish_folder(paths[host][name], destination)
         return invocation, {
             "job_name": request.job_name,
             "backend": "local",
             "instance_type": f"local ({os.cpu_count()} cpu)",
             "instance_count": request.instance_count,
             "job_wall_s": round(wall, 2),
-            "job_logs": MetadataValue.path(str(opt_ml / "output" / "job.log")),
+            "job_logs": MetadataValue.path(str(layouts[first] / "output" / "job.log")),
         }
+
+    def _start_sibling(self, opt_ml: Path, request: JobRequest, paths: dict[str, Path], host: str, hosts: list[str]) -> subprocess.Popen:
+        log = (opt_ml / "output" / "job.log").open("wb")
+        with log:  # the child keeps its own descriptor
+            return subprocess.Popen(self._command(request, paths), cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, **self._environment(opt_ml, request, paths, host, hosts)})
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
         """Copy the shards into the folder standing in for the FSx mount, each verified there."""
@@ -92,9 +116,11 @@ class LocalJobRunner(JobRunner):
             data_version=DataVersion(shards.data_version),
         )
 
-    def _lay_out(self, opt_ml: Path, request: JobRequest) -> dict[str, Path]:
-        """Create the `/opt/ml` layout afresh (checkpoints survive, so a retried job resumes)."""
-        for stale in ("input", "processing", "model", "output"):
+    def _lay_out(self, opt_ml: Path, request: JobRequest, host_index: int = 0, hosts: int = 1) -> dict[str, Path]:
+        """Create the `/opt/ml` layout afresh (checkpoints survive, so a retried job resumes).
+
+        A sharded input gets this host's part of its files only (see `sharded_part`)."""
+        for stale in ("input", "processing", "model", "output", "config"):
             shutil.rmtree(opt_ml / stale, ignore_errors=True)
         if request.kind == "training":
             inputs = {name: opt_ml / "input" / "data" / name for name in request.inputs}
@@ -105,7 +131,14 @@ class LocalJobRunner(JobRunner):
         for name, uri in request.inputs.items():
             target = inputs[name]
             target.parent.mkdir(parents=True, exist_ok=True)
-            if is_s3(uri):
+            if name in request.sharded_inputs and hosts > 1:
+                for key in sharded_part(sorted(obj.key for obj in list_objects(uri)), host_index, hosts):
+                    if is_s3(uri):
+                        fetch_file(join(uri, key), target / key)
+                    else:
+                        (target / key).parent.mkdir(parents=True, exist_ok=True)
+                        (target / key).symlink_to(Path(uri).resolve() / key)
+            elif is_s3(uri):
                 download_prefix(uri, target)
             else:
                 source = Path(uri).resolve()
@@ -116,15 +149,18 @@ class LocalJobRunner(JobRunner):
             path.mkdir(parents=True, exist_ok=True)
         return {**inputs, **outputs}
 
-    def _environment(self, opt_ml: Path, request: JobRequest, paths: dict[str, Path]) -> dict[str, str]:
-        hosts = [f"algo-{i + 1}" for i in range(request.instance_count)]
+    def _environment(self, opt_ml: Path, request: JobRequest, paths: dict[str, Path], host: str, hosts: list[str]) -> dict[str, str]:
+        resources = json.dumps({"current_host": host, "hosts": hosts})
         (opt_ml / "input" / "config" / "hyperparameters.json").write_text(json.dumps(request.arguments))
-        (opt_ml / "input" / "config" / "resourceconfig.json").write_text(json.dumps({"current_host": hosts[0], "hosts": hosts}))
+        # Training containers read input/config/resourceconfig.json, Processing containers config/resourceconfig.json.
+        (opt_ml / "input" / "config" / "resourceconfig.json").write_text(resources)
+        (opt_ml / "config").mkdir(exist_ok=True)
+        (opt_ml / "config" / "resourceconfig.json").write_text(resources)
         env = {
             "ZERO_OPT_ML": str(opt_ml),
             "ZERO_JOB_NAME": request.job_name,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-            "SM_CURRENT_HOST": hosts[0],
+            "SM_CURRENT_HOST": host,
             "SM_HOSTS": json.dumps(hosts),
             "SM_NUM_CPUS": str(os.cpu_count()),
             "SM_NUM_GPUS": "0",
@@ -149,6 +185,21 @@ class LocalJobRunner(JobRunner):
             return [*launcher, "-m", request.module, *request.argument_list()]
         io_arguments = [token for name, path in paths.items() for token in (f"--{name}", str(path))]
         return [self.python, "-m", request.module, *io_arguments, *request.argument_list()]
+
+
+def sharded_part(keys: list[str], host_index: int, hosts: int) -> list[str]:
+    """The keys one host receives of an input split by S3 key: every `hosts`-th of the sorted keys.
+
+    SageMaker promises each instance about 1/N of the objects, not which ones; the job scripts rely
+    only on the parts being disjoint and together complete, which this keeps."""
+    return keys[host_index::hosts]
+
+
+def _job_failure(request: JobRequest, opt_ml: Path, host: str) -> Failure:
+    return Failure(
+        description=f"job {request.job_name} failed on {host}: {_failure_reason(opt_ml)}",
+        metadata={"job_name": request.job_name, "host": host, "log_tail": MetadataValue.md(f"```\n{_log_tail(opt_ml)}\n```")},
+    )
 
 
 def _failure_reason(opt_ml: Path) -> str:

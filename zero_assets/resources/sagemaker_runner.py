@@ -74,7 +74,7 @@ class SageMakerJobRunner(JobRunner):
         package = build_code_package()
         upload_code_package(package, self.aws.s3_root(), clients.s3)
         pipes = self.pipes_client(clients)
-        name = pipes.resolve_job_name(context, request.kind, lambda attempt: job_name(request.asset, request.fingerprint, attempt))
+        name = pipes.resolve_job_name(context, request.kind, lambda attempt: job_name(request.label, request.fingerprint, attempt))
         _, params = build_job_params(request, self.aws, job_name=name, code=package, environment={}, lake_uri=self.settings.lake_uri)
         started = time.perf_counter()
         invocation = pipes.run(context=context, kind=request.kind, params=params)
@@ -86,6 +86,9 @@ class SageMakerJobRunner(JobRunner):
             extra["checkpoint_uri"] = params["CheckpointConfig"]["S3Uri"]
             extra["model_artifact"] = model_tar
         return invocation, extra
+
+    def instance_count(self, asset: str) -> int:
+        return self.aws.compute(asset).instance_count
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
         """FSx configured: link, import, load and verify on the file system; else verify the set on S3."""

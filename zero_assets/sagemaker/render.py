@@ -15,10 +15,10 @@ from training_code.lib.hashing import sha256_json
 from ..assets.arrow_shards import ShardConfig
 from ..assets.map_report import EvalConfig
 from ..assets.trained_checkpoint import TrainConfig
-from ..assets.validated_images import ValidationConfig
+from ..assets.validated_images import VALIDATION_SPREAD, ValidationConfig
 from ..fingerprints import UpstreamOutput
 from ..job_launch import build_job_request
-from ..job_request import JobRequest
+from ..job_request import JobRequest, fan_out
 from ..resources.sagemaker_settings import SageMakerSettings
 from ..resources.settings import ZeroSettings
 from .code_package import build_code_package
@@ -32,7 +32,8 @@ Lookup = Callable[[str], Optional[UpstreamOutput]]
 
 
 def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup = lambda asset: None) -> list[tuple[str, str, str, dict[str, Any]]]:
-    """(asset, service, operation, parameters) for every AWS call that launches work, in graph order."""
+    """(label, service, operation, parameters) for every AWS call that launches work, in graph order; the
+    label is the asset, with `-map` / `-reduce` for the two jobs of a validation spread over instances."""
     code = build_code_package()
     rendered: list[tuple[str, str, str, dict[str, Any]]] = []
 
@@ -41,14 +42,17 @@ def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup =
         return found or UpstreamOutput(asset, settings.asset_uri(asset, sha256_json(asset)[:16]), f"unmaterialized-{asset}")
 
     def add(request: JobRequest) -> None:
-        name = job_name(request.asset, request.fingerprint, 1)
+        name = job_name(request.label, request.fingerprint, 1)
         environment = bootstrap_environment(f"{aws.s3_root()}/pipes", name, aws.messages)
         operation, params = build_job_params(request, aws, job_name=name, code=code, environment=environment, lake_uri=settings.lake_uri)
-        rendered.append((request.asset, "sagemaker", operation, params))
+        rendered.append((request.label, "sagemaker", operation, params))
 
     index = upstream("raw_image_index")
-    add(build_job_request("validated_images", settings=settings, kind="processing", module="training_code.validate",
-                          config=ValidationConfig().model_dump(), upstream=[index], inputs={"index": index.uri, "raw": settings.raw_uri}))
+    validation = build_job_request("validated_images", settings=settings, kind="processing", module="training_code.validate",
+                                   config=ValidationConfig().model_dump(), upstream=[index], inputs={"index": index.uri, "raw": settings.raw_uri})
+    instances = aws.compute("validated_images").instance_count
+    for request in fan_out(validation, VALIDATION_SPREAD, instances) if instances > 1 else [validation]:
+        add(request)
     validated = upstream("validated_images")
     add(build_job_request("arrow_shards", settings=settings, kind="processing", module="training_code.shard",
                           config=ShardConfig().model_dump(), upstream=[validated], inputs={"validated": validated.uri, "raw": settings.raw_uri}))

@@ -122,10 +122,12 @@ def _training_channel(name: str, uri: str, settings: SageMakerSettings, access: 
 
 def _processing_params(request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict, lake: str) -> dict:
     compute = settings.compute(request.asset)
-    if compute.instance_count > 1 and not request.sharded_inputs:
+    # A staged job (see job_request.fan_out) carries its own count: the map on every instance, the reduce on one.
+    instances = request.instance_count if request.stage else compute.instance_count
+    if instances > 1 and not request.sharded_inputs:
         # Every instance would process the whole input and upload to the same output prefix.
         raise ValueError(
-            f"{request.asset}: instance_count={compute.instance_count}, but its job splits no input across instances; "
+            f"{request.asset}: instance_count={instances}, but its job splits no input across instances; "
             f"set the {request.asset} instance count to 1"
         )
     if CODE_INPUT in request.inputs:
@@ -135,7 +137,7 @@ def _processing_params(request: JobRequest, settings: SageMakerSettings, job_nam
     for name, uri in request.inputs.items():
         s3_uri = s3_behind_fsx(uri, lake) if is_fsx(uri) else uri
         _require_s3(name, s3_uri)
-        sharded = name in request.sharded_inputs and compute.instance_count > 1
+        sharded = name in request.sharded_inputs and instances > 1
         inputs.append(_processing_input(name, s3_uri, sharded=sharded))
         io_arguments += [f"--{name}", f"{PROCESSING_ROOT}/input/{name}"]
     outputs = []
@@ -156,7 +158,7 @@ def _processing_params(request: JobRequest, settings: SageMakerSettings, job_nam
         "ProcessingOutputConfig": _with_kms({"Outputs": outputs}, settings),
         "ProcessingResources": {
             "ClusterConfig": _with_volume_kms(
-                {"InstanceCount": compute.instance_count, "InstanceType": compute.instance_type, "VolumeSizeInGB": compute.volume_size_gb},
+                {"InstanceCount": instances, "InstanceType": compute.instance_type, "VolumeSizeInGB": compute.volume_size_gb},
                 settings,
             )
         },

@@ -1,0 +1,107 @@
+"""A validation spread over several instances: map on every host with the raw input split by key, reduce on one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import botocore.session
+import pandas as pd
+import pytest
+from botocore.validate import validate_parameters
+from dagster import instance_for_test, materialize
+
+from zero_assets.assets.raw_image_index import raw_image_index
+from zero_assets.assets.validated_images import VALIDATION_SPREAD, validated_images
+from zero_assets.job_request import JobRequest, fan_out
+from zero_assets.resources import LocalJobRunner
+from zero_assets.resources.local_runner import sharded_part
+from zero_assets.resources.sagemaker_settings import sagemaker_settings_from_env
+from zero_assets.sagemaker.code_package import build_code_package
+from zero_assets.sagemaker.requests import build_job_params
+
+from conftest import make_resources
+
+FINGERPRINT = "0123456789abcdef" * 4
+
+
+def validation_request(**changes) -> JobRequest:
+    fields = dict(asset="validated_images", kind="processing", module="training_code.validate", fingerprint=FINGERPRINT,
+                  inputs={"index": "s3://lake/zero/raw_image_index/a", "raw": "s3://raw/root"},
+                  outputs={"out": "s3://lake/zero/validated_images/0123456789abcdef"}, arguments={"min_side": "8"})
+    return JobRequest(**{**fields, **changes})
+
+
+def test_fan_out_splits_raw_in_the_map_and_collects_it_in_the_reduce():
+    mapped, reduced = fan_out(validation_request(), VALIDATION_SPREAD, 3)
+    assert (mapped.stage, mapped.instance_count, mapped.sharded_inputs) == ("map", 3, ("raw",))
+    assert mapped.outputs == {"out": "s3://lake/zero/validated_images/0123456789abcdef-map"}
+    assert mapped.arguments == {"min_side": "8", "phase": "map"}
+    assert (reduced.stage, reduced.instance_count, reduced.sharded_inputs) == ("reduce", 1, ())
+    assert reduced.inputs == {"index": "s3://lake/zero/raw_image_index/a", "decoded": mapped.outputs["out"]}
+    assert reduced.outputs == validation_request().outputs and reduced.arguments["phase"] == "reduce"
+    assert mapped.fingerprint == reduced.fingerprint == FINGERPRINT, "one materialization, one fingerprint"
+    assert len({mapped.job_name, reduced.job_name, validation_request().job_name}) == 3
+    with pytest.raises(ValueError, match="cannot split input 'images'"):
+        fan_out(validation_request(), type(VALIDATION_SPREAD)(split_input="images", collected_input="decoded"), 2)
+
+
+def test_sharded_parts_are_disjoint_and_together_complete():
+    keys = [f"src/{i:03d}.jpg" for i in range(10)]
+    parts = [sharded_part(keys, host, 3) for host in range(3)]
+    assert sorted(key for part in parts for key in part) == keys
+    assert all(parts) and sum(len(part) for part in parts) == len(keys)
+
+
+def test_sagemaker_requests_put_the_map_on_every_instance_and_the_reduce_on_one():
+    aws = sagemaker_settings_from_env({"ZERO_SM_REGION": "us-east-1", "ZERO_SM_ROLE_ARN": "arn:aws:iam::123456789012:role/zero",
+                                       "ZERO_SM_BUCKET": "lake", "ZERO_SM_PROCESSING_IMAGE_URI": "1.dkr.ecr.us-east-1.amazonaws.com/p:1",
+                                       "ZERO_SM_TRAINING_IMAGE_URI": "1.dkr.ecr.us-east-1.amazonaws.com/t:1",
+                                       "ZERO_SM_VALIDATED_IMAGES_INSTANCE_COUNT": "4"})
+    service = botocore.session.get_session().get_service_model("sagemaker")
+    mapped, reduced = fan_out(validation_request(), VALIDATION_SPREAD, aws.compute("validated_images").instance_count)
+    params = {}
+    for request in (mapped, reduced):
+        _, params[request.stage] = build_job_params(request, aws, job_name=request.job_name, code=build_code_package(), environment={})
+        validate_parameters(params[request.stage], service.operation_model("CreateProcessingJob").input_shape)
+    distribution = {i["InputName"]: i["S3Input"]["S3DataDistributionType"] for i in params["map"]["ProcessingInputs"]}
+    assert distribution == {"code": "FullyReplicated", "index": "FullyReplicated", "raw": "ShardedByS3Key"}
+    assert params["map"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 4
+    assert params["reduce"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 1
+    assert {i["InputName"] for i in params["reduce"]["ProcessingInputs"]} == {"code", "index", "decoded"}
+    assert params["map"]["AppSpecification"]["ContainerArguments"][-2:] == ["--phase", "map"]
+    # Without a split, several instances would each redo the whole job: refused, naming the setting.
+    with pytest.raises(ValueError, match="instance_count=4, but its job splits no input"):
+        build_job_params(validation_request(), aws, job_name="n", code=build_code_package(), environment={})
+
+
+def _validate_locally(raw: Path, state: Path, hosts: int) -> tuple[dict, Path]:
+    resources = make_resources(raw, state)
+    resources["jobs"] = LocalJobRunner(settings=resources["settings"], instances={"validated_images": hosts})
+    (state / "dagster").mkdir()
+    with instance_for_test(temp_dir=str(state / "dagster")) as instance:  # its own history: no cache hit from the other run
+        result = materialize([raw_image_index, validated_images], resources=resources, instance=instance)
+    assert result.success
+    event = result.asset_materializations_for_node("validated_images")[0]
+    metadata = {key: value.value for key, value in event.metadata.items()}
+    return {**metadata, "data_version": event.tags["dagster/data_version"]}, Path(metadata["uri"])
+
+
+def test_two_hosts_reach_the_same_manifest_as_one(tiny_raw_root, tmp_path):
+    one, one_out = _validate_locally(tiny_raw_root, tmp_path / "one", hosts=1)
+    two, two_out = _validate_locally(tiny_raw_root, tmp_path / "two", hosts=2)
+    assert (two_out / "manifest.json").read_bytes() == (one_out / "manifest.json").read_bytes()
+    assert two["data_version"] == one["data_version"]
+    assert two["instance_count"] == 1 and two["map_instance_count"] == 2
+    assert two["job_name"].startswith("zero-validated-images-reduce-") and two["map_job_name"].startswith("zero-validated-images-map-")
+    # Each host decoded its own part: the parts are disjoint and cover every image of the index.
+    parts = {path.name: pd.read_parquet(path) for path in sorted(Path(f"{two_out}-map").glob("verdicts-*.parquet"))}
+    assert set(parts) == {"verdicts-algo-1.parquet", "verdicts-algo-2.parquet"}
+    keys = [key for frame in parts.values() for key in frame["key"]]
+    assert len(keys) == len(set(keys)) == one["images_in"] and all(len(frame) for frame in parts.values())
+    tables = sorted(path.name for path in one_out.glob("*.parquet"))
+    for name in tables:
+        pd.testing.assert_frame_equal(pd.read_parquet(two_out / name), pd.read_parquet(one_out / name))
+    annotation_files = sorted(p.relative_to(f"{two_out}-map") for p in Path(f"{two_out}-map").rglob("annotations.json"))
+    assert annotation_files == sorted(Path("annotations") / p.parent.name / p.name for p in tiny_raw_root.glob("*/annotations.json"))
+    assert json.loads((two_out / "manifest.json").read_text())["counts"]["images_in"] == one["images_in"]
