@@ -69,12 +69,15 @@ class LocalJobRunner(JobRunner):
                 context=context, command=self._command(request, paths[first]),
                 env=self._environment(layouts[first], request, paths[first], first, hosts),
             )
+            exit_codes = {host: process.wait() for host, process in siblings.items()}
         except DagsterPipesExecutionError as error:
-            for process in siblings.values():
-                process.kill()
             raise _job_failure(request, layouts[first], first) from error
-        for host, process in siblings.items():
-            if process.wait() != 0:
+        finally:  # the first host failed or the run was terminated: no host outlives the job
+            for process in siblings.values():
+                if process.poll() is None:
+                    process.kill()
+        for host, code in exit_codes.items():
+            if code != 0:
                 raise _job_failure(request, layouts[host], host)
         wall = time.perf_counter() - started
         for host in hosts:  # every host uploads its own files to the same destination, as S3 outputs do
