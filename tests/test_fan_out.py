@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import botocore.session
 import pandas as pd
 import pytest
 from botocore.validate import validate_parameters
-from dagster import instance_for_test, materialize
+from dagster import asset, instance_for_test, materialize
 
 from zero_assets.assets.raw_image_index import raw_image_index
 from zero_assets.assets.validated_images import VALIDATION_SPREAD, validated_images
 from zero_assets.job_request import JobRequest, fan_out
-from zero_assets.resources import LocalJobRunner
+from zero_assets.resources import LocalJobRunner, ZeroSettings
 from zero_assets.resources.local_runner import sharded_part
 from zero_assets.resources.sagemaker_settings import sagemaker_settings_from_env
 from zero_assets.sagemaker.code_package import build_code_package
@@ -105,3 +107,61 @@ def test_two_hosts_reach_the_same_manifest_as_one(tiny_raw_root, tmp_path):
     annotation_files = sorted(p.relative_to(f"{two_out}-map") for p in Path(f"{two_out}-map").rglob("annotations.json"))
     assert annotation_files == sorted(Path("annotations") / p.parent.name / p.name for p in tiny_raw_root.glob("*/annotations.json"))
     assert json.loads((two_out / "manifest.json").read_text())["counts"]["images_in"] == one["images_in"]
+
+
+HOST_JOB = '''
+"""A job that fails on one host and sleeps on another, to drive the local runner's multi-host paths."""
+import argparse, os, time
+from training_code.lib import job_env
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out")
+parser.add_argument("--failing-host", default="")
+parser.add_argument("--sleeping-host", default="")
+args = parser.parse_args()
+with job_env.pipes_session() as pipes:
+    host = job_env.current_host()
+    (job_env.opt_ml() / "output" / "pid").write_text(str(os.getpid()))
+    if host == args.sleeping_host:
+        time.sleep(120)
+    if host == args.failing_host:
+        raise RuntimeError(f"planted failure on {host}")
+    pipes.report_asset_materialization(metadata={"host": host}, data_version="v1")
+'''
+
+
+def _run_on_hosts(tmp_path, monkeypatch, hosts: int, **arguments: str):
+    package = tmp_path / "code" / "zero_host_jobs"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "host_job.py").write_text(HOST_JOB)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "code"))
+    settings = ZeroSettings(raw_uri=str(tmp_path), lake_uri=str(tmp_path / "lake"), fsx_mount=str(tmp_path / "fsx"))
+    runner = LocalJobRunner(settings=settings)
+    request = JobRequest(asset="probe", kind="processing", module="zero_host_jobs.host_job", fingerprint=FINGERPRINT,
+                         outputs={"out": str(tmp_path / "lake" / "probe")}, arguments=arguments, instance_count=hosts)
+
+    @asset
+    def probe(context):  # no annotation: this module uses postponed annotations, which Dagster cannot read
+        invocation, _ = runner.run(context, request)
+        return invocation.get_materialize_result()
+
+    started = time.monotonic()
+    result = materialize([probe], raise_on_error=False)
+    failures = result.get_step_failure_events()
+    return result, (failures[0].step_failure_data.error.message if failures else ""), time.monotonic() - started, settings.jobs_root() / request.job_name
+
+
+def test_a_failing_host_other_than_the_first_fails_the_job_naming_it(tmp_path, monkeypatch):
+    result, message, _, _ = _run_on_hosts(tmp_path, monkeypatch, 3, failing_host="algo-2")
+    assert not result.success
+    assert "failed on algo-2" in message and "planted failure on algo-2" in message
+
+
+def test_when_the_first_host_fails_no_other_host_outlives_the_job(tmp_path, monkeypatch):
+    result, message, elapsed, run_dir = _run_on_hosts(tmp_path, monkeypatch, 2, failing_host="algo-1", sleeping_host="algo-2")
+    assert not result.success and "planted failure on algo-1" in message
+    assert elapsed < 60, "the sleeping host was killed, not waited for"
+    sleeper = int((run_dir / "hosts" / "algo-2" / "opt" / "ml" / "output" / "pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(sleeper, 0)

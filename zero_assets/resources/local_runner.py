@@ -76,6 +76,7 @@ class LocalJobRunner(JobRunner):
             for process in siblings.values():
                 if process.poll() is None:
                     process.kill()
+                    process.wait()
         for host, code in exit_codes.items():
             if code != 0:
                 raise _job_failure(request, layouts[host], host)
@@ -113,7 +114,6 @@ class LocalJobRunner(JobRunner):
                 "already_warm": result.already_warm,
                 "verified": "size, sha256 and row count of every shard",
                 "backend": "local",
-                "cache": "miss",
             },
             # Same shards, same version: warming identical bytes must not make training stale.
             data_version=DataVersion(shards.data_version),

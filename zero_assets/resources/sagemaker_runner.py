@@ -92,7 +92,7 @@ class SageMakerJobRunner(JobRunner):
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
         """FSx configured: link, import, load and verify on the file system; else verify the set on S3."""
-        base = {"backend": "sagemaker", "cache": "miss", "shards_uri": MetadataValue.path(shards.uri)}
+        base = {"backend": "sagemaker", "shards_uri": MetadataValue.path(shards.uri)}  # the asset adds the cache decision
         if not self.aws.fsx_enabled():
             counts = verify_on_s3(shards.uri)
             metadata = {"uri": MetadataValue.path(shards.uri), **counts, "file_system": "none: training reads S3 in FastFile mode",
