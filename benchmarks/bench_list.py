@@ -16,10 +16,10 @@ from unittest import mock
 from zero_assets.local_s3 import LocalS3Server
 from zero_assets.raw_index import build_raw_index
 
-from .images import best_of
+from .images import best_of_interleaved
 from .report import BenchResult
 
-SOURCES, KEYS_PER_SOURCE, RUNS = 20, 1000, 3
+SOURCES, KEYS_PER_SOURCE, RUNS = 20, 1000, 5
 BUCKET = "zero-bench-raw"
 
 
@@ -48,7 +48,6 @@ def run() -> list[BenchResult]:
             if listed != SOURCES * KEYS_PER_SOURCE:
                 raise AssertionError(f"the index lists {listed} images, expected {SOURCES * KEYS_PER_SOURCE}")
             baseline()
-            baseline_s = best_of(RUNS, baseline)
-            project_s = best_of(RUNS, lambda: build_raw_index(f"s3://{BUCKET}/raw"))
+            baseline_s, project_s = best_of_interleaved(RUNS, baseline, lambda: build_raw_index(f"s3://{BUCKET}/raw"))
     return [BenchResult("list", baseline_s / project_s, ">=0.8",
                         {"baseline_s": baseline_s, "project_s": project_s, "keys": SOURCES * KEYS_PER_SOURCE, "sources": SOURCES})]

@@ -32,8 +32,8 @@ ROWS = 240
 WORKERS = 2
 BATCH = 8
 WARMUP_BATCHES = 4
-TIMED_BATCHES = 100
-ROUNDS = 5
+TIMED_BATCHES = 150
+ROUNDS = 7
 
 
 class BareDecode(IterableDataset):

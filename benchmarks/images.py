@@ -57,6 +57,16 @@ def unique_copy(jpeg: bytes, tag: str) -> bytes:
     return jpeg[:2] + b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment + jpeg[2:]
 
 
+def best_of_interleaved(runs: int, *functions) -> list[float]:
+    """The fastest of `runs` timings of each function, run in turn (a, b, a, b, ...), so a stretch of
+    load on the machine slows both sides, not only the one that happened to be running."""
+    best = [float("inf")] * len(functions)
+    for _ in range(runs):
+        for position, function in enumerate(functions):
+            best[position] = min(best[position], best_of(1, function))
+    return best
+
+
 def best_of(runs: int, function) -> float:
     """The fastest of `runs` timings: the least disturbed by other work on a shared machine."""
     import time
