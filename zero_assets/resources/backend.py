@@ -7,7 +7,6 @@ import os
 from ..profiles import apply_profile, profile_from_env, sample_images
 from .job_runner import JobRunner
 from .local_runner import LocalJobRunner
-from .sagemaker_runner import SageMakerJobRunner
 from .sagemaker_settings import sagemaker_settings_from_env
 from .settings import ZeroSettings, settings_from_env
 
@@ -19,6 +18,8 @@ def resources_from_env() -> dict[str, ZeroSettings | JobRunner]:
     if os.environ.get("ZERO_BACKEND", "local") != "sagemaker":
         settings = settings_from_env(**overrides)
         return {"settings": settings, "jobs": LocalJobRunner(settings=settings)}
+    from .sagemaker_runner import SageMakerJobRunner  # boto3 + dagster-aws: only for this backend
+
     aws = apply_profile(sagemaker_settings_from_env(), profile)
     prefix = os.environ.get("ZERO_SM_PREFIX", "zero").strip("/")
     # Read from the environment, not `aws`: its fields are EnvVar bindings until Dagster resolves them.
