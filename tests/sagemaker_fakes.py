@@ -29,6 +29,7 @@ from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
 
 from training_code.lib.storage import split_s3
+from zero_assets.resources.local_runner import sharded_part
 
 _MODEL = botocore.session.get_session().get_service_model("sagemaker")
 
@@ -243,12 +244,12 @@ class FakeSageMaker:
         return opt / container_path[len("/opt/ml/") :]
 
     def _download(self, uri: str, dest: Path, part: tuple[int, int] = (0, 1)) -> Path:
-        """The objects under `uri` (with `part` = (host, hosts): every hosts-th one, from the host-th)."""
+        """The objects under `uri`; with `part` = (host index, hosts), that host's part of them."""
         bucket, prefix = split_s3(uri)
         dest.mkdir(parents=True, exist_ok=True)
         keys = [obj["Key"] for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
                 for obj in page.get("Contents", [])]
-        for key in sorted(keys)[part[0]::part[1]]:
+        for key in sharded_part(sorted(keys), *part):  # split as the local backend splits
             target = dest / key[len(prefix) + 1 :]
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())

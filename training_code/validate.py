@@ -216,12 +216,11 @@ def validate(
     check_args(args)
     (args.out / MANIFEST).unlink(missing_ok=True)  # a manifest from an earlier run must not vouch for these tables
     index = load_index(args.index)
-    reusable = load_reusable(args.previous, decode_settings(args)) if args.previous else {}
-    verdicts, to_decode = split_reused(index, reusable)
+    verdicts, to_decode = reused_and_to_decode(args, index)
     work = {"decoded": len(to_decode), "reused": len(verdicts)}
     if args.phase == "reduce":
         annotations = load_annotations(args.decoded / MAP_ANNOTATIONS, set(index["source"]))
-        verdicts.update(collect_map_verdicts(args.decoded, index, set(to_decode)))
+        verdicts.update(collect_map_verdicts(args.decoded, index[index["key"].isin(to_decode)]))
     else:
         annotations = load_annotations(args.raw, set(index["source"]))
         log.info("decoding %d images, reusing %d verdicts from %s", work["decoded"], work["reused"], args.previous)
@@ -252,8 +251,7 @@ def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = c
     check_args(args)
     host = job_env.current_host()
     index = load_index(args.index)
-    reusable = load_reusable(args.previous, decode_settings(args)) if args.previous else {}
-    _, to_decode = split_reused(index, reusable)
+    _, to_decode = reused_and_to_decode(args, index)
     here = [key for key in to_decode if (args.raw / key).is_file()]
     log.info("%s: decoding %d of the %d images to decode; the others went to other hosts", host, len(here), len(to_decode))
     verdicts = decode_all(args.raw, here, args, check)
@@ -264,23 +262,21 @@ def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = c
     return {"host": host, "decoded": len(verdicts), "annotation_files": len(annotation_files)}
 
 
-def collect_map_verdicts(decoded: Path, index: pd.DataFrame, wanted: set[str]) -> dict[str, ImageVerdict]:
-    """The verdicts every map host reached for the keys in `wanted`. A key no host received (its
+def reused_and_to_decode(args: argparse.Namespace, index: pd.DataFrame) -> tuple[dict[str, ImageVerdict], list[str]]:
+    """Verdicts reusable from --previous, and the keys that must be decoded (all of them without it)."""
+    return split_reused(index, load_reusable(args.previous, decode_settings(args)) if args.previous else {})
+
+
+def collect_map_verdicts(decoded: Path, pending: pd.DataFrame) -> dict[str, ImageVerdict]:
+    """The verdicts the map hosts reached for the index rows in `pending`. A key no host received (its
     object went away between the listing and the job) is `unreadable`, as a missing file is on one host."""
-    reached: dict[tuple[str, str, int], ImageVerdict] = {}
     parts = sorted(decoded.glob("verdicts-*.parquet"))
     if not parts:
         raise FileNotFoundError(f"{decoded} holds no verdicts-<host>.parquet: the map stage wrote nothing; check its job logs")
-    for part in parts:
-        reached.update(read_verdicts(part))
-    verdicts = {}
-    for key, etag, listed_size in zip(index["key"], index["etag"], index["size"]):
-        if key not in wanted:
-            continue
-        verdict = reached.get((key, etag, int(listed_size)))
-        verdicts[key] = verdict or ImageVerdict(
-            sha256=None, size=0, reason="unreadable", stage="read", error="no host of the map stage received this object",
-        )
+    reached = {identity: verdict for part in parts for identity, verdict in read_verdicts(part).items()}
+    verdicts, missing = split_reused(pending, reached)
+    for key in missing:
+        verdicts[key] = ImageVerdict(sha256=None, size=0, reason="unreadable", stage="read", error="no host of the map stage received this object")
     log.info("collected %d verdicts from %d map hosts", len(verdicts), len(parts))
     return verdicts
 

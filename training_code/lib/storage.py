@@ -163,14 +163,15 @@ def publish_folder(src: Path, dest: str | os.PathLike) -> list[str]:
     return written
 
 
-def download_prefix(uri: str, dest: Path) -> Path:
-    """Copy an S3 prefix into a local folder (SageMaker's File input mode)."""
+def download_prefix(uri: str, dest: Path, keys: list[str] | None = None) -> Path:
+    """Copy an S3 prefix into a local folder (SageMaker's File input mode); with `keys`, only those
+    (relative to the prefix: one host's part of an input split by key)."""
     bucket, prefix = split_s3(uri)
     client = _s3_client()
-    for obj in list_objects(uri):
-        target = dest / safe_relative_key(obj.key)
+    for key in [obj.key for obj in list_objects(uri)] if keys is None else keys:
+        target = dest / safe_relative_key(key)
         target.parent.mkdir(parents=True, exist_ok=True)
-        client.download_file(bucket, f"{prefix}/{obj.key}" if prefix else obj.key, str(target))
+        client.download_file(bucket, f"{prefix}/{key}" if prefix else key, str(target))
     return dest
 
 

@@ -28,7 +28,7 @@ from dagster import (
 from dagster._core.errors import DagsterPipesExecutionError
 from dagster._core.pipes.client import PipesClientCompletedInvocation
 
-from training_code.lib.storage import download_prefix, fetch_file, is_s3, join, list_objects, publish_folder
+from training_code.lib.storage import download_prefix, is_s3, list_objects, publish_folder, safe_relative_key
 
 from ..fingerprints import UpstreamOutput
 from ..job_request import JobRequest
@@ -57,7 +57,12 @@ class LocalJobRunner(JobRunner):
             raise ValueError(f"{request.asset}: the local backend runs multi-instance jobs for Processing only; training uses processes_per_host")
         # One host keeps the plain layout; several get one `/opt/ml` each, as separate instances would.
         layouts = {host: (run_dir / "hosts" / host if len(hosts) > 1 else run_dir) / "opt" / "ml" for host in hosts}
-        paths = {host: self._lay_out(opt_ml, request, hosts.index(host), len(hosts)) for host, opt_ml in layouts.items()}
+        # A split input is listed once; each host gets its part (see `sharded_part`).
+        split_keys = {name: [obj.key for obj in list_objects(request.inputs[name])] for name in request.sharded_inputs} if len(hosts) > 1 else {}
+        paths = {
+            host: self._lay_out(opt_ml, request, {name: sharded_part(keys, index, len(hosts)) for name, keys in split_keys.items()})
+            for index, (host, opt_ml) in enumerate(layouts.items())
+        }
         first, others = hosts[0], hosts[1:]
         context.log.info(f"launching local {request.kind} job {request.job_name} on {len(hosts)} host(s): "
                          f"{' '.join(self._command(request, paths[first]))}")
@@ -119,10 +124,10 @@ class LocalJobRunner(JobRunner):
             data_version=DataVersion(shards.data_version),
         )
 
-    def _lay_out(self, opt_ml: Path, request: JobRequest, host_index: int = 0, hosts: int = 1) -> dict[str, Path]:
+    def _lay_out(self, opt_ml: Path, request: JobRequest, parts: dict[str, list[str]]) -> dict[str, Path]:
         """Create the `/opt/ml` layout afresh (checkpoints survive, so a retried job resumes).
 
-        A sharded input gets this host's part of its files only (see `sharded_part`)."""
+        An input named in `parts` gets only those keys: this host's part of a split input."""
         for stale in ("input", "processing", "model", "output", "config"):
             shutil.rmtree(opt_ml / stale, ignore_errors=True)
         if request.kind == "training":
@@ -134,15 +139,12 @@ class LocalJobRunner(JobRunner):
         for name, uri in request.inputs.items():
             target = inputs[name]
             target.parent.mkdir(parents=True, exist_ok=True)
-            if name in request.sharded_inputs and hosts > 1:
-                for key in sharded_part(sorted(obj.key for obj in list_objects(uri)), host_index, hosts):
-                    if is_s3(uri):
-                        fetch_file(join(uri, key), target / key)
-                    else:
-                        (target / key).parent.mkdir(parents=True, exist_ok=True)
-                        (target / key).symlink_to(Path(uri).resolve() / key)
-            elif is_s3(uri):
-                download_prefix(uri, target)
+            if is_s3(uri):
+                download_prefix(uri, target, parts.get(name))
+            elif name in parts:
+                for key in parts[name]:
+                    (target / key).parent.mkdir(parents=True, exist_ok=True)
+                    (target / key).symlink_to(Path(uri).resolve() / safe_relative_key(key))
             else:
                 source = Path(uri).resolve()
                 if not source.exists():
