@@ -27,6 +27,7 @@ class JobRequest:
     processes_per_host: int = 1  # training: torchrun's --nproc_per_node (SageMaker: one per GPU of the instance)
     sharded_inputs: tuple[str, ...] = ()  # processing inputs split across the instances by S3 key (`map` stage)
     launcher: Literal["torchrun", "python"] = "torchrun"  # training: torchrun, or one plain process per instance
+    fsx_access: Literal["ro", "rw"] = "ro"  # training: how an FSx input is mounted
     stage: Literal["", "map", "reduce"] = ""  # one of the two jobs of a fanned-out materialization (see `fan_out`)
 
     @property

@@ -55,10 +55,11 @@ def safe_relative_key(key: str) -> str:
     return str(path)
 
 
-def _s3_client():
+def s3_client(config=None):
+    """The boto3 S3 client every `s3://` access uses (honours ZERO_S3_ENDPOINT_URL); `config` a botocore Config."""
     import boto3
 
-    return boto3.client("s3", endpoint_url=os.environ.get("ZERO_S3_ENDPOINT_URL") or None)
+    return boto3.client("s3", endpoint_url=os.environ.get("ZERO_S3_ENDPOINT_URL") or None, config=config)
 
 
 def list_objects(root: str | os.PathLike) -> Iterator[ObjectInfo]:
@@ -78,13 +79,11 @@ def list_s3_parallel(root: str, workers: int = LISTING_THREADS) -> list[ObjectIn
     """List an S3 prefix one folder level down in parallel: the folders under it (with Delimiter="/"),
     then each folder's keys in a thread pool. One paginated listing returns 1,000 keys per round trip;
     a raw root of many sources lists in about the time of its largest source."""
-    import boto3
     from botocore.config import Config
 
     bucket, prefix = split_s3(root)
     base = f"{prefix}/" if prefix else ""
-    config = Config(max_pool_connections=workers, retries={"max_attempts": 8, "mode": "adaptive"})
-    client = boto3.client("s3", endpoint_url=os.environ.get("ZERO_S3_ENDPOINT_URL") or None, config=config)
+    client = s3_client(Config(max_pool_connections=workers, retries={"max_attempts": 8, "mode": "adaptive"}))
     paginator = client.get_paginator("list_objects_v2")
 
     def listed(page_prefix: str, delimiter: str = "") -> tuple[list[ObjectInfo], list[str]]:
@@ -104,14 +103,14 @@ def list_s3_parallel(root: str, workers: int = LISTING_THREADS) -> list[ObjectIn
 def read_bytes(uri: str | os.PathLike) -> bytes:
     if is_s3(uri):
         bucket, key = split_s3(str(uri))
-        return _s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
     return Path(uri).read_bytes()
 
 
 def exists(uri: str | os.PathLike) -> bool:
     if is_s3(uri):
         bucket, key = split_s3(str(uri))
-        response = _s3_client().list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+        response = s3_client().list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
         return response.get("KeyCount", 0) > 0
     return Path(uri).exists()
 
@@ -119,7 +118,7 @@ def exists(uri: str | os.PathLike) -> bool:
 def write_bytes_atomic(uri: str | os.PathLike, data: bytes) -> None:
     if is_s3(uri):
         bucket, key = split_s3(str(uri))
-        _s3_client().put_object(Bucket=bucket, Key=key, Body=data)  # S3 PUTs are all-or-nothing
+        s3_client().put_object(Bucket=bucket, Key=key, Body=data)  # S3 PUTs are all-or-nothing
         return
     path = Path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -138,7 +137,7 @@ def write_bytes_atomic(uri: str | os.PathLike, data: bytes) -> None:
 def copy_file_atomic(src: Path, dest: str | os.PathLike) -> None:
     if is_s3(dest):
         bucket, key = split_s3(str(dest))
-        _s3_client().upload_file(str(src), bucket, key)  # multipart uploads complete atomically
+        s3_client().upload_file(str(src), bucket, key)  # multipart uploads complete atomically
         return
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -167,7 +166,7 @@ def download_prefix(uri: str, dest: Path, keys: list[str] | None = None) -> Path
     """Copy an S3 prefix into a local folder (SageMaker's File input mode); with `keys`, only those
     (relative to the prefix: one host's part of an input split by key)."""
     bucket, prefix = split_s3(uri)
-    client = _s3_client()
+    client = s3_client()
     for key in [obj.key for obj in list_objects(uri)] if keys is None else keys:
         target = dest / safe_relative_key(key)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -184,13 +183,9 @@ def fetch_file(uri: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:
-        _s3_client().download_file(bucket, key, str(tmp))
+        s3_client().download_file(bucket, key, str(tmp))
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
-
-def s3_client():
-    """The boto3 S3 client every `s3://` access uses (honours ZERO_S3_ENDPOINT_URL), for callers outside this module."""
-    return _s3_client()

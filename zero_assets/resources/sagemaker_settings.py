@@ -13,7 +13,6 @@ from dagster import Config, ConfigurableResource, EnvVar
 
 # Assets whose materialization launches a SageMaker job, in graph order.
 JOB_ASSETS = ("validated_images", "arrow_shards", "fsx_warm_state", "trained_checkpoint", "map_report")
-TRAINING_ASSETS = ("fsx_warm_state", "trained_checkpoint")  # FSx can only be mounted by Training jobs
 
 
 class JobCompute(Config):
@@ -89,10 +88,6 @@ class SageMakerSettings(ConfigurableResource):
         if not (self.subnets and self.security_group_ids):
             raise ValueError("VPC settings need both ZERO_SM_SUBNETS and ZERO_SM_SECURITY_GROUP_IDS")
         return {"Subnets": list(self.subnets), "SecurityGroupIds": list(self.security_group_ids)}
-
-    def console_url(self, kind: str, job_name: str) -> str:
-        section = "jobs" if kind == "training" else "processing-jobs"
-        return f"https://{self.region}.console.aws.amazon.com/sagemaker/home?region={self.region}#/{section}/{job_name}"
 
 
 # Scalar fields read from the environment; lists are comma-separated, tags `key=value,...`.

@@ -33,6 +33,23 @@ def verify_on_s3(shards_uri: str) -> dict:
     return {"shards": len(entries), "bytes": sum(e["bytes"] for e in entries)}
 
 
+def association_params(file_system_id: str, lake_uri: str) -> dict:
+    """CreateDataRepositoryAssociation: `<lake>/arrow_shards/` linked to `/arrow_shards`."""
+    return {
+        "FileSystemId": file_system_id,
+        "FileSystemPath": LINKED_PATH,
+        "DataRepositoryPath": linked_s3_prefix(lake_uri),
+        "BatchImportMetaDataOnCreate": True,
+        # New shard sets appear on the file system by themselves; the import task makes it certain.
+        "S3": {"AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}},
+    }
+
+
+def import_task_params(file_system_id: str, path: str) -> dict:
+    """CreateDataRepositoryTask: import the metadata of the files under `path` from S3."""
+    return {"Type": "IMPORT_METADATA_FROM_REPOSITORY", "FileSystemId": file_system_id, "Paths": [path.lstrip("/")], "Report": {"Enabled": False}}
+
+
 def ensure_association(fsx, file_system_id: str, lake_uri: str, log) -> str:
     """The data repository association linking `<lake>/arrow_shards/` to `/arrow_shards`; created when missing."""
     repository = linked_s3_prefix(lake_uri)
@@ -46,14 +63,7 @@ def ensure_association(fsx, file_system_id: str, lake_uri: str, log) -> str:
                         "delete that association or use another file system"
                     )
                 return _wait_available(fsx, association["AssociationId"], log)
-    created = fsx.create_data_repository_association(
-        FileSystemId=file_system_id,
-        FileSystemPath=LINKED_PATH,
-        DataRepositoryPath=repository,
-        BatchImportMetaDataOnCreate=True,
-        # New shard sets appear on the file system by themselves; the import task below makes it certain.
-        S3={"AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}},
-    )["Association"]
+    created = fsx.create_data_repository_association(**association_params(file_system_id, lake_uri))["Association"]
     log.info(f"created data repository association {created['AssociationId']}: {LINKED_PATH} <-> {repository}")
     return _wait_available(fsx, created["AssociationId"], log)
 
@@ -74,9 +84,7 @@ def _wait_available(fsx, association_id: str, log) -> str:
 
 def import_metadata(fsx, file_system_id: str, path: str, log) -> str:
     """Run an IMPORT_METADATA_FROM_REPOSITORY task on `path` and wait for it to succeed."""
-    task = fsx.create_data_repository_task(
-        Type="IMPORT_METADATA_FROM_REPOSITORY", FileSystemId=file_system_id, Paths=[path.lstrip("/")], Report={"Enabled": False}
-    )["DataRepositoryTask"]
+    task = fsx.create_data_repository_task(**import_task_params(file_system_id, path))["DataRepositoryTask"]
     deadline = time.monotonic() + IMPORT_TIMEOUT_S
     while True:
         task = fsx.describe_data_repository_tasks(TaskIds=[task["TaskId"]])["DataRepositoryTasks"][0]
@@ -96,5 +104,5 @@ def warm_job_request(shards: UpstreamOutput, location: FsxLocation, settings: Ze
 
     return build_job_request(
         "fsx_warm_state", settings=settings, kind="training", module=WARM_MODULE, config=WARM_CONFIG,
-        upstream=[shards], inputs={"shards": location.uri}, launcher="python",
+        upstream=[shards], inputs={"shards": location.uri}, launcher="python", fsx_access="rw",  # lfs hsm_restore writes
     )

@@ -22,6 +22,8 @@ from dagster._core.pipes.client import PipesClientCompletedInvocation, PipesCont
 from dagster._core.pipes.utils import open_pipes_session
 from dagster_aws.pipes import PipesCloudWatchMessageReader
 
+from training_code.lib.storage import s3_client as storage_s3_client
+
 from .job_logs import JobLogTail
 from .pipes_io import JobKeyedS3ContextInjector, message_reader_for
 from .requests import check_environment
@@ -77,7 +79,7 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
     ):
         self._client = client or boto3.client("sagemaker")
         self._logs = logs_client or boto3.client("logs")
-        self._s3 = s3_client or boto3.client("s3")
+        self._s3 = s3_client or storage_s3_client()  # honours ZERO_S3_ENDPOINT_URL like every other S3 access
         self._context_injector = context_injector
         self._message_reader = message_reader
         if pipes_uri is None and (context_injector is None or message_reader is None):

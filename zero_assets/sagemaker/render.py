@@ -22,8 +22,8 @@ from ..job_request import JobRequest, fan_out
 from ..resources.sagemaker_settings import SageMakerSettings
 from ..resources.settings import ZeroSettings
 from .code_package import build_code_package
-from .fsx import LINKED_PATH, linked_s3_prefix, shards_on_fsx
-from .fsx_warm import warm_job_request
+from .fsx import shards_on_fsx
+from .fsx_warm import association_params, import_task_params, warm_job_request
 from .names import job_name
 from .pipes_io import bootstrap_environment
 from .requests import build_job_params
@@ -60,13 +60,8 @@ def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup =
     warm_uri = shards.uri
     if aws.fsx_enabled():
         location = shards_on_fsx(shards.uri, settings.lake_uri, aws.fsx_file_system_id, aws.fsx_mount_name)
-        rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryAssociation", {
-            "FileSystemId": aws.fsx_file_system_id, "FileSystemPath": LINKED_PATH, "DataRepositoryPath": linked_s3_prefix(settings.lake_uri),
-            "BatchImportMetaDataOnCreate": True, "S3": {"AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}},
-        }))
-        rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryTask", {
-            "Type": "IMPORT_METADATA_FROM_REPOSITORY", "FileSystemId": aws.fsx_file_system_id, "Paths": [location.path.lstrip("/")], "Report": {"Enabled": False},
-        }))
+        rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryAssociation", association_params(aws.fsx_file_system_id, settings.lake_uri)))
+        rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryTask", import_task_params(aws.fsx_file_system_id, location.path)))
         add(warm_job_request(shards, location, settings))
         warm_uri = location.uri
     warm = UpstreamOutput("fsx_warm_state", warm_uri, shards.data_version)

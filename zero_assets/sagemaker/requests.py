@@ -29,7 +29,6 @@ def build_job_params(
     job_name: str,
     code: CodePackage,
     environment: dict[str, str],
-    tags: dict[str, str] | None = None,
     lake_uri: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """(operation, parameters) for one job; `environment` holds the Pipes bootstrap variables."""
@@ -38,7 +37,7 @@ def build_job_params(
         params = _training_params(request, settings, job_name, code, environment)
     else:
         params = _processing_params(request, settings, job_name, code, environment, lake)
-    all_tags = {**settings.tags, "zero:asset": request.asset, "zero:fingerprint": request.fingerprint[:16], **(tags or {})}
+    all_tags = {**settings.tags, "zero:asset": request.asset, "zero:fingerprint": request.fingerprint[:16]}
     params["Tags"] = [{"Key": key, "Value": str(value)[:256]} for key, value in all_tags.items()]
     check_environment(params["Environment"], request.kind)
     return OPERATIONS[request.kind], params
@@ -59,9 +58,7 @@ def check_environment(environment: dict[str, str], kind: str) -> None:
 def _training_params(request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict) -> dict:
     compute = settings.compute(request.asset)
     root = settings.s3_root()
-    # The warm job asks Lustre to restore files, which needs the file system mounted read-write.
-    access = "rw" if request.asset == "fsx_warm_state" else "ro"
-    channels = [_training_channel(name, uri, settings, access) for name, uri in request.inputs.items()]
+    channels = [_training_channel(name, uri, settings, request.fsx_access) for name, uri in request.inputs.items()]
     input_mode = "File" if any("FileSystemDataSource" in c["DataSource"] for c in channels) else "FastFile"
     hyperparameters = {key.replace("_", "-"): str(value) for key, value in request.arguments.items()}
     hyperparameters.update(
