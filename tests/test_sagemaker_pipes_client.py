@@ -76,12 +76,15 @@ def aws(moto_endpoint, tmp_path, monkeypatch):
     upload_code_package(package, settings.s3_root(), s3)
     s3.put_object(Bucket=BUCKET, Key=f"zero/lake/arrow_shards/{FINGERPRINT[:16]}/manifest.json", Body=b"{}")
     fake = FakeSageMaker(tmp_path / "sm", s3, logs, {**env, "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.2"})
-    return {"s3": s3, "logs": logs, "fake": fake, "settings": settings, "package": package}
+    # Messages are keyed by job name and the names repeat across tests: each test reads its own prefix,
+    # so no test can pass on messages an earlier one left behind.
+    pipes_uri = f"s3://{BUCKET}/{tmp_path.name}/pipes"
+    return {"s3": s3, "logs": logs, "fake": fake, "settings": settings, "package": package, "pipes_uri": pipes_uri}
 
 
-def make_client(aws, **kwargs) -> PipesSageMakerClient:
+def make_client(aws, client=None, **kwargs) -> PipesSageMakerClient:
     return PipesSageMakerClient(
-        client=aws["fake"], logs_client=aws["logs"], s3_client=aws["s3"], pipes_uri=f"s3://{BUCKET}/zero/pipes",
+        client=client or aws["fake"], logs_client=aws["logs"], s3_client=aws["s3"], pipes_uri=aws["pipes_uri"],
         poll_interval=0.2, message_poll_interval=0.2, **kwargs,
     )
 
@@ -172,8 +175,7 @@ class InterruptAfterStart:
 def test_termination_stops_the_job(aws, instance):
     fake = aws["fake"]
     params = job_params(aws, "processing", mode="sleep", seconds=60)
-    client = PipesSageMakerClient(client=InterruptAfterStart(fake), logs_client=aws["logs"], s3_client=aws["s3"],
-                                  pipes_uri=f"s3://{BUCKET}/zero/pipes", poll_interval=0.2, message_poll_interval=0.2)
+    client = make_client(aws, InterruptAfterStart(fake))
     result = materialize_job(client, "processing", params, instance)
     assert not result.success
     name = params["ProcessingJobName"]
@@ -186,8 +188,7 @@ def test_restarted_run_reattaches_instead_of_launching(aws, instance):
     name_for = lambda attempt: job_name("map_report", FINGERPRINT, attempt)  # noqa: E731
     params = job_params(aws, "processing", mode="ok", seconds=12)
     # The first run dies while the job runs (no stop forwarded: the Dagster process itself went away).
-    dying = PipesSageMakerClient(client=InterruptAfterStart(fake), logs_client=aws["logs"], s3_client=aws["s3"],
-                                 pipes_uri=f"s3://{BUCKET}/zero/pipes", poll_interval=0.2, forward_termination=False)
+    dying = make_client(aws, InterruptAfterStart(fake), forward_termination=False)
     assert not materialize_job(dying, "processing", params, instance).success
     assert fake.jobs[params["ProcessingJobName"]]["status"] == "InProgress"
 
