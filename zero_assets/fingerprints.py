@@ -26,13 +26,16 @@ CODE_PACKAGES = ("training_code", "zero_assets")
 
 
 @lru_cache(maxsize=None)
-def code_version(module: str) -> str:
-    """Hash of a job script's source and of every project module it imports, transitively.
+def code_version(*modules: str) -> str:
+    """Hash of the source of `modules` (a job script, or the modules an in-process asset runs) and of
+    every project module they import, transitively.
 
-    Derived from the files, never typed by hand: editing a module the script does not import leaves
-    its version (and its cached outputs) alone.
+    Derived from the files, never typed by hand: editing a module they do not import leaves the
+    version (and the cached outputs) alone.
     """
-    closure = _import_closure(module)
+    if not modules:
+        raise ValueError("code_version needs at least one module name")
+    closure = set().union(*(_import_closure(module) for module in modules))
     return sha256_bytes(b"".join(name.encode() + b"\0" + _source(name).read_bytes() for name in sorted(closure)))[:16]
 
 

@@ -14,6 +14,11 @@ from ..metadata import table_schema
 from ..raw_index import build_raw_index, sample_by_group
 from ..resources.settings import ZeroSettings
 
+# The code that decides what the index holds: the listing and annotation parsing (and everything they
+# import) and the table writer. Its version is part of the output folder and the data version, so an
+# edit to it rebuilds the index and makes everything downstream stale.
+INDEX_CODE = ("zero_assets.raw_index", "training_code.lib.tables")
+
 
 class RawIndexConfig(Config):
     # An S3 Inventory report's manifest.json (s3://...): index from it instead of listing the bucket.
@@ -32,18 +37,20 @@ def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, sett
     if settings.sample_images:  # the rehearsal profile: a small, stable sample of whole groups
         index.frame = sample_by_group(index.frame, settings.sample_images)
         context.log.info(f"rehearsal sample: {len(index.frame)} images in {index.frame['group'].nunique()} groups")
-    # The grouping and the sample decide what downstream sees, so they are part of what this output is.
-    shape = [config.group_pattern, settings.sample_images]
-    fingerprint = sha256_json([index.listing_fingerprint, *shape]) if any(shape) else index.listing_fingerprint
+    # What downstream sees: the listing (key, size, etag; never image bytes), the code that reads it, the
+    # grouping and the sample. Not the inventory manifest: listing and inventory index the same objects.
+    code = code_version(*INDEX_CODE)
+    fingerprint = sha256_json([index.listing_fingerprint, code, config.group_pattern, settings.sample_images])
     run_config = {**config.model_dump(), "sample_images": settings.sample_images}
-    inputs = FingerprintInputs(code_version("zero_assets.raw_index"), run_config, {"raw_listing": index.listing_fingerprint})
+    inputs = FingerprintInputs(code, run_config, {"raw_listing": index.listing_fingerprint})
     decision = decide(context, inputs)
     if decision.hit is not None:
         context.log.info(f"cache hit, index not rewritten: {decision.reason}")
         return decision.hit
     out = settings.asset_uri("raw_image_index", fingerprint[:16])
     write_table(index.frame, RAW_INDEX, join(out, "index.parquet"))
-    manifest = {"format": "zero-raw-index/1", "listing_fingerprint": fingerprint, "raw_uri": settings.raw_uri, "images": len(index.frame)}
+    manifest = {"format": "zero-raw-index/1", "index_fingerprint": fingerprint, "listing_fingerprint": index.listing_fingerprint,
+                "code_version": code, "raw_uri": settings.raw_uri, "images": len(index.frame)}
     write_bytes_atomic(join(out, "manifest.json"), json.dumps(manifest, indent=1).encode())
     mark_output_complete(out, inputs.fingerprint)
     by_source = index.frame.groupby("source").agg(images=("key", "size"), bytes=("size", "sum")).reset_index()
@@ -62,7 +69,8 @@ def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, sett
             "ignored_files": len(index.ignored_files),
             "sources_without_annotations_json": MetadataValue.json(index.sources_without_annotations),
             "by_source": MetadataValue.md(by_source.to_markdown(index=False)),
-            "listing_fingerprint": fingerprint,
+            "listing_fingerprint": index.listing_fingerprint,
+            "index_fingerprint": fingerprint,
             **miss_metadata(inputs, decision.reason),
         },
         data_version=DataVersion(fingerprint),
