@@ -1,27 +1,40 @@
-"""Skip work whose inputs did not change, after checking that the earlier output is still there.
+"""Skip work whose inputs did not change, after proving that the earlier output is complete.
 
 A materialization records its input fingerprint and the parts it was built from (code version,
-config, upstream data versions). Asked to materialize again, an asset looks for an earlier
-materialization with the same fingerprint whose output still holds every file its completion
-marker lists (names and sizes only: no output bytes or image bytes are read). If there is one, no
-job is launched and the earlier output and data version are reported as a `cache: hit`; if not,
-the metadata says what changed.
+config, upstream data versions). Its output is proven complete by a marker, `_output.json`, written
+last and derived from the job's own `manifest.json`: every file the manifest names, with its size,
+and the sha256 of every small file (manifests, tables, metrics), so a same-size edit in place is
+noticed. Large files (shards) are checked by size from the listing; their sha256 is in the manifest,
+which their readers verify. Asked to materialize again, an asset looks for an earlier
+materialization with the same fingerprint whose output the marker still proves complete; if there is
+one, no job is launched and the earlier output and data version are reported as a `cache: hit`; if
+not, the metadata says what changed.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from botocore.exceptions import ClientError
 from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue
 
-from training_code.lib.storage import is_s3, join, list_objects, read_bytes, write_bytes_atomic
+from training_code.lib.hashing import sha256_bytes
+from training_code.lib.output_manifest import MANIFEST, named_files
+from training_code.lib.storage import is_s3, join, list_objects, read_bytes, s3_client, split_s3, write_bytes_atomic
 
 from .fingerprints import DATA_VERSION_TAG, FingerprintInputs
 
 OUTPUT_MARKER = "_output.json"  # written last, after the job's own manifest
+MARKER_FORMAT = "zero-output/2"
+SMALL_FILE_BYTES = 16 << 20  # files up to this size are hashed when marked and when checked
 SEARCH_LIMIT = 100  # earlier materializations examined for a matching fingerprint
+
+
+class OutputNotComplete(ValueError):
+    """An output cannot be marked complete: no readable manifest, nothing in it, or files that disagree with it."""
 
 
 @dataclass(frozen=True)
@@ -30,10 +43,65 @@ class CacheDecision:
     reason: str
 
 
-def mark_output_complete(uri: str, fingerprint: str) -> None:
-    """List what the output holds (names and sizes), as the last write of a materialization."""
-    files = {o.key: o.size for o in list_objects(uri) if o.key != OUTPUT_MARKER}
-    write_bytes_atomic(join(uri, OUTPUT_MARKER), json.dumps({"fingerprint": fingerprint, "files": files}, indent=1).encode())
+def is_temporary(key: str) -> bool:
+    """Names an atomic writer uses before its rename (`.name.XXXX.tmp`, `.tmp-name`), and hidden files: never outputs."""
+    return any(part.startswith(".") for part in PurePosixPath(key).parts) or key.endswith((".tmp", ".partial"))
+
+
+def mark_output_complete(uri: str, fingerprint: str, data_version: str | None = None) -> dict[str, Any]:
+    """Prove the output at `uri` complete from its manifest and write the marker, the last write of a
+    materialization. Raises `OutputNotComplete` (naming `uri`) when there is no readable manifest, when
+    the folder holds nothing else, or when a file the manifest names is missing or differs from it.
+
+    The marker lists every file the manifest names and every other non-temporary file present, with
+    sizes and small files' sha256, and the fingerprints (with their data versions) it vouches for: an
+    earlier marker over exactly the same files keeps its fingerprints, so two materializations that
+    share one output (the SageMaker warm state reads the shard set in place) do not unmark each other.
+    """
+    try:
+        present = {o.key: o.size for o in list_objects(uri) if o.key != OUTPUT_MARKER and not is_temporary(o.key)}
+    except FileNotFoundError:
+        present = {}
+    if MANIFEST not in present:
+        raise OutputNotComplete(f"output {uri} has no {MANIFEST}: the job did not finish writing it, so it cannot be marked complete")
+    try:
+        manifest_bytes = read_bytes(join(uri, MANIFEST))
+        named = named_files(json.loads(manifest_bytes), f"{uri}/{MANIFEST}")
+    except ValueError as error:
+        raise OutputNotComplete(f"output {uri}: its {MANIFEST} is unreadable ({error}); rebuild it") from error
+    if len(present) < 2 and not named:
+        raise OutputNotComplete(f"output {uri} holds only its {MANIFEST}, which names no files: an empty output is never complete")
+    files: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(present) | set(named)):
+        size, expected = present.get(name), named.get(name, {})
+        if size is None:
+            raise OutputNotComplete(f"output {uri}: {name} is named by {MANIFEST} but missing")
+        if "bytes" in expected and expected["bytes"] != size:
+            raise OutputNotComplete(f"output {uri}: {name} has {size} bytes, {MANIFEST} says {expected['bytes']}")
+        facts: dict[str, Any] = {"bytes": size}
+        if size <= SMALL_FILE_BYTES:
+            facts["sha256"] = manifest_sha256 = sha256_bytes(manifest_bytes) if name == MANIFEST else sha256_bytes(read_bytes(join(uri, name)))
+            if expected.get("sha256", manifest_sha256) != manifest_sha256:
+                raise OutputNotComplete(f"output {uri}: {name} has sha256 {manifest_sha256}, {MANIFEST} says {expected['sha256']}")
+        files[name] = facts
+    versions = {fingerprint: data_version}
+    earlier = _read_marker(uri)
+    if earlier is not None and earlier.get("files") == files:
+        versions = {**earlier.get("data_versions", {}), **versions}
+    marker = {"format": MARKER_FORMAT, "fingerprint": fingerprint, "data_versions": versions, "manifest": MANIFEST, "files": files}
+    write_bytes_atomic(join(uri, OUTPUT_MARKER), json.dumps(marker, indent=1, sort_keys=True).encode())
+    return marker
+
+
+def retract_output_marker(uri: str) -> None:
+    """Withdraw an output's marker before it is rebuilt, so nothing vouches for a half-replaced set."""
+    if not output_is_checkable(uri):
+        return
+    if is_s3(uri):
+        bucket, prefix = split_s3(uri)
+        s3_client().delete_object(Bucket=bucket, Key=f"{prefix}/{OUTPUT_MARKER}".lstrip("/"))
+        return
+    Path(uri, OUTPUT_MARKER).unlink(missing_ok=True)
 
 
 def output_is_checkable(uri: str) -> bool:
@@ -41,15 +109,47 @@ def output_is_checkable(uri: str) -> bool:
     return "://" not in uri or is_s3(uri)
 
 
-def output_is_complete(uri: str) -> bool:
+def output_is_complete(uri: str, fingerprint: str) -> bool:
+    """Whether the marker at `uri` vouches for `fingerprint` and the output still matches it: every
+    listed file present with its size, every small file with its sha256. Reads no large file."""
+    return _complete_marker(uri, fingerprint) is not None
+
+
+def published_data_version(uri: str, fingerprint: str) -> str | None:
+    """The data version recorded when the output at `uri` was marked complete for `fingerprint`
+    (None when it is not complete or was marked without one)."""
+    marker = _complete_marker(uri, fingerprint)
+    return None if marker is None else marker["data_versions"].get(fingerprint)
+
+
+def _complete_marker(uri: str, fingerprint: str) -> dict[str, Any] | None:
     if not output_is_checkable(uri):
-        return False  # rebuild rather than trust what cannot be checked
+        return None  # rebuild rather than trust what cannot be checked
+    marker = _read_marker(uri)
+    if marker is None or marker.get("format") != MARKER_FORMAT or fingerprint not in marker.get("data_versions", {}):
+        return None
+    files = marker.get("files")
+    if not isinstance(files, dict) or MANIFEST not in files:
+        return None
+    present = {o.key: o.size for o in list_objects(uri)}
+    for name, facts in files.items():
+        if present.get(name) != facts.get("bytes"):
+            return None
+        if "sha256" in facts and sha256_bytes(read_bytes(join(uri, name))) != facts["sha256"]:
+            return None
+    return marker
+
+
+def _read_marker(uri: str) -> dict[str, Any] | None:
     try:
         marker = json.loads(read_bytes(join(uri, OUTPUT_MARKER)))
-    except (FileNotFoundError, OSError, ValueError):
-        return False
-    present = {o.key: o.size for o in list_objects(uri)}
-    return all(present.get(name) == size for name, size in marker["files"].items())
+    except (FileNotFoundError, ValueError):
+        return None
+    except ClientError as error:  # S3's "no such key"; anything else (throttling, access) is not an answer
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        raise
+    return marker if isinstance(marker, dict) else None
 
 
 def decide(context: AssetExecutionContext, inputs: FingerprintInputs) -> CacheDecision:
@@ -64,7 +164,7 @@ def decide(context: AssetExecutionContext, inputs: FingerprintInputs) -> CacheDe
         if metadata.get("fingerprint") != fingerprint:
             continue
         uri = str(metadata.get("uri", ""))
-        if not output_is_complete(uri):
+        if not output_is_complete(uri, fingerprint):
             return CacheDecision(None, f"same inputs as run {record.run_id}, but its output at {uri} is missing or incomplete: rebuilding")
         reason = f"same input fingerprint as run {record.run_id}; its output at {uri} is complete"
         reused = {**event.metadata, "cache": "hit", "cache_reason": reason, "reused_run_id": record.run_id}
@@ -72,6 +172,16 @@ def decide(context: AssetExecutionContext, inputs: FingerprintInputs) -> CacheDe
         return CacheDecision(MaterializeResult(metadata=reused, data_version=DataVersion(version) if version else None), reason)
     latest = {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
     return CacheDecision(None, what_changed(latest.get("fingerprint_inputs") or {}, inputs))
+
+
+def published_hit(uri: str, inputs: FingerprintInputs, reason: str) -> MaterializeResult | None:
+    """A hit on an output another run published under this fingerprint (one this instance may not have
+    recorded yet), from its marker alone; None unless the marker proves it complete with a data version."""
+    version = published_data_version(uri, inputs.fingerprint)
+    if version is None:
+        return None
+    metadata = {"uri": MetadataValue.path(uri), **miss_metadata(inputs, reason), "cache": "hit"}
+    return MaterializeResult(metadata=metadata, data_version=DataVersion(version))
 
 
 def what_changed(before: dict[str, Any], now: FingerprintInputs) -> str:

@@ -1,0 +1,58 @@
+"""One Dagster process for the fault tests: materialize a selection against a real instance on disk.
+
+python tests/faults/fault_driver.py --home DAGSTER_HOME --raw DIR --state DIR --select a,b [--pause-before-marker]
+
+Prints one JSON line, `RESULT {...}`, with success and each materialized asset's cache decision and
+uri. `--pause-before-marker` makes it stop (sleep) after a job's output is published and before its
+completion marker is written, having written its pid to `<state>/paused-before-marker`: the point
+a test kills it at.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from dagster import DagsterInstance, materialize
+
+import zero_assets.job_launch as job_launch
+from fault_assets import FAULT_ASSETS
+from zero_assets.assets import ALL_ASSETS
+from zero_assets.resources import LocalJobRunner, ZeroSettings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for flag in ("--home", "--raw", "--state", "--select"):
+        parser.add_argument(flag, required=True)
+    parser.add_argument("--pause-before-marker", action="store_true")
+    args = parser.parse_args()
+    state = Path(args.state)
+    if args.pause_before_marker:
+        mark = job_launch.mark_output_complete
+
+        def paused_mark(*a, **k):
+            (state / "paused-before-marker").write_text(str(os.getpid()))
+            time.sleep(600)
+            return mark(*a, **k)
+
+        job_launch.mark_output_complete = paused_mark
+    (state / "fsx").mkdir(parents=True, exist_ok=True)
+    settings = ZeroSettings(raw_uri=args.raw, lake_uri=str(state / "lake"), fsx_mount=str(state / "fsx"))
+    selection = args.select.split(",")
+    with DagsterInstance.from_config(args.home) as instance:
+        result = materialize([*ALL_ASSETS, *FAULT_ASSETS], selection=selection, instance=instance, raise_on_error=False,
+                             resources={"settings": settings, "jobs": LocalJobRunner(settings=settings)})
+        assets = {}
+        for name in selection:
+            for event in result.asset_materializations_for_node(name):
+                meta = {k: v.value for k, v in event.metadata.items()}
+                assets[name] = {key: str(meta.get(key)) for key in ("cache", "cache_reason", "uri", "job_name")}
+        print("RESULT " + json.dumps({"success": result.success, "run_id": result.run_id, "assets": assets}), flush=True)
+    sys.exit(0 if result.success else 1)
+
+
+if __name__ == "__main__":
+    main()

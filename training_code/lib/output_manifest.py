@@ -1,0 +1,55 @@
+"""The files a job's `manifest.json` vouches for, whatever job wrote it.
+
+Every job output ends with a `manifest.json` written last. The validation manifest names its files
+under `files` (name -> sha256), a shard manifest under `shards` (file, bytes, sha256), and the jobs
+with no format of their own (training, evaluation, the raw index) write `files` as
+name -> {"bytes", "sha256"} with `write_output_manifest`. `named_files` reads all three, so whoever
+proves an output complete trusts exactly what the job said it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .hashing import sha256_file
+from .storage import safe_relative_key, write_bytes_atomic
+
+MANIFEST = "manifest.json"
+
+
+def named_files(manifest: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    """File name -> what the manifest says of it (`bytes` and `sha256` when it has them).
+
+    `where` names the manifest in errors. A manifest that is not an object, or names a file in a
+    shape this does not know, is an error: an output whose manifest cannot be read is not complete."""
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{where}: the manifest is a {type(manifest).__name__}, not a JSON object")
+    named: dict[str, dict[str, Any]] = {}
+    files = manifest.get("files", {})
+    if isinstance(files, list):
+        files = {name: {} for name in files}
+    if not isinstance(files, dict):
+        raise ValueError(f"{where}: `files` must be an object or a list, not {type(files).__name__}")
+    for name, facts in files.items():
+        named[safe_relative_key(name)] = {"sha256": facts} if isinstance(facts, str) else dict(facts or {})
+    shards = manifest.get("shards", [])
+    if not isinstance(shards, list) or not all(isinstance(entry, dict) and "file" in entry for entry in shards):
+        raise ValueError(f"{where}: `shards` must be a list of objects with a `file` field")
+    for entry in shards:
+        named[safe_relative_key(entry["file"])] = {k: entry[k] for k in ("bytes", "sha256") if k in entry}
+    for name, facts in named.items():
+        if not isinstance(facts.get("bytes", 0), int) or not isinstance(facts.get("sha256", ""), str):
+            raise ValueError(f"{where}: entry {name!r} has a `bytes` that is not an integer or a `sha256` that is not a string")
+    return named
+
+
+def write_output_manifest(folder: Path, files: list[str], **fields: Any) -> bytes:
+    """Write `folder/manifest.json` last: each of `files` (relative names) with its size and sha256,
+    plus `fields`. Returns the bytes written."""
+    folder = Path(folder)
+    listed = {name: {"bytes": (folder / name).stat().st_size, "sha256": sha256_file(folder / name)} for name in sorted(files)}
+    data = json.dumps({**fields, "files": listed}, indent=1, sort_keys=True).encode()
+    write_bytes_atomic(folder / MANIFEST, data)
+    return data
