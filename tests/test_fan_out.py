@@ -149,7 +149,7 @@ def _run_on_hosts(tmp_path, monkeypatch, hosts: int, **arguments: str):
     started = time.monotonic()
     result = materialize([probe], raise_on_error=False)
     failures = result.get_step_failure_events()
-    return result, (failures[0].step_failure_data.error.message if failures else ""), time.monotonic() - started, settings.jobs_root() / request.job_name
+    return result, (failures[0].step_failure_data.error.message if failures else ""), time.monotonic() - started, runner.run_folder(request, result.run_id)
 
 
 def test_a_failing_host_other_than_the_first_fails_the_job_naming_it(tmp_path, monkeypatch):

@@ -48,7 +48,7 @@ def our_training_launcher() -> int | None:
 
 
 def checkpoint_steps(lake: Path) -> list[int]:
-    return sorted(int(p.stem.split("-")[1]) for p in lake.glob("_jobs/*/opt/ml/checkpoints/checkpoint-*.pt"))
+    return sorted(int(p.stem.split("-")[1]) for p in lake.glob("_jobs/trained_checkpoint/*/checkpoints/checkpoint-*.pt"))
 
 
 def kill_launcher_after_first_checkpoint(lake: Path, killed: dict) -> None:

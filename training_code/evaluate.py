@@ -23,6 +23,7 @@ from training_code.lib import job_env
 from training_code.lib.coco_eval import score_detections
 from training_code.lib.detection_data import EvalSample, iter_eval_samples, verified_split
 from training_code.lib.model import load_model_file
+from training_code.lib.output_manifest import write_output_manifest
 from training_code.lib.report_plots import draw_pr_curve, draw_samples, markdown_image, save_png
 from training_code.lib.shard_format import sha256_file
 
@@ -127,6 +128,9 @@ def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     pr_curve, samples = draw_pr_curve(metrics["pr_curve"]), draw_samples(pictures)
     save_png(pr_curve, args.out / "pr_curve.png")
     save_png(samples, args.out / "sample_predictions.png")
+    # Written last: what proves the report complete (see zero_assets/cache.py).
+    write_output_manifest(args.out, ["ground_truth.json", "predictions.json", "metrics.json", "pr_curve.png", "sample_predictions.png"],
+                          format="zero-eval/1")
     return metrics, {"eval_wall_s": round(time.perf_counter() - started, 2), "device": str(device),
                      "pr_curve": {"raw_value": markdown_image(pr_curve, "precision-recall at IoU 0.5"), "type": "md"},
                      "sample_predictions": {"raw_value": markdown_image(samples, "ground truth (green) and predictions (red)"),

@@ -28,6 +28,7 @@ from training_code.lib.detection_data import (
 )
 from training_code.lib.distributed import DistributedContext, all_reduce_sum, distributed_session
 from training_code.lib.model import ARCHITECTURES, DEFAULT_ARCH, build_model, model_config, save_model_file
+from training_code.lib.output_manifest import write_output_manifest
 from training_code.lib.shard_format import sha256_file
 
 
@@ -263,6 +264,8 @@ def main(args: argparse.Namespace) -> None:
         temporary = summary_path.with_name(f".tmp-{summary_path.name}")
         temporary.write_text(json.dumps(summary, indent=2))
         os.replace(temporary, summary_path)
+        # Written last: what proves the model folder complete (see zero_assets/cache.py).
+        write_output_manifest(model_path.parent, [model_path.name, summary_path.name], format="zero-model/1")
         log_event(ctx, "done", **summary)
         pipes.report_asset_materialization(metadata={k: v for k, v in summary.items() if v is not None}, data_version=digest)
 

@@ -1,4 +1,10 @@
-"""The shared step of every job-backed asset: fingerprint the inputs, launch the job, report."""
+"""The shared step of every job-backed asset: fingerprint the inputs, launch the job, report.
+
+One run builds an output at a time: the launch holds the output's lease (see `output_lease`), so a
+second run with the same fingerprint waits, then finds the output the first one published and
+reports a cache hit instead of launching the job again. The marker is written last, after the job's
+outputs and manifest are in place; a rebuild withdraws the old marker first.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,11 @@ from typing import Any, Literal
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue
 
-from .cache import decide, mark_output_complete, miss_metadata
+from .cache import decide, mark_output_complete, miss_metadata, published_hit, retract_output_marker
 from .fingerprints import FingerprintInputs, UpstreamOutput
-from .job_request import FanOut, JobRequest, fan_out
+from .job_request import FanOut, JobRequest, fan_out, materialization_folder
 from .metadata import job_result, upstream_metadata
+from .output_lease import hold_lease
 from .resources.job_runner import JobRunner
 from .resources.settings import ZeroSettings
 
@@ -64,6 +71,30 @@ def launch_job(
         return decision.hit
     context.log.info(f"cache miss: {decision.reason}")
     request = build_job_request(context.asset_key.to_user_string(), module=module, config=config, upstream=upstream, **request_fields)
+    output = request.outputs["out"]
+    lease_path = materialization_folder(request_fields["settings"].jobs_root(), request) / "lease.json"
+
+    def waiting(owner: dict[str, Any]) -> None:
+        context.log.info(f"run {owner.get('run_id')} (pid {owner.get('pid')} on {owner.get('host')}) is building {output}: waiting for it")
+
+    with hold_lease(lease_path, context.run.run_id, on_wait=waiting) as lease:
+        if lease.took_over:
+            context.log.warning(f"took over the lease on {output} from run {lease.took_over}")
+        # The run we waited for (or one this instance never recorded) may have published it meanwhile.
+        reason = (f"run {lease.waited_for} built the same inputs while this run waited; its output at {output} is complete"
+                  if lease.waited_for else f"an output of the same input fingerprint is published at {output} and is complete")
+        hit = published_hit(output, fingerprint_inputs, reason)
+        if hit is not None:
+            context.log.info(f"cache hit, no job launched: {reason}")
+            return hit
+        retract_output_marker(output)
+        result = _run_job(context, jobs, request, spread, decision.reason, fingerprint_inputs, upstream)
+        mark_output_complete(output, request.fingerprint, result.data_version.value if result.data_version else None)
+    return result
+
+
+def _run_job(context: AssetExecutionContext, jobs: JobRunner, request: JobRequest, spread: FanOut | None, reason: str,
+             fingerprint_inputs: FingerprintInputs, upstream: list[UpstreamOutput]) -> MaterializeResult:
     instances = jobs.instance_count(request.asset) if spread else 1
     map_metadata: dict[str, Any] = {}
     if instances > 1:
@@ -72,13 +103,12 @@ def launch_job(
         # The map stage reports no materialization; what its launcher knows (job name, instances, time) is kept.
         map_metadata = {f"map_{key}": value for key, value in {**map_invocation.metadata, **map_run}.items() if key != "backend"}
     invocation, job_metadata = jobs.run(context, request)
-    mark_output_complete(request.outputs["out"], request.fingerprint)
     return job_result(
         invocation,
         {
             "uri": MetadataValue.path(request.outputs["out"]),
             "upstream": upstream_metadata(upstream),
-            **miss_metadata(fingerprint_inputs, decision.reason),
+            **miss_metadata(fingerprint_inputs, reason),
             **job_metadata,
             **map_metadata,
         },

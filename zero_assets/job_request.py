@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal
 
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9-]+")
@@ -43,6 +44,17 @@ class JobRequest:
 
     def argument_list(self) -> list[str]:
         return [token for key, value in self.arguments.items() for token in (f"--{key.replace('_', '-')}", str(value))]
+
+    def reads_s3(self) -> bool:
+        """Whether the script itself is handed an s3:// location (an input or an argument)."""
+        return any(str(value).startswith("s3://") for value in [*self.inputs.values(), *self.arguments.values()])
+
+
+def materialization_folder(jobs_root: Path, request: JobRequest) -> Path:
+    """`<jobs root>/<asset>/<fingerprint[:16]>`: everything the jobs of one output keep on this machine,
+    beside the output's own `<lake>/<asset>/<fingerprint[:16]>`: its lease (`lease.json`), training
+    checkpoints (`checkpoints/`) and each run's job folders (`runs/<run id>/<job name>/`)."""
+    return Path(jobs_root) / request.asset / request.fingerprint[:16]
 
 
 @dataclass(frozen=True)

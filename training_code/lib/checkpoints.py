@@ -2,12 +2,16 @@
 
 A checkpoint holds model, optimizer, scheduler, step, images seen, every rank's RNG state, the
 command-line arguments and the model config, so a restarted job continues where the last one stopped.
+One job writes a checkpoint folder at a time: rank 0 holds an exclusive lock on it for the whole job
+(the kernel drops it when the process dies, however it dies), and a second writer fails at once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import random
 import re
 from dataclasses import dataclass
@@ -22,6 +26,12 @@ from .model import atomic_torch_save
 
 log = logging.getLogger("zero.checkpoints")
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)\.pt$")
+WRITER_LOCK = ".writer.lock"
+_held_locks: dict[Path, Any] = {}  # folder -> open lock file, kept open (locked) until the process exits
+
+
+class CheckpointFolderBusy(RuntimeError):
+    """Another live job is writing the same checkpoint folder."""
 
 
 def log_event(ctx: DistributedContext, event: str, **fields: Any) -> None:
@@ -48,11 +58,34 @@ def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def lock_for_writing(folder: Path) -> None:
+    """Hold the folder's writer lock for the rest of this process; `CheckpointFolderBusy` when another process holds it."""
+    folder = Path(folder).resolve()
+    if folder in _held_locks:
+        return
+    handle = open(folder / WRITER_LOCK, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise CheckpointFolderBusy(f"{folder} is being written by another training job ({holder}); two writers would "
+                                   "interleave checkpoints. Wait for it to end, or point ZERO_CHECKPOINT_DIR elsewhere") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} job {job_name()}\n")
+    handle.flush()
+    _held_locks[folder] = handle
+
+
 def prepare_folder(folder: Path, ctx: DistributedContext) -> None:
-    """Create the folder on rank 0 and drop temporary files a killed writer left behind (never read)."""
+    """On rank 0: create the folder, take its writer lock, and drop temporary files a killed writer
+    left behind (never read; safe to delete once no other writer can exist)."""
     if not ctx.is_main:
         return
     folder.mkdir(parents=True, exist_ok=True)
+    lock_for_writing(folder)
     for leftover in folder.glob(".tmp-*"):
         log.warning("removing %s: a partial checkpoint from a job that was killed while writing it", leftover)
         leftover.unlink()

@@ -1,13 +1,18 @@
 """Run job scripts on this machine with SageMaker's container contract, through Dagster Pipes.
 
-Each job gets a run folder named after the job with the `/opt/ml` layout: inputs linked (or, for
-`s3://` inputs, downloaded as File mode would) under the paths SageMaker uses, `SM_*` variables set,
-training launched under `torchrun`. When the script succeeds its outputs are published to their
-destinations with the manifest last, as SageMaker uploads a job's outputs when it completes.
+Each run of a job gets its own folder, `<jobs root>/<asset>/<fingerprint[:16]>/runs/<run id>/<job name>/`,
+with the `/opt/ml` layout: inputs linked (or, for `s3://` inputs, downloaded as File mode would)
+under the paths SageMaker uses, outputs staged under it, `SM_*` variables set, training launched
+under `torchrun`. Two runs never share a folder, so neither can delete the other's work. When the
+script succeeds its staged outputs are moved to their destinations with the manifest last (copied,
+then removed, across file systems), as SageMaker uploads a job's outputs when it completes: no second
+copy stays behind. The job process runs in an allow-listed environment and dies with this process
+(see `local_process`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -23,17 +28,17 @@ from dagster import (
     Failure,
     MaterializeResult,
     MetadataValue,
-    PipesSubprocessClient,
 )
 from dagster._core.errors import DagsterPipesExecutionError
 from dagster._core.pipes.client import PipesClientCompletedInvocation
 
-from training_code.lib.storage import download_prefix, is_s3, list_objects, publish_folder, safe_relative_key
+from training_code.lib.storage import MANIFEST_NAMES, download_prefix, is_s3, list_objects, publish_folder, safe_relative_key
 
 from ..fingerprints import UpstreamOutput
-from ..job_request import JobRequest
+from ..job_request import JobRequest, materialization_folder
 from ..warm_state import warm_shards
 from .job_runner import JobRunner
+from .local_process import job_environment, run_with_pipes, start_job_process
 from .settings import REPO_ROOT, ZeroSettings
 
 LOG_TAIL_LINES = 30
@@ -51,7 +56,7 @@ class LocalJobRunner(JobRunner):
         return self.instances.get(asset, 1)
 
     def run(self, context: AssetExecutionContext, request: JobRequest) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
-        run_dir = Path(self.settings.jobs_root()) / request.job_name
+        run_dir = self.run_folder(request, context.run.run_id)
         hosts = [f"algo-{i + 1}" for i in range(request.instance_count)]
         if len(hosts) > 1 and request.kind != "processing":
             raise ValueError(f"{request.asset}: the local backend runs multi-instance jobs for Processing only; training uses processes_per_host")
@@ -70,10 +75,8 @@ class LocalJobRunner(JobRunner):
         # Hosts after the first run beside it without Pipes: only the first host reports, as on SageMaker.
         siblings = {host: self._start_sibling(layouts[host], request, paths[host], host, hosts) for host in others}
         try:
-            invocation = PipesSubprocessClient(cwd=str(REPO_ROOT)).run(
-                context=context, command=self._command(request, paths[first]),
-                env=self._environment(layouts[first], request, paths[first], first, hosts),
-            )
+            invocation = run_with_pipes(context, self._command(request, paths[first]),
+                                        self._environment(layouts[first], request, paths[first], first, hosts), str(REPO_ROOT))
             exit_codes = {host: process.wait() for host, process in siblings.items()}
         except DagsterPipesExecutionError as error:
             raise _job_failure(request, layouts[first], first) from error
@@ -86,9 +89,8 @@ class LocalJobRunner(JobRunner):
             if code != 0:
                 raise _job_failure(request, layouts[host], host)
         wall = time.perf_counter() - started
-        for host in hosts:  # every host uploads its own files to the same destination, as S3 outputs do
-            for name, destination in request.outputs.items():
-                publish_folder(paths[host][name], destination)
+        for name, destination in request.outputs.items():  # every host uploads its own files to one destination, as S3 outputs do
+            publish_output([paths[host][name] for host in hosts], destination, run_dir / "replaced")
         return invocation, {
             "job_name": request.job_name,
             "backend": "local",
@@ -98,11 +100,14 @@ class LocalJobRunner(JobRunner):
             "job_logs": MetadataValue.path(str(layouts[first] / "output" / "job.log")),
         }
 
+    def run_folder(self, request: JobRequest, run_id: str) -> Path:
+        """This run's folder for the job: no other run reads or writes it."""
+        return materialization_folder(self.settings.jobs_root(), request) / "runs" / run_id / request.job_name
+
     def _start_sibling(self, opt_ml: Path, request: JobRequest, paths: dict[str, Path], host: str, hosts: list[str]) -> subprocess.Popen:
         log = (opt_ml / "output" / "job.log").open("wb")
         with log:  # the child keeps its own descriptor
-            return subprocess.Popen(self._command(request, paths), cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **self._environment(opt_ml, request, paths, host, hosts)})
+            return start_job_process(self._command(request, paths), self._environment(opt_ml, request, paths, host, hosts), str(REPO_ROOT), log)
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
         """Copy the shards into the folder standing in for the FSx mount, each verified there."""
@@ -125,7 +130,7 @@ class LocalJobRunner(JobRunner):
         )
 
     def _lay_out(self, opt_ml: Path, request: JobRequest, parts: dict[str, list[str]]) -> dict[str, Path]:
-        """Create the `/opt/ml` layout afresh (checkpoints survive, so a retried job resumes).
+        """Create the `/opt/ml` layout afresh in this run's folder (an earlier attempt of the same run may have left one).
 
         An input named in `parts` gets only those keys: this host's part of a split input."""
         for stale in ("input", "processing", "model", "output", "config"):
@@ -175,14 +180,15 @@ class LocalJobRunner(JobRunner):
         }
         if request.kind == "training":
             env["SM_MODEL_DIR"] = str(paths[next(iter(request.outputs))])
-            env["ZERO_CHECKPOINT_DIR"] = self.checkpoint_uri(request.job_name)
+            env["ZERO_CHECKPOINT_DIR"] = self.checkpoint_uri(request)
             env["SM_CHANNELS"] = json.dumps(sorted(request.inputs))
             env.update({f"SM_CHANNEL_{name.upper()}": str(paths[name]) for name in request.inputs})
-        return env
+        return job_environment(env, s3_access=request.reads_s3())
 
-    def checkpoint_uri(self, job_name: str) -> str:
-        """Checkpoints live under a path built from the job name, so a retry finds and resumes them."""
-        return str(Path(self.settings.jobs_root()) / job_name / "opt" / "ml" / "checkpoints")
+    def checkpoint_uri(self, request: JobRequest) -> str:
+        """Checkpoints are kept per output (asset and fingerprint), across runs, so a rerun resumes them.
+        One writer at a time: the run holding the output's lease (see `job_launch`)."""
+        return str(materialization_folder(self.settings.jobs_root(), request) / "checkpoints")
 
     def _command(self, request: JobRequest, paths: dict[str, Path]) -> list[str]:
         if request.kind == "training":
@@ -198,6 +204,40 @@ def sharded_part(keys: list[str], host_index: int, hosts: int) -> list[str]:
     SageMaker promises each instance about 1/N of the objects, not which ones; the job scripts rely
     only on the parts being disjoint and together complete, which this keeps."""
     return keys[host_index::hosts]
+
+
+def publish_output(staged: list[Path], destination: str, replaced: Path) -> None:
+    """Move the staged output folders' files to `destination`, manifests last, leaving no copy behind.
+
+    A local destination that already exists (an earlier attempt that never got its marker) is first
+    moved aside to `replaced`, under this run's folder, and deleted once the new files are in place.
+    Files move by rename on one file system; elsewhere (or to S3) they are copied, then the staged
+    folder is removed."""
+    if is_s3(destination):
+        for folder in staged:
+            publish_folder(folder, destination)
+            shutil.rmtree(folder)
+        return
+    target = Path(destination)
+    if target.exists():
+        shutil.rmtree(replaced, ignore_errors=True)
+        replaced.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(target, replaced)
+    target.mkdir(parents=True, exist_ok=True)
+    for folder in staged:
+        files = sorted((p for p in folder.rglob("*") if p.is_file()), key=lambda p: (p.name in MANIFEST_NAMES, str(p)))
+        for path in files:
+            moved = target / path.relative_to(folder)
+            moved.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.replace(path, moved)
+            except OSError as error:
+                if error.errno != errno.EXDEV:
+                    raise
+                publish_folder(folder, destination)  # another file system: copy what is left, manifests last
+                break
+        shutil.rmtree(folder)
+    shutil.rmtree(replaced, ignore_errors=True)
 
 
 def _job_failure(request: JobRequest, opt_ml: Path, host: str) -> Failure:

@@ -1,0 +1,112 @@
+"""Start a local job process that dies with its run, in an environment that holds no secrets.
+
+Every job process gets its own process group and a parent-death signal (Linux `PR_SET_PDEATHSIG`),
+so a Dagster process killed with SIGKILL takes its job with it (torchrun's workers follow their
+launcher, see `training_code.lib.distributed.die_with_launcher`), and whatever the job started is
+killed with its group when the job ends. The environment is built from an allow-list instead of
+the Dagster process's own: job scripts decode untrusted files and must not see the database
+password or API keys. `run_with_pipes` is the local Pipes client: Dagster's subprocess client
+always passes the whole environment on, so the session is opened here with the same temp-file
+context injector and message reader.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import IO, Mapping, Sequence
+
+from dagster import AssetExecutionContext, PipesTempFileContextInjector, PipesTempFileMessageReader, open_pipes_session
+from dagster._core.errors import DagsterExecutionInterruptedError, DagsterPipesExecutionError
+from dagster._core.pipes.client import PipesClientCompletedInvocation
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+STOP_GRACE_S = 30.0  # a stopped job gets this long after SIGTERM to save a checkpoint, as SageMaker's stop gives
+
+# What a job may see of the Dagster process's environment: the system basics, Python, the numeric
+# and distributed runtimes, and this project's own settings. Nothing whose name says it is a secret.
+ALLOWED_NAMES = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "TMPDIR", "TEMP", "TMP", "LANG", "LANGUAGE",
+                 "VIRTUAL_ENV", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "CUDA_VISIBLE_DEVICES", "HF_HOME",
+                 "HF_DATASETS_CACHE", "HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "WANDB_MODE", "WANDB_DIR", "WANDB_SILENT"}
+ALLOWED_PREFIXES = ("LC_", "PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "TORCH", "NCCL_", "GLOO_", "CUDA_", "NVIDIA_", "ZERO_")
+AWS_PREFIXES = ("AWS_",)  # only for jobs that read or write s3:// themselves
+SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|CREDENTIAL|PRIVATE", re.IGNORECASE)
+
+
+def job_environment(extra: Mapping[str, str], *, s3_access: bool, source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The allow-listed part of `source` (default: this process's environment), then `extra`.
+
+    With `s3_access`, the AWS_* variables (credentials included) pass too: the job needs them."""
+    source = os.environ if source is None else source
+    prefixes = ALLOWED_PREFIXES + (AWS_PREFIXES if s3_access else ())
+    kept = {}
+    for name, value in source.items():
+        allowed = name in ALLOWED_NAMES or name.startswith(prefixes)
+        if allowed and (not SECRET_NAME.search(name) or (s3_access and name.startswith(AWS_PREFIXES))):
+            kept[name] = value
+    return {**kept, **extra}
+
+
+def _die_with_parent(parent: int, prctl) -> None:
+    """In the child before exec: ask the kernel for SIGKILL when the parent dies (async-signal-safe calls only)."""
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def start_job_process(command: Sequence[str], env: Mapping[str, str], cwd: str, stdout: IO | None = None) -> subprocess.Popen:
+    """A job process in its own process group that the kernel kills when this process dies (Linux)."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+    parent = os.getpid()
+    return subprocess.Popen(list(command), cwd=cwd, env=dict(env), stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
+                            process_group=0, preexec_fn=lambda: _die_with_parent(parent, prctl))
+
+
+def end_process_group(process: subprocess.Popen) -> None:
+    """Kill whatever the job started and left behind (its group), and the job itself if still running."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is empty: everything already exited
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+
+
+def stop_job_process(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to the job's group (a training job saves a checkpoint), SIGKILL after `grace_s`."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    end_process_group(process)
+
+
+def run_with_pipes(context: AssetExecutionContext, command: Sequence[str], env: Mapping[str, str], cwd: str) -> PipesClientCompletedInvocation:
+    """Run the job through Dagster Pipes; raises `DagsterPipesExecutionError` when it exits non-zero.
+
+    A terminated Dagster run stops the job (SIGTERM, then SIGKILL); however the job ends, nothing it
+    started outlives it."""
+    with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
+                            message_reader=PipesTempFileMessageReader()) as session:
+        process = start_job_process(command, {**env, **session.get_bootstrap_env_vars()}, cwd)
+        try:
+            process.wait()
+        except DagsterExecutionInterruptedError:
+            context.log.info(f"run interrupted: stopping job process {process.pid} (SIGTERM, SIGKILL after {STOP_GRACE_S:.0f} s)")
+            stop_job_process(process)
+            raise
+        finally:
+            end_process_group(process)
+        if process.returncode != 0:
+            raise DagsterPipesExecutionError(f"External execution process failed with code {process.returncode}")
+    return PipesClientCompletedInvocation(session)
