@@ -7,7 +7,13 @@ and maps the exit to job states: 0 -> Completed (outputs uploaded), non-zero -> 
 FailureReason / ExitMessage from `/opt/ml/output/{failure,message}`, Stop*Job -> Stopping -> Stopped,
 MaxRuntimeInSeconds exceeded -> Stopped / MaxRuntimeExceeded. A Processing job with several instances
 runs one process per host, each with its own `/opt/ml` and `config/resourceconfig.json`; a
-ShardedByS3Key input gives each host every n-th object; every host uploads its outputs.
+ShardedByS3Key input gives each host every n-th object; every host uploads its outputs. An S3Prefix
+input is every key that starts with the URI exactly as written, as SageMaker reads it (`s3://b/raw`
+also matches `raw-old/...`).
+
+For attempt states: `add_stopping_job` presents a job that is `Stopping` and turns `Stopped` after a
+few describes; every create records the state of every other job at that moment (`seen_at_create`).
+`ThrottledLogs` wraps a CloudWatch Logs client and refuses reads with ThrottlingException.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class FakeSageMaker:
         self.meta = SimpleNamespace(region_name=region)
         self.calls: list[tuple[str, str]] = []
         self.jobs: dict[str, dict] = {}
+        self.seen_at_create: dict[str, dict[str, str]] = {}  # new job -> {other job: its status then}
         self._lock = threading.Lock()
 
     # --- the boto3 surface -------------------------------------------------------------------
@@ -73,6 +80,7 @@ class FakeSageMaker:
     def _create(self, kind: str, operation: str, name: str, params: dict):
         validate_parameters(params, _MODEL.operation_model(operation).input_shape)
         self.calls.append((operation, name))
+        self.seen_at_create[name] = {other: job["status"] for other, job in self.jobs.items()}
         with self._lock:
             if name in self.jobs:
                 raise ClientError({"Error": {"Code": "ResourceInUse", "Message": f"Job name {name} must be unique"}}, operation)
@@ -81,9 +89,22 @@ class FakeSageMaker:
         threading.Thread(target=self._run, args=(name,), daemon=True).start()
         return {"TrainingJobArn" if kind == "training" else "ProcessingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:{kind}-job/{name}"}
 
+    def add_stopping_job(self, kind: str, params: dict, polls: int = 3) -> None:
+        """A job someone stopped that is still `Stopping`: it turns `Stopped` after `polls` describes."""
+        name = params["TrainingJobName" if kind == "training" else "ProcessingJobName"]
+        now = datetime.now(timezone.utc)
+        self.jobs[name] = {"kind": kind, "params": params, "status": "Stopping", "secondary": "Stopping", "transitions": ["Starting", "Stopping"],
+                           "created": now, "started": now, "ended": None, "process": None, "failure": None, "exit_message": None,
+                           "stops_after_polls": polls}
+
     def _describe(self, kind: str, name: str) -> dict:
         self.calls.append((f"Describe{kind}", name))
         job = self.jobs.get(name)
+        if job is not None and job.get("stops_after_polls") is not None:
+            job["stops_after_polls"] -= 1
+            if job["stops_after_polls"] < 0:
+                job.update(status="Stopped", secondary="Stopped", ended=datetime.now(timezone.utc), stops_after_polls=None)
+                job["transitions"].append("Stopped")
         if job is None or job["kind"] != kind:
             message = "Requested resource not found." if kind == "training" else f"Could not find requested job with name {name}"
             raise ClientError({"Error": {"Code": "ValidationException", "Message": message}}, f"Describe{kind}")
@@ -244,13 +265,14 @@ class FakeSageMaker:
         return opt / container_path[len("/opt/ml/") :]
 
     def _download(self, uri: str, dest: Path, part: tuple[int, int] = (0, 1)) -> Path:
-        """The objects under `uri`; with `part` = (host index, hosts), that host's part of them."""
-        bucket, prefix = split_s3(uri)
+        """Every object whose key starts with `uri` as written (SageMaker's S3Prefix: no `/` is added);
+        with `part` = (host index, hosts), that host's part of them."""
+        bucket, _, prefix = uri[len("s3://") :].partition("/")
         dest.mkdir(parents=True, exist_ok=True)
-        keys = [obj["Key"] for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
+        keys = [obj["Key"] for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
                 for obj in page.get("Contents", [])]
         for key in sharded_part(sorted(keys), *part):  # split as the local backend splits
-            target = dest / key[len(prefix) + 1 :]
+            target = dest / key[len(prefix) :].lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
         return dest
@@ -265,3 +287,42 @@ class FakeSageMaker:
         body = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
             tar.extractall(dest, filter="data")
+
+
+class ThrottledLogs:
+    """A CloudWatch Logs client whose reads are refused with ThrottlingException: the first `first`
+    reads, then every `every`-th one. Writes (the fake's log shipping) go through."""
+
+    READS = ("get_log_events", "describe_log_streams", "filter_log_events")
+
+    def __init__(self, logs, first: int = 6, every: int = 3) -> None:
+        self._logs, self._first, self._every = logs, first, every
+        self.reads = self.refused = 0
+        self.exceptions, self.meta = logs.exceptions, logs.meta
+
+    def _admit(self, operation: str) -> None:
+        self.reads += 1
+        if self.reads <= self._first or self.reads % self._every == 0:
+            self.refused += 1
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}, "ResponseMetadata": {"HTTPStatusCode": 400}}, operation)
+
+    def __getattr__(self, name):
+        attribute = getattr(self._logs, name)
+        if name not in self.READS:
+            return attribute
+
+        def read(**kwargs):
+            self._admit(name)
+            return attribute(**kwargs)
+
+        return read
+
+    def get_paginator(self, operation: str):
+        paginator, admit = self._logs.get_paginator(operation), self._admit
+
+        class Paginator:
+            def paginate(self, **kwargs):
+                admit(operation)
+                return paginator.paginate(**kwargs)
+
+        return Paginator()

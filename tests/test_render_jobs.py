@@ -74,8 +74,14 @@ def test_every_rendered_request_is_valid(tmp_path, monkeypatch, profile, fsx, sp
         reduced = requests["validated_images-reduce.CreateProcessingJob.json"]
         assert reduced["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 1
         assert [i["S3Input"]["S3Uri"] for i in reduced["ProcessingInputs"] if i["InputName"] == "decoded"] == [
-            o["S3Output"]["S3Uri"] for o in mapped["ProcessingOutputConfig"]["Outputs"]]
+            o["S3Output"]["S3Uri"] + "/" for o in mapped["ProcessingOutputConfig"]["Outputs"]]
     assert training["CheckpointConfig"]["S3Uri"].startswith("s3://zero-ml-lake/zero/checkpoints/trained_checkpoint/")
+    # Prefixes SageMaker downloads end in "/": `s3://b/raw` would also pull `raw-old/`, `<fp>` its `<fp>-map` sibling.
+    prefixes = [i["S3Input"]["S3Uri"] for params in requests.values() for i in params.get("ProcessingInputs", [])]
+    prefixes += [c["DataSource"]["S3DataSource"]["S3Uri"] for params in requests.values() for c in params.get("InputDataConfig", [])
+                 if "S3DataSource" in c["DataSource"]]
+    prefixes += [params["CheckpointConfig"]["S3Uri"] for params in requests.values() if "CheckpointConfig" in params]
+    assert prefixes and all(uri.endswith("/") and not uri.endswith("//") for uri in prefixes), prefixes
     for params in requests.values():
         for key, value in params.get("Environment", {}).items():
             assert len(value) <= (512 if "TrainingJobName" in params else 256), key

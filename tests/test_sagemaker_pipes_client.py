@@ -6,13 +6,13 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-import boto3
 import pytest
 from dagster import AssetKey, Definitions, asset, materialize
 from dagster._core.errors import DagsterExecutionInterruptedError
 from moto.server import ThreadedMotoServer
 
 from sagemaker_fakes import FakeSageMaker
+from training_code.lib.aws_clients import client as aws_client
 from zero_assets.job_request import JobRequest
 from zero_assets.resources.sagemaker_settings import JobCompute, SageMakerSettings
 from zero_assets.resources.settings import REPO_ROOT
@@ -59,8 +59,8 @@ def aws(moto_endpoint, tmp_path, monkeypatch):
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "ZERO_S3_ENDPOINT_URL": moto_endpoint}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
-    logs = boto3.client("logs", endpoint_url=moto_endpoint)
+    s3 = aws_client("s3", endpoint_url=moto_endpoint)
+    logs = aws_client("logs", endpoint_url=moto_endpoint)
     s3.create_bucket(Bucket=BUCKET)
     code_root = tmp_path / "code"
     (code_root / "zero_test_jobs").mkdir(parents=True)

@@ -4,12 +4,12 @@ SageMaker itself is the fake from sagemaker_fakes; CloudWatch Logs is a moto ser
 
 from __future__ import annotations
 
-import boto3
 import pytest
 from dagster import AssetKey, materialize
 from moto.server import ThreadedMotoServer
 
 from sagemaker_fakes import FakeSageMaker
+from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import publish_folder
 from zero_assets.assets import raw_image_index, validated_images
 from zero_assets.local_s3 import LocalS3Server
@@ -35,7 +35,7 @@ def cloudwatch():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    yield boto3.client("logs", endpoint_url=f"http://{host}:{port}", region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")
+    yield aws_client("logs", endpoint_url=f"http://{host}:{port}", region="us-east-1", access_key="testing", secret_key="testing")
     server.stop()
 
 

@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-import boto3
-from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+
+from training_code.lib.aws_clients import client as aws_client
 
 STARTUP_TIMEOUT_S = 60
 
@@ -67,6 +67,8 @@ class LocalS3Server:
         command = [
             weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.data_dir}",
             "-s3", f"-s3.port={self.port}", "-volume.max=64", "-master.volumeSizeLimitMB=256", *(f"-{k}={v}" for k, v in ports.items()),
+            # Off: their fixed default ports (8181, 9101) make a second server on this machine exit at start.
+            "-s3.port.iceberg=0", "-s3.port.lance=0",
         ]
         log = open(self.data_dir / "weed.log", "wb")
         self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -92,12 +94,10 @@ class LocalS3Server:
             "AWS_DEFAULT_REGION": self.region,
         }
 
-    def client(self):
-        return boto3.client(
-            "s3", endpoint_url=self.endpoint_url, aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key, region_name=self.region,
-            config=Config(retries={"max_attempts": 3, "mode": "standard"}),
-        )
+    def client(self, max_attempts: int | None = None):
+        """This server's S3 client under the project's client policy (shared, adaptive retries)."""
+        return aws_client("s3", region=self.region, endpoint_url=self.endpoint_url, access_key=self.access_key,
+                          secret_key=self.secret_key, max_attempts=max_attempts)
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -106,7 +106,7 @@ class LocalS3Server:
             if self._process.poll() is not None:
                 raise RuntimeError(f"weed exited with {self._process.returncode}; see {self.data_dir / 'weed.log'}")
             try:  # ready means a write goes through, not only that the port answers
-                client = self.client()
+                client = self.client(max_attempts=1)  # this loop is the retry while weed starts
                 client.create_bucket(Bucket=probe_bucket)
                 client.put_object(Bucket=probe_bucket, Key="probe", Body=b"ok")
                 client.delete_object(Bucket=probe_bucket, Key="probe")

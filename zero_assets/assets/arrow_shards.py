@@ -9,6 +9,7 @@ from ..job_launch import launch_job
 from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
 from .validated_images import validated_images
+from .job_retry import JOB_RETRY_POLICY
 
 
 class ShardConfig(Config):
@@ -20,7 +21,7 @@ class ShardConfig(Config):
     jpeg_quality: int = 90
 
 
-@asset(deps=[validated_images], group_name="zero", kinds={"arrow"})
+@asset(deps=[validated_images], group_name="zero", kinds={"arrow"}, retry_policy=JOB_RETRY_POLICY)
 def arrow_shards(context: AssetExecutionContext, config: ShardConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """Arrow IPC shards (`<split>-<n>.arrow`) and `manifest.json` with rows, bytes and sha256 per shard."""
     validated = upstream_output(context, "validated_images")

@@ -7,9 +7,10 @@ from ..fingerprints import FingerprintInputs, upstream_output
 from ..metadata import upstream_metadata
 from ..resources.job_runner import JobRunner
 from .arrow_shards import arrow_shards
+from .job_retry import JOB_RETRY_POLICY
 
 
-@asset(deps=[arrow_shards], group_name="zero", kinds={"filesystem"})
+@asset(deps=[arrow_shards], group_name="zero", kinds={"filesystem"}, retry_policy=JOB_RETRY_POLICY)
 def fsx_warm_state(context: AssetExecutionContext, jobs: JobRunner) -> MaterializeResult:
     """The location the trainer reads (a folder locally; FSx for Lustre or S3 on SageMaker), verified complete.
 

@@ -8,6 +8,7 @@ from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
 from .fsx_warm_state import fsx_warm_state
 from .trained_checkpoint import trained_checkpoint
+from .job_retry import JOB_RETRY_POLICY
 
 
 class EvalConfig(Config):
@@ -15,7 +16,7 @@ class EvalConfig(Config):
     score_threshold: float = 0.0  # keep every detection: COCO mAP integrates over the score ranking
 
 
-@asset(deps=[trained_checkpoint, fsx_warm_state], group_name="zero", kinds={"json"})
+@asset(deps=[trained_checkpoint, fsx_warm_state], group_name="zero", kinds={"json"}, retry_policy=JOB_RETRY_POLICY)
 def map_report(context: AssetExecutionContext, config: EvalConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """mAP, mAP@0.5, mAP@0.75 and per-class AP of the checkpoint on the held-out split."""
     checkpoint = upstream_output(context, "trained_checkpoint")

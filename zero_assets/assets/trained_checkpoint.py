@@ -7,6 +7,7 @@ from ..job_launch import launch_job
 from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
 from .fsx_warm_state import fsx_warm_state
+from .job_retry import JOB_RETRY_POLICY
 
 
 class TrainConfig(Config):
@@ -22,7 +23,7 @@ class TrainConfig(Config):
     processes: int = 2  # torchrun --nproc_per_node (one per GPU; on CPU, one per core)
 
 
-@asset(deps=[fsx_warm_state], group_name="zero", kinds={"pytorch"})
+@asset(deps=[fsx_warm_state], group_name="zero", kinds={"pytorch"}, retry_policy=JOB_RETRY_POLICY)
 def trained_checkpoint(context: AssetExecutionContext, config: TrainConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """`model.pt` (weights, model config, categories, step) trained under torchrun on the warm shards."""
     warm = upstream_output(context, "fsx_warm_state")

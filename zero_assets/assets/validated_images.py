@@ -11,6 +11,7 @@ from ..metadata import table_schema
 from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
 from .raw_image_index import raw_image_index
+from .job_retry import JOB_RETRY_POLICY
 
 
 # On several instances each decodes its part of the raw images; one then decides (see training_code/validate.py).
@@ -23,9 +24,13 @@ class ValidationConfig(Config):
     max_quarantine_rate: float = 0.5  # fail the asset when more of the images than this are rejected
     min_side: int = 8
     timeout_s: float = 20.0  # per-file decode limit
+    # Past these an image is quarantined as too_large before it is read or decoded (README "Bad input").
+    max_image_bytes: int = 128 << 20
+    max_pixels: int = 1_000_000_000
+    max_annotation_bytes: int = 1 << 30  # a larger annotations.json costs its source its labels, reported
 
 
-@asset(deps=[raw_image_index], group_name="zero", kinds={"parquet"}, metadata={"dagster/column_schema": table_schema(ACCEPTED)})
+@asset(deps=[raw_image_index], group_name="zero", kinds={"parquet"}, metadata={"dagster/column_schema": table_schema(ACCEPTED)}, retry_policy=JOB_RETRY_POLICY)
 def validated_images(
     context: AssetExecutionContext, config: ValidationConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> MaterializeResult:

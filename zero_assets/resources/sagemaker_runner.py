@@ -3,6 +3,10 @@
 The code is packaged and uploaded once per content hash; the job name comes from asset,
 fingerprint and attempt; a training job's `model.tar.gz` is unpacked to the asset's output
 prefix (manifest last), so downstream jobs read files exactly as they do on the local backend.
+
+Attempts: a running attempt is reattached, a `Stopping` one waited for, a `Completed` one reused
+only when its output is complete, and a reattached one whose Pipes report is gone counts as failed;
+in every other case the next attempt is launched.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from typing import Any
 from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue
 from dagster._core.pipes.client import PipesClientCompletedInvocation
 
-from training_code.lib.storage import fetch_file, publish_folder
+from training_code.lib.storage import exists, fetch_file, publish_folder
 
+from ..cache import output_is_complete
 from ..fingerprints import UpstreamOutput
 from ..job_request import JobRequest
 from ..sagemaker.fsx import shards_on_fsx
@@ -27,6 +32,7 @@ from ..sagemaker.code_package import build_code_package, upload_code_package
 from ..sagemaker.names import job_name
 from ..sagemaker.pipes_client import PipesSageMakerClient
 from ..sagemaker.requests import build_job_params
+from ..sagemaker.stage_outputs import outputs_as_recorded, record_outputs
 from .job_runner import JobRunner
 from .sagemaker_settings import SageMakerSettings
 from .settings import ZeroSettings
@@ -41,12 +47,11 @@ class AwsClients:
 
 
 def make_aws_clients(region: str) -> AwsClients:
-    """boto3 clients from the default credential chain (tests replace this function with stand-ins)."""
-    import boto3
-
+    """The process's shared clients under the one client policy (tests replace this function with stand-ins)."""
+    from training_code.lib.aws_clients import client
     from training_code.lib.storage import s3_client
 
-    return AwsClients(boto3.client("sagemaker", region_name=region), boto3.client("logs", region_name=region), s3_client(), boto3.client("fsx", region_name=region))
+    return AwsClients(client("sagemaker", region=region), client("logs", region=region), s3_client(), client("fsx", region=region))
 
 
 class SageMakerJobRunner(JobRunner):
@@ -74,18 +79,35 @@ class SageMakerJobRunner(JobRunner):
         package = build_code_package()
         upload_code_package(package, self.aws.s3_root(), clients.s3)
         pipes = self.pipes_client(clients)
-        name = pipes.resolve_job_name(context, request.kind, lambda attempt: job_name(request.label, request.fingerprint, attempt))
-        _, params = build_job_params(request, self.aws, job_name=name, code=package, environment={}, lake_uri=self.settings.lake_uri)
         started = time.perf_counter()
-        invocation = pipes.run(context=context, kind=request.kind, params=params)
+        name, params, invocation = pipes.run_attempts(
+            context=context, kind=request.kind,
+            name_for_attempt=lambda attempt: job_name(request.label, request.fingerprint, attempt),
+            params_for=lambda name: build_job_params(request, self.aws, job_name=name, code=package, environment={}, lake_uri=self.settings.lake_uri)[1],
+            output_ready=lambda name, job: self.output_ready(request, name),
+        )
+        if request.stage == "map":
+            record_outputs(self.aws.s3_root(), name, request.outputs)
         extra: dict[str, Any] = {"backend": "sagemaker", "job_wall_s": round(time.perf_counter() - started, 2), "code_package": package.digest}
         if request.kind == "training":
-            model_tar = f"{params['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{name}/output/model.tar.gz"
+            model_tar = self.model_artifact(name)
             for destination in request.outputs.values():
                 unpack_model_artifact(model_tar, destination)
             extra["checkpoint_uri"] = params["CheckpointConfig"]["S3Uri"]
             extra["model_artifact"] = model_tar
         return invocation, extra
+
+    def model_artifact(self, name: str) -> str:
+        """Where SageMaker puts a training job's `model.tar.gz` (OutputDataConfig is `<root>/jobs/`)."""
+        return f"{self.aws.s3_root()}/jobs/{name}/output/model.tar.gz"
+
+    def output_ready(self, request: JobRequest, name: str) -> bool:
+        """Whether the `Completed` attempt `name` left a complete output behind, so it may be reused."""
+        if request.kind == "training":
+            return exists(self.model_artifact(name))  # unpacked again, manifest last, into the asset's output
+        if request.stage == "map":
+            return outputs_as_recorded(self.aws.s3_root(), name, request.outputs)
+        return all(output_is_complete(uri, request.fingerprint) for uri in request.outputs.values())
 
     def instance_count(self, asset: str) -> int:
         return self.aws.compute(asset).instance_count

@@ -1,14 +1,21 @@
 """Tail a SageMaker job's CloudWatch log streams (`<log group>/<job name>/<host>-<n>`).
 
 Every stream of the job is followed from its start (one per instance), new lines returned on each
-`poll()`, and the last lines kept so a failure can quote them.
+`poll()`, and the last lines kept so a failure can quote them. A throttled or failing CloudWatch
+never ends the wait for the job: the tail backs off, keeps its place in every stream, and catches
+up once CloudWatch answers again.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
 
+from training_code.lib.aws_clients import Backoff, is_retryable
+
 PIPES_MESSAGE_MARK = '"__dagster_pipes_version"'  # a Pipes message, read by the message reader, not a log line
+log = logging.getLogger("zero.sagemaker")
 
 
 class JobLogTail:
@@ -17,9 +24,26 @@ class JobLogTail:
         self._group = log_group
         self._prefix = f"{job_name}/"
         self._tokens: dict[str, str] = {}
+        self._backoff = Backoff(first_s=2.0, max_s=60.0)
         self.last_lines: deque[str] = deque(maxlen=keep_lines)
 
+    @property
+    def throttled(self) -> int:
+        """How many polls CloudWatch refused (throttling, 5xx, connection errors) so far."""
+        return self._backoff.failures
+
     def streams(self) -> list[str]:
+        if not self._backoff.ready():
+            return []
+        try:
+            found = self._streams()
+        except Exception as error:  # noqa: BLE001 - transient ones back off, the rest are raised
+            self._transient(error)
+            return []
+        self._backoff.succeeded()
+        return found
+
+    def _streams(self) -> list[str]:
         try:
             paginator = self._client.get_paginator("describe_log_streams")
             pages = paginator.paginate(logGroupName=self._group, logStreamNamePrefix=self._prefix)
@@ -28,19 +52,35 @@ class JobLogTail:
             return []  # the log group appears with the first job that logs in this account and region
 
     def poll(self) -> list[tuple[str, str]]:
-        """New (host, line) pairs since the last poll, Pipes messages left out."""
+        """New (host, line) pairs since the last poll, Pipes messages left out; [] while backing off."""
         lines: list[tuple[str, str]] = []
         for stream in self.streams():
             host = stream[len(self._prefix) :]
-            for message in self._new_messages(stream):
+            messages: list[str] = []
+            try:
+                self._new_messages(stream, messages)
+            except Exception as error:  # noqa: BLE001 - transient ones back off, the rest are raised
+                self._transient(error)
+                stop = True  # what was read is kept (the token moved past it); the stream resumes there
+            else:
+                stop = False
+            for message in messages:
                 for line in message.splitlines():
                     if line and PIPES_MESSAGE_MARK not in line:
                         lines.append((host, line))
                         self.last_lines.append(f"[{host}] {line}")
+            if stop:
+                break
         return lines
 
-    def _new_messages(self, stream: str) -> list[str]:
-        messages: list[str] = []
+    def _transient(self, error: Exception) -> None:
+        if not is_retryable(error):
+            raise error
+        delay = self._backoff.failed()
+        log.warning("CloudWatch Logs %s for %s*: %s; next read in %.0fs", self._group, self._prefix, error, delay)
+
+    def _new_messages(self, stream: str, messages: list[str]) -> None:
+        """Append the stream's new messages to `messages`, page by page (a failure keeps the pages read)."""
         while True:
             request = {"logGroupName": self._group, "logStreamName": stream, "startFromHead": True}
             if stream in self._tokens:
@@ -50,7 +90,15 @@ class JobLogTail:
             token = response.get("nextForwardToken")
             # The same token back means the end of the stream for now.
             if token is None or token == self._tokens.get(stream):
-                return messages
+                return
             self._tokens[stream] = token
             if not response.get("events"):
-                return messages
+                return
+
+    def final_poll(self, max_wait_s: float = 60.0) -> list[tuple[str, str]]:
+        """The lines CloudWatch delivered after the last poll, waiting out a back-off (at most `max_wait_s`)."""
+        waited = 0.0
+        while not self._backoff.ready() and waited < max_wait_s:
+            time.sleep(0.5)
+            waited += 0.5
+        return self.poll()

@@ -25,3 +25,11 @@ def job_name(asset: str, fingerprint: str, attempt: int) -> str:
     if not VALID_NAME.match(name):
         raise ValueError(f"job name {name!r} built from asset {asset!r} breaks SageMaker's naming rule")
     return name
+
+
+def attempt_of(name: str) -> int:
+    """The attempt number a name from `job_name` ends with."""
+    found = re.search(r"-a(\d+)$", name)
+    if not found:
+        raise ValueError(f"{name!r} is not a job name from job_name(): it does not end in -a<attempt>")
+    return int(found.group(1))

@@ -3,7 +3,9 @@
 Shaped like dagster-aws's ECS and Glue clients. What it adds for SageMaker: jobs are found again by
 their deterministic name (a restarted run reattaches instead of launching twice), a job that ends
 `Stopped` (for example on MaxRuntimeExceeded, which boto3's waiter counts as done) is a failure,
-and failures carry the job name, FailureReason and the last log lines.
+and failures carry the job name, FailureReason and the last log lines. Throttled or failing AWS
+reads while the job runs are waited out, never taken for the job's end; a reattached job whose
+Pipes report cannot be read raises `ReportUnreadable` (see `attempts` for what comes next).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-import boto3
 from botocore.exceptions import ClientError
 from dagster import Failure, MetadataValue, PipesClient
 from dagster._core.definitions.resource_annotation import TreatAsResourceParam
@@ -22,9 +23,12 @@ from dagster._core.pipes.client import PipesClientCompletedInvocation, PipesCont
 from dagster._core.pipes.utils import open_pipes_session
 from dagster_aws.pipes import PipesCloudWatchMessageReader
 
+from training_code.lib.aws_clients import Backoff, endpoint_of, is_retryable, retry_call
+from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import s3_client as storage_s3_client
 
 from .job_logs import JobLogTail
+from .names import attempt_of
 from .pipes_io import JobKeyedS3ContextInjector, message_reader_for
 from .requests import check_environment
 
@@ -49,6 +53,12 @@ TERMINAL = ("Completed", "Failed", "Stopped")
 REATTACHABLE = ("InProgress", "Completed")  # Stopping ends as Stopped: the next attempt takes over
 LIMIT_STOPS = ("MaxRuntimeExceeded", "MaxWaitTimeExceeded")
 MAX_ATTEMPTS = 50
+REPORT_GRACE_S = 5.0  # after the job ends: how long past a reader's last refused read to wait for the report
+
+
+class ReportUnreadable(Exception):
+    """A reattached job ended without a Pipes report this client could read (its messages expired or
+    were deleted): what it produced cannot be vouched for, so the attempt counts as failed."""
 
 
 class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
@@ -77,8 +87,8 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         message_poll_interval: float = 10.0,
         log_tail_lines: int = 30,
     ):
-        self._client = client or boto3.client("sagemaker")
-        self._logs = logs_client or boto3.client("logs")
+        self._client = client or aws_client("sagemaker")
+        self._logs = logs_client or aws_client("logs")
         self._s3 = s3_client or storage_s3_client()  # honours ZERO_S3_ENDPOINT_URL like every other S3 access
         self._context_injector = context_injector
         self._message_reader = message_reader
@@ -106,15 +116,62 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
                 return None
             raise
 
-    def resolve_job_name(self, context, kind: Kind, name_for_attempt: Callable[[int], str]) -> str:
-        """The first attempt's name that is free, running or completed; ended attempts are skipped."""
-        for attempt in range(1, MAX_ATTEMPTS + 1):
+    def describe_patiently(self, kind: Kind, job_name: str) -> Optional[dict[str, Any]]:
+        """`describe`, retried through throttling and outages for up to the AWS retry window."""
+        return retry_call(lambda: self.describe(kind, job_name), what=f"Describe {kind} job {job_name}", endpoint=endpoint_of(self._client))
+
+    def resolve_job_name(
+        self, context, kind: Kind, name_for_attempt: Callable[[int], str],
+        output_ready: Optional[Callable[[str, dict], bool]] = None, first_attempt: int = 1,
+    ) -> str:
+        """The first attempt's name, from `first_attempt` on, that is free, running, or `Completed`
+        with `output_ready(name, job)` (never reused without it). A `Stopping` attempt is waited for
+        until it has stopped, so two attempts never write one output or checkpoint prefix at once."""
+        status_key = API[kind].status_key
+        for attempt in range(first_attempt, MAX_ATTEMPTS + 1):
             name = name_for_attempt(attempt)
-            job = self.describe(kind, name)
-            if job is None or job[API[kind].status_key] in REATTACHABLE:
+            job = self.describe_patiently(kind, name)
+            if job is not None and job[status_key] == "Stopping":
+                job = self.wait_until_ended(context, kind, name)
+            status = None if job is None else job[status_key]
+            if status in (None, "InProgress"):
                 return name
-            context.log.info(f"[pipes] attempt {attempt} ({name}) ended {job[API[kind].status_key]}; trying attempt {attempt + 1}")
+            if status == "Completed":
+                if output_ready is not None and output_ready(name, job):
+                    return name
+                context.log.warning(f"[pipes] attempt {attempt} ({name}) Completed, but its output is missing or incomplete: "
+                                    f"not reused; trying attempt {attempt + 1}")
+                continue
+            context.log.info(f"[pipes] attempt {attempt} ({name}) ended {status}; trying attempt {attempt + 1}")
         raise Failure(f"{MAX_ATTEMPTS} attempts of this materialization have ended without success; change its inputs or investigate {name}")
+
+    def run_attempts(
+        self, *, context, kind: Kind, name_for_attempt: Callable[[int], str], params_for: Callable[[str], dict[str, Any]],
+        output_ready: Callable[[str, dict], bool],
+    ) -> tuple[str, dict[str, Any], PipesClientCompletedInvocation]:
+        """Run the materialization's job: reattach, reuse, or launch the next attempt (see `resolve_job_name`).
+        A reattached attempt whose report cannot be read counts as failed and the one after it is launched.
+        Returns the attempt's name, its parameters and the invocation."""
+        first_attempt = 1
+        while True:
+            name = self.resolve_job_name(context, kind, name_for_attempt, output_ready, first_attempt)
+            params = params_for(name)
+            try:
+                return name, params, self.run(context=context, kind=kind, params=params)
+            except ReportUnreadable as unreadable:
+                context.log.warning(f"[pipes] {unreadable}: launching the next attempt")
+                first_attempt = attempt_of(name) + 1
+
+    def wait_until_ended(self, context, kind: Kind, name: str) -> dict[str, Any]:
+        """Poll a `Stopping` job until it is Stopped, Failed or Completed; its uploads end only then."""
+        status_key = API[kind].status_key
+        context.log.info(f"[pipes] {name} is Stopping: waiting for it to stop before the next attempt starts")
+        while True:
+            job = self.describe_patiently(kind, name)
+            if job[status_key] in TERMINAL:
+                context.log.info(f"[pipes] {name} has ended {job[status_key]}")
+                return job
+            time.sleep(self.poll_interval)
 
     def run(  # type: ignore[override]
         self, *, context, kind: Kind, params: dict[str, Any], extras: Optional[dict[str, Any]] = None
@@ -122,7 +179,7 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         """Launch the job described by `params` (Create*Job parameters), or reattach to it, and wait."""
         api = API[kind]
         name = params[api.name_key]
-        existing = self.describe(kind, name)
+        existing = self.describe_patiently(kind, name)
         if existing is not None and existing[api.status_key] not in REATTACHABLE:
             raise Failure(f"SageMaker {kind} job {name} already ended {existing[api.status_key]}; use resolve_job_name for a fresh attempt")
         injector, reader = self._pipes_io(name)
@@ -132,8 +189,7 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
                 environment = {**params.get("Environment", {}), **session.get_bootstrap_env_vars()}
                 check_environment(environment, kind)
                 tags = [*params.get("Tags", []), *({"Key": k, "Value": v[:256]} for k, v in session.default_remote_invocation_info.items())]
-                getattr(self._client, api.create)(**{**params, "Environment": environment, "Tags": tags})
-                context.log.info(f"[pipes] launched SageMaker {kind} job {name}")
+                self._create(context, kind, {**params, "Environment": environment, "Tags": tags})
             else:
                 context.log.info(f"[pipes] reattached to SageMaker {kind} job {name} ({existing[api.status_key]}), launched by an earlier run")
             try:
@@ -144,8 +200,47 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
                     self._terminate(context, kind, name)
                 raise
             if job[api.status_key] != "Completed":
-                raise Failure(description=failure_description(kind, job, logs.last_lines), metadata=self._extract_dagster_metadata(kind, job, history))
+                # A job someone stopped, or one that ran out of time, would end the same way again.
+                raise Failure(description=failure_description(kind, job, logs.last_lines), metadata=self._extract_dagster_metadata(kind, job, history),
+                              allow_retries=job[api.status_key] != "Stopped")
+            self._await_report(context, session, reader, name)
+        if existing is not None and not session.message_handler.received_closed_message:
+            raise ReportUnreadable(
+                f"SageMaker {kind} job {name} ended Completed, but its Pipes report could not be read "
+                f"({'no message at all' if not session.message_handler.received_opened_message else 'no closing message'}): "
+                "its messages expired or were deleted; the attempt counts as failed"
+            )
         return PipesClientCompletedInvocation(session, metadata=self._extract_dagster_metadata(kind, job, history))
+
+    def _create(self, context, kind: Kind, params: dict[str, Any]) -> None:
+        """Create*Job, retried through throttling; a retry that finds the job created by the try before it is a success."""
+        api = API[kind]
+        name = params[api.name_key]
+
+        tries = 0
+
+        def create() -> None:
+            nonlocal tries
+            tries += 1
+            try:
+                getattr(self._client, api.create)(**params)
+            except ClientError as error:
+                # A try whose answer was lost may have created the job: the retry finds the name taken by it.
+                if tries > 1 and error.response.get("Error", {}).get("Code") == "ResourceInUse":
+                    return
+                raise
+
+        retry_call(create, what=f"{api.create} {name}", endpoint=endpoint_of(self._client))
+        context.log.info(f"[pipes] launched SageMaker {kind} job {name}")
+
+    def _await_report(self, context, session, reader, name: str) -> None:
+        """The job has ended: while the message reader is backing off from refused reads, wait for the
+        closing message rather than leave the session with part of the report."""
+        backoff: Optional[Backoff] = getattr(reader, "backoff", None)
+        if backoff is None:
+            return
+        while not session.message_handler.received_closed_message and (not backoff.ready() or backoff.quiet_for() < REPORT_GRACE_S + self.message_poll_interval):
+            time.sleep(0.5)
 
     def _pipes_io(self, job_name: str):
         injector = self._context_injector or JobKeyedS3ContextInjector(pipes_uri=self._pipes_uri, job_name=job_name, client=self._s3)
@@ -158,8 +253,18 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         status_key = API[kind].status_key
         history: list[str] = []
         reported_stream = False
+        refused = Backoff(first_s=self.poll_interval, max_s=max(60.0, self.poll_interval))
         while True:
-            job = self.describe(kind, name)
+            try:
+                job = self.describe(kind, name)
+            except Exception as error:  # noqa: BLE001 - only transient errors are waited out
+                if not is_retryable(error):
+                    raise
+                delay = refused.failed()
+                context.log.warning(f"[pipes] describing {name} failed ({error}); the job keeps running, asking again in {delay:.0f}s")
+                time.sleep(delay)
+                continue
+            refused.succeeded()
             status = "/".join(filter(None, [job[status_key], job.get("SecondaryStatus")]))
             if not history or history[-1] != status:
                 history.append(status)
@@ -169,8 +274,10 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
             if isinstance(reader, PipesCloudWatchMessageReader) and not reported_stream:
                 reported_stream = self._report_message_stream(logs, session, API[kind].log_group)
             if job[status_key] in TERMINAL:
-                for host, line in logs.poll():  # lines CloudWatch delivered after the last poll
+                for host, line in logs.final_poll():  # lines CloudWatch delivered after the last poll
                     context.log.info(f"[{name} {host}] {line}")
+                if logs.throttled:
+                    context.log.info(f"[pipes] CloudWatch Logs refused {logs.throttled} reads of {name}'s logs; each was backed off and read again")
                 return job, history
             time.sleep(self.poll_interval)
 

@@ -84,7 +84,8 @@ def _training_params(request: JobRequest, settings: SageMakerSettings, job_name:
             settings,
         ),
         "StoppingCondition": {"MaxRuntimeInSeconds": compute.max_runtime_s},
-        "CheckpointConfig": {"S3Uri": settings.checkpoint_uri(request.asset, request.fingerprint), "LocalPath": CHECKPOINT_LOCAL},
+        # Synced down at start like an input: a prefix, so another fingerprint's folder is never pulled in.
+        "CheckpointConfig": {"S3Uri": as_prefix(settings.checkpoint_uri(request.asset, request.fingerprint)), "LocalPath": CHECKPOINT_LOCAL},
         "Environment": {**env, "ZERO_JOB_NAME": job_name, "PYTHONPATH": "/opt/ml/code"},
     }
     if channels:  # SageMaker rejects an empty list
@@ -113,7 +114,7 @@ def _training_channel(name: str, uri: str, settings: SageMakerSettings, access: 
         }
         return {"ChannelName": name, "DataSource": source, "InputMode": "File"}
     _require_s3(name, uri)
-    source = {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": uri.rstrip("/") + "/", "S3DataDistributionType": "FullyReplicated"}}
+    source = {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": as_prefix(uri), "S3DataDistributionType": "FullyReplicated"}}
     return {"ChannelName": name, "DataSource": source, "InputMode": "FastFile"}
 
 
@@ -168,11 +169,17 @@ def _processing_params(request: JobRequest, settings: SageMakerSettings, job_nam
     return params
 
 
+def as_prefix(uri: str) -> str:
+    """`s3://b/raw/`: SageMaker downloads every key that starts with the URI as written, so without
+    the `/` `s3://b/raw` would also pull `raw-old/...`, and a fingerprint's folder its `-map` sibling."""
+    return uri.rstrip("/") + "/"
+
+
 def _processing_input(name: str, uri: str, *, sharded: bool) -> dict:
     return {
         "InputName": name,
         "S3Input": {
-            "S3Uri": uri,
+            "S3Uri": as_prefix(uri),
             "LocalPath": f"{PROCESSING_ROOT}/input/{name}",
             "S3DataType": "S3Prefix",
             "S3InputMode": "File",
