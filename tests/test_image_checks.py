@@ -225,30 +225,36 @@ def misbehave(item: str) -> str:
         os._exit(3)
     if item == "bug":
         raise ValueError("a bug in the check itself")
+    if item == "oom":
+        raise MemoryError()
     return item.upper()
 
 
-def check_that_hangs_or_crashes(path: str, allowed_formats, min_side):
-    """The real check, except that files named hang* hang and segfault* crash the worker (used by the job test)."""
+def check_that_hangs_or_crashes(path: str, allowed_formats, min_side, **limits):
+    """The real check, except that files named hang* hang, segfault* crash the worker and oom* run it
+    out of memory (used by the job test)."""
     name = Path(path).name
     if name.startswith("hang"):
         time.sleep(600)
     if name.startswith("segfault"):
         os.kill(os.getpid(), signal.SIGSEGV)
-    return check_image_file(path, allowed_formats, min_side)
+    if name.startswith("oom"):
+        raise MemoryError()
+    return check_image_file(path, allowed_formats, min_side, **limits)
 
 
 def test_pool_survives_a_hang_and_crashes_and_keeps_going():
-    items = ["a", "hang", "b", "segfault", "c", "exit", "d", "e"]
+    items = ["a", "hang", "b", "segfault", "c", "exit", "d", "oom", "e"]
     started = time.monotonic()
     with IsolatedPool(misbehave, workers=2, timeout_s=1.0) as pool:
         results = dict(pool.imap_unordered(items))
-        assert pool.replaced == 3
+        assert pool.replaced == 4
     assert time.monotonic() - started < 15
     assert {k: results[k] for k in "abcde"} == {k: k.upper() for k in "abcde"}
     assert results["hang"] == WorkerLost("timeout", "no result within 1 s; worker killed")
     assert results["segfault"] == WorkerLost("crash", "worker killed by SIGSEGV")
     assert results["exit"] == WorkerLost("crash", "worker exited with code 3")
+    assert results["oom"].reason == "too_large", "a MemoryError costs its item one verdict, not the pass"
 
 
 def test_pool_fails_loudly_on_a_bug_in_the_function():

@@ -3,6 +3,7 @@ r"""Decide which raw images and labels are fit to train on, and report every one
     python -m training_code.validate --index DIR --raw DIR --out DIR [--val-fraction 0.2] [--split-seed 0] \
         [--max-quarantine-rate 0.5] [--min-side 8] \
         [--allowed-formats JPEG,PNG,GIF,WEBP,BMP,TIFF,MPO] [--workers N] [--timeout-s 20] [--previous DIR] \
+        [--max-image-bytes 134217728] [--max-pixels 89478485] [--max-annotation-bytes 1073741824] \
         [--phase all|map|reduce] [--decoded DIR]
 
 A SageMaker Processing job script. Reads `index.parquet` (one row per raw image) and the raw root
@@ -11,6 +12,10 @@ frame, drops exact duplicates and assigns train/val by group. Writes accepted, q
 duplicates, rejected_labels and unmatched tables, `categories.json`, then `manifest.json` last.
 Fails without a manifest when more images are quarantined than --max-quarantine-rate allows.
 With --previous (an earlier run's output) only new or changed images are decoded: see verdict_cache.
+
+The raw root is untrusted: an unsafe key, a symlink out of the root or a file past the size limits
+costs that file one verdict (`unsafe_key`, `outside_root`, `too_large`) and is never read or decoded;
+an annotations file that cannot be used costs its source its labels, named in the unmatched table.
 
 On several instances the pass is two jobs (zero_assets/job_request.py `fan_out`): `--phase map` on
 every instance decodes the images of this host's part of the raw input (split by S3 key) and writes
@@ -25,6 +30,7 @@ import json
 import logging
 import os
 import time
+from collections import defaultdict
 from collections import Counter
 from functools import partial
 from pathlib import Path
@@ -34,11 +40,14 @@ import pandas as pd
 import PIL
 
 from training_code.lib import job_env
-from training_code.lib.coco import ANNOTATIONS_FILE, SourceAnnotations, parse_annotations
+from training_code.lib.coco import ANNOTATIONS_FILE, DEFAULT_MAX_ANNOTATION_BYTES, AnnotationError, SourceAnnotations, parse_annotations
 from training_code.lib.hashing import sha256_bytes
-from training_code.lib.image_checks import DEFAULT_ALLOWED_FORMATS, ImageVerdict, check_image_file
+from training_code.lib.image_checks import (
+    DEFAULT_ALLOWED_FORMATS, DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_PIXELS, ImageVerdict, check_image_file,
+)
 from training_code.lib.isolated_pool import IsolatedPool, WorkerLost
-from training_code.lib.storage import safe_relative_key, write_bytes_atomic
+from training_code.lib.raw_files import Refused, locate, read_limited
+from training_code.lib.storage import key_problem, write_bytes_atomic
 from training_code.lib.tables import RAW_INDEX, VERDICTS, read_table, write_table
 from training_code.lib.validation_outputs import build_outputs, write_outputs
 from training_code.lib.verdict_cache import VERDICTS_FILE, load_reusable, read_verdicts, split_reused, verdict_frame
@@ -48,10 +57,11 @@ log = logging.getLogger("zero.validate")
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "zero-validated/1"
 # Bump when a change here or in image_checks/labels could change a verdict, so cached verdicts are redone.
-VALIDATOR_VERSION = "validate-2"
+VALIDATOR_VERSION = "validate-3"
 PROGRESS_EVERY_S = 10.0
 PHASES = ("all", "map", "reduce")
 MAP_ANNOTATIONS = "annotations"  # map output: the annotation files this host received, by source
+REFUSED_ANNOTATIONS = "refused.txt"  # map output beside them: why a source's annotations.json was not read
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -76,6 +86,12 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--previous", type=Path, default=None,
         help="an earlier run's output folder: verdicts of images whose key, etag and size are unchanged are reused",
     )
+    parser.add_argument("--max-image-bytes", type=int, default=DEFAULT_MAX_IMAGE_BYTES,
+                        help="larger image files are quarantined as too_large without being read")
+    parser.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                        help="images whose header declares more pixels are quarantined as too_large without being decoded")
+    parser.add_argument("--max-annotation-bytes", type=int, default=DEFAULT_MAX_ANNOTATION_BYTES,
+                        help="a larger annotations.json is not parsed; its source's images are reported without annotations")
     parser.add_argument("--phase", choices=PHASES, default="all",
                         help="all: the whole pass on one host; map/reduce: the two stages of a multi-instance pass")
     parser.add_argument("--decoded", type=Path, default=None, help="reduce: the map stage's output from every host")
@@ -99,6 +115,9 @@ def check_args(args: argparse.Namespace) -> None:
             ("min-side", args.min_side, args.min_side >= 1, "at least 1"),
             ("workers", args.workers, args.workers >= 1, "at least 1"),
             ("timeout-s", args.timeout_s, args.timeout_s > 0, "positive"),
+            ("max-image-bytes", args.max_image_bytes, args.max_image_bytes >= 1, "at least 1"),
+            ("max-pixels", args.max_pixels, args.max_pixels >= 1, "at least 1"),
+            ("max-annotation-bytes", args.max_annotation_bytes, args.max_annotation_bytes >= 1, "at least 1"),
         ]
         if not ok
     ]
@@ -115,60 +134,105 @@ def load_index(index_dir: Path) -> pd.DataFrame:
     if index.empty:
         raise ValueError(f"{index_dir / 'index.parquet'} lists no images; check the raw root the index was built from")
     for source, key in zip(index["source"], index["key"]):
-        if not safe_relative_key(key).startswith(f"{source}/"):
+        # Unsafe keys stay (each gets its unsafe_key verdict); a key outside its source is a broken index.
+        if not key.startswith(f"{source}/"):
             raise ValueError(f"{index_dir / 'index.parquet'}: key {key!r} is not under its source folder {source!r}/")
     return index
 
 
-def load_annotations(raw: Path, sources: set[str]) -> dict[str, SourceAnnotations | None]:
-    """Each source's parsed COCO file; None for a source folder without one (its images are all unmatched).
+def load_annotations(
+    raw: Path, sources: set[str], max_bytes: int, via_links: bool = False
+) -> tuple[dict[str, SourceAnnotations | None], dict[str, str]]:
+    """Each source's parsed COCO file, None for a source without a usable one (its images are all
+    unmatched); and for each source whose file exists but cannot be used, the error naming it.
 
     Sources are those in the index plus any folder with an annotations.json, so annotations whose
-    images are all missing are still reported.
+    images are all missing are still reported. A source folder whose name is not a safe key is
+    skipped: its images are unsafe_key verdicts anyway.
     """
     with_file = {path.parent.name for path in raw.glob(f"*/{ANNOTATIONS_FILE}")}
+    refused = {path.parent.name: path.read_text() for path in raw.glob(f"*/{REFUSED_ANNOTATIONS}")}  # from map hosts
     parsed: dict[str, SourceAnnotations | None] = {}
-    for source in sorted(sources | with_file):
-        path = raw / source / ANNOTATIONS_FILE
-        if source in with_file:
-            parsed[source] = parse_annotations(source, path.read_bytes(), str(path))
-        else:
-            log.warning("source %r has no %s: all its images are reported as image_without_annotation", source, path)
-            parsed[source] = None
-    return parsed
+    errors = dict(refused)
+    for source in sorted(sources | with_file | set(refused)):
+        key = f"{source}/{ANNOTATIONS_FILE}"
+        parsed[source] = None
+        if source in refused or key_problem(key):
+            continue
+        if source not in with_file:
+            log.warning("source %r has no %s: all its images are reported as image_without_annotation", source, key)
+            continue
+        try:
+            parsed[source] = parse_annotations(source, read_limited(locate(raw, key, via_links), max_bytes), key, max_bytes)
+        except (AnnotationError, Refused, OSError) as error:
+            errors[source] = _annotation_error(key, error)
+    for source, error in sorted(errors.items()):
+        log.error("%s; its images are reported as image_without_annotation, the other sources go on", error)
+    return parsed, errors
+
+
+def _annotation_error(key: str, error: Exception) -> str:
+    if isinstance(error, AnnotationError):
+        return str(error)
+    if isinstance(error, Refused):
+        return f"{key}: {error.reason}: {error.detail}"
+    return f"{key}: unreadable: {type(error).__name__}: {error.strerror or error}"
 
 
 def decode_all(
     raw: Path, keys: list[str], args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file
 ) -> dict[str, ImageVerdict]:
-    """A verdict per key, decoded in isolated workers. `check` is injectable so tests can hang or crash one."""
-    function = partial(check, allowed_formats=args.allowed_formats, min_side=args.min_side)
-    paths = {str(raw / key): key for key in keys}
+    """A verdict per key, decoded in isolated workers. `check` is injectable so tests can hang or crash one.
+
+    Each key is located first (`raw_files.locate`): one that is unsafe or leads out of the raw root
+    gets its verdict here and is never opened. Keys that are the same file (a symlink inside the
+    root) are decoded once."""
+    limits = {"max_bytes": args.max_image_bytes, "max_pixels": args.max_pixels}
+    function = partial(check, allowed_formats=args.allowed_formats, min_side=args.min_side, **limits)
     verdicts: dict[str, ImageVerdict] = {}
-    if not paths:
+    keys_at: dict[str, list[str]] = defaultdict(list)  # located path -> keys
+    for key in keys:
+        try:
+            keys_at[str(locate(raw, key, via_links=args.phase == "map"))].append(key)
+        except Refused as refused:
+            verdicts[key] = ImageVerdict(sha256=None, size=0, reason=refused.reason, stage="read", error=refused.detail)
+    if not keys_at:
         return verdicts
     started = last_log = time.monotonic()
-    workers = max(1, min(args.workers, len(paths)))
+    workers = max(1, min(args.workers, len(keys_at)))
     with IsolatedPool(function, workers=workers, timeout_s=args.timeout_s, preload=[check.__module__]) as pool:
         log.info("started %d decode workers in %.1f s", workers, time.monotonic() - started)
-        for path, outcome in pool.imap_unordered(paths):
-            verdicts[paths[path]] = _verdict_for_lost(Path(path), outcome) if isinstance(outcome, WorkerLost) else outcome
+        for path, outcome in pool.imap_unordered(keys_at):
+            verdict = _verdict_for_lost(Path(path), outcome, args.max_image_bytes) if isinstance(outcome, WorkerLost) else outcome
+            verdicts.update({key: verdict for key in keys_at[path]})
             if time.monotonic() - last_log > PROGRESS_EVERY_S:
                 last_log = time.monotonic()
-                log.info("decoded %d/%d files (%.0f files/s)", len(verdicts), len(paths), len(verdicts) / (last_log - started))
-    log.info("decoded %d files in %.1f s with %d workers (%d replaced after a hang or crash)",
-             len(verdicts), time.monotonic() - started, workers, pool.replaced)
+                log.info("decoded %d/%d files (%.0f files/s)", len(verdicts), len(keys), len(verdicts) / (last_log - started))
+    log.info("decoded %d files in %.1f s with %d workers (%d replaced after a hang, crash or running out of memory)",
+             len(keys_at), time.monotonic() - started, workers, pool.replaced)
     return verdicts
 
 
-def _verdict_for_lost(path: Path, lost: WorkerLost) -> ImageVerdict:
+def _verdict_for_lost(path: Path, lost: WorkerLost, max_bytes: int) -> ImageVerdict:
     """The decoder hung or crashed: hash the bytes here (reading is safe; decoding was not)."""
     try:
-        data = path.read_bytes()
-    except OSError as error:
-        error_text = f"{lost.detail}; then unreadable: {type(error).__name__}: {error.strerror or error}"
-        return ImageVerdict(sha256=None, size=0, reason=lost.reason, stage="decode", error=error_text)
+        data = read_limited(path, max_bytes)
+    except (OSError, Refused) as error:
+        why = f"{error.reason}: {error.detail}" if isinstance(error, Refused) else f"{type(error).__name__}: {error.strerror or error}"
+        return ImageVerdict(sha256=None, size=0, reason=lost.reason, stage="decode", error=f"{lost.detail}; then not hashed: {why}")
     return ImageVerdict(sha256=sha256_bytes(data), size=len(data), reason=lost.reason, stage="decode", error=lost.detail)
+
+
+def refuse_unsafe_keys(keys: list[str]) -> tuple[dict[str, ImageVerdict], list[str]]:
+    """`unsafe_key` verdicts for keys no file may be read for, and the other keys. No I/O: the reduce
+    stage decides these itself, since no map host can receive them."""
+    refused, others = {}, []
+    for key in keys:
+        if problem := key_problem(key):
+            refused[key] = ImageVerdict(sha256=None, size=0, reason="unsafe_key", stage="read", error=f"the key has {problem}; not read")
+        else:
+            others.append(key)
+    return refused, others
 
 
 def run_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -181,6 +245,9 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         "min_side": args.min_side,
         "allowed_formats": list(args.allowed_formats),
         "timeout_s": args.timeout_s,
+        "max_image_bytes": args.max_image_bytes,
+        "max_pixels": args.max_pixels,
+        "max_annotation_bytes": args.max_annotation_bytes,
     }
 
 
@@ -192,6 +259,8 @@ def decode_settings(args: argparse.Namespace) -> dict[str, Any]:
         "min_side": args.min_side,
         "allowed_formats": list(args.allowed_formats),
         "timeout_s": args.timeout_s,
+        "max_image_bytes": args.max_image_bytes,
+        "max_pixels": args.max_pixels,
     }
 
 
@@ -218,15 +287,17 @@ def validate(
     index = load_index(args.index)
     verdicts, to_decode = reused_and_to_decode(args, index)
     work = {"decoded": len(to_decode), "reused": len(verdicts)}
+    refused, to_decode = refuse_unsafe_keys(to_decode)
+    verdicts.update(refused)
     if args.phase == "reduce":
-        annotations = load_annotations(args.decoded / MAP_ANNOTATIONS, set(index["source"]))
+        annotations, errors = load_annotations(args.decoded / MAP_ANNOTATIONS, set(index["source"]), args.max_annotation_bytes)
         verdicts.update(collect_map_verdicts(args.decoded, index[index["key"].isin(to_decode)]))
     else:
-        annotations = load_annotations(args.raw, set(index["source"]))
+        annotations, errors = load_annotations(args.raw, set(index["source"]), args.max_annotation_bytes)
         log.info("decoding %d images, reusing %d verdicts from %s", work["decoded"], work["reused"], args.previous)
         verdicts.update(decode_all(args.raw, to_decode, args, check))
     write_table(verdict_frame(index, verdicts), VERDICTS, args.out / VERDICTS_FILE)
-    outputs = build_outputs(index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction)
+    outputs = build_outputs(index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction, annotation_errors=errors)
     files = write_outputs(outputs, args.out)
     check_quarantine_rate(outputs.counts, args.max_quarantine_rate, args.out)
     # Only what was decided goes in: no paths, times, hosts or input hashes, so a rebuild that reaches
@@ -252,14 +323,22 @@ def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = c
     host = job_env.current_host()
     index = load_index(args.index)
     _, to_decode = reused_and_to_decode(args, index)
-    here = [key for key in to_decode if (args.raw / key).is_file()]
+    _, to_decode = refuse_unsafe_keys(to_decode)  # the reduce stage decides those
+    # lexists, not is_file: a symlink out of the root is this host's to refuse, without following it.
+    here = [key for key in to_decode if os.path.lexists(args.raw / key)]
     log.info("%s: decoding %d of the %d images to decode; the others went to other hosts", host, len(here), len(to_decode))
     verdicts = decode_all(args.raw, here, args, check)
     write_table(verdict_frame(index[index["key"].isin(verdicts)], verdicts), VERDICTS, args.out / f"verdicts-{host}.parquet")
-    annotation_files = sorted(args.raw.glob(f"*/{ANNOTATIONS_FILE}"))
-    for path in annotation_files:
-        write_bytes_atomic(args.out / MAP_ANNOTATIONS / path.parent.name / ANNOTATIONS_FILE, path.read_bytes())
-    return {"host": host, "decoded": len(verdicts), "annotation_files": len(annotation_files)}
+    sources = sorted({path.parent.name for path in args.raw.glob(f"*/{ANNOTATIONS_FILE}")})
+    for source in sources:
+        key, folder = f"{source}/{ANNOTATIONS_FILE}", args.out / MAP_ANNOTATIONS / source
+        if key_problem(key):
+            continue  # its images are unsafe_key verdicts; nothing may be written under that name
+        try:
+            write_bytes_atomic(folder / ANNOTATIONS_FILE, read_limited(locate(args.raw, key, via_links=True), args.max_annotation_bytes))
+        except (Refused, OSError) as error:  # the reduce stage reports it as it would on one host
+            write_bytes_atomic(folder / REFUSED_ANNOTATIONS, _annotation_error(key, error).encode())
+    return {"host": host, "decoded": len(verdicts), "annotation_files": len(sources)}
 
 
 def reused_and_to_decode(args: argparse.Namespace, index: pd.DataFrame) -> tuple[dict[str, ImageVerdict], list[str]]:

@@ -1,27 +1,40 @@
 """Build the raw image index from a listing of the raw root, never from image bytes.
 
 One row per image file: source, key, size, etag (or mtime-size), group (the folder it sits in) and
-how many COCO annotations point at it. Annotation files are read (they are small); images are not.
+how many COCO annotations point at it. Annotation files are read; images are not.
+
+Hostile entries stay in the index, so validation gives each one its verdict: a key that is unsafe
+(`..`, `./`, `//`, control characters, bytes that are not UTF-8) is stored escaped by `printable_key`
+and never read. An annotations file that cannot be used is reported by source, not raised: the other
+sources are indexed. Annotation files are parsed keeping only the fields the counts need, and a
+bounded number of their bytes at a time, so the Dagster process's memory does not grow with them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pandas as pd
 
-from training_code.lib.coco import ANNOTATIONS_FILE, SourceAnnotations, annotated_files_without_image, parse_annotations
+from training_code.lib.coco import (
+    ANNOTATIONS_FILE, DEFAULT_MAX_ANNOTATION_BYTES, INDEX_FIELDS, AnnotationError, parse_annotations,
+)
 from training_code.lib.hashing import sha256_json
-from training_code.lib.storage import ObjectInfo, join, list_objects, read_bytes
+from training_code.lib.raw_files import Refused, locate, read_limited
+from training_code.lib.storage import ObjectInfo, is_s3, join, key_problem, list_objects, printable_key, read_bytes
 
 from .s3_inventory import list_from_inventory
 
-ANNOTATION_READERS = 16
+ANNOTATION_READERS = 16  # concurrent GETs: on S3 the round trips overlap
+# Annotation file bytes being parsed at once (a larger file runs alone); parsed with INDEX_FIELDS,
+# the tree is a few times this, not the ~8x of a full parse.
+ANNOTATION_BYTES_IN_FLIGHT = 128 << 20
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".mpo")
 
 
@@ -32,6 +45,14 @@ class RawIndex:
     ignored_files: list[str] = field(default_factory=list)
     sources_without_annotations: list[str] = field(default_factory=list)
     annotations_without_image: list[str] = field(default_factory=list)
+    annotation_errors: dict[str, str] = field(default_factory=dict)  # source -> why its annotations.json is unusable
+    unsafe_keys: list[str] = field(default_factory=list)  # escaped; validation quarantines each as unsafe_key
+
+
+@dataclass
+class AnnotationCounts:
+    per_file: dict[str, int]  # file_name -> annotations pointing at it
+    rejected_entries: int  # entries of the file validation will reject (see coco.parse_annotations)
 
 
 def group_of(key: str, pattern: re.Pattern[str] | None = None) -> str:
@@ -45,55 +66,113 @@ def group_of(key: str, pattern: re.Pattern[str] | None = None) -> str:
     return match.group(1) if pattern.groups else match.group(0)
 
 
-def build_raw_index(raw_uri: str, inventory_manifest_uri: str = "", group_pattern: str = "") -> RawIndex:
+def build_raw_index(
+    raw_uri: str, inventory_manifest_uri: str = "", group_pattern: str = "", max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES
+) -> RawIndex:
     """Index `raw_uri` from a listing (S3: in parallel by source folder) or, when given, an S3 Inventory report."""
     pattern = re.compile(group_pattern) if group_pattern else None
     if inventory_manifest_uri:
-        listing = list(list_from_inventory(inventory_manifest_uri, raw_uri))
+        listing = [obj for obj in list_from_inventory(inventory_manifest_uri, raw_uri) if not _folder_marker(obj)]
     else:
-        listing = list(list_objects(raw_uri))
+        listing = list(list_objects(raw_uri, include_unsafe=True))
     images: dict[str, list[ObjectInfo]] = {}
-    annotation_files, ignored = [], []
+    annotation_files: dict[str, ObjectInfo] = {}
+    ignored, unsafe = [], []
     for obj in listing:
-        source, _, rest = obj.key.partition("/")
+        key = printable_key(obj.key)
+        source, _, rest = key.partition("/")
         if not rest:
-            ignored.append(obj.key)  # files at the top level belong to no source
-        elif rest == ANNOTATIONS_FILE:
-            annotation_files.append(source)
+            ignored.append(key)  # files at the top level belong to no source
+        elif rest == ANNOTATIONS_FILE and key_problem(key) is None:
+            annotation_files[source] = obj
         elif rest.lower().endswith(IMAGE_SUFFIXES):
-            images.setdefault(source, []).append(obj)
+            images.setdefault(source, []).append(ObjectInfo(key, obj.size, obj.etag))
+            if key_problem(key):
+                unsafe.append(key)
         else:
-            ignored.append(obj.key)
+            ignored.append(key)
+    counts_by_source, errors = _count_annotations(raw_uri, annotation_files, max_annotation_bytes)
     rows, missing = [], []
-    with ThreadPoolExecutor(ANNOTATION_READERS) as pool:  # one GET each: on S3 the round trips overlap
-        parsed_by_source = dict(zip(annotation_files, pool.map(partial(_read_annotations, raw_uri), annotation_files)))
     for source in sorted(set(images) | set(annotation_files)):
         listed = {obj.key.partition("/")[2]: obj for obj in images.get(source, [])}
-        counts: dict[str, int] = {}
-        if source in annotation_files:
-            parsed = parsed_by_source[source]
-            counts = {name: len(parsed.annotations_for(name)) for name in listed}
-            missing += [f"{source}/{name}" for name in annotated_files_without_image(parsed, set(listed))]
+        counts = counts_by_source.get(source)
+        if counts is not None:
+            missing += [f"{source}/{name}" for name, count in sorted(counts.per_file.items()) if count and name not in listed]
         for name, obj in sorted(listed.items()):
             rows.append(
                 {"source": source, "key": obj.key, "size": obj.size, "etag": obj.etag,
-                 "group": group_of(obj.key, pattern), "annotation_count": counts.get(name, 0)}
+                 "group": group_of(obj.key, None if key_problem(obj.key) else pattern),
+                 "annotation_count": counts.per_file.get(name, 0) if counts else 0}
             )
     frame = pd.DataFrame(rows, columns=["source", "key", "size", "etag", "group", "annotation_count"])
     frame = frame.astype({"size": "int64", "annotation_count": "int64"})
-    fingerprint = sha256_json([(obj.key, obj.size, obj.etag) for obj in listing])
+    fingerprint = sha256_json([(printable_key(obj.key), obj.size, obj.etag) for obj in listing])
     return RawIndex(
         frame=frame,
         listing_fingerprint=fingerprint,
         ignored_files=ignored,
         sources_without_annotations=sorted(set(images) - set(annotation_files)),
         annotations_without_image=missing,
+        annotation_errors=errors,
+        unsafe_keys=unsafe,
     )
 
 
-def _read_annotations(raw_uri: str, source: str) -> SourceAnnotations:
-    where = join(raw_uri, f"{source}/{ANNOTATIONS_FILE}")
-    return parse_annotations(source, read_bytes(where), where)
+def _folder_marker(obj: ObjectInfo) -> bool:
+    return obj.key.endswith("/") and obj.size == 0
+
+
+class _ByteBudget:
+    """Lets work start while the bytes in flight stay under `limit`; one item larger than it runs alone."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.in_flight = limit, 0
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def held(self, size: int):
+        with self._changed:
+            self._changed.wait_for(lambda: self.in_flight == 0 or self.in_flight + size <= self.limit)
+            self.in_flight += size
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.in_flight -= size
+                self._changed.notify_all()
+
+
+def _count_annotations(
+    raw_uri: str, files: dict[str, ObjectInfo], max_bytes: int
+) -> tuple[dict[str, AnnotationCounts], dict[str, str]]:
+    """Each source's annotation counts, and for each unusable file the error naming it."""
+    budget = _ByteBudget(ANNOTATION_BYTES_IN_FLIGHT)
+
+    def count(source: str) -> AnnotationCounts | str:
+        obj, key = files[source], f"{source}/{ANNOTATIONS_FILE}"
+        where = join(raw_uri, key)
+        if obj.size > max_bytes:  # decided from the listing, before a byte is fetched
+            return f"{where}: {obj.size} bytes, above the annotation file limit of {max_bytes}; raise the limit or split the source"
+        with budget.held(obj.size):
+            try:
+                parsed = parse_annotations(source, _read_annotation_file(raw_uri, key, max_bytes), where, max_bytes, keep=INDEX_FIELDS)
+            except AnnotationError as error:
+                return str(error)
+            except Refused as refused:
+                return f"{where}: {refused.reason}: {refused.detail}"
+            return AnnotationCounts({name: len(anns) for name, anns in parsed.by_file.items()}, len(parsed.rejected))
+
+    with ThreadPoolExecutor(ANNOTATION_READERS) as pool:
+        results = dict(zip(files, pool.map(count, files)))
+    counts = {source: result for source, result in results.items() if isinstance(result, AnnotationCounts)}
+    return counts, {source: result for source, result in results.items() if isinstance(result, str)}
+
+
+def _read_annotation_file(raw_uri: str, key: str, max_bytes: int) -> bytes:
+    """Locally, the file is read only if it lies inside the root (a symlink out of it is refused)."""
+    if is_s3(raw_uri):
+        return read_bytes(join(raw_uri, key))
+    return read_limited(locate(Path(raw_uri), key), max_bytes)
 
 
 def sample_by_group(frame: pd.DataFrame, images: int) -> pd.DataFrame:

@@ -3,17 +3,37 @@
 The raw data contract: `<raw_root>/<source>/annotations.json`, `file_name` relative to the source
 folder, `categories[].name` the text the model grounds, `bbox` as COCO `[x, y, w, h]` in the stored
 pixel frame (before EXIF orientation).
+
+The file is untrusted. A file that cannot be used at all (too large, not JSON, nested too deeply,
+not a COCO object) is an `AnnotationError` naming the file and the field; the caller reports it and
+goes on with the other sources. A bad entry inside a usable file (not an object, an id that is not
+an integer, an unsafe file name, an annotation of an unknown image) is one row of `rejected`, keyed
+by the annotations file and naming the entry, and the rest of the file is used.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
-from .storage import safe_relative_key
+from .labels import HugeInteger, annotation_id, is_int, short
+from .storage import key_problem
 
 ANNOTATIONS_FILE = "annotations.json"
+# Past this an annotations file is refused before it is parsed: json.loads holds about 8 times the
+# file in memory. COCO 2017's train annotations are 448 MB.
+DEFAULT_MAX_ANNOTATION_BYTES = 1 << 30
+# What counting annotations per file needs; `parse_annotations(keep=INDEX_FIELDS)` drops the rest of
+# every object while parsing (segmentation polygons are most of a COCO file), so the tree stays small.
+INDEX_FIELDS = frozenset({"images", "annotations", "categories", "id", "file_name", "image_id", "name"})
+SECTIONS = ("images", "annotations", "categories")
+# Integers longer than this are not parsed into Python ints (a 5,000-digit one raises in int()).
+MAX_INT_DIGITS = 100
+
+
+class AnnotationError(ValueError):
+    """The whole annotations file is unusable; the message names the file and the field."""
 
 
 @dataclass
@@ -22,38 +42,95 @@ class SourceAnnotations:
     categories: dict[int, str]  # COCO category id -> name
     by_file: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # file_name -> annotations
     image_entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # file_name -> COCO image entry
+    rejected: list[dict[str, Any]] = field(default_factory=list)  # rows of tables.REJECTED_LABELS, keyed by this file
 
     def annotations_for(self, file_name: str) -> list[dict[str, Any]]:
         return self.by_file.get(file_name, [])
 
 
-def parse_annotations(source: str, raw: bytes, where: str) -> SourceAnnotations:
-    """Parse one COCO file; `where` names it in errors."""
-    try:
-        document = json.loads(raw)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{where}: not valid JSON ({error}); fix or remove the file") from error
-    for section in ("images", "annotations", "categories"):
-        if not isinstance(document.get(section), list):
-            raise ValueError(f"{where}: COCO section {section!r} is missing or not a list")
-    categories = {}
-    for entry in document["categories"]:
-        if not isinstance(entry.get("name"), str) or not entry["name"].strip():
-            raise ValueError(f"{where}: category {entry.get('id')!r} has no usable 'name'")
-        categories[int(entry["id"])] = entry["name"].strip()
-    parsed = SourceAnnotations(source=source, categories=categories)
-    files_by_id = {}
-    for image in document["images"]:
-        file_name = safe_relative_key(str(image.get("file_name", "")))
-        files_by_id[image["id"]] = file_name
-        parsed.image_entries[file_name] = image
-        parsed.by_file.setdefault(file_name, [])
-    for annotation in document["annotations"]:
-        file_name = files_by_id.get(annotation.get("image_id"))
-        if file_name is None:
-            raise ValueError(f"{where}: annotation {annotation.get('id')!r} points at unknown image_id {annotation.get('image_id')!r}")
-        parsed.by_file[file_name].append(annotation)
+def parse_annotations(
+    source: str, raw: bytes, where: str, max_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES, keep: Iterable[str] | None = None
+) -> SourceAnnotations:
+    """Parse one COCO file; `where` names it in errors. `keep`: the only object fields to hold on to."""
+    document = load_document(raw, where, max_bytes, keep)
+    parsed = SourceAnnotations(source=source, categories={})
+    file_key = f"{source}/{ANNOTATIONS_FILE}"
+
+    def reject(entry: Any, place: str, reason: str, detail: str) -> None:
+        parsed.rejected.append(
+            {"key": file_key, "annotation_id": annotation_id(entry), "category": "", "bbox": [], "reason": reason, "detail": f"{place}: {detail}"}
+        )
+
+    for n, entry in enumerate(document["categories"]):
+        place = f"categories[{n}]"
+        if not isinstance(entry, dict):
+            reject(None, place, "not_an_object", f"is {short(entry)}, not an object")
+        elif not is_int(entry.get("id")):
+            reject(None, place, "bad_id", f"'id' is {short(entry.get('id'))}, not an integer")
+        elif not isinstance(entry.get("name"), str) or not entry["name"].strip():
+            reject(None, place, "malformed", f"'name' is {short(entry.get('name'))}, not a usable category name")
+        else:
+            parsed.categories[entry["id"]] = entry["name"].strip()
+    files_by_id: dict[int, str] = {}
+    refused_images: dict[int, str] = {}  # id -> the images[n] whose file_name was refused
+    for n, image in enumerate(document["images"]):
+        place = f"images[{n}]"
+        if not isinstance(image, dict):
+            reject(None, place, "not_an_object", f"is {short(image)}, not an object")
+            continue
+        image_id, file_name = image.get("id"), image.get("file_name")
+        if not is_int(image_id):
+            reject(None, place, "bad_id", f"'id' is {short(image_id)}, not an integer")
+        elif image_id in files_by_id or image_id in refused_images:
+            reject(None, place, "bad_id", f"'id' {image_id} is used by an earlier image entry; this one is ignored")
+        elif not isinstance(file_name, str) or key_problem(file_name):
+            why = key_problem(file_name) if isinstance(file_name, str) else "not a string"
+            reject(None, place, "bad_file_name", f"'file_name' {short(file_name)} is unusable ({why})")
+            refused_images[image_id] = place
+        else:
+            files_by_id[image_id] = file_name
+            parsed.image_entries[file_name] = image
+            parsed.by_file.setdefault(file_name, [])
+    for n, annotation in enumerate(document["annotations"]):
+        place = f"annotations[{n}]"
+        if not isinstance(annotation, dict):
+            reject(None, place, "not_an_object", f"is {short(annotation)}, not an object")
+            continue
+        image_id = annotation.get("image_id")
+        if not is_int(image_id):
+            reject(annotation, place, "bad_id", f"'image_id' is {short(image_id)}, not an integer")
+        elif image_id in refused_images:
+            reject(annotation, place, "unknown_image", f"its image entry {refused_images[image_id]} was rejected")
+        elif image_id not in files_by_id:
+            reject(annotation, place, "unknown_image", f"'image_id' {image_id} is not the id of any entry in 'images'")
+        else:
+            parsed.by_file[files_by_id[image_id]].append(annotation)
     return parsed
+
+
+def load_document(raw: bytes, where: str, max_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES, keep: Iterable[str] | None = None) -> dict[str, Any]:
+    """The parsed COCO object, size-checked before parsing; any failure is an AnnotationError naming `where`."""
+    if len(raw) > max_bytes:
+        raise AnnotationError(f"{where}: {len(raw)} bytes, above the annotation file limit of {max_bytes}; raise the limit or split the source")
+    kept = frozenset(keep) if keep is not None else None
+    hook = (lambda obj: {k: v for k, v in obj.items() if k in kept}) if kept is not None else None
+    try:
+        document = json.loads(raw, object_hook=hook, parse_int=_parse_int)
+    except RecursionError:
+        raise AnnotationError(f"{where}: nested too deeply to be COCO (arrays or objects inside each other past Python's recursion limit)") from None
+    except ValueError as error:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not UTF-8/16/32
+        raise AnnotationError(f"{where}: not valid JSON ({type(error).__name__}: {short(str(error))}); fix or remove the file") from None
+    if not isinstance(document, dict):
+        raise AnnotationError(f"{where}: the top level is a JSON {type(document).__name__}, not an object with {', '.join(SECTIONS)}")
+    for section in SECTIONS:
+        if not isinstance(document.get(section), list):
+            raise AnnotationError(f"{where}: field {section!r} is {'missing' if section not in document else 'not a list'}")
+    return document
+
+
+def _parse_int(text: str) -> int | HugeInteger:
+    digits = len(text.lstrip("-"))
+    return int(text) if digits <= MAX_INT_DIGITS else HugeInteger(digits)
 
 
 def annotated_files_without_image(parsed: SourceAnnotations, listed_files: set[str]) -> list[str]:

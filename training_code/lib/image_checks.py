@@ -9,14 +9,23 @@ from __future__ import annotations
 import io
 import re
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterator
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from .hashing import sha256_bytes
+from .raw_files import Refused, read_limited
 
 DEFAULT_ALLOWED_FORMATS = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF", "MPO")
+# The operator's limits, decided before a byte is decoded (file size from fstat, pixels from the
+# header): past either, `too_large`. Beneath them Pillow's own decompression-bomb guard stays as it
+# is (Image.MAX_IMAGE_PIXELS, 89.5 M pixels, its warning made an error: `bomb`), so a worker holds at
+# most about max bytes + 4 x 89.5 M bytes of one image. Lower --max-pixels to be stricter than Pillow.
+DEFAULT_MAX_IMAGE_BYTES = 128 << 20
+DEFAULT_MAX_PIXELS = 1_000_000_000
 ORIENTATION_TAG = 0x0112
 _ORIENTATIONS = frozenset(range(1, 9))
 
@@ -31,6 +40,9 @@ _UNSUPPORTED = re.compile(
     re.I,
 )
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+# Pillow quotes file bytes in some messages ("broken PNG file (chunk b'...')"); the tables never do.
+_BYTES_LITERAL = re.compile(r"\bb'(?:[^'\\]|\\.)*'" + r'|\bb"(?:[^"\\]|\\.)*"')
+MAX_ERROR_CHARS = 300
 # When two checks fail, report the most specific cause.
 _PRIORITY = ("bomb", "truncated", "checksum", "unsupported", "unidentified", "decode_error")
 
@@ -55,20 +67,25 @@ class ImageVerdict:
         return self.reason is None
 
 
-def check_image_file(path: Path, allowed_formats: tuple[str, ...], min_side: int) -> ImageVerdict:
-    """Read `path` (read-only) and judge its bytes; an unreadable file is a `read` verdict, not a crash."""
+def check_image_file(
+    path: Path, allowed_formats: tuple[str, ...], min_side: int,
+    max_bytes: int = DEFAULT_MAX_IMAGE_BYTES, max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> ImageVerdict:
+    """Read `path` (read-only; located by `raw_files.locate`) and judge its bytes. A file that cannot
+    or may not be read is a `read` verdict, never a crash, and a file past `max_bytes` is not read."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data = read_limited(Path(path), max_bytes)
+    except Refused as refused:
+        return ImageVerdict(sha256=None, size=0, reason=refused.reason, stage="read", error=refused.detail)
     except OSError as error:
         # strerror, not the message: the key column names the file, and the text stays free of the
         # machine's raw-root path so the table is the same wherever the job ran.
         text = f"{type(error).__name__}: {error.strerror or error}"
         return ImageVerdict(sha256=None, size=0, reason="unreadable", stage="read", error=text)
-    return check_image_bytes(data, allowed_formats, min_side)
+    return check_image_bytes(data, allowed_formats, min_side, max_pixels)
 
 
-def check_image_bytes(data: bytes, allowed_formats: tuple[str, ...], min_side: int) -> ImageVerdict:
+def check_image_bytes(data: bytes, allowed_formats: tuple[str, ...], min_side: int, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageVerdict:
     digest = sha256_bytes(data)
     if not data:
         return ImageVerdict(sha256=digest, size=0, reason="empty", stage="read", error="the file has zero bytes")
@@ -76,15 +93,43 @@ def check_image_bytes(data: bytes, allowed_formats: tuple[str, ...], min_side: i
         raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is on; it would let truncated images through")
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
-        return _judge(data, digest, allowed_formats, min_side)
+        return _judge(data, digest, allowed_formats, min_side, max_pixels)
 
 
-def _judge(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side: int) -> ImageVerdict:
+@contextmanager
+def _pixel_limit(limit: int | None) -> Iterator[None]:
+    """Pillow's decompression-bomb limit for the duration (a module global: one decode per worker).
+    Lifted only to read a header, so a size past --max-pixels is reported as such."""
+    saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, limit
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
+def _judge(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side: int, max_pixels: int) -> ImageVerdict:
     def quarantine(reason: str, error: str) -> ImageVerdict:
         return ImageVerdict(sha256=digest, size=len(data), reason=reason, stage="decode", error=error)
 
-    # Pass 1: identify, then verify() (structure and CRCs, no pixel decoding). The content decides
-    # the format; a format we do not allow is never handed to its decoder.
+    # Pass 0: the header alone (Image.open decodes no pixels). The content decides the format, and a
+    # format we do not allow, or a size past the limit, is never handed to a decoder.
+    try:
+        with _pixel_limit(None), Image.open(io.BytesIO(data)) as image:
+            header_format, (width, height) = image.format, image.size
+    except UnidentifiedImageError:
+        return quarantine(*_diagnose_unidentified(data))
+    except Exception:  # noqa: BLE001 - the passes below open it again and classify the error
+        header_format = None
+    if header_format is not None:
+        if header_format not in allowed_formats:
+            return quarantine("format_not_allowed", f"content is {header_format}; allowed: {','.join(allowed_formats)}")
+        if width * height > max_pixels:
+            return quarantine("too_large", f"header says {width}x{height} = {width * height} pixels, above the limit of {max_pixels}; not decoded")
+    return _decode(data, digest, allowed_formats, min_side, quarantine)
+
+
+def _decode(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side: int, quarantine) -> ImageVerdict:
+    # Pass 1: verify() (structure and CRCs, no pixel decoding).
     failures: list[tuple[str, str, str]] = []  # (step, reason, text)
     try:
         with Image.open(io.BytesIO(data)) as image:
@@ -166,10 +211,14 @@ def _diagnose_unidentified(data: bytes) -> tuple[str, str]:
                 return "unsupported", f"looks like {name} but Pillow cannot open this variant: {complaints[-1]}"
     if complaints:
         return "unidentified", f"looks like {' / '.join(complaints)}; header unreadable"
-    return "unidentified", f"not a recognised image format (starts with {data[:16]!r})"
+    # Never the first bytes themselves: a text file could hold a secret, and the table is shared.
+    return "unidentified", "not a recognised image format (no image plugin accepts its first bytes)"
 
 
 def _describe(error: BaseException) -> str:
     # Without object addresses ("<_io.BytesIO object at 0x7f...>") the same file gives the same text,
-    # so the quarantine table, and with it the data version, is reproducible.
-    return _ADDRESS.sub("", f"{type(error).__name__}: {error}")
+    # so the quarantine table, and with it the data version, is reproducible. Quoted file bytes are
+    # cut out, and the text kept short and on one line.
+    text = _BYTES_LITERAL.sub("<bytes>", _ADDRESS.sub("", f"{type(error).__name__}: {error}"))
+    text = "".join(char if char.isprintable() else " " for char in text)
+    return text if len(text) <= MAX_ERROR_CHARS else f"{text[:MAX_ERROR_CHARS]}..."

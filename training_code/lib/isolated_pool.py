@@ -3,7 +3,8 @@
 Image decoders are C code fed untrusted bytes: one file can hang a decoder or crash the process.
 Each worker handles one item at a time over its own pipe; when an item passes its deadline or its
 worker dies, that worker is killed and replaced and the item comes back as `WorkerLost`, so one bad
-file costs one verdict, never the pass. An ordinary Python exception in the function is a bug, not a
+file costs one verdict, never the pass. A MemoryError costs one verdict too (`too_large`): the item
+needed more memory than the worker has. Any other Python exception in the function is a bug, not a
 bad file: it stops the pass with the item named.
 """
 
@@ -29,7 +30,7 @@ STARTUP_TIMEOUT_S = 120.0  # a worker that cannot even import its modules in thi
 class WorkerLost:
     """The item's worker hung past the deadline (`timeout`) or died (`crash`)."""
 
-    reason: str  # "timeout" or "crash"
+    reason: str  # "timeout", "crash" or "too_large" (out of memory)
     detail: str
 
 
@@ -49,6 +50,10 @@ def _serve(conn: Connection, function: Callable[[Any], Any]) -> None:
             return
         try:
             conn.send(("ok", function(item)))
+        except MemoryError:
+            # One file's fault, not a bug; the worker ends (its heap may be in pieces) and is replaced.
+            conn.send(("out_of_memory", None))
+            return
         except Exception:  # noqa: BLE001 - sent to the parent, which fails the pass with it
             conn.send(("raised", traceback.format_exc()))
 
@@ -180,6 +185,9 @@ class IsolatedPool:
             detail = worker.death_detail()
             worker.kill()
             return WorkerLost("crash", detail)
+        if status == "out_of_memory":
+            worker.kill()
+            return WorkerLost("too_large", "MemoryError while decoding: it needs more memory than a worker has; worker replaced")
         if status == "raised":
             raise TaskRaised(f"{worker.item!r}: the worker function raised (a bug, not a bad input):\n{payload}")
         return payload

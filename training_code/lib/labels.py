@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any, NamedTuple
 
+INT64_MAX = 2**63 - 1
+MAX_VALUE_CHARS = 80  # a value from annotations.json quoted in a detail is cut to this
 # Pixels a box may overshoot the image edge and still be clipped; annotation tools round, but a box
 # further out means the annotation and the image disagree, and clipping would hide that.
 EDGE_TOLERANCE_PX = 1.0
@@ -55,6 +57,17 @@ def box_to_upright(box: tuple[float, float, float, float], orientation: int, sto
     return [min(ax, bx), min(ay, by), max(ax, bx), max(ay, by)]
 
 
+class HugeInteger:
+    """A JSON integer with more digits than any id or coordinate has (`coco` parses it as this, not as
+    an int: int() of 5,000 digits raises); rejected as `bad_number` or `bad_id` where it is used."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
 class Rejection(NamedTuple):
     reason: str  # one of tables.LABEL_REASONS
     detail: str
@@ -81,7 +94,7 @@ def check_labels(
             result.rejected.append(
                 {
                     "key": key,
-                    "annotation_id": _annotation_id(annotation),
+                    "annotation_id": annotation_id(annotation),
                     "category": _category_label(category_id, categories),
                     "bbox": _numbers_or_empty(bbox),
                     "reason": verdict.reason,
@@ -98,17 +111,23 @@ def _judge_box(
     bbox: Any, category_id: Any, categories: dict[int, str], width: int, height: int
 ) -> tuple[float, float, float, float] | Rejection:
     """The stored-frame box with sub-pixel overshoot clipped, or why it is rejected."""
-    if not _is_int(category_id) or not _is_number_list(bbox, 4):
+    if isinstance(bbox, (list, tuple)) and any(isinstance(v, HugeInteger) for v in bbox):
+        return Rejection("bad_number", f"bbox {short(bbox)} holds an integer too large for a float")
+    if not is_int(category_id) or not _is_number_list(bbox, 4):
         return Rejection(
-            "malformed", f"needs an integer 'category_id' and 'bbox' as 4 numbers; got category_id={category_id!r}, bbox={bbox!r}"
+            "malformed",
+            f"needs an integer 'category_id' and 'bbox' as 4 numbers; got category_id={short(category_id)}, bbox={short(bbox)}",
         )
-    x, y, w, h = (float(v) for v in bbox)
+    try:
+        x, y, w, h = (float(v) for v in bbox)
+    except OverflowError:  # a 400-digit integer is valid JSON, but no float holds it
+        return Rejection("bad_number", f"bbox {short(bbox)} holds an integer too large for a float")
     if not all(math.isfinite(v) for v in (x, y, w, h)):
-        return Rejection("non_finite", f"bbox {bbox!r} holds NaN or infinity")
+        return Rejection("non_finite", f"bbox {short(bbox)} holds NaN or infinity")
     if category_id not in categories:
-        return Rejection("unknown_category", f"category_id {category_id} is not in this source's categories {sorted(categories)}")
+        return Rejection("unknown_category", f"category_id {short(category_id)} is not in this source's categories {short(sorted(categories))}")
     if w <= 0 or h <= 0:
-        return Rejection("degenerate", f"bbox {bbox!r} has width or height <= 0")
+        return Rejection("degenerate", f"bbox {short(bbox)} has width or height <= 0")
     x1, y1, x2, y2 = x, y, x + w, y + h
     tol = EDGE_TOLERANCE_PX
     if x1 < -tol or y1 < -tol or x2 > width + tol or y2 > height + tol:
@@ -117,7 +136,7 @@ def _judge_box(
         )
     clipped = (min(max(x1, 0.0), width), min(max(y1, 0.0), height), min(max(x2, 0.0), width), min(max(y2, 0.0), height))
     if clipped[2] <= clipped[0] or clipped[3] <= clipped[1]:
-        return Rejection("degenerate", f"bbox {bbox!r} has no area left inside the {width}x{height} image")
+        return Rejection("degenerate", f"bbox {short(bbox)} has no area left inside the {width}x{height} image")
     return clipped
 
 
@@ -131,25 +150,37 @@ def _is_number_list(value: Any, length: int) -> bool:
 
 def _category_label(category_id: Any, categories: dict[int, str]) -> str:
     """The category's name for the rejection table, or a marker saying why there is none."""
-    if _is_int(category_id) and category_id in categories:
+    if is_int(category_id) and category_id in categories:
         return categories[category_id]
-    return f"<unknown category_id {category_id!r}>"
+    return f"<unknown category_id {short(category_id)}>"
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _numbers_or_empty(bbox: Any) -> list[float]:
-    """The bbox as floats for the Parquet column; a non-numeric one is kept only in `detail`."""
+    """The bbox as floats for the Parquet column; one that is not all floats is kept only in `detail`."""
     if isinstance(bbox, (list, tuple)) and all(isinstance(v, Real) and not isinstance(v, bool) for v in bbox):
-        return [float(v) for v in bbox]
+        try:
+            return [float(v) for v in bbox]
+        except OverflowError:
+            return []
     return []
 
 
-def _annotation_id(annotation: dict[str, Any]) -> int:
-    value = annotation.get("id")
-    return value if _is_int(value) else -1  # -1: the file gave no integer id
+def annotation_id(annotation: Any) -> int:
+    """The annotation's id for the int64 column; -1 when the file gave no integer id that fits."""
+    value = annotation.get("id") if isinstance(annotation, dict) else None
+    return value if is_int(value) and -INT64_MAX <= value <= INT64_MAX else -1
+
+
+def short(value: Any) -> str:
+    """A value from annotations.json for a message: its repr, cut short (a field can hold megabytes)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"<an integer of {len(str(abs(value)))} digits>"  # repr of a huge int costs time and says nothing
+    text = repr(value)
+    return text if len(text) <= MAX_VALUE_CHARS else f"{text[:MAX_VALUE_CHARS]}..."
 
 
 def vocabulary(categories_by_source: list[dict[int, str]]) -> list[dict[str, Any]]:

@@ -13,12 +13,15 @@ import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Iterator
 
 MANIFEST_NAMES = ("manifest.json",)
 LISTING_THREADS = 16  # concurrent LIST requests; S3 serves thousands per second per prefix
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# What a key may not hold: control characters, backslashes (a separator elsewhere, and the escape
+# character of `printable_key`) and lone surrogates (the bytes of a name that is not valid UTF-8, as
+# os.listdir hands them over).
+_UNSAFE_CHARS = re.compile(r"[\x00-\x1f\x7f\\\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -46,13 +49,54 @@ def join(root: str | os.PathLike, relative: str) -> str:
 
 
 def safe_relative_key(key: str) -> str:
-    """Reject keys that could escape their root: `..`, absolute paths, control characters."""
-    if not key or _CONTROL.search(key) or "\\" in key:
-        raise ValueError(f"unsafe object key {key!r}: empty, control characters or backslashes")
-    path = PurePosixPath(key)
-    if path.is_absolute() or ".." in path.parts:
-        raise ValueError(f"unsafe object key {key!r}: absolute paths and '..' are not allowed")
-    return str(path)
+    """`key` itself when it is safe to join onto a root (see `key_problem`), else a ValueError saying why."""
+    problem = key_problem(key)
+    if problem:
+        raise ValueError(f"unsafe object key {printable_key(key)!r}: {problem}")
+    return key
+
+
+def key_problem(key: str) -> str | None:
+    """Why `key` cannot name a file under a root, or None when it can.
+
+    A safe key is already in its one canonical form: no `..`, `.` or empty segment, not absolute.
+    Keys are never normalised, because on S3 `a/./b`, `a//b` and `a/b` are three different objects:
+    normalising would read one's bytes for another. A key that only names a file after
+    normalising is refused instead."""
+    if not key:
+        return "empty"
+    if _UNSAFE_CHARS.search(key):
+        return "control characters, backslashes or bytes that are not UTF-8"
+    if key.startswith("/"):
+        return "absolute"
+    segments = key.split("/")
+    if ".." in segments:
+        return "a '..' segment"
+    if "." in segments or "" in segments:
+        return "a '.' or empty segment (it names another object's file once normalised)"
+    return None
+
+
+def printable_key(key: str) -> str:
+    """`key` with backslashes, control characters and undecodable bytes written as escapes (`\\`,
+    `\\x0a`, `\\xff`): one line of valid UTF-8 that a table can store, and distinct for distinct keys.
+    Safe keys come back unchanged; an escaped one holds a backslash, so it is never a safe key."""
+    if not _UNSAFE_CHARS.search(key):
+        return key
+    out = []
+    for char in key:
+        code = ord(char)
+        if char == "\\":
+            out.append("\\\\")
+        elif 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's stand-in for the byte code - 0xDC00
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return "".join(out)
 
 
 def s3_client(config=None):
@@ -62,17 +106,53 @@ def s3_client(config=None):
     return boto3.client("s3", endpoint_url=os.environ.get("ZERO_S3_ENDPOINT_URL") or None, config=config)
 
 
-def list_objects(root: str | os.PathLike) -> Iterator[ObjectInfo]:
-    """Every object under `root`, sorted by key. Local etag is `<mtime_ns>-<size>`."""
+def list_objects(root: str | os.PathLike, include_unsafe: bool = False) -> Iterator[ObjectInfo]:
+    """Every object under `root`, sorted by key. Local etag is `<mtime_ns>-<size>`.
+
+    Keys that `key_problem` refuses are left out unless `include_unsafe` (the raw index keeps them, to
+    report each one). S3 folder markers (a key ending in `/`, zero bytes) are never objects.
+    Locally, symlinked folders are not descended into, and a symlinked file is listed by its own
+    lstat when its target lies outside `root` (so nothing out there is opened; validation refuses it)."""
     if is_s3(root):
-        yield from list_s3_parallel(str(root))
-        return
-    root = Path(root)
+        objects = list_s3_parallel(str(root))
+    else:
+        objects = sorted(_list_local(Path(root)), key=lambda o: o.key)
+    for obj in objects:
+        if include_unsafe or key_problem(obj.key) is None:
+            yield obj
+
+
+def _list_local(root: Path) -> Iterator[ObjectInfo]:
     if not root.is_dir():
         raise FileNotFoundError(f"raw root {root} does not exist or is not a folder")
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        stat = path.stat()
-        yield ObjectInfo(path.relative_to(root).as_posix(), stat.st_size, f"{stat.st_mtime_ns}-{stat.st_size}")
+    real_root = os.path.realpath(root)
+    folders = [root]
+    while folders:
+        with os.scandir(folders.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(Path(entry.path))
+                    continue
+                if entry.is_symlink():
+                    stat = _symlinked_file_stat(entry.path, real_root)
+                elif entry.is_file(follow_symlinks=False):
+                    stat = entry.stat(follow_symlinks=False)
+                else:
+                    continue  # FIFOs, sockets, devices: not files anyone uploaded
+                if stat is not None:
+                    key = Path(entry.path).relative_to(root).as_posix()
+                    yield ObjectInfo(key, stat.st_size, f"{stat.st_mtime_ns}-{stat.st_size}")
+
+
+def _symlinked_file_stat(path: str, real_root: str) -> os.stat_result | None:
+    """A link to a file inside the root: its target's stat (so an edit shows). A link out of the root,
+    or a dangling one: the link's own lstat, target untouched. A link to a folder: None (not followed)."""
+    target = os.path.realpath(path)
+    if os.path.commonpath([target, real_root]) != real_root:
+        return os.lstat(path)
+    if os.path.isdir(target):
+        return None
+    return os.stat(target) if os.path.isfile(target) else os.lstat(path)
 
 
 def list_s3_parallel(root: str, workers: int = LISTING_THREADS) -> list[ObjectInfo]:
@@ -89,7 +169,11 @@ def list_s3_parallel(root: str, workers: int = LISTING_THREADS) -> list[ObjectIn
     def listed(page_prefix: str, delimiter: str = "") -> tuple[list[ObjectInfo], list[str]]:
         objects, folders = [], []
         for page in paginator.paginate(Bucket=bucket, Prefix=page_prefix, Delimiter=delimiter):
-            objects += [ObjectInfo(o["Key"][len(base) :], int(o["Size"]), o["ETag"].strip('"')) for o in page.get("Contents", [])]
+            objects += [
+                ObjectInfo(o["Key"][len(base) :], int(o["Size"]), o["ETag"].strip('"'))
+                for o in page.get("Contents", [])
+                if not (o["Key"].endswith("/") and int(o["Size"]) == 0)  # a folder marker ("raw/"), not an object
+            ]
             folders += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
         return objects, folders
 
@@ -164,7 +248,8 @@ def publish_folder(src: Path, dest: str | os.PathLike) -> list[str]:
 
 def download_prefix(uri: str, dest: Path, keys: list[str] | None = None) -> Path:
     """Copy an S3 prefix into a local folder (SageMaker's File input mode); with `keys`, only those
-    (relative to the prefix: one host's part of an input split by key)."""
+    (relative to the prefix: one host's part of an input split by key). Unsafe keys are not listed,
+    so no object lands outside `dest` or on another object's file."""
     bucket, prefix = split_s3(uri)
     client = s3_client()
     for key in [obj.key for obj in list_objects(uri)] if keys is None else keys:

@@ -17,8 +17,15 @@ REASONS = (
     "empty", "unidentified", "truncated", "checksum", "bomb", "timeout", "crash",
     "unsupported", "format_not_allowed", "too_small", "exif", "decode_error",
     "unreadable",  # listed in the index but could not be read (vanished, permissions): stage "read"
+    # Decided before a byte is read (see training_code/lib/raw_files.py): stage "read".
+    "unsafe_key", "outside_root", "too_large",
 )
-LABEL_REASONS = ("outside_image", "degenerate", "non_finite", "unknown_category", "malformed")
+LABEL_REASONS = (
+    "outside_image", "degenerate", "non_finite", "unknown_category", "malformed",
+    "bad_number",  # a bbox value that is no usable number (an integer too large for a float, a bool)
+    # Entries of annotations.json itself, keyed by that file (see training_code/lib/coco.py):
+    "not_an_object", "bad_id", "bad_file_name", "unknown_image",
+)
 SPLITS = ("train", "val")
 
 _key = pa.Column(str, pa.Check.str_length(min_value=1))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class ValidationOutputs:
     unmatched: pd.DataFrame
     categories: list[dict[str, Any]]
     counts: dict[str, Any]
+    annotation_errors: dict[str, str] = field(default_factory=dict)  # source -> why its annotations.json is unusable
 
 
 def build_outputs(
@@ -44,7 +45,10 @@ def build_outputs(
     annotations: dict[str, SourceAnnotations | None],
     seed: int,
     val_fraction: float,
+    annotation_errors: dict[str, str] | None = None,
 ) -> ValidationOutputs:
+    """`annotation_errors`: source -> why its annotations.json could not be used (its images are
+    reported as without annotation, with that reason)."""
     missing = set(index["key"]) - set(verdicts)
     if missing:
         raise RuntimeError(f"no verdict for {len(missing)} indexed images, e.g. {sorted(missing)[:3]}")
@@ -61,7 +65,8 @@ def build_outputs(
     duplicates = find_exact_duplicates(decodable_keys, decodable_keys.map(lambda key: verdicts[key].sha256))
     duplicate_keys = set(duplicates["key"])
 
-    accepted_rows, rejected_rows = [], []
+    # Entries of an annotations file that belong to no image (not objects, bad ids) are keyed by the file.
+    accepted_rows, rejected_rows = [], [row for parsed in annotations.values() if parsed for row in parsed.rejected]
     for row in decodable:
         if row.key in duplicate_keys:
             continue  # its labels go with the kept copy's; the duplicates table says which
@@ -87,20 +92,25 @@ def build_outputs(
         quarantine=_frame(quarantine_rows, QUARANTINE),
         duplicates=duplicates if len(duplicates) else empty_frame(DUPLICATES),
         rejected_labels=_frame(rejected_rows, REJECTED_LABELS),
-        unmatched=_frame(unmatched_rows(index, annotations), UNMATCHED),
+        unmatched=_frame(unmatched_rows(index, annotations, annotation_errors or {}), UNMATCHED),
         categories=vocabulary([parsed.categories for parsed in annotations.values() if parsed]),
         counts={},
+        annotation_errors=dict(annotation_errors or {}),
     )
     outputs.counts = count_outputs(index, outputs)
     return outputs
 
 
-def unmatched_rows(index: pd.DataFrame, annotations: dict[str, SourceAnnotations | None]) -> list[dict[str, str]]:
+def unmatched_rows(
+    index: pd.DataFrame, annotations: dict[str, SourceAnnotations | None], annotation_errors: dict[str, str]
+) -> list[dict[str, str]]:
     """Images with no COCO image entry, and COCO entries with annotations whose image is not in the index."""
     rows = []
     for source, key in zip(index["source"], index["key"]):
         parsed = annotations.get(source)
-        if parsed is None:
+        if source in annotation_errors:
+            rows.append({"kind": "image_without_annotation", "key": key, "detail": f"annotations.json unusable: {annotation_errors[source]}"})
+        elif parsed is None:
             rows.append({"kind": "image_without_annotation", "key": key, "detail": f"source {source!r} has no annotations.json"})
         elif _file_name(source, key) not in parsed.image_entries:
             rows.append({"kind": "image_without_annotation", "key": key, "detail": f"no image entry in {source}/annotations.json"})
@@ -126,7 +136,8 @@ def count_outputs(index: pd.DataFrame, outputs: ValidationOutputs) -> dict[str, 
         "quarantined": len(quarantine),
         "duplicates": len(outputs.duplicates),
         "quarantined_by_reason": dict(sorted(Counter(quarantine["reason"]).items())),
-        "labels_in": labels_accepted + len(rejected),  # the annotations of accepted images
+        # The annotations of accepted images, and the entries of annotation files that fit no image.
+        "labels_in": labels_accepted + len(rejected),
         "labels_accepted": labels_accepted,
         "labels_rejected": len(rejected),
         "labels_rejected_by_reason": dict(sorted(Counter(rejected["reason"]).items())),
@@ -135,6 +146,7 @@ def count_outputs(index: pd.DataFrame, outputs: ValidationOutputs) -> dict[str, 
         "train": int((accepted["split"] == "train").sum()),
         "val": int((accepted["split"] == "val").sum()),
         "categories": len(outputs.categories),
+        "annotation_files_unusable": len(outputs.annotation_errors),
     }
     if counts["images_in"] != counts["accepted"] + counts["quarantined"] + counts["duplicates"]:
         raise AssertionError(f"counts do not add up: {counts}")

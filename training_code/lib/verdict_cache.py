@@ -3,7 +3,8 @@
 A verdict is reused only when the key, the listing's etag and size, and every setting that can
 change a verdict (validator version, Pillow version, min side, allowed formats, time limit) are the
 same as when it was reached. `unreadable` verdicts are never reused: a file that could not be read
-may be readable now. Labels, duplicates and splits are always recomputed (no decoding needed).
+may be readable now; nor are verdicts reached without reading (`unsafe_key`, `outside_root`), which
+cost nothing to reach again and depend on more than the key's own etag. Labels, duplicates and splits are always recomputed (no decoding needed).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .tables import VERDICTS, read_table
 log = logging.getLogger("zero.validate")
 
 VERDICTS_FILE = "verdicts.parquet"
-NEVER_REUSED = frozenset({"unreadable"})
+NEVER_REUSED = frozenset({"unreadable", "unsafe_key", "outside_root"})
 
 
 def verdict_frame(index: pd.DataFrame, verdicts: dict[str, ImageVerdict]) -> pd.DataFrame:
