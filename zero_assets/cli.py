@@ -5,6 +5,7 @@
     zero-assets render-jobs --out DIR   # the SageMaker/FSx requests the graph would send (no AWS calls)
     zero-assets lineage CHECKPOINT_URI_OR_RUN_ID   # which images and shards trained it, which reports scored it
     zero-assets lineage --image KEY                # which checkpoints an image reached, or why it did not
+    zero-assets gc [--delete] [--grace-hours H]    # lake outputs and job folders no stored materialization names
 """
 
 from __future__ import annotations
@@ -96,6 +97,25 @@ def _lineage(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gc(args: argparse.Namespace) -> int:
+    from dagster import DagsterInstance
+
+    from .assets import ALL_ASSETS
+    from .gc import DEFAULT_GRACE_HOURS, delete_unreferenced, find_unreferenced, report_lines
+    from .resources.settings import settings_from_env
+
+    lake = args.lake or settings_from_env().lake_uri
+    assets = [key.to_user_string() for asset in ALL_ASSETS for key in asset.keys]
+    grace_s = (DEFAULT_GRACE_HOURS if args.grace_hours is None else args.grace_hours) * 3600
+    with DagsterInstance.get() as instance:
+        if args.delete:
+            verdicts, deleted = delete_unreferenced(instance, lake, assets, grace_s)
+        else:
+            verdicts, deleted = find_unreferenced(instance, lake, assets, grace_s), None
+    print("\n".join(report_lines(verdicts, deleted)))
+    return 0
+
+
 def _plain(value: object) -> object:
     return round(value, 4) if isinstance(value, float) else value
 
@@ -114,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--out", type=Path, required=True, help="folder for <asset>.<Operation>.json files")
     render.set_defaults(handler=_render_jobs)
     _add_lineage(commands)
+    _add_gc(commands)
     return parser
 
 
@@ -123,6 +144,14 @@ def _add_lineage(commands) -> None:
     target.add_argument("checkpoint", nargs="?", help="a trained_checkpoint uri or the run id that wrote it")
     target.add_argument("--image", help="a raw image key (<source>/<path>): which checkpoints it reached, or why not")
     lineage.set_defaults(handler=_lineage)
+
+
+def _add_gc(commands) -> None:
+    gc = commands.add_parser("gc", help="list (with --delete, remove) lake outputs and job folders no stored materialization names")
+    gc.add_argument("--delete", action="store_true", help="remove them (default: a dry run that only lists them)")
+    gc.add_argument("--grace-hours", type=float, help="keep anything written this recently, in hours (default: a day)")
+    gc.add_argument("--lake", help="the lake to collect (default: ZERO_LAKE_URI, else .zero/lake)")
+    gc.set_defaults(handler=_gc)
 
 
 def main(argv: list[str] | None = None) -> int:

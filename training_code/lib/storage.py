@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,6 +199,49 @@ def exists(uri: str | os.PathLike) -> bool:
     return Path(uri).exists()
 
 
+def delete_prefix(uri: str | os.PathLike) -> None:
+    """Remove a folder (local) or every object under `prefix/` (S3); a sibling `prefix-x/` is untouched.
+
+    Local symlinks are removed, never followed. Refuses a bucket root."""
+    if is_s3(uri):
+        bucket, prefix = split_s3(str(uri))
+        if not prefix:
+            raise ValueError(f"refusing to delete the whole bucket {uri!r}; name a prefix inside it")
+        # Every key under `prefix/`, folder markers and keys `list_objects` refuses included.
+        keys = [o["Key"] for o in _s3_objects_under(bucket, prefix)]
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1,000 keys
+            batch = [{"Key": key} for key in keys[start : start + 1000]]
+            errors = s3_client().delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True}).get("Errors", [])
+            if errors:
+                raise OSError(f"could not delete {len(errors)} objects under {uri}, first {errors[0].get('Key')}: {errors[0].get('Message')}")
+        return
+    path = Path(uri)
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)  # unlinks symlinks inside; never follows them
+
+
+def newest_write(uri: str | os.PathLike) -> float | None:
+    """Time (epoch seconds) of the latest write under a folder or prefix, None when it holds nothing."""
+    if is_s3(uri):
+        bucket, prefix = split_s3(str(uri))
+        return max((o["LastModified"].timestamp() for o in _s3_objects_under(bucket, prefix)), default=None)
+    root = Path(uri)
+    if not root.exists() and not root.is_symlink():
+        return None
+    times = [root.lstat().st_mtime]
+    for folder, dirs, files in os.walk(root):  # does not descend into symlinked folders
+        times += [os.lstat(os.path.join(folder, name)).st_mtime for name in dirs + files]
+    return max(times)
+
+
+def _s3_objects_under(bucket: str, prefix: str) -> list[dict]:
+    """The raw ListObjectsV2 entries under `prefix/` (the whole bucket for an empty prefix)."""
+    pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
+    return [o for page in pages for o in page.get("Contents", [])]
+
+
 def write_bytes_atomic(uri: str | os.PathLike, data: bytes) -> None:
     if is_s3(uri):
         bucket, key = split_s3(str(uri))
@@ -206,7 +249,10 @@ def write_bytes_atomic(uri: str | os.PathLike, data: bytes) -> None:
         return
     path = Path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # Not mkstemp: it creates 0600 whatever the umask. O_EXCL with mode 0666 lets the kernel apply the
+    # umask (and default ACLs) as for any other file, and still never reuses another writer's name.
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
