@@ -1,0 +1,120 @@
+"""Runs isolated: two runs with the same inputs at once launch one job; the second waits on the
+output's lease, then reports a cache hit; neither deletes the other's work. A lease whose owner was
+killed is taken over.
+
+Real processes: each run is its own Dagster process (fault_driver.py) against one instance on disk,
+on the cheapest real assets (raw_image_index -> validated_images over the tiny raw root).
+"""
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+from fault_processes import descendants, finish, make_lab, wait_for, wait_gone
+
+from zero_assets.cache import OUTPUT_MARKER, output_is_complete
+from zero_assets.output_lease import hold_lease, try_acquire
+
+
+class Tail:
+    """Collects a process's output as it comes, so a test can wait for a line while it runs."""
+
+    def __init__(self, process) -> None:
+        self.text, self.process = "", process
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.text += line
+
+    def result(self, timeout: float = 180) -> dict:
+        self.process.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        lines = [line for line in self.text.splitlines() if line.startswith("RESULT ")]
+        result = json.loads(lines[-1][len("RESULT "):]) if lines else {"success": False}
+        result["log"] = self.text
+        return result
+
+
+def lease_files(lab) -> list[Path]:
+    return list(lab.lake.glob("_jobs/validated_images/*/lease.json"))
+
+
+def run_folders(lab) -> list[str]:
+    return sorted(p.name for p in lab.lake.glob("_jobs/validated_images/*/runs/*"))
+
+
+def test_two_runs_with_the_same_inputs_launch_one_job_and_both_succeed(tmp_path, tiny_raw_root):
+    lab = make_lab(tmp_path, tiny_raw_root)
+    assert lab.run("raw_image_index")["success"]
+
+    first = lab.start("validated_images")
+    wait_for(lambda: lease_files(lab), what="the first run taking the lease")
+    os.kill(first.pid, signal.SIGSTOP)  # hold the first run inside its lease until the second is seen waiting
+    try:
+        second = Tail(lab.start("validated_images"))
+        wait_for(lambda: "waiting for it" in second.text, what="the second run waiting on the lease")
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    one, two = finish(first), second.result()
+
+    assert one["success"] and two["success"], (one["log"][-2000:], two["log"][-2000:])
+    built, reused = one["assets"]["validated_images"], two["assets"]["validated_images"]
+    assert built["cache"] == "miss" and reused["cache"] == "hit", (built, reused)
+    assert f"run {one['run_id']} built the same inputs while this run waited" in reused["cache_reason"]
+    assert reused["uri"] == built["uri"]
+    assert run_folders(lab) == [one["run_id"]], "one job was launched, by the first run"
+    out = Path(built["uri"])
+    marker = json.loads((out / OUTPUT_MARKER).read_text())
+    assert output_is_complete(str(out), marker["fingerprint"])
+    job_folder = next(lab.lake.glob(f"_jobs/validated_images/*/runs/{one['run_id']}/*"))
+    assert (job_folder / "opt/ml/output/job.log").is_file(), "the first run's job folder was left alone"
+    assert not list(lab.lake.glob("_jobs/**/*.parquet")), "no copy of the output stays in the job folder"
+    assert not lease_files(lab), "the lease is released"
+
+
+def test_a_lease_left_by_a_killed_run_is_taken_over(tmp_path, tiny_raw_root):
+    lab = make_lab(tmp_path, tiny_raw_root)
+    assert lab.run("raw_image_index")["success"]
+    first = lab.start("validated_images")
+    [lease] = wait_for(lambda: lease_files(lab), what="the first run taking the lease")
+    os.kill(first.pid, signal.SIGSTOP)  # freeze it inside the lease, then kill it there
+    children = descendants(first.pid)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    assert not wait_gone(children, 10), "the killed run's job died with it"
+    owner = json.loads(lease.read_text())
+    assert owner["pid"] == first.pid, "the dead run's lease is still there"
+
+    started = time.monotonic()
+    again = lab.run("validated_images")
+    assert again["success"], again["log"][-3000:]
+    assert again["assets"]["validated_images"]["cache"] == "miss"
+    assert f"took over the lease" in again["log"] and f"process {first.pid}" in again["log"]
+    assert time.monotonic() - started < 90, "taken over at once (dead owner), not after the heartbeat timeout"
+    out = Path(again["assets"]["validated_images"]["uri"])
+    assert output_is_complete(str(out), json.loads((out / OUTPUT_MARKER).read_text())["fingerprint"])
+    assert owner["run_id"] in run_folders(lab), "the killed run's job folder was not deleted"
+
+
+def test_a_live_lease_is_respected_and_a_stale_heartbeat_is_not(tmp_path):
+    path = tmp_path / "lease.json"
+    with hold_lease(path, "run-a", heartbeat_s=0.2):
+        lease, owner = try_acquire(path, "run-b")
+        assert lease is None and owner["run_id"] == "run-a" and owner["pid"] == os.getpid()
+        time.sleep(0.5)
+        assert time.time() - path.stat().st_mtime < 0.5, "the owner's heartbeat renews the lease"
+    assert not path.exists()
+    # An owner on another host that stopped renewing: judged by its heartbeat alone.
+    path.write_text(json.dumps({"run_id": "run-far", "token": "t", "host": socket.gethostname() + "-other", "pid": 1}))
+    lease, owner = try_acquire(path, "run-b", stale_after_s=30)
+    assert lease is None and owner["run_id"] == "run-far"
+    os.utime(path, (time.time() - 60, time.time() - 60))
+    lease, _ = try_acquire(path, "run-b", stale_after_s=30)
+    assert lease is not None and "run-far" in lease.took_over and "heartbeat" in lease.took_over
+    assert json.loads(path.read_text())["run_id"] == "run-b"
