@@ -13,16 +13,20 @@ ZERO_RAW_URI ?= $(CURDIR)/.zero/raw
 
 .PHONY: demo test bench venv
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed $(VENV)/.activate-hook
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
-	@grep -q DAGSTER_MODULE_NAME $(VENV)/bin/activate || printf '%s\n' \
-		'# zero_assets: after activation, `dagster asset materialize --select ...` finds this repo' \
-		'# instance and code location.' \
-		'export DAGSTER_HOME="$${DAGSTER_HOME:-$(CURDIR)/.dagster_home}"' \
-		'export DAGSTER_MODULE_NAME=zero_assets.definitions' >> $(VENV)/bin/activate
+	@touch $@
+
+# `source .venv/bin/activate` also points DAGSTER_HOME at this repo's instance (creating it with the
+# repo's dagster.yaml) and exports nothing else: `dagster dev`, `dagster-webserver` and `dagster-daemon`
+# find the code location in [tool.dagster] of pyproject.toml; a second pointer such as
+# DAGSTER_MODULE_NAME would make the webserver that `dagster dev` starts exit while `dagster dev` runs on.
+$(VENV)/.activate-hook: Makefile deploy/activate-hook.sh $(VENV)/.installed
+	@sed -i '/^# >>> zero_assets >>>$$/,/^# <<< zero_assets <<<$$/d; /DAGSTER_MODULE_NAME=zero_assets/d; /^# zero_assets: after activation/,/^# instance and code location\.$$/d; /^export DAGSTER_HOME="$${DAGSTER_HOME:-.*\/\.dagster_home}"$$/d' $(VENV)/bin/activate
+	@cat deploy/activate-hook.sh >> $(VENV)/bin/activate
 	@touch $@
 
 $(DAGSTER_HOME)/dagster.yaml: dagster.yaml

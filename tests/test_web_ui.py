@@ -1,74 +1,38 @@
-"""The web UI, as a person uses it: `dagster dev` on loopback, headless Chromium driven by Playwright.
+"""The web UI, as a person uses it: the README's `dagster dev` block in a fresh clone, headless Chromium.
 
-It checks the six assets appear in one lineage graph, clicks "Materialize all" on a tiny raw root,
-and waits for the run to succeed.
+The UI is started the README's way (activated shell, `dagster dev` from the repo root, the instance the
+activate script creates), the six assets must appear in one lineage graph, and "Materialize all" on
+the tiny raw root (the clone's default `.zero/raw`) must end in a successful run.
 """
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from dagster import AssetKey, DagsterInstance
 from playwright.sync_api import sync_playwright
 
-REPO = Path(__file__).resolve().parents[1]
+from readme_shell import ASSETS, BackgroundBlock, block, copy_repo, free_port
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ASSETS = ["raw_image_index", "validated_images", "arrow_shards", "fsx_warm_state", "trained_checkpoint", "map_report"]
 CHROMIUM_ARGS = [  # a closed network: no background fetches, no sandbox as root
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync",
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_for_http(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise TimeoutError(f"{url} did not answer within {timeout_s}s")
-
-
 @pytest.fixture
 def dagster_dev(tiny_raw_root, tmp_path):
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    (tmp_path / "fsx").mkdir()
-    port = _free_port()
-    env = {
-        **os.environ, "DAGSTER_HOME": str(home), "ZERO_RAW_URI": str(tiny_raw_root),
-        "ZERO_LAKE_URI": str(tmp_path / "lake"), "ZERO_FSX_MOUNT": str(tmp_path / "fsx"),
-    }
-    command = [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port)]
-    log = open(tmp_path / "dagster-dev.log", "wb")
-    server = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    repo = copy_repo(tmp_path / "repo")
+    shutil.copytree(tiny_raw_root, repo / ".zero" / "raw")
+    port = free_port()
+    server = BackgroundBlock(block("ui"), repo, tmp_path / "dagster-dev.log", DAGSTER_CLI_DEV_PORT=str(port))
     try:
-        _wait_for_http(f"http://127.0.0.1:{port}/server_info", timeout_s=120)
-        yield f"http://127.0.0.1:{port}", home
+        server.wait_for_http(f"http://127.0.0.1:{port}/server_info", timeout_s=120)
+        yield f"http://127.0.0.1:{port}", repo / ".dagster_home"
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
+        server.stop()
 
 
 @pytest.mark.slow
@@ -88,14 +52,22 @@ def test_materialize_all_from_the_browser(dagster_dev):
         page.get_by_role("button", name="Materialize all").click()
         page.get_by_text("Launched run", exact=False).first.wait_for(timeout=60_000)
         page.screenshot(path=str(home / "graph.png"))
+        run = _wait_for_run(home, timeout_s=900)
+        page.goto(f"{url}/runs/{run.run_id}", wait_until="domcontentloaded")  # the run page a user follows
+        page.get_by_text("Success", exact=True).first.wait_for(timeout=60_000)
+        page.screenshot(path=str(home / "run.png"))
         browser.close()
+    assert run.is_success, f"run ended as {run.status}"
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert all(instance.get_latest_materialization_event(AssetKey(a)) for a in ASSETS)
 
-    deadline = time.monotonic() + 600
+
+def _wait_for_run(home: Path, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
     with DagsterInstance.from_config(str(home)) as instance:
         while time.monotonic() < deadline:
             runs = instance.get_runs()
             if runs and runs[0].is_finished:
-                break
+                return runs[0]
             time.sleep(3)
-        assert runs and runs[0].is_success, f"run ended as {runs[0].status if runs else 'never launched'}"
-        assert all(instance.get_latest_materialization_event(AssetKey(a)) for a in ASSETS)
+    raise TimeoutError(f"the run launched from the UI did not finish within {timeout_s}s")

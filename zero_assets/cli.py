@@ -3,7 +3,7 @@
     zero-assets make-demo-data --out DIR [--images N] [--seed S]
     zero-assets summary            # the latest materialization of each asset, from $DAGSTER_HOME
     zero-assets render-jobs --out DIR   # the SageMaker/FSx requests the graph would send (no AWS calls)
-    zero-assets lineage CHECKPOINT_URI_OR_RUN_ID   # which images and shards trained it, which reports scored it
+    zero-assets lineage [CHECKPOINT_URI_OR_RUN_ID]  # which images and shards trained it (default: the latest), which reports scored it
     zero-assets lineage --image KEY                # which checkpoints an image reached, or why it did not
     zero-assets gc [--delete] [--grace-hours H]    # lake outputs and job folders no stored materialization names
 """
@@ -78,13 +78,13 @@ def _render_jobs(args: argparse.Namespace) -> int:
 def _lineage(args: argparse.Namespace) -> int:
     from dagster import DagsterInstance
 
-    from .lineage import checkpoint_lineage, find_checkpoint, image_fate
+    from .lineage import LATEST, checkpoint_lineage, find_checkpoint, image_fate
 
     with DagsterInstance.get() as instance:
         if args.image:
             print(json.dumps(image_fate(instance, args.image), indent=1, default=str))
             return 0
-        found = checkpoint_lineage(instance, find_checkpoint(instance, args.checkpoint))
+        found = checkpoint_lineage(instance, find_checkpoint(instance, args.checkpoint or LATEST))
     print(f"checkpoint   {found.checkpoint.uri}  (run {found.checkpoint.run_id})")
     print(f"warm shards  {found.warm.uri}")
     print(f"shard set    {found.shards.uri}")
@@ -102,16 +102,17 @@ def _gc(args: argparse.Namespace) -> int:
 
     from .assets import ALL_ASSETS
     from .gc import DEFAULT_GRACE_HOURS, delete_unreferenced, find_unreferenced, report_lines
-    from .resources.settings import settings_from_env
+    from .resources.settings import ZeroSettings, settings_from_env
 
     lake = args.lake or settings_from_env().lake_uri
+    jobs_root = str(ZeroSettings(lake_uri=lake).jobs_root())  # `<lake>/_jobs`; on this machine for an s3:// lake
     assets = [key.to_user_string() for asset in ALL_ASSETS for key in asset.keys]
     grace_s = (DEFAULT_GRACE_HOURS if args.grace_hours is None else args.grace_hours) * 3600
     with DagsterInstance.get() as instance:
         if args.delete:
-            verdicts, deleted = delete_unreferenced(instance, lake, assets, grace_s)
+            verdicts, deleted = delete_unreferenced(instance, lake, assets, grace_s, jobs_root)
         else:
-            verdicts, deleted = find_unreferenced(instance, lake, assets, grace_s), None
+            verdicts, deleted = find_unreferenced(instance, lake, assets, grace_s, jobs_root), None
     print("\n".join(report_lines(verdicts, deleted)))
     return 0
 
@@ -140,8 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_lineage(commands) -> None:
     lineage = commands.add_parser("lineage", help="which raw images reached which checkpoint")
-    target = lineage.add_mutually_exclusive_group(required=True)
-    target.add_argument("checkpoint", nargs="?", help="a trained_checkpoint uri or the run id that wrote it")
+    target = lineage.add_mutually_exclusive_group()
+    target.add_argument("checkpoint", nargs="?", help="a trained_checkpoint uri or the run id that wrote it (default: the latest)")
     target.add_argument("--image", help="a raw image key (<source>/<path>): which checkpoints it reached, or why not")
     lineage.set_defaults(handler=_lineage)
 

@@ -19,6 +19,7 @@ from training_code.lib.shard_format import open_shard, read_manifest, shards_for
 from training_code.lib.storage import is_s3, join
 
 PAGE = 1000
+LATEST = "latest"  # `zero-assets lineage` with no checkpoint named: the newest one
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,13 @@ class CheckpointLineage:
     reports: list[Materialization]
 
 
-def find_checkpoint(instance: DagsterInstance, checkpoint_uri_or_run_id: str) -> Materialization:
+def find_checkpoint(instance: DagsterInstance, checkpoint_uri_or_run_id: str = LATEST) -> Materialization:
+    """The trained_checkpoint materialization with that uri or run id; `LATEST`: the newest one."""
     for found in materializations(instance, "trained_checkpoint"):
-        if checkpoint_uri_or_run_id in (found.uri, found.run_id):
+        if checkpoint_uri_or_run_id in (found.uri, found.run_id, LATEST):
             return found
+    if checkpoint_uri_or_run_id == LATEST:
+        raise LookupError("no trained_checkpoint materialization in this instance yet: materialize the graph first ($DAGSTER_HOME)")
     raise LookupError(f"{checkpoint_uri_or_run_id!r} is neither the uri nor the run id of a trained_checkpoint materialization")
 
 
