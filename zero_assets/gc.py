@@ -12,9 +12,10 @@ What the lake holds, and when each part is referenced (kept):
   referenced, or one of its run folders is kept. It goes only with all of its runs.
 - `_jobs/<job name>/` (the layout before per-run folders): named by a stored materialization's job
   name or a path in its metadata, or holding the id of a run in progress.
+An s3:// lake keeps its job folders on this machine (`.zero/jobs`): they are judged the same way.
 Unreferenced folders are kept all the same when written since the oldest run in progress started or
 within the grace period: a run publishes its output before it records the materialization. Only
-this project's asset folders and `_jobs` are looked at, and nothing outside the lake is touched.
+this project's asset folders and the job folders are looked at; nothing else is touched.
 """
 
 from __future__ import annotations
@@ -67,9 +68,12 @@ class References:
 
     paths: set[str]  # normalized uris and path metadata
     names: set[str]  # text metadata (job names)
-    run_ids: set[str]  # runs that recorded a stored materialization
+    run_ids: dict[str, set[str]]  # asset -> the runs that recorded a stored materialization of it
     live_run_ids: set[str]
     oldest_live: tuple[float, str] | None  # (start in epoch seconds, run id) of the oldest run in progress
+
+    def all_run_ids(self) -> set[str]:
+        return set().union(*self.run_ids.values())
 
     def names_path(self, uri: str) -> bool:
         here = normalize(uri)
@@ -97,29 +101,49 @@ def unit_of(key: str, assets: set[str]) -> tuple[str, str] | None:
     return ("/".join(parts[:3]), "jobs") if len(parts) >= 4 else None
 
 
-def lake_folders(lake: str, assets: Iterable[str]) -> list[Folder]:
-    """Every collectable unit in the lake, from one listing; run folders before the folder above them."""
+def lake_folders(lake: str, assets: Iterable[str], jobs_root: str | None = None) -> list[Folder]:
+    """Every collectable unit in the lake, run folders before the folder above them.
+
+    `jobs_root`: where job folders are when not at `<lake>/_jobs` (an s3:// lake keeps them on this
+    machine); its units are keyed `_jobs/...` all the same."""
     assets = set(assets)
+    roots = {"": lake}
+    separate_jobs = jobs_root is not None and normalize(jobs_root) != normalize(join(lake, JOBS_FOLDER))
     units: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for obj in list_objects(lake) if is_s3(lake) or os.path.isdir(lake) else []:
-        unit = unit_of(obj.key, assets)
-        if unit is not None:
-            units[unit].append(obj.size)
+    for key, size in _listed(lake):
+        unit = unit_of(key, assets)
+        if unit is not None and not (separate_jobs and unit[1] != "output"):
+            units[unit].append(size)
+    if separate_jobs:
+        roots[JOBS_FOLDER] = jobs_root
+        for key, size in _listed(jobs_root):
+            unit = unit_of(f"{JOBS_FOLDER}/{key}", assets)
+            if unit is not None:
+                units[unit].append(size)
     for key, kind in list(units):  # a run folder implies the folder above it, even with nothing else in it
         if kind == "run":
             units.setdefault(("/".join(key.split("/")[:3]), "jobs"), [])
     order = sorted(units, key=lambda unit: (unit[1] == "jobs", unit[0]))
-    return [Folder(key, kind, join(lake, key), sum(units[key, kind]), len(units[key, kind])) for key, kind in order]
+    return [Folder(key, kind, _uri(key, roots), sum(units[key, kind]), len(units[key, kind])) for key, kind in order]
+
+
+def _listed(root: str) -> list[tuple[str, int]]:
+    return [(obj.key, obj.size) for obj in list_objects(root)] if is_s3(root) or os.path.isdir(root) else []
+
+
+def _uri(key: str, roots: dict[str, str]) -> str:
+    top, _, rest = key.partition("/")
+    return join(roots[top], rest) if top in roots else join(roots[""], key)
 
 
 def references(instance: DagsterInstance) -> References:
-    paths, names, run_ids = set(), set(), set()
+    paths, names, run_ids = set(), set(), defaultdict(set)
     for key in instance.get_asset_keys():
         cursor = None
         while True:
             result = instance.fetch_materializations(key, limit=PAGE, cursor=cursor)
             for record in result.records:
-                run_ids.add(record.run_id)
+                run_ids[key.to_user_string()].add(record.run_id)
                 for name, entry in record.asset_materialization.metadata.items():
                     value = entry.value
                     if not isinstance(value, str) or not value:
@@ -150,16 +174,16 @@ def why_unreferenced(folder: Folder, lake: str, refs: References, kept_runs: set
     parts = folder.parts
     if folder.kind == "output":
         return "output: no stored materialization names it"
-    if folder.kind == "run":
-        if parts[4] in refs.run_ids or parts[4] in refs.live_run_ids:
+    if folder.kind == "run":  # `_jobs/<asset>/<fingerprint16>/runs/<run id>`
+        if parts[4] in refs.run_ids.get(parts[1], set()) or parts[4] in refs.live_run_ids:
             return None
-        return "run job folder: its run recorded no stored materialization and is not in progress"
+        return f"run job folder: its run recorded no stored materialization of {parts[1]} and is not in progress"
     if len(parts) == 3:  # an output's lease and checkpoints
         if refs.names_path(join(lake, "/".join(parts[1:]))) or any(run.startswith(folder.key + "/") for run in kept_runs):
             return None
         return "lease and checkpoints of an output no stored materialization names, no run folder kept"
     name = parts[1]
-    if name in refs.names or _names_a_run(name, refs.run_ids | refs.live_run_ids):
+    if name in refs.names or _names_a_run(name, refs.all_run_ids() | refs.live_run_ids):
         return None
     return "job folder: no stored materialization or run in progress names it or its run"
 
@@ -169,11 +193,12 @@ def _names_a_run(name: str, run_ids: set[str]) -> bool:
     return any(run_id in name or run_id[:8] in name for run_id in run_ids)
 
 
-def find_unreferenced(instance: DagsterInstance, lake: str, assets: Iterable[str], grace_s: float = DEFAULT_GRACE_HOURS * 3600) -> list[Verdict]:
-    """The unreferenced units of the lake, each with why, and whether it must stay anyway."""
+def find_unreferenced(instance: DagsterInstance, lake: str, assets: Iterable[str], grace_s: float = DEFAULT_GRACE_HOURS * 3600,
+                      jobs_root: str | None = None) -> list[Verdict]:
+    """The unreferenced units of the lake (and of `jobs_root`), each with why, and whether it must stay anyway."""
     refs = references(instance)
-    folders = lake_folders(lake, assets)
-    if folders and not refs.run_ids and not refs.live_run_ids:
+    folders = lake_folders(lake, assets, jobs_root)
+    if folders and not refs.all_run_ids() and not refs.live_run_ids:
         raise LookupError(
             f"the Dagster instance holds no materializations and no runs in progress, so all {len(folders)} folders of "
             f"{lake} would count as unreferenced. Point DAGSTER_HOME at the instance that built this lake (`source "
@@ -196,18 +221,19 @@ def _judge(folders: list[Folder], lake: str, refs: References, grace_s: float) -
     return verdicts
 
 
-def delete_unreferenced(instance: DagsterInstance, lake: str, assets: Iterable[str], grace_s: float = DEFAULT_GRACE_HOURS * 3600) -> tuple[list[Verdict], list[Folder]]:
+def delete_unreferenced(instance: DagsterInstance, lake: str, assets: Iterable[str], grace_s: float = DEFAULT_GRACE_HOURS * 3600,
+                        jobs_root: str | None = None) -> tuple[list[Verdict], list[Folder]]:
     """Judge afresh and remove what is collectable: a run that started, or a write made, since a dry
     run is seen. Returns the verdicts and the folders deleted."""
-    verdicts = find_unreferenced(instance, lake, assets, grace_s)
-    root = normalize(lake)
+    verdicts = find_unreferenced(instance, lake, assets, grace_s, jobs_root)
+    roots = [normalize(root) for root in (lake, jobs_root) if root is not None]
     deleted = []
     for verdict in verdicts:  # runs first, then the folders above them
         folder = verdict.folder
         if verdict.kept_because is not None:
             continue
-        if not normalize(folder.uri).startswith(root + "/"):
-            raise ValueError(f"refusing to delete {folder.uri}: it is not inside the lake {lake}")
+        if not any(normalize(folder.uri).startswith(root + "/") for root in roots):
+            raise ValueError(f"refusing to delete {folder.uri}: it is not inside the lake {lake} or the jobs folder {jobs_root}")
         delete_prefix(folder.uri)
         deleted.append(folder)
     return verdicts, deleted

@@ -84,6 +84,14 @@ def _write(path: Path, data: bytes) -> Path:
     return path
 
 
+def _run_without_validated_images(home: Path) -> str:
+    with DagsterInstance.from_config(str(home)) as instance:
+        index_runs = {r.run_id for r in instance.fetch_materializations(AssetKey("raw_image_index"), limit=100).records}
+        validated_runs = {r.run_id for r in instance.fetch_materializations(AssetKey("validated_images"), limit=100).records}
+    (run_id,) = index_runs - validated_runs
+    return run_id
+
+
 def test_gc_lists_exactly_the_orphans_and_deletes_only_them(built):
     home, lake, tmp = built["home"], built["lake"], built["tmp"]
     referenced = _referenced_uris(home)
@@ -104,7 +112,8 @@ def test_gc_lists_exactly_the_orphans_and_deletes_only_them(built):
     orphan_run = orphan_outputs_jobs / "runs" / "0f0f0f0f-dead-4bad-8bad-000000000001"
     _write(orphan_run / "zero-validated-images-fedcba9876543210" / "opt" / "ml" / "output" / "job.log", b"log\n")
     _write(orphan_outputs_jobs / "lease.json", b"{}")
-    failed_run = lake / "_jobs" / "validated_images" / validated_fp / "runs" / "0f0f0f0f-dead-4bad-8bad-000000000002"
+    # The failed run is a real one that recorded raw_image_index but no validated_images.
+    failed_run = lake / "_jobs" / "validated_images" / validated_fp / "runs" / _run_without_validated_images(home)
     staged = _write(failed_run / "zero-validated-images" / "opt" / "ml" / "processing" / "output" / "out" / "part.parquet", b"p" * 50)
     (staged.parent.parent / "index").symlink_to(referenced[0], target_is_directory=True)
     old_layout = lake / "_jobs" / "zero-validated-images-00000000bbbbbbbb"
@@ -173,12 +182,20 @@ def test_gc_on_an_s3_lake_deletes_a_prefix_and_not_its_siblings(tmp_path, tiny_r
         for name in ("part-0.parquet", "sub/part-1.parquet"):
             s3.client().put_object(Bucket="lake", Key=f"{orphan[len('s3://lake/'):]}/{name}", Body=b"m" * 100)
 
-        verdicts = find_unreferenced(instance, lake, ["raw_image_index"], grace_s=0)
-        assert [(v.folder.uri, v.folder.bytes, v.kept_because) for v in verdicts] == [(orphan, 200, None)]
-        assert _keys(s3, orphan), "a dry run deletes nothing"
-        _, deleted = delete_unreferenced(instance, lake, ["raw_image_index"], grace_s=0)
-        assert [f.uri for f in deleted] == [orphan]
+        # Job folders of an s3:// lake are on this machine: a run that recorded nothing left one.
+        jobs = tmp_path / "jobs"
+        orphan_run = jobs / "raw_image_index" / "fedcba9876543210" / "runs" / "0f0f0f0f-dead-4bad-8bad-000000000003"
+        _write(orphan_run / "zero-raw-image-index" / "opt" / "ml" / "output" / "job.log", b"log\n")
+        _age(jobs, 2 * DAY)
+
+        verdicts = find_unreferenced(instance, lake, ["raw_image_index"], grace_s=0, jobs_root=str(jobs))
+        assert [(v.folder.uri, v.folder.bytes, v.kept_because) for v in verdicts] == [  # run folders before the folder above
+            (str(orphan_run), 4, None), (orphan, 200, None), (str(orphan_run.parent.parent), 0, None)]
+        assert _keys(s3, orphan) and orphan_run.exists(), "a dry run deletes nothing"
+        _, deleted = delete_unreferenced(instance, lake, ["raw_image_index"], grace_s=0, jobs_root=str(jobs))
+        assert [f.uri for f in deleted] == [str(orphan_run), orphan, str(orphan_run.parent.parent)]
         assert _keys(s3, orphan) == [] and _keys(s3, uri) == kept_keys and kept_keys
+        assert list(jobs.iterdir()) == [jobs / "raw_image_index"] and not any((jobs / "raw_image_index").iterdir())
 
         # The other way round: deleting a prefix leaves the `-map` sibling that extends its name.
         s3.client().put_object(Bucket="lake", Key=f"{orphan[len('s3://lake/'):]}/part-0.parquet", Body=b"m")
