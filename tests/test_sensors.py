@@ -1,4 +1,4 @@
-"""The raw-data sensor requests a run for every kind of change and none without one."""
+"""The raw-data sensor requests a run for every kind of change (images or annotations) and none without one."""
 
 import os
 import shutil
@@ -31,7 +31,7 @@ def test_first_tick_requests_a_run_and_an_unchanged_root_requests_none(raw_root)
     assert isinstance(second, SkipReason) and same_cursor == cursor
 
 
-@pytest.mark.parametrize("change", ["added", "modified_in_place", "sorts_before_cursor"])
+@pytest.mark.parametrize("change", ["added", "modified_in_place", "sorts_before_cursor", "removed", "annotations_edited"])
 def test_every_kind_of_change_requests_a_run(raw_root, change):
     _, cursor = _tick(raw_root, None)
     some_image = next(raw_root.glob("line_a_camera/lot_000/*.png"), None) or next(raw_root.glob("line_a_camera/lot_000/*.jpg"))
@@ -43,9 +43,14 @@ def test_every_kind_of_change_requests_a_run(raw_root, change):
         some_image.write_bytes(bytes(data))
         stat = some_image.stat()
         os.utime(some_image, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    else:  # a key that sorts before everything already listed
+    elif change == "sorts_before_cursor":  # a key that sorts before everything already listed
         (raw_root / "aaa_first_source").mkdir()
         shutil.copy(some_image, raw_root / "aaa_first_source" / f"a{some_image.suffix}")
+    elif change == "removed":
+        some_image.unlink()
+    else:  # a label fix: annotations.json changes, no image does
+        annotations = raw_root / "line_a_camera" / "annotations.json"
+        annotations.write_text(annotations.read_text() + "\n")
     result, new_cursor = _tick(raw_root, cursor)
     assert isinstance(result, RunRequest), change
     assert new_cursor != cursor, "the cursor moves so the same change is not requested twice"

@@ -43,7 +43,9 @@ def new_raw_data_sensor(context: SensorEvaluationContext, settings: ZeroSettings
     # retried tick starts from the same cursor and so repeats its key: still one run per change.
     change_number = (previous or {}).get("changes", 0) + 1
     context.update_cursor(json.dumps({"digest": digest, "images": images, "annotations": annotations, "changes": change_number}))
-    change = "first listing" if previous is None else f"{images - previous['images']:+d} images, listing changed"
+    change = "first listing" if previous is None else (
+        f"{images - previous['images']:+d} images, {annotations - previous.get('annotations', annotations):+d} annotation files, "
+        "listing changed")
     return RunRequest(run_key=f"{digest[:16]}-{change_number}", tags={"zero/raw_listing": digest[:16], "zero/trigger": change})
 
 

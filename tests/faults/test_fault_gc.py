@@ -217,3 +217,11 @@ def test_atomic_writes_honour_the_umask(tmp_path, umask, mode):
     subprocess.run([sys.executable, "-c", script, str(target), oct(umask)[2:]], check=True, timeout=60)
     assert stat.S_IMODE(target.stat().st_mode) == mode
     assert [p.name for p in target.parent.iterdir()] == ["manifest.json"], "no temporary file left beside it"
+
+
+def test_materialized_outputs_honour_the_umask(built):
+    mask = os.umask(0o022)
+    os.umask(mask)
+    files = [path for uri in _referenced_uris(built["home"]) for path in Path(uri).rglob("*") if path.is_file()]
+    assert any(path.name == "_output.json" for path in files)
+    assert {str(path): oct(stat.S_IMODE(path.stat().st_mode)) for path in files} == {str(path): oct(0o666 & ~mask) for path in files}
