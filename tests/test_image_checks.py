@@ -127,6 +127,7 @@ BAD_CASES = {
     "bad_crc.png": (lambda: png_with_flipped_crc(encode(scene(), "PNG")), "checksum", "decode"),
     "bomb_error.png": (lambda: png_declaring(20_000, 20_000), "bomb", "decode"),  # > 2x MAX_IMAGE_PIXELS
     "bomb_warning.png": (lambda: png_declaring(12_000, 12_000), "bomb", "decode"),  # between 1x and 2x
+    "claims_100k.png": (lambda: png_declaring(100_000, 100_000), "too_large", "decode"),  # past --max-pixels, from the header
     "huge_text.png": (lambda: png_with_huge_text(encode(scene(), "PNG")), "bomb", "decode"),
     "twelve_bit.jpg": (jpeg_12_bit, "unsupported", "decode"),
     "jpeg2000_in.tif": (lambda: tiff_with_compression(34712), "unsupported", "decode"),
@@ -154,6 +155,32 @@ def test_bad_file_gets_its_reason(tmp_path, name):
 def test_checksum_is_caught_by_verify_and_truncation_by_load(tmp_path):
     assert judge(tmp_path, "crc.png", png_with_flipped_crc(encode(scene(), "PNG"))).error.startswith("verify()")
     assert judge(tmp_path, "cut.jpg", encode(scene(), "JPEG")[:-400]).error.startswith("load()")
+
+
+def test_limits_are_decided_before_reading_or_decoding(tmp_path):
+    path = tmp_path / "big.jpg"
+    path.write_bytes(encode(scene(), "JPEG"))
+    verdict = check_image_file(path, ALLOWED, 8, max_bytes=100)
+    assert (verdict.reason, verdict.stage, verdict.sha256) == ("too_large", "read", None), "refused from fstat, not read"
+    # A lower --max-pixels takes over from Pillow's own bomb limit, and names the size.
+    path = tmp_path / "wide.png"
+    path.write_bytes(png_declaring(12_000, 12_000))
+    verdict = check_image_file(path, ALLOWED, 8, max_pixels=10_000_000)
+    assert verdict.reason == "too_large" and "12000x12000" in verdict.error
+    fifo = tmp_path / "pipe.jpg"
+    os.mkfifo(fifo)
+    assert check_image_file(fifo, ALLOWED, 8).reason == "unreadable", "a FIFO is neither opened blocking nor read"
+
+
+def test_no_message_quotes_the_files_bytes(tmp_path):
+    secret = b"aws_secret_access_key = hostile-secret-value\n"
+    verdict = judge(tmp_path, "notes.jpg", secret)
+    assert verdict.reason == "unidentified" and b"hostile" not in verdict.error.encode() and "aws_secret" not in verdict.error
+    # Pillow quotes chunk names and other bytes in some messages; they are cut out of the table.
+    broken = encode(scene(), "PNG")
+    broken = broken[:37] + b"hostile-" + broken[45:]  # the IDAT name and what follows, overwritten
+    verdict = judge(tmp_path, "broken.png", broken)
+    assert verdict.reason is not None and "hostile" not in verdict.error and "b'" not in verdict.error, verdict.error
 
 
 def test_unreadable_file_has_no_sha256(tmp_path):

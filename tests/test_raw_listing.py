@@ -70,3 +70,40 @@ def test_group_is_the_folder_by_default_or_what_the_pattern_names():
     assert group_of("cam/2024-05-01_a.jpg", re.compile(r"/(\d{4}-\d{2}-\d{2})_")) == "2024-05-01"
     with pytest.raises(ValueError, match="does not match key 'cam/a.jpg'"):
         group_of("cam/a.jpg", re.compile(r"lot_\d+"))
+
+
+def test_local_listing_does_not_follow_symlinks_out_of_the_root(tmp_path):
+    from training_code.lib.storage import list_objects
+
+    raw, outside = tmp_path / "raw", tmp_path / "outside"
+    (raw / "cam").mkdir(parents=True)
+    (outside / "folder").mkdir(parents=True)
+    (outside / "secret.jpg").write_bytes(b"x" * 50)
+    (outside / "folder" / "hidden.jpg").write_bytes(b"y")
+    (raw / "cam" / "a.jpg").write_bytes(b"a" * 10)
+    (raw / "cam" / "inside.jpg").symlink_to(raw / "cam" / "a.jpg")
+    (raw / "cam" / "escape.jpg").symlink_to(outside / "secret.jpg")
+    (raw / "cam" / "lot").symlink_to(outside / "folder", target_is_directory=True)
+    objects = {obj.key: obj.size for obj in list_objects(raw)}
+    # A link out of the root is listed by its own lstat, whatever it points at (nothing out there is
+    # looked into), so validation can refuse it by name; the folder it points at is not descended into.
+    assert objects == {"cam/a.jpg": 10, "cam/inside.jpg": 10, "cam/escape.jpg": len(str(outside / "secret.jpg")),
+                       "cam/lot": len(str(outside / "folder"))}
+
+
+def test_unsafe_file_names_stay_in_the_index_escaped(tmp_path):
+    import os
+
+    (tmp_path / "cam").mkdir()
+    (tmp_path / "cam" / "ok.jpg").write_bytes(b"1")
+    (tmp_path / "cam" / "new\nline.jpg").write_bytes(b"2")
+    with open(os.path.join(os.fsencode(tmp_path / "cam"), b"\xff\xfe.jpg"), "wb") as handle:
+        handle.write(b"3")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "a.jpg").write_bytes(b"4")
+    (tmp_path / "broken" / "annotations.json").write_text('{"images": ' + "[" * 50_000 + "]" * 50_000 + "}")
+    index = build_raw_index(str(tmp_path))
+    assert index.frame["key"].tolist() == ["broken/a.jpg", "cam/\\xff\\xfe.jpg", "cam/new\\x0aline.jpg", "cam/ok.jpg"]
+    assert sorted(index.unsafe_keys) == ["cam/\\xff\\xfe.jpg", "cam/new\\x0aline.jpg"]
+    assert list(index.annotation_errors) == ["broken"] and "nested too deeply" in index.annotation_errors["broken"]
+    assert str(tmp_path / "broken" / "annotations.json") in index.annotation_errors["broken"]

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +17,9 @@ import pandas as pd
 import pytest
 from PIL import Image, ImageDraw, ImageOps
 
-from training_code.lib.coco import ANNOTATIONS_FILE, parse_annotations
+from training_code.lib.coco import ANNOTATIONS_FILE, AnnotationError, parse_annotations
 from training_code.lib.image_checks import check_image_file
-from training_code.lib.labels import box_to_upright, check_labels, upright_size, vocabulary
+from training_code.lib.labels import HugeInteger, box_to_upright, check_labels, upright_size, vocabulary
 from training_code.lib.split import assign_splits, find_exact_duplicates, split_of_group
 from training_code.lib.storage import list_objects
 from training_code.lib.tables import RAW_INDEX, write_table
@@ -77,6 +78,8 @@ LABEL_CASES = {
     "text_bbox": ({"bbox": "1,1,5,5"}, "malformed"),
     "no_bbox": ({"bbox": None}, "malformed"),
     "no_category": ({"category_id": None, "bbox": [1, 1, 5, 5]}, "malformed"),
+    "integer_past_float": ({"bbox": [int("9" * 400), 1, 5, 5]}, "bad_number"),  # valid JSON; float() overflows
+    "integer_past_json_limit": ({"bbox": [HugeInteger(6000), 1, 5, 5]}, "bad_number"),  # as coco parses 6,000 digits
 }
 
 
@@ -89,6 +92,44 @@ def test_bad_label_is_rejected_with_its_reason(case):
     [row] = labels.rejected
     assert (row["key"], row["annotation_id"], row["reason"]) == ("cam/a.jpg", 7, reason)
     assert row["detail"]
+
+
+def test_malformed_coco_entries_are_rejected_one_by_one_naming_the_field():
+    document = {
+        "categories": [{"id": 1, "name": "part"}, {"name": "no id"}, "not an object"],
+        "images": [{"id": 1, "file_name": "a.jpg"}, 5, {"id": "2", "file_name": "b.jpg"}, {"id": 3, "file_name": "../c.jpg"},
+                   {"id": 1, "file_name": "d.jpg"}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 1, 4, 4]}, [], {"id": 2, "image_id": 3},
+                        {"id": int("9" * 400), "image_id": 99}, {"id": 4, "image_id": None}],
+    }
+    raw = json.dumps(document).replace('"99"', "99").encode()
+    parsed = parse_annotations("cam", raw, "cam/annotations.json")
+    assert parsed.categories == {1: "part"} and list(parsed.by_file) == ["a.jpg"] and len(parsed.by_file["a.jpg"]) == 1
+    rows = [(row["key"], row["reason"], row["detail"].split(":")[0], row["annotation_id"]) for row in parsed.rejected]
+    assert rows == [
+        ("cam/annotations.json", "bad_id", "categories[1]", -1),
+        ("cam/annotations.json", "not_an_object", "categories[2]", -1),
+        ("cam/annotations.json", "not_an_object", "images[1]", -1),
+        ("cam/annotations.json", "bad_id", "images[2]", -1),
+        ("cam/annotations.json", "bad_file_name", "images[3]", -1),
+        ("cam/annotations.json", "bad_id", "images[4]", -1),
+        ("cam/annotations.json", "not_an_object", "annotations[1]", -1),
+        ("cam/annotations.json", "unknown_image", "annotations[2]", 2),
+        ("cam/annotations.json", "unknown_image", "annotations[3]", -1),  # an id past int64 is no id
+        ("cam/annotations.json", "bad_id", "annotations[4]", 4),
+    ]
+
+
+@pytest.mark.parametrize("raw, message", [
+    (b"[1, 2]", "the top level is a JSON list"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"images": [], "annotations": {}}', "field 'annotations' is not a list"),
+    (b"\xff\xfe\xfa", "not valid JSON"),
+    (b'{"images": [], "annotations": [], "categories": [], "x": "' + b"y" * 2000 + b'"}', "above the annotation file limit of 1000"),
+])
+def test_an_unusable_coco_file_is_one_error_naming_the_file(raw, message):
+    with pytest.raises(AnnotationError, match=rf"^cam/annotations.json: .*{re.escape(message)}"):
+        parse_annotations("cam", raw, "cam/annotations.json", max_bytes=1000 if b"yyy" in raw else 10**6)
 
 
 def test_sub_pixel_overshoot_is_clipped_and_good_boxes_kept():

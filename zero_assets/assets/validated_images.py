@@ -28,10 +28,6 @@ class ValidationConfig(Config):
     max_image_bytes: int = 128 << 20
     max_pixels: int = 1_000_000_000
     max_annotation_bytes: int = 1 << 30  # a larger annotations.json costs its source its labels, reported
-    # Past these an image is quarantined as too_large before it is read or decoded (README "Bad input").
-    max_image_bytes: int = 128 << 20
-    max_pixels: int = 1_000_000_000
-    max_annotation_bytes: int = 1 << 30  # a larger annotations.json costs its source its labels, reported
 
 
 @asset(deps=[raw_image_index], group_name="zero", kinds={"parquet"}, metadata={"dagster/column_schema": table_schema(ACCEPTED)}, retry_policy=JOB_RETRY_POLICY)

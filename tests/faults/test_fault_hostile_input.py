@@ -1,0 +1,313 @@
+"""Hostile input costs one verdict: each hostile entry of a raw root gets its own reason code, the pass
+completes, the counts add up, nothing is written outside the output folder and nothing outside the
+raw root is read (README "Bad input").
+
+The raw root holds good images beside: unsafe file names (a newline, bytes that are not UTF-8, a
+backslash), a symlink to a file outside the root and one to a folder outside it, a 1 GB sparse file,
+a PNG header claiming 100,000 x 100,000 pixels, a text file holding a secret, a FIFO, and COCO files
+that are malformed entry by entry (a 400-digit bbox value, a category without id, an image entry
+that is a string...) or as a whole (a top-level list, nesting 100,000 deep, past the size limit).
+The same cases run through the real index and the validation job script (with its memory measured),
+through the Dagster assets on two local hosts (the map stage reads a folder of per-key links), and
+from a real S3 server with folder markers and keys that differ only by `./` or `//`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+from urllib.parse import quote_plus
+
+import numpy as np
+import pandas as pd
+import pytest
+from dagster import instance_for_test, materialize
+from PIL import Image
+
+from training_code.lib.storage import download_prefix
+from training_code.lib.tables import RAW_INDEX, write_table
+from zero_assets.assets.raw_image_index import raw_image_index
+from zero_assets.assets.validated_images import validated_images
+from zero_assets.local_s3 import LocalS3Server
+from zero_assets.raw_index import build_raw_index
+from zero_assets.resources import LocalJobRunner
+
+from conftest import make_resources
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = "AWS_SECRET_ACCESS_KEY=hostile-secret-do-not-quote"
+HUGE_BYTES = 1 << 30  # sparse: no disk used; read whole, it alone would lift the job past MEMORY_LIMIT
+MEMORY_LIMIT_MB = 700
+ANNOTATION_LIMIT = 1_000_000  # --max-annotation-bytes for the job: big_coco's file is twice that
+
+# key as the tables show it (escaped by storage.printable_key) -> reason
+QUARANTINED = {
+    "cam/new\\x0aline.jpg": "unsafe_key",
+    "cam/not_utf8_\\xff.jpg": "unsafe_key",
+    "cam/back\\\\slash.jpg": "unsafe_key",
+    "cam/escape.jpg": "outside_root",
+    "cam/huge.jpg": "too_large",
+    "cam/claims_100k.png": "too_large",
+    "cam/secret.jpg": "unidentified",
+}
+DUPLICATES = {"cam/copy_of_b.jpg": "cam/b.jpg", "cam/inside_link.jpg": "cam/a.jpg"}
+ACCEPTED = {"cam/a.jpg", "cam/b.jpg", "cam/c.jpg", "list_coco/good.jpg", "deep_coco/good.jpg", "big_coco/good.jpg"}
+# (key, reason, text in detail) of rejected_labels
+REJECTED = {
+    ("cam/a.jpg", "bad_number", "too large for a float"),
+    ("cam/annotations.json", "bad_id", "categories[1]"),
+    ("cam/annotations.json", "not_an_object", "images[5]"),
+    ("cam/annotations.json", "bad_file_name", "images[6]"),
+    ("cam/annotations.json", "bad_id", "images[7]"),
+    ("cam/annotations.json", "unknown_image", "annotations[3]"),
+}
+UNUSABLE_COCO = {"list_coco": "the top level is a JSON list", "deep_coco": "nested too deeply", "big_coco": "above the limit of"}
+
+
+# Runs a command and prints the peak RSS of it and every process under it. As a child subreaper it
+# reaps the orphans too (the decode workers' forkserver outlives the job by a moment), so their
+# peaks, not only the job's, are in RUSAGE_CHILDREN.
+MEASURE = """
+import ctypes, os, resource, subprocess, sys
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+code = subprocess.call(sys.argv[1:])
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+print("peak_rss_kb", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.exit(code)
+"""
+
+
+def jpeg(seed: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    header = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+    return b"\x89PNG\r\n\x1a\n" + header + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+
+
+def build_hostile_root(base: Path) -> dict:
+    raw, outside = base / "raw", base / "outside"
+    (raw / "cam").mkdir(parents=True)
+    (outside / "folder").mkdir(parents=True)
+    target = outside / "target.jpg"
+    target.write_bytes(jpeg(666))
+    (outside / "folder" / "hidden.jpg").write_bytes(jpeg(667))
+    for name, seed in [("a.jpg", 1), ("b.jpg", 2), ("c.jpg", 3)]:
+        (raw / "cam" / name).write_bytes(jpeg(seed))
+    (raw / "cam" / "copy_of_b.jpg").write_bytes(jpeg(2))
+    (raw / "cam" / "inside_link.jpg").symlink_to(raw / "cam" / "a.jpg")
+    (raw / "cam" / "escape.jpg").symlink_to(target)
+    (raw / "cam" / "lot_link").symlink_to(outside / "folder", target_is_directory=True)
+    (raw / "cam" / "new\nline.jpg").write_bytes(jpeg(4))
+    with open(os.path.join(os.fsencode(raw / "cam"), b"not_utf8_\xff.jpg"), "wb") as handle:
+        handle.write(jpeg(5))
+    (raw / "cam" / "back\\slash.jpg").write_bytes(jpeg(6))
+    with open(raw / "cam" / "huge.jpg", "wb") as handle:
+        handle.truncate(HUGE_BYTES)
+    (raw / "cam" / "claims_100k.png").write_bytes(png_claiming(100_000, 100_000))
+    (raw / "cam" / "secret.jpg").write_text(SECRET + "\n")
+    os.mkfifo(raw / "cam" / "pipe.jpg")
+    huge_number = int("9" * 400)
+    coco = {
+        "categories": [{"id": 1, "name": "part"}, {"name": "a category without id"}],
+        "images": [
+            {"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}, {"id": 3, "file_name": "c.jpg"},
+            {"id": 4, "file_name": "copy_of_b.jpg"}, {"id": 5, "file_name": "inside_link.jpg"},
+            "an image entry that is not an object",
+            {"id": 6, "file_name": "../../outside/target.jpg"},
+            {"id": "7", "file_name": "c.jpg"},
+        ],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [4, 4, 20, 20]},
+            {"id": 2, "image_id": 1, "category_id": 1, "bbox": [huge_number, 4, 20, 20]},
+            {"id": 3, "image_id": 2, "category_id": 1, "bbox": [2, 2, 30, 30]},
+            {"id": 4, "image_id": 12345, "category_id": 1, "bbox": [1, 1, 5, 5]},
+        ],
+    }
+    (raw / "cam" / "annotations.json").write_text(json.dumps(coco))
+    for n, (source, document) in enumerate({
+        "list_coco": b"[1, 2, 3]",
+        "deep_coco": b'{"images": ' + b"[" * 100_000 + b"]" * 100_000 + b', "annotations": [], "categories": []}',
+        "big_coco": json.dumps({"images": [], "annotations": [], "categories": [], "padding": "x" * (2 * ANNOTATION_LIMIT)}).encode(),
+    }.items()):
+        (raw / source).mkdir()
+        (raw / source / "good.jpg").write_bytes(jpeg(100 + n))
+        (raw / source / "annotations.json").write_bytes(document)
+    return {"raw": raw, "outside": outside, "target_sha256": hashlib.sha256(target.read_bytes()).hexdigest()}
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> dict:
+    return build_hostile_root(tmp_path_factory.mktemp("hostile"))
+
+
+def snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
+    """Every entry under the roots (links not followed) with its size and mtime: what a stray write changes."""
+    seen = {}
+    for root in roots:
+        for folder, dirs, files in os.walk(root):
+            for name in dirs + files:
+                info = os.lstat(os.path.join(folder, name))
+                seen[os.path.join(folder, name)] = (info.st_size, info.st_mtime_ns)
+    return seen
+
+
+def read_tables(out: Path) -> dict[str, pd.DataFrame]:
+    return {name: pd.read_parquet(out / f"{name}.parquet") for name in ("accepted", "quarantine", "duplicates", "rejected_labels", "unmatched")}
+
+
+def assert_one_verdict_each(out: Path, target_sha256: str) -> dict:
+    tables, manifest = read_tables(out), json.loads((out / "manifest.json").read_text())
+    quarantine = tables["quarantine"].set_index("key")
+    assert quarantine["reason"].to_dict() == QUARANTINED
+    for key in ("cam/escape.jpg", "cam/huge.jpg", "cam/new\\x0aline.jpg"):
+        assert quarantine.loc[key, "sha256"] is None and quarantine.loc[key, "stage"] == "read", f"{key} was read"
+    assert SECRET not in " ".join(quarantine["error"]) and "hostile-secret" not in " ".join(quarantine["error"])
+    assert set(tables["accepted"]["key"]) == ACCEPTED
+    assert tables["duplicates"].set_index("key")["duplicate_of"].to_dict() == DUPLICATES
+    rejected = {(key, reason, detail) for key, reason, detail in zip(*(tables["rejected_labels"][c] for c in ("key", "reason", "detail")))}
+    for key, reason, text in REJECTED:
+        assert [row for row in rejected if row[:2] == (key, reason) and text in row[2]], (key, reason, text, rejected)
+    assert len(rejected) == len(REJECTED)
+    details = tables["unmatched"].set_index("key")["detail"].to_dict()
+    for source, text in UNUSABLE_COCO.items():
+        assert f"{source}/annotations.json" in details[f"{source}/good.jpg"] and text in details[f"{source}/good.jpg"]
+    counts = manifest["counts"]
+    assert counts["images_in"] == len(QUARANTINED) + len(DUPLICATES) + len(ACCEPTED)
+    assert counts["images_in"] == counts["accepted"] + counts["quarantined"] + counts["duplicates"]
+    assert counts["annotation_files_unusable"] == len(UNUSABLE_COCO)
+    # The symlink's target was never read: its sha256 appears in no output, and no image of the
+    # folder the other symlink points at was listed.
+    for path in out.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert target_sha256.encode() not in data and bytes.fromhex(target_sha256) not in data, path
+            assert b"hidden.jpg" not in data and SECRET.encode() not in data, path
+    return counts
+
+
+def index_hostile_root(raw: Path, index_dir: Path):
+    index = build_raw_index(str(raw), max_annotation_bytes=ANNOTATION_LIMIT)
+    write_table(index.frame, RAW_INDEX, index_dir / "index.parquet")
+    return index
+
+
+def test_local_root_each_hostile_entry_costs_one_verdict_in_bounded_memory(hostile, tmp_path):
+    raw = hostile["raw"]
+    before = snapshot(raw, hostile["outside"])
+    index = index_hostile_root(raw, tmp_path / "index")
+    assert set(index.annotation_errors) == set(UNUSABLE_COCO)
+    assert not [key for key in index.frame["key"] if "pipe" in key or "hidden" in key or "lot_link" in key]
+    assert set(index.unsafe_keys) == {key for key, reason in QUARANTINED.items() if reason == "unsafe_key"}
+    out = tmp_path / "out"
+    job = [sys.executable, "-m", "training_code.validate", "--index", str(tmp_path / "index"), "--raw", str(raw),
+           "--out", str(out), "--workers", "2", "--max-annotation-bytes", str(ANNOTATION_LIMIT)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {"ZERO_OPT_ML": str(tmp_path / "opt_ml")}
+    result = subprocess.run([sys.executable, "-c", MEASURE, *job], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    peak_mb = int(result.stdout.split("peak_rss_kb")[1].split()[0]) / 1024
+    print(f"peak memory of the job and its workers: {peak_mb:.0f} MB")
+    assert peak_mb < MEMORY_LIMIT_MB, f"peak memory {peak_mb:.0f} MB with a {HUGE_BYTES >> 20} MB file in the root"
+    assert_one_verdict_each(out, hostile["target_sha256"])
+    assert snapshot(raw, hostile["outside"]) == before, "the raw root or the folder outside it changed"
+    assert {p.name for p in tmp_path.iterdir()} <= {"index", "opt_ml", "out"}, "written outside the output folder"
+
+
+def test_assets_on_two_hosts_give_the_same_verdicts(hostile, tmp_path):
+    """Through Dagster: the index asset in-process, then validation as a map on two local hosts, whose
+    part of the raw input is a folder of links into the root, and a reduce."""
+    raw = hostile["raw"]
+    before = snapshot(raw, hostile["outside"])
+    resources = make_resources(raw, tmp_path / "state")
+    resources["jobs"] = LocalJobRunner(settings=resources["settings"], instances={"validated_images": 2})
+    run_config = {"ops": {"validated_images": {"config": {"max_annotation_bytes": ANNOTATION_LIMIT}}}}
+    (tmp_path / "dagster").mkdir()
+    with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        result = materialize([raw_image_index, validated_images], resources=resources, instance=instance, run_config=run_config)
+    assert result.success
+    event = result.asset_materializations_for_node("validated_images")[0]
+    out = Path(event.metadata["uri"].value)
+    assert_one_verdict_each(out, hostile["target_sha256"])
+    assert snapshot(raw, hostile["outside"]) == before
+    lake = tmp_path / "state" / "lake"
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(tmp_path / "state")
+               and not p.is_relative_to(tmp_path / "dagster")]
+    assert not written, f"written outside the state folder: {written[:5]}"
+    assert lake.is_dir()
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    with LocalS3Server(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
+def _inventory(client, keys: dict[str, bytes]) -> str:
+    """An S3 Inventory report listing `keys`, some of which no S3-compatible server on loopback will
+    store (SeaweedFS refuses `./` and `../` and folds `//`), as real S3 does store them."""
+    rows = io.StringIO()
+    for key, body in keys.items():
+        rows.write(f'"zero-hostile","{quote_plus(key, safe="/")}","{len(body)}","{hashlib.md5(body).hexdigest()}"\n')
+    client.create_bucket(Bucket="zero-inventory")
+    client.put_object(Bucket="zero-inventory", Key="daily/data/part-0.csv.gz", Body=gzip.compress(rows.getvalue().encode()))
+    manifest = {"sourceBucket": "zero-hostile", "destinationBucket": "arn:aws:s3:::zero-inventory", "fileFormat": "CSV",
+                "fileSchema": "Bucket, Key, Size, ETag", "files": [{"key": "daily/data/part-0.csv.gz"}]}
+    client.put_object(Bucket="zero-inventory", Key="daily/manifest.json", Body=json.dumps(manifest).encode())
+    return "s3://zero-inventory/daily/manifest.json"
+
+
+def test_s3_keys_are_never_read_as_another_objects_bytes(s3_server, tmp_path, monkeypatch):
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    client = s3_server.client()
+    client.create_bucket(Bucket="zero-hostile")
+    stored = {"raw/cam/a.jpg": jpeg(1), "raw/cam/b.jpg": jpeg(2), "raw/cam/new\nline.jpg": jpeg(3), "raw/": b"", "raw/cam/": b""}
+    coco = {"categories": [{"id": 1, "name": "part"}], "annotations": [],
+            "images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}]}
+    stored["raw/cam/annotations.json"] = json.dumps(coco).encode()
+    for key, body in stored.items():
+        client.put_object(Bucket="zero-hostile", Key=key, Body=body)
+
+    listed = build_raw_index("s3://zero-hostile/raw")
+    assert sorted(listed.frame["key"]) == ["cam/a.jpg", "cam/b.jpg", "cam/new\\x0aline.jpg"], "folder markers are not objects"
+
+    # Real S3 keeps these as objects of their own; each must get its own verdict, never a.jpg's bytes.
+    only_listed = {"raw/cam/./a.jpg": jpeg(7), "raw/cam//a.jpg": jpeg(8), "raw/cam/../escape.jpg": jpeg(9), "raw//absolute.jpg": jpeg(10)}
+    index = build_raw_index("s3://zero-hostile/raw", inventory_manifest_uri=_inventory(client, {**stored, **only_listed}))
+    write_table(index.frame, RAW_INDEX, tmp_path / "index" / "index.parquet")
+    local = tmp_path / "work" / "raw"  # as the local runner lays out an s3:// input
+    download_prefix("s3://zero-hostile/raw", local)
+    out = tmp_path / "work" / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {"ZERO_OPT_ML": str(tmp_path / "work" / "opt_ml")}
+    command = [sys.executable, "-m", "training_code.validate", "--index", str(tmp_path / "index"), "--raw", str(local), "--out", str(out), "--workers", "1",
+               "--max-quarantine-rate", "0.9"]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tables = read_tables(out)
+    reasons = tables["quarantine"].set_index("key")["reason"].to_dict()
+    assert reasons == {"cam/./a.jpg": "unsafe_key", "cam//a.jpg": "unsafe_key", "cam/../escape.jpg": "unsafe_key",
+                       "/absolute.jpg": "unsafe_key", "cam/new\\x0aline.jpg": "unsafe_key"}
+    accepted = tables["accepted"].set_index("key")["sha256"].to_dict()
+    assert accepted == {"cam/a.jpg": hashlib.sha256(jpeg(1)).hexdigest(), "cam/b.jpg": hashlib.sha256(jpeg(2)).hexdigest()}
+    assert sorted(p.relative_to(tmp_path / "work").as_posix() for p in (tmp_path / "work").rglob("*.jpg")) == [
+        "raw/cam/a.jpg", "raw/cam/b.jpg"
+    ], "an unsafe key was downloaded, or landed outside its folder"
+    assert not list(tmp_path.rglob("escape.jpg")) and not list(tmp_path.rglob("absolute.jpg"))
