@@ -47,6 +47,7 @@ class RawIndex:
     annotations_without_image: list[str] = field(default_factory=list)
     annotation_errors: dict[str, str] = field(default_factory=dict)  # source -> why its annotations.json is unusable
     unsafe_keys: list[str] = field(default_factory=list)  # escaped; validation quarantines each as unsafe_key
+    annotation_entries_rejected: int = 0  # entries of usable annotation files that validation will reject
 
 
 @dataclass
@@ -115,6 +116,7 @@ def build_raw_index(
         annotations_without_image=missing,
         annotation_errors=errors,
         unsafe_keys=unsafe,
+        annotation_entries_rejected=sum(counts.rejected_entries for counts in counts_by_source.values()),
     )
 
 

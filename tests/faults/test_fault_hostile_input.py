@@ -243,6 +243,9 @@ def test_assets_on_two_hosts_give_the_same_verdicts(hostile, tmp_path):
     with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
         result = materialize([raw_image_index, validated_images], resources=resources, instance=instance, run_config=run_config)
     assert result.success
+    indexed = result.asset_materializations_for_node("raw_image_index")[0].metadata
+    assert indexed["unsafe_keys"].value == 3 and indexed["annotation_entries_rejected"].value == len(REJECTED) - 1  # bad_number is a bbox
+    assert set(indexed["annotation_errors_json"].value) == {"list_coco", "deep_coco"}  # big_coco is under the index's 1 GiB
     event = result.asset_materializations_for_node("validated_images")[0]
     out = Path(event.metadata["uri"].value)
     assert_one_verdict_each(out, hostile["target_sha256"])

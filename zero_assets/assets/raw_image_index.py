@@ -56,6 +56,8 @@ def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, sett
     by_source = index.frame.groupby("source").agg(images=("key", "size"), bytes=("size", "sum")).reset_index()
     for key in index.annotations_without_image:
         context.log.warning(f"annotation for a missing image: {key}")
+    for source, error in sorted(index.annotation_errors.items()):  # the other sources go on
+        context.log.error(f"source {source!r}: {error}")
     return MaterializeResult(
         metadata={
             "uri": MetadataValue.path(out),
@@ -67,6 +69,10 @@ def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, sett
             "images_without_annotation": int((index.frame["annotation_count"] == 0).sum()),
             "annotations_without_image": len(index.annotations_without_image),
             "ignored_files": len(index.ignored_files),
+            # Hostile entries, each decided by validated_images (README "Bad input").
+            "unsafe_keys": len(index.unsafe_keys),
+            "annotation_entries_rejected": index.annotation_entries_rejected,
+            "annotation_errors_json": MetadataValue.json(index.annotation_errors),
             "sources_without_annotations_json": MetadataValue.json(index.sources_without_annotations),
             "by_source": MetadataValue.md(by_source.to_markdown(index=False)),
             "listing_fingerprint": index.listing_fingerprint,
