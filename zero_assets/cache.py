@@ -80,9 +80,9 @@ def mark_output_complete(uri: str, fingerprint: str, data_version: str | None = 
             raise OutputNotComplete(f"output {uri}: {name} has {size} bytes, {MANIFEST} says {expected['bytes']}")
         facts: dict[str, Any] = {"bytes": size}
         if size <= SMALL_FILE_BYTES:
-            facts["sha256"] = manifest_sha256 = sha256_bytes(manifest_bytes) if name == MANIFEST else sha256_bytes(read_bytes(join(uri, name)))
-            if expected.get("sha256", manifest_sha256) != manifest_sha256:
-                raise OutputNotComplete(f"output {uri}: {name} has sha256 {manifest_sha256}, {MANIFEST} says {expected['sha256']}")
+            facts["sha256"] = digest = sha256_bytes(manifest_bytes if name == MANIFEST else read_bytes(join(uri, name)))
+            if expected.get("sha256", digest) != digest:
+                raise OutputNotComplete(f"output {uri}: {name} has sha256 {digest}, {MANIFEST} says {expected['sha256']}")
         files[name] = facts
     versions = {fingerprint: data_version}
     earlier = _read_marker(uri)
@@ -174,13 +174,14 @@ def decide(context: AssetExecutionContext, inputs: FingerprintInputs) -> CacheDe
     return CacheDecision(None, what_changed(latest.get("fingerprint_inputs") or {}, inputs))
 
 
-def published_hit(uri: str, inputs: FingerprintInputs, reason: str) -> MaterializeResult | None:
+def published_hit(uri: str, inputs: FingerprintInputs, reason: str, reused_run_id: str | None = None) -> MaterializeResult | None:
     """A hit on an output another run published under this fingerprint (one this instance may not have
     recorded yet), from its marker alone; None unless the marker proves it complete with a data version."""
     version = published_data_version(uri, inputs.fingerprint)
     if version is None:
         return None
-    metadata = {"uri": MetadataValue.path(uri), **miss_metadata(inputs, reason), "cache": "hit"}
+    metadata = {"uri": MetadataValue.path(uri), **miss_metadata(inputs, reason), "cache": "hit",
+                **({"reused_run_id": reused_run_id} if reused_run_id else {})}
     return MaterializeResult(metadata=metadata, data_version=DataVersion(version))
 
 
