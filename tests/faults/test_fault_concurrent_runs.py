@@ -10,11 +10,14 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
-from fault_processes import descendants, finish, make_lab, wait_for, wait_gone
+import pytest
+from fault_processes import REPO, descendants, finish, make_lab, wait_for, wait_gone
 
 from zero_assets.cache import OUTPUT_MARKER, output_is_complete
 from zero_assets.output_lease import hold_lease, try_acquire
@@ -95,7 +98,7 @@ def test_a_lease_left_by_a_killed_run_is_taken_over(tmp_path, tiny_raw_root):
     again = lab.run("validated_images")
     assert again["success"], again["log"][-3000:]
     assert again["assets"]["validated_images"]["cache"] == "miss"
-    assert f"took over the lease" in again["log"] and f"process {first.pid}" in again["log"]
+    assert "took over the lease" in again["log"] and f"process {first.pid}" in again["log"]
     assert time.monotonic() - started < 90, "taken over at once (dead owner), not after the heartbeat timeout"
     out = Path(again["assets"]["validated_images"]["uri"])
     assert output_is_complete(str(out), json.loads((out / OUTPUT_MARKER).read_text())["fingerprint"])
@@ -118,3 +121,29 @@ def test_a_live_lease_is_respected_and_a_stale_heartbeat_is_not(tmp_path):
     lease, _ = try_acquire(path, "run-b", stale_after_s=30)
     assert lease is not None and "run-far" in lease.took_over and "heartbeat" in lease.took_over
     assert json.loads(path.read_text())["run_id"] == "run-b"
+
+
+HOLD_CHECKPOINTS = """
+import sys, time
+from pathlib import Path
+from training_code.lib.checkpoints import lock_for_writing
+lock_for_writing(Path(sys.argv[1]))
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_checkpoint_folder_has_one_writer_until_it_dies(tmp_path):
+    from training_code.lib.checkpoints import CheckpointFolderBusy, lock_for_writing
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", HOLD_CHECKPOINTS, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "locked"
+        with pytest.raises(CheckpointFolderBusy, match=f"pid {writer.pid}"):
+            lock_for_writing(folder)
+    finally:
+        writer.kill()  # SIGKILL: the kernel drops its lock
+        writer.wait()
+    lock_for_writing(folder)  # the dead writer's lock is gone; this process writes now
