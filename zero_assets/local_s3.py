@@ -22,6 +22,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from training_code.lib.aws_clients import client as aws_client
 
 STARTUP_TIMEOUT_S = 60
+STOP_TIMEOUT_S = 3
 
 
 def _free_port() -> int:
@@ -79,8 +80,8 @@ class LocalS3Server:
     def __exit__(self, *exc) -> None:
         if self._process is not None:
             self._process.terminate()
-            try:
-                self._process.wait(timeout=20)
+            try:  # weed's graceful shutdown takes longer than 20 s; its data folder is scratch, so stop waiting soon
+                self._process.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()

@@ -99,11 +99,35 @@ def printable_key(key: str) -> str:
     return "".join(out)
 
 
-def s3_client(config=None):
-    """The boto3 S3 client every `s3://` access uses (honours ZERO_S3_ENDPOINT_URL); `config` a botocore Config."""
-    import boto3
+def s3_client():
+    """The process's shared S3 client (honours ZERO_S3_ENDPOINT_URL), with the policy of `aws_clients`."""
+    from .aws_clients import client
 
-    return boto3.client("s3", endpoint_url=os.environ.get("ZERO_S3_ENDPOINT_URL") or None, config=config)
+    return client("s3", endpoint_url=os.environ.get("ZERO_S3_ENDPOINT_URL") or None)
+
+
+def _s3_call(call, what: str):
+    """An idempotent S3 call, retried through throttling, cut bodies and outages up to the retry window;
+    past it, an error that names the endpoint and `what` (the operation and the s3:// URI)."""
+    from .aws_clients import endpoint_of, retry_call
+
+    return retry_call(call, what=what, endpoint=endpoint_of(s3_client()))
+
+
+def _get_object_bytes(bucket: str, key: str) -> bytes:
+    """The whole object: the GET and the body read are retried together, a cut body starts over.
+    A missing object is a FileNotFoundError, as for a local path."""
+    from botocore.exceptions import ClientError
+
+    def get() -> bytes:
+        try:
+            return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                raise FileNotFoundError(f"s3://{bucket}/{key} does not exist") from error
+            raise
+
+    return _s3_call(get, f"GET s3://{bucket}/{key}")
 
 
 def list_objects(root: str | os.PathLike, include_unsafe: bool = False) -> Iterator[ObjectInfo]:
@@ -159,14 +183,11 @@ def list_s3_parallel(root: str, workers: int = LISTING_THREADS) -> list[ObjectIn
     """List an S3 prefix one folder level down in parallel: the folders under it (with Delimiter="/"),
     then each folder's keys in a thread pool. One paginated listing returns 1,000 keys per round trip;
     a raw root of many sources lists in about the time of its largest source."""
-    from botocore.config import Config
-
     bucket, prefix = split_s3(root)
     base = f"{prefix}/" if prefix else ""
-    client = s3_client(Config(max_pool_connections=workers, retries={"max_attempts": 8, "mode": "adaptive"}))
-    paginator = client.get_paginator("list_objects_v2")
+    paginator = s3_client().get_paginator("list_objects_v2")
 
-    def listed(page_prefix: str, delimiter: str = "") -> tuple[list[ObjectInfo], list[str]]:
+    def listed_once(page_prefix: str, delimiter: str) -> tuple[list[ObjectInfo], list[str]]:
         objects, folders = [], []
         for page in paginator.paginate(Bucket=bucket, Prefix=page_prefix, Delimiter=delimiter):
             objects += [
@@ -176,6 +197,10 @@ def list_s3_parallel(root: str, workers: int = LISTING_THREADS) -> list[ObjectIn
             ]
             folders += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
         return objects, folders
+
+    def listed(page_prefix: str, delimiter: str = "") -> tuple[list[ObjectInfo], list[str]]:
+        # A failed page starts this folder's listing over: pages are not resumable after an error.
+        return _s3_call(lambda: listed_once(page_prefix, delimiter), f"LIST s3://{bucket}/{page_prefix}")
 
     objects, folders = listed(base, delimiter="/")
     with ThreadPoolExecutor(workers) as pool:
@@ -187,14 +212,14 @@ def list_s3_parallel(root: str, workers: int = LISTING_THREADS) -> list[ObjectIn
 def read_bytes(uri: str | os.PathLike) -> bytes:
     if is_s3(uri):
         bucket, key = split_s3(str(uri))
-        return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        return _get_object_bytes(bucket, key)
     return Path(uri).read_bytes()
 
 
 def exists(uri: str | os.PathLike) -> bool:
     if is_s3(uri):
         bucket, key = split_s3(str(uri))
-        response = s3_client().list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+        response = _s3_call(lambda: s3_client().list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1), f"LIST s3://{bucket}/{key}")
         return response.get("KeyCount", 0) > 0
     return Path(uri).exists()
 
@@ -245,7 +270,8 @@ def _s3_objects_under(bucket: str, prefix: str) -> list[dict]:
 def write_bytes_atomic(uri: str | os.PathLike, data: bytes) -> None:
     if is_s3(uri):
         bucket, key = split_s3(str(uri))
-        s3_client().put_object(Bucket=bucket, Key=key, Body=data)  # S3 PUTs are all-or-nothing
+        # S3 PUTs are all-or-nothing, so a retried PUT is safe.
+        _s3_call(lambda: s3_client().put_object(Bucket=bucket, Key=key, Body=data), f"PUT s3://{bucket}/{key}")
         return
     path = Path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -267,7 +293,8 @@ def write_bytes_atomic(uri: str | os.PathLike, data: bytes) -> None:
 def copy_file_atomic(src: Path, dest: str | os.PathLike) -> None:
     if is_s3(dest):
         bucket, key = split_s3(str(dest))
-        s3_client().upload_file(str(src), bucket, key)  # multipart uploads complete atomically
+        # Multipart uploads complete atomically; a failed one is aborted and started over whole.
+        _s3_call(lambda: s3_client().upload_file(str(src), bucket, key), f"upload {src} to s3://{bucket}/{key}")
         return
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -297,11 +324,10 @@ def download_prefix(uri: str, dest: Path, keys: list[str] | None = None) -> Path
     (relative to the prefix: one host's part of an input split by key). Unsafe keys are not listed,
     so no object lands outside `dest` or on another object's file."""
     bucket, prefix = split_s3(uri)
-    client = s3_client()
     for key in [obj.key for obj in list_objects(uri)] if keys is None else keys:
         target = dest / safe_relative_key(key)
         target.parent.mkdir(parents=True, exist_ok=True)
-        client.download_file(bucket, f"{prefix}/{key}" if prefix else key, str(target))
+        fetch_file(f"s3://{bucket}/{prefix}/{key}" if prefix else f"s3://{bucket}/{key}", target)
     return dest
 
 
@@ -314,7 +340,7 @@ def fetch_file(uri: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:
-        s3_client().download_file(bucket, key, str(tmp))
+        _s3_call(lambda: s3_client().download_file(bucket, key, str(tmp)), f"download s3://{bucket}/{key}")
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)
