@@ -3,7 +3,7 @@ r"""Decide which raw images and labels are fit to train on, and report every one
     python -m training_code.validate --index DIR --raw DIR --out DIR [--val-fraction 0.2] [--split-seed 0] \
         [--max-quarantine-rate 0.5] [--min-side 8] \
         [--allowed-formats JPEG,PNG,GIF,WEBP,BMP,TIFF,MPO] [--workers N] [--timeout-s 20] [--previous DIR] \
-        [--max-image-bytes 134217728] [--max-pixels 89478485] [--max-annotation-bytes 1073741824] \
+        [--max-image-bytes 134217728] [--max-pixels 1000000000] [--max-annotation-bytes 1073741824] \
         [--phase all|map|reduce] [--decoded DIR]
 
 A SageMaker Processing job script. Reads `index.parquet` (one row per raw image) and the raw root
@@ -40,7 +40,8 @@ import pandas as pd
 import PIL
 
 from training_code.lib import job_env
-from training_code.lib.coco import ANNOTATIONS_FILE, DEFAULT_MAX_ANNOTATION_BYTES, AnnotationError, SourceAnnotations, parse_annotations
+from training_code.lib.annotation_files import copy_annotation_files, load_annotations
+from training_code.lib.coco import DEFAULT_MAX_ANNOTATION_BYTES
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.image_checks import (
     DEFAULT_ALLOWED_FORMATS, DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_PIXELS, ImageVerdict, check_image_file,
@@ -61,7 +62,6 @@ VALIDATOR_VERSION = "validate-3"
 PROGRESS_EVERY_S = 10.0
 PHASES = ("all", "map", "reduce")
 MAP_ANNOTATIONS = "annotations"  # map output: the annotation files this host received, by source
-REFUSED_ANNOTATIONS = "refused.txt"  # map output beside them: why a source's annotations.json was not read
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -138,45 +138,6 @@ def load_index(index_dir: Path) -> pd.DataFrame:
         if not key.startswith(f"{source}/"):
             raise ValueError(f"{index_dir / 'index.parquet'}: key {key!r} is not under its source folder {source!r}/")
     return index
-
-
-def load_annotations(
-    raw: Path, sources: set[str], max_bytes: int, via_links: bool = False
-) -> tuple[dict[str, SourceAnnotations | None], dict[str, str]]:
-    """Each source's parsed COCO file, None for a source without a usable one (its images are all
-    unmatched); and for each source whose file exists but cannot be used, the error naming it.
-
-    Sources are those in the index plus any folder with an annotations.json, so annotations whose
-    images are all missing are still reported. A source folder whose name is not a safe key is
-    skipped: its images are unsafe_key verdicts anyway.
-    """
-    with_file = {path.parent.name for path in raw.glob(f"*/{ANNOTATIONS_FILE}")}
-    refused = {path.parent.name: path.read_text() for path in raw.glob(f"*/{REFUSED_ANNOTATIONS}")}  # from map hosts
-    parsed: dict[str, SourceAnnotations | None] = {}
-    errors = dict(refused)
-    for source in sorted(sources | with_file | set(refused)):
-        key = f"{source}/{ANNOTATIONS_FILE}"
-        parsed[source] = None
-        if source in refused or key_problem(key):
-            continue
-        if source not in with_file:
-            log.warning("source %r has no %s: all its images are reported as image_without_annotation", source, key)
-            continue
-        try:
-            parsed[source] = parse_annotations(source, read_limited(locate(raw, key, via_links), max_bytes), key, max_bytes)
-        except (AnnotationError, Refused, OSError) as error:
-            errors[source] = _annotation_error(key, error)
-    for source, error in sorted(errors.items()):
-        log.error("%s; its images are reported as image_without_annotation, the other sources go on", error)
-    return parsed, errors
-
-
-def _annotation_error(key: str, error: Exception) -> str:
-    if isinstance(error, AnnotationError):
-        return str(error)
-    if isinstance(error, Refused):
-        return f"{key}: {error.reason}: {error.detail}"
-    return f"{key}: unreadable: {type(error).__name__}: {error.strerror or error}"
 
 
 def decode_all(
@@ -329,16 +290,8 @@ def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = c
     log.info("%s: decoding %d of the %d images to decode; the others went to other hosts", host, len(here), len(to_decode))
     verdicts = decode_all(args.raw, here, args, check)
     write_table(verdict_frame(index[index["key"].isin(verdicts)], verdicts), VERDICTS, args.out / f"verdicts-{host}.parquet")
-    sources = sorted({path.parent.name for path in args.raw.glob(f"*/{ANNOTATIONS_FILE}")})
-    for source in sources:
-        key, folder = f"{source}/{ANNOTATIONS_FILE}", args.out / MAP_ANNOTATIONS / source
-        if key_problem(key):
-            continue  # its images are unsafe_key verdicts; nothing may be written under that name
-        try:
-            write_bytes_atomic(folder / ANNOTATIONS_FILE, read_limited(locate(args.raw, key, via_links=True), args.max_annotation_bytes))
-        except (Refused, OSError) as error:  # the reduce stage reports it as it would on one host
-            write_bytes_atomic(folder / REFUSED_ANNOTATIONS, _annotation_error(key, error).encode())
-    return {"host": host, "decoded": len(verdicts), "annotation_files": len(sources)}
+    copied = copy_annotation_files(args.raw, args.out / MAP_ANNOTATIONS, args.max_annotation_bytes)
+    return {"host": host, "decoded": len(verdicts), "annotation_files": copied}
 
 
 def reused_and_to_decode(args: argparse.Namespace, index: pd.DataFrame) -> tuple[dict[str, ImageVerdict], list[str]]:
