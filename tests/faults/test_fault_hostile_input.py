@@ -43,7 +43,7 @@ from zero_assets.resources import LocalJobRunner
 from conftest import make_resources
 
 REPO = Path(__file__).resolve().parents[2]
-SECRET = "AWS_SECRET_ACCESS_KEY=hostile-secret-do-not-quote"
+SECRET = "hostile-secret: AWS_SECRET_ACCESS_KEY=do-not-quote"  # the first bytes are what a message would quote
 HUGE_BYTES = 1 << 30  # sparse: no disk used; read whole, it alone would lift the job past MEMORY_LIMIT
 MEMORY_LIMIT_MB = 700
 ANNOTATION_LIMIT = 1_000_000  # --max-annotation-bytes for the job: big_coco's file is twice that
