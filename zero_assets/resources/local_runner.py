@@ -38,7 +38,7 @@ from ..fingerprints import UpstreamOutput
 from ..job_request import JobRequest, materialization_folder
 from ..warm_state import warm_shards
 from .job_runner import JobRunner
-from .local_process import job_environment, run_with_pipes, start_job_process
+from .local_process import end_process_group, job_environment, run_with_pipes, start_job_process
 from .settings import REPO_ROOT, ZeroSettings
 
 LOG_TAIL_LINES = 30
@@ -80,11 +80,9 @@ class LocalJobRunner(JobRunner):
             exit_codes = {host: process.wait() for host, process in siblings.items()}
         except DagsterPipesExecutionError as error:
             raise _job_failure(request, layouts[first], first) from error
-        finally:  # the first host failed or the run was terminated: no host outlives the job
+        finally:  # the first host failed or the run was terminated: no host (nor what it started) outlives the job
             for process in siblings.values():
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
+                end_process_group(process)
         for host, code in exit_codes.items():
             if code != 0:
                 raise _job_failure(request, layouts[host], host)
