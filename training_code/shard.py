@@ -30,7 +30,8 @@ from training_code.lib.shard_format import FORMAT, MANIFEST, read_manifest
 from training_code.lib.shard_plan import ShardPlan, plan_shards
 from training_code.lib.shard_rows import ENCODINGS, Encoding, load_image_bytes, shard_labels
 from training_code.lib.shard_writer import ShardWriter
-from training_code.lib.storage import safe_relative_key, write_bytes_atomic
+from training_code.lib.raw_files import Refused, locate
+from training_code.lib.storage import write_bytes_atomic
 from training_code.lib.tables import ACCEPTED, SPLITS, read_table
 
 log = logging.getLogger("zero.shard")
@@ -99,7 +100,12 @@ def _work(plan: ShardPlan) -> dict[str, int]:
 
 
 def _task(raw: Path, row: Any, labels: dict[str, Any], encoding: Encoding) -> tuple:
-    path = str(raw / safe_relative_key(row.key))
+    # Located inside the raw root: a symlink swapped in after validation fails the job, its target
+    # unread, as a changed file fails the sha256 re-check.
+    try:
+        path = str(locate(raw, row.key))
+    except Refused as refused:
+        raise RuntimeError(f"{row.key}: {refused}; the raw root changed since validation, rematerialize validated_images") from None
     return (path, row.key, row.sha256, (labels["width"], labels["height"]), int(row.orientation), encoding)
 
 

@@ -314,3 +314,31 @@ def test_s3_keys_are_never_read_as_another_objects_bytes(s3_server, tmp_path, mo
         "raw/cam/a.jpg", "raw/cam/b.jpg"
     ], "an unsafe key was downloaded, or landed outside its folder"
     assert not list(tmp_path.rglob("escape.jpg")) and not list(tmp_path.rglob("absolute.jpg"))
+
+
+def test_a_symlink_swapped_in_after_validation_fails_the_shard_job_unread(tmp_path):
+    raw, outside = tmp_path / "raw", tmp_path / "outside"
+    (raw / "cam").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "target.jpg").write_bytes(jpeg(666))
+    coco = {"categories": [{"id": 1, "name": "part"}], "annotations": [], "images": []}
+    for n, name in enumerate(["a.jpg", "b.jpg", "c.jpg"], start=1):
+        (raw / "cam" / name).write_bytes(jpeg(n))
+        coco["images"].append({"id": n, "file_name": name})
+    (raw / "cam" / "annotations.json").write_text(json.dumps(coco))
+    index_hostile_root(raw, tmp_path / "index")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {"ZERO_OPT_ML": str(tmp_path / "opt_ml")}
+    validate = [sys.executable, "-m", "training_code.validate", "--index", str(tmp_path / "index"), "--raw", str(raw),
+                "--out", str(tmp_path / "validated"), "--workers", "1"]
+    assert subprocess.run(validate, cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 0
+    (raw / "cam" / "b.jpg").unlink()
+    (raw / "cam" / "b.jpg").symlink_to(outside / "target.jpg")  # after validation accepted cam/b.jpg
+    shard = [sys.executable, "-m", "training_code.shard", "--validated", str(tmp_path / "validated"), "--raw", str(raw),
+             "--out", str(tmp_path / "shards"), "--workers", "1"]
+    result = subprocess.run(shard, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "cam/b.jpg" in result.stderr and "outside_root" in result.stderr, result.stderr[-2000:]
+    assert not (tmp_path / "shards" / "manifest.json").exists()
+    target = (outside / "target.jpg").read_bytes()
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and not path.is_symlink() and not path.is_relative_to(outside):
+            assert target not in path.read_bytes(), f"the symlink's target was copied into {path}"
