@@ -9,6 +9,7 @@ pauses while writing; the test kills the Dagster process with SIGKILL.
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,11 @@ def test_kill_9_of_dagster_kills_the_job_and_its_children_then_a_rerun_completes
     wait_for(lambda: len(paused_pids(lab.lake, asset, "writing")) == ranks, what="every rank pausing mid-write")
     job = descendants(dagster.pid)
     assert len(job) >= processes, f"the job's processes (torchrun launcher and workers): {job}"
+    killed_at = time.monotonic()
     dagster.kill()  # SIGKILL: no handler, no cleanup in the Dagster process
     dagster.wait(timeout=30)
     left = wait_gone(job, timeout=10)
+    print(f"{asset}: {len(job)} job processes gone {time.monotonic() - killed_at:.2f} s after kill -9 of Dagster")
     for pid in left:  # leave no sleeper behind when the property is broken
         os.kill(pid, signal.SIGKILL)
     assert not left, f"job processes outlived the Dagster process: {[(pid, alive(pid)) for pid in left]}"
