@@ -24,13 +24,17 @@ class JobLogTail:
         self._group = log_group
         self._prefix = f"{job_name}/"
         self._tokens: dict[str, str] = {}
-        self._backoff = Backoff(first_s=2.0, max_s=60.0)
+        self._backoff = Backoff(first_s=1.0, max_s=20.0)
         self.last_lines: deque[str] = deque(maxlen=keep_lines)
 
     @property
     def throttled(self) -> int:
         """How many polls CloudWatch refused (throttling, 5xx, connection errors) so far."""
         return self._backoff.failures
+
+    def refused_lately(self, within_s: float = 10.0) -> bool:
+        """Backing off now, or refused within the last `within_s` seconds."""
+        return not self._backoff.ready() or self._backoff.quiet_for() < within_s
 
     def streams(self) -> list[str]:
         if not self._backoff.ready():

@@ -276,6 +276,11 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
             if job[status_key] in TERMINAL:
                 for host, line in logs.final_poll():  # lines CloudWatch delivered after the last poll
                     context.log.info(f"[{name} {host}] {line}")
+                # CloudWatch messages are read only once their stream is known: a throttled lookup is tried again.
+                deadline = time.monotonic() + 120
+                while isinstance(reader, PipesCloudWatchMessageReader) and not reported_stream and logs.refused_lately() and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    reported_stream = self._report_message_stream(logs, session, API[kind].log_group)
                 if logs.throttled:
                     context.log.info(f"[pipes] CloudWatch Logs refused {logs.throttled} reads of {name}'s logs; each was backed off and read again")
                 return job, history

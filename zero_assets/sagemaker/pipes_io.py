@@ -111,7 +111,7 @@ class BackoffCloudWatchMessageReader(_BacksOff, PipesCloudWatchMessageReader):
 
     def __init__(self, *, client) -> None:
         super().__init__(client=client)
-        self.backoff = Backoff(first_s=2.0, max_s=60.0)
+        self.backoff = Backoff(first_s=1.0, max_s=20.0)
 
     def messages_are_readable(self, params: PipesParams) -> bool:
         return self._guarded(lambda: super(BackoffCloudWatchMessageReader, self).messages_are_readable(params), False, self._where())
