@@ -64,7 +64,7 @@ def parse_annotations(
     for n, entry in enumerate(document["categories"]):
         place = f"categories[{n}]"
         if not isinstance(entry, dict):
-            reject(None, place, "not_an_object", f"is {short(entry)}, not an object")
+            reject(None, place, "not_an_object", f"is a JSON {_json_type(entry)}, not an object")
         elif not is_int(entry.get("id")):
             reject(None, place, "bad_id", f"'id' is {short(entry.get('id'))}, not an integer")
         elif not isinstance(entry.get("name"), str) or not entry["name"].strip():
@@ -76,7 +76,7 @@ def parse_annotations(
     for n, image in enumerate(document["images"]):
         place = f"images[{n}]"
         if not isinstance(image, dict):
-            reject(None, place, "not_an_object", f"is {short(image)}, not an object")
+            reject(None, place, "not_an_object", f"is a JSON {_json_type(image)}, not an object")
             continue
         image_id, file_name = image.get("id"), image.get("file_name")
         if not is_int(image_id):
@@ -94,7 +94,7 @@ def parse_annotations(
     for n, annotation in enumerate(document["annotations"]):
         place = f"annotations[{n}]"
         if not isinstance(annotation, dict):
-            reject(None, place, "not_an_object", f"is {short(annotation)}, not an object")
+            reject(None, place, "not_an_object", f"is a JSON {_json_type(annotation)}, not an object")
             continue
         image_id = annotation.get("image_id")
         if not is_int(image_id):
@@ -126,6 +126,15 @@ def load_document(raw: bytes, where: str, max_bytes: int = DEFAULT_MAX_ANNOTATIO
         if not isinstance(document.get(section), list):
             raise AnnotationError(f"{where}: field {section!r} is {'missing' if section not in document else 'not a list'}")
     return document
+
+
+def _json_type(value: Any) -> str:
+    """The JSON type of a value, for messages that must not quote what a file holds."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float, HugeInteger)):
+        return "number"
+    return {str: "string", list: "array", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def _parse_int(text: str) -> int | HugeInteger:
