@@ -84,7 +84,7 @@ def client_config(service: str, max_attempts: int | None = None):
 
     attempts = max_attempts or int(_env_float("ZERO_AWS_MAX_ATTEMPTS", SERVICE_ATTEMPTS.get(service, DEFAULT_ATTEMPTS)))
     return Config(
-        retries={"mode": "adaptive", "max_attempts": max(1, attempts)},
+        retries={"mode": "adaptive", "total_max_attempts": max(1, attempts)},
         connect_timeout=_env_float("ZERO_AWS_CONNECT_TIMEOUT_S", 10.0),
         read_timeout=_env_float("ZERO_AWS_READ_TIMEOUT_S", 60.0),
         max_pool_connections=S3_POOL if service == "s3" else 10,

@@ -74,15 +74,23 @@ def _pinned_requirements(root: Path) -> str:
 
 
 def upload_code_package(package: CodePackage, s3_root: str, s3_client) -> str:
-    """Upload unless the marker of this hash exists; the marker goes last, so it means complete."""
+    """Upload unless the marker of this hash exists; the marker goes last, so it means complete.
+    Every call is idempotent, so each is retried through throttling and short outages."""
+    from training_code.lib.aws_clients import endpoint_of, retry_call
     from training_code.lib.storage import split_s3
 
     bucket, prefix = split_s3(package.prefix(s3_root))
     marker = f"{prefix}/{MARKER}"
-    if s3_client.list_objects_v2(Bucket=bucket, Prefix=marker, MaxKeys=1).get("KeyCount", 0):
+    endpoint = endpoint_of(s3_client)
+    found = retry_call(lambda: s3_client.list_objects_v2(Bucket=bucket, Prefix=marker, MaxKeys=1), what=f"LIST s3://{bucket}/{marker}", endpoint=endpoint)
+    if found.get("KeyCount", 0):
         return package.prefix(s3_root)
+
+    def put(key: str, body: bytes) -> None:
+        retry_call(lambda: s3_client.put_object(Bucket=bucket, Key=key, Body=body), what=f"PUT s3://{bucket}/{key}", endpoint=endpoint)
+
     for name, content in sorted(package.files.items()):
-        s3_client.put_object(Bucket=bucket, Key=f"{prefix}/files/{name}", Body=content)
-    s3_client.put_object(Bucket=bucket, Key=f"{prefix}/{TARBALL}", Body=package.tarball())
-    s3_client.put_object(Bucket=bucket, Key=marker, Body=package.digest.encode())
+        put(f"{prefix}/files/{name}", content)
+    put(f"{prefix}/{TARBALL}", package.tarball())
+    put(marker, package.digest.encode())
     return package.prefix(s3_root)

@@ -20,7 +20,7 @@ from dagster._core.pipes.client import PipesParams
 from dagster_aws.pipes import PipesCloudWatchMessageReader, PipesS3ContextInjector, PipesS3MessageReader
 from dagster_pipes import PipesBlobStoreMessageWriter, PipesDefaultMessageWriter, encode_param
 
-from training_code.lib.aws_clients import Backoff, is_retryable
+from training_code.lib.aws_clients import Backoff, endpoint_of, is_retryable, retry_call
 from training_code.lib.storage import split_s3
 
 log = logging.getLogger("zero.sagemaker")
@@ -59,7 +59,8 @@ class JobKeyedS3ContextInjector(PipesS3ContextInjector):
     def inject_context(self, context) -> Iterator[PipesParams]:
         import json
 
-        self.client.put_object(Bucket=self.bucket, Key=self._params["key"], Body=json.dumps(context).encode())
+        body, key = json.dumps(context).encode(), self._params["key"]
+        retry_call(lambda: self.client.put_object(Bucket=self.bucket, Key=key, Body=body), what=f"PUT s3://{self.bucket}/{key}", endpoint=endpoint_of(self.client))
         yield dict(self._params)
         # Left in place: a job still starting (or one a later run reattaches to) may not have read it yet;
         # it is small, and the bucket's lifecycle rule on the pipes prefix expires it.
