@@ -216,7 +216,6 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         """Create*Job, retried through throttling; a retry that finds the job created by the try before it is a success."""
         api = API[kind]
         name = params[api.name_key]
-
         tries = 0
 
         def create() -> None:
