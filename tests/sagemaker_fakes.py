@@ -12,7 +12,8 @@ input is every key that starts with the URI exactly as written, as SageMaker rea
 also matches `raw-old/...`).
 
 For attempt states: `add_stopping_job` presents a job that is `Stopping` and turns `Stopped` after a
-few describes; every create records the state of every other job at that moment (`seen_at_create`).
+few describes; every create records the state of every other job at that moment (`seen_at_create`);
+with `throttle_every = n`, every n-th Describe*Job is refused with ThrottlingException.
 `ThrottledLogs` wraps a CloudWatch Logs client and refuses reads with ThrottlingException.
 """
 
@@ -47,6 +48,7 @@ class FakeSageMaker:
         self.calls: list[tuple[str, str]] = []
         self.jobs: dict[str, dict] = {}
         self.seen_at_create: dict[str, dict[str, str]] = {}  # new job -> {other job: its status then}
+        self.throttle_every, self.throttled = 0, 0
         self._lock = threading.Lock()
 
     # --- the boto3 surface -------------------------------------------------------------------
@@ -99,6 +101,10 @@ class FakeSageMaker:
 
     def _describe(self, kind: str, name: str) -> dict:
         self.calls.append((f"Describe{kind}", name))
+        if self.throttle_every and sum(1 for c in self.calls if c[0].startswith("Describe")) % self.throttle_every == 0:
+            self.throttled += 1
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}, "ResponseMetadata": {"HTTPStatusCode": 400}},
+                              f"Describe{kind}")
         job = self.jobs.get(name)
         if job is not None and job.get("stops_after_polls") is not None:
             job["stops_after_polls"] -= 1

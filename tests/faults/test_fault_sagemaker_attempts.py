@@ -5,7 +5,8 @@
 - a `Completed` attempt whose output is complete but whose Pipes messages are gone counts as failed:
   attempt 2 is launched and its report read;
 - a `Stopping` attempt is waited for until it is `Stopped` before attempt 2 is created;
-- a throttled CloudWatch (job logs and Pipes messages) does not fail the run, and no report is lost;
+- a throttled CloudWatch (job logs and Pipes messages) or SageMaker (DescribeProcessingJob) does not
+  fail the run, and no report is lost;
 - Processing inputs are prefixes ending in `/`: a sibling `raw-old/` is not pulled in;
 - on the SageMaker backend the job-backed assets carry a RetryPolicy.
 """
@@ -176,6 +177,15 @@ def test_throttled_cloudwatch_does_not_fail_the_run(backend, instance):
     assert reported["job"] == attempt(1) and json.loads(reported["inputs"]) == ["a.txt", "b/c.txt"], "the report came through"
     assert throttled.refused >= 4, f"CloudWatch refused {throttled.refused} of {throttled.reads} reads"
     assert launched(backend["fake"]) == [attempt(1)]
+
+
+def test_throttled_sagemaker_describe_does_not_fail_the_run(backend, instance):
+    fake = backend["fake"]
+    fake.throttle_every = 2  # every other DescribeProcessingJob refused, before the launch and while waiting
+    runner, request = make_runner(backend), request_for(backend)
+    reported = run_job(runner, request, instance)
+    assert reported["job"] == job_name("map_report", request.fingerprint, 1) and fake.throttled >= 2
+    assert launched(fake) == [reported["job"]]
 
 
 def test_job_backed_assets_carry_a_retry_policy_on_sagemaker():
