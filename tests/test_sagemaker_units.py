@@ -8,7 +8,7 @@ from zero_assets.resources.backend import resources_from_env
 from zero_assets.resources.local_runner import LocalJobRunner
 from zero_assets.resources.sagemaker_runner import SageMakerJobRunner
 from zero_assets.sagemaker.fsx import parse_fsx_uri, s3_behind_fsx, shards_on_fsx
-from zero_assets.sagemaker.names import VALID_NAME, job_name
+from zero_assets.sagemaker.names import VALID_NAME, attempt_of, job_name
 from zero_assets.sagemaker.pipes_client import failure_description
 from zero_assets.sagemaker.requests import check_environment
 
@@ -22,6 +22,7 @@ def test_job_names_are_deterministic_and_valid(asset, attempt):
     assert name == job_name(asset, FP, attempt) and VALID_NAME.match(name) and len(name) <= 63
     assert name.endswith(f"-{FP[:16]}-a{attempt}")
     assert job_name(asset, FP, attempt + 1) != name
+    assert attempt_of(name) == attempt
 
 
 def test_environment_limits_name_the_entry():
