@@ -54,6 +54,7 @@ REATTACHABLE = ("InProgress", "Completed")  # Stopping ends as Stopped: the next
 LIMIT_STOPS = ("MaxRuntimeExceeded", "MaxWaitTimeExceeded")
 MAX_ATTEMPTS = 50
 REPORT_GRACE_S = 5.0  # after the job ends: how long past a reader's last refused read to wait for the report
+REPORT_WAIT_S = 600.0  # and how long at most, while the message store keeps refusing reads
 
 
 class ReportUnreadable(Exception):
@@ -234,12 +235,17 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
 
     def _await_report(self, context, session, reader, name: str) -> None:
         """The job has ended: while the message reader is backing off from refused reads, wait for the
-        closing message rather than leave the session with part of the report."""
+        closing message rather than leave the session with part of the report (for at most REPORT_WAIT_S)."""
         backoff: Optional[Backoff] = getattr(reader, "backoff", None)
         if backoff is None:
             return
-        while not session.message_handler.received_closed_message and (not backoff.ready() or backoff.quiet_for() < REPORT_GRACE_S + self.message_poll_interval):
+        deadline = time.monotonic() + REPORT_WAIT_S
+        while not session.message_handler.received_closed_message and time.monotonic() < deadline and (
+            not backoff.ready() or backoff.quiet_for() < REPORT_GRACE_S + self.message_poll_interval
+        ):
             time.sleep(0.5)
+        if not session.message_handler.received_closed_message and backoff.failures:
+            context.log.warning(f"[pipes] {name}: the message store refused {backoff.failures} reads; the report may be incomplete")
 
     def _pipes_io(self, job_name: str):
         injector = self._context_injector or JobKeyedS3ContextInjector(pipes_uri=self._pipes_uri, job_name=job_name, client=self._s3)
