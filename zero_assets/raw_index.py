@@ -68,12 +68,17 @@ def group_of(key: str, pattern: re.Pattern[str] | None = None) -> str:
 
 
 def build_raw_index(
-    raw_uri: str, inventory_manifest_uri: str = "", group_pattern: str = "", max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES
+    raw_uri: str, inventory_manifest_uri: str = "", group_pattern: str = "", max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES,
+    source: str = "",
 ) -> RawIndex:
-    """Index `raw_uri` from a listing (S3: in parallel by source folder) or, when given, an S3 Inventory report."""
+    """Index `raw_uri` (only its folder `source` when given) from a listing (S3: in parallel by source
+    folder) or, when given, an S3 Inventory report."""
     pattern = re.compile(group_pattern) if group_pattern else None
     if inventory_manifest_uri:
         listing = [obj for obj in list_from_inventory(inventory_manifest_uri, raw_uri) if not _folder_marker(obj)]
+        listing = [obj for obj in listing if not source or obj.key.startswith(f"{source}/")]
+    elif source:  # one source: list its folder only, keys kept relative to the raw root
+        listing = [ObjectInfo(f"{source}/{obj.key}", obj.size, obj.etag) for obj in list_objects(join(raw_uri, source), include_unsafe=True)]
     else:
         listing = list(list_objects(raw_uri, include_unsafe=True))
     images: dict[str, list[ObjectInfo]] = {}
