@@ -1,4 +1,10 @@
-"""Build the raw image index from a listing of the raw root, never from image bytes.
+"""The Dagster side of the raw image index: `write_source_index` (training_code/lib/raw_index.py) indexes
+one source, streamed into Parquet, in this process or as the job training_code/index.py.
+
+`build_raw_index` below is the whole-lake, one-frame index this replaces; it stays until the
+partitioned asset has switched to `write_source_index`, then goes. What follows describes it.
+
+Build the raw image index from a listing of the raw root, never from image bytes.
 
 One row per image file: source, key, size, etag (or mtime-size), group (the folder it sits in) and
 how many COCO annotations point at it. Annotation files are read; images are not.
@@ -18,7 +24,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import pandas as pd
 
@@ -27,15 +33,18 @@ from training_code.lib.coco import (
 )
 from training_code.lib.hashing import sha256_json
 from training_code.lib.raw_files import Refused, locate, read_limited
+from training_code.lib.raw_index import IMAGE_SUFFIXES, write_source_index
+from training_code.lib.raw_index_groups import group_of
 from training_code.lib.storage import ObjectInfo, is_s3, join, key_problem, list_objects, printable_key, read_bytes
 
 from .s3_inventory import list_from_inventory
+
+__all__ = ["IMAGE_SUFFIXES", "RawIndex", "build_raw_index", "group_of", "sample_by_group", "write_source_index"]
 
 ANNOTATION_READERS = 16  # concurrent GETs: on S3 the round trips overlap
 # Annotation file bytes being parsed at once (a larger file runs alone); parsed with INDEX_FIELDS,
 # the tree is a few times this, not the ~8x of a full parse.
 ANNOTATION_BYTES_IN_FLIGHT = 128 << 20
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".mpo")
 
 
 @dataclass
@@ -54,17 +63,6 @@ class RawIndex:
 class AnnotationCounts:
     per_file: dict[str, int]  # file_name -> annotations pointing at it
     rejected_entries: int  # entries of the file validation will reject (see coco.parse_annotations)
-
-
-def group_of(key: str, pattern: re.Pattern[str] | None = None) -> str:
-    """The split group of an image: by default the folder it sits in (`source/lot_003` for
-    `source/lot_003/part_1.jpg`); with `pattern`, the text its first match covers (group 1 if it has one)."""
-    if pattern is None:
-        return str(PurePosixPath(key).parent)
-    match = pattern.search(key)
-    if match is None:
-        raise ValueError(f"group pattern {pattern.pattern!r} does not match key {key!r}; fix the pattern or the key")
-    return match.group(1) if pattern.groups else match.group(0)
 
 
 def build_raw_index(

@@ -1,18 +1,22 @@
 """Find and read each source's `annotations.json` under a raw root without leaving it.
 
 The validation pass reads them here (on one host, or in the reduce stage from what the map hosts
-passed on). A file that cannot be used costs its source its labels, with an error naming the file;
-the other sources go on.
+passed on); the raw index counts one source's annotations per file here (`count_source_annotations`).
+A file that cannot be used costs its source its labels, with an error naming the file; the other
+sources go on.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from .coco import ANNOTATIONS_FILE, AnnotationError, SourceAnnotations, parse_annotations
+from .aws_clients import endpoint_of, retry_call
+from .coco import ANNOTATIONS_FILE, INDEX_FIELDS, AnnotationError, SourceAnnotations, parse_annotations
 from .raw_files import Refused, locate, read_limited
-from .storage import key_problem, write_bytes_atomic
+from .storage import is_s3, join, key_problem, s3_client, split_s3, write_bytes_atomic
 
 log = logging.getLogger("zero.validate")
 
@@ -71,3 +75,79 @@ def copy_annotation_files(raw: Path, dest: Path, max_bytes: int) -> int:
         except (Refused, OSError) as error:
             write_bytes_atomic(dest / source / REFUSED_ANNOTATIONS, annotation_error(key, error).encode())
     return len(sources)
+
+
+@dataclass
+class AnnotationCounts:
+    """What the raw index needs of one source's annotations.json."""
+
+    per_file: dict[str, int]  # file_name -> annotations pointing at it: one entry per image entry of the file
+    rejected_entries: int  # entries validation will reject (see coco.parse_annotations)
+    error: str | None  # why the file cannot be used; None when it was used or there is none
+    identity: tuple[int, str] | None  # (size, etag) of the bytes read (or refused), None when there is no file
+
+
+def count_source_annotations(raw_uri: str, source: str, max_bytes: int) -> AnnotationCounts:
+    """Parse `<raw_uri>/<source>/annotations.json` once, keeping only what counting needs. A file past
+    `max_bytes` is refused from its size before a byte of it is read; a local one is read only inside
+    the root. The counts dict grows with the source's annotated images (about 100-150 bytes each)."""
+    key = f"{source}/{ANNOTATIONS_FILE}"
+    where = join(raw_uri, key)
+    size, etag, raw = _read_s3_annotations(raw_uri, key, max_bytes) if is_s3(raw_uri) else _read_local_annotations(Path(raw_uri), key, max_bytes)
+    if size is None:
+        return AnnotationCounts({}, 0, None, None)
+    identity = (size, etag)
+    if isinstance(raw, Refused):
+        return AnnotationCounts({}, 0, f"{where}: {raw.reason}: {raw.detail}", identity)
+    if raw is None:
+        return AnnotationCounts({}, 0, f"{where}: {size} bytes, above the annotation file limit of {max_bytes}; raise the limit or split the source", identity)
+    try:
+        parsed = parse_annotations(source, raw, where, max_bytes, keep=INDEX_FIELDS)
+    except AnnotationError as error:
+        return AnnotationCounts({}, 0, str(error), identity)
+    del raw
+    return AnnotationCounts({name: len(anns) for name, anns in parsed.by_file.items()}, len(parsed.rejected), None, identity)
+
+
+def _read_local_annotations(raw: Path, key: str, max_bytes: int) -> tuple[int | None, str, bytes | Refused | None]:
+    """(size, etag as a listing gives it, bytes), bytes None past `max_bytes` and a Refused for a file
+    out of the root or not regular; size None when there is no file."""
+    if not os.path.lexists(raw / key):
+        return None, "", None
+    try:
+        located = locate(raw, key)
+        info = os.stat(located)
+    except Refused as refused:
+        info = os.lstat(raw / key)
+        return info.st_size, f"{info.st_mtime_ns}-{info.st_size}", refused
+    etag = f"{info.st_mtime_ns}-{info.st_size}"
+    if info.st_size > max_bytes:
+        return info.st_size, etag, None
+    try:
+        return info.st_size, etag, read_limited(located, max_bytes)
+    except Refused as refused:
+        return info.st_size, etag, refused
+
+
+def _read_s3_annotations(raw_uri: str, key: str, max_bytes: int) -> tuple[int | None, str, bytes | None]:
+    """(size, ETag, bytes) from one GET: the body is not read past `max_bytes` (bytes None)."""
+    from botocore.exceptions import ClientError
+
+    bucket, prefix = split_s3(raw_uri)
+    object_key = f"{prefix}/{key}" if prefix else key
+    client = s3_client()
+
+    def get() -> tuple[int | None, str, bytes | None]:
+        try:
+            response = client.get_object(Bucket=bucket, Key=object_key)
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None, "", None
+            raise
+        size, etag = int(response["ContentLength"]), response["ETag"].strip('"')
+        if size > max_bytes:
+            response["Body"].close()
+            return size, etag, None
+        return size, etag, response["Body"].read()
+
+    return retry_call(get, what=f"GET s3://{bucket}/{object_key}", endpoint=endpoint_of(client))

@@ -1,0 +1,216 @@
+"""Index ONE source of the raw root into `index.parquet`, streamed in record batches, manifest last.
+
+One row per image file (tables.RAW_INDEX): source, key, size, etag (or mtime-size), group and how
+many COCO annotations point at it. The source is listed as a stream (raw_index_listing), rows go to
+a pyarrow ParquetWriter `BATCH_ROWS` at a time, and every count is kept as it streams by, so memory
+is a batch plus what grows with the source's groups and annotated images, never with its listing.
+Images are never read; the source's annotations.json is parsed once (annotation_files).
+
+Hostile entries stay in the index so validation gives each its verdict: an unsafe key is stored
+escaped by `printable_key` and never read; an unusable annotations.json is reported, not raised.
+Rows are in listing order (keys sorted as Python sorts the listed keys, before escaping).
+Both the Dagster asset (in-process, small sources) and `training_code/index.py` (a job) run this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .annotation_files import AnnotationCounts, count_source_annotations
+from .coco import ANNOTATIONS_FILE, DEFAULT_MAX_ANNOTATION_BYTES
+from .hashing import sha256_file
+from .raw_index_groups import GroupCounts, group_hash, group_of
+from .raw_index_listing import check_source, list_source
+from .storage import ObjectInfo, copy_file_atomic, is_s3, join, key_problem, printable_key, write_bytes_atomic
+from .tables import RAW_INDEX
+
+INDEX_FILE = "index.parquet"
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "zero-raw-index/2"
+BATCH_ROWS = 50_000  # rows per record batch (and Parquet row group)
+EXAMPLES = 20  # keys kept per kind of reported entry; the counts are complete
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".mpo")
+COLUMNS = ("source", "key", "size", "etag", "group", "annotation_count")
+ARROW_SCHEMA = pa.schema([("source", pa.string()), ("key", pa.string()), ("size", pa.int64()), ("etag", pa.string()),
+                          ("group", pa.string()), ("annotation_count", pa.int64())])
+HASH_COLUMN = "group_hash"  # only in the scratch copy the rehearsal sample is cut from
+
+
+def write_source_index(
+    raw_uri: str, source: str, out_dir_or_uri: str | Path, *, group_pattern: str = "",
+    max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES, inventory_manifest_uri: str | None = None,
+    sample_images: int | None = None,
+) -> dict[str, Any]:
+    """Write `<out>/index.parquet` then `<out>/manifest.json` for `<raw_uri>/<source>/` (listed, or read
+    from an S3 Inventory report); returns the manifest plus `uri` (the output folder).
+
+    `sample_images`: the rehearsal profile's sample, whole groups taken in group-hash order until about
+    that many images are in (the same rule as the whole-frame `sample_by_group`)."""
+    check_source(source)
+    pattern = re.compile(group_pattern) if group_pattern else None
+    if not is_s3(out_dir_or_uri):
+        Path(out_dir_or_uri, MANIFEST).unlink(missing_ok=True)  # an earlier manifest must not vouch for a new index
+    annotations = count_source_annotations(raw_uri, source, max_annotation_bytes)
+    listing = _ListingPass(source, pattern, annotations)
+    with tempfile.TemporaryDirectory(prefix="zero-index-") as scratch:
+        final = Path(scratch) / INDEX_FILE
+        batches = listing.batches(list_source(raw_uri, source, inventory_manifest_uri))
+        if sample_images:
+            full = Path(scratch) / "all.parquet"
+            limit = _write_all_with_hashes(batches, full).sample_limit(sample_images)
+            with _IndexWriter(final) as writer:
+                for frame, hashes in _read_back(full, limit):
+                    writer.write(frame, hashes)
+        else:
+            with _IndexWriter(final) as writer:
+                for frame, hashes in batches:
+                    writer.write(frame, hashes)
+        copy_file_atomic(final, join(out_dir_or_uri, INDEX_FILE))
+        files = {INDEX_FILE: {"bytes": final.stat().st_size, "sha256": sha256_file(final)}}
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "source": source,
+        "raw_uri": str(raw_uri),
+        "listing_fingerprint": listing.fingerprint(),
+        "group_pattern": group_pattern,
+        "sample_images": sample_images or None,
+        "listed_images": listing.images,  # before the sample
+        **writer.counts(),
+        "annotations_without_image": len(listing.missing_annotated()),
+        "ignored_files": listing.ignored,
+        "annotation_entries_rejected": annotations.rejected_entries,
+        "annotation_error": annotations.error,
+        "has_annotations": annotations.identity is not None,
+        "examples": {"unsafe_keys": writer.unsafe_examples, "ignored_files": listing.ignored_examples,
+                     "annotations_without_image": listing.missing_annotated()[:EXAMPLES]},
+        "files": files,
+    }
+    write_bytes_atomic(join(out_dir_or_uri, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return {**manifest, "uri": str(out_dir_or_uri)}
+
+
+class _ListingPass:
+    """Turns the listing into row batches, keeping the fingerprint and the listing's own counts.
+
+    The fingerprint is the sha256 of the JSON list of [key, size, etag] of every listed object, in
+    listing order, with the annotations.json entry moved to the end and taken from the bytes that
+    were parsed (not from the listing: an inventory report may be older than the file), so an
+    annotation edit changes it. It is hashed as it streams; no list of keys is kept."""
+
+    def __init__(self, source: str, pattern: re.Pattern[str] | None, annotations: AnnotationCounts) -> None:
+        self.source, self.pattern, self.annotations = source, pattern, annotations
+        self.unclaimed = annotations.per_file  # annotated file names not listed (yet); consumed as listed
+        self.images = self.ignored = 0
+        self.ignored_examples: list[str] = []
+        self._hash, self._first = hashlib.sha256(b"["), True
+
+    def _hash_entry(self, key: str, size: int, etag: str) -> None:
+        self._hash.update((b"" if self._first else b",") + json.dumps([key, size, etag], separators=(",", ":")).encode())
+        self._first = False
+
+    def fingerprint(self) -> str:
+        final = self._hash.copy()
+        if self.annotations.identity is not None:
+            size, etag = self.annotations.identity
+            final.update((b"" if self._first else b",") + json.dumps([f"{self.source}/{ANNOTATIONS_FILE}", size, etag], separators=(",", ":")).encode())
+        final.update(b"]")
+        return final.hexdigest()
+
+    def missing_annotated(self) -> list[str]:
+        """Keys of image entries with annotations whose file was not listed (after the whole listing)."""
+        return [f"{self.source}/{name}" for name, count in sorted(self.unclaimed.items()) if count]
+
+    def batches(self, listing: Iterator[ObjectInfo]) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
+        rows: dict[str, list] = {name: [] for name in COLUMNS}
+        hashes: list[int] = []
+        last_group, last_hash = None, 0
+        start = len(self.source) + 1
+        for obj in listing:
+            key = printable_key(obj.key)
+            rest = key[start:]
+            if rest == ANNOTATIONS_FILE:
+                continue  # hashed from what was parsed; see fingerprint()
+            self._hash_entry(key, obj.size, obj.etag)
+            if not rest.lower().endswith(IMAGE_SUFFIXES):
+                self.ignored += 1
+                if len(self.ignored_examples) < EXAMPLES:
+                    self.ignored_examples.append(key)
+                continue
+            group = group_of(key, None if key_problem(key) else self.pattern)
+            if group != last_group:  # neighbours in key order mostly share a folder
+                last_group, last_hash = group, group_hash(group)
+            for name, value in zip(COLUMNS, (self.source, key, obj.size, obj.etag, group, self.unclaimed.pop(rest, 0))):
+                rows[name].append(value)
+            hashes.append(last_hash)
+            self.images += 1
+            if len(hashes) == BATCH_ROWS:
+                yield _frame(rows), np.array(hashes, dtype=np.uint64)
+                rows, hashes = {name: [] for name in COLUMNS}, []
+        if hashes:
+            yield _frame(rows), np.array(hashes, dtype=np.uint64)
+
+
+def _frame(rows: dict[str, list]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=list(COLUMNS)).astype({"size": "int64", "annotation_count": "int64"})
+
+
+class _IndexWriter:
+    """index.parquet one validated batch at a time, with the counts of what it wrote."""
+
+    def __init__(self, path: Path) -> None:
+        self._writer = pq.ParquetWriter(path, ARROW_SCHEMA)
+        self.images = self.bytes = self.without_annotation = self.unsafe = 0
+        self.unsafe_examples: list[str] = []
+        self.groups = GroupCounts()
+
+    def __enter__(self) -> "_IndexWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._writer.close()
+
+    def write(self, frame: pd.DataFrame, hashes: np.ndarray) -> None:
+        frame = RAW_INDEX.validate(frame, lazy=True)
+        self._writer.write_table(pa.Table.from_pandas(frame, schema=ARROW_SCHEMA, preserve_index=False))
+        self.images += len(frame)
+        self.bytes += int(frame["size"].sum())
+        self.without_annotation += int((frame["annotation_count"] == 0).sum())
+        unsafe = [key for key in frame["key"] if key_problem(key)]
+        self.unsafe += len(unsafe)
+        self.unsafe_examples += unsafe[: EXAMPLES - len(self.unsafe_examples)]
+        self.groups.add(hashes)
+
+    def counts(self) -> dict[str, int]:
+        return {"images": self.images, "bytes": self.bytes, "groups": len(self.groups),
+                "images_without_annotation": self.without_annotation, "unsafe_keys": self.unsafe}
+
+
+def _write_all_with_hashes(batches: Iterator[tuple[pd.DataFrame, np.ndarray]], path: Path) -> GroupCounts:
+    """The whole index to scratch with each row's group hash, counting images per group for the sample."""
+    groups = GroupCounts()
+    with pq.ParquetWriter(path, ARROW_SCHEMA.append(pa.field(HASH_COLUMN, pa.uint64()))) as writer:
+        for frame, hashes in batches:
+            table = pa.Table.from_pandas(frame, schema=ARROW_SCHEMA, preserve_index=False)
+            writer.write_table(table.append_column(HASH_COLUMN, pa.array(hashes, pa.uint64())))
+            groups.add(hashes)
+    return groups
+
+
+def _read_back(path: Path, limit: int | None) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
+    """The scratch index a batch at a time, only the rows of groups hashed up to `limit` (all if None)."""
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS):
+        hashes = batch.column(HASH_COLUMN).to_numpy()
+        keep = np.ones(len(hashes), dtype=bool) if limit is None else hashes <= np.uint64(limit)
+        if keep.any():
+            frame = batch.drop_columns([HASH_COLUMN]).to_pandas()[keep].reset_index(drop=True)
+            yield frame, hashes[keep]

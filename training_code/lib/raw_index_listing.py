@@ -1,0 +1,90 @@
+"""List ONE source of the raw root (`<raw_root>/<source>/`) as a stream, sorted by key, never as a list.
+
+A local root is walked one folder at a time in key order; an S3 root is paged 1,000 keys at a time
+(each page asked for with StartAfter, so a failed page is retried alone); an S3 Inventory report is
+read through `raw_index_inventory`. Memory is a page, or the entries of one folder, not the source.
+Keys are relative to the raw root (`<source>/...`) and sorted as Python sorts strings (S3's order for
+UTF-8 keys), so a listing and an inventory of the same objects stream the same sequence.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+from .aws_clients import endpoint_of, retry_call
+from .raw_index_inventory import inventory_objects
+from .storage import ObjectInfo, _symlinked_file_stat, is_s3, key_problem, s3_client, split_s3
+
+S3_PAGE_KEYS = 1000
+
+
+def check_source(source: str) -> str:
+    """`source` when it names one folder of the raw root; a ValueError saying why otherwise."""
+    problem = key_problem(source) or ("a '/' (a source is one top-level folder)" if "/" in source else None)
+    if problem:
+        raise ValueError(f"source {source!r} has {problem}; a source is the name of one top-level folder of the raw root")
+    return source
+
+
+def list_source(raw_uri: str, source: str, inventory_manifest_uri: str | None = None) -> Iterator[ObjectInfo]:
+    """Every object of `source` (folder markers left out), sorted by key, keys relative to `raw_uri`."""
+    check_source(source)
+    if inventory_manifest_uri:
+        return inventory_objects(inventory_manifest_uri, raw_uri, under=f"{source}/")
+    if is_s3(raw_uri):
+        return _list_s3_source(raw_uri, source)
+    return _walk_local(Path(raw_uri), source)
+
+
+def _walk_local(raw: Path, source: str) -> Iterator[ObjectInfo]:
+    """As `storage.list_objects` lists a local root (symlinked folders not descended into, a link out of
+    the root listed by its own lstat), one folder's entries at a time. A folder's entries are sorted
+    with a '/' after folder names, which orders the walk exactly as the full keys sort."""
+    top = raw / source
+    if top.is_symlink() or not top.is_dir():
+        raise FileNotFoundError(f"{top} is not a folder of the raw root {raw} (a symlinked source folder is not followed)")
+    real_root = os.path.realpath(raw)
+    stack = [iter(_sorted_entries(str(top), f"{source}/"))]
+    while stack:
+        item = next(stack[-1], None)
+        if item is None:
+            stack.pop()
+            continue
+        entry, key = item
+        if entry.is_dir(follow_symlinks=False):
+            stack.append(iter(_sorted_entries(entry.path, f"{key}/")))
+            continue
+        if entry.is_symlink():
+            stat = _symlinked_file_stat(entry.path, real_root)
+        elif entry.is_file(follow_symlinks=False):
+            stat = entry.stat(follow_symlinks=False)
+        else:
+            continue  # FIFOs, sockets, devices: not files anyone uploaded
+        if stat is not None:
+            yield ObjectInfo(key, stat.st_size, f"{stat.st_mtime_ns}-{stat.st_size}")
+
+
+def _sorted_entries(folder: str, prefix: str) -> list[tuple[os.DirEntry, str]]:
+    with os.scandir(folder) as entries:
+        listed = [(entry, prefix + entry.name) for entry in entries]
+    return sorted(listed, key=lambda item: item[1] + "/" if item[0].is_dir(follow_symlinks=False) else item[1])
+
+
+def _list_s3_source(raw_uri: str, source: str) -> Iterator[ObjectInfo]:
+    bucket, prefix = split_s3(raw_uri)
+    base = f"{prefix}/" if prefix else ""
+    page_prefix = f"{base}{source}/"
+    client, after = s3_client(), ""
+    while True:
+        request = {"Bucket": bucket, "Prefix": page_prefix, "MaxKeys": S3_PAGE_KEYS, **({"StartAfter": after} if after else {})}
+        page = retry_call(lambda: client.list_objects_v2(**request), what=f"LIST s3://{bucket}/{page_prefix} after {after!r}",
+                          endpoint=endpoint_of(client))
+        contents = page.get("Contents", [])
+        for listed in contents:
+            if not (listed["Key"].endswith("/") and int(listed["Size"]) == 0):  # a folder marker, not an object
+                yield ObjectInfo(listed["Key"][len(base):], int(listed["Size"]), listed["ETag"].strip('"'))
+        if not page.get("IsTruncated") or not contents:
+            return
+        after = contents[-1]["Key"]
