@@ -1,0 +1,80 @@
+r"""Index one source of the raw root into `index.parquet` and `manifest.json`, in bounded memory.
+
+    python -m training_code.index --raw URI --source NAME --out URI [--group-pattern REGEX] \
+        [--max-annotation-bytes 1073741824] [--inventory-manifest s3://.../manifest.json] [--sample-images N]
+
+A SageMaker Processing job script, for sources too large to index in the Dagster process. Lists
+`<raw>/<source>/` (a local folder, or an s3:// prefix paged through the API; with --inventory-manifest,
+that source's rows of an S3 Inventory report) without reading an image, streams the rows into
+`<out>/index.parquet` in record batches and writes `<out>/manifest.json` last (training_code/lib/raw_index.py).
+--out is a local folder or an s3:// prefix; --raw is never downloaded. Reports the manifest's counts
+through Dagster Pipes, with the sha256 of the manifest's bytes as the data version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from typing import Any
+
+from training_code.lib import job_env
+from training_code.lib.coco import DEFAULT_MAX_ANNOTATION_BYTES
+from training_code.lib.hashing import sha256_bytes
+from training_code.lib.raw_index import MANIFEST, write_source_index
+from training_code.lib.storage import join, read_bytes
+
+log = logging.getLogger("zero.index")
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--raw", required=True, help="the raw root (local folder or s3://bucket/prefix); only listed")
+    parser.add_argument("--source", required=True, help="the source: one top-level folder of the raw root")
+    parser.add_argument("--out", required=True, help="folder or s3:// prefix for index.parquet and manifest.json")
+    parser.add_argument("--group-pattern", default="", help="regex naming an image's split group (empty: its folder)")
+    parser.add_argument("--max-annotation-bytes", type=int, default=DEFAULT_MAX_ANNOTATION_BYTES,
+                        help="a larger annotations.json is not parsed; the source's images are indexed without annotations")
+    parser.add_argument("--inventory-manifest", default=None, help="an S3 Inventory report's manifest.json: read it instead of listing")
+    parser.add_argument("--sample-images", type=int, default=None, help="the rehearsal sample: about this many images, whole groups")
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Fail before any listing on settings that cannot be right."""
+    problems = []
+    if args.max_annotation_bytes < 1:
+        problems.append(f"--max-annotation-bytes {args.max_annotation_bytes} must be at least 1")
+    if args.sample_images is not None and args.sample_images < 1:
+        problems.append(f"--sample-images {args.sample_images} must be at least 1 (leave it out for no sample)")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def report_metadata(manifest: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    plain = {name: value for name, value in manifest.items() if isinstance(value, (int, str)) and not isinstance(value, bool)}
+    return {**plain, "annotation_error": manifest["annotation_error"] or "", "index_wall_s": round(wall_s, 3),
+            "examples": {"raw_value": json.dumps(manifest["examples"]), "type": "json"}}
+
+
+def main(args: argparse.Namespace) -> None:
+    with job_env.pipes_session() as pipes:
+        check_args(args)
+        started = time.perf_counter()
+        manifest = write_source_index(
+            args.raw, args.source, args.out, group_pattern=args.group_pattern, max_annotation_bytes=args.max_annotation_bytes,
+            inventory_manifest_uri=args.inventory_manifest, sample_images=args.sample_images,
+        )
+        wall_s = time.perf_counter() - started
+        if manifest["annotation_error"]:  # the source's images are indexed without annotations; validation reports them
+            log.error("source %r: %s", args.source, manifest["annotation_error"])
+        log.info("source %r: %d images (%d bytes) in %d groups, %d ignored files, %d unsafe keys, in %.1f s",
+                 args.source, manifest["images"], manifest["bytes"], manifest["groups"], manifest["ignored_files"],
+                 manifest["unsafe_keys"], wall_s)
+        manifest_bytes = read_bytes(join(args.out, MANIFEST))
+        pipes.report_asset_materialization(metadata=report_metadata(manifest, wall_s), data_version=sha256_bytes(manifest_bytes))
+
+
+if __name__ == "__main__":
+    main(get_args_parser().parse_args())
