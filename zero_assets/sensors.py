@@ -1,55 +1,75 @@
-"""React to the raw root: a sensor that runs the graph when images or annotations are added or
-changed, and a schedule for a periodic full refresh.
+"""React to the raw root: register new sources as partitions, observe `raw_data` per changed source, and
+request one `raw_image_index` run per changed source; the other per-source assets follow by automation.
 
-The sensor's cursor is a digest of the listing (key, size, etag) of the image files and the
-`annotations.json` files, not the last key seen: a key-ordered cursor misses new keys that sort before
-it and objects rewritten in place; a listing digest misses neither. Listing never reads image bytes.
+What changed comes from a detector in `change_detection`, chosen by settings: the raw bucket's S3
+Event Notifications on an SQS queue (`ZERO_RAW_EVENTS_QUEUE_URL`), else S3 Inventory reports diffed
+per source (`ZERO_RAW_INVENTORY_MANIFEST_URI`), else a per-source listing digest (local roots). None of
+them lists the lake on S3, and the cursor never grows with the number of keys.
+
+Run keys are `<source>:<version token>:<change number>`: a root that returns to an earlier state gets
+a new number, so Dagster does not drop its run as seen before; a retried tick starts from the same
+cursor and repeats its keys, so a change never runs twice.
 """
+
+from __future__ import annotations
 
 import json
 
-from dagster import AssetSelection, DefaultScheduleStatus, RunRequest, SensorEvaluationContext, SkipReason, define_asset_job, schedule, sensor
+from dagster import AssetKey, AssetObservation, RunRequest, SensorEvaluationContext, SensorResult, sensor
 
-from training_code.lib.coco import ANNOTATIONS_FILE
-from training_code.lib.hashing import sha256_json
-from training_code.lib.storage import list_objects
-
-from .raw_index import IMAGE_SUFFIXES
+from .change_detection import Detection
+from .change_detection.inventory_diff import detect_from_inventory
+from .change_detection.listing_digest import detect_from_listing
+from .change_detection.sqs_detector import detect_from_queue
+from .partitions import RAW_SOURCES
 from .resources.settings import ZeroSettings
 
-whole_graph_job = define_asset_job("zero_whole_graph", selection=AssetSelection.all(), description="raw images to mAP report")
+RAW_DATA = AssetKey("raw_data")
+RAW_IMAGE_INDEX = AssetKey("raw_image_index")
+TICK_INTERVAL_S = 60
+QUEUE_BUDGET_S = 20.0  # time a tick may spend receiving: well inside Dagster's 60 s sensor timeout
 
 
-def raw_listing_digest(raw_uri: str) -> tuple[str, int, int]:
-    """Digest of the listing of what the index reads (image files and each source's annotations.json),
-    with the counts of images and annotation files."""
-    images, annotations = [], []
-    for obj in list_objects(raw_uri):
-        if obj.key.partition("/")[2] == ANNOTATIONS_FILE:
-            annotations.append((obj.key, obj.size, obj.etag))
-        elif obj.key.lower().endswith(IMAGE_SUFFIXES):
-            images.append((obj.key, obj.size, obj.etag))
-    return sha256_json([images, annotations]), len(images), len(annotations)
+def detect(settings: ZeroSettings, cursor: dict | None, context: SensorEvaluationContext) -> Detection:
+    """The detector the settings call for; one that does not match the cursor's kind starts afresh."""
+    if settings.raw_events_queue_url:
+        return detect_from_queue(settings.raw_events_queue_url, settings.raw_uri, cursor, context.instance.run_storage, budget_s=QUEUE_BUDGET_S)
+    if settings.raw_inventory_manifest_uri:
+        return detect_from_inventory(settings.raw_inventory_manifest_uri, settings.raw_uri, cursor)
+    return detect_from_listing(settings.raw_uri, cursor)
 
 
-@sensor(job=whole_graph_job, minimum_interval_seconds=300, description="runs the graph when raw images or annotations are added or changed")
+def new_sources(context: SensorEvaluationContext, sources: list[str]) -> list[str]:
+    """The changed sources that are not partitions yet: one lookup per changed source, not a read of them all."""
+    return [s for s in sources if not context.instance.has_dynamic_partition(RAW_SOURCES.name, s)]
+
+
+def sensor_result(context: SensorEvaluationContext, detection: Detection) -> SensorResult:
+    cursor = json.dumps(detection.cursor, sort_keys=True)
+    if not detection.changed:
+        return SensorResult(skip_reason=f"no changed sources: {detection.summary}", cursor=cursor)
+    sources = sorted(detection.changed)
+    added = new_sources(context, sources)
+    observations = [AssetObservation(asset_key=RAW_DATA, partition=s, tags={"dagster/data_version": detection.changed[s]}) for s in sources]
+    runs = [
+        RunRequest(
+            run_key=f"{s}:{detection.changed[s]}:{detection.change_number}",
+            partition_key=s,
+            asset_selection=[RAW_IMAGE_INDEX],
+            tags={"zero/raw_version": detection.changed[s], "zero/trigger": "new source" if s in added else "source changed"},
+        )
+        for s in sources
+    ]
+    context.log.info(f"{detection.summary}; changed: {sources}; new partitions: {added}")
+    return SensorResult(run_requests=runs, dynamic_partitions_requests=[RAW_SOURCES.build_add_request(added)] if added else [],
+                        asset_events=observations, cursor=cursor)
+
+
+@sensor(target=[RAW_IMAGE_INDEX], minimum_interval_seconds=TICK_INTERVAL_S,
+        description="registers new raw sources and indexes each source whose images or annotations.json changed")
 def new_raw_data_sensor(context: SensorEvaluationContext, settings: ZeroSettings):
-    digest, images, annotations = raw_listing_digest(settings.raw_uri)
-    previous = json.loads(context.cursor) if context.cursor else None
-    if previous is not None and previous["digest"] == digest:
-        return SkipReason(f"no new or changed images or annotations under {settings.raw_uri} ({images} images)")
-    # Dagster drops a request whose run key it has seen: a root that returns to an earlier state (an
-    # image added, then removed) has an earlier digest, so the key also carries the change's number. A
-    # retried tick starts from the same cursor and so repeats its key: still one run per change.
-    change_number = (previous or {}).get("changes", 0) + 1
-    context.update_cursor(json.dumps({"digest": digest, "images": images, "annotations": annotations, "changes": change_number}))
-    change = "first listing" if previous is None else (
-        f"{images - previous['images']:+d} images, {annotations - previous.get('annotations', annotations):+d} annotation files, "
-        "listing changed")
-    return RunRequest(run_key=f"{digest[:16]}-{change_number}", tags={"zero/raw_listing": digest[:16], "zero/trigger": change})
-
-
-@schedule(job=whole_graph_job, cron_schedule="0 3 * * 0", default_status=DefaultScheduleStatus.STOPPED)
-def weekly_full_refresh(context):
-    """Every Sunday 03:00: materialize the whole graph from a fresh listing."""
-    return RunRequest(run_key=f"full-refresh-{context.scheduled_execution_time:%Y-%m-%d}")
+    cursor = json.loads(context.cursor) if context.cursor else None
+    detection = detect(settings, cursor, context)
+    for problem in detection.problems:  # hostile keys and bad messages cost a line each, never the tick
+        context.log.warning(problem)
+    return sensor_result(context, detection)

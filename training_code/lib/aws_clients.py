@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 # botocore attempts per call (first try included). The services a run waits on get more: a throttled
 # DescribeTrainingJob or GetLogEvents must not end the wait for a job that keeps running.
-SERVICE_ATTEMPTS = {"s3": 8, "sagemaker": 12, "logs": 12, "fsx": 10}
+SERVICE_ATTEMPTS = {"s3": 8, "sagemaker": 12, "logs": 12, "fsx": 10, "sqs": 8}
 DEFAULT_ATTEMPTS = 5
 S3_POOL = 32  # connections per S3 client: listing and transfer threads share one client
 RETRY_WINDOW_S = 90.0  # an outage this long is ridden out by idempotent S3 calls

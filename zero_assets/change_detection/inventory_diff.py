@@ -1,0 +1,79 @@
+"""Change detection from S3 Inventory reports, where no event queue is configured.
+
+`ZERO_RAW_INVENTORY_MANIFEST_URI` names either one report's `manifest.json`, or the inventory
+configuration's folder (`s3://<destination>/<prefix>/<source-bucket>/<config-id>/`), under which S3
+writes one dated folder per report (`2026-12-01T01-00Z/manifest.json`): the newest that has its
+manifest is the current report (one delimiter listing, one entry per report kept, never the lake).
+A tick that finds the report it diffed last (same creation time and checksum) reads nothing else;
+a new report is read once (`s3_inventory.list_from_inventory`), digested per source and compared with
+the digests the cursor kept from the previous report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+from training_code.lib.aws_clients import endpoint_of, retry_call
+from training_code.lib.storage import read_bytes, s3_client, split_s3
+
+from ..s3_inventory import list_from_inventory
+from . import Detection
+from .source_digests import SourceDigests, changed_sources
+
+KIND = "inventory"
+MANIFEST = "manifest.json"
+_REPORT_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}-\d{2}Z/$")
+
+
+def current_manifest(location: str) -> str:
+    """The manifest.json of the newest report at `location` (a manifest URI, or a configuration's folder)."""
+    if location.endswith(MANIFEST):
+        return location
+    bucket, prefix = split_s3(location)
+    base = f"{prefix}/" if prefix else ""
+
+    def folders() -> list[str]:
+        found = []
+        for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base, Delimiter="/"):
+            found += [p["Prefix"][len(base) :] for p in page.get("CommonPrefixes", [])]
+        return found
+
+    dated = sorted((f for f in retry_call(folders, what=f"LIST s3://{bucket}/{base}", endpoint=endpoint_of(s3_client())) if _REPORT_FOLDER.match(f)), reverse=True)
+    for folder in dated[:3]:  # a report being written has no manifest yet: the one before it is current
+        try:
+            read_bytes(f"s3://{bucket}/{base}{folder}{MANIFEST}")
+        except FileNotFoundError:
+            continue
+        return f"s3://{bucket}/{base}{folder}{MANIFEST}"
+    raise FileNotFoundError(
+        f"no S3 Inventory report under {location}: expected dated folders holding {MANIFEST} "
+        "(or set ZERO_RAW_INVENTORY_MANIFEST_URI to one report's manifest.json)"
+    )
+
+
+def detect_from_inventory(location: str, raw_uri: str, cursor: dict | None) -> Detection:
+    manifest_uri = current_manifest(location)
+    raw_manifest = read_bytes(manifest_uri)
+    checksum = hashlib.sha256(raw_manifest).hexdigest()[:16]
+    try:
+        created = str(json.loads(raw_manifest).get("creationTimestamp", ""))
+    except (json.JSONDecodeError, AttributeError):
+        raise ValueError(f"{manifest_uri} is not an S3 Inventory manifest (not a JSON object)") from None
+    previous = cursor if cursor and cursor.get("kind") == KIND and cursor.get("raw") == raw_uri else None
+    if previous and (previous.get("created"), previous.get("checksum")) == (created, checksum):
+        return Detection({}, previous, f"no new inventory report ({manifest_uri}, created {created}, already diffed)",
+                         change_number=previous.get("changes", 0))
+    accumulator = SourceDigests()
+    keys = 0
+    for obj in list_from_inventory(manifest_uri, raw_uri):
+        keys += 1
+        accumulator.add(obj)
+    digests = accumulator.digests()
+    changed = changed_sources(previous["sources"] if previous else {}, digests)
+    change_number = (previous or {}).get("changes", 0) + (1 if changed else 0)
+    cursor = {"kind": KIND, "raw": raw_uri, "manifest": manifest_uri, "created": created, "checksum": checksum,
+              "sources": digests, "changes": change_number}
+    summary = f"diffed inventory report {manifest_uri} (created {created}): {keys} keys in {len(digests)} sources"
+    return Detection(changed, cursor, summary, accumulator.problem_lines(), change_number)

@@ -1,0 +1,61 @@
+"""Per-source digests of a listing or an inventory report, and the sources whose digest moved.
+
+A source's digest covers (key, size, etag or mtime) of every object the index reads in it. Rows may
+arrive in any order (an inventory report's data files are not sorted across files), so each row is
+hashed to 16 bytes and a source's digest is the sha256 of its sorted row hashes: 16 bytes of memory a
+row while a report is read, and one short digest a source in the cursor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from training_code.lib.storage import ObjectInfo, printable_key
+
+from .sources import partition_problem, source_of
+
+DIGEST_CHARS = 16  # hex characters kept per source in a cursor: 64 bits, plenty to tell versions apart
+MAX_PROBLEMS = 20  # lines of problems kept per tick; the rest are counted
+ABSENT = "absent"  # the version of a source whose last object went away
+
+
+class SourceDigests:
+    """Accumulates rows by source; `digests()` gives each source's digest."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, bytearray] = {}
+        self.problems: list[str] = []
+        self.unnamed = 0  # keys whose top-level folder cannot be a source
+
+    def add(self, obj: ObjectInfo) -> None:
+        source = source_of(obj.key)
+        if source is None:
+            return
+        problem = partition_problem(source)
+        if problem:
+            self.unnamed += 1
+            if len(self.problems) < MAX_PROBLEMS:
+                self.problems.append(f"{printable_key(obj.key)}: its top-level folder cannot be a source ({problem}); not indexed")
+            return
+        row = f"{printable_key(obj.key)}\0{obj.size}\0{obj.etag}".encode()
+        self._rows.setdefault(source, bytearray()).extend(hashlib.blake2b(row, digest_size=16).digest())
+
+    def digests(self) -> dict[str, str]:
+        out = {}
+        for source, rows in self._rows.items():
+            ordered = np.sort(np.frombuffer(bytes(rows), dtype="S16"))
+            out[source] = hashlib.sha256(ordered.tobytes()).hexdigest()[:DIGEST_CHARS]
+        return out
+
+    def problem_lines(self) -> list[str]:
+        more = self.unnamed - len(self.problems)
+        return self.problems + ([f"... and {more} more keys whose top-level folder cannot be a source"] if more > 0 else [])
+
+
+def changed_sources(previous: dict[str, str], current: dict[str, str]) -> dict[str, str]:
+    """Sources whose digest differs, new ones included; a source that vanished gets `ABSENT`."""
+    changed = {source: digest for source, digest in current.items() if previous.get(source) != digest}
+    changed.update({source: ABSENT for source in previous if source not in current})
+    return changed

@@ -1,0 +1,40 @@
+"""Which source a raw key belongs to, and whether it is something the index reads.
+
+The same rule as `raw_index.build_raw_index`: the source is the top-level folder of the key as
+`printable_key` writes it; the index reads image files (by suffix) and each source's
+`annotations.json`. A hostile key inside a source (`src/../x.jpg`, `src/a//b.jpg`, a newline) still
+maps to its source: validation gives it its verdict. A source folder whose own name cannot be a
+partition (empty, `..`, a backslash, Dagster's forbidden `...`) is reported and left out, because
+its name would become a path segment of every per-source output.
+"""
+
+from __future__ import annotations
+
+from training_code.lib.coco import ANNOTATIONS_FILE
+from training_code.lib.storage import key_problem, printable_key
+
+from ..raw_index import IMAGE_SUFFIXES
+
+
+def source_of(key: str) -> str | None:
+    """The source whose index `key` (relative to the raw root) changes, or None when the index does
+    not read it (top-level files, folder markers, files that are neither images nor annotations.json)."""
+    printable = printable_key(key)
+    source, _, rest = printable.partition("/")
+    if not rest:
+        return None
+    if rest == ANNOTATIONS_FILE:
+        return source if key_problem(printable) is None else None
+    return source if rest.lower().endswith(IMAGE_SUFFIXES) else None
+
+
+def partition_problem(source: str) -> str | None:
+    """Why `source` cannot be a partition of the per-source assets, or None when it can."""
+    if source == "":
+        return "an empty folder name (a key starting with '/')"
+    problem = key_problem(source)
+    if problem:
+        return problem
+    if "..." in source:
+        return "it contains '...', which Dagster refuses in partition keys"
+    return None

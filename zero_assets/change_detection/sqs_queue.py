@@ -1,0 +1,66 @@
+"""The raw bucket's event queue (SQS): receive messages in batches within a time budget, delete them.
+
+The client comes from the project's AWS client policy (shared, adaptive retries); ZERO_SQS_ENDPOINT_URL
+points it at an SQS-compatible endpoint (a test server on loopback). A tick long-polls once, for up
+to its budget, then drains what is already waiting with short polls, so a full queue costs about one
+round trip per 10 messages and an empty one costs the wait, never more than the budget.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+
+from training_code.lib.aws_clients import client
+
+BATCH = 10  # SQS's most messages per ReceiveMessage and per DeleteMessageBatch
+LONG_POLL_MAX_S = 20  # SQS's longest WaitTimeSeconds
+_REGION_IN_URL = re.compile(r"^https://sqs[.-]([a-z0-9-]+)\.amazonaws\.com")
+
+
+@dataclass(frozen=True)
+class Message:
+    message_id: str
+    receipt: str
+    body: str
+
+
+def sqs_client(queue_url: str):
+    """The shared SQS client for `queue_url`: its region from the URL when it is AWS's, else the environment's."""
+    match = _REGION_IN_URL.match(queue_url)
+    return client("sqs", region=match.group(1) if match else None, endpoint_url=os.environ.get("ZERO_SQS_ENDPOINT_URL") or None)
+
+
+def receive(queue_url: str, *, budget_s: float, max_messages: int, visibility_timeout_s: int) -> list[Message]:
+    """Up to `max_messages` messages, within about `budget_s` seconds. Each stays invisible to other
+    receivers for `visibility_timeout_s`; one not deleted by then is delivered again."""
+    sqs = sqs_client(queue_url)
+    deadline = time.monotonic() + budget_s
+    messages: list[Message] = []
+    wait = int(min(LONG_POLL_MAX_S, max(0.0, budget_s)))
+    while len(messages) < max_messages:
+        answer = sqs.receive_message(
+            QueueUrl=queue_url, MaxNumberOfMessages=min(BATCH, max_messages - len(messages)),
+            WaitTimeSeconds=wait, VisibilityTimeout=visibility_timeout_s, AttributeNames=["All"],
+        )
+        batch = answer.get("Messages", [])
+        messages += [Message(m["MessageId"], m["ReceiptHandle"], m.get("Body", "")) for m in batch]
+        # A short poll may answer empty while a few messages wait elsewhere: the next tick gets them.
+        if not batch or time.monotonic() >= deadline:
+            break
+        wait = 0
+    return messages
+
+
+def delete(queue_url: str, receipts: list[str]) -> list[str]:
+    """Delete the messages by receipt; returns a line for each that could not be deleted (already
+    deleted, or its receipt expired: it will be delivered again, which costs one cache-hit run)."""
+    sqs = sqs_client(queue_url)
+    failures = []
+    for start in range(0, len(receipts), BATCH):
+        entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts[start : start + BATCH])]
+        answer = sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
+        failures += [f"{queue_url}: delete failed ({f.get('Code')}: {f.get('Message', '')})" for f in answer.get("Failed", [])]
+    return failures
