@@ -28,6 +28,10 @@ class ZeroSettings(ConfigurableResource):
     backend: str = "local"
     fsx_mount: Optional[str] = None  # None: `.zero/fsx`, created on demand; set: must exist and be writable
     sample_images: Optional[int] = None  # rehearsal profile: index only this many images (None: all)
+    # Change detection (the sensor): the SQS queue of the raw bucket's S3 Event Notifications, else an
+    # S3 Inventory report (a manifest.json or its configuration's folder), else a per-source listing.
+    raw_events_queue_url: Optional[str] = None
+    raw_inventory_manifest_uri: Optional[str] = None
 
     def asset_uri(self, asset: str, key: str) -> str:
         """Output prefix of one materialization: keyed by content, so concurrent runs never collide."""
@@ -57,7 +61,8 @@ class ZeroSettings(ConfigurableResource):
 
 def settings_from_env(**overrides) -> ZeroSettings:
     """Settings bound to the environment variables that are set; defaults (or `overrides`) for the rest."""
-    fields = {"raw_uri": "ZERO_RAW_URI", "lake_uri": "ZERO_LAKE_URI", "backend": "ZERO_BACKEND", "fsx_mount": "ZERO_FSX_MOUNT"}
+    fields = {"raw_uri": "ZERO_RAW_URI", "lake_uri": "ZERO_LAKE_URI", "backend": "ZERO_BACKEND", "fsx_mount": "ZERO_FSX_MOUNT",
+              "raw_events_queue_url": "ZERO_RAW_EVENTS_QUEUE_URL", "raw_inventory_manifest_uri": "ZERO_RAW_INVENTORY_MANIFEST_URI"}
     backend = os.environ.get("ZERO_BACKEND", "local")
     if backend not in BACKENDS:
         raise ValueError(f"ZERO_BACKEND={backend!r} is not a backend this version runs; use one of {BACKENDS}")
