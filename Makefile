@@ -1,4 +1,5 @@
-# The two commands the README starts with: `make demo` (the whole graph, locally) and `make test`.
+# The two commands the README starts with: `make demo` (the whole graph, locally: every source's
+# partition, then the training tail) and `make test`.
 # Both create .venv when it is missing. DAGSTER_HOME is honoured when set; otherwise the instance
 # lives in .dagster_home/ with the repo's dagster.yaml.
 SHELL := /bin/bash
@@ -35,7 +36,13 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 
 demo: venv $(HOME_CONFIG)
 	@case "$(ZERO_RAW_URI)" in s3://*) ;; *) test -e "$(ZERO_RAW_URI)" || $(VENV)/bin/zero-assets make-demo-data --out "$(ZERO_RAW_URI)";; esac
-	ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/dagster asset materialize --select '*' -m zero_assets.definitions
+	ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/zero-assets sources --register
+	@# Each source is indexed, validated and sharded in its own run (its partition), then the tail once.
+	@for source in $$(ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/zero-assets sources); do \
+	  echo "source $$source"; \
+	  ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/dagster asset materialize --select 'raw_image_index,validated_images,arrow_shards' --partition "$$source" -m zero_assets.definitions || exit 1; \
+	done
+	ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/dagster asset materialize --select 'training_set*' -m zero_assets.definitions
 	ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/zero-assets summary
 
 test: venv $(HOME_CONFIG)

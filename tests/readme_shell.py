@@ -22,7 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SHELL_FENCE = re.compile(r"^```(bash|sh|shell|console)\s*$")
 MARKER = re.compile(r"^<!--\s*(readme-test|not run locally):\s*(.*?)\s*-->$")
-ASSETS = ("raw_image_index", "validated_images", "arrow_shards", "fsx_warm_state", "trained_checkpoint", "map_report")
+ASSETS = ("raw_image_index", "validated_images", "arrow_shards", "training_set", "fsx_warm_state", "trained_checkpoint", "map_report")
+PER_SOURCE = ("raw_image_index", "validated_images", "arrow_shards")
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,8 @@ from pathlib import Path
 
 import pytest
 from conftest import make_resources
-from dagster import materialize
+from graph_runs import graph_metadata, materialize_graph
 
-from zero_assets.assets import ALL_ASSETS
-
-ASSETS = [a.key.to_user_string() for a in ALL_ASSETS]
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
@@ -21,9 +18,10 @@ def _training(max_steps: int) -> dict:
 
 
 def _materialize(resources, instance, max_steps=8) -> dict[str, dict]:
-    result = materialize(ALL_ASSETS, resources=resources, instance=instance, run_config=_training(max_steps))
-    assert result.success
-    return {a: {k: v.value for k, v in result.asset_materializations_for_node(a)[0].metadata.items()} for a in ASSETS}
+    """Every source, then the tail: `asset[source]` or `asset` -> its metadata."""
+    raw = Path(resources["settings"].raw_uri)
+    per_source, tail = materialize_graph(raw, instance=instance, resources=resources, run_config=_training(max_steps))
+    return graph_metadata(per_source, tail)
 
 
 def _job_files(state: Path) -> dict[str, int]:
@@ -71,16 +69,16 @@ def test_second_materialization_launches_nothing_and_reads_no_image(raw_copy, tm
     started = time.perf_counter()
     first = _materialize(resources, instance)
     first_wall = time.perf_counter() - started
-    assert all(first[a]["cache"] == "miss" for a in ASSETS)
+    assert all(first[a]["cache"] == "miss" for a in first)
     jobs_before = _job_files(state)
 
     started = time.perf_counter()
     with ImageReads(raw_copy) as reads:
         second = _materialize(resources, instance)
     second_wall = time.perf_counter() - started
-    assert {a: second[a]["cache"] for a in ASSETS} == {a: "hit" for a in ASSETS}
-    assert all(second[a]["uri"] == first[a]["uri"] for a in ASSETS), "the reused outputs are reported"
-    assert all("same input fingerprint" in second[a]["cache_reason"] for a in ASSETS)
+    assert {a: second[a]["cache"] for a in first} == {a: "hit" for a in first}
+    assert all(second[a]["uri"] == first[a]["uri"] for a in first), "the reused outputs are reported"
+    assert all("same input fingerprint" in second[a]["cache_reason"] for a in first)
     assert _job_files(state) == jobs_before, "no job was launched: no job folder was touched"
     assert reads.paths == [], f"no image bytes are read to decide: {reads.paths[:3]}"
     print(f"noop rematerialize: first {first_wall:.1f}s, second {second_wall:.1f}s, ratio {second_wall / first_wall:.3f}")
@@ -92,30 +90,32 @@ def test_changes_rerun_exactly_what_depends_on_them(raw_copy, tmp_path, instance
     _materialize(resources, instance)
 
     training_only = _materialize(resources, instance, max_steps=10)
-    assert {a: training_only[a]["cache"] for a in ASSETS} == {
-        "raw_image_index": "hit", "validated_images": "hit", "arrow_shards": "hit", "fsx_warm_state": "hit",
-        "trained_checkpoint": "miss", "map_report": "miss",
-    }
+    assert {a: training_only[a]["cache"] for a in training_only} == {
+        a: "miss" if a in ("trained_checkpoint", "map_report") else "hit" for a in training_only}
     assert "config max_steps: 8 -> 10" in training_only["trained_checkpoint"]["cache_reason"]
     assert "upstream trained_checkpoint changed" in training_only["map_report"]["cache_reason"]
 
     image = sorted(p for p in raw_copy.rglob("*.png") if "lot_900" not in str(p))[0]
     image.write_bytes(image.read_bytes() + b"\0")  # one raw image changes (a trailing byte PNG decoders ignore)
+    source = image.relative_to(raw_copy).parts[0]
     changed = _materialize(resources, instance, max_steps=10)
-    assert changed["raw_image_index"]["cache"] == "miss"
-    assert "upstream raw_image_index changed" in changed["validated_images"]["cache_reason"]
-    for downstream in ASSETS[1:]:
-        assert changed[downstream]["cache"] == "miss", downstream
+    assert changed[f"raw_image_index[{source}]"]["cache"] == "miss"
+    assert "upstream raw_image_index changed" in changed[f"validated_images[{source}]"]["cache_reason"]
+    # Only that source's assets and the tail rebuild; the other sources are hits.
+    expected = {a: "miss" if "[" not in a or a.endswith(f"[{source}]") else "hit" for a in changed}
+    assert {a: changed[a]["cache"] for a in changed} == expected
+    assert f"upstream arrow_shards[{source}] changed" in changed["training_set"]["cache_reason"]
 
 
 @pytest.mark.slow
 def test_output_deleted_behind_dagsters_back_is_rebuilt(raw_copy, tmp_path, instance):
     resources = make_resources(raw_copy, tmp_path / "state")
     first = _materialize(resources, instance)
-    shutil.rmtree(first["arrow_shards"]["uri"])
+    shards = "arrow_shards[line_a_camera]"
+    shutil.rmtree(first[shards]["uri"])
     again = _materialize(resources, instance)
-    assert again["arrow_shards"]["cache"] == "miss"
-    assert "missing or incomplete" in again["arrow_shards"]["cache_reason"]
-    assert Path(again["arrow_shards"]["uri"], "manifest.json").is_file()
+    assert again[shards]["cache"] == "miss"
+    assert "missing or incomplete" in again[shards]["cache_reason"]
+    assert Path(again[shards]["uri"], "manifest.json").is_file()
     # The rebuild writes the same bytes, so nothing downstream goes stale.
-    assert again["fsx_warm_state"]["cache"] == again["trained_checkpoint"]["cache"] == "hit"
+    assert again["training_set"]["cache"] == again["fsx_warm_state"]["cache"] == again["trained_checkpoint"]["cache"] == "hit"

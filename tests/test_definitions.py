@@ -1,4 +1,5 @@
-"""The code location loads and wires the six assets as one lineage chain."""
+"""The code location loads and wires the assets as one lineage chain: raw data and the per-source
+assets partitioned by source, then the training set and the unpartitioned tail."""
 
 import subprocess
 import sys
@@ -7,14 +8,20 @@ from dagster import AssetKey
 
 from zero_assets.definitions import defs
 
-CHAIN = ["raw_image_index", "validated_images", "arrow_shards", "fsx_warm_state", "trained_checkpoint", "map_report"]
+CHAIN = ["raw_data", "raw_image_index", "validated_images", "arrow_shards", "training_set", "fsx_warm_state", "trained_checkpoint", "map_report"]
+PER_SOURCE = {"raw_data", "raw_image_index", "validated_images", "arrow_shards"}
 
 
-def test_six_assets_form_one_lineage_chain():
+def test_assets_form_one_lineage_chain_partitioned_by_source_up_to_the_shards():
     graph = defs.resolve_asset_graph()
     assert {k.to_user_string() for k in graph.get_all_asset_keys()} == set(CHAIN)
     for upstream, downstream in zip(CHAIN, CHAIN[1:]):
         assert AssetKey(upstream) in graph.get(AssetKey(downstream)).parent_keys
+    for name in CHAIN:
+        partitions = graph.get(AssetKey(name)).partitions_def
+        assert (getattr(partitions, "name", None) == "raw_sources") == (name in PER_SOURCE), name
+    assert not graph.get(AssetKey("raw_data")).is_materializable, "raw data is observed, never materialized here"
+    assert graph.get(AssetKey("trained_checkpoint")).pools == {"training"}
 
 
 def test_map_report_reads_the_warm_shards_and_the_checkpoint():
@@ -42,7 +49,8 @@ def test_unknown_backend_is_rejected_with_the_variable_name(monkeypatch):
         raise AssertionError("an unknown backend must be rejected")
 
 
-def test_sensor_schedule_and_checks_are_wired():
+def test_jobs_sensor_schedule_and_checks_are_wired():
+    assert {"zero_whole_graph", "zero_per_source", "zero_training_tail"} <= {j.name for j in defs.jobs}
     assert {s.name for s in defs.sensors} == {"new_raw_data_sensor"}
     assert {s.name for s in defs.schedules} == {"weekly_full_refresh"}
     checks = {k.name for k in defs.resolve_asset_graph().asset_check_keys}

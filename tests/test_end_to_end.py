@@ -1,10 +1,11 @@
-"""The whole graph materializes on a tiny raw root, on the local backend, with a real Dagster instance."""
+"""The whole graph materializes on a tiny raw root, on the local backend, with a real Dagster instance:
+each source in its own run (its partition), then the training tail."""
 
 import pandas as pd
 import pytest
-from dagster import materialize
 
-from zero_assets.assets import ALL_ASSETS
+from graph_runs import materialize_graph
+from zero_assets.assets import PER_SOURCE_ASSETS, TAIL_ASSETS
 
 FAST_TRAINING = {"ops": {"trained_checkpoint": {"config": {"max_steps": 12, "checkpoint_every": 6, "batch_size": 4}}}}
 
@@ -14,53 +15,73 @@ def _metadata(result, asset):
 
 
 @pytest.mark.slow
-def test_whole_graph_materializes_and_reports_every_planted_case(instance, resources, tiny_demo):
-    result = materialize(ALL_ASSETS, resources=resources, instance=instance, run_config=FAST_TRAINING)
-    assert result.success
-    meta = {asset.key.to_user_string(): _metadata(result, asset.key.to_user_string()) for asset in ALL_ASSETS}
-    for asset, values in meta.items():
+def test_whole_graph_materializes_and_reports_every_planted_case(instance, resources, tiny_demo, tiny_raw_root):
+    per_source, tail = materialize_graph(tiny_raw_root, instance=instance, resources=resources, run_config=FAST_TRAINING)
+    assert all(result.success for result in per_source.values()) and tail.success
+    sources = {s: {a.key.to_user_string(): _metadata(r, a.key.to_user_string()) for a in PER_SOURCE_ASSETS} for s, r in per_source.items()}
+    meta = {a.key.to_user_string(): _metadata(tail, a.key.to_user_string()) for a in TAIL_ASSETS}
+    for asset, values in [*meta.items(), *((f"{a}[{s}]", v) for s, m in sources.items() for a, v in m.items())]:
         assert values["uri"], f"{asset} records where its output is"
         assert values["cache"] == "miss"
+    for source, m in sources.items():
+        assert f"/{source}/" in m["raw_image_index"]["uri"], "per-source outputs sit under <asset>/<source>/"
+        validated = m["validated_images"]
+        assert validated["images_in"] == validated["accepted"] + validated["quarantined"] + validated["duplicates"]
+        assert validated["images_in"] == m["raw_image_index"]["images"]
+        assert m["arrow_shards"]["train_rows"] + m["arrow_shards"]["val_rows"] == validated["accepted"]
 
-    validated = meta["validated_images"]
-    assert validated["images_in"] == validated["accepted"] + validated["quarantined"] + validated["duplicates"]
-    assert validated["images_in"] == meta["raw_image_index"]["images"]
-    assert meta["arrow_shards"]["train_rows"] + meta["arrow_shards"]["val_rows"] == validated["accepted"]
+    planted = tiny_demo["planted"]
 
-    out, planted = validated["uri"], tiny_demo["planted"]
-    quarantine = pd.read_parquet(f"{out}/quarantine.parquet").set_index("key")["reason"].to_dict()
-    assert quarantine[planted["truncated_jpeg"]] == "truncated"
-    assert quarantine[planted["zero_byte"]] == "empty"
-    assert quarantine[planted["text_as_jpg"]] == "unidentified"
-    assert quarantine[planted["png_bad_crc"]] == "checksum"
-    duplicates = pd.read_parquet(f"{out}/duplicates.parquet")
-    assert duplicates["key"].tolist() == [planted["duplicate_across_sources"]]
-    rejected = pd.read_parquet(f"{out}/rejected_labels.parquet")
+    def table(key, name):
+        return pd.read_parquet(f"{sources[key.partition('/')[0]]['validated_images']['uri']}/{name}.parquet")
+
+    def reason(key):
+        return table(key, "quarantine").set_index("key")["reason"].to_dict()[key]
+
+    assert reason(planted["truncated_jpeg"]) == "truncated"
+    assert reason(planted["zero_byte"]) == "empty"
+    assert reason(planted["text_as_jpg"]) == "unidentified"
+    assert reason(planted["png_bad_crc"]) == "checksum"
+    rejected = table(planted["box_outside_image"], "rejected_labels")
     assert "outside_image" in rejected.loc[rejected["key"] == planted["box_outside_image"], "reason"].tolist()
-    unmatched = pd.read_parquet(f"{out}/unmatched.parquet").set_index("key")["kind"].to_dict()
-    assert unmatched[planted["image_without_annotation"]] == "image_without_annotation"
-    assert unmatched[planted["annotation_without_image"]] == "annotation_without_image"
+    assert table(planted["image_without_annotation"], "unmatched").set_index("key")["kind"][planted["image_without_annotation"]] == "image_without_annotation"
+    assert table(planted["annotation_without_image"], "unmatched").set_index("key")["kind"][planted["annotation_without_image"]] == "annotation_without_image"
+
+    # The copy in another source is validated there, then left out of the training set by the stated rule.
+    duplicate = planted["duplicate_across_sources"]
+    excluded = pd.read_parquet(f"{meta['training_set']['uri']}/excluded.parquet")
+    assert excluded["key"].tolist() == [duplicate] and excluded["reason"].iloc[0].startswith("duplicate of an image kept in source")
+    assert meta["training_set"]["duplicates_across_sources"] == 1
+    accepted = sum(m["validated_images"]["accepted"] for m in sources.values())
+    assert meta["training_set"]["images"] == accepted - 1
+    assert meta["fsx_warm_state"]["shards"] == sum(m["arrow_shards"]["shards"] for m in sources.values())
 
     assert meta["trained_checkpoint"]["steps"] == 12
     assert meta["trained_checkpoint"]["job_name"].startswith("zero-trained-checkpoint-")
     assert 0.0 <= meta["map_report"]["mAP_50"] <= 1.0
 
 
-    _check_lineage(instance, meta, planted)
+    _check_lineage(instance, meta, sources, planted)
 
 
-def _check_lineage(instance, meta, planted):
+def _check_lineage(instance, meta, sources, planted):
     from zero_assets.lineage import checkpoint_lineage, find_checkpoint, image_fate
 
     checkpoint_uri = meta["trained_checkpoint"]["uri"]
     found = checkpoint_lineage(instance, find_checkpoint(instance, checkpoint_uri))
-    assert found.shards.uri == meta["arrow_shards"]["uri"] and found.validated.uri == meta["validated_images"]["uri"]
-    assert len(found.train_images) == meta["arrow_shards"]["train_rows"]
+    assert found.training_set.uri == meta["training_set"]["uri"]
+    assert {s: m.uri for s, m in found.shard_sets.items()} == {s: m["arrow_shards"]["uri"] for s, m in sources.items()}
+    assert {s: m.uri for s, m in found.validated_sets.items()} == {s: m["validated_images"]["uri"] for s, m in sources.items()}
+    duplicate = planted["duplicate_across_sources"]
+    validated = pd.read_parquet(f"{sources[duplicate.partition('/')[0]]['validated_images']['uri']}/accepted.parquet")
+    in_train = int((validated.set_index("key")["split"][duplicate]) == "train")  # the excluded copy, when its group trains
+    assert len(found.train_images) == sum(m["arrow_shards"]["train_rows"] for m in sources.values()) - in_train
+    assert duplicate not in set(found.train_images["key"])
     assert [r.uri for r in found.reports] == [meta["map_report"]["uri"]]
 
     trained_key = found.train_images["key"].iloc[0]
     assert image_fate(instance, trained_key)["checkpoints"] == [checkpoint_uri]
     truncated = image_fate(instance, planted["truncated_jpeg"])
     assert truncated["status"] == "quarantined" and truncated["reason"] == "truncated" and truncated["checkpoints"] == []
-    assert image_fate(instance, planted["duplicate_across_sources"])["status"] == "duplicate"
+    assert image_fate(instance, planted["duplicate_across_sources"])["status"] == "excluded from the training set"
     assert image_fate(instance, "line_a_camera/lot_999/never_seen.jpg")["status"] == "not yet processed"

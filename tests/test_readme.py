@@ -10,14 +10,16 @@ import shutil
 import subprocess
 
 import pytest
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from readme_shell import (
-    ASSETS, BackgroundBlock, block, copy_repo, free_port, graphql_assets, run_block, shell_blocks, user_environment,
+    ASSETS, PER_SOURCE, BackgroundBlock, block, copy_repo, free_port, graphql_assets, run_block, shell_blocks, user_environment,
 )
 
 RUN_HERE = {"setup", "ui", "cli", "demo-data", "lineage"}  # README block names this module runs
 UI_START_LIMIT_S = 60  # the promise: the UI answers within a minute
+DEMO_SOURCES = ("line_a_camera", "line_b_camera", "warehouse_scanner")  # the tiny demo's top-level folders
+EXTERNAL = ("raw_data",)  # observed, never materialized
 
 
 def test_every_shell_block_is_run_here_or_says_why_not():
@@ -54,7 +56,13 @@ def test_setup_block_materializes_the_graph_and_runs_the_tests(demo_repo):
     assert "final mAP@[.5:.95]" in result.stdout, "make demo ends with the summary"
     assert " passed" in result.stdout and " failed" not in result.stdout, "make test ran the selected tests"
     assert (repo / ".dagster_home" / "dagster.yaml").read_text() == (repo / "dagster.yaml").read_text()
-    assert all(count == 1 for count in _materialization_counts(repo).values())
+    # make demo: one run per source (each per-source asset once per source), then the tail once
+    assert _materialization_counts(repo) == {a: len(DEMO_SOURCES) if a in PER_SOURCE else 1 for a in ASSETS}
+    with _instance(repo) as instance:
+        assert sorted(instance.get_dynamic_partitions("raw_sources")) == list(DEMO_SOURCES), "make demo registered the sources"
+        for source in DEMO_SOURCES:
+            assert instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=AssetKey("arrow_shards"), asset_partitions=[source]), limit=1).records
 
 
 @pytest.mark.slow
@@ -64,7 +72,8 @@ def test_cli_block_materializes_selections_against_the_demo_instance(demo_repo):
     result = run_block(block("cli"), repo, timeout_s=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     after = _materialization_counts(repo)
-    expected = {a: 1 for a in ASSETS} | {"validated_images": 2, "arrow_shards": 2}  # '*', then 'validated_images+'
+    # one source's three assets, 'training_set*', then 'validated_images+' for that source again
+    expected = {a: 1 for a in ASSETS} | {"validated_images": 2, "arrow_shards": 2}
     assert {a: after[a] - before[a] for a in ASSETS} == expected
     with _instance(repo) as instance:
         def latest(asset):
@@ -72,6 +81,7 @@ def test_cli_block_materializes_selections_against_the_demo_instance(demo_repo):
 
         assert latest("arrow_shards")["upstream"].value["validated_images"]["uri"] == latest("validated_images")["uri"].value
         assert latest("arrow_shards")["cache"].value == "hit", "unchanged inputs launch no job"
+        assert latest("training_set")["cache"].value == "hit", "a source rebuilt unchanged leaves the training set as it was"
     assert "map_report" in result.stdout and "mAP" in result.stdout, "zero-assets summary printed"
 
 
@@ -108,7 +118,7 @@ def test_ui_block_serves_the_demo_materializations(demo_repo, tmp_path):
         latest = graphql_assets(url)
     finally:
         server.stop()
-    assert set(latest) == set(ASSETS)
+    assert set(latest) == set(ASSETS) | set(EXTERNAL)
     assert all(latest[a] for a in ASSETS), f"every asset shows its latest materialization: {latest}"
 
 
@@ -122,7 +132,7 @@ def test_ui_block_serves_a_clone_where_make_demo_never_ran(tmp_path):
         latest = graphql_assets(url)
     finally:
         server.stop()
-    assert latest == {a: None for a in ASSETS}
+    assert latest == {a: None for a in (*ASSETS, *EXTERNAL)}
     assert (repo / ".dagster_home" / "dagster.yaml").is_file(), "activate created the instance with the repo's dagster.yaml"
 
 

@@ -25,7 +25,7 @@ from training_code.lib.hashing import sha256_bytes
 from training_code.lib.output_manifest import MANIFEST, named_files
 from training_code.lib.storage import is_s3, join, list_objects, read_bytes, s3_client, split_s3, write_bytes_atomic
 
-from .fingerprints import DATA_VERSION_TAG, FingerprintInputs
+from .fingerprints import DATA_VERSION_TAG, FingerprintInputs, context_partition, latest_materializations
 
 OUTPUT_MARKER = "_output.json"  # written last, after the job's own manifest
 MARKER_FORMAT = "zero-output/2"
@@ -155,9 +155,10 @@ def _read_marker(uri: str) -> dict[str, Any] | None:
 def decide(context: AssetExecutionContext, inputs: FingerprintInputs) -> CacheDecision:
     """A hit (the earlier result to report again) or a miss with the reason, in words."""
     fingerprint = inputs.fingerprint
-    records = context.instance.fetch_materializations(context.asset_key, limit=SEARCH_LIMIT).records
+    partition = context_partition(context)  # a per-source asset hits only on its own source's outputs
+    records = latest_materializations(context.instance, context.asset_key, partition, limit=SEARCH_LIMIT)
     if not records:
-        return CacheDecision(None, "first materialization of this asset")
+        return CacheDecision(None, f"first materialization of this asset{f' for source {partition}' if partition else ''}")
     for record in records:
         event = record.asset_materialization
         metadata = {k: v.value for k, v in event.metadata.items()}

@@ -13,6 +13,9 @@ from training_code.lib.shard_format import ShardIntegrityError, read_manifest, v
 from training_code.lib.storage import is_s3
 
 from .assets import arrow_shards, map_report, validated_images
+from .fingerprints import latest_materializations
+
+PARTITION_TAG = "dagster/partition"
 
 
 class CheckLimits(ConfigurableResource):
@@ -21,7 +24,10 @@ class CheckLimits(ConfigurableResource):
 
 
 def _latest_metadata(context: AssetCheckExecutionContext, asset: str, nth: int = 0) -> "dict | None":
-    records = context.instance.fetch_materializations(AssetKey(asset), limit=nth + 1).records
+    """The metadata of the asset's latest materialization (nth before it); for a per-source asset, of
+    the source this run materialized (the check runs in the same run as its asset)."""
+    partition = context.run.tags.get(PARTITION_TAG)
+    records = latest_materializations(context.instance, AssetKey(asset), partition, limit=nth + 1)
     if len(records) <= nth:
         return None
     return {k: v.value for k, v in records[nth].asset_materialization.metadata.items()}

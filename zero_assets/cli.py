@@ -1,7 +1,8 @@
 """`zero-assets`: what is not a materialization (those are Dagster's job: UI, CLI, sensors).
 
     zero-assets make-demo-data --out DIR [--images N] [--seed S]
-    zero-assets summary            # the latest materialization of each asset, from $DAGSTER_HOME
+    zero-assets sources [--register]   # the raw root's sources (top-level folders); --register adds new ones as partitions
+    zero-assets summary            # the latest materialization of each asset (per source for the per-source ones), from $DAGSTER_HOME
     zero-assets render-jobs --out DIR   # the SageMaker/FSx requests the graph would send (no AWS calls)
     zero-assets lineage [CHECKPOINT_URI_OR_RUN_ID]  # which images and shards trained it (default: the latest), which reports scored it
     zero-assets lineage --image KEY                # which checkpoints an image reached, or why it did not
@@ -18,9 +19,10 @@ from pathlib import Path
 from .demo_data import make_demo_raw_root
 
 SUMMARY_KEYS = {
-    "raw_image_index": ("images", "sources", "images_without_annotation", "annotations_without_image"),
+    "raw_image_index": ("images", "images_without_annotation", "annotations_without_image"),
     "validated_images": ("images_in", "accepted", "quarantined", "duplicates", "labels_rejected", "train", "val"),
     "arrow_shards": ("shards", "shard_bytes", "train_rows", "val_rows"),
+    "training_set": ("images", "duplicates_across_sources", "over_cap", "shards"),
     "fsx_warm_state": ("shards", "bytes", "copied", "already_warm"),
     "trained_checkpoint": ("steps", "images_per_s", "final_loss", "world_size", "job_wall_s"),
     "map_report": ("mAP", "mAP_50", "mAP_75", "val_images"),
@@ -33,20 +35,49 @@ def _make_demo_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sources(args: argparse.Namespace) -> int:
+    from .raw_sources import list_sources, register_sources
+    from .resources.settings import settings_from_env
+
+    raw_uri = settings_from_env().raw_uri
+    sources = list_sources(raw_uri)
+    if not args.register:
+        print("\n".join(sources) if sources else f"no sources (top-level folders) under {raw_uri}")
+        return 0
+    from dagster import DagsterInstance
+
+    with DagsterInstance.get() as instance:
+        added, refused = register_sources(instance, sources)
+    for source in sources:
+        print(f"{source}\t{'added' if source in added else 'refused: ' + refused[source] if source in refused else 'registered'}")
+    return 0
+
+
 def _summary(_: argparse.Namespace) -> int:
     from dagster import AssetKey, DagsterInstance
 
+    from .assets import PER_SOURCE_ASSETS
+    from .fingerprints import latest_materializations
+    from .partitions import RAW_SOURCES
+
+    per_source = {key.to_user_string() for asset in PER_SOURCE_ASSETS for key in asset.keys}
     instance = DagsterInstance.get()
+    sources = instance.get_dynamic_partitions(RAW_SOURCES.name)
     missing = False
     for asset, keys in SUMMARY_KEYS.items():
-        event = instance.get_latest_materialization_event(AssetKey(asset))
-        if event is None or event.asset_materialization is None:
-            print(f"{asset:<20} not materialized")
+        for source in sorted(sources) if asset in per_source else [None]:
+            label = f"{asset}[{source}]" if source else asset
+            records = latest_materializations(instance, AssetKey(asset), source)
+            if not records or records[0].asset_materialization is None:
+                print(f"{label:<40} not materialized")
+                missing = True
+                continue
+            metadata = records[0].asset_materialization.metadata
+            values = ", ".join(f"{k}={_plain(metadata[k].value)}" for k in keys if k in metadata)
+            print(f"{label:<40} {values}\n{'':<40} uri={metadata['uri'].value if 'uri' in metadata else '?'}")
+        if asset in per_source and not sources:
+            print(f"{asset:<40} no sources registered (zero-assets sources --register)")
             missing = True
-            continue
-        metadata = event.asset_materialization.metadata
-        values = ", ".join(f"{k}={_plain(metadata[k].value)}" for k in keys if k in metadata)
-        print(f"{asset:<20} {values}\n{'':<20} uri={metadata['uri'].value if 'uri' in metadata else '?'}")
     final = instance.get_latest_materialization_event(AssetKey("map_report"))
     if final is not None and final.asset_materialization is not None:
         metrics = final.asset_materialization.metadata
@@ -87,8 +118,10 @@ def _lineage(args: argparse.Namespace) -> int:
         found = checkpoint_lineage(instance, find_checkpoint(instance, args.checkpoint or LATEST))
     print(f"checkpoint   {found.checkpoint.uri}  (run {found.checkpoint.run_id})")
     print(f"warm shards  {found.warm.uri}")
-    print(f"shard set    {found.shards.uri}")
-    print(f"validated    {found.validated.uri}")
+    print(f"training set {found.training_set.uri}")
+    for source, shards in sorted(found.shard_sets.items()):
+        print(f"shard set    {source}: {shards.uri}")
+        print(f"validated    {source}: {found.validated_sets[source].uri}")
     for report in found.reports:
         print(f"scored by    {report.uri}  mAP={_plain(report.metadata.get('mAP'))} mAP@0.5={_plain(report.metadata.get('mAP_50'))}")
     print(f"trained on   {len(found.train_images)} images (source, key, sha256):")
@@ -129,7 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--images", type=int, default=240, help="good images to render (bad cases are added on top)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(handler=_make_demo_data)
-    summary = commands.add_parser("summary", help="print the latest materialization of each asset")
+    sources = commands.add_parser("sources", help="list the raw root's sources (top-level folders, one delimiter listing)")
+    sources.add_argument("--register", action="store_true", help="add the sources that are not partitions yet to the instance")
+    sources.set_defaults(handler=_sources)
+    summary = commands.add_parser("summary", help="print the latest materialization of each asset (per source for the per-source ones)")
     summary.set_defaults(handler=_summary)
     render = commands.add_parser("render-jobs", help="write every SageMaker/FSx request the graph would send, one JSON file each")
     render.add_argument("--out", type=Path, required=True, help="folder for <asset>.<Operation>.json files")

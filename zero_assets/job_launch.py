@@ -13,7 +13,7 @@ from typing import Any, Literal
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue
 
 from .cache import decide, mark_output_complete, miss_metadata, output_is_complete, published_hit, retract_output_marker
-from .fingerprints import FingerprintInputs, UpstreamOutput
+from .fingerprints import FingerprintInputs, UpstreamOutput, context_partition
 from .job_request import FanOut, JobRequest, fan_out, materialization_folder
 from .metadata import job_result, upstream_metadata
 from .output_lease import hold_lease
@@ -31,9 +31,11 @@ def build_job_request(
     upstream: list[UpstreamOutput],
     inputs: dict[str, str],
     processes_per_host: int = 1,
+    partition: str | None = None,
     **options: Any,
 ) -> JobRequest:
-    """The request for one materialization; its output goes under the input fingerprint."""
+    """The request for one materialization; its output goes under the input fingerprint (and, for a
+    per-source asset, under its source: `<lake>/<asset>/<source>/<fingerprint16>`)."""
     fingerprint = FingerprintInputs.of(module, config, upstream).fingerprint
     return JobRequest(
         asset=asset,
@@ -41,7 +43,7 @@ def build_job_request(
         module=module,
         fingerprint=fingerprint,
         inputs=inputs,
-        outputs={"out": settings.asset_uri(asset, fingerprint[:16])},
+        outputs={"out": settings.asset_uri(asset, fingerprint[:16], partition)},
         arguments=config,
         processes_per_host=processes_per_host,
         **options,
@@ -70,7 +72,8 @@ def launch_job(
         context.log.info(f"cache hit, no job launched: {decision.reason}")
         return decision.hit
     context.log.info(f"cache miss: {decision.reason}")
-    request = build_job_request(context.asset_key.to_user_string(), module=module, config=config, upstream=upstream, **request_fields)
+    request = build_job_request(context.asset_key.to_user_string(), module=module, config=config, upstream=upstream,
+                                partition=context_partition(context), **request_fields)
     output = request.outputs["out"]
     lease_path = materialization_folder(request_fields["settings"].jobs_root(), request) / "lease.json"
 

@@ -1,4 +1,4 @@
-"""Make a shard set warm on the file system the trainer reads, and prove every shard is complete.
+"""Make a shard set (or a training set's shard sets) warm on the file system the trainer reads, and prove every shard is complete.
 
 Locally the "FSx mount" is a folder: shards are copied in, each verified against the manifest
 (size, sha256, row count), and the manifest is copied last, so a trainer that finds the manifest
@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from training_code.lib import training_set as ts
 from training_code.lib.shard_format import MANIFEST, ShardIntegrityError, verify_shard
 from training_code.lib.storage import fetch_file, join, read_bytes, write_bytes_atomic
 
@@ -42,3 +43,29 @@ def warm_shards(shards_uri: str, mount: Path, key: str) -> WarmResult:
         copied += 1
     write_bytes_atomic(target / MANIFEST, manifest_bytes)
     return WarmResult(target, len(manifest["shards"]), sum(e["bytes"] for e in manifest["shards"]), copied, already_warm)
+
+
+def warm_training_set(training_set_uri: str, mount: Path, key: str) -> WarmResult:
+    """Warm every source's shard set of a training set under `mount/key/<source>/`, each shard
+    verified there; the excluded rows and the training-set manifest are written last, so a trainer
+    that finds the manifest finds every listed shard whole."""
+    manifest_bytes = read_bytes(join(training_set_uri, ts.MANIFEST))
+    manifest = json.loads(manifest_bytes)
+    target = mount / key
+    shards = total = copied = already_warm = 0
+    for source in manifest["sources"]:
+        folder = target / source["folder"]
+        folder.mkdir(parents=True, exist_ok=True)
+        for entry in source["shards"]:
+            try:
+                verify_shard(folder, entry)
+                already_warm += 1
+            except ShardIntegrityError:  # missing or damaged on the mount: copy it (again)
+                fetch_file(join(source["shards_uri"], entry["file"]), folder / entry["file"])
+                verify_shard(folder, entry)
+                copied += 1
+            shards += 1
+            total += entry["bytes"]
+    write_bytes_atomic(target / ts.EXCLUDED, read_bytes(join(training_set_uri, ts.EXCLUDED)))
+    write_bytes_atomic(target / ts.MANIFEST, manifest_bytes)
+    return WarmResult(target, shards, total, copied, already_warm)

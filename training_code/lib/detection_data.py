@@ -12,7 +12,7 @@ import logging
 import multiprocessing
 import random
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
-from . import shard_format
+from . import shard_format, training_set
 
 log = logging.getLogger("zero.data")
 
@@ -36,6 +36,9 @@ _LABEL_COLUMNS = ["width", "height", "boxes", "category_ids", "key"]
 class ShardRef:
     path: Path
     rows: int
+    # In a training set: this source's category id -> the shared vocabulary's id, and the keys to skip.
+    label_map: dict[int, int] | None = field(default=None, compare=False)
+    excluded: frozenset[str] = field(default=frozenset(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -55,16 +58,28 @@ class TooManyBadSamplesError(RuntimeError):
 def verified_split(folder: Path, split: str, rank: int = 0, world_size: int = 1) -> tuple[dict[str, Any], list[ShardRef]]:
     """The manifest and the split's shards, after checking them against the manifest.
 
-    Every rank checks sizes and row counts (cheap); the sha256 pass is divided among ranks by stride
-    so each shard is hashed once per job. Any mismatch raises `ShardIntegrityError` and ends the job.
+    `folder` holds a shard set, or a training set (one shard set per source and the training-set
+    manifest, see `training_set`): then the manifest returned carries the shared vocabulary, and each
+    shard its label map and excluded keys. Every rank checks sizes and row counts (cheap); the sha256
+    pass is divided among ranks by stride so each shard is hashed once per job. Any mismatch raises
+    `ShardIntegrityError` and ends the job.
     """
-    manifest = shard_format.read_manifest(folder)
-    entries = shard_format.shards_for_split(manifest, split)
-    if not entries:
+    chosen = training_set.read_training_set(folder)
+    if chosen is None:
+        manifest = shard_format.read_manifest(folder)
+        located = [(Path(folder), entry, None, frozenset()) for entry in shard_format.shards_for_split(manifest, split)]
+    else:
+        manifest, excluded = chosen, training_set.excluded_keys(folder)
+        located = [
+            (Path(folder) / source["folder"], entry, training_set.label_map(source["categories"], chosen["categories"]),
+             excluded.get(source["source"], frozenset()))
+            for source in chosen["sources"] for entry in shard_format.shards_for_split(source, split)
+        ]
+    if not located:
         raise FileNotFoundError(f"{folder}/{shard_format.MANIFEST} lists no shards for split {split!r}")
-    for index, entry in enumerate(entries):
-        shard_format.verify_shard(folder, entry, check_sha256=index % world_size == rank)
-    return manifest, [ShardRef(Path(folder) / e["file"], int(e["rows"])) for e in entries]
+    for index, (where, entry, _, _) in enumerate(located):
+        shard_format.verify_shard(where, entry, check_sha256=index % world_size == rank)
+    return manifest, [ShardRef(where / e["file"], int(e["rows"]), labels, skip) for where, e, labels, skip in located]
 
 
 def epoch_order(shards: list[ShardRef], seed: int, epoch: int, shuffle_buffer: int) -> Iterator[tuple[int, int]]:
@@ -101,7 +116,7 @@ class ShardRows:
         return {"image": self.images[row].as_py(), **{name: self.labels[name][row] for name in _LABEL_COLUMNS}}
 
 
-def decode_sample(rows: ShardRows, row: int, min_box_side: float = 0.0) -> tuple[Image.Image, dict[str, torch.Tensor], str]:
+def decode_sample(rows: ShardRows, row: int, min_box_side: float = 0.0, label_map: dict[int, int] | None = None) -> tuple[Image.Image, dict[str, torch.Tensor], str]:
     """One row as (upright RGB picture, {"boxes" [N,4] float32 xyxy, "labels" [N] int64}, key).
 
     The picture stays a PIL image so a flip happens in Pillow before the one copy into a tensor: flipping
@@ -119,6 +134,8 @@ def decode_sample(rows: ShardRows, row: int, min_box_side: float = 0.0) -> tuple
             f"key {record['key']!r}: decoded {picture.size[0]}x{picture.size[1]}, shard says {record['width']}x{record['height']}"
         )
     boxes, labels = record["boxes"], record["category_ids"]
+    if label_map is not None:  # a training set: the source's ids become the shared vocabulary's
+        labels = [label_map[label] for label in labels]
     if min_box_side > 0:
         kept = [i for i, (x1, y1, x2, y2) in enumerate(boxes) if x2 - x1 >= min_box_side and y2 - y1 >= min_box_side]
         boxes, labels = [boxes[i] for i in kept], [labels[i] for i in kept]
@@ -207,8 +224,10 @@ class ShardDetectionStream(IterableDataset):
                     continue
                 if shard not in tables:
                     tables[shard] = ShardRows(self.shards[shard].path)
+                if self.shards[shard].excluded and tables[shard].labels["key"][row] in self.shards[shard].excluded:
+                    continue  # left out of the training set (a duplicate of another source's image, or over the cap)
                 try:
-                    picture, target, _key = decode_sample(tables[shard], row, min_box_side=1.0)
+                    picture, target, _key = decode_sample(tables[shard], row, min_box_side=1.0, label_map=self.shards[shard].label_map)
                 except BadSampleError as error:
                     with self.bad_samples.get_lock():
                         self.bad_samples.value += 1
@@ -297,8 +316,10 @@ def iter_eval_samples(shards: list[ShardRef]) -> Iterator[EvalSample]:
     for shard in shards:
         table = ShardRows(shard.path)
         for row in range(table.table.num_rows):
+            if shard.excluded and table.labels["key"][row] in shard.excluded:
+                continue
             try:
-                picture, target, key = decode_sample(table, row)
+                picture, target, key = decode_sample(table, row, label_map=shard.label_map)
             except BadSampleError as error:
                 raise BadSampleError(f"{shard.path} row {row}: {error}") from error
             yield EvalSample(key, picture.width, picture.height, F.pil_to_tensor(picture), target["boxes"], target["labels"])

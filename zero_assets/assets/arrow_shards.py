@@ -4,9 +4,11 @@ from typing import Literal
 
 from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 
+from ..automation import PER_SOURCE
 from ..fingerprints import previous_output, upstream_output
 from ..job_launch import launch_job
 from ..resources.job_runner import JobRunner
+from ..partitions import RAW_SOURCES
 from ..resources.settings import ZeroSettings
 from .validated_images import validated_images
 from .job_retry import JOB_RETRY_POLICY
@@ -21,10 +23,10 @@ class ShardConfig(Config):
     jpeg_quality: int = 90
 
 
-@asset(deps=[validated_images], group_name="zero", kinds={"arrow"}, retry_policy=JOB_RETRY_POLICY)
+@asset(deps=[validated_images], partitions_def=RAW_SOURCES, automation_condition=PER_SOURCE, group_name="zero", kinds={"arrow"}, retry_policy=JOB_RETRY_POLICY)
 def arrow_shards(context: AssetExecutionContext, config: ShardConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """Arrow IPC shards (`<split>-<n>.arrow`) and `manifest.json` with rows, bytes and sha256 per shard."""
-    validated = upstream_output(context, "validated_images")
+    validated = upstream_output(context, "validated_images", context.partition_key)
     # Unchanged earlier shards are carried over, not rewritten (see training_code/lib/shard_plan).
     previous = previous_output(context)
     return launch_job(

@@ -6,17 +6,19 @@ from ..cache import decide, mark_output_complete, miss_metadata, output_is_check
 from ..fingerprints import FingerprintInputs, upstream_output
 from ..metadata import upstream_metadata
 from ..resources.job_runner import JobRunner
-from .arrow_shards import arrow_shards
+from ..automation import FOLLOW
 from .job_retry import JOB_RETRY_POLICY
+from .training_set import training_set
 
 
-@asset(deps=[arrow_shards], group_name="zero", kinds={"filesystem"}, retry_policy=JOB_RETRY_POLICY)
+@asset(deps=[training_set], automation_condition=FOLLOW, group_name="zero", kinds={"filesystem"}, retry_policy=JOB_RETRY_POLICY)
 def fsx_warm_state(context: AssetExecutionContext, jobs: JobRunner) -> MaterializeResult:
-    """The location the trainer reads (a folder locally; FSx for Lustre or S3 on SageMaker), verified complete.
+    """The training set's shards where the trainer reads them (a folder locally; FSx for Lustre or S3 on
+    SageMaker), verified complete, with the training-set manifest written last.
 
-    Its data version is the shard set's: warming the same bytes again does not make training stale.
+    Its data version is the training set's: warming the same bytes again does not make training stale.
     """
-    shards = upstream_output(context, "arrow_shards")
+    shards = upstream_output(context, "training_set")
     inputs = FingerprintInputs.of("zero_assets.warm_state", {"backend": type(jobs).__name__}, [shards])
     decision = decide(context, inputs)
     if decision.hit is not None:

@@ -6,6 +6,7 @@ from ..fingerprints import upstream_output
 from ..job_launch import launch_job
 from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
+from ..automation import AFTER_CHECKPOINT
 from .fsx_warm_state import fsx_warm_state
 from .trained_checkpoint import trained_checkpoint
 from .job_retry import JOB_RETRY_POLICY
@@ -16,7 +17,7 @@ class EvalConfig(Config):
     score_threshold: float = 0.0  # keep every detection: COCO mAP integrates over the score ranking
 
 
-@asset(deps=[trained_checkpoint, fsx_warm_state], group_name="zero", kinds={"json"}, retry_policy=JOB_RETRY_POLICY)
+@asset(deps=[trained_checkpoint, fsx_warm_state], automation_condition=AFTER_CHECKPOINT, group_name="zero", kinds={"json"}, retry_policy=JOB_RETRY_POLICY)
 def map_report(context: AssetExecutionContext, config: EvalConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """mAP, mAP@0.5, mAP@0.75 and per-class AP of the checkpoint on the held-out split."""
     checkpoint = upstream_output(context, "trained_checkpoint")

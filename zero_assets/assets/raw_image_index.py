@@ -11,8 +11,10 @@ from training_code.lib.tables import RAW_INDEX, write_table
 from ..cache import decide, mark_output_complete, miss_metadata
 from ..fingerprints import FingerprintInputs, code_version
 from ..metadata import table_schema
+from ..partitions import RAW_SOURCES
 from ..raw_index import build_raw_index, sample_by_group
 from ..resources.settings import ZeroSettings
+from .raw_data import raw_data
 
 # The code that decides what the index holds: the listing and annotation parsing (and everything they
 # import) and the table writer. Its version is part of the output folder and the data version, so an
@@ -28,12 +30,15 @@ class RawIndexConfig(Config):
     group_pattern: str = ""
 
 
-@asset(group_name="zero", kinds={"parquet"}, metadata={"dagster/column_schema": table_schema(RAW_INDEX)})
+@asset(deps=[raw_data], partitions_def=RAW_SOURCES, group_name="zero", kinds={"parquet"},
+       metadata={"dagster/column_schema": table_schema(RAW_INDEX)})
 def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, settings: ZeroSettings) -> MaterializeResult:
-    """Index of every image under the raw root: source, key, size, etag, group, annotation count."""
-    index = build_raw_index(settings.raw_uri, config.inventory_manifest_uri, config.group_pattern)
+    """Index of every image of one source (the raw root's folder `<source>/`): key, size, etag, group, annotation count."""
+    source = context.partition_key
+    index = build_raw_index(settings.raw_uri, config.inventory_manifest_uri, config.group_pattern, source=source)
     if index.frame.empty:
-        raise Failure(f"no images found under the raw root {settings.raw_uri}; set ZERO_RAW_URI or run `zero-assets make-demo-data`")
+        raise Failure(f"no images found under {settings.raw_uri}/{source}/; check the source name (`zero-assets sources`), "
+                      "set ZERO_RAW_URI or run `zero-assets make-demo-data`")
     if settings.sample_images:  # the rehearsal profile: a small, stable sample of whole groups
         index.frame = sample_by_group(index.frame, settings.sample_images)
         context.log.info(f"rehearsal sample: {len(index.frame)} images in {index.frame['group'].nunique()} groups")
@@ -47,10 +52,10 @@ def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, sett
     if decision.hit is not None:
         context.log.info(f"cache hit, index not rewritten: {decision.reason}")
         return decision.hit
-    out = settings.asset_uri("raw_image_index", fingerprint[:16])
+    out = settings.asset_uri("raw_image_index", fingerprint[:16], source)
     write_table(index.frame, RAW_INDEX, join(out, "index.parquet"))
     manifest = {"format": "zero-raw-index/1", "index_fingerprint": fingerprint, "listing_fingerprint": index.listing_fingerprint,
-                "code_version": code, "raw_uri": settings.raw_uri, "images": len(index.frame)}
+                "code_version": code, "raw_uri": settings.raw_uri, "source": source, "images": len(index.frame)}
     write_bytes_atomic(join(out, "manifest.json"), json.dumps(manifest, indent=1).encode())
     mark_output_complete(out, inputs.fingerprint)
     by_source = index.frame.groupby("source").agg(images=("key", "size"), bytes=("size", "sum")).reset_index()
@@ -62,6 +67,7 @@ def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, sett
         metadata={
             "uri": MetadataValue.path(out),
             "raw_uri": MetadataValue.path(settings.raw_uri),
+            "source": source,
             "images": len(index.frame),
             "bytes": int(index.frame["size"].sum()),
             "sources": index.frame["source"].nunique(),

@@ -6,8 +6,11 @@ from ..fingerprints import upstream_output
 from ..job_launch import launch_job
 from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
+from ..automation import TRAINING
 from .fsx_warm_state import fsx_warm_state
 from .job_retry import JOB_RETRY_POLICY
+
+TRAINING_POOL = "training"  # how many train at once: the pool's limit in the instance config (dagster.yaml)
 
 
 class TrainConfig(Config):
@@ -23,7 +26,7 @@ class TrainConfig(Config):
     processes: int = 2  # torchrun --nproc_per_node (one per GPU; on CPU, one per core)
 
 
-@asset(deps=[fsx_warm_state], group_name="zero", kinds={"pytorch"}, retry_policy=JOB_RETRY_POLICY)
+@asset(deps=[fsx_warm_state], automation_condition=TRAINING, pool=TRAINING_POOL, group_name="zero", kinds={"pytorch"}, retry_policy=JOB_RETRY_POLICY)
 def trained_checkpoint(context: AssetExecutionContext, config: TrainConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """`model.pt` (weights, model config, categories, step) trained under torchrun on the warm shards."""
     warm = upstream_output(context, "fsx_warm_state")

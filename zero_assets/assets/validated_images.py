@@ -4,11 +4,13 @@ from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 
 from training_code.lib.tables import ACCEPTED
 
+from ..automation import PER_SOURCE
 from ..fingerprints import previous_output, upstream_output
 from ..job_launch import launch_job
 from ..job_request import FanOut
 from ..metadata import table_schema
 from ..resources.job_runner import JobRunner
+from ..partitions import RAW_SOURCES
 from ..resources.settings import ZeroSettings
 from .raw_image_index import raw_image_index
 from .job_retry import JOB_RETRY_POLICY
@@ -30,12 +32,12 @@ class ValidationConfig(Config):
     max_annotation_bytes: int = 1 << 30  # a larger annotations.json costs its source its labels, reported
 
 
-@asset(deps=[raw_image_index], group_name="zero", kinds={"parquet"}, metadata={"dagster/column_schema": table_schema(ACCEPTED)}, retry_policy=JOB_RETRY_POLICY)
+@asset(deps=[raw_image_index], partitions_def=RAW_SOURCES, automation_condition=PER_SOURCE, group_name="zero", kinds={"parquet"}, metadata={"dagster/column_schema": table_schema(ACCEPTED)}, retry_policy=JOB_RETRY_POLICY)
 def validated_images(
     context: AssetExecutionContext, config: ValidationConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> MaterializeResult:
     """Accepted images (sha256, size, format, mode, split, labels) and the quarantine, duplicate and label-rejection tables."""
-    index = upstream_output(context, "raw_image_index")
+    index = upstream_output(context, "raw_image_index", context.partition_key)
     # The previous output lets the job decode only new or changed images (see training_code/lib/verdict_cache).
     previous = previous_output(context)
     return launch_job(

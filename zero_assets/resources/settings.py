@@ -33,10 +33,12 @@ class ZeroSettings(ConfigurableResource):
     raw_events_queue_url: Optional[str] = None
     raw_inventory_manifest_uri: Optional[str] = None
 
-    def asset_uri(self, asset: str, key: str) -> str:
-        """Output prefix of one materialization: keyed by content, so concurrent runs never collide."""
+    def asset_uri(self, asset: str, key: str, partition: str | None = None) -> str:
+        """Output prefix of one materialization: keyed by content, so concurrent runs never collide.
+        A per-source asset's outputs sit under its source: `<lake>/<asset>/<source>/<key>`."""
         base = self.lake_uri.rstrip("/")
-        return f"{base}/{asset}/{key}" if is_s3(base) else str(Path(base) / asset / key)
+        parts = [asset, *([partition] if partition else []), key]
+        return "/".join([base, *parts]) if is_s3(base) else str(Path(base, *parts))
 
     def jobs_root(self) -> Path:
         """Local run folders for jobs (the `/opt/ml` layouts); always on this machine."""

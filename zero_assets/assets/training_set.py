@@ -1,0 +1,116 @@
+"""`training_set`: the shard sets of the chosen sources that training reads, as one manifest.
+
+Cheap and in-process: it reads each chosen source's latest `arrow_shards` manifest and the sha256
+column of the validated table those shards were built from (never image bytes), resolves exact
+duplicates across sources and the per-source cap (rules in training_code/lib/training_set), and
+writes `<lake>/training_set/<fingerprint16>/manifest.json` with `excluded.parquet`. Its data version
+is derived from the chosen sources' shard data versions, the config and the code: it changes only
+when a chosen source's shards do.
+"""
+
+
+import io
+import json
+from typing import Optional
+
+import pyarrow.parquet as pq
+from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+
+from training_code.lib import training_set as ts
+from training_code.lib.hashing import sha256_bytes, sha256_json
+from training_code.lib.shard_format import MANIFEST as SHARD_MANIFEST
+from training_code.lib.storage import join, read_bytes, write_bytes_atomic
+
+from ..automation import TRAINING_SET
+from ..cache import decide, mark_output_complete, miss_metadata
+from ..fingerprints import FingerprintInputs, UpstreamOutput, code_version, latest_materializations, output_of
+from ..partitions import RAW_SOURCES
+from ..resources.settings import ZeroSettings
+from .arrow_shards import arrow_shards
+
+TRAINING_SET_CODE = ("zero_assets.assets.training_set",)
+
+
+class TrainingSetConfig(Config):
+    sources: list[str] = []  # empty: every registered source that has shards
+    max_images_per_source: Optional[int] = None  # None: no cap
+
+
+def chosen_shards(context: AssetExecutionContext, sources: list[str]) -> list[UpstreamOutput]:
+    """The latest shard set of each chosen source; a named source without one is an error."""
+    registered = context.instance.get_dynamic_partitions(RAW_SOURCES.name)
+    unknown = sorted(set(sources) - set(registered))
+    if unknown:
+        raise Failure(f"training_set config names sources {unknown} that are not registered ({sorted(registered)}); "
+                      "run `zero-assets sources --register` or fix the config")
+    chosen = []
+    for source in sorted(sources or registered):
+        records = latest_materializations(context.instance, "arrow_shards", source)
+        if not records:
+            if sources:
+                raise Failure(f"source {source} has no arrow_shards materialization; materialize it first "
+                              f"(dagster asset materialize --select 'raw_image_index+' --partition {source}, up to arrow_shards)")
+            context.log.info(f"source {source}: no shards yet, left out of the training set")
+            continue
+        chosen.append(output_of(records[0], "arrow_shards", source))
+    if not chosen:
+        raise Failure("no source has shards yet: materialize raw_image_index, validated_images and arrow_shards for a source first")
+    return chosen
+
+
+def _validated_uri(context: AssetExecutionContext, shards: UpstreamOutput) -> str:
+    """The validated table the shard set was built from, as its materialization recorded it."""
+    record = latest_materializations(context.instance, "arrow_shards", shards.partition)[0]
+    upstream = record.asset_materialization.metadata.get("upstream")
+    value = getattr(upstream, "value", None) or {}
+    if "validated_images" not in value:
+        raise Failure(f"arrow_shards of source {shards.partition} records no upstream validated_images; re-materialize it")
+    return value["validated_images"]["uri"]
+
+
+@asset(deps=[arrow_shards], automation_condition=TRAINING_SET, group_name="zero", kinds={"json"})
+def training_set(context: AssetExecutionContext, config: TrainingSetConfig, settings: ZeroSettings) -> MaterializeResult:
+    """The chosen sources' latest shard sets, with cross-source duplicates and the cap resolved."""
+    chosen = chosen_shards(context, config.sources)
+    code = code_version(*TRAINING_SET_CODE)
+    run_config = config.model_dump()
+    inputs = FingerprintInputs(code, run_config, {f"arrow_shards[{s.partition}]": s.data_version for s in chosen})
+    decision = decide(context, inputs)
+    if decision.hit is not None:
+        context.log.info(f"cache hit, training set not rewritten: {decision.reason}")
+        return decision.hit
+    sources, accepted = [], {}
+    for shards in chosen:
+        manifest = json.loads(read_bytes(join(shards.uri, SHARD_MANIFEST)))
+        validated = _validated_uri(context, shards)
+        table = pq.read_table(io.BytesIO(read_bytes(join(validated, "accepted.parquet"))), columns=["key", "sha256"])
+        accepted[shards.partition] = list(zip(table.column("key").to_pylist(), table.column("sha256").to_pylist()))
+        sources.append({"source": shards.partition, "folder": shards.partition, "shards_uri": shards.uri, "validated_uri": validated,
+                        "data_version": shards.data_version, "categories": manifest["categories"], "shards": manifest["shards"]})
+    excluded = ts.choose_rows(accepted, config.max_images_per_source)
+    version = sha256_json([[(s.partition, s.data_version) for s in chosen], run_config, code])
+    out = settings.asset_uri("training_set", inputs.fingerprint[:16])
+    excluded_bytes = ts.excluded_parquet(excluded)
+    write_bytes_atomic(join(out, ts.EXCLUDED), excluded_bytes)
+    manifest = {"format": ts.FORMAT, "data_version": version, "sources": sources,
+                "categories": ts.vocabulary(s["categories"] for s in sources), "duplicate_rule": ts.DUPLICATE_RULE,
+                "max_images_per_source": config.max_images_per_source,
+                "files": {ts.EXCLUDED: {"bytes": len(excluded_bytes), "sha256": sha256_bytes(excluded_bytes)}}}
+    write_bytes_atomic(join(out, ts.MANIFEST), json.dumps(manifest, indent=1).encode())
+    mark_output_complete(out, inputs.fingerprint, version)
+    rows = sum(len(rows) for rows in accepted.values())
+    duplicates = sum(1 for row in excluded if row[2].startswith("duplicate"))
+    return MaterializeResult(
+        metadata={
+            "uri": MetadataValue.path(out),
+            "sources": MetadataValue.json([s.partition for s in chosen]),
+            "source_versions": MetadataValue.json({s.partition: s.data_version for s in chosen}),
+            "images": rows - len(excluded),
+            "duplicates_across_sources": duplicates,
+            "over_cap": len(excluded) - duplicates,
+            "shards": sum(len(s["shards"]) for s in sources),
+            "duplicate_rule": ts.DUPLICATE_RULE,
+            **miss_metadata(inputs, decision.reason),
+        },
+        data_version=DataVersion(version),
+    )

@@ -1,0 +1,9 @@
+"""The partitions of the per-source assets: one per source, the raw contract's top-level folders.
+
+Sources come and go with the raw data, so the set is dynamic: the change-detection sensor (or
+`zero-assets sources --register`) adds a source when its folder first appears.
+"""
+
+from dagster import DynamicPartitionsDefinition
+
+RAW_SOURCES = DynamicPartitionsDefinition(name="raw_sources")
