@@ -3,7 +3,7 @@
 The report's `manifest.json` names its data files (CSV, gzip-compressed, or Parquet) and their
 columns. Each data file is downloaded to scratch disk and read in blocks; the rows under the wanted
 prefix are sorted in runs of `RUN_ROWS` written to scratch, and the runs are merged. Memory is one
-run and one block per run, whatever the report's size; a report covering few rows never spills.
+run and one small block (`RUN_BATCH_ROWS`) per run, whatever the report's size; a report covering few rows never spills.
 The report is as old as its date: objects written since then are not in it.
 """
 
@@ -26,7 +26,8 @@ from .storage import ObjectInfo, fetch_file, read_bytes, split_s3
 
 REQUIRED_FIELDS = ("Bucket", "Key", "Size", "ETag")
 RUN_ROWS = 100_000  # rows sorted in memory at once before a run goes to scratch disk
-READ_ROWS = 65_536  # rows per block read from a data file or a run
+READ_ROWS = 65_536  # rows per block read from a data file
+RUN_BATCH_ROWS = 4_096  # rows per block of a spilled run: the merge holds one block of every run at once
 CSV_BLOCK_BYTES = 4 << 20
 RUN_SCHEMA = pa.schema([("key", pa.string()), ("size", pa.int64()), ("etag", pa.string())])
 
@@ -108,8 +109,8 @@ def _blocks(local: Path, manifest: dict[str, Any]) -> Iterator[tuple[list[str], 
 def _spill(rows: list[tuple[str, int, str]], path: Path) -> Path:
     rows.sort(key=itemgetter(0))
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, RUN_SCHEMA) as writer:
-        for start in range(0, len(rows), READ_ROWS):
-            chunk = rows[start : start + READ_ROWS]
+        for start in range(0, len(rows), RUN_BATCH_ROWS):
+            chunk = rows[start : start + RUN_BATCH_ROWS]
             writer.write_batch(pa.record_batch([[r[0] for r in chunk], [r[1] for r in chunk], [r[2] for r in chunk]], schema=RUN_SCHEMA))
     return path
 
