@@ -1,14 +1,108 @@
-"""The raw-data sensor requests a run for every kind of change (images or annotations) and none without one."""
+"""The raw-data sensor, ticked as the daemon does against a real instance: new sources become
+partitions, each changed source gets one raw_image_index run and a raw_data observation, the others
+nothing. Events come from a real SQS-compatible server (moto) the way S3 sends them; local roots are
+listed per source."""
 
+import json
 import os
 import shutil
 
 import pytest
-from dagster import DagsterInstance, RunRequest, SkipReason, build_sensor_context
+from dagster import AssetKey, RunsFilter
+from dagster._core.storage.tags import PARTITION_NAME_TAG
 
+from sensor_ticks import SensorDaemon, s3_message, s3_record
+from sqs_server import queue_counts, sqs, sqs_server
 from zero_assets.resources import ZeroSettings
-from zero_assets.sensors import new_raw_data_sensor
 
+RAW = "s3://zero-raw/plant"
+
+
+@pytest.fixture(scope="module")
+def sqs_endpoint():
+    with sqs_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def queue(sqs_endpoint, request):
+    return sqs().create_queue(QueueName=f"sensor-{request.node.name[:60]}")["QueueUrl"]
+
+
+class Bucket:
+    """Puts events on the queue as S3 would for writes and deletes under the raw root."""
+
+    def __init__(self, queue_url):
+        self.queue_url, self.sequence = queue_url, 0
+
+    def event(self, event: str, *keys: str) -> None:
+        for key in keys:
+            self.sequence += 1
+            record = s3_record(event, "zero-raw", f"plant/{key}", sequencer=f"{self.sequence:016X}")
+            sqs().send_message(QueueUrl=self.queue_url, MessageBody=s3_message(record, sns=self.sequence % 2 == 0))
+
+
+@pytest.fixture
+def queue_daemon(instance, queue, monkeypatch):
+    monkeypatch.setattr("zero_assets.sensors.QUEUE_WAIT_S", 1.0)  # an empty queue's tick waits 1 s, not 5
+    return SensorDaemon(instance, ZeroSettings(raw_uri=RAW, raw_events_queue_url=queue)), Bucket(queue)
+
+
+def _partitions(launched) -> list[str]:
+    return sorted(request.partition_key for request in launched)
+
+
+def test_a_new_source_on_the_queue_becomes_a_partition_and_runs_alone(queue_daemon, instance):
+    daemon, bucket = queue_daemon
+    bucket.event("ObjectCreated:Put", "cam_a/lot_0/1.jpg", "cam_b/lot_0/1.jpg", "cam_c/lot_0/1.jpg")
+    _, launched = daemon.tick()
+    assert daemon.sources() == ["cam_a", "cam_b", "cam_c"] and _partitions(launched) == ["cam_a", "cam_b", "cam_c"]
+
+    bucket.event("ObjectCreated:Put", "new_plant/lot_0/1.jpg", "new_plant/lot_0/2.jpg", "new_plant/annotations.json")
+    result, launched = daemon.tick()
+    assert daemon.sources() == ["cam_a", "cam_b", "cam_c", "new_plant"], "the new source is a partition"
+    assert _partitions(launched) == ["new_plant"], "a run for the new source only, none for the others"
+    assert launched[0].asset_selection == [AssetKey("raw_image_index")] and launched[0].tags["zero/trigger"] == "new source"
+    assert daemon.raw_data_version("new_plant") == launched[0].tags["zero/raw_version"], "raw_data observed with the change's version"
+    runs = instance.get_runs(RunsFilter(tags={PARTITION_NAME_TAG: "new_plant"}))
+    assert len(runs) == 1
+
+
+def test_an_annotation_edit_and_a_removal_trigger_their_source_only(queue_daemon):
+    daemon, bucket = queue_daemon
+    bucket.event("ObjectCreated:Put", "cam_a/lot_0/1.jpg", "cam_b/lot_0/1.jpg", "cam_c/lot_0/1.jpg")
+    daemon.tick()
+    bucket.event("ObjectCreated:Put", "cam_b/annotations.json")
+    assert _partitions(daemon.tick()[1]) == ["cam_b"], "a label fix reindexes its source only"
+    bucket.event("ObjectRemoved:Delete", "cam_c/lot_0/1.jpg")
+    assert _partitions(daemon.tick()[1]) == ["cam_c"], "a removed image is a change of its source"
+    assert daemon.tick()[1] == [], "nothing new on the queue: no run"
+
+
+def test_messages_are_deleted_and_a_malformed_one_is_reported_not_fatal(queue_daemon, queue, capfd):
+    daemon, bucket = queue_daemon
+    sqs().send_message(QueueUrl=queue, MessageBody="<not an S3 event>")
+    bucket.event("ObjectCreated:Put", "cam_a/lot_0/1.jpg", "cam_a/lot_0/../../escape.jpg", "../outside.jpg")
+    result, launched = daemon.tick()
+    assert _partitions(launched) == ["cam_a"], "the hostile key inside cam_a maps to cam_a; '..' is no source"
+    warnings = [line for line in capfd.readouterr().err.splitlines() if " - WARNING - " in line]  # the sensor's log
+    assert any("skipped" in w and "not JSON" in w for w in warnings), warnings
+    assert any("../outside.jpg" in w for w in warnings), warnings
+    assert len(result.cursor) < 400
+    daemon.tick()  # the tick after a committed one deletes its messages
+    assert sum(queue_counts(queue)) == 1, "all but the malformed message (left for the dead-letter queue) are deleted"
+
+
+def test_hostile_events_never_stop_the_sensor(queue_daemon, queue):
+    daemon, bucket = queue_daemon
+    for body in ["", "null", "[]", '{"Records": "x"}', '{"Records": [{"eventName": 5}]}', json.dumps({"Records": [{"eventName": "ObjectCreated:Put", "s3": []}]})]:
+        sqs().send_message(QueueUrl=queue, MessageBody=body or " ")
+    bucket.event("ObjectCreated:Put", "cam\u2028/x.jpg", "cam_a/a\nb.jpg", "cam_a/%ff.jpg", "/abs.jpg", "a...b/x.jpg")
+    result, launched = daemon.tick()
+    assert _partitions(launched) == sorted(["cam\u2028", "cam_a"]), "odd but safe names are sources; the rest are reported"
+
+
+# --- local raw roots: a listing digest per source ---
 
 @pytest.fixture
 def raw_root(tiny_raw_root, tmp_path):
@@ -17,24 +111,24 @@ def raw_root(tiny_raw_root, tmp_path):
     return root
 
 
-def _tick(raw_root, cursor):
-    context = build_sensor_context(
-        cursor=cursor, instance=DagsterInstance.ephemeral(), resources={"settings": ZeroSettings(raw_uri=str(raw_root))}
-    )
-    return new_raw_data_sensor(context), context.cursor
+@pytest.fixture
+def local_daemon(instance, raw_root):
+    return SensorDaemon(instance, ZeroSettings(raw_uri=str(raw_root)))
 
 
-def test_first_tick_requests_a_run_and_an_unchanged_root_requests_none(raw_root):
-    first, cursor = _tick(raw_root, None)
-    assert isinstance(first, RunRequest)
-    second, same_cursor = _tick(raw_root, cursor)
-    assert isinstance(second, SkipReason) and same_cursor == cursor
+def test_first_tick_registers_every_source_and_an_unchanged_root_requests_nothing(local_daemon):
+    _, launched = local_daemon.tick()
+    assert _partitions(launched) == local_daemon.sources() == ["line_a_camera", "line_b_camera", "warehouse_scanner"]
+    result, launched = local_daemon.tick()
+    assert launched == [] and result.skip_message
 
 
-@pytest.mark.parametrize("change", ["added", "modified_in_place", "sorts_before_cursor", "removed", "annotations_edited"])
-def test_every_kind_of_change_requests_a_run(raw_root, change):
-    _, cursor = _tick(raw_root, None)
-    some_image = next(raw_root.glob("line_a_camera/lot_000/*.png"), None) or next(raw_root.glob("line_a_camera/lot_000/*.jpg"))
+@pytest.mark.parametrize("change, source", [("added", "warehouse_scanner"), ("modified_in_place", "line_a_camera"),
+                                            ("sorts_before_cursor", "aaa_first_source"), ("removed", "line_a_camera"),
+                                            ("annotations_edited", "line_b_camera")])
+def test_every_kind_of_change_runs_its_source_only(local_daemon, raw_root, change, source):
+    local_daemon.tick()
+    some_image = sorted(p for p in (raw_root / "line_a_camera").rglob("*") if p.suffix in (".png", ".jpg"))[0]
     if change == "added":
         shutil.copy(some_image, raw_root / "warehouse_scanner" / "lot_000" / f"zz_new{some_image.suffix}")
     elif change == "modified_in_place":  # same key, same size, new bytes and mtime
@@ -43,15 +137,13 @@ def test_every_kind_of_change_requests_a_run(raw_root, change):
         some_image.write_bytes(bytes(data))
         stat = some_image.stat()
         os.utime(some_image, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    elif change == "sorts_before_cursor":  # a key that sorts before everything already listed
+    elif change == "sorts_before_cursor":  # a new source that sorts before everything listed
         (raw_root / "aaa_first_source").mkdir()
         shutil.copy(some_image, raw_root / "aaa_first_source" / f"a{some_image.suffix}")
     elif change == "removed":
         some_image.unlink()
     else:  # a label fix: annotations.json changes, no image does
-        annotations = raw_root / "line_a_camera" / "annotations.json"
+        annotations = raw_root / "line_b_camera" / "annotations.json"
         annotations.write_text(annotations.read_text() + "\n")
-    result, new_cursor = _tick(raw_root, cursor)
-    assert isinstance(result, RunRequest), change
-    assert new_cursor != cursor, "the cursor moves so the same change is not requested twice"
-
+    _, launched = local_daemon.tick()
+    assert _partitions(launched) == [source], change

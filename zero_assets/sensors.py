@@ -28,12 +28,14 @@ RAW_DATA = AssetKey("raw_data")
 RAW_IMAGE_INDEX = AssetKey("raw_image_index")
 TICK_INTERVAL_S = 60
 QUEUE_BUDGET_S = 20.0  # time a tick may spend receiving: well inside Dagster's 60 s sensor timeout
+QUEUE_WAIT_S = 5.0  # long poll of a tick's first receive: an empty queue costs one request a tick, not a busy loop
 
 
 def detect(settings: ZeroSettings, cursor: dict | None, context: SensorEvaluationContext) -> Detection:
     """The detector the settings call for; one that does not match the cursor's kind starts afresh."""
     if settings.raw_events_queue_url:
-        return detect_from_queue(settings.raw_events_queue_url, settings.raw_uri, cursor, context.instance.run_storage, budget_s=QUEUE_BUDGET_S)
+        return detect_from_queue(settings.raw_events_queue_url, settings.raw_uri, cursor, context.instance.run_storage,
+                                 budget_s=QUEUE_BUDGET_S, wait_s=QUEUE_WAIT_S)
     if settings.raw_inventory_manifest_uri:
         return detect_from_inventory(settings.raw_inventory_manifest_uri, settings.raw_uri, cursor)
     return detect_from_listing(settings.raw_uri, cursor)

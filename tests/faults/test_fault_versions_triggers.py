@@ -1,5 +1,5 @@
 """Versions and triggers: a code edit rebuilds the raw index under a new folder and data version, and
-the raw-data sensor requests exactly one run per change, with a run key Dagster has not seen.
+the raw-data sensor requests exactly one run per change of a source, with a run key Dagster has not seen.
 
 The code-version test edits a real copy of the package and materializes in fresh subprocesses, as a
 redeployed code location would; the sensor test ticks against a real instance and a raw root on disk.
@@ -13,11 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from dagster import DagsterRun, RunsFilter, build_sensor_context
-from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
+from dagster._core.storage.tags import RUN_KEY_TAG
 
+from sensor_ticks import SensorDaemon
 from zero_assets.resources import ZeroSettings
-from zero_assets.sensors import new_raw_data_sensor
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,45 +80,24 @@ def raw_root(tiny_raw_root, tmp_path) -> Path:
     return root
 
 
-class SensorDaemon:
-    """Ticks the sensor as the daemon does: the cursor carries over, and a request whose run key
-    already names a run of this sensor in the instance is dropped (Dagster's idempotence rule)."""
-
-    def __init__(self, instance, raw_root: Path):
-        self.instance, self.raw_root, self.cursor = instance, raw_root, None
-
-    def tick(self, cursor: str | None = None, *, keep_cursor: bool = True):
-        context = build_sensor_context(cursor=self.cursor if cursor is None else cursor, instance=self.instance,
-                                       resources={"settings": ZeroSettings(raw_uri=str(self.raw_root))})
-        result = new_raw_data_sensor.evaluate_tick(context)
-        if keep_cursor:
-            self.cursor = result.cursor
-        launched = []
-        for request in result.run_requests or []:
-            tags = {RUN_KEY_TAG: request.run_key, SENSOR_NAME_TAG: new_raw_data_sensor.name}
-            if self.instance.get_runs(RunsFilter(tags=tags)):
-                continue  # what the daemon does with a run key it has seen
-            self.instance.add_run(DagsterRun(job_name="zero_whole_graph", tags={**request.tags, **tags}))
-            launched.append(request)
-        return result, launched
-
-
-def test_every_change_launches_one_run_and_a_return_to_an_earlier_state_is_not_dropped(instance, raw_root):
-    daemon = SensorDaemon(instance, raw_root)
+def test_every_change_launches_one_run_per_changed_source_and_a_return_to_an_earlier_state_is_not_dropped(instance, raw_root):
+    # SensorDaemon (tests/sensor_ticks.py) drops a request whose run key this sensor used before, as the daemon does.
+    daemon = SensorDaemon(instance, ZeroSettings(raw_uri=str(raw_root)))
     first, launched = daemon.tick()
-    assert len(launched) == 1, "the first listing runs the graph"
+    assert sorted(r.partition_key for r in launched) == ["line_a_camera", "line_b_camera", "warehouse_scanner"], "one run per source"
+    first_versions = {r.partition_key: r.tags["zero/raw_version"] for r in launched}
     assert daemon.tick()[1] == [] and daemon.tick()[0].skip_message, "an unchanged root launches nothing"
 
     some_image = sorted(p for p in (raw_root / "line_a_camera").rglob("*") if p.suffix in (".png", ".jpg"))[0]
     added = raw_root / "warehouse_scanner" / f"zz_added{some_image.suffix}"
     shutil.copy(some_image, added)
     _, launched = daemon.tick()
-    assert len(launched) == 1, "an added image runs the graph"
+    assert [r.partition_key for r in launched] == ["warehouse_scanner"], "an added image runs its source only"
 
-    added.unlink()  # back to the first state: its digest was seen before
+    added.unlink()  # back to the first state: its version was seen before
     _, launched = daemon.tick()
-    assert len(launched) == 1, "removing the image is a change too; Dagster must not drop its run"
-    assert launched[0].tags["zero/raw_listing"] == first.run_requests[0].tags["zero/raw_listing"]
+    assert [r.partition_key for r in launched] == ["warehouse_scanner"], "removing the image is a change too; Dagster must not drop its run"
+    assert launched[0].tags["zero/raw_version"] == first_versions["warehouse_scanner"], "the same state has the same data version"
 
     annotations = raw_root / "line_b_camera" / "annotations.json"
     coco = json.loads(annotations.read_text())
@@ -127,13 +105,12 @@ def test_every_change_launches_one_run_and_a_return_to_an_earlier_state_is_not_d
     annotations.write_text(json.dumps(coco))
     cursor_before_edit = daemon.cursor
     edited, launched = daemon.tick()
-    assert len(launched) == 1, "an annotations.json edit alone runs the graph"
+    assert [r.partition_key for r in launched] == ["line_b_camera"], "an annotations.json edit alone runs its source"
 
     assert daemon.tick()[1] == [], "nothing changed since: no run"
-    retried, _ = daemon.tick(cursor_before_edit, keep_cursor=False)
-    assert [r.run_key for r in retried.run_requests] == [r.run_key for r in edited.run_requests], (
-        "a retried tick (same cursor) repeats its run key, so a daemon restart never launches a change twice"
+    retried, relaunched = daemon.tick(cursor_before_edit, keep_cursor=False)
+    assert [r.run_key for r in retried.run_requests] == [r.run_key for r in edited.run_requests] and relaunched == [], (
+        "a retried tick (same cursor) repeats its run keys, so a daemon restart never launches a change twice"
     )
     keys = [run.tags[RUN_KEY_TAG] for run in instance.get_runs()]
-    assert len(keys) == len(set(keys)) == 4
-
+    assert len(keys) == len(set(keys)) == 6

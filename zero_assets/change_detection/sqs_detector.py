@@ -40,7 +40,7 @@ def pending_key(queue_url: str) -> str:
     return f"zero_assets/sqs_pending/{hashlib.sha256(queue_url.encode()).hexdigest()[:16]}"
 
 
-def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, *, budget_s: float,
+def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, *, budget_s: float, wait_s: float | None = None,
                       max_messages: int = MAX_MESSAGES_PER_TICK, visibility_timeout_s: int = VISIBILITY_TIMEOUT_S) -> Detection:
     """`store` keeps the receipts between ticks (`get_cursor_values` / `set_cursor_values`: the instance's run storage)."""
     if not raw_uri.startswith("s3://"):
@@ -56,7 +56,7 @@ def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, 
     if pending.get("seq") == sequence and pending.get("receipts"):
         problems += delete(queue_url, pending["receipts"])  # the tick that read them was committed
 
-    messages = receive(queue_url, budget_s=budget_s, max_messages=max_messages, visibility_timeout_s=visibility_timeout_s)
+    messages = receive(queue_url, budget_s=budget_s, wait_s=wait_s, max_messages=max_messages, visibility_timeout_s=visibility_timeout_s)
     events_by_source: dict[str, list] = defaultdict(list)
     receipts, malformed, events, unnamed = [], 0, 0, 0
     for message in messages:

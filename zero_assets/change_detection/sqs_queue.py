@@ -33,13 +33,14 @@ def sqs_client(queue_url: str):
     return client("sqs", region=match.group(1) if match else None, endpoint_url=os.environ.get("ZERO_SQS_ENDPOINT_URL") or None)
 
 
-def receive(queue_url: str, *, budget_s: float, max_messages: int, visibility_timeout_s: int) -> list[Message]:
-    """Up to `max_messages` messages, within about `budget_s` seconds. Each stays invisible to other
-    receivers for `visibility_timeout_s`; one not deleted by then is delivered again."""
+def receive(queue_url: str, *, budget_s: float, max_messages: int, visibility_timeout_s: int, wait_s: float | None = None) -> list[Message]:
+    """Up to `max_messages` messages, within about `budget_s` seconds, the first receive waiting up to
+    `wait_s` (default: the budget) for one to arrive. Each message stays invisible to other receivers
+    for `visibility_timeout_s`; one not deleted by then is delivered again."""
     sqs = sqs_client(queue_url)
     deadline = time.monotonic() + budget_s
     messages: list[Message] = []
-    wait = int(min(LONG_POLL_MAX_S, max(0.0, budget_s)))
+    wait = int(min(LONG_POLL_MAX_S, max(0.0, budget_s if wait_s is None else min(wait_s, budget_s))))
     while len(messages) < max_messages:
         answer = sqs.receive_message(
             QueueUrl=queue_url, MaxNumberOfMessages=min(BATCH, max_messages - len(messages)),
