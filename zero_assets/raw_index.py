@@ -73,7 +73,7 @@ def build_raw_index(
     folder) or, when given, an S3 Inventory report."""
     pattern = re.compile(group_pattern) if group_pattern else None
     if inventory_manifest_uri:
-        listing = [obj for obj in list_from_inventory(inventory_manifest_uri, raw_uri) if not _folder_marker(obj)]
+        listing = [obj for obj in list_from_inventory(inventory_manifest_uri, raw_uri, f"{source}/" if source else "") if not _folder_marker(obj)]
         listing = [obj for obj in listing if not source or obj.key.startswith(f"{source}/")]
     elif source:  # one source: list its folder only, keys kept relative to the raw root
         listing = [ObjectInfo(f"{source}/{obj.key}", obj.size, obj.etag) for obj in list_objects(join(raw_uri, source), include_unsafe=True)]
