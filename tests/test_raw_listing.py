@@ -340,6 +340,10 @@ def test_s3_listing_and_an_inventory_spilled_in_runs_stream_the_same_index(s3, m
         assert report_index.equals(listed_index), file_format
         assert report["listing_fingerprint"] == listed["listing_fingerprint"], file_format
     client.put_object(Bucket="streamed", Key="plant/cam_a/lot_0/img 000.jpg", Body=b"X" * len("cam_a/lot_0/img 000.jpg"))
+    client.put_object(Bucket="streamed", Key="lake/raw_image_index/cam_a/x/manifest.json", Body=b"{}")  # an earlier run's
+    with pytest.raises(Exception, match="NoSuchBucket"):  # this run fails
+        _index("s3://no-such-bucket/plant", "cam_a", "s3://streamed/lake/raw_image_index/cam_a/x")
+    assert "Contents" not in client.list_objects_v2(Bucket="streamed", Prefix="lake/"), "the earlier manifest was withdrawn first"
     again, _ = _index("s3://streamed/plant", "cam_a", "s3://streamed/lake/raw_image_index/cam_a/x")
     assert again["listing_fingerprint"] != listed["listing_fingerprint"], "the same size with another ETag"
     published = client.list_objects_v2(Bucket="streamed", Prefix="lake/")["Contents"]

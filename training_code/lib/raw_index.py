@@ -26,12 +26,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .aws_clients import endpoint_of, retry_call
 from .annotation_files import AnnotationCounts, count_source_annotations
 from .coco import ANNOTATIONS_FILE, DEFAULT_MAX_ANNOTATION_BYTES
 from .hashing import sha256_file
 from .raw_index_groups import GroupCounts, group_hash, group_of
 from .raw_index_listing import check_source, list_source
-from .storage import ObjectInfo, copy_file_atomic, is_s3, join, key_problem, printable_key, write_bytes_atomic
+from .storage import ObjectInfo, copy_file_atomic, is_s3, join, key_problem, printable_key, s3_client, split_s3, write_bytes_atomic
 from .tables import RAW_INDEX
 
 INDEX_FILE = "index.parquet"
@@ -62,8 +63,7 @@ def write_source_index(
     that many images are in (the same rule as the whole-frame `sample_by_group`)."""
     check_source(source)
     pattern = re.compile(group_pattern) if group_pattern else None
-    if not is_s3(out_dir_or_uri):
-        Path(out_dir_or_uri, MANIFEST).unlink(missing_ok=True)  # an earlier manifest must not vouch for a new index
+    _withdraw_manifest(out_dir_or_uri)
     annotations = count_source_annotations(raw_uri, source, max_annotation_bytes)
     listing = _ListingPass(source, pattern, annotations)
     with tempfile.TemporaryDirectory(prefix="zero-index-") as scratch:
@@ -101,6 +101,16 @@ def write_source_index(
     }
     write_bytes_atomic(join(out_dir_or_uri, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
     return {**manifest, "uri": str(out_dir_or_uri)}
+
+
+def _withdraw_manifest(out: str | Path) -> None:
+    """An earlier run's manifest must not vouch for an index that this run fails to finish."""
+    if not is_s3(out):
+        Path(out, MANIFEST).unlink(missing_ok=True)
+        return
+    bucket, key = split_s3(join(out, MANIFEST))
+    client = s3_client()
+    retry_call(lambda: client.delete_object(Bucket=bucket, Key=key), what=f"DELETE s3://{bucket}/{key}", endpoint=endpoint_of(client))
 
 
 class _ListingPass:
