@@ -1,8 +1,7 @@
-"""Re-materializing after images are added decodes only the new ones and adds shards beside the old ones."""
+"""Re-materializing a source after images are added to it decodes only the new ones and adds shards
+beside the old ones (incremental inside the source's partition)."""
 
 import shutil
-
-from dagster import materialize
 
 from training_code.lib.shard_format import read_manifest, verify_shard
 from zero_assets.assets.arrow_shards import arrow_shards
@@ -11,8 +10,10 @@ from zero_assets.assets.validated_images import validated_images
 from zero_assets.demo_data import make_demo_raw_root
 
 from conftest import make_resources
+from graph_runs import materialize_source
 
 DATA_ASSETS = [raw_image_index, validated_images, arrow_shards]
+SOURCE = "line_a_camera"
 SMALL_SHARDS = {"ops": {"arrow_shards": {"config": {"target_shard_bytes": 60_000}}}}
 
 
@@ -21,14 +22,17 @@ def _metadata(result, asset: str) -> dict:
 
 
 def _materialize(instance, resources) -> tuple[dict, dict]:
-    result = materialize(DATA_ASSETS, resources=resources, instance=instance, run_config=SMALL_SHARDS)
+    result = materialize_source(SOURCE, instance=instance, resources=resources, run_config=SMALL_SHARDS, assets=DATA_ASSETS)
     assert result.success
     return _metadata(result, "validated_images"), _metadata(result, "arrow_shards")
 
 
 def test_added_images_are_the_only_ones_decoded_and_old_shards_stay(instance, tmp_path):
     raw = tmp_path / "raw"
-    make_demo_raw_root(raw, images=30, seed=3)
+    make_demo_raw_root(raw, images=60, seed=3)
+    # One lot of the source is held back, then arrives (its entries are in annotations.json already).
+    held_back = tmp_path / "held_back"
+    shutil.move(raw / SOURCE / "lot_001", held_back)
     resources = make_resources(raw, tmp_path / "state")
     first_validated, first_shards = _materialize(instance, resources)
     assert first_validated["decoded"] == first_validated["images_in"] and first_validated["reused"] == 0
@@ -38,10 +42,8 @@ def test_added_images_are_the_only_ones_decoded_and_old_shards_stay(instance, tm
     assert len(old_files) > 2, "the test needs several shards to show they are kept"
     old_stats = {name: (tmp_path / old_dir / name).stat() for name in old_files}
 
-    # A new source folder arrives (its own annotations.json, same category names).
-    extra = make_demo_raw_root(tmp_path / "extra", images=10, seed=11)
-    shutil.copytree(tmp_path / "extra" / extra["sources"][0], raw / "line_new")
-    added = sum(1 for p in (raw / "line_new").rglob("*") if p.is_file() and p.name != "annotations.json")
+    shutil.move(held_back, raw / SOURCE / "lot_001")
+    added = sum(1 for p in (raw / SOURCE / "lot_001").rglob("*") if p.is_file())
 
     validated, shards = _materialize(instance, resources)
     assert validated["images_in"] == first_validated["images_in"] + added

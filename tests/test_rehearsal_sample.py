@@ -1,7 +1,6 @@
-"""The rehearsal profile indexes a small, stable sample of whole groups."""
+"""The rehearsal profile indexes a small, stable sample of whole groups (of each source it indexes)."""
 
-from dagster import materialize
-
+from graph_runs import materialize_source
 from zero_assets.assets import raw_image_index
 from zero_assets.raw_index import build_raw_index, sample_by_group
 from zero_assets.resources import ZeroSettings
@@ -18,7 +17,7 @@ def test_rehearsal_sample_keeps_whole_groups_and_is_stable(tiny_raw_root):
 
 
 def test_raw_index_asset_applies_the_sample(tiny_raw_root, tmp_path, instance):
-    settings = ZeroSettings(raw_uri=str(tiny_raw_root), lake_uri=str(tmp_path / "lake"), sample_images=10)
-    result = materialize([raw_image_index], resources={"settings": settings}, instance=instance)
+    settings = ZeroSettings(raw_uri=str(tiny_raw_root), lake_uri=str(tmp_path / "lake"), sample_images=5)
+    result = materialize_source("line_a_camera", instance=instance, resources={"settings": settings}, assets=[raw_image_index])
     metadata = result.asset_materializations_for_node("raw_image_index")[0].metadata
-    assert 10 <= metadata["images"].value < len(build_raw_index(str(tiny_raw_root)).frame)
+    assert 5 <= metadata["images"].value < len(build_raw_index(str(tiny_raw_root), source="line_a_camera").frame)

@@ -21,6 +21,10 @@ class JobRequest:
     module: str  # the job script, run as `python -m <module>` (training: under torchrun)
     fingerprint: str  # input fingerprint of the materialization: code, config and upstream versions
     inputs: dict[str, str] = field(default_factory=dict)  # name -> local path or s3:// URI
+    # name -> the folder under the input's local path its objects land in: one source's raw folder
+    # (`<raw>/<source>`) arrives as `<input>/<source>/...`, so the script reads the raw layout while only
+    # that source is listed and transferred.
+    input_folders: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)  # name -> destination local path or s3:// URI
     arguments: dict[str, str] = field(default_factory=dict)  # config: `--key value` for the script
     instance_type: str = "local"

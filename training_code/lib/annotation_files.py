@@ -29,11 +29,11 @@ def load_annotations(
     """Each source's parsed COCO file, None for a source without a usable one (its images are all
     unmatched); and for each source whose file exists but cannot be used, the error naming it.
 
-    Sources are those in the index plus any folder with an annotations.json, so annotations whose
-    images are all missing are still reported. A source folder whose name is not a safe key is
+    Sources are those in the index (one source, for a per-source validation; another source's file
+    under `raw` is not this output's business). A source folder whose name is not a safe key is
     skipped: its images are unsafe_key verdicts anyway.
     """
-    with_file = {path.parent.name for path in raw.glob(f"*/{ANNOTATIONS_FILE}")}
+    with_file = {path.parent.name for path in raw.glob(f"*/{ANNOTATIONS_FILE}")} & sources
     refused = {path.parent.name: path.read_text() for path in raw.glob(f"*/{REFUSED_ANNOTATIONS}")}  # from map hosts
     parsed: dict[str, SourceAnnotations | None] = {}
     errors = dict(refused)

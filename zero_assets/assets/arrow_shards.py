@@ -9,7 +9,7 @@ from ..fingerprints import previous_output, upstream_output
 from ..job_launch import launch_job
 from ..resources.job_runner import JobRunner
 from ..partitions import RAW_SOURCES
-from ..resources.settings import ZeroSettings
+from ..resources.settings import ZeroSettings, source_uri
 from .validated_images import validated_images
 from .job_retry import JOB_RETRY_POLICY
 
@@ -37,5 +37,6 @@ def arrow_shards(context: AssetExecutionContext, config: ShardConfig, settings: 
         module="training_code.shard",
         config=config.model_dump(),
         upstream=[validated],
-        inputs={"validated": validated.uri, "raw": settings.raw_uri, **({"previous": previous} if previous else {})},
+        input_folders={"raw": context.partition_key},
+        inputs={"validated": validated.uri, "raw": source_uri(settings, context.partition_key), **({"previous": previous} if previous else {})},
     )

@@ -11,7 +11,7 @@ from ..job_request import FanOut
 from ..metadata import table_schema
 from ..resources.job_runner import JobRunner
 from ..partitions import RAW_SOURCES
-from ..resources.settings import ZeroSettings
+from ..resources.settings import ZeroSettings, source_uri
 from .raw_image_index import raw_image_index
 from .job_retry import JOB_RETRY_POLICY
 
@@ -48,6 +48,7 @@ def validated_images(
         module="training_code.validate",
         config=config.model_dump(),
         upstream=[index],
-        inputs={"index": index.uri, "raw": settings.raw_uri, **({"previous": previous} if previous else {})},
+        inputs={"index": index.uri, "raw": source_uri(settings, context.partition_key), **({"previous": previous} if previous else {})},
+        input_folders={"raw": context.partition_key},
         spread=VALIDATION_SPREAD,
     )

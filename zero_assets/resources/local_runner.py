@@ -143,8 +143,9 @@ class LocalJobRunner(JobRunner):
             inputs = {name: opt_ml / "processing" / "input" / name for name in request.inputs}
             outputs = {name: opt_ml / "processing" / "output" / name for name in request.outputs}
         for name, uri in request.inputs.items():
-            target = inputs[name]
-            target.parent.mkdir(parents=True, exist_ok=True)
+            folder = request.input_folders.get(name)
+            target = inputs[name] / folder if folder else inputs[name]
+            inputs[name].parent.mkdir(parents=True, exist_ok=True)
             if is_s3(uri):
                 download_prefix(uri, target, parts.get(name))
             elif name in parts:
@@ -152,6 +153,8 @@ class LocalJobRunner(JobRunner):
                     (target / key).parent.mkdir(parents=True, exist_ok=True)
                     (target / key).symlink_to(Path(uri).resolve() / safe_relative_key(key))
             else:
+                if folder:  # one link to the folder's root keeps the layout the script resolves keys in
+                    target, uri = inputs[name], uri.rstrip("/")[: -len(folder)]
                 source = Path(uri).resolve()
                 if not source.exists():
                     raise FileNotFoundError(f"input {name!r} of job {request.job_name} does not exist: {source}")

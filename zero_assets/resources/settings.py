@@ -13,7 +13,7 @@ from typing import Optional
 
 from dagster import ConfigurableResource, EnvVar
 
-from training_code.lib.storage import is_s3
+from training_code.lib.storage import is_s3, join
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE = REPO_ROOT / ".zero"
@@ -59,6 +59,11 @@ class ZeroSettings(ConfigurableResource):
         if not os.access(mount, os.W_OK | os.X_OK):
             raise PermissionError(f"ZERO_FSX_MOUNT={mount} is not writable by this process; fix its permissions.")
         return mount
+
+
+def source_uri(settings: ZeroSettings, source: str) -> str:
+    """One source's folder of the raw root: all a per-source job is handed of the raw data."""
+    return join(settings.raw_uri, source)
 
 
 def settings_from_env(**overrides) -> ZeroSettings:

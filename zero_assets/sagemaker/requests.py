@@ -136,7 +136,7 @@ def _processing_params(request: JobRequest, settings: SageMakerSettings, job_nam
         s3_uri = s3_behind_fsx(uri, lake) if is_fsx(uri) else uri
         _require_s3(name, s3_uri)
         sharded = name in request.sharded_inputs and instances > 1
-        inputs.append(_processing_input(name, s3_uri, sharded=sharded))
+        inputs.append(_processing_input(name, s3_uri, sharded=sharded, folder=request.input_folders.get(name)))
         io_arguments += [f"--{name}", f"{PROCESSING_ROOT}/input/{name}"]
     outputs = []
     for name, uri in request.outputs.items():
@@ -175,12 +175,14 @@ def as_prefix(uri: str) -> str:
     return uri.rstrip("/") + "/"
 
 
-def _processing_input(name: str, uri: str, *, sharded: bool) -> dict:
+def _processing_input(name: str, uri: str, *, sharded: bool, folder: str | None = None) -> dict:
+    """One ProcessingInput; with `folder`, its objects land under `<input>/<folder>/` (one source's raw
+    folder keeps the raw layout the script reads, and only that source is downloaded)."""
     return {
         "InputName": name,
         "S3Input": {
             "S3Uri": as_prefix(uri),
-            "LocalPath": f"{PROCESSING_ROOT}/input/{name}",
+            "LocalPath": f"{PROCESSING_ROOT}/input/{name}" + (f"/{folder}" if folder else ""),
             "S3DataType": "S3Prefix",
             "S3InputMode": "File",
             # Sharded: each instance receives a disjoint part of the objects under the prefix.
