@@ -81,6 +81,7 @@ def write_source_index(
                     writer.write(frame, hashes)
         copy_file_atomic(final, join(out_dir_or_uri, INDEX_FILE))
         files = {INDEX_FILE: {"bytes": final.stat().st_size, "sha256": sha256_file(final)}}
+    missing = listing.missing_annotated()
     manifest = {
         "format": MANIFEST_FORMAT,
         "source": source,
@@ -90,13 +91,13 @@ def write_source_index(
         "sample_images": sample_images or None,
         "listed_images": listing.images,  # before the sample
         **writer.counts(),
-        "annotations_without_image": len(listing.missing_annotated()),
+        "annotations_without_image": len(missing),
         "ignored_files": listing.ignored,
         "annotation_entries_rejected": annotations.rejected_entries,
         "annotation_error": annotations.error,
         "has_annotations": annotations.identity is not None,
         "examples": {"unsafe_keys": writer.unsafe_examples, "ignored_files": listing.ignored_examples,
-                     "annotations_without_image": listing.missing_annotated()[:EXAMPLES]},
+                     "annotations_without_image": missing[:EXAMPLES]},
         "files": files,
     }
     write_bytes_atomic(join(out_dir_or_uri, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
