@@ -348,3 +348,45 @@ def test_s3_listing_and_an_inventory_spilled_in_runs_stream_the_same_index(s3, m
     assert again["listing_fingerprint"] != listed["listing_fingerprint"], "the same size with another ETag"
     published = client.list_objects_v2(Bucket="streamed", Prefix="lake/")["Contents"]
     assert sorted(o["Key"].rsplit("/", 1)[1] for o in published) == ["index.parquet", "manifest.json"]
+
+
+MEASURED_INDEX = """
+import json, sys
+from training_code.lib import raw_index, raw_index_inventory
+raw_index_inventory.RUN_ROWS, raw_index.BATCH_ROWS = 20_000, 10_000
+manifest = raw_index.write_source_index(sys.argv[1], "cam", sys.argv[2], inventory_manifest_uri=sys.argv[3])
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+print(json.dumps({"images": manifest["images"], "peak_kb": int(status["VmHWM"].split()[0])}))
+"""
+
+
+def test_index_memory_does_not_grow_with_the_sources_listing(s3, tmp_path):
+    """40,000 then 400,000 images from an inventory, each indexed in a fresh process: the peak grows by
+    far less than the 360,000 extra rows would hold in a list or a frame (over 100 MB)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    client = s3.client()
+    client.create_bucket(Bucket="memory-inventory")
+    peaks = {}
+    for images in (40_000, 400_000):
+        text = io.StringIO()
+        csv.writer(text).writerows(["raw", quote_plus(f"big{images}/cam/lot_{n // 100:04d}/img_{n:06d}.jpg"), 1000 + n, f"{n:032x}"]
+                                   for n in range(images))
+        key = f"big{images}/data/part-0.csv.gz"
+        client.put_object(Bucket="memory-inventory", Key=key, Body=gzip.compress(text.getvalue().encode(), compresslevel=1))
+        manifest = {"sourceBucket": "raw", "destinationBucket": "arn:aws:s3:::memory-inventory", "fileFormat": "CSV",
+                    "fileSchema": "Bucket, Key, Size, ETag", "files": [{"key": key}]}
+        client.put_object(Bucket="memory-inventory", Key=f"big{images}/manifest.json", Body=json.dumps(manifest).encode())
+        command = [sys.executable, "-c", MEASURED_INDEX, f"s3://raw/big{images}", str(tmp_path / str(images)),
+                   f"s3://memory-inventory/big{images}/manifest.json"]
+        result = subprocess.run(command, env={**os.environ, **s3.env()}, capture_output=True, text=True, timeout=300,
+                                cwd=Path(__file__).resolve().parents[1])
+        assert result.returncode == 0, result.stderr[-3000:]
+        measured = json.loads(result.stdout.strip().splitlines()[-1])
+        assert measured["images"] == images
+        peaks[images] = measured["peak_kb"] / 1024
+    print(f"peak RSS: {peaks[40_000]:.0f} MB at 40,000 images, {peaks[400_000]:.0f} MB at 400,000")
+    assert peaks[400_000] - peaks[40_000] < 50, peaks  # streaming: about 20 MB; a list of the listing: about 110 MB
