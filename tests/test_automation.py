@@ -1,0 +1,106 @@
+"""Declarative Automation on a real instance: what the daemon's automation sensor would request.
+
+Materializations and check results are recorded as events in a real Dagster instance (what the
+runs would record); `evaluate_automation_conditions` then runs the same evaluation the daemon runs,
+tick by tick, with its cursor.
+"""
+
+import datetime as dt
+import uuid
+
+import pytest
+from dagster import AssetCheckEvaluation, AssetKey, AssetMaterialization, evaluate_automation_conditions
+from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
+
+from zero_assets.automation import DEFAULT_TRAIN_CRON, train_cron
+from zero_assets.definitions import defs
+from zero_assets.partitions import RAW_SOURCES
+
+PER_SOURCE = ("raw_image_index", "validated_images", "arrow_shards")
+TAIL = ("training_set", "fsx_warm_state", "trained_checkpoint", "map_report")
+CHECKS = {"validated_images": "quarantine_rate_under_limit", "arrow_shards": "shard_manifest_integrity"}
+DAY = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
+
+
+class Ticks:
+    """The automation sensor's evaluations, one after another, with the cursor carried over."""
+
+    def __init__(self, instance):
+        self.instance, self.cursor = instance, None
+
+    def at(self, when: dt.datetime) -> dict:
+        result = evaluate_automation_conditions(defs=defs, instance=self.instance, cursor=self.cursor, evaluation_time=when)
+        self.cursor = result.cursor
+        requested = {a: sorted(result.get_requested_partitions(AssetKey(a))) for a in PER_SOURCE}
+        return requested | {a: result.get_num_requested(AssetKey(a)) for a in TAIL}
+
+
+def _materialized(instance, asset, source=None, version="v1", check_passed=True):
+    """Record what a run materializing `asset` (of `source`) records: the materialization with its
+    data version and, for a checked asset, its check's evaluation in the same run."""
+    run_id = str(uuid.uuid4())
+    materialization = AssetMaterialization(asset_key=asset, partition=source, tags={"dagster/data_version": version})
+    events = [(DagsterEventType.ASSET_MATERIALIZATION, StepMaterializationData(materialization))]
+    if asset in CHECKS:
+        events.append((DagsterEventType.ASSET_CHECK_EVALUATION,
+                       AssetCheckEvaluation(asset_key=AssetKey(asset), check_name=CHECKS[asset], passed=check_passed, partition=source)))
+    for event_type, data in events:
+        instance.report_dagster_event(DagsterEvent(event_type_value=event_type.value, event_specific_data=data, job_name="zero_whole_graph"),
+                                      run_id=run_id)
+
+
+@pytest.fixture
+def built(instance):
+    """Two sources and the tail, all materialized once, every check passed; the first tick has run."""
+    instance.add_dynamic_partitions(RAW_SOURCES.name, ["cam_a", "cam_b"])
+    for source in ("cam_a", "cam_b"):
+        for asset in PER_SOURCE:
+            _materialized(instance, asset, source)
+    for asset in TAIL:
+        _materialized(instance, asset)
+    ticks = Ticks(instance)
+    assert _nothing(ticks.at(DAY.replace(hour=1)))
+    return instance, ticks
+
+
+def _nothing(requested: dict) -> bool:
+    return not any(requested.values())
+
+
+def test_a_new_index_of_one_source_requests_only_that_sources_assets(built):
+    instance, ticks = built
+    _materialized(instance, "raw_image_index", "cam_a", "v2")
+    requested = ticks.at(DAY.replace(hour=1, minute=1))
+    assert requested["validated_images"] == ["cam_a"] and requested["arrow_shards"] == ["cam_a"]
+    assert requested["raw_image_index"] == [], "the index itself is requested by the change-detection sensor only"
+    assert requested["trained_checkpoint"] == 0 and requested["map_report"] == 0
+    assert _nothing(ticks.at(DAY.replace(hour=1, minute=2))), "requested once, not on every tick"
+
+
+def test_training_set_waits_for_its_sources_blocking_checks(built):
+    instance, ticks = built
+    _materialized(instance, "validated_images", "cam_a", "v2")
+    _materialized(instance, "arrow_shards", "cam_a", "v2", check_passed=False)
+    assert ticks.at(DAY.replace(hour=1, minute=1))["training_set"] == 0, "a failed blocking check holds the training set"
+    _materialized(instance, "arrow_shards", "cam_a", "v3")
+    assert ticks.at(DAY.replace(hour=1, minute=2))["training_set"] == 1
+
+
+def test_training_runs_at_a_cron_tick_only_after_its_training_set_changed(built):
+    instance, ticks = built
+    assert train_cron({}) == DEFAULT_TRAIN_CRON == "0 3 * * *"
+    # No change: the 03:00 tick passes without training.
+    assert ticks.at(DAY.replace(hour=3, minute=1))["trained_checkpoint"] == 0
+    # The training set changes (a new data version of the warm state): training waits for the next tick.
+    _materialized(instance, "training_set", version="v2")
+    _materialized(instance, "fsx_warm_state", version="v2")
+    assert ticks.at(DAY.replace(hour=3, minute=5))["trained_checkpoint"] == 0
+    assert ticks.at(DAY.replace(hour=12))["trained_checkpoint"] == 0
+    next_day = DAY + dt.timedelta(days=1)
+    assert ticks.at(next_day.replace(hour=3, minute=1))["trained_checkpoint"] == 1
+    assert ticks.at(next_day.replace(hour=3, minute=2))["trained_checkpoint"] == 0, "one request per change"
+    _materialized(instance, "trained_checkpoint", version="v2")
+    assert ticks.at(next_day.replace(hour=3, minute=30))["map_report"] == 1, "the report follows a new checkpoint"
+    # Warmed again with the same data version: not a change, no training at the next tick.
+    _materialized(instance, "fsx_warm_state", version="v2")
+    assert ticks.at((next_day + dt.timedelta(days=1)).replace(hour=3, minute=1))["trained_checkpoint"] == 0
