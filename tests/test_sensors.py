@@ -147,3 +147,55 @@ def test_every_kind_of_change_runs_its_source_only(local_daemon, raw_root, chang
         annotations.write_text(annotations.read_text() + "\n")
     _, launched = local_daemon.tick()
     assert _partitions(launched) == [source], change
+
+
+# --- the real daemon: the code location in its own process, the sensor daemon's iteration ---
+
+def test_the_daemon_adds_partitions_observes_and_queues_one_run_per_changed_source(queue, monkeypatch, tmp_path):
+    """Through Dagster's own sensor daemon and a code server process loading `zero_assets.definitions`:
+    what the daemon does with the result (partitions, observations, run keys, cursor) is Dagster's."""
+    import logging
+    import time as clock
+    from pathlib import Path
+
+    from dagster import instance_for_test
+    from dagster._core.test_utils import create_test_daemon_workspace_context, freeze_time
+    from dagster._core.workspace.load_target import ModuleTarget
+    from dagster._daemon.sensor import execute_sensor_iteration
+
+    monkeypatch.setenv("ZERO_RAW_URI", RAW)
+    monkeypatch.setenv("ZERO_RAW_EVENTS_QUEUE_URL", queue)
+    monkeypatch.setenv("ZERO_LAKE_URI", str(tmp_path / "lake"))
+    bucket = Bucket(queue)
+    queued = {"run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"}}
+    target = ModuleTarget(module_name="zero_assets.definitions", attribute="defs", working_directory=str(Path(__file__).parents[1]),
+                          location_name="zero_assets")
+    with instance_for_test(overrides=queued) as instance, create_test_daemon_workspace_context(target, instance) as workspace:
+        location = next(iter(workspace.create_request_context().get_code_location_entries().values()))
+        assert location.code_location, location.load_error
+        repository = next(iter(location.code_location.get_repositories().values()))
+        instance.start_sensor(repository.get_sensor("new_raw_data_sensor"))
+        now = clock.time()
+
+        def tick():
+            nonlocal now
+            now += 61  # past the sensor's minimum interval
+            with freeze_time(now):
+                list(execute_sensor_iteration(workspace, logging.getLogger("test"), None, None))
+
+        bucket.event("ObjectCreated:Put", "cam_a/lot_0/1.jpg", "cam_b/lot_0/1.jpg", "cam_b/annotations.json")
+        tick()
+        assert sorted(instance.get_dynamic_partitions("raw_sources")) == ["cam_a", "cam_b"]
+        assert sorted(run.tags[PARTITION_NAME_TAG] for run in instance.get_runs()) == ["cam_a", "cam_b"]
+
+        bucket.event("ObjectCreated:Put", "new_plant/lot_0/1.jpg")
+        tick()
+        runs = instance.get_runs()
+        assert sorted(run.tags[PARTITION_NAME_TAG] for run in runs) == ["cam_a", "cam_b", "new_plant"], "one run for the new source only"
+        assert runs[0].asset_selection == {AssetKey("raw_image_index")}
+        observed = instance.fetch_observations(AssetKey("raw_data"), limit=10).records
+        assert sorted(r.asset_observation.partition for r in observed) == ["cam_a", "cam_b", "new_plant"]
+
+        tick()  # a tick after a committed one deletes that one's messages
+        assert sum(queue_counts(queue)) == 0
+        assert len(instance.get_runs()) == 3
