@@ -28,9 +28,12 @@ from zero_assets.assets.raw_image_index import raw_image_index
 from zero_assets.resources import ZeroSettings
 
 raw, lake = sys.argv[1:3]
+source = "line_a_camera"  # the index is per source: one partition is enough to see the code version
 with DagsterInstance.get() as instance:
     settings = ZeroSettings(raw_uri=raw, lake_uri=lake)
-    materialize([raw_image_index], instance=instance, resources={"settings": settings}, raise_on_error=True)
+    if not instance.has_dynamic_partition("raw_sources", source):
+        instance.add_dynamic_partitions("raw_sources", [source])
+    materialize([raw_image_index], instance=instance, resources={"settings": settings}, partition_key=source, raise_on_error=True)
     event = instance.get_latest_materialization_event(AssetKey("raw_image_index")).asset_materialization
 print(json.dumps({"package": zero_assets.__file__, "uri": event.metadata["uri"].value,
                   "cache": event.metadata["cache"].value, "data_version": event.tags["dagster/data_version"]}))
