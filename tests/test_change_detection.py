@@ -155,6 +155,8 @@ def s3(tmp_path_factory):
 def s3_env(s3, monkeypatch):
     for key, value in s3.env().items():
         monkeypatch.setenv(key, value)
+    if "zero-inventory" not in [b["Name"] for b in s3.client().list_buckets()["Buckets"]]:
+        s3.client().create_bucket(Bucket="zero-inventory")
     return s3
 
 
@@ -172,7 +174,6 @@ def _report(client, folder: str, rows: list[tuple[str, int, str]], created: int)
 
 def test_a_new_inventory_report_is_diffed_per_source_and_an_old_one_is_not_read_again(s3_env):
     client = s3_env.client()
-    client.create_bucket(Bucket="zero-inventory")
     config = "inv/zero-raw/daily"
     rows = [(f"plant/{source}/lot_0/{i}.jpg", 100 + i, f"etag{i}") for source in ("cam_a", "cam_b", "cam_c") for i in range(3)]
     rows += [(f"plant/{source}/annotations.json", 50, "ann1") for source in ("cam_a", "cam_b", "cam_c")]
@@ -224,3 +225,20 @@ def test_local_listing_reports_only_the_source_that_changed(tiny_raw_root, tmp_p
     shutil.copy(image, root / "..." / f"x{image.suffix}")
     odd = detect_from_listing(str(root), first.cursor)
     assert "..." not in odd.changed and any("cannot be a source" in p for p in odd.problems)
+
+
+def test_the_sensor_without_a_queue_diffs_inventory_reports(s3_env, instance):
+    from sensor_ticks import SensorDaemon
+    from zero_assets.resources import ZeroSettings
+
+    client = s3_env.client()
+    rows = [(f"plant/{source}/lot_0/{i}.jpg", 10, f"e{i}") for source in ("cam_a", "cam_b") for i in range(2)]
+    manifest = _report(client, "sensor/2026-11-30T01-00Z", rows, created=1)
+    daemon = SensorDaemon(instance, ZeroSettings(raw_uri=RAW, raw_inventory_manifest_uri=manifest))
+    _, launched = daemon.tick()
+    assert sorted(r.partition_key for r in launched) == daemon.sources() == ["cam_a", "cam_b"]
+    assert daemon.tick()[1] == [], "the same report again: nothing"
+
+    _report(client, "sensor/2026-11-30T01-00Z", rows + [("plant/cam_b/annotations.json", 5, "a")], created=2)  # replaced in place
+    _, launched = daemon.tick()
+    assert [r.partition_key for r in launched] == ["cam_b"]
