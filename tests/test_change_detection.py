@@ -189,7 +189,7 @@ def test_a_new_inventory_report_is_diffed_per_source_and_an_old_one_is_not_read_
     second_rows = [(k, s, "ann2") if k == "plant/cam_c/annotations.json" else (k, s, e) for k, s, e in second_rows]  # label fix
     second_rows += [("plant/cam_new/lot_0/0.jpg", 10, "n")]
     client.put_object(Bucket="zero-inventory", Key=f"{config}/2026-12-01T01-00Z/data/part-0.csv.gz", Body=b"being written")  # no manifest yet
-    assert current_manifest(f"s3://zero-inventory/{config}/").endswith("2026-11-30T01-00Z/manifest.json"), "a report without its manifest is not current"
+    assert current_manifest(f"s3://zero-inventory/{config}/")[0].endswith("2026-11-30T01-00Z/manifest.json"), "a report without its manifest is not current"
     _report(client, f"{config}/2026-12-01T01-00Z", second_rows, created=2)
     second = detect_from_inventory(f"s3://zero-inventory/{config}/", RAW, first.cursor)
     assert sorted(second.changed) == ["cam_b", "cam_c", "cam_new"], "only the sources whose objects changed"

@@ -62,9 +62,14 @@ def sensor_result(context: SensorEvaluationContext, detection: Detection) -> Sen
         )
         for s in sources
     ]
-    context.log.info(f"{detection.summary}; changed: {sources}; new partitions: {added}")
+    context.log.info(f"{detection.summary}; changed: {_some(sources)}; new partitions: {_some(added)}")
     return SensorResult(run_requests=runs, dynamic_partitions_requests=[RAW_SOURCES.build_add_request(added)] if added else [],
                         asset_events=observations, cursor=cursor)
+
+
+def _some(names: list[str], shown: int = 20) -> str:
+    """A bounded list for a log line: a first inventory diff may change thousands of sources."""
+    return f"{len(names)} ({', '.join(names[:shown])}{', ...' if len(names) > shown else ''})"
 
 
 @sensor(target=[RAW_IMAGE_INDEX], minimum_interval_seconds=TICK_INTERVAL_S,

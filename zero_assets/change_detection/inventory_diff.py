@@ -27,10 +27,10 @@ MANIFEST = "manifest.json"
 _REPORT_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}-\d{2}Z/$")
 
 
-def current_manifest(location: str) -> str:
-    """The manifest.json of the newest report at `location` (a manifest URI, or a configuration's folder)."""
+def current_manifest(location: str) -> tuple[str, bytes]:
+    """The URI and bytes of the newest report's manifest.json at `location` (a manifest URI, or a configuration's folder)."""
     if location.endswith(MANIFEST):
-        return location
+        return location, read_bytes(location)
     bucket, prefix = split_s3(location)
     base = f"{prefix}/" if prefix else ""
 
@@ -42,11 +42,11 @@ def current_manifest(location: str) -> str:
 
     dated = sorted((f for f in retry_call(folders, what=f"LIST s3://{bucket}/{base}", endpoint=endpoint_of(s3_client())) if _REPORT_FOLDER.match(f)), reverse=True)
     for folder in dated[:3]:  # a report being written has no manifest yet: the one before it is current
+        uri = f"s3://{bucket}/{base}{folder}{MANIFEST}"
         try:
-            read_bytes(f"s3://{bucket}/{base}{folder}{MANIFEST}")
+            return uri, read_bytes(uri)
         except FileNotFoundError:
             continue
-        return f"s3://{bucket}/{base}{folder}{MANIFEST}"
     raise FileNotFoundError(
         f"no S3 Inventory report under {location}: expected dated folders holding {MANIFEST} "
         "(or set ZERO_RAW_INVENTORY_MANIFEST_URI to one report's manifest.json)"
@@ -54,8 +54,7 @@ def current_manifest(location: str) -> str:
 
 
 def detect_from_inventory(location: str, raw_uri: str, cursor: dict | None) -> Detection:
-    manifest_uri = current_manifest(location)
-    raw_manifest = read_bytes(manifest_uri)
+    manifest_uri, raw_manifest = current_manifest(location)
     checksum = hashlib.sha256(raw_manifest).hexdigest()[:16]
     try:
         created = str(json.loads(raw_manifest).get("creationTimestamp", ""))

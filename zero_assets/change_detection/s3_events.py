@@ -36,8 +36,8 @@ def parse_body(body: str) -> list[ObjectEvent]:
     """The object-changing events of one message; [] for a test event. MalformedMessage otherwise."""
     try:
         document = json.loads(body)
-    except (json.JSONDecodeError, TypeError) as error:
-        raise MalformedMessage(f"not JSON ({error.msg if hasattr(error, 'msg') else error})") from None
+    except json.JSONDecodeError as error:
+        raise MalformedMessage(f"not JSON ({error.msg})") from None
     if isinstance(document, dict) and document.get("Type") == "Notification" and "Message" in document:
         try:  # SNS wraps the S3 event as a JSON string
             document = json.loads(document["Message"])
