@@ -4,17 +4,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, DagsterInstance, materialize
+from dagster import AssetKey, DagsterInstance
+from graph_runs import materialize_graph, sources_of
 from postgres_server import PostgresServer
-
-from zero_assets.assets import ALL_ASSETS
 
 REPO = Path(__file__).resolve().parents[1]
 FAST_TRAINING = {"ops": {"trained_checkpoint": {"config": {"max_steps": 4, "checkpoint_every": 2, "batch_size": 4}}}}
 
 
 @pytest.mark.slow
-def test_whole_graph_on_postgres_storage(resources, tmp_path, monkeypatch):
+def test_whole_graph_on_postgres_storage(resources, tiny_raw_root, tmp_path, monkeypatch):
     with PostgresServer() as server:
         for key, value in server.env().items():
             monkeypatch.setenv(key, value)
@@ -23,8 +22,9 @@ def test_whole_graph_on_postgres_storage(resources, tmp_path, monkeypatch):
         shutil.copy(REPO / "deploy" / "dagster.postgres.yaml", home / "dagster.yaml")
         with DagsterInstance.from_config(str(home)) as instance:
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"
-            result = materialize(ALL_ASSETS, resources=resources, instance=instance, run_config=FAST_TRAINING)
-            assert result.success
+            per_source, tail = materialize_graph(tiny_raw_root, instance=instance, resources=resources, run_config=FAST_TRAINING)
+            assert all(r.success for r in per_source.values()) and tail.success
         with DagsterInstance.from_config(str(home)) as reopened:  # the history lives in the server
             assert reopened.get_latest_materialization_event(AssetKey("map_report")) is not None
-            assert len(reopened.get_runs()) == 1
+            assert len(reopened.get_runs()) == len(sources_of(tiny_raw_root)) + 1  # one run per source, then the tail
+            assert sorted(reopened.get_dynamic_partitions("raw_sources")) == sources_of(tiny_raw_root)

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from dagster import materialize
 
-from zero_assets.assets import ALL_ASSETS
+from graph_runs import materialize_source, materialize_tail, sources_of
+from zero_assets.assets import ALL_ASSETS, SOURCE_SPECS, fsx_warm_state, training_set
 
-UPSTREAM = ["raw_image_index", "validated_images", "arrow_shards", "fsx_warm_state"]
+ALL = [*SOURCE_SPECS, *ALL_ASSETS]
 MAX_STEPS = 60
 TINY_TRAINING = {"ops": {"trained_checkpoint": {"config": {
     "max_steps": MAX_STEPS, "checkpoint_every": 5, "batch_size": 2, "width": 16, "min_size": 64, "max_size": 96,
@@ -77,14 +78,16 @@ def wait_until_gone(pids: list[int], timeout: float = 15) -> list[int]:
 
 
 @pytest.mark.slow
-def test_kill_9_of_the_launcher_then_rematerializing_resumes_and_finishes(instance, resources):
+def test_kill_9_of_the_launcher_then_rematerializing_resumes_and_finishes(instance, resources, tiny_raw_root):
     lake = Path(resources["settings"].lake_uri)
-    assert materialize(ALL_ASSETS, selection=UPSTREAM, resources=resources, instance=instance).success
+    for source in sources_of(tiny_raw_root):  # every source, then the tail up to the warm shards
+        assert materialize_source(source, instance=instance, resources=resources).success
+    assert materialize_tail(instance=instance, resources=resources, assets=[training_set, fsx_warm_state]).success
 
     killed: dict = {}
     killer = threading.Thread(target=kill_launcher_after_first_checkpoint, args=(lake, killed), daemon=True)
     killer.start()
-    first = materialize(ALL_ASSETS, selection=["trained_checkpoint"], resources=resources, instance=instance,
+    first = materialize(ALL, selection=["trained_checkpoint"], resources=resources, instance=instance,
                         run_config=TINY_TRAINING, raise_on_error=False)
     killer.join(timeout=10)
     assert "launcher" in killed, "the launcher was never seen with a checkpoint written"
@@ -93,7 +96,7 @@ def test_kill_9_of_the_launcher_then_rematerializing_resumes_and_finishes(instan
     saved = checkpoint_steps(lake)
     assert saved and saved[-1] < MAX_STEPS, f"killed mid-way, with checkpoints {saved}"
 
-    second = materialize(ALL_ASSETS, selection=["trained_checkpoint"], resources=resources, instance=instance,
+    second = materialize(ALL, selection=["trained_checkpoint"], resources=resources, instance=instance,
                          run_config=TINY_TRAINING)
     assert second.success
     trained = metadata(second, "trained_checkpoint")
