@@ -5,7 +5,8 @@ SageMaker itself is the fake from sagemaker_fakes; CloudWatch Logs is a moto ser
 from __future__ import annotations
 
 import pytest
-from dagster import AssetKey, materialize
+from dagster import AssetKey
+from graph_runs import materialize_source
 from moto.server import ThreadedMotoServer
 
 from sagemaker_fakes import FakeSageMaker
@@ -19,6 +20,8 @@ from zero_assets.resources.sagemaker_runner import AwsClients
 from zero_assets.resources.sagemaker_settings import JobCompute
 from zero_assets.resources.settings import REPO_ROOT
 from zero_assets.sagemaker.code_package import MARKER, build_code_package
+
+SOURCE = "line_a_camera"
 
 BUCKET = "zero-ml"
 
@@ -56,12 +59,13 @@ def test_validation_job_runs_on_the_s3_path(seaweed, cloudwatch, tiny_raw_root, 
     monkeypatch.setattr(sagemaker_runner, "make_aws_clients", lambda region: AwsClients(fake, cloudwatch, seaweed.client(), None))
     jobs = SageMakerJobRunner(settings=settings, aws=aws)
 
-    result = materialize([raw_image_index, validated_images], instance=instance, resources={"settings": settings, "jobs": jobs})
+    result = materialize_source(SOURCE, instance=instance, resources={"settings": settings, "jobs": jobs},
+                                assets=[raw_image_index, validated_images])
     assert result.success
     metadata = instance.get_latest_materialization_event(AssetKey("validated_images")).asset_materialization.metadata
     assert metadata["backend"].value == "sagemaker" and metadata["job_status"].value == "Completed"
     assert metadata["accepted"].value > 0  # reported by the script through S3 Pipes messages
-    assert str(metadata["uri"].value).startswith(f"{lake}/validated_images/")
+    assert str(metadata["uri"].value).startswith(f"{lake}/validated_images/{SOURCE}/")
     s3 = seaweed.client()
     output = str(metadata["uri"].value)[len(f"s3://{BUCKET}/"):]
     assert s3.head_object(Bucket=BUCKET, Key=f"{output}/manifest.json")["ContentLength"] > 0
@@ -71,6 +75,10 @@ def test_validation_job_runs_on_the_s3_path(seaweed, cloudwatch, tiny_raw_root, 
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix=f"zero/pipes/{name}/messages/")["KeyCount"] >= 1
 
     launched = [c for c in fake.calls if c[0] == "CreateProcessingJob"]
+    # Only the source's raw folder is handed to the job, landing where the script reads the raw layout.
+    raw_input = next(i["S3Input"] for i in fake.jobs[name]["params"]["ProcessingInputs"] if i["InputName"] == "raw") if instances == 1 else \
+        next(i["S3Input"] for i in fake.jobs[metadata["map_job_name"].value]["params"]["ProcessingInputs"] if i["InputName"] == "raw")
+    assert raw_input["S3Uri"] == f"s3://{BUCKET}/raw/{SOURCE}/" and raw_input["LocalPath"].endswith(f"/input/raw/{SOURCE}")
     if instances == 2:
         # Map on two instances, each given half the raw objects by key, then the reduce on one.
         map_name = metadata["map_job_name"].value
@@ -84,5 +92,5 @@ def test_validation_job_runs_on_the_s3_path(seaweed, cloudwatch, tiny_raw_root, 
         assert launched == [("CreateProcessingJob", name)]
 
     # Same inputs again: the finished job is found by name, nothing new is launched.
-    assert materialize([validated_images], instance=instance, resources={"settings": settings, "jobs": jobs}).success
+    assert materialize_source(SOURCE, instance=instance, resources={"settings": settings, "jobs": jobs}, assets=[validated_images]).success
     assert [c for c in fake.calls if c[0] == "CreateProcessingJob"] == launched
