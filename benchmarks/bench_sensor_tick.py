@@ -155,9 +155,9 @@ def run() -> list[BenchResult]:
             many_sources_s = min(_timed_tick(big, defs, objects=100, changed_sources=100) for _ in range(3))
 
             inventory_s = {}
-            for name, uri, sources in (("small", small_inventory, SMALL_SOURCES), ("big", big_inventory, BIG_SOURCES)):
+            for name, uri, sources, lake in (("small", small_inventory, SMALL_SOURCES, small), ("big", big_inventory, BIG_SOURCES, big)):
                 started = time.perf_counter()
-                found = detect_from_inventory(uri, RAW, None)
+                found = detect_from_inventory(uri, RAW, None, lake.instance.run_storage)
                 inventory_s[name] = time.perf_counter() - started
                 if len(found.changed) != sources:
                     raise AssertionError(f"the {name} report's diff found {len(found.changed)} sources, expected {sources}")

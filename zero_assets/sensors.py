@@ -33,12 +33,12 @@ QUEUE_WAIT_S = 5.0  # long poll of a tick's first receive: an empty queue costs 
 
 def detect(settings: ZeroSettings, cursor: dict | None, context: SensorEvaluationContext) -> Detection:
     """The detector the settings call for; one that does not match the cursor's kind starts afresh."""
+    store = context.instance.run_storage  # the key-value store beside the cursor (see change_detection.tick_state)
     if settings.raw_events_queue_url:
-        return detect_from_queue(settings.raw_events_queue_url, settings.raw_uri, cursor, context.instance.run_storage,
-                                 budget_s=QUEUE_BUDGET_S, wait_s=QUEUE_WAIT_S)
+        return detect_from_queue(settings.raw_events_queue_url, settings.raw_uri, cursor, store, budget_s=QUEUE_BUDGET_S, wait_s=QUEUE_WAIT_S)
     if settings.raw_inventory_manifest_uri:
-        return detect_from_inventory(settings.raw_inventory_manifest_uri, settings.raw_uri, cursor)
-    return detect_from_listing(settings.raw_uri, cursor)
+        return detect_from_inventory(settings.raw_inventory_manifest_uri, settings.raw_uri, cursor, store)
+    return detect_from_listing(settings.raw_uri, cursor, store)
 
 
 def new_sources(context: SensorEvaluationContext, sources: list[str]) -> list[str]:

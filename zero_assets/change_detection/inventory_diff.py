@@ -6,7 +6,7 @@ writes one dated folder per report (`2026-12-01T01-00Z/manifest.json`): the newe
 manifest is the current report (one delimiter listing, one entry per report kept, never the lake).
 A tick that finds the report it diffed last (same creation time and checksum) reads nothing else;
 a new report is read once (`s3_inventory.list_from_inventory`), digested per source and compared with
-the digests the cursor kept from the previous report.
+the digests kept from the previous report (beside the cursor, see `tick_state`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from training_code.lib.storage import read_bytes, s3_client, split_s3
 
 from ..s3_inventory import list_from_inventory
 from . import Detection
-from .source_digests import SourceDigests, changed_sources
+from .source_digests import SourceDigests, changed_sources, previous_digests
+from .tick_state import TickState
 
 KIND = "inventory"
 MANIFEST = "manifest.json"
@@ -53,26 +54,30 @@ def current_manifest(location: str) -> tuple[str, bytes]:
     )
 
 
-def detect_from_inventory(location: str, raw_uri: str, cursor: dict | None) -> Detection:
+def detect_from_inventory(location: str, raw_uri: str, cursor: dict | None, store) -> Detection:
+    """`store`: the instance's run storage, where the per-source digests wait between ticks."""
     manifest_uri, raw_manifest = current_manifest(location)
     checksum = hashlib.sha256(raw_manifest).hexdigest()[:16]
     try:
         created = str(json.loads(raw_manifest).get("creationTimestamp", ""))
     except (json.JSONDecodeError, AttributeError):
         raise ValueError(f"{manifest_uri} is not an S3 Inventory manifest (not a JSON object)") from None
-    previous = cursor if cursor and cursor.get("kind") == KIND and cursor.get("raw") == raw_uri else None
-    if previous and (previous.get("created"), previous.get("checksum")) == (created, checksum):
+    previous = cursor if cursor and cursor.get("kind") == KIND and cursor.get("raw") == raw_uri else {}
+    if (previous.get("created"), previous.get("checksum")) == (created, checksum):
         return Detection({}, previous, f"no new inventory report ({manifest_uri}, created {created}, already diffed)",
                          change_number=previous.get("changes", 0))
+    state, tick = TickState(store, f"{KIND} {raw_uri}"), previous.get("tick", 0)
     accumulator = SourceDigests()
     keys = 0
     for obj in list_from_inventory(manifest_uri, raw_uri):
         keys += 1
         accumulator.add(obj)
     digests = accumulator.digests()
-    changed = changed_sources(previous["sources"] if previous else {}, digests)
-    change_number = (previous or {}).get("changes", 0) + (1 if changed else 0)
+    before, problems = previous_digests(state, tick)
+    changed = changed_sources(before, digests)
+    state.write(tick + 1, digests)
+    change_number = previous.get("changes", 0) + (1 if changed else 0)
     cursor = {"kind": KIND, "raw": raw_uri, "manifest": manifest_uri, "created": created, "checksum": checksum,
-              "sources": digests, "changes": change_number}
+              "tick": tick + 1, "changes": change_number, "sources": len(digests)}
     summary = f"diffed inventory report {manifest_uri} (created {created}): {keys} keys in {len(digests)} sources"
-    return Detection(changed, cursor, summary, accumulator.problem_lines(), change_number)
+    return Detection(changed, cursor, summary, problems + accumulator.problem_lines(), change_number)

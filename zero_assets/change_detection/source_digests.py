@@ -59,3 +59,14 @@ def changed_sources(previous: dict[str, str], current: dict[str, str]) -> dict[s
     changed = {source: digest for source, digest in current.items() if previous.get(source) != digest}
     changed.update({source: ABSENT for source in previous if source not in current})
     return changed
+
+
+def previous_digests(state, tick: int) -> tuple[dict[str, str], list[str]]:
+    """The digests the committed tick `tick` kept (none before the first tick), and a problem line
+    when they are gone (the instance's storage was reset): every source then counts as changed."""
+    if tick == 0:
+        return {}, []
+    kept = state.read(tick)
+    if kept is None:
+        return {}, [f"the per-source digests of tick {tick} are not in the instance: every source counts as changed"]
+    return kept, []

@@ -6,11 +6,11 @@ source's version token is the digest of its events in this tick (key, event, S3 
 distinct for every change, and the same when the same events are delivered again.
 
 At least once: a message is deleted only after the tick that reported it was committed. Its receipt
-is kept in the Dagster instance's key-value store under the tick's sequence number (the cursor holds
-only the number, so it stays small); the next tick deletes those receipts when its cursor carries
-that number, i.e. when Dagster committed the tick that read them. A tick whose result was lost never
-deletes: its messages come back after the visibility timeout and are reported again, which costs at
-most one run that the cache answers, never a missed change.
+is kept with the tick's number (`TickState`: the cursor holds only the number, so it stays small);
+the next tick deletes those receipts when its cursor carries that number, i.e. when Dagster committed
+the tick that read them. A tick whose result was lost never deletes: its messages come back after
+the visibility timeout and are reported again, which costs at most one run that the cache answers,
+never a missed change.
 
 A message that is not an S3 event is reported and left on the queue: the queue's redrive policy
 moves it to its dead-letter queue after `maxReceiveCount` receives (configure one).
@@ -18,8 +18,6 @@ moves it to its dead-letter queue after `maxReceiveCount` receives (configure on
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import defaultdict
 
 from training_code.lib.hashing import sha256_json
@@ -30,14 +28,11 @@ from .s3_events import MalformedMessage, parse_body
 from .source_digests import DIGEST_CHARS, MAX_PROBLEMS
 from .sources import partition_problem, source_of
 from .sqs_queue import delete, receive
+from .tick_state import TickState
 
 KIND = "sqs"
 MAX_MESSAGES_PER_TICK = 1000  # about 100 receive calls; bounds the receipts kept between ticks
 VISIBILITY_TIMEOUT_S = 900  # longer than several tick intervals: received messages stay hidden until deleted
-
-
-def pending_key(queue_url: str) -> str:
-    return f"zero_assets/sqs_pending/{hashlib.sha256(queue_url.encode()).hexdigest()[:16]}"
 
 
 def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, *, budget_s: float, wait_s: float | None = None,
@@ -48,13 +43,12 @@ def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, 
     bucket, prefix = split_s3(raw_uri)
     base = f"{prefix}/" if prefix else ""
     previous = cursor if cursor and cursor.get("kind") == KIND and cursor.get("queue") == queue_url and cursor.get("raw") == raw_uri else {}
-    sequence = previous.get("seq", 0)
+    tick = previous.get("tick", 0)
     problems: list[str] = []
 
-    key = pending_key(queue_url)
-    pending = json.loads(store.get_cursor_values({key}).get(key) or "{}")
-    if pending.get("seq") == sequence and pending.get("receipts"):
-        problems += delete(queue_url, pending["receipts"])  # the tick that read them was committed
+    pending = TickState(store, f"sqs-receipts {queue_url}")
+    if receipts_read := pending.read(tick):
+        problems += delete(queue_url, receipts_read)  # the tick that read them was committed
 
     messages = receive(queue_url, budget_s=budget_s, wait_s=wait_s, max_messages=max_messages, visibility_timeout_s=visibility_timeout_s)
     events_by_source: dict[str, list] = defaultdict(list)
@@ -82,10 +76,10 @@ def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, 
             events += 1
             events_by_source[source].append([printable_key(relative), event.event, event.sequencer, event.etag, event.size])
 
-    store.set_cursor_values({key: json.dumps({"seq": sequence + 1, "receipts": receipts})})
+    pending.write(tick + 1, receipts)
     changed = {source: sha256_json(sorted(rows))[:DIGEST_CHARS] for source, rows in events_by_source.items()}
     change_number = previous.get("changes", 0) + (1 if changed else 0)
-    new_cursor = {"kind": KIND, "queue": queue_url, "raw": raw_uri, "seq": sequence + 1, "changes": change_number,
+    new_cursor = {"kind": KIND, "queue": queue_url, "raw": raw_uri, "tick": tick + 1, "changes": change_number,
                   "events": previous.get("events", 0) + events, "malformed": previous.get("malformed", 0) + malformed}
     summary = f"{len(messages)} messages from {queue_url}: {events} object events in {len(changed)} sources"
     return Detection(changed, new_cursor, summary, problems, change_number)
