@@ -244,3 +244,12 @@ def test_the_sensor_without_a_queue_diffs_inventory_reports(s3_env, instance):
     _report(client, "sensor/2026-11-30T01-00Z", rows + [("plant/cam_b/annotations.json", 5, "a")], created=2)  # replaced in place
     _, launched = daemon.tick()
     assert [r.partition_key for r in launched] == ["cam_b"]
+
+
+def test_a_flood_of_bad_messages_costs_bounded_log_lines(queue, instance):
+    sqs().send_message_batch(QueueUrl=queue, Entries=[{"Id": str(i), "MessageBody": f"junk {i}"} for i in range(10)])
+    sqs().send_message_batch(QueueUrl=queue, Entries=[{"Id": str(i), "MessageBody": f"junk {i}"} for i in range(10, 20)])
+    sqs().send_message_batch(QueueUrl=queue, Entries=[{"Id": str(i), "MessageBody": f"junk {i}"} for i in range(20, 25)])
+    found = detect_from_queue(queue, RAW, None, instance.run_storage, budget_s=2)
+    assert found.changed == {} and found.cursor["malformed"] == 25
+    assert len(found.problems) == 21 and found.problems[-1] == "... and 5 more malformed messages"

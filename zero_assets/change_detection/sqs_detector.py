@@ -58,7 +58,8 @@ def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, 
             object_events = parse_body(message.body)
         except MalformedMessage as error:
             malformed += 1
-            problems.append(f"message {message.message_id} on {queue_url} skipped: {error}; left on the queue for its dead-letter queue")
+            if malformed <= MAX_PROBLEMS:
+                problems.append(f"message {message.message_id} on {queue_url} skipped: {error}; left on the queue for its dead-letter queue")
             continue
         receipts.append(message.receipt)
         for event in object_events:
@@ -76,6 +77,7 @@ def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, 
             events += 1
             events_by_source[source].append([printable_key(relative), event.event, event.sequencer, event.etag, event.size])
 
+    problems += [f"... and {n - MAX_PROBLEMS} more {what}" for n, what in ((malformed, "malformed messages"), (unnamed, "keys whose top-level folder cannot be a source")) if n > MAX_PROBLEMS]
     pending.write(tick + 1, receipts)
     changed = {source: sha256_json(sorted(rows))[:DIGEST_CHARS] for source, rows in events_by_source.items()}
     change_number = previous.get("changes", 0) + (1 if changed else 0)
