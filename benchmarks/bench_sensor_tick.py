@@ -42,11 +42,11 @@ from dagster._core.storage.tags import PARTITION_NAME_TAG, RUN_KEY_TAG, SENSOR_N
 from moto.server import ThreadedMotoServer
 
 from training_code.lib.aws_clients import client
+from zero_assets import sensors
 from zero_assets.change_detection.inventory_diff import detect_from_inventory
 from zero_assets.local_s3 import LocalS3Server
 from zero_assets.partitions import RAW_SOURCES
 from zero_assets.resources import ZeroSettings
-from zero_assets import sensors
 
 from .report import BenchResult
 

@@ -3,9 +3,9 @@ Inventory report generations on the local S3-compatible server, and per-source l
 
 from __future__ import annotations
 
+import csv
 import gzip
 import io
-import csv
 import json
 import shutil
 import time
