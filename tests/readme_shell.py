@@ -85,9 +85,16 @@ def user_environment(**extra: str) -> dict[str, str]:
     return {**environment, **extra}
 
 
+def clone_environment(cwd: Path, **extra: str) -> dict[str, str]:
+    """`user_environment` in the copy at `cwd`: the copy shares this repo's venv, whose editable install
+    points here, so the copy's own package is put first, as a clone's own venv would import it (the
+    `zero-assets` command then finds the copy's `.zero/`, not this repo's)."""
+    return user_environment(PYTHONPATH=str(cwd), **extra)
+
+
 def run_block(shell_block: ShellBlock, cwd: Path, timeout_s: float, **extra_env: str) -> subprocess.CompletedProcess:
     """The block in a fresh login shell that stops at the first failing command."""
-    return subprocess.run(["bash", "-elc", shell_block.text], cwd=cwd, env=user_environment(**extra_env),
+    return subprocess.run(["bash", "-elc", shell_block.text], cwd=cwd, env=clone_environment(cwd, **extra_env),
                           capture_output=True, text=True, timeout=timeout_s)
 
 
@@ -103,7 +110,7 @@ class BackgroundBlock:
     def __init__(self, shell_block: ShellBlock, cwd: Path, log: Path, **extra_env: str):
         self.log = log
         with open(log, "wb") as out:
-            self.process = subprocess.Popen(["bash", "-elc", shell_block.text], cwd=cwd, env=user_environment(**extra_env),
+            self.process = subprocess.Popen(["bash", "-elc", shell_block.text], cwd=cwd, env=clone_environment(cwd, **extra_env),
                                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_for_http(self, url: str, timeout_s: float) -> float:
