@@ -1,7 +1,8 @@
 """`zero-assets gc`: the lake outputs and job folders that nothing the instance holds refers to.
 
 What the lake holds, and when each part is referenced (kept):
-- `<asset>/<fingerprint16>/`, an output: a materialization the instance still holds names it (its
+- `<asset>/<fingerprint16>/` (`<asset>/<source>/<fingerprint16>/` for the per-source assets), an
+  output: a materialization the instance still holds names it (its
   `uri` or `dagster/uri` is the folder, inside it or above it). Every stored materialization counts,
   not only the latest: the cache reuses an older output when its inputs come back (a reverted
   config), and lineage reads the outputs of older checkpoints. Wiping an asset's history frees them.
@@ -21,6 +22,7 @@ this project's asset folders and the job folders are looked at; nothing else is 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -87,11 +89,16 @@ class References:
         return graced, f"written within the grace period ({grace_s / 3600:g} h)"
 
 
+_FINGERPRINT = re.compile(r"[0-9a-f]{16}")
+
+
 def unit_of(key: str, assets: set[str]) -> tuple[str, str] | None:
     """(unit key, kind) that a listed file belongs to, None for files gc never touches."""
     parts = key.split("/")
     if parts[0] in assets and len(parts) >= 3:
-        return "/".join(parts[:2]), "output"
+        # A per-source asset's outputs sit one folder deeper, under the source's folder.
+        depth = 2 if _FINGERPRINT.fullmatch(parts[1]) else 3
+        return ("/".join(parts[:depth]), "output") if len(parts) > depth else None
     if parts[0] != JOBS_FOLDER or len(parts) < 3:
         return None  # anything else in the lake is not ours to judge
     if parts[1] not in assets:

@@ -1,6 +1,9 @@
 """One Dagster process for the fault tests: materialize a selection against a real instance on disk.
 
-python tests/faults/fault_driver.py --home DAGSTER_HOME --raw DIR --state DIR --select a,b [--pause-before-marker]
+python tests/faults/fault_driver.py --home DAGSTER_HOME --raw DIR --state DIR --select a,b [--source S] [--pause-before-marker]
+
+A selection of per-source assets runs for one source (`--source`, default the raw root's first folder),
+registered as a partition first.
 
 Prints one JSON line, `RESULT {...}`, with success and each materialized asset's cache decision and
 uri. `--pause-before-marker` makes it stop (sleep) after a job's output is published and before its
@@ -19,7 +22,8 @@ from dagster import DagsterInstance, materialize
 
 import zero_assets.job_launch as job_launch
 from fault_assets import FAULT_ASSETS
-from zero_assets.assets import ALL_ASSETS
+from zero_assets.assets import ALL_ASSETS, PER_SOURCE_ASSETS, SOURCE_SPECS
+from zero_assets.partitions import RAW_SOURCES
 from zero_assets.resources import LocalJobRunner, ZeroSettings
 
 
@@ -28,6 +32,7 @@ def main() -> None:
     for flag in ("--home", "--raw", "--state", "--select"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--pause-before-marker", action="store_true")
+    parser.add_argument("--source", help="the partition of the per-source assets (default: the raw root's first folder)")
     args = parser.parse_args()
     state = Path(args.state)
     if args.pause_before_marker:
@@ -42,8 +47,13 @@ def main() -> None:
     (state / "fsx").mkdir(parents=True, exist_ok=True)
     settings = ZeroSettings(raw_uri=args.raw, lake_uri=str(state / "lake"), fsx_mount=str(state / "fsx"))
     selection = args.select.split(",")
+    per_source = {key.to_user_string() for asset in PER_SOURCE_ASSETS for key in asset.keys}
+    source = args.source or sorted(p.name for p in Path(args.raw).iterdir() if p.is_dir())[0] if per_source & set(selection) else None
     with DagsterInstance.from_config(args.home) as instance:
-        result = materialize([*ALL_ASSETS, *FAULT_ASSETS], selection=selection, instance=instance, raise_on_error=False,
+        if source:
+            instance.add_dynamic_partitions(RAW_SOURCES.name, [source])
+        result = materialize([*SOURCE_SPECS, *ALL_ASSETS, *FAULT_ASSETS], selection=selection, instance=instance, raise_on_error=False,
+                             partition_key=source,
                              resources={"settings": settings, "jobs": LocalJobRunner(settings=settings)})
         assets = {}
         for name in selection:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from conftest import make_resources
-from dagster import AssetKey, DagsterInstance, DagsterRun, DagsterRunStatus, materialize
+from dagster import AssetKey, DagsterInstance, DagsterRun, DagsterRunStatus
+from graph_runs import materialize_source
 
 from training_code.lib.storage import delete_prefix
 from zero_assets.assets import raw_image_index, validated_images
@@ -24,6 +25,7 @@ from zero_assets.local_s3 import LocalS3Server
 from zero_assets.resources import ZeroSettings
 
 ZERO_ASSETS = Path(sys.executable).with_name("zero-assets")
+SOURCE = "line_a_camera"  # the per-source assets' outputs sit under <lake>/<asset>/<source>/
 DAY = 24 * 3600
 
 
@@ -65,9 +67,10 @@ def built(tmp_path_factory, tiny_raw_root):
     home.mkdir()
     resources = make_resources(tiny_raw_root, tmp / "state")
     with DagsterInstance.from_config(str(home)) as instance:
-        assert materialize([raw_image_index], resources=resources, instance=instance, run_config=_index_config("")).success
-        assert materialize([raw_image_index, validated_images], resources=resources, instance=instance,
-                           run_config=_index_config("^[^/]+/lot_\\d+")).success
+        assert materialize_source(SOURCE, assets=[raw_image_index], resources=resources, instance=instance,
+                                  run_config=_index_config("")).success
+        assert materialize_source(SOURCE, assets=[raw_image_index, validated_images], resources=resources, instance=instance,
+                                  run_config=_index_config("^[^/]+/lot_\\d+")).success
     return {"home": home, "lake": tmp / "state" / "lake", "tmp": tmp}
 
 
@@ -105,7 +108,7 @@ def test_gc_lists_exactly_the_orphans_and_deletes_only_them(built):
     # folders of a run that recorded nothing (with the lease of its output), the folder of a failed
     # earlier run of a referenced output (its input linked to a referenced output: deleting it must not
     # follow the link), and a folder of the older one-folder-per-job layout.
-    orphan_output = lake / "raw_image_index" / "0123456789abcdef"
+    orphan_output = lake / "raw_image_index" / SOURCE / "0123456789abcdef"
     _write(orphan_output / "index.parquet", b"x" * 1000)
     _write(orphan_output / "manifest.json", b"{}")
     orphan_outputs_jobs = lake / "_jobs" / "validated_images" / "fedcba9876543210"
@@ -174,7 +177,7 @@ def test_gc_on_an_s3_lake_deletes_a_prefix_and_not_its_siblings(tmp_path, tiny_r
         s3.client().create_bucket(Bucket="lake")
         lake = "s3://lake/zero"
         settings = ZeroSettings(raw_uri=str(tiny_raw_root), lake_uri=lake)
-        assert materialize([raw_image_index], resources={"settings": settings}, instance=instance).success
+        assert materialize_source(SOURCE, assets=[raw_image_index], resources={"settings": settings}, instance=instance).success
         uri = instance.get_latest_materialization_event(AssetKey("raw_image_index")).asset_materialization.metadata["uri"].value
         kept_keys = _keys(s3, uri)
         # `<fingerprint>-map` shares the referenced output's key prefix: deleting one must not touch the other.
