@@ -41,6 +41,8 @@ from zero_assets.raw_index import build_raw_index
 from zero_assets.resources import LocalJobRunner
 
 from conftest import make_resources
+from graph_runs import materialize_source
+from zero_assets.raw_sources import list_sources
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hostile-secret: AWS_SECRET_ACCESS_KEY=do-not-quote"  # the first bytes are what a message would quote
@@ -231,28 +233,48 @@ def test_local_root_each_hostile_entry_costs_one_verdict_in_bounded_memory(hosti
     assert {p.name for p in tmp_path.iterdir()} <= {"index", "opt_ml", "out"}, "written outside the output folder"
 
 
+def combined_output(outs: list[Path], folder: Path) -> Path:
+    """The per-source validated outputs as one: their tables concatenated, their counts summed."""
+    folder.mkdir()
+    for name in ("accepted", "quarantine", "duplicates", "rejected_labels", "unmatched"):
+        pd.concat([pd.read_parquet(out / f"{name}.parquet") for out in outs], ignore_index=True).to_parquet(folder / f"{name}.parquet")
+    counts: dict = {}
+    for out in outs:
+        for key, value in json.loads((out / "manifest.json").read_text())["counts"].items():
+            if isinstance(value, int):
+                counts[key] = counts.get(key, 0) + value
+    (folder / "manifest.json").write_text(json.dumps({"counts": counts}))
+    return folder
+
+
 def test_assets_on_two_hosts_give_the_same_verdicts(hostile, tmp_path):
-    """Through Dagster: the index asset in-process, then validation as a map on two local hosts, whose
-    part of the raw input is a folder of links into the root, and a reduce."""
+    """Through Dagster, one source at a time: the index asset in-process, then validation as a map on two
+    local hosts, whose part of the source's raw input is a folder of links into the root, and a reduce."""
     raw = hostile["raw"]
     before = snapshot(raw, hostile["outside"])
     resources = make_resources(raw, tmp_path / "state")
     resources["jobs"] = LocalJobRunner(settings=resources["settings"], instances={"validated_images": 2})
-    run_config = {"ops": {"validated_images": {"config": {"max_annotation_bytes": ANNOTATION_LIMIT}}}}
+    # One source (cam) holds nearly every hostile file: more than half of it is quarantined, by design.
+    run_config = {"ops": {"validated_images": {"config": {"max_annotation_bytes": ANNOTATION_LIMIT, "max_quarantine_rate": 0.9}}}}
     (tmp_path / "dagster").mkdir()
     with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        result = materialize([raw_image_index, validated_images], resources=resources, instance=instance, run_config=run_config)
-    assert result.success
-    indexed = result.asset_materializations_for_node("raw_image_index")[0].metadata
-    assert indexed["unsafe_keys"].value == 3 and indexed["annotation_entries_rejected"].value == len(REJECTED) - 1  # bad_number is a bbox
-    assert set(indexed["annotation_errors_json"].value) == {"list_coco", "deep_coco"}  # big_coco is under the index's 1 GiB
-    event = result.asset_materializations_for_node("validated_images")[0]
-    out = Path(event.metadata["uri"].value)
-    assert_one_verdict_each(out, hostile["target_sha256"])
+        results = [materialize_source(source, instance=instance, resources=resources, run_config=run_config,
+                                      assets=[raw_image_index, validated_images]) for source in list_sources(str(raw))]
+    assert all(result.success for result in results)
+    indexed = [result.asset_materializations_for_node("raw_image_index")[0].metadata for result in results]
+    assert sum(m["unsafe_keys"].value for m in indexed) == 3
+    assert sum(m["annotation_entries_rejected"].value for m in indexed) == len(REJECTED) - 1  # bad_number is a bbox
+    errors = {source for m in indexed for source in m["annotation_errors_json"].value}
+    assert errors == {"list_coco", "deep_coco"}  # big_coco is under the index's 1 GiB
+    outs = [Path(result.asset_materializations_for_node("validated_images")[0].metadata["uri"].value) for result in results]
+    assert_one_verdict_each(combined_output(outs, tmp_path / "out"), hostile["target_sha256"])
+    for out in outs:  # the target's bytes are in no per-source output either
+        for path in out.rglob("*"):
+            assert not path.is_file() or hostile["target_sha256"].encode() not in path.read_bytes(), path
     assert snapshot(raw, hostile["outside"]) == before
     lake = tmp_path / "state" / "lake"
     written = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(tmp_path / "state")
-               and not p.is_relative_to(tmp_path / "dagster")]
+               and not p.is_relative_to(tmp_path / "dagster") and not p.is_relative_to(tmp_path / "out")]
     assert not written, f"written outside the state folder: {written[:5]}"
     assert lake.is_dir()
 

@@ -33,7 +33,10 @@ def verdict_frame(index: pd.DataFrame, verdicts: dict[str, ImageVerdict]) -> pd.
         fields = asdict(verdicts[key])
         fields.update(sha256=fields["sha256"] or "", reason=fields["reason"] or "")
         rows.append({"key": key, "etag": etag, "listed_size": int(listed_size), **fields})
-    return pd.DataFrame(rows, columns=list(VERDICTS.columns))
+    frame = pd.DataFrame(rows, columns=list(VERDICTS.columns))
+    if not rows:  # a host given no image of a small source: empty, with the schema's column types
+        frame = frame.astype({name: str(column.dtype) for name, column in VERDICTS.columns.items() if column.dtype is not None})
+    return frame
 
 
 def load_reusable(previous: Path, decode_settings: dict[str, Any]) -> dict[tuple[str, str, int], ImageVerdict]:
