@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from dagster import AssetKey, materialize
+from graph_runs import materialize_source
 
 from training_code.lib import storage
 from zero_assets.assets import raw_image_index, validated_images
@@ -30,6 +31,7 @@ from zero_assets.local_s3 import LocalS3Server
 from zero_assets.resources import LocalJobRunner, ZeroSettings
 
 BUCKET = "zero-faults"
+SOURCE = "line_a_camera"
 OUTAGE_S = 20.0
 SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
              b"<Message>Please reduce your request rate.</Message><RequestId>fault-proxy</RequestId></Error>")
@@ -269,7 +271,7 @@ def test_an_outage_in_the_middle_of_a_run_is_ridden_out(proxy, tiny_raw_root, in
     proxy.outage_on(_third_published_file(), OUTAGE_S)
 
     started = time.monotonic()
-    result = materialize([raw_image_index, validated_images], instance=instance, resources=_resources(root, tmp_path))
+    result = materialize_source(SOURCE, instance=instance, resources=_resources(root, tmp_path), assets=[raw_image_index, validated_images])
     assert result.success
     assert proxy.outage_started is not None and proxy.refused > 0, "the outage happened during the run"
     assert proxy.outage_ended - proxy.outage_started == OUTAGE_S and time.monotonic() - started > OUTAGE_S
@@ -285,10 +287,10 @@ def test_an_outage_past_the_retry_window_names_the_endpoint_and_the_rerun_comple
     monkeypatch.setenv("ZERO_AWS_MAX_ATTEMPTS", "2")
     proxy.outage_on(_third_published_file(), 12.0)
 
-    failed = materialize([raw_image_index, validated_images], instance=instance, resources=resources, raise_on_error=False)
+    failed = materialize_source(SOURCE, instance=instance, resources=resources, raise_on_error=False, assets=[raw_image_index, validated_images])
     assert not failed.success and proxy.refused > 0
     message = failed.get_step_failure_events()[0].step_failure_data.error.to_string()  # with the errors it wraps
-    assert proxy.endpoint_url in message and f"{root}/lake/validated_images/" in message, message
+    assert proxy.endpoint_url in message and f"{root}/lake/validated_images/{SOURCE}/" in message, message
 
     while proxy.in_outage():
         time.sleep(0.2)
@@ -297,7 +299,7 @@ def test_an_outage_past_the_retry_window_names_the_endpoint_and_the_rerun_comple
         f"cut off mid-publication, without manifest or marker: {sorted(published)}"
     monkeypatch.delenv("ZERO_AWS_RETRY_WINDOW_S")
     monkeypatch.delenv("ZERO_AWS_MAX_ATTEMPTS")
-    rerun = materialize([validated_images], instance=instance, resources=resources)
+    rerun = materialize_source(SOURCE, instance=instance, resources=resources, assets=[validated_images])
     assert rerun.success
     uri, fingerprint = _output(rerun)
     assert output_is_complete(uri, fingerprint), "the rerun published every file, manifest and marker last"
