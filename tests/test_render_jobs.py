@@ -76,6 +76,13 @@ def test_every_rendered_request_is_valid(tmp_path, monkeypatch, profile, fsx, sp
         assert [i["S3Input"]["S3Uri"] for i in reduced["ProcessingInputs"] if i["InputName"] == "decoded"] == [
             o["S3Output"]["S3Uri"] + "/" for o in mapped["ProcessingOutputConfig"]["Outputs"]]
     assert training["CheckpointConfig"]["S3Uri"].startswith("s3://zero-ml-lake/zero/checkpoints/trained_checkpoint/")
+    # A per-source job is handed its source's raw folder only, landing where the script reads the raw layout.
+    for name in ("arrow_shards.CreateProcessingJob.json", *validation):
+        raw = next(i["S3Input"] for i in requests[name]["ProcessingInputs"] if i["InputName"] == "raw") \
+            if any(i["InputName"] == "raw" for i in requests[name]["ProcessingInputs"]) else None
+        if raw is not None:
+            assert raw["S3Uri"].endswith("/raw/example_source/") and raw["LocalPath"].endswith("/input/raw/example_source"), raw
+    assert "/arrow_shards/example_source/" in requests["arrow_shards.CreateProcessingJob.json"]["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"]
     # Prefixes SageMaker downloads end in "/": `s3://b/raw` would also pull `raw-old/`, `<fp>` its `<fp>-map` sibling.
     prefixes = [i["S3Input"]["S3Uri"] for params in requests.values() for i in params.get("ProcessingInputs", [])]
     prefixes += [c["DataSource"]["S3DataSource"]["S3Uri"] for params in requests.values() for c in params.get("InputDataConfig", [])

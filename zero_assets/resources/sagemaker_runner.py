@@ -18,10 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue
+import io
+import json
+
+import pyarrow.parquet as pq
+from dagster import AssetExecutionContext, DataVersion, Failure, MaterializeResult, MetadataValue
 from dagster._core.pipes.client import PipesClientCompletedInvocation
 
-from training_code.lib.storage import exists, fetch_file, publish_folder
+from training_code.lib import training_set as ts
+from training_code.lib.storage import exists, fetch_file, join, publish_folder, read_bytes
 
 from ..cache import output_is_complete
 from ..fingerprints import UpstreamOutput
@@ -113,7 +118,13 @@ class SageMakerJobRunner(JobRunner):
         return self.aws.compute(asset).instance_count
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
-        """FSx configured: link, import, load and verify on the file system; else verify the set on S3."""
+        """FSx configured: link, import, load and verify on the file system; else verify the set on S3.
+
+        A training set is warmed as its one source's shard set: the training job reads one channel,
+        and a set of several sources (or rows left out) needs the training-set manifest beside the
+        shards, which this backend does not lay out yet, so it is refused, naming what to choose."""
+        if shards.asset == "training_set":
+            shards = single_source_shards(shards)
         base = {"backend": "sagemaker", "shards_uri": MetadataValue.path(shards.uri)}  # the asset adds the cache decision
         if not self.aws.fsx_enabled():
             counts = verify_on_s3(shards.uri)
@@ -130,6 +141,21 @@ class SageMakerJobRunner(JobRunner):
         metadata = {**(reported.metadata or {}), **extra, **base, "uri": location.uri, "file_system_id": fs_id,
                     "mount_path": location.directory_path, "association_id": association, "import_task_id": import_task}
         return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
+
+
+def single_source_shards(chosen: UpstreamOutput) -> UpstreamOutput:
+    """The one shard set a training set of one source without excluded rows reads, under the training
+    set's data version; anything else is refused with what to change."""
+    manifest = json.loads(read_bytes(join(chosen.uri, ts.MANIFEST)))
+    sources = manifest["sources"]
+    excluded = pq.read_metadata(io.BytesIO(read_bytes(join(chosen.uri, ts.EXCLUDED)))).num_rows
+    if len(sources) != 1 or excluded:
+        raise Failure(
+            f"training set {chosen.uri} has {len(sources)} sources and {excluded} excluded rows; on the SageMaker backend "
+            "a training job reads one source's shard set as it is. Set training_set's config `sources` to one source "
+            "(and no max_images_per_source), or train on the local backend."
+        )
+    return UpstreamOutput("arrow_shards", sources[0]["shards_uri"], chosen.data_version, sources[0]["source"])
 
 
 def unpack_model_artifact(model_tar_uri: str, destination: str) -> None:

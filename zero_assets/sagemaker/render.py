@@ -2,7 +2,8 @@
 
 Fingerprints use the upstream data versions of the latest materializations when a lookup is given
 (the Dagster instance); otherwise a stand-in version per asset, so the names and prefixes have the
-right shape but the fingerprint parts differ from a real run.
+right shape but the fingerprint parts differ from a real run. The per-source jobs are rendered for
+one source (`source`): each gets only that source's raw folder, its output under `<asset>/<source>/`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ..fingerprints import UpstreamOutput
 from ..job_launch import build_job_request
 from ..job_request import JobRequest, fan_out
 from ..resources.sagemaker_settings import SageMakerSettings
-from ..resources.settings import ZeroSettings
+from ..resources.settings import ZeroSettings, source_uri
 from .code_package import build_code_package
 from .fsx import shards_on_fsx
 from .fsx_warm import association_params, import_task_params, warm_job_request
@@ -31,15 +32,19 @@ from .requests import build_job_params
 Lookup = Callable[[str], Optional[UpstreamOutput]]
 
 
-def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup = lambda asset: None) -> list[tuple[str, str, str, dict[str, Any]]]:
+EXAMPLE_SOURCE = "example_source"
+
+
+def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup = lambda asset: None,
+                source: str = EXAMPLE_SOURCE) -> list[tuple[str, str, str, dict[str, Any]]]:
     """(label, service, operation, parameters) for every AWS call that launches work, in graph order; the
     label is the asset, with `-map` / `-reduce` for the two jobs of a validation spread over instances."""
     code = build_code_package()
     rendered: list[tuple[str, str, str, dict[str, Any]]] = []
 
-    def upstream(asset: str) -> UpstreamOutput:
+    def upstream(asset: str, partition: str | None = None) -> UpstreamOutput:
         found = lookup(asset)
-        return found or UpstreamOutput(asset, settings.asset_uri(asset, sha256_json(asset)[:16]), f"unmaterialized-{asset}")
+        return found or UpstreamOutput(asset, settings.asset_uri(asset, sha256_json(asset)[:16], partition), f"unmaterialized-{asset}", partition)
 
     def add(request: JobRequest) -> None:
         name = job_name(request.label, request.fingerprint, 1)
@@ -47,16 +52,19 @@ def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup =
         operation, params = build_job_params(request, aws, job_name=name, code=code, environment=environment, lake_uri=settings.lake_uri)
         rendered.append((request.label, "sagemaker", operation, params))
 
-    index = upstream("raw_image_index")
+    raw = {"inputs": {"raw": source_uri(settings, source)}, "input_folders": {"raw": source}}
+    index = upstream("raw_image_index", source)
     validation = build_job_request("validated_images", settings=settings, kind="processing", module="training_code.validate",
-                                   config=ValidationConfig().model_dump(), upstream=[index], inputs={"index": index.uri, "raw": settings.raw_uri})
+                                   config=ValidationConfig().model_dump(), upstream=[index], partition=source,
+                                   inputs={"index": index.uri, **raw["inputs"]}, input_folders=raw["input_folders"])
     instances = aws.compute("validated_images").instance_count
     for request in fan_out(validation, VALIDATION_SPREAD, instances) if instances > 1 else [validation]:
         add(request)
-    validated = upstream("validated_images")
-    add(build_job_request("arrow_shards", settings=settings, kind="processing", module="training_code.shard",
-                          config=ShardConfig().model_dump(), upstream=[validated], inputs={"validated": validated.uri, "raw": settings.raw_uri}))
-    shards = upstream("arrow_shards")
+    validated = upstream("validated_images", source)
+    add(build_job_request("arrow_shards", settings=settings, kind="processing", module="training_code.shard", partition=source,
+                          config=ShardConfig().model_dump(), upstream=[validated], inputs={"validated": validated.uri, **raw["inputs"]},
+                          input_folders=raw["input_folders"]))
+    shards = upstream("arrow_shards", source)
     warm_uri = shards.uri
     if aws.fsx_enabled():
         location = shards_on_fsx(shards.uri, settings.lake_uri, aws.fsx_file_system_id, aws.fsx_mount_name)
