@@ -10,8 +10,11 @@ import pytest
 
 from conftest import make_resources
 from graph_runs import materialize_source, materialize_tail
+from training_code.lib.detection_data import iter_eval_samples, verified_split
+from training_code.lib.shard_format import open_shard
 from training_code.lib.training_set import choose_rows
 from zero_assets.assets import training_set
+from zero_assets.warm_state import warm_training_set
 
 
 def test_duplicates_stay_in_the_source_that_sorts_first_and_the_cap_keeps_the_lowest_key_hashes():
@@ -81,3 +84,20 @@ def test_training_set_changes_only_when_a_chosen_source_changes(tiny_raw_root, t
     excluded = pd.read_parquet(Path(meta["uri"], "excluded.parquet"))
     kept = meta["images"]
     assert kept == 3 * 3 and meta["over_cap"] == (excluded["reason"].str.startswith("over the cap")).sum() > 0
+
+    # What the trainer and evaluator read of it, warmed: the listed shards of every source, the excluded
+    # rows skipped, each source's labels in the shared vocabulary.
+    warm = warm_training_set(meta["uri"], tmp_path / "fsx", "capped").path
+    read = []
+    for split in ("train", "val"):
+        manifest, shards = verified_split(warm, split)
+        read += list(iter_eval_samples(shards))
+    assert len(read) == kept and not {s.key for s in read} & set(excluded["key"])
+    shared = {c["id"]: c["name"] for c in manifest["categories"]}
+    by_key = {}
+    for source in manifest["sources"]:
+        for entry in source["shards"]:
+            rows = open_shard(warm / source["folder"] / entry["file"]).select(["key", "category_names"]).to_pylist()
+            by_key |= {row["key"]: row["category_names"] for row in rows}
+    for sample in read:  # the same names, whichever source's ids the shard stored
+        assert [shared[int(label)] for label in sample.labels] == by_key[sample.key]
