@@ -36,13 +36,18 @@ def _make_demo_data(args: argparse.Namespace) -> int:
 
 
 def _sources(args: argparse.Namespace) -> int:
-    from .raw_sources import list_sources, register_sources
-    from .resources.settings import settings_from_env
+    import os
 
-    raw_uri = settings_from_env().raw_uri
+    from .raw_sources import list_sources, register_sources
+    from .resources.settings import ZeroSettings
+
+    raw_uri = os.environ.get("ZERO_RAW_URI") or ZeroSettings().raw_uri  # what the assets read
     sources = list_sources(raw_uri)
     if not args.register:
-        print("\n".join(sources) if sources else f"no sources (top-level folders) under {raw_uri}")
+        if not sources:  # stdout stays a plain list (scripts loop over it); the note goes to stderr
+            print(f"no sources (top-level folders) under {raw_uri}", file=sys.stderr)
+        if sources:
+            print("\n".join(sources))
         return 0
     from dagster import DagsterInstance
 
