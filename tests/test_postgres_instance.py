@@ -1,15 +1,23 @@
 """The graph runs against the production instance config: PostgreSQL storage on a real server."""
 
-import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from dagster import AssetKey, DagsterInstance
 from graph_runs import materialize_graph, sources_of
 from postgres_server import PostgresServer
 
 REPO = Path(__file__).resolve().parents[1]
 FAST_TRAINING = {"ops": {"trained_checkpoint": {"config": {"max_steps": 4, "checkpoint_every": 2, "batch_size": 4}}}}
+
+
+def production_config_without_ecs() -> dict:
+    """deploy/dagster.postgres.yaml as is, less its `run_launcher` block: there is no ECS here, so runs use
+    Dagster's default launcher (tests/test_ecs_run_launcher.py tests that block against moto's ECS)."""
+    config = yaml.safe_load((REPO / "deploy" / "dagster.postgres.yaml").read_text())
+    assert config.pop("run_launcher")["class"] == "EcsRunLauncher"
+    return config
 
 
 @pytest.mark.slow
@@ -19,9 +27,10 @@ def test_whole_graph_on_postgres_storage(resources, tiny_raw_root, tmp_path, mon
             monkeypatch.setenv(key, value)
         home = tmp_path / "dagster_home"
         home.mkdir()
-        shutil.copy(REPO / "deploy" / "dagster.postgres.yaml", home / "dagster.yaml")
+        (home / "dagster.yaml").write_text(yaml.safe_dump(production_config_without_ecs()))
         with DagsterInstance.from_config(str(home)) as instance:
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+            assert type(instance.run_launcher).__name__ == "DefaultRunLauncher"
             per_source, tail = materialize_graph(tiny_raw_root, instance=instance, resources=resources, run_config=FAST_TRAINING)
             assert all(r.success for r in per_source.values()) and tail.success
         with DagsterInstance.from_config(str(home)) as reopened:  # the history lives in the server
