@@ -152,7 +152,7 @@ def run_task_requests(sent) -> list[dict]:
 def create_run(instance, workspace, tags=RUN_TAGS):
     location = workspace.get_code_location(workspace.code_location_names[0])
     remote_job = next(iter(location.get_repositories().values())).get_full_job("zero_per_source")
-    return instance.create_run_for_job(defs.get_job_def("zero_per_source"), tags=tags,
+    return instance.create_run_for_job(defs.resolve_job_def("zero_per_source"), tags=tags,
                                        remote_job_origin=remote_job.get_remote_origin(), job_code_origin=remote_job.get_python_origin())
 
 
