@@ -147,3 +147,35 @@ def test_a_checkpoint_folder_has_one_writer_until_it_dies(tmp_path):
         writer.kill()  # SIGKILL: the kernel drops its lock
         writer.wait()
     lock_for_writing(folder)  # the dead writer's lock is gone; this process writes now
+
+
+HOLD_CHECKPOINTS_WITH_A_WORKER = """
+import os, sys, time
+from pathlib import Path
+from training_code.lib.checkpoints import lock_for_writing
+lock_for_writing(Path(sys.argv[1]))
+worker = os.fork()  # as a DataLoader worker forks from rank 0, holding its open files
+if worker == 0:
+    time.sleep(600)
+    os._exit(0)
+print(worker, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_writers_forked_workers_do_not_keep_its_checkpoint_folder(tmp_path):
+    """kill -9 of rank 0 frees the folder at once, though its DataLoader workers may live on a while."""
+    from training_code.lib.checkpoints import lock_for_writing
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", HOLD_CHECKPOINTS_WITH_A_WORKER, str(folder)], cwd=REPO,
+                              stdout=subprocess.PIPE, text=True)
+    worker_pid = int(writer.stdout.readline())
+    try:
+        writer.kill()
+        writer.wait()
+        os.kill(worker_pid, 0)  # the forked worker is still alive
+        lock_for_writing(folder)  # and yet the folder is free for the rerun
+    finally:
+        os.kill(worker_pid, signal.SIGKILL)

@@ -2,8 +2,10 @@
 
 A checkpoint holds model, optimizer, scheduler, step, images seen, every rank's RNG state, the
 command-line arguments and the model config, so a restarted job continues where the last one stopped.
-One job writes a checkpoint folder at a time: rank 0 holds an exclusive lock on it for the whole job
-(the kernel drops it when the process dies, however it dies), and a second writer fails at once.
+One job writes a checkpoint folder at a time: rank 0 holds an exclusive POSIX record lock on it for the
+whole job (the kernel drops it when that process dies, however it dies), and a second writer fails at
+once. A record lock, not flock: DataLoader workers forked from rank 0 would inherit a flock and keep
+the folder locked after a kill -9 of rank 0 until the last of them exits; record locks are not inherited.
 """
 
 from __future__ import annotations
@@ -64,9 +66,9 @@ def lock_for_writing(folder: Path) -> None:
     if folder in _held_locks:
         return
     handle = open(folder / WRITER_LOCK, "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    try:  # the handle stays open: closing any descriptor of this file in this process would drop the lock
+        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):
         handle.seek(0)
         holder = handle.read().strip() or "unknown"
         handle.close()
