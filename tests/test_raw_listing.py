@@ -390,3 +390,40 @@ def test_index_memory_does_not_grow_with_the_sources_listing(s3, tmp_path):
         peaks[images] = measured["peak_kb"] / 1024
     print(f"peak RSS: {peaks[40_000]:.0f} MB at 40,000 images, {peaks[400_000]:.0f} MB at 400,000")
     assert peaks[400_000] - peaks[40_000] < 50, peaks  # streaming: about 20 MB; a list of the listing: about 110 MB
+
+
+def test_index_in_process_and_as_a_job_give_the_same_index_and_data_version(tiny_raw_root, tmp_path, instance, resources):
+    """Threshold 0 sends the source to training_code.index through the JobRunner once it has a previous
+    index; the job's output folder, rows and data version equal the in-process ones, and a repeat is a hit."""
+    import shutil
+
+    import pandas as pd
+
+    from graph_runs import materialize_source
+    from zero_assets.assets import raw_image_index
+    from zero_assets.raw_index import source_listing_fingerprint
+
+    def run(job_above_images: int):
+        config = {"ops": {"raw_image_index": {"config": {"job_above_images": job_above_images}}}}
+        result = materialize_source("line_a_camera", instance=instance, resources=resources, assets=[raw_image_index], run_config=config)
+        [event] = result.asset_materializations_for_node("raw_image_index")
+        return {k: v.value for k, v in event.metadata.items()}, event.tags["dagster/data_version"]
+
+    in_process, in_process_version = run(1_000_000)
+    assert in_process["indexed_by"] == "dagster process" and in_process["cache"] == "miss"
+    uri = in_process["uri"]
+    rows = pd.read_parquet(f"{uri}/index.parquet")
+    assert len(rows) == in_process["images"] > 0 and set(rows["source"]) == {"line_a_camera"}
+    assert source_listing_fingerprint(str(tiny_raw_root), "line_a_camera") == in_process["listing_fingerprint"]
+    shutil.rmtree(uri)  # the same inputs must be built again, this time by the job
+
+    as_job, job_version = run(0)
+    assert as_job["indexed_by"] == "job" and as_job["cache"] == "miss", as_job.get("cache_reason")
+    assert as_job["uri"] == uri, "both paths publish under the same input fingerprint"
+    assert pd.read_parquet(f"{uri}/index.parquet").equals(rows)
+    assert job_version == in_process_version
+    assert {k: as_job[k] for k in ("images", "bytes", "groups", "unsafe_keys", "index_fingerprint")} == {
+        k: in_process[k] for k in ("images", "bytes", "groups", "unsafe_keys", "index_fingerprint")}
+
+    again, again_version = run(0)
+    assert again["cache"] == "hit" and again_version == in_process_version, "a repeat launches no job"

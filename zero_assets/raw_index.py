@@ -33,13 +33,27 @@ from training_code.lib.coco import (
 )
 from training_code.lib.hashing import sha256_json
 from training_code.lib.raw_files import Refused, locate, read_limited
-from training_code.lib.raw_index import IMAGE_SUFFIXES, write_source_index
+from training_code.lib.annotation_files import count_source_annotations
+from training_code.lib.raw_index import IMAGE_SUFFIXES, _ListingPass, write_source_index
+from training_code.lib.raw_index_listing import check_source, list_source
 from training_code.lib.raw_index_groups import group_of
 from training_code.lib.storage import ObjectInfo, is_s3, join, key_problem, list_objects, printable_key, read_bytes
 
 from .s3_inventory import list_from_inventory
 
-__all__ = ["IMAGE_SUFFIXES", "RawIndex", "build_raw_index", "group_of", "sample_by_group", "write_source_index"]
+__all__ = ["IMAGE_SUFFIXES", "RawIndex", "build_raw_index", "group_of", "sample_by_group", "source_listing_fingerprint", "write_source_index"]
+
+
+def source_listing_fingerprint(raw_uri: str, source: str, *, max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES,
+                               inventory_manifest_uri: str | None = None) -> str:
+    """The `listing_fingerprint` write_source_index would record for `<raw_uri>/<source>/`, from one
+    streamed pass over that source's listing (nothing written, no list of keys kept): what the asset
+    needs before it decides whether a job must build the index at all."""
+    check_source(source)
+    listing = _ListingPass(source, None, count_source_annotations(raw_uri, source, max_annotation_bytes))
+    for _ in listing.batches(list_source(raw_uri, source, inventory_manifest_uri)):
+        pass
+    return listing.fingerprint()
 
 ANNOTATION_READERS = 16  # concurrent GETs: on S3 the round trips overlap
 # Annotation file bytes being parsed at once (a larger file runs alone); parsed with INDEX_FIELDS,

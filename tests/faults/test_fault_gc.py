@@ -22,7 +22,7 @@ from training_code.lib.storage import delete_prefix
 from zero_assets.assets import raw_image_index, validated_images
 from zero_assets.gc import delete_unreferenced, find_unreferenced
 from zero_assets.local_s3 import LocalS3Server
-from zero_assets.resources import ZeroSettings
+from zero_assets.resources import LocalJobRunner, ZeroSettings
 
 ZERO_ASSETS = Path(sys.executable).with_name("zero-assets")
 SOURCE = "line_a_camera"  # the per-source assets' outputs sit under <lake>/<asset>/<source>/
@@ -177,7 +177,7 @@ def test_gc_on_an_s3_lake_deletes_a_prefix_and_not_its_siblings(tmp_path, tiny_r
         s3.client().create_bucket(Bucket="lake")
         lake = "s3://lake/zero"
         settings = ZeroSettings(raw_uri=str(tiny_raw_root), lake_uri=lake)
-        assert materialize_source(SOURCE, assets=[raw_image_index], resources={"settings": settings}, instance=instance).success
+        assert materialize_source(SOURCE, assets=[raw_image_index], resources={"settings": settings, "jobs": LocalJobRunner(settings=settings)}, instance=instance).success
         uri = instance.get_latest_materialization_event(AssetKey("raw_image_index")).asset_materialization.metadata["uri"].value
         kept_keys = _keys(s3, uri)
         # `<fingerprint>-map` shares the referenced output's key prefix: deleting one must not touch the other.

@@ -25,7 +25,7 @@ import json, sys
 import zero_assets
 from dagster import AssetKey, DagsterInstance, materialize
 from zero_assets.assets.raw_image_index import raw_image_index
-from zero_assets.resources import ZeroSettings
+from zero_assets.resources import LocalJobRunner, ZeroSettings
 
 raw, lake = sys.argv[1:3]
 source = "line_a_camera"  # the index is per source: one partition is enough to see the code version
@@ -33,7 +33,7 @@ with DagsterInstance.get() as instance:
     settings = ZeroSettings(raw_uri=raw, lake_uri=lake)
     if not instance.has_dynamic_partition("raw_sources", source):
         instance.add_dynamic_partitions("raw_sources", [source])
-    materialize([raw_image_index], instance=instance, resources={"settings": settings}, partition_key=source, raise_on_error=True)
+    materialize([raw_image_index], instance=instance, resources={"settings": settings, "jobs": LocalJobRunner(settings=settings)}, partition_key=source, raise_on_error=True)
     event = instance.get_latest_materialization_event(AssetKey("raw_image_index")).asset_materialization
 print(json.dumps({"package": zero_assets.__file__, "uri": event.metadata["uri"].value,
                   "cache": event.metadata["cache"].value, "data_version": event.tags["dagster/data_version"]}))
@@ -67,7 +67,7 @@ def test_editing_the_index_code_changes_its_folder_and_data_version(package_copy
     assert (again["cache"], again["uri"], again["data_version"]) == ("hit", first["uri"], first["data_version"])
 
     # A comment is enough: the code version is derived from the source files, not typed by hand.
-    raw_index = package_copy / "zero_assets" / "raw_index.py"
+    raw_index = package_copy / "training_code" / "lib" / "raw_index.py"  # what both the asset and the index job run
     raw_index.write_text(raw_index.read_text() + "\n# reviewed: no behaviour change\n")
     edited = _materialize_index(package_copy, tiny_raw_root, lake, home)
     assert edited["cache"] == "miss"

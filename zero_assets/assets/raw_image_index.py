@@ -1,25 +1,39 @@
-"""`raw_image_index`: one row per raw image, built from the listing alone (no image bytes read)."""
+"""`raw_image_index`: one row per raw image of one source, built from its listing alone (no image bytes read).
+
+The index is `training_code.lib.raw_index.write_source_index`: one source listed as a stream into
+Parquet in record batches, manifest last. A source is indexed in this process, or, when its previous
+index held more than `job_above_images` images, as the Processing job `training_code.index` through
+the JobRunner. Both give the same output folder (`<lake>/raw_image_index/<source>/<fingerprint16>/`),
+the same files and the same data version: the index fingerprint (listing fingerprint, code version,
+group pattern, sample), so an edit to the index code makes everything downstream stale.
+"""
 
 import json
+import tempfile
+from pathlib import Path
+from typing import Any
 
 from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
 
 from training_code.lib.hashing import sha256_json
-from training_code.lib.storage import join, write_bytes_atomic
-from training_code.lib.tables import RAW_INDEX, write_table
+from training_code.lib.raw_index import INDEX_FILE, MANIFEST, write_source_index
+from training_code.lib.storage import copy_file_atomic, join, read_bytes, write_bytes_atomic
+from training_code.lib.tables import RAW_INDEX
 
-from ..cache import decide, mark_output_complete, miss_metadata
-from ..fingerprints import FingerprintInputs, code_version
+from ..cache import decide, mark_output_complete, miss_metadata, output_is_complete, retract_output_marker
+from ..fingerprints import FingerprintInputs, UpstreamOutput, latest_materializations
+from ..job_launch import launch_job
 from ..metadata import table_schema
 from ..partitions import RAW_SOURCES
-from ..raw_index import build_raw_index, sample_by_group
+from ..raw_index import source_listing_fingerprint
+from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
 from .raw_data import raw_data
 
-# The code that decides what the index holds: the listing and annotation parsing (and everything they
-# import) and the table writer. Its version is part of the output folder and the data version, so an
-# edit to it rebuilds the index and makes everything downstream stale.
-INDEX_CODE = ("zero_assets.raw_index", "training_code.lib.tables")
+# The code that decides what the index holds: the job script and everything it imports (the listing,
+# the annotation parsing, the table schema). The in-process path runs the same code, so both paths
+# share one input fingerprint; an edit to it rebuilds the index and makes everything downstream stale.
+INDEX_MODULE = "training_code.index"
 
 
 class RawIndexConfig(Config):
@@ -28,62 +42,148 @@ class RawIndexConfig(Config):
     # How images are grouped for the train/val split: empty means the folder an image sits in;
     # otherwise a regex over the key whose match (or first group) names the group, e.g. "^[^/]+/lot_\\d+".
     group_pattern: str = ""
+    # A source whose previous index held more images than this is indexed by a Processing job
+    # (training_code.index through the `jobs` resource) instead of in the Dagster process. 0: always a job.
+    job_above_images: int = 1_000_000
 
 
 @asset(deps=[raw_data], partitions_def=RAW_SOURCES, group_name="zero", kinds={"parquet"},
        metadata={"dagster/column_schema": table_schema(RAW_INDEX)})
-def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, settings: ZeroSettings) -> MaterializeResult:
+def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """Index of every image of one source (the raw root's folder `<source>/`): key, size, etag, group, annotation count."""
     source = context.partition_key
-    index = build_raw_index(settings.raw_uri, config.inventory_manifest_uri, config.group_pattern, source=source)
-    if index.frame.empty:
-        raise Failure(f"no images found under {settings.raw_uri}/{source}/; check the source name (`zero-assets sources`), "
-                      "set ZERO_RAW_URI or run `zero-assets make-demo-data`")
-    if settings.sample_images:  # the rehearsal profile: a small, stable sample of whole groups
-        index.frame = sample_by_group(index.frame, settings.sample_images)
-        context.log.info(f"rehearsal sample: {len(index.frame)} images in {index.frame['group'].nunique()} groups")
     # What downstream sees: the listing (key, size, etag; never image bytes), the code that reads it, the
-    # grouping and the sample. Not the inventory manifest: listing and inventory index the same objects.
-    code = code_version(*INDEX_CODE)
-    fingerprint = sha256_json([index.listing_fingerprint, code, config.group_pattern, settings.sample_images])
-    run_config = {**config.model_dump(), "sample_images": settings.sample_images}
-    inputs = FingerprintInputs(code, run_config, {"raw_listing": index.listing_fingerprint})
-    decision = decide(context, inputs)
-    if decision.hit is not None:
-        context.log.info(f"cache hit, index not rewritten: {decision.reason}")
-        return decision.hit
-    out = settings.asset_uri("raw_image_index", fingerprint[:16], source)
-    write_table(index.frame, RAW_INDEX, join(out, "index.parquet"))
-    manifest = {"format": "zero-raw-index/1", "index_fingerprint": fingerprint, "listing_fingerprint": index.listing_fingerprint,
-                "code_version": code, "raw_uri": settings.raw_uri, "source": source, "images": len(index.frame)}
-    write_bytes_atomic(join(out, "manifest.json"), json.dumps(manifest, indent=1).encode())
-    mark_output_complete(out, inputs.fingerprint)
-    by_source = index.frame.groupby("source").agg(images=("key", "size"), bytes=("size", "sum")).reset_index()
-    for key in index.annotations_without_image:
-        context.log.warning(f"annotation for a missing image: {key}")
-    for source, error in sorted(index.annotation_errors.items()):  # the other sources go on
-        context.log.error(f"source {source!r}: {error}")
+    # grouping and the sample. The job's arguments are exactly this config, so both paths fingerprint alike.
+    arguments = _job_arguments(settings, source, config)
+    previous = _previous_images(context, source)
+    if previous is not None and previous > config.job_above_images:
+        return _index_as_job(context, settings, jobs, source, config, arguments, previous)
+    return _index_in_process(context, settings, source, config, arguments)
+
+
+def _job_arguments(settings: ZeroSettings, source: str, config: RawIndexConfig) -> dict[str, Any]:
+    arguments: dict[str, Any] = {"raw": settings.raw_uri, "source": source, "group_pattern": config.group_pattern}
+    if config.inventory_manifest_uri:
+        arguments["inventory_manifest"] = config.inventory_manifest_uri
+    if settings.sample_images:  # the rehearsal profile: a small, stable sample of whole groups
+        arguments["sample_images"] = settings.sample_images
+    return arguments
+
+
+def _listing(settings: ZeroSettings, source: str, listing_fingerprint: str) -> UpstreamOutput:
+    return UpstreamOutput("raw_listing", join(settings.raw_uri, source), listing_fingerprint, source)
+
+
+def _previous_images(context: AssetExecutionContext, source: str) -> int | None:
+    """The image count of this source's previous index: what decides where the next one runs."""
+    records = latest_materializations(context.instance, context.asset_key, source)
+    if not records:
+        return None
+    images = records[0].asset_materialization.metadata.get("images")
+    return None if images is None else int(images.value)
+
+
+def _index_in_process(context: AssetExecutionContext, settings: ZeroSettings, source: str, config: RawIndexConfig,
+                      arguments: dict[str, Any]) -> MaterializeResult:
+    """Written to a local staging folder first: the listing fingerprint, and so the output folder and
+    the cache decision, is known only once the listing has streamed by. One listing pass."""
+    with tempfile.TemporaryDirectory(prefix="zero-index-staging-") as staging:
+        manifest = write_source_index(settings.raw_uri, source, staging, group_pattern=config.group_pattern,
+                                      inventory_manifest_uri=config.inventory_manifest_uri or None,
+                                      sample_images=settings.sample_images or None)
+        _refuse_empty(settings, manifest)
+        inputs = FingerprintInputs.of(INDEX_MODULE, arguments, [_listing(settings, source, manifest["listing_fingerprint"])])
+        decision = decide(context, inputs)
+        if decision.hit is not None:
+            context.log.info(f"cache hit, index not rewritten: {decision.reason}")
+            return decision.hit
+        out = settings.asset_uri("raw_image_index", inputs.fingerprint[:16], source)
+        manifest_bytes = Path(staging, MANIFEST).read_bytes()
+        if not output_is_complete(out, inputs.fingerprint):
+            retract_output_marker(out)  # nothing may vouch for the folder while its files are replaced
+        copy_file_atomic(Path(staging, INDEX_FILE), join(out, INDEX_FILE))
+        write_bytes_atomic(join(out, MANIFEST), manifest_bytes)  # last: it vouches for the index
+    data_version = _index_fingerprint(manifest, inputs)
+    mark_output_complete(out, inputs.fingerprint, data_version)
+    _log_problems(context, manifest)
     return MaterializeResult(
-        metadata={
-            "uri": MetadataValue.path(out),
-            "raw_uri": MetadataValue.path(settings.raw_uri),
-            "source": source,
-            "images": len(index.frame),
-            "bytes": int(index.frame["size"].sum()),
-            "sources": index.frame["source"].nunique(),
-            "groups": index.frame["group"].nunique(),
-            "images_without_annotation": int((index.frame["annotation_count"] == 0).sum()),
-            "annotations_without_image": len(index.annotations_without_image),
-            "ignored_files": len(index.ignored_files),
-            # Hostile entries, each decided by validated_images (README "Bad input").
-            "unsafe_keys": len(index.unsafe_keys),
-            "annotation_entries_rejected": index.annotation_entries_rejected,
-            "annotation_errors_json": MetadataValue.json(index.annotation_errors),
-            "sources_without_annotations_json": MetadataValue.json(index.sources_without_annotations),
-            "by_source": MetadataValue.md(by_source.to_markdown(index=False)),
-            "listing_fingerprint": index.listing_fingerprint,
-            "index_fingerprint": fingerprint,
-            **miss_metadata(inputs, decision.reason),
-        },
-        data_version=DataVersion(fingerprint),
+        metadata={"uri": MetadataValue.path(out), "indexed_by": "dagster process",
+                  **_metadata(settings, manifest, inputs), **miss_metadata(inputs, decision.reason)},
+        data_version=DataVersion(data_version),
     )
+
+
+def _index_as_job(context: AssetExecutionContext, settings: ZeroSettings, jobs: JobRunner, source: str, config: RawIndexConfig,
+                  arguments: dict[str, Any], previous: int) -> MaterializeResult:
+    """A streamed fingerprint pass over the source's listing here (one source, never the lake), then the
+    job writes the index under the fingerprint's folder; a hit launches nothing."""
+    context.log.info(f"source {source!r} held {previous} images last time (> job_above_images {config.job_above_images}): "
+                     "indexing it as a Processing job")
+    listing_fingerprint = source_listing_fingerprint(settings.raw_uri, source, inventory_manifest_uri=config.inventory_manifest_uri or None)
+    upstream = [_listing(settings, source, listing_fingerprint)]
+    result = launch_job(context, jobs=jobs, settings=settings, kind="processing", module=INDEX_MODULE, config=arguments,
+                        upstream=upstream, inputs={})
+    if result.metadata and result.metadata.get("cache") == "hit":
+        return result
+    inputs = FingerprintInputs.of(INDEX_MODULE, arguments, upstream)
+    out = settings.asset_uri("raw_image_index", inputs.fingerprint[:16], source)
+    manifest = json.loads(read_bytes(join(out, MANIFEST)))
+    _refuse_empty(settings, manifest)
+    _log_problems(context, manifest)
+    # The job reports the sha256 of its manifest; the asset's version is the index fingerprint on both
+    # paths (it moves with the code too), recorded for the published files like the in-process path.
+    data_version = _index_fingerprint(manifest, inputs)
+    mark_output_complete(out, inputs.fingerprint, data_version)
+    return MaterializeResult(metadata={**(result.metadata or {}), "indexed_by": "job", "job_data_version": result.data_version.value,
+                                       **_metadata(settings, manifest, inputs)},
+                             data_version=DataVersion(data_version))
+
+
+def _refuse_empty(settings: ZeroSettings, manifest: dict[str, Any]) -> None:
+    if manifest["images"] == 0:
+        raise Failure(f"no images found under {settings.raw_uri}/{manifest['source']}/; check the source name (`zero-assets sources`), "
+                      "set ZERO_RAW_URI or run `zero-assets make-demo-data`")
+
+
+def _log_problems(context: AssetExecutionContext, manifest: dict[str, Any]) -> None:
+    source = manifest["source"]
+    for key in manifest["examples"]["annotations_without_image"]:
+        context.log.warning(f"annotation for a missing image: {key}")
+    if manifest["annotations_without_image"] > len(manifest["examples"]["annotations_without_image"]):
+        context.log.warning(f"source {source!r}: {manifest['annotations_without_image']} annotated files missing in all (examples above)")
+    if manifest["annotation_error"]:  # the images are indexed without annotations; validation reports them
+        context.log.error(f"source {source!r}: {manifest['annotation_error']}")
+    if sample := manifest.get("sample_images"):
+        context.log.info(f"rehearsal sample: {manifest['images']} of {manifest['listed_images']} images "
+                         f"in {manifest['groups']} groups (sample_images={sample})")
+
+
+def _metadata(settings: ZeroSettings, manifest: dict[str, Any], inputs: FingerprintInputs) -> dict[str, Any]:
+    source = manifest["source"]
+    by_source = f"| source | images | bytes |\n|:--|--:|--:|\n| {source} | {manifest['images']} | {manifest['bytes']} |"
+    return {
+        "raw_uri": MetadataValue.path(settings.raw_uri),
+        "source": source,
+        "images": manifest["images"],
+        "dagster/row_count": manifest["images"],
+        "bytes": manifest["bytes"],
+        "sources": 1,
+        "groups": manifest["groups"],
+        "images_without_annotation": manifest["images_without_annotation"],
+        "annotations_without_image": manifest["annotations_without_image"],
+        "ignored_files": manifest["ignored_files"],
+        # Hostile entries, each decided by validated_images (README "Bad input").
+        "unsafe_keys": manifest["unsafe_keys"],
+        "annotation_entries_rejected": manifest["annotation_entries_rejected"],
+        "annotation_errors_json": MetadataValue.json({source: manifest["annotation_error"]} if manifest["annotation_error"] else {}),
+        "sources_without_annotations_json": MetadataValue.json([] if manifest["has_annotations"] else [source]),
+        "examples_json": MetadataValue.json(manifest["examples"]),
+        "by_source": MetadataValue.md(by_source),
+        "listing_fingerprint": manifest["listing_fingerprint"],
+        "index_fingerprint": _index_fingerprint(manifest, inputs),
+    }
+
+
+def _index_fingerprint(manifest: dict[str, Any], inputs: FingerprintInputs) -> str:
+    """What downstream sees of the index: the listing, the code that reads it, the grouping and the sample."""
+    return sha256_json([manifest["listing_fingerprint"], inputs.code, manifest["group_pattern"], manifest["sample_images"]])
