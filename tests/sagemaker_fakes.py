@@ -7,7 +7,8 @@ and maps the exit to job states: 0 -> Completed (outputs uploaded), non-zero -> 
 FailureReason / ExitMessage from `/opt/ml/output/{failure,message}`, Stop*Job -> Stopping -> Stopped,
 MaxRuntimeInSeconds exceeded -> Stopped / MaxRuntimeExceeded. A Processing job with several instances
 runs one process per host, each with its own `/opt/ml` and `config/resourceconfig.json`; a
-ShardedByS3Key input gives each host every n-th object; every host uploads its outputs. An S3Prefix
+ShardedByS3Key input gives each host every n-th object; a ManifestFile input the objects its manifest
+names, at their keys relative to its prefix; every host uploads its outputs. An S3Prefix
 input is every key that starts with the URI exactly as written, as SageMaker reads it (`s3://b/raw`
 also matches `raw-old/...`).
 
@@ -225,6 +226,9 @@ class FakeSageMaker:
         for item in params.get("ProcessingInputs", []):
             sharded = item["S3Input"]["S3DataDistributionType"] == "ShardedByS3Key"
             part = (hosts.index(host), len(hosts)) if sharded else (0, 1)
+            if item["S3Input"]["S3DataType"] == "ManifestFile":
+                self._download_listed(item["S3Input"]["S3Uri"], self._local(item["S3Input"]["LocalPath"], opt))
+                continue
             self._download(item["S3Input"]["S3Uri"], self._local(item["S3Input"]["LocalPath"], opt), part)
         for item in params["ProcessingOutputConfig"]["Outputs"]:
             self._local(item["S3Output"]["LocalPath"], opt).mkdir(parents=True, exist_ok=True)
@@ -281,6 +285,18 @@ class FakeSageMaker:
             target = dest / key[len(prefix) :].lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        return dest
+
+    def _download_listed(self, manifest_uri: str, dest: Path) -> Path:
+        """S3DataType=ManifestFile: the manifest is `[{"prefix": "s3://b/p/"}, "key relative to it", ...]`;
+        each named object lands under `dest` at its relative key (a missing one fails the job, as on SageMaker)."""
+        bucket, key = split_s3(manifest_uri)
+        prefix_entry, *relative = json.loads(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        prefix_bucket, _, prefix = prefix_entry["prefix"][len("s3://") :].partition("/")
+        for name in relative:
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(self.s3.get_object(Bucket=prefix_bucket, Key=prefix + name)["Body"].read())
         return dest
 
     def _upload(self, folder: Path, uri: str) -> None:

@@ -84,11 +84,32 @@ def test_every_rendered_request_is_valid(tmp_path, monkeypatch, profile, fsx, sp
             assert raw["S3Uri"].endswith("/raw/example_source/") and raw["LocalPath"].endswith("/input/raw/example_source"), raw
     assert "/arrow_shards/example_source/" in requests["arrow_shards.CreateProcessingJob.json"]["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"]
     # Prefixes SageMaker downloads end in "/": `s3://b/raw` would also pull `raw-old/`, `<fp>` its `<fp>-map` sibling.
-    prefixes = [i["S3Input"]["S3Uri"] for params in requests.values() for i in params.get("ProcessingInputs", [])]
+    prefixes = [i["S3Input"]["S3Uri"] for params in requests.values() for i in params.get("ProcessingInputs", [])
+                if i["S3Input"]["S3DataType"] == "S3Prefix"]
     prefixes += [c["DataSource"]["S3DataSource"]["S3Uri"] for params in requests.values() for c in params.get("InputDataConfig", [])
                  if "S3DataSource" in c["DataSource"]]
     prefixes += [params["CheckpointConfig"]["S3Uri"] for params in requests.values() if "CheckpointConfig" in params]
     assert prefixes and all(uri.endswith("/") and not uri.endswith("//") for uri in prefixes), prefixes
+    # The training set of any number of sources: the jobs read the shard root that holds every source's
+    # shard sets, told the training set's folder there; the evaluator gets exactly its files from S3.
+    folder = training["HyperParameters"]["training-set"]
+    assert folder.startswith("_training_sets/") and folder.count("/") == 1
+    if fsx:
+        assert channel["DataSource"]["FileSystemDataSource"]["DirectoryPath"] == "/abcdefgh/arrow_shards"
+        warm = requests["fsx_warm_state.CreateTrainingJob.json"]
+        assert warm["HyperParameters"]["training-set"] == folder
+        assert warm["InputDataConfig"][0]["DataSource"]["FileSystemDataSource"]["DirectoryPath"] == "/abcdefgh/arrow_shards"
+        paths = requests["fsx_warm_state.CreateDataRepositoryTask.json"]["Paths"]
+        assert paths == ["arrow_shards/example_source/" + paths[0].rsplit("/", 1)[1], f"arrow_shards/{folder}"]
+    else:
+        assert channel["DataSource"]["S3DataSource"]["S3Uri"] == "s3://zero-ml-lake/zero/lake/arrow_shards/"
+    evaluation = requests["map_report.CreateProcessingJob.json"]
+    shards_input = next(i["S3Input"] for i in evaluation["ProcessingInputs"] if i["InputName"] == "shards")
+    assert shards_input["S3DataType"] == "ManifestFile"
+    assert shards_input["S3Uri"] == f"s3://zero-ml-lake/zero/lake/arrow_shards/{folder}/files.manifest"
+    arguments = evaluation["AppSpecification"]["ContainerArguments"]
+    assert arguments[arguments.index("--shards") + 1] == "/opt/ml/processing/input/shards"
+    assert arguments[arguments.index("--training-set") + 1] == folder
     for params in requests.values():
         for key, value in params.get("Environment", {}).items():
             assert len(value) <= (512 if "TrainingJobName" in params else 256), key

@@ -4,13 +4,18 @@ SageMaker itself is the fake from sagemaker_fakes; CloudWatch Logs is a moto ser
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from dagster import AssetKey
-from graph_runs import materialize_source
+from graph_runs import materialize_source, materialize_tail
 from moto.server import ThreadedMotoServer
 
 from sagemaker_fakes import FakeSageMaker
 from training_code.lib.aws_clients import client as aws_client
+from training_code.lib.detection_data import iter_eval_samples, verified_split
+from training_code.lib.shard_format import verify_shard
+from training_code.warm import listed_shards
 from training_code.lib.storage import publish_folder
 from zero_assets.assets import raw_image_index, validated_images
 from zero_assets.local_s3 import LocalS3Server
@@ -94,3 +99,73 @@ def test_validation_job_runs_on_the_s3_path(seaweed, cloudwatch, tiny_raw_root, 
     # Same inputs again: the finished job is found by name, nothing new is launched.
     assert materialize_source(SOURCE, instance=instance, resources={"settings": settings, "jobs": jobs}, assets=[validated_images]).success
     assert [c for c in fake.calls if c[0] == "CreateProcessingJob"] == launched
+
+
+FAST_TRAINING = {"max_steps": 4, "checkpoint_every": 2, "batch_size": 4}
+
+
+@pytest.mark.slow  # every job of two sources' graph on the fake SageMaker: about 80 s here
+def test_two_source_training_set_warms_trains_and_evaluates(seaweed, cloudwatch, tiny_raw_root, instance, tmp_path, monkeypatch):
+    """Two sources on the S3 path (no FSx): the warm step lays the training set out under the shard root,
+    manifest last; the real trainer and evaluator read it there (FastFile channel; ManifestFile input)."""
+    for key, value in seaweed.env().items():
+        monkeypatch.setenv(key, value)
+    publish_folder(tiny_raw_root, f"s3://{BUCKET}/raw-set")
+    lake = f"s3://{BUCKET}/zero/lake-set"
+    settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw-set", lake_uri=lake, backend="sagemaker")
+    aws = SageMakerSettings(
+        region="us-east-1", role_arn="arn:aws:iam::123456789012:role/zero-jobs", bucket=BUCKET,
+        training_image_uri="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5-gpu-py311",
+        processing_image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-processing:1", poll_interval_s=0.3,
+    )
+    fake = FakeSageMaker(tmp_path / "sm", seaweed.client(), cloudwatch, {**seaweed.env(), "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.3"})
+    monkeypatch.setattr(sagemaker_runner, "make_aws_clients", lambda region: AwsClients(fake, cloudwatch, seaweed.client(), None))
+    resources = {"settings": settings, "jobs": SageMakerJobRunner(settings=settings, aws=aws)}
+    sources = ["line_a_camera", "line_b_camera"]
+    for source in sources:
+        assert materialize_source(source, instance=instance, resources=resources).success
+    result = materialize_tail(instance=instance, resources=resources,
+                              run_config={"ops": {"trained_checkpoint": {"config": FAST_TRAINING}}})
+    assert result.success
+
+    def metadata(asset: str) -> dict:
+        return {k: v.value for k, v in instance.get_latest_materialization_event(AssetKey(asset)).asset_materialization.metadata.items()}
+
+    chosen, warm, trained, report = metadata("training_set"), metadata("fsx_warm_state"), metadata("trained_checkpoint"), metadata("map_report")
+    assert chosen["sources"] == sources
+    folder = warm["training_set_folder"]
+    assert warm["uri"] == f"{lake}/arrow_shards/{folder}" and warm["sources"] == sources and warm["shards"] == chosen["shards"]
+    # The warm state carries the training set's data version: warming the same bytes again does not make training stale.
+    versions = {asset: instance.get_latest_materialization_event(AssetKey(asset)).asset_materialization.tags["dagster/data_version"]
+                for asset in ("training_set", "fsx_warm_state")}
+    assert versions["fsx_warm_state"] == versions["training_set"]
+    # The channel is the shard root; the trainer is told the training set's folder there.
+    training = fake.jobs[trained["job_name"]]["params"]
+    assert training["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] == f"{lake}/arrow_shards/"
+    assert training["HyperParameters"]["training-set"] == folder
+    s3 = seaweed.client()
+    manifest = json.loads(s3.get_object(Bucket=BUCKET, Key=f"zero/lake-set/arrow_shards/{folder}/manifest.json")["Body"].read())
+    assert [s["folder"].split("/")[0] for s in manifest["sources"]] == sources  # relative to the shard root
+    rows = {split: {s["source"]: sum(e["rows"] for e in s["shards"] if e["split"] == split) for s in manifest["sources"]} for split in ("train", "val")}
+    assert all(rows["train"][source] + rows["val"][source] for source in sources), rows  # both sources hold shards
+    assert trained["train_images"] == sum(rows["train"].values()), (rows, trained["train_images"])
+    # The evaluator got exactly the training set's files from S3 (no FSx mount for Processing jobs) and
+    # scored what the trainer's own reader yields there: both sources, excluded rows skipped.
+    evaluation = fake.jobs[report["job_name"]]["params"]
+    listed = next(i["S3Input"] for i in evaluation["ProcessingInputs"] if i["InputName"] == "shards")
+    assert listed["S3DataType"] == "ManifestFile"
+    local = tmp_path / "shard_root"
+    for obj in s3.list_objects_v2(Bucket=BUCKET, Prefix="zero/lake-set/arrow_shards/")["Contents"]:
+        target = local / obj["Key"][len("zero/lake-set/arrow_shards/"):]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(s3.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read())
+    _, val_shards = verified_split(local, "val", training_set_dir=folder)
+    val_rows = sum(ref.rows for ref in val_shards)
+    assert {ref.path.relative_to(local).parts[0] for ref in val_shards} == {source for source, n in rows["val"].items() if n}
+    assert val_rows == sum(rows["val"].values())
+    assert report["val_images"] == sum(1 for _ in iter_eval_samples(val_shards)) <= val_rows
+    # What the FSx warm job loads and verifies in that layout: every listed shard of every source.
+    _, located = listed_shards(local, folder)
+    assert len(located) == warm["shards"] and {where.relative_to(local).parts[0] for where, _ in located} == set(sources)
+    for where, entry in located:
+        verify_shard(where, entry)

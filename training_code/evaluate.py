@@ -37,6 +37,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     graph = parser.add_argument_group("graph mode (run the model on shards)")
     graph.add_argument("--model", type=Path, help="folder holding model.pt (the training job's model output)")
     graph.add_argument("--shards", type=Path, help="shard folder with manifest.json")
+    graph.add_argument("--training-set", default=None,
+                       help="the training set's folder inside --shards, when --shards is the shard root of every source (SageMaker)")
     graph.add_argument("--out", type=Path, help="folder for predictions.json, ground_truth.json, metrics.json")
     graph.add_argument("--split", default="val")
     graph.add_argument("--score-threshold", type=float, default=0.0, help="drop detections scoring below this")
@@ -110,7 +112,7 @@ def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
-    manifest, shards = verified_split(args.shards, args.split)
+    manifest, shards = verified_split(args.shards, args.split, training_set_dir=args.training_set)
     model, payload = load_model_file(args.model, device)
     model = model.to(memory_format=torch.channels_last)  # the layout it was trained in; faster convolutions
     check_categories(payload["categories"], manifest["categories"], args.model)

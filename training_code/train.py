@@ -51,6 +51,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     # Hyperparameters arrive as `--kebab-case value` pairs, as SageMaker script mode passes them.
     parser = argparse.ArgumentParser(description="Train the ZERO detector on Arrow shards")
     parser.add_argument("--arch", default=DEFAULT_ARCH, choices=ARCHITECTURES)
+    parser.add_argument("--training-set", default=None,
+                        help="the training set's folder inside the `train` channel, when the channel is the shard root of every source (SageMaker)")
     parser.add_argument("--width", type=int, default=32, help="fcos_tiny backbone width")
     parser.add_argument("--fpn-channels", type=int, default=64, help="fcos_tiny FPN channels (multiple of 32)")
     parser.add_argument("--min-size", type=int, default=160, help="shorter image side fed to the model")
@@ -165,7 +167,7 @@ def train(args: argparse.Namespace, ctx: DistributedContext, pipes) -> tuple[dic
     """Run (or finish) training; return the summary, the unwrapped model and its config."""
     started = time.perf_counter()
     torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // ctx.local_world_size))
-    manifest, shards = verified_split(job_env.channel_dir("train"), "train", ctx.rank, ctx.world_size)
+    manifest, shards = verified_split(job_env.channel_dir("train"), "train", ctx.rank, ctx.world_size, training_set_dir=args.training_set)
     config = model_config(args.arch, manifest["categories"], args.width, args.fpn_channels, args.min_size, args.max_size)
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     # channels_last: oneDNN convolutions run ~25% faster on CPU (measured here), and GPUs prefer it too.

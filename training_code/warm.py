@@ -1,7 +1,9 @@
-"""python -m training_code.warm --batch-files 64   (SageMaker Training job; FSx for Lustre mounted as channel `shards`)
+"""python -m training_code.warm --batch-files 64 [--training-set _training_sets/<key>]
+(SageMaker Training job; FSx for Lustre mounted as channel `shards`)
 
 Load a shard set's file contents from S3 into FSx for Lustre ahead of training and prove each shard
-is complete. The file system already lists the files (the data repository association imported
+is complete. With `--training-set`, the channel is the shard root and every listed shard of every
+source of the training set in that folder is loaded and verified. The file system already lists the files (the data repository association imported
 their metadata); `lfs hsm_restore` asks Lustre to fetch the contents of a batch of files in
 parallel, then every shard is verified against the manifest (size, sha256, rows), which also reads
 any file whose restore had not finished. Reports through Dagster Pipes.
@@ -15,9 +17,11 @@ import logging
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 from training_code.lib import job_env
 from training_code.lib.hashing import sha256_bytes
+from training_code.lib import training_set as ts
 from training_code.lib.shard_format import MANIFEST, verify_shard
 
 log = logging.getLogger("zero.warm")
@@ -26,6 +30,7 @@ log = logging.getLogger("zero.warm")
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Load and verify a shard set on FSx for Lustre")
     parser.add_argument("--batch-files", type=int, default=64, help="files per `lfs hsm_restore` call")
+    parser.add_argument("--training-set", default=None, help="the training set's folder inside the channel (the shard root)")
     parser.add_argument("--restore-timeout-s", type=float, default=3 * 3600, help="give up waiting for restores after this")
     return parser
 
@@ -50,21 +55,35 @@ def restore_in_batches(paths: list[str], batch_files: int, timeout_s: float) -> 
         time.sleep(10)
 
 
+def listed_shards(root: Path, training_set: str | None) -> tuple[bytes, list[tuple[Path, dict]]]:
+    """The manifest's bytes and (folder, entry) of every shard it lists: a shard set's at the channel
+    root, or every source's of the training set in `training_set` (source folders relative to the root)."""
+    if training_set is None:
+        manifest_bytes = (root / MANIFEST).read_bytes()
+        return manifest_bytes, [(root, entry) for entry in json.loads(manifest_bytes)["shards"]]
+    folder = root / training_set
+    manifest_bytes = (folder / ts.MANIFEST).read_bytes()
+    manifest = json.loads(manifest_bytes)
+    if manifest.get("format") != ts.FORMAT:
+        raise ValueError(f"{folder / ts.MANIFEST} is not a training-set manifest ({ts.FORMAT}); warm the training set again")
+    ts.excluded_keys(folder)  # the excluded rows are there and readable, or this job fails
+    return manifest_bytes, [(root / source["folder"], entry) for source in manifest["sources"] for entry in source["shards"]]
+
+
 def main(args: argparse.Namespace) -> None:
     with job_env.pipes_session() as pipes:
         root = job_env.channel_dir("shards")
-        manifest_bytes = (root / MANIFEST).read_bytes()
-        entries = json.loads(manifest_bytes)["shards"]
+        manifest_bytes, located = listed_shards(root, args.training_set)
         started = time.perf_counter()
-        restore_in_batches([str(root / e["file"]) for e in entries], args.batch_files, args.restore_timeout_s)
+        restore_in_batches([str(folder / e["file"]) for folder, e in located], args.batch_files, args.restore_timeout_s)
         restored_s = time.perf_counter() - started
-        for entry in entries:
-            verify_shard(root, entry)
-        log.info("%d shards loaded and verified under %s", len(entries), root)
+        for folder, entry in located:
+            verify_shard(folder, entry)
+        log.info("%d shards loaded and verified under %s", len(located), root)
         pipes.report_asset_materialization(
             metadata={
-                "shards": len(entries),
-                "bytes": sum(e["bytes"] for e in entries),
+                "shards": len(located),
+                "bytes": sum(e["bytes"] for _, e in located),
                 "restore_s": round(restored_s, 1),
                 "verify_s": round(time.perf_counter() - started - restored_s, 1),
                 "verified": "size, sha256 and row count of every shard, read from the file system",

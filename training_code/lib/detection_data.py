@@ -55,7 +55,8 @@ class TooManyBadSamplesError(RuntimeError):
     pass
 
 
-def verified_split(folder: Path, split: str, rank: int = 0, world_size: int = 1) -> tuple[dict[str, Any], list[ShardRef]]:
+def verified_split(folder: Path, split: str, rank: int = 0, world_size: int = 1,
+                   training_set_dir: str | None = None) -> tuple[dict[str, Any], list[ShardRef]]:
     """The manifest and the split's shards, after checking them against the manifest.
 
     `folder` holds a shard set, or a training set (one shard set per source and the training-set
@@ -63,15 +64,28 @@ def verified_split(folder: Path, split: str, rank: int = 0, world_size: int = 1)
     shard its label map and excluded keys. Every rank checks sizes and row counts (cheap); the sha256
     pass is divided among ranks by stride so each shard is hashed once per job. Any mismatch raises
     `ShardIntegrityError` and ends the job.
+
+    With `training_set_dir` (a folder inside `folder`, as on SageMaker, where the channel is the shard
+    root holding every source's shard sets) the training-set manifest is read there, and each source's
+    `folder` is relative to `folder`, the channel root.
     """
+    shards_root = Path(folder)  # where a training set's source folders are, below
+    if training_set_dir is not None:
+        inner = Path(training_set_dir)
+        if inner.is_absolute() or ".." in inner.parts:
+            raise ValueError(f"training set {training_set_dir!r} must be a folder inside the channel {folder}, without '..'")
+        folder = shards_root / inner
+        if training_set.read_training_set(folder) is None:  # never fall back to a shard set there
+            raise FileNotFoundError(f"{folder}/{training_set.MANIFEST}: no training-set manifest there; warm the training set again")
     chosen = training_set.read_training_set(folder)
     if chosen is None:
         manifest = shard_format.read_manifest(folder)
         located = [(Path(folder), entry, None, frozenset()) for entry in shard_format.shards_for_split(manifest, split)]
     else:
         manifest, excluded = chosen, training_set.excluded_keys(folder)
+        sources_root = shards_root if training_set_dir is not None else Path(folder)
         located = [
-            (Path(folder) / source["folder"], entry, training_set.label_map(source["categories"], chosen["categories"]),
+            (sources_root / source["folder"], entry, training_set.label_map(source["categories"], chosen["categories"]),
              excluded.get(source["source"], frozenset()))
             for source in chosen["sources"] for entry in shard_format.shards_for_split(source, split)
         ]

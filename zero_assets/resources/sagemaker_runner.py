@@ -18,21 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import io
-import json
-
-import pyarrow.parquet as pq
-from dagster import AssetExecutionContext, DataVersion, Failure, MaterializeResult, MetadataValue
+from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue
 from dagster._core.pipes.client import PipesClientCompletedInvocation
 
-from training_code.lib import training_set as ts
-from training_code.lib.storage import exists, fetch_file, join, publish_folder, read_bytes
+from training_code.lib.storage import exists, fetch_file, publish_folder
 
 from ..cache import output_is_complete
 from ..fingerprints import UpstreamOutput
 from ..job_request import JobRequest
 from ..sagemaker.fsx import shards_on_fsx
 from ..sagemaker.fsx_warm import ensure_association, import_metadata, verify_on_s3, warm_job_request
+from ..sagemaker.training_set_channel import write_channel_training_set
 from ..sagemaker.code_package import build_code_package, upload_code_package
 from ..sagemaker.names import job_name
 from ..sagemaker.pipes_client import PipesSageMakerClient
@@ -118,44 +114,37 @@ class SageMakerJobRunner(JobRunner):
         return self.aws.compute(asset).instance_count
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
-        """FSx configured: link, import, load and verify on the file system; else verify the set on S3.
+        """FSx configured: link, import, load and verify on the file system; else verify on S3.
 
-        A training set is warmed as its one source's shard set: the training job reads one channel,
-        and a set of several sources (or rows left out) needs the training-set manifest beside the
-        shards, which this backend does not lay out yet, so it is refused, naming what to choose."""
-        if shards.asset == "training_set":
-            shards = single_source_shards(shards)
+        A training set is laid out under the shard root (see training_set_channel): the jobs' input is
+        the root holding every chosen source's shard sets, the training-set manifest written last."""
         base = {"backend": "sagemaker", "shards_uri": MetadataValue.path(shards.uri)}  # the asset adds the cache decision
+        if shards.asset == "training_set":
+            channel, manifest = write_channel_training_set(shards.uri, self.settings.lake_uri, shards.data_version[:16])
+            warm_uri, shard_uris = channel.uri, [source["shards_uri"] for source in manifest["sources"]]
+            base |= {"training_set_folder": channel.folder, "sources": MetadataValue.json([s["source"] for s in manifest["sources"]])}
+        else:
+            warm_uri, shard_uris = shards.uri, [shards.uri]
         if not self.aws.fsx_enabled():
-            counts = verify_on_s3(shards.uri)
-            metadata = {"uri": MetadataValue.path(shards.uri), **counts, "file_system": "none: training reads S3 in FastFile mode",
-                        "verified": "every shard of the manifest present on S3 with its size", **base}
+            counts = [verify_on_s3(uri) for uri in shard_uris]
+            metadata = {"uri": MetadataValue.path(warm_uri), "shards": sum(c["shards"] for c in counts), "bytes": sum(c["bytes"] for c in counts),
+                        "file_system": "none: training reads S3 in FastFile mode",
+                        "verified": "every shard of every manifest present on S3 with its size", **base}
             return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
         fs_id, mount = self.aws.fsx_file_system_id, self.aws.fsx_mount_name
-        location = shards_on_fsx(shards.uri, self.settings.lake_uri, fs_id, mount)
+        lake = self.settings.lake_uri
+        location = shards_on_fsx(warm_uri, lake, fs_id, mount)
         fsx = self.clients().fsx
-        association = ensure_association(fsx, fs_id, self.settings.lake_uri, context.log)
-        import_task = import_metadata(fsx, fs_id, location.path, context.log)
+        association = ensure_association(fsx, fs_id, lake, context.log)
+        paths = [shards_on_fsx(uri, lake, fs_id, mount).path for uri in shard_uris] + ([location.path] if warm_uri not in shard_uris else [])
+        import_tasks = import_metadata(fsx, fs_id, paths, context.log)
         invocation, extra = self.run(context, warm_job_request(shards, location, self.settings))
         reported = invocation.get_materialize_result()
-        metadata = {**(reported.metadata or {}), **extra, **base, "uri": location.uri, "file_system_id": fs_id,
-                    "mount_path": location.directory_path, "association_id": association, "import_task_id": import_task}
+        # gc keeps what a materialization names: the S3 side of the warm folder, not only its fsx:// name.
+        metadata = {**(reported.metadata or {}), **extra, **base, "uri": location.uri, "dagster/uri": MetadataValue.path(warm_uri),
+                    "file_system_id": fs_id, "mount_path": location.directory_path, "association_id": association,
+                    "import_task_ids": MetadataValue.json(import_tasks)}
         return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
-
-
-def single_source_shards(chosen: UpstreamOutput) -> UpstreamOutput:
-    """The one shard set a training set of one source without excluded rows reads, under the training
-    set's data version; anything else is refused with what to change."""
-    manifest = json.loads(read_bytes(join(chosen.uri, ts.MANIFEST)))
-    sources = manifest["sources"]
-    excluded = pq.read_metadata(io.BytesIO(read_bytes(join(chosen.uri, ts.EXCLUDED)))).num_rows
-    if len(sources) != 1 or excluded:
-        raise Failure(
-            f"training set {chosen.uri} has {len(sources)} sources and {excluded} excluded rows; on the SageMaker backend "
-            "a training job reads one source's shard set as it is. Set training_set's config `sources` to one source "
-            "(and no max_images_per_source), or train on the local backend."
-        )
-    return UpstreamOutput("arrow_shards", sources[0]["shards_uri"], chosen.data_version, sources[0]["source"])
 
 
 def unpack_model_artifact(model_tar_uri: str, destination: str) -> None:

@@ -45,9 +45,13 @@ def association_params(file_system_id: str, lake_uri: str) -> dict:
     }
 
 
-def import_task_params(file_system_id: str, path: str) -> dict:
-    """CreateDataRepositoryTask: import the metadata of the files under `path` from S3."""
-    return {"Type": "IMPORT_METADATA_FROM_REPOSITORY", "FileSystemId": file_system_id, "Paths": [path.lstrip("/")], "Report": {"Enabled": False}}
+IMPORT_PATHS_PER_TASK = 100  # CreateDataRepositoryTask takes at most 100 paths
+
+
+def import_task_params(file_system_id: str, paths: list[str]) -> dict:
+    """CreateDataRepositoryTask: import the metadata of the files under `paths` from S3."""
+    return {"Type": "IMPORT_METADATA_FROM_REPOSITORY", "FileSystemId": file_system_id,
+            "Paths": [path.lstrip("/") for path in paths], "Report": {"Enabled": False}}
 
 
 def ensure_association(fsx, file_system_id: str, lake_uri: str, log) -> str:
@@ -82,16 +86,21 @@ def _wait_available(fsx, association_id: str, log) -> str:
         time.sleep(15)
 
 
-def import_metadata(fsx, file_system_id: str, path: str, log) -> str:
-    """Run an IMPORT_METADATA_FROM_REPOSITORY task on `path` and wait for it to succeed."""
-    task = fsx.create_data_repository_task(**import_task_params(file_system_id, path))["DataRepositoryTask"]
+def import_metadata(fsx, file_system_id: str, paths: list[str], log) -> list[str]:
+    """IMPORT_METADATA_FROM_REPOSITORY tasks on `paths` (100 a task), each waited for until it succeeds."""
+    return [_import_batch(fsx, file_system_id, paths[start : start + IMPORT_PATHS_PER_TASK], log)
+            for start in range(0, len(paths), IMPORT_PATHS_PER_TASK)]
+
+
+def _import_batch(fsx, file_system_id: str, paths: list[str], log) -> str:
+    task = fsx.create_data_repository_task(**import_task_params(file_system_id, paths))["DataRepositoryTask"]
     deadline = time.monotonic() + IMPORT_TIMEOUT_S
     while True:
         task = fsx.describe_data_repository_tasks(TaskIds=[task["TaskId"]])["DataRepositoryTasks"][0]
         if task["Lifecycle"] == "SUCCEEDED":
             return task["TaskId"]
         if task["Lifecycle"] in ("FAILED", "CANCELED"):
-            raise RuntimeError(f"metadata import {task['TaskId']} on {file_system_id}:{path} {task['Lifecycle']}: {task.get('FailureDetails')}")
+            raise RuntimeError(f"metadata import {task['TaskId']} on {file_system_id}:{paths} {task['Lifecycle']}: {task.get('FailureDetails')}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"metadata import {task['TaskId']} still {task['Lifecycle']} after {IMPORT_TIMEOUT_S}s")
         log.info(f"metadata import {task['TaskId']}: {task['Lifecycle']}")
@@ -99,7 +108,8 @@ def import_metadata(fsx, file_system_id: str, path: str, log) -> str:
 
 
 def warm_job_request(shards: UpstreamOutput, location: FsxLocation, settings: ZeroSettings) -> JobRequest:
-    """The job that loads and verifies a shard set on the file system (one plain process, no torchrun)."""
+    """The job that loads and verifies a shard set, or every shard set of a training set (its folder
+    under the shard root, see training_set_channel), on the file system (one plain process, no torchrun)."""
     from ..job_launch import build_job_request
 
     return build_job_request(

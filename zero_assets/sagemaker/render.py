@@ -4,6 +4,8 @@ Fingerprints use the upstream data versions of the latest materializations when 
 (the Dagster instance); otherwise a stand-in version per asset, so the names and prefixes have the
 right shape but the fingerprint parts differ from a real run. The per-source jobs are rendered for
 one source (`source`): each gets only that source's raw folder, its output under `<asset>/<source>/`.
+The training set's jobs read the shard root holding every chosen source's shard sets, told the
+training set's folder there (`--training-set`), so their requests do not depend on how many sources.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from ..job_request import JobRequest, fan_out
 from ..resources.sagemaker_settings import SageMakerSettings
 from ..resources.settings import ZeroSettings, source_uri
 from .code_package import build_code_package
-from .fsx import shards_on_fsx
+from .fsx import linked_s3_prefix, shards_on_fsx
 from .fsx_warm import association_params, import_task_params, warm_job_request
 from .names import job_name
 from .pipes_io import bootstrap_environment
 from .requests import build_job_params
+from .training_set_channel import TRAINING_SETS, ChannelTrainingSet
 
 Lookup = Callable[[str], Optional[UpstreamOutput]]
 
@@ -65,14 +68,18 @@ def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup =
                           config=ShardConfig().model_dump(), upstream=[validated], inputs={"validated": validated.uri, **raw["inputs"]},
                           input_folders=raw["input_folders"]))
     shards = upstream("arrow_shards", source)
-    warm_uri = shards.uri
+    # The training set's jobs read the shard root, whatever the number of sources; its folder there is named by its data version.
+    chosen = upstream("training_set")
+    warm_uri = ChannelTrainingSet(linked_s3_prefix(settings.lake_uri), f"{TRAINING_SETS}/{chosen.data_version[:16]}").uri
     if aws.fsx_enabled():
-        location = shards_on_fsx(shards.uri, settings.lake_uri, aws.fsx_file_system_id, aws.fsx_mount_name)
-        rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryAssociation", association_params(aws.fsx_file_system_id, settings.lake_uri)))
-        rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryTask", import_task_params(aws.fsx_file_system_id, location.path)))
-        add(warm_job_request(shards, location, settings))
+        fs_id, mount = aws.fsx_file_system_id, aws.fsx_mount_name
+        location = shards_on_fsx(warm_uri, settings.lake_uri, fs_id, mount)
+        paths = [shards_on_fsx(shards.uri, settings.lake_uri, fs_id, mount).path, location.path]
+        rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryAssociation", association_params(fs_id, settings.lake_uri)))
+        rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryTask", import_task_params(fs_id, paths)))
+        add(warm_job_request(chosen, location, settings))
         warm_uri = location.uri
-    warm = UpstreamOutput("fsx_warm_state", warm_uri, shards.data_version)
+    warm = UpstreamOutput("fsx_warm_state", warm_uri, chosen.data_version)
     train = TrainConfig()
     add(build_job_request("trained_checkpoint", settings=settings, kind="training", module="training_code.train",
                           config=train.model_dump(exclude={"processes"}), upstream=[warm], inputs={"train": warm.uri}, processes_per_host=train.processes))

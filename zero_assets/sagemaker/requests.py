@@ -13,6 +13,7 @@ from ..job_request import JobRequest
 from ..resources.sagemaker_settings import SageMakerSettings
 from .code_package import CodePackage
 from .fsx import is_fsx, parse_fsx_uri, s3_behind_fsx
+from .training_set_channel import FILE_LIST, split_training_set
 
 OPERATIONS = {"training": "CreateTrainingJob", "processing": "CreateProcessingJob"}
 # SageMaker's limits on Environment: entries, key and value lengths (Training, Processing).
@@ -20,6 +21,7 @@ ENV_LIMITS = {"training": (100, 512, 512), "processing": (100, 256, 256)}
 PROCESSING_ROOT = "/opt/ml/processing"
 CODE_INPUT = "code"
 CHECKPOINT_LOCAL = "/opt/ml/checkpoints"
+TRAINING_SET_ARGUMENT = "training-set"  # the training set's folder inside the input that holds it
 
 
 def build_job_params(
@@ -58,9 +60,15 @@ def check_environment(environment: dict[str, str], kind: str) -> None:
 def _training_params(request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict) -> dict:
     compute = settings.compute(request.asset)
     root = settings.s3_root()
-    channels = [_training_channel(name, uri, settings, request.fsx_access) for name, uri in request.inputs.items()]
+    # A training set is read through the shard root that holds every source's shard sets, told its folder there.
+    training_sets = {name: found for name, uri in request.inputs.items() if (found := split_training_set(uri))}
+    if len(training_sets) > 1:
+        raise ValueError(f"{request.asset} has {len(training_sets)} training-set inputs ({sorted(training_sets)}); a job reads one")
+    channels = [_training_channel(name, training_sets[name].root if name in training_sets else uri, settings, request.fsx_access)
+                for name, uri in request.inputs.items()]
     input_mode = "File" if any("FileSystemDataSource" in c["DataSource"] for c in channels) else "FastFile"
     hyperparameters = {key.replace("_", "-"): str(value) for key, value in request.arguments.items()}
+    hyperparameters.update({TRAINING_SET_ARGUMENT: found.folder for found in training_sets.values()})
     hyperparameters.update(
         {
             # The PyTorch container's toolkit: fetch the code, install requirements.txt, run the
@@ -135,6 +143,11 @@ def _processing_params(request: JobRequest, settings: SageMakerSettings, job_nam
     for name, uri in request.inputs.items():
         s3_uri = s3_behind_fsx(uri, lake) if is_fsx(uri) else uri
         _require_s3(name, s3_uri)
+        found = split_training_set(s3_uri)
+        if found is not None:  # exactly the training set's files, at their paths below the shard root
+            inputs.append(_manifest_file_input(name, f"{found.uri}/{FILE_LIST}"))
+            io_arguments += [f"--{name}", f"{PROCESSING_ROOT}/input/{name}", f"--{TRAINING_SET_ARGUMENT}", found.folder]
+            continue
         sharded = name in request.sharded_inputs and instances > 1
         inputs.append(_processing_input(name, s3_uri, sharded=sharded, folder=request.input_folders.get(name)))
         io_arguments += [f"--{name}", f"{PROCESSING_ROOT}/input/{name}"]
@@ -188,6 +201,16 @@ def _processing_input(name: str, uri: str, *, sharded: bool, folder: str | None 
             # Sharded: each instance receives a disjoint part of the objects under the prefix.
             "S3DataDistributionType": "ShardedByS3Key" if sharded else "FullyReplicated",
         },
+    }
+
+
+def _manifest_file_input(name: str, file_list_uri: str) -> dict:
+    """A ProcessingInput of the objects a SageMaker manifest file names (a prefix, then keys relative to
+    it), each landing under the input folder at its key relative to the prefix."""
+    return {
+        "InputName": name,
+        "S3Input": {"S3Uri": file_list_uri, "LocalPath": f"{PROCESSING_ROOT}/input/{name}", "S3DataType": "ManifestFile",
+                    "S3InputMode": "File", "S3DataDistributionType": "FullyReplicated"},
     }
 
 
