@@ -13,9 +13,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import pandas as pd
+
+from training_code.lib.raw_index import write_source_index
 from training_code.lib.tables import RAW_INDEX, write_table
 from training_code.validate import get_args_parser, validate
-from zero_assets.raw_index import build_raw_index
 
 from .images import photo_jpeg, unique_copy
 from .report import BenchResult
@@ -41,9 +43,18 @@ def _write_images(raw: Path, base: bytes, start: int, count: int) -> None:
         file.write_text(json.dumps(coco))
 
 
+def _index(raw: Path, work: Path) -> pd.DataFrame:
+    """Every source's index (write_source_index, as each partition's run writes it) in one table: the
+    bench validates the whole root in one pass."""
+    sources = sorted(path.name for path in raw.iterdir() if path.is_dir())
+    for source in sources:
+        write_source_index(str(raw), source, work / source)
+    return pd.concat([pd.read_parquet(work / source / "index.parquet") for source in sources], ignore_index=True)
+
+
 def _validate(raw: Path, work: Path, out: str, previous: Path | None) -> tuple[float, dict]:
     index_dir = work / f"index-{out}"
-    write_table(build_raw_index(str(raw)).frame, RAW_INDEX, index_dir / "index.parquet")
+    write_table(_index(raw, work / f"sources-{out}"), RAW_INDEX, index_dir / "index.parquet")
     arguments = ["--index", str(index_dir), "--raw", str(raw), "--out", str(work / out), "--workers", str(os.cpu_count() or 1)]
     args: argparse.Namespace = get_args_parser().parse_args(arguments + (["--previous", str(previous)] if previous else []))
     started = time.perf_counter()

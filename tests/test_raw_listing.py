@@ -141,9 +141,25 @@ def _index(raw, source: str, out, **options) -> tuple[dict, "pd.DataFrame"]:
     return manifest, pd.read_parquet(f"{out}/index.parquet") if not str(out).startswith("s3://") else None
 
 
-def test_streamed_index_equals_the_whole_frame_index_row_for_row(tiny_raw_root, tmp_path):
-    from zero_assets.raw_index import sample_by_group
+def sample_by_group(frame, images: int):
+    """The rehearsal sample's rule on a whole frame (the reference): groups in the order of the sha256 of
+    their name until about `images` rows are in, each group whole."""
+    import hashlib
 
+    if len(frame) <= images:
+        return frame
+    order = sorted(frame["group"].unique(), key=lambda group: hashlib.sha256(group.encode()).hexdigest())
+    sizes = frame.groupby("group").size()
+    chosen, total = [], 0
+    for group in order:
+        if total >= images:
+            break
+        chosen.append(group)
+        total += int(sizes[group])
+    return frame[frame["group"].isin(chosen)].reset_index(drop=True)
+
+
+def test_streamed_index_equals_the_whole_frame_index_row_for_row(tiny_raw_root, tmp_path):
     whole = build_raw_index(str(tiny_raw_root))
     missing = []
     for source in sorted(whole.frame["source"].unique()):

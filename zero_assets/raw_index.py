@@ -1,8 +1,10 @@
 """The Dagster side of the raw image index: `write_source_index` (training_code/lib/raw_index.py) indexes
-one source, streamed into Parquet, in this process or as the job training_code/index.py.
+one source, streamed into Parquet, in this process or as the job training_code/index.py, and
+`source_listing_fingerprint` gives its listing fingerprint first when a job is to build it.
 
-`build_raw_index` below is the whole-lake, one-frame index this replaces; it stays until the
-partitioned asset has switched to `write_source_index`, then goes. What follows describes it.
+`build_raw_index` below is NOT used by the asset: it is the earlier whole-root, one-frame index, kept as
+an independent reference that tests compare the streamed index with (and that index hostile roots whose
+keys name no source, such as `/absolute.jpg`). Never call it on a lake. What follows describes it.
 
 Build the raw image index from a listing of the raw root, never from image bytes.
 
@@ -18,7 +20,6 @@ bounded number of their bytes at a time, so the Dagster process's memory does no
 
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +42,7 @@ from training_code.lib.storage import ObjectInfo, is_s3, join, key_problem, list
 
 from .s3_inventory import list_from_inventory
 
-__all__ = ["IMAGE_SUFFIXES", "RawIndex", "build_raw_index", "group_of", "sample_by_group", "source_listing_fingerprint", "write_source_index"]
+__all__ = ["IMAGE_SUFFIXES", "RawIndex", "build_raw_index", "group_of", "source_listing_fingerprint", "write_source_index"]
 
 
 def source_listing_fingerprint(raw_uri: str, source: str, *, max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES,
@@ -192,22 +193,3 @@ def _read_annotation_file(raw_uri: str, key: str, max_bytes: int) -> bytes:
     if is_s3(raw_uri):
         return read_bytes(join(raw_uri, key))
     return read_limited(locate(Path(raw_uri), key), max_bytes)
-
-
-def sample_by_group(frame: pd.DataFrame, images: int) -> pd.DataFrame:
-    """A deterministic sample of about `images` rows that keeps whole groups (so splits stay honest).
-
-    Groups are taken in the order of a hash of their name, so the sample is stable as data grows:
-    a rehearsal run sees the same images again plus, at most, some from new groups.
-    """
-    if len(frame) <= images:
-        return frame
-    order = sorted(frame["group"].unique(), key=lambda group: hashlib.sha256(group.encode()).hexdigest())
-    sizes = frame.groupby("group").size()
-    chosen, total = [], 0
-    for group in order:
-        if total >= images:
-            break
-        chosen.append(group)
-        total += int(sizes[group])
-    return frame[frame["group"].isin(chosen)].reset_index(drop=True)
