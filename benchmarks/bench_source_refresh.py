@@ -23,7 +23,7 @@ from zero_assets.resources import LocalJobRunner, ZeroSettings
 from .images import photo_jpeg, unique_copy
 from .report import BenchResult
 
-SOURCES, IMAGES_PER_SOURCE, ADDED_FRACTION = 10, 600, 0.01
+SOURCES, IMAGES_PER_SOURCE, ADDED_FRACTION = 10, 1000, 0.01
 EVERYTHING = [*SOURCE_SPECS, *PER_SOURCE_ASSETS, *TAIL_ASSETS]
 
 
