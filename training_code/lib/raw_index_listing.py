@@ -15,7 +15,7 @@ from typing import Iterator
 
 from .aws_clients import endpoint_of, retry_call
 from .raw_index_inventory import inventory_objects
-from .storage import ObjectInfo, _symlinked_file_stat, is_s3, key_problem, s3_client, split_s3
+from .storage import ObjectInfo, is_s3, key_problem, local_object_info, s3_client, split_s3
 
 S3_PAGE_KEYS = 1000
 
@@ -56,14 +56,9 @@ def _walk_local(raw: Path, source: str) -> Iterator[ObjectInfo]:
         if entry.is_dir(follow_symlinks=False):
             stack.append(iter(_sorted_entries(entry.path, f"{key}/")))
             continue
-        if entry.is_symlink():
-            stat = _symlinked_file_stat(entry.path, real_root)
-        elif entry.is_file(follow_symlinks=False):
-            stat = entry.stat(follow_symlinks=False)
-        else:
-            continue  # FIFOs, sockets, devices: not files anyone uploaded
-        if stat is not None:
-            yield ObjectInfo(key, stat.st_size, f"{stat.st_mtime_ns}-{stat.st_size}")
+        found = local_object_info(entry, key, real_root)
+        if found is not None:
+            yield found
 
 
 def _sorted_entries(folder: str, prefix: str) -> list[tuple[os.DirEntry, str]]:

@@ -157,15 +157,21 @@ def _list_local(root: Path) -> Iterator[ObjectInfo]:
                 if entry.is_dir(follow_symlinks=False):
                     folders.append(Path(entry.path))
                     continue
-                if entry.is_symlink():
-                    stat = _symlinked_file_stat(entry.path, real_root)
-                elif entry.is_file(follow_symlinks=False):
-                    stat = entry.stat(follow_symlinks=False)
-                else:
-                    continue  # FIFOs, sockets, devices: not files anyone uploaded
-                if stat is not None:
-                    key = Path(entry.path).relative_to(root).as_posix()
-                    yield ObjectInfo(key, stat.st_size, f"{stat.st_mtime_ns}-{stat.st_size}")
+                found = local_object_info(entry, Path(entry.path).relative_to(root).as_posix(), real_root)
+                if found is not None:
+                    yield found
+
+
+def local_object_info(entry: os.DirEntry, key: str, real_root: str) -> ObjectInfo | None:
+    """A non-folder entry of a local raw root as a listed object (etag: mtime-size), or None for what is
+    not a file anyone uploaded (FIFOs, sockets, devices) and for symlinks that leave the root."""
+    if entry.is_symlink():
+        stat = _symlinked_file_stat(entry.path, real_root)
+    elif entry.is_file(follow_symlinks=False):
+        stat = entry.stat(follow_symlinks=False)
+    else:
+        return None
+    return None if stat is None else ObjectInfo(key, stat.st_size, f"{stat.st_mtime_ns}-{stat.st_size}")
 
 
 def _symlinked_file_stat(path: str, real_root: str) -> os.stat_result | None:
