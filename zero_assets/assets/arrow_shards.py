@@ -3,9 +3,10 @@
 from typing import Literal
 
 from dagster import AssetExecutionContext, Config, MaterializeResult, asset
+from pydantic import Field
 
 from ..automation import PER_SOURCE
-from ..fingerprints import previous_output, upstream_output
+from ..fingerprints import code_version, previous_output, upstream_output
 from ..job_launch import launch_job
 from ..resources.job_runner import JobRunner
 from ..partitions import RAW_SOURCES
@@ -14,16 +15,20 @@ from .validated_images import validated_images
 from .job_retry import JOB_RETRY_POLICY
 
 
+# The job script: its code version (the script and what it imports) is the asset's, in the UI and the cache alike.
+SHARD_MODULE = "training_code.shard"
+
+
 class ShardConfig(Config):
-    target_shard_bytes: int = 1_000_000_000  # roll over to a new shard at about this size
-    # Preprocessing, part of the fingerprint: keep the original bytes, or resize the longest side to
-    # max_side and re-encode as JPEG. Augmentation is never done here.
-    image_encoding: Literal["original", "resize"] = "original"
-    max_side: int = 1024
-    jpeg_quality: int = 90
+    target_shard_bytes: int = Field(1_000_000_000, description="Start a new shard file once the current one reaches about this many bytes.")
+    # Preprocessing, part of the fingerprint. Augmentation is never done here.
+    image_encoding: Literal["original", "resize"] = Field(
+        "original", description="original: store each image's bytes as they are; resize: scale the longest side to max_side and re-encode as JPEG.")
+    max_side: int = Field(1024, description="Longest side in pixels after resizing (image_encoding=resize only).")
+    jpeg_quality: int = Field(90, description="JPEG quality 1-95 of re-encoded images (image_encoding=resize only).")
 
 
-@asset(deps=[validated_images], partitions_def=RAW_SOURCES, automation_condition=PER_SOURCE, group_name="zero", kinds={"arrow"}, retry_policy=JOB_RETRY_POLICY)
+@asset(code_version=code_version(SHARD_MODULE), deps=[validated_images], partitions_def=RAW_SOURCES, automation_condition=PER_SOURCE, group_name="zero", kinds={"arrow"}, retry_policy=JOB_RETRY_POLICY)
 def arrow_shards(context: AssetExecutionContext, config: ShardConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """Arrow IPC shards (`<split>-<n>.arrow`) and `manifest.json` with rows, bytes and sha256 per shard."""
     validated = upstream_output(context, "validated_images", context.partition_key)
@@ -34,7 +39,7 @@ def arrow_shards(context: AssetExecutionContext, config: ShardConfig, settings: 
         jobs=jobs,
         settings=settings,
         kind="processing",
-        module="training_code.shard",
+        module=SHARD_MODULE,
         config=config.model_dump(),
         upstream=[validated],
         input_folders={"raw": context.partition_key},

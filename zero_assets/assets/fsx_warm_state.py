@@ -3,7 +3,7 @@
 from dagster import AssetExecutionContext, MaterializeResult, asset
 
 from ..cache import decide, mark_output_complete, miss_metadata, output_is_checkable
-from ..fingerprints import FingerprintInputs, upstream_output
+from ..fingerprints import FingerprintInputs, code_version, upstream_output
 from ..metadata import upstream_metadata
 from ..resources.job_runner import JobRunner
 from ..automation import FOLLOW
@@ -11,7 +11,11 @@ from .job_retry import JOB_RETRY_POLICY
 from .training_set import training_set
 
 
-@asset(deps=[training_set], automation_condition=FOLLOW, group_name="zero", kinds={"filesystem"}, retry_policy=JOB_RETRY_POLICY)
+# The code that warms and verifies: its code version is the asset's, in the UI and the cache alike.
+WARM_MODULE = "zero_assets.warm_state"
+
+
+@asset(code_version=code_version(WARM_MODULE), deps=[training_set], automation_condition=FOLLOW, group_name="zero", kinds={"filesystem"}, retry_policy=JOB_RETRY_POLICY)
 def fsx_warm_state(context: AssetExecutionContext, jobs: JobRunner) -> MaterializeResult:
     """The training set's shards where the trainer reads them (a folder locally; FSx for Lustre or S3 on
     SageMaker), verified complete, with the training-set manifest written last.
@@ -19,7 +23,7 @@ def fsx_warm_state(context: AssetExecutionContext, jobs: JobRunner) -> Materiali
     Its data version is the training set's: warming the same bytes again does not make training stale.
     """
     shards = upstream_output(context, "training_set")
-    inputs = FingerprintInputs.of("zero_assets.warm_state", {"backend": type(jobs).__name__}, [shards])
+    inputs = FingerprintInputs.of(WARM_MODULE, {"backend": type(jobs).__name__}, [shards])
     decision = decide(context, inputs)
     if decision.hit is not None:
         context.log.info(f"cache hit, shards already warm: {decision.reason}")

@@ -1,8 +1,11 @@
 """`map_report`: COCO metrics of the checkpoint on the val shards, run as a Processing job."""
 
-from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
+from typing import Literal
 
-from ..fingerprints import upstream_output
+from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
+from pydantic import Field
+
+from ..fingerprints import code_version, upstream_output
 from ..job_launch import launch_job
 from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
@@ -12,12 +15,18 @@ from .trained_checkpoint import trained_checkpoint
 from .job_retry import JOB_RETRY_POLICY
 
 
+# The job script: its code version (the script and what it imports) is the asset's, in the UI and the cache alike.
+EVALUATE_MODULE = "training_code.evaluate"
+
+
 class EvalConfig(Config):
-    split: str = "val"
-    score_threshold: float = 0.0  # keep every detection: COCO mAP integrates over the score ranking
+    # The splits validated_images assigns; evaluating on train only measures fit, never generalisation.
+    split: Literal["val", "train"] = Field("val", description="Which split of the shards to evaluate on: val (held-out groups) or train.")
+    score_threshold: float = Field(
+        0.0, description="Drop detections scoring below this. 0 keeps every detection: COCO mAP integrates over the score ranking.")
 
 
-@asset(deps=[trained_checkpoint, fsx_warm_state], automation_condition=AFTER_CHECKPOINT, group_name="zero", kinds={"json"}, retry_policy=JOB_RETRY_POLICY)
+@asset(code_version=code_version(EVALUATE_MODULE), deps=[trained_checkpoint, fsx_warm_state], automation_condition=AFTER_CHECKPOINT, group_name="zero", kinds={"json"}, retry_policy=JOB_RETRY_POLICY)
 def map_report(context: AssetExecutionContext, config: EvalConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """mAP, mAP@0.5, mAP@0.75 and per-class AP of the checkpoint on the held-out split."""
     checkpoint = upstream_output(context, "trained_checkpoint")
@@ -27,7 +36,7 @@ def map_report(context: AssetExecutionContext, config: EvalConfig, settings: Zer
         jobs=jobs,
         settings=settings,
         kind="processing",
-        module="training_code.evaluate",
+        module=EVALUATE_MODULE,
         config=config.model_dump(),
         upstream=[checkpoint, shards],
         inputs={"model": checkpoint.uri, "shards": shards.uri},

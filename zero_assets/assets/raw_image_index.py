@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from pydantic import Field
 
 from training_code.lib.hashing import sha256_json
 from training_code.lib.raw_index import INDEX_FILE, MANIFEST, write_source_index
@@ -21,7 +22,7 @@ from training_code.lib.storage import copy_file_atomic, join, read_bytes, write_
 from training_code.lib.tables import RAW_INDEX
 
 from ..cache import decide, mark_output_complete, miss_metadata, output_is_complete, retract_output_marker
-from ..fingerprints import FingerprintInputs, UpstreamOutput, latest_materializations
+from ..fingerprints import FingerprintInputs, UpstreamOutput, code_version, latest_materializations
 from ..job_launch import launch_job
 from ..metadata import table_schema
 from ..partitions import RAW_SOURCES
@@ -37,17 +38,17 @@ INDEX_MODULE = "training_code.index"
 
 
 class RawIndexConfig(Config):
-    # An S3 Inventory report's manifest.json (s3://...): index from it instead of listing the bucket.
-    inventory_manifest_uri: str = ""
-    # How images are grouped for the train/val split: empty means the folder an image sits in;
-    # otherwise a regex over the key whose match (or first group) names the group, e.g. "^[^/]+/lot_\\d+".
-    group_pattern: str = ""
-    # A source whose previous index held more images than this is indexed by a Processing job
-    # (training_code.index through the `jobs` resource) instead of in the Dagster process. 0: always a job.
-    job_above_images: int = 1_000_000
+    inventory_manifest_uri: str = Field(
+        "", description="An S3 Inventory report's manifest.json (s3://...) to index from instead of listing the bucket; empty: list it.")
+    group_pattern: str = Field("", description=(
+        "How images are grouped for the train/val split: empty means the folder an image sits in; otherwise a regex over "
+        "the key whose match (or first group) names the group, e.g. ^[^/]+/lot_\\d+"))
+    job_above_images: int = Field(1_000_000, description=(
+        "A source whose previous index held more images than this is indexed by a Processing job (training_code.index) "
+        "instead of in the Dagster process; 0: always a job."))
 
 
-@asset(deps=[raw_data], partitions_def=RAW_SOURCES, group_name="zero", kinds={"parquet"},
+@asset(code_version=code_version(INDEX_MODULE), deps=[raw_data], partitions_def=RAW_SOURCES, group_name="zero", kinds={"parquet"},
        metadata={"dagster/column_schema": table_schema(RAW_INDEX)})
 def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """Index of every image of one source (the raw root's folder `<source>/`): key, size, etag, group, annotation count."""

@@ -1,8 +1,11 @@
 """`trained_checkpoint`: the detector trained from scratch on the warm shards, run as a Training job."""
 
-from dagster import AssetExecutionContext, Config, MaterializeResult, asset
+from typing import Literal
 
-from ..fingerprints import upstream_output
+from dagster import AssetExecutionContext, Config, MaterializeResult, asset
+from pydantic import Field
+
+from ..fingerprints import code_version, upstream_output
 from ..job_launch import launch_job
 from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
@@ -13,20 +16,28 @@ from .job_retry import JOB_RETRY_POLICY
 TRAINING_POOL = "training"  # how many train at once: the pool's limit in the instance config (dagster.yaml)
 
 
+# The job script: its code version (the script and what it imports) is the asset's, in the UI and the cache alike.
+TRAIN_MODULE = "training_code.train"
+
+
 class TrainConfig(Config):
-    arch: str = "fcos_tiny"  # or a torchvision builder: fcos_resnet50_fpn, fasterrcnn_resnet50_fpn_v2, ...
-    width: int = 32
-    min_size: int = 160
-    max_size: int = 320
-    max_steps: int = 200
-    batch_size: int = 8  # per process
-    lr: float = 2e-3
-    seed: int = 0
-    checkpoint_every: int = 50
-    processes: int = 2  # torchrun --nproc_per_node (one per GPU; on CPU, one per core)
+    # training_code.lib.model.ARCHITECTURES, spelled out so the Dagster process need not import torch
+    # (tests/test_checks.py holds the two equal).
+    arch: Literal["fcos_tiny", "fcos_resnet50_fpn", "retinanet_resnet50_fpn_v2", "fasterrcnn_mobilenet_v3_large_fpn",
+                  "fasterrcnn_resnet50_fpn_v2"] = Field(
+        "fcos_tiny", description="Detector: fcos_tiny (small, CPU-friendly) or a torchvision builder, initialised from scratch.")
+    width: int = Field(32, description="Channel width of fcos_tiny's backbone and FPN (a multiple of 32).")
+    min_size: int = Field(160, description="Images are resized so the shorter side is at least this many pixels.")
+    max_size: int = Field(320, description="... and the longer side at most this many pixels.")
+    max_steps: int = Field(200, description="Optimizer steps to train for.")
+    batch_size: int = Field(8, description="Images per step per process.")
+    lr: float = Field(2e-3, description="Learning rate.")
+    seed: int = Field(0, description="Seed of weight initialisation and data order.")
+    checkpoint_every: int = Field(50, description="Save a resumable checkpoint every this many steps.")
+    processes: int = Field(2, description="torchrun --nproc_per_node: one per GPU; on CPU, one per core.")
 
 
-@asset(deps=[fsx_warm_state], automation_condition=TRAINING, pool=TRAINING_POOL, group_name="zero", kinds={"pytorch"}, retry_policy=JOB_RETRY_POLICY)
+@asset(code_version=code_version(TRAIN_MODULE), deps=[fsx_warm_state], automation_condition=TRAINING, pool=TRAINING_POOL, group_name="zero", kinds={"pytorch"}, retry_policy=JOB_RETRY_POLICY)
 def trained_checkpoint(context: AssetExecutionContext, config: TrainConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """`model.pt` (weights, model config, categories, step) trained under torchrun on the warm shards."""
     warm = upstream_output(context, "fsx_warm_state")
@@ -36,7 +47,7 @@ def trained_checkpoint(context: AssetExecutionContext, config: TrainConfig, sett
         jobs=jobs,
         settings=settings,
         kind="training",
-        module="training_code.train",
+        module=TRAIN_MODULE,
         config=hyperparameters,
         upstream=[warm],
         inputs={"train": warm.uri},

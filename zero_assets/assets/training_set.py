@@ -15,6 +15,7 @@ from typing import Optional
 
 import pyarrow.parquet as pq
 from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from pydantic import Field
 
 from training_code.lib import training_set as ts
 from training_code.lib.hashing import sha256_bytes, sha256_json
@@ -32,8 +33,8 @@ TRAINING_SET_CODE = ("zero_assets.assets.training_set",)
 
 
 class TrainingSetConfig(Config):
-    sources: list[str] = []  # empty: every registered source that has shards
-    max_images_per_source: Optional[int] = None  # None: no cap
+    sources: list[str] = Field([], description="Registered sources to train on; empty: every registered source that has shards.")
+    max_images_per_source: Optional[int] = Field(None, description="Cap on training images taken from each source; empty: no cap.")
 
 
 def chosen_shards(context: AssetExecutionContext, sources: list[str]) -> list[UpstreamOutput]:
@@ -68,7 +69,7 @@ def _validated_uri(context: AssetExecutionContext, shards: UpstreamOutput) -> st
     return value["validated_images"]["uri"]
 
 
-@asset(deps=[arrow_shards], automation_condition=TRAINING_SET, group_name="zero", kinds={"json"})
+@asset(code_version=code_version(*TRAINING_SET_CODE), deps=[arrow_shards], automation_condition=TRAINING_SET, group_name="zero", kinds={"json"})
 def training_set(context: AssetExecutionContext, config: TrainingSetConfig, settings: ZeroSettings) -> MaterializeResult:
     """The chosen sources' latest shard sets, with cross-source duplicates and the cap resolved."""
     chosen = chosen_shards(context, config.sources)

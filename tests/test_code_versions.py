@@ -1,0 +1,108 @@
+"""Every asset declares the code version its cache fingerprint uses, so Dagster's staleness (what the UI
+draws) and the cache's "code version X -> Y" agree: editing a job script makes its asset stale with a
+code-version cause and its downstream stale after it, and leaves its upstream fresh."""
+
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from dagster._serdes import serialize_value
+
+from graph_runs import materialize_source, sources_of
+from zero_assets.definitions import defs
+from zero_assets.fingerprints import code_version
+
+REPO = Path(__file__).resolve().parent.parent
+
+# asset -> (its module, the constant naming the code its cache fingerprint hashes)
+CODE_OF = {
+    "raw_image_index": ("raw_image_index", "INDEX_MODULE"),
+    "validated_images": ("validated_images", "VALIDATE_MODULE"),
+    "arrow_shards": ("arrow_shards", "SHARD_MODULE"),
+    "training_set": ("training_set", "TRAINING_SET_CODE"),
+    "fsx_warm_state": ("fsx_warm_state", "WARM_MODULE"),
+    "trained_checkpoint": ("trained_checkpoint", "TRAIN_MODULE"),
+    "map_report": ("map_report", "EVALUATE_MODULE"),
+}
+PER_SOURCE = ["raw_image_index", "validated_images", "arrow_shards"]
+
+
+def fingerprint_code(asset: str) -> str:
+    module, constant = CODE_OF[asset]
+    modules = getattr(importlib.import_module(f"zero_assets.assets.{module}"), constant)
+    return code_version(*((modules,) if isinstance(modules, str) else modules))
+
+
+def test_every_asset_declares_the_code_version_of_its_fingerprint():
+    nodes = {n.key.to_user_string(): n for n in defs.resolve_asset_graph().asset_nodes if n.is_materializable}
+    assert sorted(nodes) == sorted(CODE_OF), "a new asset needs its code module named here and in its decorator"
+    for asset, node in nodes.items():
+        assert node.code_version == fingerprint_code(asset), f"{asset} declares code_version {node.code_version!r}"
+
+
+# Run in a fresh interpreter on the package at sys.argv[1]: the definitions as a redeployed code
+# location would load them, asked for staleness the way the UI's asset graph asks.
+STALENESS = textwrap.dedent("""
+    import json, sys
+    from dagster import AssetKey, DagsterInstance
+    from dagster._core.definitions.data_version import CachingStaleStatusResolver
+    from dagster._core.loader import LoadingContextForTest
+    from dagster._serdes import deserialize_value
+    import zero_assets
+    from zero_assets.definitions import defs
+    assert zero_assets.__file__.startswith(sys.argv[1]), zero_assets.__file__
+    instance = DagsterInstance.from_ref(deserialize_value(sys.argv[2]))
+    resolver = CachingStaleStatusResolver(instance, defs.resolve_asset_graph(), LoadingContextForTest(instance))
+    def causes(found):
+        return [[c.asset_key.to_user_string(), c.category.value, c.reason] for c in found]
+    graph = defs.resolve_asset_graph()
+    print(json.dumps({a: {"code_version": graph.get(AssetKey(a)).code_version,
+                          "status": resolver.get_status(AssetKey(a), sys.argv[3]).value,
+                          "causes": causes(resolver.get_stale_causes(AssetKey(a), sys.argv[3])),
+                          "root_causes": causes(resolver.get_stale_root_causes(AssetKey(a), sys.argv[3]))}
+                      for a in json.loads(sys.argv[4])}))
+""")
+
+
+def staleness(package_root: Path, instance, source: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(package_root)}
+    done = subprocess.run([sys.executable, "-c", STALENESS, str(package_root), serialize_value(instance.get_ref()), source, json.dumps(PER_SOURCE)],
+                          cwd=package_root, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_editing_a_job_script_makes_its_asset_and_downstream_stale(instance, resources, tiny_raw_root, tmp_path):
+    source = sources_of(tiny_raw_root)[0]
+    result = materialize_source(source, instance=instance, resources=resources)
+    recorded = {}
+    for asset in PER_SOURCE:
+        event = result.asset_materializations_for_node(asset)[0]
+        recorded[asset] = event.tags["dagster/code_version"]  # what Dagster compares the definitions' code version with
+        # ... and what the cache's "code version X -> Y" names as X: one value
+        assert recorded[asset] == fingerprint_code(asset) == event.metadata["fingerprint_inputs"].value["code"], asset
+
+    deployed = tmp_path / "deployed"
+    for package in ("zero_assets", "training_code"):
+        shutil.copytree(REPO / package, deployed / package, ignore=shutil.ignore_patterns("__pycache__"))
+    assert {a: s["status"] for a, s in staleness(deployed, instance, source).items()} == dict.fromkeys(PER_SOURCE, "FRESH")
+
+    script = deployed / "training_code" / "validate.py"
+    script.write_text(script.read_text() + "# an edit that changes no behaviour still changes the code version\n")
+    stale = staleness(deployed, instance, source)
+    assert stale["raw_image_index"]["status"] == "FRESH", stale
+    assert stale["validated_images"]["status"] == "STALE"
+    assert stale["validated_images"]["causes"] == [["validated_images", "CODE", "has a new code version"]], stale
+    # Y of the cache's "code version X -> Y" is the edited definitions' code version (test above): the same
+    # pair Dagster compares.
+    assert stale["validated_images"]["code_version"] != recorded["validated_images"]
+    assert stale["arrow_shards"]["code_version"] == recorded["arrow_shards"]
+    # Dagster 1.13 does not pass a code-version cause down the graph: arrow_shards turns stale ("has a
+    # new dependency data version") only once validated_images is rebuilt with different data. Should
+    # Dagster start propagating it, this fails and the README sentence needs revisiting.
+    assert stale["arrow_shards"]["status"] == "FRESH" and stale["arrow_shards"]["root_causes"] == [], stale
