@@ -3,7 +3,7 @@
 from dagster import Definitions
 
 from .assets import ALL_ASSETS, SOURCE_SPECS
-from .checks import ALL_CHECKS, limits_from_env
+from .checks import ALL_CHECKS, freshness_sensor, limits_from_env
 from .jobs import ALL_JOBS, weekly_full_refresh
 from .resources.backend import resources_from_env
 from .sensors import new_raw_data_sensor
@@ -12,7 +12,7 @@ defs = Definitions(
     assets=[*SOURCE_SPECS, *ALL_ASSETS],
     asset_checks=ALL_CHECKS,
     jobs=ALL_JOBS,
-    sensors=[new_raw_data_sensor],
+    sensors=[new_raw_data_sensor, freshness_sensor],
     schedules=[weekly_full_refresh],
     resources={**resources_from_env(), "limits": limits_from_env()},
 )

@@ -1,0 +1,30 @@
+"""The quarantine limit, read once from the environment, so the asset and its check judge by one number.
+
+`validated_images` takes its `max_quarantine_rate` default from here (the validator fails the run
+past it), and `quarantine_rate_under_limit` judges each materialization by the limit that
+materialization recorded in its config, so the two cannot disagree. No dagster imports: the asset
+config and the checks both import this module.
+"""
+
+import os
+
+MAX_QUARANTINE_RATE_VAR = "ZERO_MAX_QUARANTINE_RATE"
+DEFAULT_MAX_QUARANTINE_RATE = 0.2  # share of a source's images that may be quarantined
+
+
+def rate_from_env(var: str, default: float, environ: "dict[str, str] | None" = None) -> float:
+    """A share in [0, 1] from `var`, or `default` when unset or empty; anything else names the variable."""
+    raw = (os.environ if environ is None else environ).get(var, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{var}={raw!r} is not a number; set it to a share between 0 and 1, e.g. {default}") from None
+    if not 0 <= value <= 1:
+        raise ValueError(f"{var}={raw!r} is outside [0, 1]; set it to a share between 0 and 1, e.g. {default}")
+    return value
+
+
+def max_quarantine_rate(environ: "dict[str, str] | None" = None) -> float:
+    return rate_from_env(MAX_QUARANTINE_RATE_VAR, DEFAULT_MAX_QUARANTINE_RATE, environ)
