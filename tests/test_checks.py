@@ -204,3 +204,24 @@ def test_every_config_field_is_described_and_closed_choices_are_enums():
         assert field.config_type.kind.name == "ENUM", f"{config.__name__}.{name} is a free string in the launchpad"
     arch = TrainConfig.model_fields["arch"].annotation
     assert set(typing.get_args(arch)) == set(ARCHITECTURES), "TrainConfig.arch offers what training_code.lib.model accepts"
+
+
+def test_map_report_freshness_follows_the_training_cron(instance, resources):
+    """Stale until a report exists since the previous training tick; fresh once one is recorded."""
+    from zero_assets.automation import train_cron
+    from zero_assets.checks import MAP_REPORT_FRESHNESS
+
+    (freshness,) = MAP_REPORT_FRESHNESS
+
+    def evaluate():
+        result = materialize([map_report, freshness], selection=AssetSelection.checks(freshness),
+                             resources=resources, instance=instance, raise_on_error=False)
+        (evaluation,) = result.get_asset_check_evaluations()
+        return evaluation
+
+    stale = evaluate()
+    assert not stale.passed and stale.severity == AssetCheckSeverity.WARN
+    params = stale.metadata["dagster/freshness_params"].value
+    assert params["deadline_cron"] == train_cron() and params["lower_bound_delta_seconds"] == 24 * 3600
+    instance.report_runless_asset_event(AssetMaterialization(asset_key="map_report", metadata={"mAP": 0.5}))
+    assert evaluate().passed
