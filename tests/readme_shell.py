@@ -70,6 +70,12 @@ def copy_repo(destination: Path) -> Path:
             (destination / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, destination / relative)
     (destination / ".venv").symlink_to(REPO / ".venv")
+    # The copy shares this venv: were its install inputs newer than the venv, `make` in the copy would
+    # reinstall the package into this venv, pointing its scripts at the copy.
+    installed = (REPO / ".venv" / ".installed").stat().st_mtime
+    newer = [name for name in ("pyproject.toml", "requirements.lock") if (destination / name).stat().st_mtime > installed]
+    if newer:
+        raise RuntimeError(f"{', '.join(newer)} changed after .venv was installed: run `make venv` before the README test")
     return destination
 
 
