@@ -14,9 +14,12 @@ FAST_TRAINING = {"ops": {"trained_checkpoint": {"config": {"max_steps": 4, "chec
 
 def production_config_without_ecs() -> dict:
     """deploy/dagster.postgres.yaml as is, less its `run_launcher` block: there is no ECS here, so runs use
-    Dagster's default launcher (tests/test_ecs_run_launcher.py tests that block against moto's ECS)."""
+    Dagster's default launcher (tests/test_ecs_run_launcher.py tests that block against moto's ECS). The
+    default launcher cannot resume a run, so run monitoring keeps its timeouts with no resume attempts."""
     config = yaml.safe_load((REPO / "deploy" / "dagster.postgres.yaml").read_text())
     assert config.pop("run_launcher")["class"] == "EcsRunLauncher"
+    assert config["run_monitoring"]["max_resume_run_attempts"] > 0, "the ECS launcher resumes dead run workers"
+    config["run_monitoring"]["max_resume_run_attempts"] = 0
     return config
 
 
