@@ -104,20 +104,22 @@ def test_demo_data_block_writes_a_raw_root(demo_repo):
     assert len(sources) == 3 and all((raw / s / "annotations.json").is_file() for s in sources)
 
 
-def _serve_ui(repo, log):
-    port = free_port()  # the README's `dagster dev` on a free port: Dagster's own variable for `-p`
-    return BackgroundBlock(block("ui"), repo, log, DAGSTER_CLI_DEV_PORT=str(port)), f"http://127.0.0.1:{port}"
+def _latest_in_ui(repo, log) -> dict:
+    """The README's `dagster dev` in `repo` on a free port (Dagster's own variable for `-p`): once it answers,
+    each asset's latest materialization as its GraphQL API lists it."""
+    port = free_port()
+    server = BackgroundBlock(block("ui"), repo, log, DAGSTER_CLI_DEV_PORT=str(port))
+    try:
+        server.wait_for_http(f"http://127.0.0.1:{port}/server_info", UI_START_LIMIT_S)
+        return graphql_assets(f"http://127.0.0.1:{port}")
+    finally:
+        server.stop()
 
 
 @pytest.mark.slow
 def test_ui_block_serves_the_demo_materializations(demo_repo, tmp_path):
     repo, _ = demo_repo
-    server, url = _serve_ui(repo, tmp_path / "dagster-dev.log")
-    try:
-        server.wait_for_http(f"{url}/server_info", UI_START_LIMIT_S)
-        latest = graphql_assets(url)
-    finally:
-        server.stop()
+    latest = _latest_in_ui(repo, tmp_path / "dagster-dev.log")
     assert set(latest) == set(ASSETS) | set(EXTERNAL)
     assert all(latest[a] for a in ASSETS), f"every asset shows its latest materialization: {latest}"
 
@@ -126,12 +128,7 @@ def test_ui_block_serves_the_demo_materializations(demo_repo, tmp_path):
 def test_ui_block_serves_a_clone_where_make_demo_never_ran(tmp_path):
     repo = copy_repo(tmp_path / "repo")
     assert not (repo / ".dagster_home").exists()
-    server, url = _serve_ui(repo, tmp_path / "dagster-dev.log")
-    try:
-        server.wait_for_http(f"{url}/server_info", UI_START_LIMIT_S)
-        latest = graphql_assets(url)
-    finally:
-        server.stop()
+    latest = _latest_in_ui(repo, tmp_path / "dagster-dev.log")
     assert latest == {a: None for a in (*ASSETS, *EXTERNAL)}
     assert (repo / ".dagster_home" / "dagster.yaml").is_file(), "activate created the instance with the repo's dagster.yaml"
 
