@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from zero_assets.raw_index import build_raw_index
+from raw_index_reference import build_raw_index
 
 REPO = Path(__file__).resolve().parents[1]
 

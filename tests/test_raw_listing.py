@@ -9,8 +9,10 @@ from urllib.parse import quote_plus
 
 import pytest
 
+from training_code.lib.raw_index_groups import group_of
 from zero_assets.local_s3 import LocalS3Server
-from zero_assets.raw_index import build_raw_index, group_of
+
+from raw_index_reference import build_raw_index
 
 KEYS = ["cam_a/lot_1/x 1.jpg", "cam_a/lot_2/y.jpg", "cam_b/z.png", "top.txt", "cam_b/notes.txt"]
 
@@ -107,27 +109,6 @@ def test_unsafe_file_names_stay_in_the_index_escaped(tmp_path):
     assert sorted(index.unsafe_keys) == ["cam/\\xff\\xfe.jpg", "cam/new\\x0aline.jpg"]
     assert list(index.annotation_errors) == ["broken"] and "nested too deeply" in index.annotation_errors["broken"]
     assert str(tmp_path / "broken" / "annotations.json") in index.annotation_errors["broken"]
-
-
-def test_annotation_files_are_parsed_a_bounded_number_of_bytes_at_a_time():
-    import threading
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
-    from zero_assets.raw_index import _ByteBudget
-
-    budget, peaks, lock = _ByteBudget(100), [], threading.Lock()
-
-    def work(size: int) -> None:
-        with budget.held(size):
-            with lock:
-                peaks.append(budget.in_flight)
-            time.sleep(0.02)
-
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(work, [60, 60, 30, 150, 10, 40, 90, 5] * 3))
-    assert max(peaks) == 150, "a file larger than the budget runs, alone"
-    assert sorted(set(peaks))[-2] <= 100
 
 
 # --- One source streamed into Parquet (training_code/lib/raw_index.py) ---------------------------------

@@ -6,14 +6,8 @@ import pytest
 
 from training_code.lib import storage
 from zero_assets.demo_data import make_demo_raw_root
-from zero_assets.local_s3 import LocalS3Server
-from zero_assets.raw_index import build_raw_index
 
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory):
-    with LocalS3Server(tmp_path_factory.mktemp("s3")) as server:
-        yield server
+from raw_index_reference import build_raw_index
 
 
 @pytest.fixture

@@ -37,11 +37,11 @@ from training_code.lib.tables import RAW_INDEX, write_table
 from zero_assets.assets.raw_image_index import raw_image_index
 from zero_assets.assets.validated_images import validated_images
 from zero_assets.local_s3 import LocalS3Server
-from zero_assets.raw_index import build_raw_index
 from zero_assets.resources import LocalJobRunner
 
 from conftest import make_resources
 from graph_runs import materialize_source
+from raw_index_reference import build_raw_index
 from zero_assets.raw_sources import list_sources
 
 REPO = Path(__file__).resolve().parents[2]
