@@ -12,6 +12,7 @@ import pytest
 from dagster import materialize
 
 from graph_runs import materialize_source, materialize_tail, sources_of
+from process_tree import children_of, command_line
 from zero_assets.assets import ALL_ASSETS, SOURCE_SPECS, fsx_warm_state, training_set
 
 ALL = [*SOURCE_SPECS, *ALL_ASSETS]
@@ -19,24 +20,6 @@ MAX_STEPS = 60
 TINY_TRAINING = {"ops": {"trained_checkpoint": {"config": {
     "max_steps": MAX_STEPS, "checkpoint_every": 5, "batch_size": 2, "width": 16, "min_size": 64, "max_size": 96,
 }}}}
-
-
-def command_line(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except (FileNotFoundError, ProcessLookupError):  # the process ended while we looked
-        return []
-
-
-def parent_of(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
-def children_of(pid: int) -> list[int]:
-    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and parent_of(int(entry)) == pid]
 
 
 def our_training_launcher() -> int | None:

@@ -1,5 +1,6 @@
 """Real processes for the fault tests: Dagster runs in their own processes against one instance on
-disk, and the process-tree look-ups a test needs to find and kill a job at a chosen point."""
+disk, and the waits a test needs to find and kill a job at a chosen point (the /proc look-ups are
+tests/process_tree.py, shared with the training-resume test)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from process_tree import alive
 
 FAULTS = Path(__file__).resolve().parent
 REPO = FAULTS.parents[1]
@@ -70,33 +73,6 @@ def wait_for(find, timeout: float = 120, what: str = "the condition"):
 def paused_pids(lake: Path, asset: str, point: str) -> list[int]:
     """Pids of job processes of `asset` paused at `point` (see fault_job.py)."""
     return [int(p.read_text()) for p in lake.glob(f"_jobs/{asset}/*/runs/*/*/opt/ml/output/paused-{point}*") if p.read_text()]
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie waiting for its parent to reap it counts as dead)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
-def parent_of(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (children, grandchildren, ...)."""
-    parents = {int(e): parent_of(int(e)) for e in os.listdir("/proc") if e.isdigit()}
-    found, frontier = [], [pid]
-    while frontier:
-        children = [child for child, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
-    return found
 
 
 def wait_gone(pids: list[int], timeout: float) -> list[int]:

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_processes import REPO, descendants, finish, make_lab, wait_for, wait_gone
+from fault_processes import REPO, finish, make_lab, wait_for, wait_gone
+from process_tree import descendants
 
 from zero_assets.cache import OUTPUT_MARKER, output_is_complete
 from zero_assets.output_lease import hold_lease, try_acquire

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_processes import alive, descendants, make_lab, paused_pids, wait_for, wait_gone
+from fault_processes import make_lab, paused_pids, wait_for, wait_gone
+from process_tree import alive, descendants
 
 from zero_assets.cache import OUTPUT_MARKER, output_is_complete
 
