@@ -32,8 +32,9 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from training_code.lib.storage import delete_prefix, is_s3, join, list_objects, newest_write
 
-JOBS_FOLDER = "_jobs"
-RUNS_FOLDER = "runs"
+from .job_request import RUNS_FOLDER
+from .resources.settings import JOBS_FOLDER
+
 URI_KEYS = ("uri", "dagster/uri")
 PAGE = 1000  # materializations fetched per query
 # Runs that may still write: their folders are never collected.

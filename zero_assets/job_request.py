@@ -54,6 +54,9 @@ class JobRequest:
         return any(str(value).startswith("s3://") for value in [*self.inputs.values(), *self.arguments.values()])
 
 
+RUNS_FOLDER = "runs"  # under a materialization folder: one folder per Dagster run
+
+
 def materialization_folder(jobs_root: Path, request: JobRequest) -> Path:
     """`<jobs root>/<asset>/<fingerprint[:16]>`: everything the jobs of one output keep on this machine,
     beside the output's own `<lake>/<asset>/<fingerprint[:16]>`: its lease (`lease.json`), training

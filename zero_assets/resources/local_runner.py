@@ -35,7 +35,7 @@ from dagster._core.pipes.client import PipesClientCompletedInvocation
 from training_code.lib.storage import MANIFEST_NAMES, download_prefix, is_s3, list_objects, publish_folder, safe_relative_key
 
 from ..fingerprints import UpstreamOutput
-from ..job_request import JobRequest, materialization_folder
+from ..job_request import RUNS_FOLDER, JobRequest, materialization_folder
 from ..warm_state import warm_shards, warm_training_set
 from .job_runner import JobRunner
 from .local_process import end_process_group, job_environment, run_with_pipes, start_job_process
@@ -100,7 +100,7 @@ class LocalJobRunner(JobRunner):
 
     def run_folder(self, request: JobRequest, run_id: str) -> Path:
         """This run's folder for the job: no other run reads or writes it."""
-        return materialization_folder(self.settings.jobs_root(), request) / "runs" / run_id / request.job_name
+        return materialization_folder(self.settings.jobs_root(), request) / RUNS_FOLDER / run_id / request.job_name
 
     def _start_sibling(self, opt_ml: Path, request: JobRequest, paths: dict[str, Path], host: str, hosts: list[str]) -> subprocess.Popen:
         log = (opt_ml / "output" / "job.log").open("wb")

@@ -18,6 +18,7 @@ from training_code.lib.storage import is_s3, join
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE = REPO_ROOT / ".zero"
 BACKENDS = ("local", "sagemaker")
+JOBS_FOLDER = "_jobs"  # a local lake's job folders: `<lake>/_jobs`
 
 
 class ZeroSettings(ConfigurableResource):
@@ -42,7 +43,7 @@ class ZeroSettings(ConfigurableResource):
 
     def jobs_root(self) -> Path:
         """Local run folders for jobs (the `/opt/ml` layouts); always on this machine."""
-        return DEFAULT_STATE / "jobs" if is_s3(self.lake_uri) else Path(self.lake_uri) / "_jobs"
+        return DEFAULT_STATE / "jobs" if is_s3(self.lake_uri) else Path(self.lake_uri) / JOBS_FOLDER
 
     def warm_mount(self) -> Path:
         """The folder the trainer reads shards from; fails with the path when it is unusable."""
