@@ -9,7 +9,9 @@ Images are never read; the source's annotations.json is parsed once (annotation_
 Hostile entries stay in the index so validation gives each its verdict: an unsafe key is stored
 escaped by `printable_key` and never read; an unusable annotations.json is reported, not raised.
 Rows are in listing order (keys sorted as Python sorts the listed keys, before escaping).
-Both the Dagster asset (in-process, small sources) and `training_code/index.py` (a job) run this.
+Both the Dagster asset (in-process, small sources) and `training_code/index.py` (a job) run this; before
+launching the job the asset takes `source_listing_fingerprint` (the same pass, nothing written) to
+decide whether the index must be built at all.
 """
 
 from __future__ import annotations
@@ -102,6 +104,18 @@ def write_source_index(
     }
     write_bytes_atomic(join(out_dir_or_uri, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
     return {**manifest, "uri": str(out_dir_or_uri)}
+
+
+def source_listing_fingerprint(raw_uri: str, source: str, *, max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES,
+                               inventory_manifest_uri: str | None = None) -> str:
+    """The `listing_fingerprint` write_source_index would record for `<raw_uri>/<source>/`, from one
+    streamed pass over that source's listing (nothing written, no list of keys kept): what the asset
+    needs before it decides whether a job must build the index at all."""
+    check_source(source)
+    listing = _ListingPass(source, None, count_source_annotations(raw_uri, source, max_annotation_bytes))
+    for _ in listing.batches(list_source(raw_uri, source, inventory_manifest_uri)):
+        pass
+    return listing.fingerprint()
 
 
 def _withdraw_manifest(out: str | Path) -> None:

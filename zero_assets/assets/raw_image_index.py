@@ -17,7 +17,7 @@ from dagster import AssetExecutionContext, Config, DataVersion, Failure, Materia
 from pydantic import Field
 
 from training_code.lib.hashing import sha256_json
-from training_code.lib.raw_index import INDEX_FILE, MANIFEST, write_source_index
+from training_code.lib.raw_index import INDEX_FILE, MANIFEST, source_listing_fingerprint, write_source_index
 from training_code.lib.storage import copy_file_atomic, join, read_bytes, write_bytes_atomic
 from training_code.lib.tables import RAW_INDEX
 
@@ -26,7 +26,6 @@ from ..fingerprints import FingerprintInputs, UpstreamOutput, code_version, late
 from ..job_launch import launch_job
 from ..metadata import table_schema
 from ..partitions import RAW_SOURCES
-from ..raw_index import source_listing_fingerprint
 from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
 from .raw_data import raw_data
