@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny demo raw root, a real Dagster instance in a temp folder, resources on both."""
+"""Shared fixtures: a tiny demo raw root, a real Dagster instance in a temp folder, resources on both,
+and the loopback S3 and SQS servers (one per test module that asks)."""
 
 from pathlib import Path
 
@@ -6,6 +7,7 @@ import pytest
 from dagster import instance_for_test
 
 from zero_assets.demo_data import make_demo_raw_root
+from zero_assets.local_s3 import LocalS3Server
 from zero_assets.resources import LocalJobRunner, ZeroSettings
 
 
@@ -38,3 +40,19 @@ def make_resources(raw_uri: Path, state: Path) -> dict:
 @pytest.fixture
 def resources(tiny_raw_root, tmp_path) -> dict:
     return make_resources(tiny_raw_root, tmp_path / "state")
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    """A real S3-compatible server on loopback, shared by the tests of one module."""
+    with LocalS3Server(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def sqs_endpoint():
+    """A real SQS-compatible server (moto) for one module; its endpoint is in ZERO_SQS_ENDPOINT_URL."""
+    from sqs_server import sqs_server  # moto is imported only by the modules that use it
+
+    with sqs_server() as endpoint:
+        yield endpoint

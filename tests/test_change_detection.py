@@ -14,13 +14,12 @@ from urllib.parse import quote
 import pytest
 
 from sensor_ticks import s3_message, s3_record
-from sqs_server import queue_counts, sqs, sqs_server
+from sqs_server import queue_counts, sqs
 from zero_assets.change_detection.inventory_diff import current_manifest, detect_from_inventory
 from zero_assets.change_detection.listing_digest import detect_from_listing
 from zero_assets.change_detection.s3_events import MalformedMessage, parse_body
 from zero_assets.change_detection.sources import partition_problem, source_of
 from zero_assets.change_detection.sqs_detector import detect_from_queue
-from zero_assets.local_s3 import LocalS3Server
 
 RAW = "s3://zero-raw/plant"
 
@@ -67,12 +66,6 @@ def test_source_names_that_cannot_be_partitions(source, refused):
 
 
 # --- S3 events on a real SQS-compatible server ---
-
-@pytest.fixture(scope="module")
-def sqs_endpoint():
-    with sqs_server() as endpoint:
-        yield endpoint
-
 
 @pytest.fixture
 def queue(sqs_endpoint, request):
@@ -145,19 +138,13 @@ def test_an_empty_queue_waits_no_longer_than_the_budget(queue, instance):
 
 # --- S3 Inventory reports on the local S3-compatible server ---
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with LocalS3Server(tmp_path_factory.mktemp("s3")) as server:
-        yield server
-
-
 @pytest.fixture
-def s3_env(s3, monkeypatch):
-    for key, value in s3.env().items():
+def s3_env(s3_server, monkeypatch):
+    for key, value in s3_server.env().items():
         monkeypatch.setenv(key, value)
-    if "zero-inventory" not in [b["Name"] for b in s3.client().list_buckets()["Buckets"]]:
-        s3.client().create_bucket(Bucket="zero-inventory")
-    return s3
+    if "zero-inventory" not in [b["Name"] for b in s3_server.client().list_buckets()["Buckets"]]:
+        s3_server.client().create_bucket(Bucket="zero-inventory")
+    return s3_server
 
 
 def _report(client, folder: str, rows: list[tuple[str, int, str]], created: int) -> str:

@@ -23,7 +23,6 @@ from zero_assets.assets.trained_checkpoint import TrainConfig
 from zero_assets.assets.training_set import TrainingSetConfig
 from zero_assets.assets.validated_images import ValidationConfig
 from zero_assets.checks import CheckLimits, map_not_regressed, quarantine_rate_under_limit, shard_manifest_integrity
-from zero_assets.local_s3 import LocalS3Server
 from zero_assets.partitions import RAW_SOURCES
 
 SOURCE = "line_a_camera"  # holds the planted corrupt files
@@ -77,12 +76,6 @@ def healthy(tiny_raw_root, tmp_path_factory):
         result = _run(resources, instance, limit=0.5)
         assert result.success
         yield instance, resources, result
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory):
-    with LocalS3Server(tmp_path_factory.mktemp("s3")) as server:
-        yield server
 
 
 @pytest.mark.slow

@@ -15,18 +15,11 @@ from sensor_ticks import SensorDaemon, s3_message, s3_record
 from sqs_server import sqs, sqs_server
 from zero_assets.assets import ALL_ASSETS, SOURCE_SPECS
 from zero_assets.definitions import defs
-from zero_assets.local_s3 import LocalS3Server
 from zero_assets.resources import LocalJobRunner, ZeroSettings
 
 BUCKET, PREFIX = "zero-raw", "plant"
 PER_SOURCE = ("raw_image_index", "validated_images", "arrow_shards")
 OLD, NEW = "line_a_camera", "warehouse_scanner"
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory):
-    with LocalS3Server(tmp_path_factory.mktemp("s3")) as server:
-        yield server
 
 
 def _upload_source(client, root, source) -> list[str]:

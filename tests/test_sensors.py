@@ -12,16 +12,10 @@ from dagster import AssetKey, RunsFilter
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 
 from sensor_ticks import SensorDaemon, s3_message, s3_record
-from sqs_server import queue_counts, sqs, sqs_server
+from sqs_server import queue_counts, sqs
 from zero_assets.resources import ZeroSettings
 
 RAW = "s3://zero-raw/plant"
-
-
-@pytest.fixture(scope="module")
-def sqs_endpoint():
-    with sqs_server() as endpoint:
-        yield endpoint
 
 
 @pytest.fixture
