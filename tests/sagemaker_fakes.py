@@ -16,6 +16,11 @@ For attempt states: `add_stopping_job` presents a job that is `Stopping` and tur
 few describes; every create records the state of every other job at that moment (`seen_at_create`);
 with `throttle_every = n`, every n-th Describe*Job is refused with ThrottlingException.
 `ThrottledLogs` wraps a CloudWatch Logs client and refuses reads with ThrottlingException.
+
+Around the fake, what every SageMaker test sets up the same way: `moto_server()` (S3 and CloudWatch
+Logs on loopback), `aws_env(endpoint)` (the credentials and endpoint the runner and the job scripts
+read), `fake_settings(...)` (SageMakerSettings with a test role and images) and `job_package(...)`
+(a code package holding test job modules).
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ import os
 import subprocess
 import sys
 import tarfile
+import textwrap
 import threading
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,6 +45,8 @@ from botocore.validate import validate_parameters
 
 from training_code.lib.storage import split_s3
 from zero_assets.resources.local_runner import sharded_part
+from zero_assets.resources.sagemaker_settings import SageMakerSettings
+from zero_assets.sagemaker.code_package import CodePackage, build_code_package
 
 _MODEL = botocore.session.get_session().get_service_model("sagemaker")
 
@@ -348,3 +357,40 @@ class ThrottledLogs:
                 return paginator.paginate(**kwargs)
 
         return Paginator()
+
+
+@contextmanager
+def moto_server():
+    """A moto server on loopback (S3, CloudWatch Logs); yields its endpoint URL."""
+    from moto.server import ThreadedMotoServer  # imported by the tests that start one, not by every user of the fake
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def aws_env(endpoint: str) -> dict[str, str]:
+    """The environment the runner and the job scripts read to reach `endpoint` as us-east-1."""
+    return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "ZERO_S3_ENDPOINT_URL": endpoint}
+
+
+def fake_settings(**fields) -> SageMakerSettings:
+    """SageMakerSettings in us-east-1 with a test role and images; `fields` give the bucket and the rest."""
+    return SageMakerSettings(
+        region="us-east-1", role_arn="arn:aws:iam::123456789012:role/zero-jobs",
+        training_image_uri="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5-gpu-py311",
+        processing_image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-processing:1", **fields,
+    )
+
+
+def job_package(root: Path, package: str, modules: dict[str, str]) -> CodePackage:
+    """A code package of one Python package under `root`, its modules' sources dedented."""
+    (root / package).mkdir(parents=True)
+    (root / package / "__init__.py").write_text("")
+    for module, source in modules.items():
+        (root / package / f"{module}.py").write_text(textwrap.dedent(source))
+    return build_code_package(root, (package,))

@@ -3,20 +3,18 @@ runs the job script: success, failure, MaxRuntimeExceeded, termination and reatt
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
 from dagster import AssetKey, Definitions, asset, materialize
 from dagster._core.errors import DagsterExecutionInterruptedError
-from moto.server import ThreadedMotoServer
 
-from sagemaker_fakes import FakeSageMaker
+from sagemaker_fakes import FakeSageMaker, aws_env, fake_settings, job_package, moto_server
 from training_code.lib.aws_clients import client as aws_client
 from zero_assets.job_request import JobRequest
-from zero_assets.resources.sagemaker_settings import JobCompute, SageMakerSettings
+from zero_assets.resources.sagemaker_settings import JobCompute
 from zero_assets.resources.settings import REPO_ROOT
-from zero_assets.sagemaker.code_package import build_code_package, upload_code_package
+from zero_assets.sagemaker.code_package import upload_code_package
 from zero_assets.sagemaker.names import job_name
 from zero_assets.sagemaker.pipes_client import PipesSageMakerClient
 from zero_assets.sagemaker.requests import build_job_params
@@ -47,31 +45,21 @@ with job_env.pipes_session() as pipes:
 
 @pytest.fixture(scope="module")
 def moto_endpoint():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
 def aws(moto_endpoint, tmp_path, monkeypatch):
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "ZERO_S3_ENDPOINT_URL": moto_endpoint}
+    env = aws_env(moto_endpoint)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     s3 = aws_client("s3", endpoint_url=moto_endpoint)
     logs = aws_client("logs", endpoint_url=moto_endpoint)
     s3.create_bucket(Bucket=BUCKET)
-    code_root = tmp_path / "code"
-    (code_root / "zero_test_jobs").mkdir(parents=True)
-    (code_root / "zero_test_jobs" / "__init__.py").write_text("")
-    (code_root / "zero_test_jobs" / "pipes_job.py").write_text(textwrap.dedent(TEST_JOB))
-    package = build_code_package(code_root, ("zero_test_jobs",))
-    settings = SageMakerSettings(
-        region="us-east-1", role_arn="arn:aws:iam::123456789012:role/zero-jobs", bucket=BUCKET, prefix="zero",
-        training_image_uri="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5-gpu-py311",
-        processing_image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-processing:1",
-        map_report=JobCompute(instance_type="ml.m5.large"), trained_checkpoint=JobCompute(instance_type="ml.m5.large"),
+    package = job_package(tmp_path / "code", "zero_test_jobs", {"pipes_job": TEST_JOB})
+    settings = fake_settings(
+        bucket=BUCKET, prefix="zero", map_report=JobCompute(instance_type="ml.m5.large"), trained_checkpoint=JobCompute(instance_type="ml.m5.large"),
     )
     upload_code_package(package, settings.s3_root(), s3)
     s3.put_object(Bucket=BUCKET, Key=f"zero/lake/arrow_shards/{FINGERPRINT[:16]}/manifest.json", Body=b"{}")

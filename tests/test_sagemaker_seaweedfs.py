@@ -9,9 +9,8 @@ import json
 import pytest
 from dagster import AssetKey
 from graph_runs import materialize_source, materialize_tail
-from moto.server import ThreadedMotoServer
 
-from sagemaker_fakes import FakeSageMaker
+from sagemaker_fakes import FakeSageMaker, fake_settings, moto_server
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.detection_data import iter_eval_samples, verified_split
 from training_code.lib.shard_format import verify_shard
@@ -19,7 +18,7 @@ from training_code.warm import listed_shards
 from training_code.lib.storage import publish_folder
 from zero_assets.assets import raw_image_index, validated_images
 from zero_assets.local_s3 import LocalS3Server
-from zero_assets.resources import SageMakerJobRunner, SageMakerSettings, ZeroSettings
+from zero_assets.resources import SageMakerJobRunner, ZeroSettings
 from zero_assets.resources import sagemaker_runner
 from zero_assets.resources.sagemaker_runner import AwsClients
 from zero_assets.resources.sagemaker_settings import JobCompute
@@ -40,11 +39,8 @@ def seaweed(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cloudwatch():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield aws_client("logs", endpoint_url=f"http://{host}:{port}", region="us-east-1", access_key="testing", secret_key="testing")
-    server.stop()
+    with moto_server() as endpoint:
+        yield aws_client("logs", endpoint_url=endpoint, region="us-east-1", access_key="testing", secret_key="testing")
 
 
 @pytest.mark.parametrize("instances", [1, 2])
@@ -54,11 +50,8 @@ def test_validation_job_runs_on_the_s3_path(seaweed, cloudwatch, tiny_raw_root, 
     publish_folder(tiny_raw_root, f"s3://{BUCKET}/raw")
     lake = f"s3://{BUCKET}/zero/lake-{instances}"  # its own lake per case: the other case's output must not be found
     settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw", lake_uri=lake, backend="sagemaker")
-    aws = SageMakerSettings(
-        region="us-east-1", role_arn="arn:aws:iam::123456789012:role/zero-jobs", bucket=BUCKET,
-        training_image_uri="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5-gpu-py311",
-        processing_image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-processing:1",
-        validated_images=JobCompute(instance_type="ml.m5.xlarge", instance_count=instances), poll_interval_s=0.3,
+    aws = fake_settings(
+        bucket=BUCKET, validated_images=JobCompute(instance_type="ml.m5.xlarge", instance_count=instances), poll_interval_s=0.3,
     )
     fake = FakeSageMaker(tmp_path / "sm", seaweed.client(), cloudwatch, {**seaweed.env(), "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.3"})
     monkeypatch.setattr(sagemaker_runner, "make_aws_clients", lambda region: AwsClients(fake, cloudwatch, seaweed.client(), None))
@@ -113,11 +106,7 @@ def test_two_source_training_set_warms_trains_and_evaluates(seaweed, cloudwatch,
     publish_folder(tiny_raw_root, f"s3://{BUCKET}/raw-set")
     lake = f"s3://{BUCKET}/zero/lake-set"
     settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw-set", lake_uri=lake, backend="sagemaker")
-    aws = SageMakerSettings(
-        region="us-east-1", role_arn="arn:aws:iam::123456789012:role/zero-jobs", bucket=BUCKET,
-        training_image_uri="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5-gpu-py311",
-        processing_image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-processing:1", poll_interval_s=0.3,
-    )
+    aws = fake_settings(bucket=BUCKET, poll_interval_s=0.3)
     fake = FakeSageMaker(tmp_path / "sm", seaweed.client(), cloudwatch, {**seaweed.env(), "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.3"})
     monkeypatch.setattr(sagemaker_runner, "make_aws_clients", lambda region: AwsClients(fake, cloudwatch, seaweed.client(), None))
     resources = {"settings": settings, "jobs": SageMakerJobRunner(settings=settings, aws=aws)}

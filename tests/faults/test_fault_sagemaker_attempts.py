@@ -18,21 +18,18 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 from dagster import AssetKey, asset, materialize
-from moto.server import ThreadedMotoServer
 
-from sagemaker_fakes import FakeSageMaker, ThrottledLogs
+from sagemaker_fakes import FakeSageMaker, ThrottledLogs, aws_env, fake_settings, job_package, moto_server
 from training_code.lib.aws_clients import client as aws_client
 from zero_assets.cache import mark_output_complete
 from zero_assets.job_request import JobRequest
-from zero_assets.resources import SageMakerJobRunner, SageMakerSettings, ZeroSettings, sagemaker_runner
+from zero_assets.resources import SageMakerJobRunner, ZeroSettings, sagemaker_runner
 from zero_assets.resources.sagemaker_runner import AwsClients
 from zero_assets.resources.sagemaker_settings import JobCompute
 from zero_assets.resources.settings import REPO_ROOT
-from zero_assets.sagemaker.code_package import build_code_package
 from zero_assets.sagemaker.names import job_name
 from zero_assets.sagemaker.requests import build_job_params
 
@@ -59,26 +56,19 @@ with job_env.pipes_session() as pipes:
 
 @pytest.fixture(scope="module")
 def moto_endpoint():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
 def backend(moto_endpoint, tmp_path, monkeypatch):
     """A SageMaker runner over the fake, its code package holding the test job, a per-test S3 prefix."""
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "ZERO_S3_ENDPOINT_URL": moto_endpoint}
+    env = aws_env(moto_endpoint)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     s3, logs = aws_client("s3", endpoint_url=moto_endpoint), aws_client("logs", endpoint_url=moto_endpoint)
     s3.create_bucket(Bucket=BUCKET)
-    code_root = tmp_path / "code"
-    (code_root / "zero_attempt_jobs").mkdir(parents=True)
-    (code_root / "zero_attempt_jobs" / "__init__.py").write_text("")
-    (code_root / "zero_attempt_jobs" / "job.py").write_text(textwrap.dedent(JOB))
-    package = build_code_package(code_root, ("zero_attempt_jobs",))
+    package = job_package(tmp_path / "code", "zero_attempt_jobs", {"job": JOB})
     monkeypatch.setattr(sagemaker_runner, "build_code_package", lambda: package)
     prefix = tmp_path.name
     for key in ("raw/a.txt", "raw/b/c.txt", "raw-old/stale.txt"):  # raw-old: a sibling that must not be pulled in
@@ -93,11 +83,8 @@ def backend(moto_endpoint, tmp_path, monkeypatch):
 
 def make_runner(backend, messages: str = "s3") -> SageMakerJobRunner:
     root = f"s3://{BUCKET}/{backend['prefix']}"
-    aws = SageMakerSettings(
-        region="us-east-1", role_arn="arn:aws:iam::123456789012:role/zero-jobs", bucket=BUCKET, prefix=backend["prefix"],
-        training_image_uri="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5-gpu-py311",
-        processing_image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-processing:1",
-        map_report=JobCompute(instance_type="ml.m5.large"), poll_interval_s=0.2, messages=messages,
+    aws = fake_settings(
+        bucket=BUCKET, prefix=backend["prefix"], map_report=JobCompute(instance_type="ml.m5.large"), poll_interval_s=0.2, messages=messages,
     )
     return SageMakerJobRunner(settings=ZeroSettings(raw_uri=f"{root}/raw", lake_uri=f"{root}/lake", backend="sagemaker"), aws=aws)
 
