@@ -14,7 +14,7 @@ import json
 from typing import Optional
 
 import pyarrow.parquet as pq
-from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, Config, DataVersion, EventLogRecord, Failure, MaterializeResult, MetadataValue, asset
 from pydantic import Field
 
 from training_code.lib import training_set as ts
@@ -37,8 +37,9 @@ class TrainingSetConfig(Config):
     max_images_per_source: Optional[int] = Field(None, description="Cap on training images taken from each source; empty: no cap.")
 
 
-def chosen_shards(context: AssetExecutionContext, sources: list[str]) -> list[UpstreamOutput]:
-    """The latest shard set of each chosen source; a named source without one is an error."""
+def chosen_shards(context: AssetExecutionContext, sources: list[str]) -> list[tuple[UpstreamOutput, str | None]]:
+    """The latest shard set of each chosen source, with the validated table its materialization
+    records it was built from (None when it records none); a named source without one is an error."""
     registered = context.instance.get_dynamic_partitions(RAW_SOURCES.name)
     unknown = sorted(set(sources) - set(registered))
     if unknown:
@@ -53,26 +54,24 @@ def chosen_shards(context: AssetExecutionContext, sources: list[str]) -> list[Up
                               f"(dagster asset materialize --select 'raw_image_index+' --partition {source}, up to arrow_shards)")
             context.log.info(f"source {source}: no shards yet, left out of the training set")
             continue
-        chosen.append(output_of(records[0], "arrow_shards", source))
+        chosen.append((output_of(records[0], "arrow_shards", source), _recorded_validated_uri(records[0])))
     if not chosen:
         raise Failure("no source has shards yet: materialize raw_image_index, validated_images and arrow_shards for a source first")
     return chosen
 
 
-def _validated_uri(context: AssetExecutionContext, shards: UpstreamOutput) -> str:
-    """The validated table the shard set was built from, as its materialization recorded it."""
-    record = latest_materializations(context.instance, "arrow_shards", shards.partition)[0]
+def _recorded_validated_uri(record: EventLogRecord) -> str | None:
+    """The validated table a shard set was built from, as its materialization recorded it."""
     upstream = record.asset_materialization.metadata.get("upstream")
     value = getattr(upstream, "value", None) or {}
-    if "validated_images" not in value:
-        raise Failure(f"arrow_shards of source {shards.partition} records no upstream validated_images; re-materialize it")
-    return value["validated_images"]["uri"]
+    return value["validated_images"]["uri"] if "validated_images" in value else None
 
 
 @asset(code_version=code_version(*TRAINING_SET_CODE), deps=[arrow_shards], automation_condition=TRAINING_SET, group_name="zero", kinds={"json"})
 def training_set(context: AssetExecutionContext, config: TrainingSetConfig, settings: ZeroSettings) -> MaterializeResult:
     """The chosen sources' latest shard sets, with cross-source duplicates and the cap resolved."""
-    chosen = chosen_shards(context, config.sources)
+    chosen_with_validated = chosen_shards(context, config.sources)
+    chosen = [shards for shards, _ in chosen_with_validated]
     code = code_version(*TRAINING_SET_CODE)
     run_config = config.model_dump()
     inputs = FingerprintInputs(code, run_config, {f"arrow_shards[{s.partition}]": s.data_version for s in chosen})
@@ -81,9 +80,10 @@ def training_set(context: AssetExecutionContext, config: TrainingSetConfig, sett
         context.log.info(f"cache hit, training set not rewritten: {decision.reason}")
         return decision.hit
     sources, accepted = [], {}
-    for shards in chosen:
+    for shards, validated in chosen_with_validated:
         manifest = json.loads(read_bytes(join(shards.uri, SHARD_MANIFEST)))
-        validated = _validated_uri(context, shards)
+        if validated is None:
+            raise Failure(f"arrow_shards of source {shards.partition} records no upstream validated_images; re-materialize it")
         table = pq.read_table(io.BytesIO(read_bytes(join(validated, "accepted.parquet"))), columns=["key", "sha256"])
         accepted[shards.partition] = list(zip(table.column("key").to_pylist(), table.column("sha256").to_pylist()))
         sources.append({"source": shards.partition, "folder": shards.partition, "shards_uri": shards.uri, "validated_uri": validated,
