@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dagster import DagsterInstance
 
-from training_code.lib.storage import _s3_call, is_s3, s3_client, split_s3
+from training_code.lib.storage import is_s3, s3_call, s3_client, split_s3
 
 from .change_detection.sources import partition_problem
 from .partitions import RAW_SOURCES
@@ -34,7 +34,7 @@ def list_sources(raw_uri: str) -> list[str]:
             folders += [p["Prefix"][len(base):].rstrip("/") for p in page.get("CommonPrefixes", [])]
         return folders
 
-    return sorted(_s3_call(listed, f"LIST s3://{bucket}/{base} (Delimiter=/)"))
+    return sorted(s3_call(listed, f"LIST s3://{bucket}/{base} (Delimiter=/)"))
 
 
 def register_sources(instance: DagsterInstance, sources: list[str]) -> tuple[list[str], dict[str, str]]:

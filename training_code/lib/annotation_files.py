@@ -13,10 +13,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .aws_clients import endpoint_of, retry_call
 from .coco import ANNOTATIONS_FILE, INDEX_FIELDS, AnnotationError, SourceAnnotations, parse_annotations
 from .raw_files import Refused, locate, read_limited
-from .storage import is_s3, join, key_problem, s3_client, split_s3, write_bytes_atomic
+from .storage import is_s3, join, key_problem, s3_call, s3_client, split_s3, write_bytes_atomic
 
 log = logging.getLogger("zero.validate")
 
@@ -150,4 +149,4 @@ def _read_s3_annotations(raw_uri: str, key: str, max_bytes: int) -> tuple[int | 
             return size, etag, None
         return size, etag, response["Body"].read()
 
-    return retry_call(get, what=f"GET s3://{bucket}/{object_key}", endpoint=endpoint_of(client))
+    return s3_call(get, f"GET s3://{bucket}/{object_key}")

@@ -28,13 +28,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .aws_clients import endpoint_of, retry_call
 from .annotation_files import AnnotationCounts, count_source_annotations
 from .coco import ANNOTATIONS_FILE, DEFAULT_MAX_ANNOTATION_BYTES
 from .hashing import sha256_file
 from .raw_index_groups import GroupCounts, group_hash, group_of
 from .raw_index_listing import check_source, list_source
-from .storage import ObjectInfo, copy_file_atomic, is_s3, join, key_problem, printable_key, s3_client, split_s3, write_bytes_atomic
+from .storage import ObjectInfo, copy_file_atomic, is_s3, join, key_problem, printable_key, s3_call, s3_client, split_s3, write_bytes_atomic
 from .tables import RAW_INDEX
 
 INDEX_FILE = "index.parquet"
@@ -124,8 +123,7 @@ def _withdraw_manifest(out: str | Path) -> None:
         Path(out, MANIFEST).unlink(missing_ok=True)
         return
     bucket, key = split_s3(join(out, MANIFEST))
-    client = s3_client()
-    retry_call(lambda: client.delete_object(Bucket=bucket, Key=key), what=f"DELETE s3://{bucket}/{key}", endpoint=endpoint_of(client))
+    s3_call(lambda: s3_client().delete_object(Bucket=bucket, Key=key), f"DELETE s3://{bucket}/{key}")
 
 
 class _ListingPass:

@@ -13,9 +13,8 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from .aws_clients import endpoint_of, retry_call
 from .raw_index_inventory import inventory_objects
-from .storage import ObjectInfo, is_s3, key_problem, local_object_info, s3_client, split_s3
+from .storage import ObjectInfo, is_s3, key_problem, local_object_info, s3_call, s3_client, split_s3
 
 S3_PAGE_KEYS = 1000
 
@@ -74,8 +73,7 @@ def _list_s3_source(raw_uri: str, source: str) -> Iterator[ObjectInfo]:
     client, after = s3_client(), ""
     while True:
         request = {"Bucket": bucket, "Prefix": page_prefix, "MaxKeys": S3_PAGE_KEYS, **({"StartAfter": after} if after else {})}
-        page = retry_call(lambda: client.list_objects_v2(**request), what=f"LIST s3://{bucket}/{page_prefix} after {after!r}",
-                          endpoint=endpoint_of(client))
+        page = s3_call(lambda: client.list_objects_v2(**request), f"LIST s3://{bucket}/{page_prefix} after {after!r}")
         contents = page.get("Contents", [])
         for listed in contents:
             if not (listed["Key"].endswith("/") and int(listed["Size"]) == 0):  # a folder marker, not an object

@@ -106,7 +106,7 @@ def s3_client():
     return client("s3", endpoint_url=os.environ.get("ZERO_S3_ENDPOINT_URL") or None)
 
 
-def _s3_call(call, what: str):
+def s3_call(call, what: str):
     """An idempotent S3 call, retried through throttling, cut bodies and outages up to the retry window;
     past it, an error that names the endpoint and `what` (the operation and the s3:// URI)."""
     from .aws_clients import endpoint_of, retry_call
@@ -127,7 +127,7 @@ def _get_object_bytes(bucket: str, key: str) -> bytes:
                 raise FileNotFoundError(f"s3://{bucket}/{key} does not exist") from error
             raise
 
-    return _s3_call(get, f"GET s3://{bucket}/{key}")
+    return s3_call(get, f"GET s3://{bucket}/{key}")
 
 
 def list_objects(root: str | os.PathLike, include_unsafe: bool = False) -> Iterator[ObjectInfo]:
@@ -206,7 +206,7 @@ def list_s3_parallel(root: str, workers: int = LISTING_THREADS) -> list[ObjectIn
 
     def listed(page_prefix: str, delimiter: str = "") -> tuple[list[ObjectInfo], list[str]]:
         # A failed page starts this folder's listing over: pages are not resumable after an error.
-        return _s3_call(lambda: listed_once(page_prefix, delimiter), f"LIST s3://{bucket}/{page_prefix}")
+        return s3_call(lambda: listed_once(page_prefix, delimiter), f"LIST s3://{bucket}/{page_prefix}")
 
     objects, folders = listed(base, delimiter="/")
     with ThreadPoolExecutor(workers) as pool:
@@ -225,7 +225,7 @@ def read_bytes(uri: str | os.PathLike) -> bytes:
 def exists(uri: str | os.PathLike) -> bool:
     if is_s3(uri):
         bucket, key = split_s3(str(uri))
-        response = _s3_call(lambda: s3_client().list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1), f"LIST s3://{bucket}/{key}")
+        response = s3_call(lambda: s3_client().list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1), f"LIST s3://{bucket}/{key}")
         return response.get("KeyCount", 0) > 0
     return Path(uri).exists()
 
@@ -277,7 +277,7 @@ def write_bytes_atomic(uri: str | os.PathLike, data: bytes) -> None:
     if is_s3(uri):
         bucket, key = split_s3(str(uri))
         # S3 PUTs are all-or-nothing, so a retried PUT is safe.
-        _s3_call(lambda: s3_client().put_object(Bucket=bucket, Key=key, Body=data), f"PUT s3://{bucket}/{key}")
+        s3_call(lambda: s3_client().put_object(Bucket=bucket, Key=key, Body=data), f"PUT s3://{bucket}/{key}")
         return
     path = Path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -300,7 +300,7 @@ def copy_file_atomic(src: Path, dest: str | os.PathLike) -> None:
     if is_s3(dest):
         bucket, key = split_s3(str(dest))
         # Multipart uploads complete atomically; a failed one is aborted and started over whole.
-        _s3_call(lambda: s3_client().upload_file(str(src), bucket, key), f"upload {src} to s3://{bucket}/{key}")
+        s3_call(lambda: s3_client().upload_file(str(src), bucket, key), f"upload {src} to s3://{bucket}/{key}")
         return
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -346,7 +346,7 @@ def fetch_file(uri: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:
-        _s3_call(lambda: s3_client().download_file(bucket, key, str(tmp)), f"download s3://{bucket}/{key}")
+        s3_call(lambda: s3_client().download_file(bucket, key, str(tmp)), f"download s3://{bucket}/{key}")
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)
