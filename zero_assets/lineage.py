@@ -8,6 +8,7 @@ trained it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -82,9 +83,14 @@ def find_checkpoint(instance: DagsterInstance, checkpoint_uri_or_run_id: str = L
     raise LookupError(f"{checkpoint_uri_or_run_id!r} is neither the uri nor the run id of a trained_checkpoint materialization")
 
 
-def checkpoint_lineage(instance: DagsterInstance, checkpoint: Materialization) -> CheckpointLineage:
+def _trained_from(instance: DagsterInstance, checkpoint: Materialization) -> tuple[Materialization, Materialization]:
+    """The warm shards and the training set a checkpoint was trained from."""
     warm = _find(instance, "fsx_warm_state", checkpoint.upstream_uri("fsx_warm_state"))
-    chosen = _find(instance, "training_set", warm.upstream_uri("training_set"))
+    return warm, _find(instance, "training_set", warm.upstream_uri("training_set"))
+
+
+def checkpoint_lineage(instance: DagsterInstance, checkpoint: Materialization) -> CheckpointLineage:
+    warm, chosen = _trained_from(instance, checkpoint)
     manifest = _training_set_manifest(chosen.uri)
     shard_sets, validated_sets = {}, {}
     for source in manifest["sources"]:
@@ -97,8 +103,6 @@ def checkpoint_lineage(instance: DagsterInstance, checkpoint: Materialization) -
 
 @lru_cache(maxsize=32)
 def _training_set_manifest(uri: str) -> dict[str, Any]:
-    import json
-
     return json.loads(read_bytes(join(uri, ts.MANIFEST)))
 
 
@@ -134,10 +138,12 @@ def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
         reason = excluded.loc[(excluded["source"] == source) & (excluded["key"] == key), "reason"]
         if not reason.empty:
             fate.update(status="excluded from the training set", reason=reason.iloc[0], training_set=chosen.uri)
-    fate["checkpoints"] = [
-        c.uri for c in materializations(instance, "trained_checkpoint")
-        if (key == checkpoint_lineage(instance, c).train_images["key"]).any()
-    ]
+    fate["checkpoints"] = []
+    for checkpoint in materializations(instance, "trained_checkpoint"):
+        # only the images it trained on: not the shard-set, validated-set and report walks of checkpoint_lineage
+        warm, trained_on = _trained_from(instance, checkpoint)
+        if (key == _train_images(trained_on.uri, warm.uri)["key"]).any():
+            fate["checkpoints"].append(checkpoint.uri)
     return fate
 
 
