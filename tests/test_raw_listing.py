@@ -331,6 +331,7 @@ def test_s3_listing_and_an_inventory_spilled_in_runs_stream_the_same_index(s3, m
     assert listed_index["key"].tolist() == sorted(names[:25]) and listed["ignored_files"] == 1
     assert listed_index.set_index("key").loc["cam_a/lot_1/img 001.jpg", "annotation_count"] == 1
     monkeypatch.setattr(raw_index_inventory, "RUN_ROWS", 4)  # rows sorted and spilled 4 at a time, then merged
+    monkeypatch.setattr(raw_index_inventory, "MERGE_FAN_IN", 2)  # 7 runs: merged two at a time, in three passes
     for file_format in ("CSV", "Parquet"):
         manifest_uri = _inventory_rows(client, "streamed", 3, file_format)
         report, report_index = _index("s3://streamed/plant", "cam_a", tmp_path / file_format, inventory_manifest_uri=manifest_uri)

@@ -2,19 +2,22 @@
 
 The report's `manifest.json` names its data files (CSV, gzip-compressed, or Parquet) and their
 columns. Each data file is downloaded to scratch disk and read in blocks; the rows under the wanted
-prefix are sorted in runs of `RUN_ROWS` written to scratch, and the runs are merged. Memory is one
-run and one small block (`RUN_BATCH_ROWS`) per run, whatever the report's size; a report covering few rows never spills.
+prefix are sorted in runs of `RUN_ROWS` written to scratch, and the runs are merged at most
+`MERGE_FAN_IN` at a time (more runs are first merged into longer ones on scratch). Memory is one run,
+or one small block (`RUN_BATCH_ROWS`) of each of `MERGE_FAN_IN` runs, whatever the report's size; a
+report covering few rows never spills.
 The report is as old as its date: objects written since then are not in it.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import tempfile
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 from urllib.parse import unquote_plus
 
 import pyarrow as pa
@@ -27,7 +30,8 @@ from .storage import ObjectInfo, fetch_file, read_bytes, split_s3
 REQUIRED_FIELDS = ("Bucket", "Key", "Size", "ETag")
 RUN_ROWS = 100_000  # rows sorted in memory at once before a run goes to scratch disk
 READ_ROWS = 65_536  # rows per block read from a data file
-RUN_BATCH_ROWS = 4_096  # rows per block of a spilled run: the merge holds one block of every run at once
+RUN_BATCH_ROWS = 4_096  # rows per block of a spilled run: a merge holds one block of each run it reads
+MERGE_FAN_IN = 64  # runs one merge reads at once; a billion-row report (10,000 runs) takes three passes
 CSV_BLOCK_BYTES = 4 << 20
 RUN_SCHEMA = pa.schema([("key", pa.string()), ("size", pa.int64()), ("etag", pa.string())])
 
@@ -77,7 +81,11 @@ def inventory_objects(manifest_uri: str, raw_uri: str, under: str = "") -> Itera
         if pending:
             runs.append(_spill(pending, Path(scratch) / f"run-{len(runs)}.arrow"))
         del pending
-        for row in heapq.merge(*(_read_run(path) for path in runs), key=itemgetter(0)):
+        merged = itertools.count()
+        while len(runs) > MERGE_FAN_IN:
+            runs = [_write_run(_merge(runs[start : start + MERGE_FAN_IN]), Path(scratch) / f"merged-{next(merged)}.arrow")
+                    for start in range(0, len(runs), MERGE_FAN_IN)]
+        for row in _merge(runs):
             yield ObjectInfo(*row)
 
 
@@ -108,14 +116,25 @@ def _blocks(local: Path, manifest: dict[str, Any]) -> Iterator[tuple[list[str], 
 
 def _spill(rows: list[tuple[str, int, str]], path: Path) -> Path:
     rows.sort(key=itemgetter(0))
+    return _write_run(rows, path)
+
+
+def _write_run(rows: Iterable[tuple[str, int, str]], path: Path) -> Path:
+    """Sorted rows to a run file on scratch, `RUN_BATCH_ROWS` at a time."""
+    rows = iter(rows)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, RUN_SCHEMA) as writer:
-        for start in range(0, len(rows), RUN_BATCH_ROWS):
-            chunk = rows[start : start + RUN_BATCH_ROWS]
+        while chunk := list(itertools.islice(rows, RUN_BATCH_ROWS)):
             writer.write_batch(pa.record_batch([[r[0] for r in chunk], [r[1] for r in chunk], [r[2] for r in chunk]], schema=RUN_SCHEMA))
     return path
+
+
+def _merge(runs: list[Path]) -> Iterator[tuple[str, int, str]]:
+    """The rows of sorted runs in key order; each run's file is deleted once read to its end."""
+    return heapq.merge(*(_read_run(path) for path in runs), key=itemgetter(0))
 
 
 def _read_run(path: Path) -> Iterator[tuple[str, int, str]]:
     with pa.OSFile(str(path), "rb") as source:
         for batch in pa.ipc.open_stream(source):
             yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), batch.column(2).to_pylist())
+    path.unlink()
