@@ -30,8 +30,7 @@ import json
 import logging
 import os
 import time
-from collections import defaultdict
-from collections import Counter
+from collections import Counter, defaultdict
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable

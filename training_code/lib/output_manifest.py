@@ -1,10 +1,10 @@
 """The files a job's `manifest.json` vouches for, whatever job wrote it.
 
 Every job output ends with a `manifest.json` written last. The validation manifest names its files
-under `files` (name -> sha256), a shard manifest under `shards` (file, bytes, sha256), and the jobs
-with no format of their own (training, evaluation, the raw index) write `files` as
-name -> {"bytes", "sha256"} with `write_output_manifest`. `named_files` reads all three, so whoever
-proves an output complete trusts exactly what the job said it wrote.
+under `files` (name -> sha256), a shard manifest under `shards` (file, bytes, sha256), and the other
+jobs write `files` as name -> {"bytes", "sha256"} (training and evaluation with
+`write_output_manifest`; the raw index the same shape beside its own fields). `named_files` reads
+all three, so whoever proves an output complete trusts exactly what the job said it wrote.
 """
 
 from __future__ import annotations

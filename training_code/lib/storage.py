@@ -133,8 +133,8 @@ def _get_object_bytes(bucket: str, key: str) -> bytes:
 def list_objects(root: str | os.PathLike, include_unsafe: bool = False) -> Iterator[ObjectInfo]:
     """Every object under `root`, sorted by key. Local etag is `<mtime_ns>-<size>`.
 
-    Keys that `key_problem` refuses are left out unless `include_unsafe` (the raw index keeps them, to
-    report each one). S3 folder markers (a key ending in `/`, zero bytes) are never objects.
+    Keys that `key_problem` refuses are left out unless `include_unsafe` (change detection keeps them,
+    as the raw index does, so each one is reported). S3 folder markers (a key ending in `/`, zero bytes) are never objects.
     Locally, symlinked folders are not descended into, and a symlinked file is listed by its own
     lstat when its target lies outside `root` (so nothing out there is opened; validation refuses it)."""
     if is_s3(root):
