@@ -67,11 +67,7 @@ def detect_from_inventory(location: str, raw_uri: str, cursor: dict | None, stor
         return Detection({}, previous, f"no new inventory report ({manifest_uri}, created {created}, already diffed)",
                          change_number=previous.get("changes", 0))
     state, tick = TickState(store, f"{KIND} {raw_uri}"), previous.get("tick", 0)
-    accumulator = SourceDigests()
-    keys = 0
-    for obj in list_from_inventory(manifest_uri, raw_uri):
-        keys += 1
-        accumulator.add(obj)
+    accumulator = SourceDigests.of(list_from_inventory(manifest_uri, raw_uri))
     digests = accumulator.digests()
     before, problems = previous_digests(state, tick)
     changed = changed_sources(before, digests)
@@ -79,5 +75,5 @@ def detect_from_inventory(location: str, raw_uri: str, cursor: dict | None, stor
     change_number = previous.get("changes", 0) + (1 if changed else 0)
     cursor = {"kind": KIND, "raw": raw_uri, "manifest": manifest_uri, "created": created, "checksum": checksum,
               "tick": tick + 1, "changes": change_number, "sources": len(digests)}
-    summary = f"diffed inventory report {manifest_uri} (created {created}): {keys} keys in {len(digests)} sources"
+    summary = f"diffed inventory report {manifest_uri} (created {created}): {accumulator.keys} keys in {len(digests)} sources"
     return Detection(changed, cursor, summary, problems + accumulator.problem_lines(), change_number)

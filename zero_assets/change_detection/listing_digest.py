@@ -21,15 +21,11 @@ def detect_from_listing(raw_uri: str, cursor: dict | None, store) -> Detection:
     """`store`: the instance's run storage, where the per-source digests wait between ticks."""
     previous = cursor if cursor and cursor.get("kind") == KIND and cursor.get("raw") == raw_uri else {}
     state, tick = TickState(store, f"{KIND} {raw_uri}"), previous.get("tick", 0)
-    accumulator = SourceDigests()
-    keys = 0
-    for obj in list_objects(raw_uri, include_unsafe=True):
-        keys += 1
-        accumulator.add(obj)
+    accumulator = SourceDigests.of(list_objects(raw_uri, include_unsafe=True))
     digests = accumulator.digests()
     before, problems = previous_digests(state, tick)
     changed = changed_sources(before, digests)
-    summary = f"listed {keys} keys in {len(digests)} sources under {raw_uri}"
+    summary = f"listed {accumulator.keys} keys in {len(digests)} sources under {raw_uri}"
     if is_s3(raw_uri):
         summary += " (the whole prefix, every tick: set ZERO_RAW_EVENTS_QUEUE_URL or ZERO_RAW_INVENTORY_MANIFEST_URI)"
     if not changed:

@@ -9,6 +9,7 @@ row while a report is read, and one short digest a source in the cursor.
 from __future__ import annotations
 
 import hashlib
+from typing import Iterable
 
 import numpy as np
 
@@ -28,8 +29,18 @@ class SourceDigests:
         self._rows: dict[str, bytearray] = {}
         self.problems: list[str] = []
         self.unnamed = 0  # keys whose top-level folder cannot be a source
+        self.keys = 0  # every key seen, read by the index or not: for the tick's summary
+
+    @classmethod
+    def of(cls, objects: Iterable[ObjectInfo]) -> "SourceDigests":
+        """The digests of a whole listing or inventory report, read once as a stream."""
+        accumulator = cls()
+        for obj in objects:
+            accumulator.add(obj)
+        return accumulator
 
     def add(self, obj: ObjectInfo) -> None:
+        self.keys += 1
         source = source_of(obj.key)
         if source is None:
             return
