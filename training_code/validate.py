@@ -155,7 +155,7 @@ def decode_all(
         try:
             keys_at[str(locate(raw, key, via_links=args.phase == "map"))].append(key)
         except Refused as refused:
-            verdicts[key] = ImageVerdict(sha256=None, size=0, reason=refused.reason, stage="read", error=refused.detail)
+            verdicts[key] = ImageVerdict.unread(refused.reason, refused.detail)
     if not keys_at:
         return verdicts
     started = last_log = time.monotonic()
@@ -179,7 +179,7 @@ def _verdict_for_lost(path: Path, lost: WorkerLost, max_bytes: int) -> ImageVerd
         data = read_limited(path, max_bytes)
     except (OSError, Refused) as error:
         why = f"{error.reason}: {error.detail}" if isinstance(error, Refused) else f"{type(error).__name__}: {error.strerror or error}"
-        return ImageVerdict(sha256=None, size=0, reason=lost.reason, stage="decode", error=f"{lost.detail}; then not hashed: {why}")
+        return ImageVerdict.unread(lost.reason, f"{lost.detail}; then not hashed: {why}", stage="decode")
     return ImageVerdict(sha256=sha256_bytes(data), size=len(data), reason=lost.reason, stage="decode", error=lost.detail)
 
 
@@ -189,7 +189,7 @@ def refuse_unsafe_keys(keys: list[str]) -> tuple[dict[str, ImageVerdict], list[s
     refused, others = {}, []
     for key in keys:
         if problem := key_problem(key):
-            refused[key] = ImageVerdict(sha256=None, size=0, reason="unsafe_key", stage="read", error=f"the key has {problem}; not read")
+            refused[key] = ImageVerdict.unread("unsafe_key", f"the key has {problem}; not read")
         else:
             others.append(key)
     return refused, others
@@ -307,7 +307,7 @@ def collect_map_verdicts(decoded: Path, pending: pd.DataFrame) -> dict[str, Imag
     reached = {identity: verdict for part in parts for identity, verdict in read_verdicts(part).items()}
     verdicts, missing = split_reused(pending, reached)
     for key in missing:
-        verdicts[key] = ImageVerdict(sha256=None, size=0, reason="unreadable", stage="read", error="no host of the map stage received this object")
+        verdicts[key] = ImageVerdict.unread("unreadable", "no host of the map stage received this object")
     log.info("collected %d verdicts from %d map hosts", len(verdicts), len(parts))
     return verdicts
 

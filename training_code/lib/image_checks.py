@@ -66,6 +66,11 @@ class ImageVerdict:
     def accepted(self) -> bool:
         return self.reason is None
 
+    @classmethod
+    def unread(cls, reason: str, error: str, stage: str = "read") -> "ImageVerdict":
+        """A verdict reached without the file's bytes: no hash, no size."""
+        return cls(sha256=None, size=0, reason=reason, stage=stage, error=error)
+
 
 def check_image_file(
     path: Path, allowed_formats: tuple[str, ...], min_side: int,
@@ -76,12 +81,12 @@ def check_image_file(
     try:
         data = read_limited(Path(path), max_bytes)
     except Refused as refused:
-        return ImageVerdict(sha256=None, size=0, reason=refused.reason, stage="read", error=refused.detail)
+        return ImageVerdict.unread(refused.reason, refused.detail)
     except OSError as error:
         # strerror, not the message: the key column names the file, and the text stays free of the
         # machine's raw-root path so the table is the same wherever the job ran.
         text = f"{type(error).__name__}: {error.strerror or error}"
-        return ImageVerdict(sha256=None, size=0, reason="unreadable", stage="read", error=text)
+        return ImageVerdict.unread("unreadable", text)
     return check_image_bytes(data, allowed_formats, min_side, max_pixels)
 
 
