@@ -8,14 +8,15 @@ up once CloudWatch answers again.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
+from functools import partial
 
-from training_code.lib.aws_clients import Backoff, is_retryable
+from training_code.lib.aws_clients import Backoff
+
+from .guarded_read import guarded_read
 
 PIPES_MESSAGE_MARK = '"__dagster_pipes_version"'  # a Pipes message, read by the message reader, not a log line
-log = logging.getLogger("zero.sagemaker")
 
 
 class JobLogTail:
@@ -25,6 +26,7 @@ class JobLogTail:
         self._prefix = f"{job_name}/"
         self._tokens: dict[str, str] = {}
         self._backoff = Backoff(first_s=1.0, max_s=20.0)
+        self._where = f"CloudWatch Logs {log_group} for {self._prefix}*"
         self.last_lines: deque[str] = deque(maxlen=keep_lines)
 
     @property
@@ -37,15 +39,7 @@ class JobLogTail:
         return not self._backoff.ready() or self._backoff.quiet_for() < within_s
 
     def streams(self) -> list[str]:
-        if not self._backoff.ready():
-            return []
-        try:
-            found = self._streams()
-        except Exception as error:  # noqa: BLE001 - transient ones back off, the rest are raised
-            self._transient(error)
-            return []
-        self._backoff.succeeded()
-        return found
+        return guarded_read(self._backoff, self._streams, [], self._where)
 
     def _streams(self) -> list[str]:
         try:
@@ -61,30 +55,20 @@ class JobLogTail:
         for stream in self.streams():
             host = stream[len(self._prefix) :]
             messages: list[str] = []
-            try:
-                self._new_messages(stream, messages)
-            except Exception as error:  # noqa: BLE001 - transient ones back off, the rest are raised
-                self._transient(error)
-                stop = True  # what was read is kept (the token moved past it); the stream resumes there
-            else:
-                stop = False
+            # A refused read keeps what was read (the token moved past it); the stream resumes there.
+            read_to_end = guarded_read(self._backoff, partial(self._new_messages, stream, messages), False, self._where)
             for message in messages:
                 for line in message.splitlines():
                     if line and PIPES_MESSAGE_MARK not in line:
                         lines.append((host, line))
                         self.last_lines.append(f"[{host}] {line}")
-            if stop:
+            if not read_to_end:
                 break
         return lines
 
-    def _transient(self, error: Exception) -> None:
-        if not is_retryable(error):
-            raise error
-        delay = self._backoff.failed()
-        log.warning("CloudWatch Logs %s for %s*: %s; next read in %.0fs", self._group, self._prefix, error, delay)
-
-    def _new_messages(self, stream: str, messages: list[str]) -> None:
-        """Append the stream's new messages to `messages`, page by page (a failure keeps the pages read)."""
+    def _new_messages(self, stream: str, messages: list[str]) -> bool:
+        """Append the stream's new messages to `messages`, page by page (a failure keeps the pages read);
+        True once the stream's end for now is reached."""
         while True:
             request = {"logGroupName": self._group, "logStreamName": stream, "startFromHead": True}
             if stream in self._tokens:
@@ -94,10 +78,10 @@ class JobLogTail:
             token = response.get("nextForwardToken")
             # The same token back means the end of the stream for now.
             if token is None or token == self._tokens.get(stream):
-                return
+                return True
             self._tokens[stream] = token
             if not response.get("events"):
-                return
+                return True
 
     def final_poll(self, max_wait_s: float = 60.0) -> list[tuple[str, str]]:
         """The lines CloudWatch delivered after the last poll, waiting out a back-off (at most `max_wait_s`)."""

@@ -12,18 +12,18 @@ token they reached: a refused read never ends the reader, so no message is lost 
 from __future__ import annotations
 
 from collections.abc import Iterator
-import logging
 from contextlib import contextmanager
+from functools import partial
 from typing import Literal
 
 from dagster._core.pipes.client import PipesParams
 from dagster_aws.pipes import PipesCloudWatchMessageReader, PipesS3ContextInjector, PipesS3MessageReader
 from dagster_pipes import PipesBlobStoreMessageWriter, PipesDefaultMessageWriter, encode_param
 
-from training_code.lib.aws_clients import Backoff, endpoint_of, is_retryable, retry_call
+from training_code.lib.aws_clients import Backoff, endpoint_of, retry_call
 from training_code.lib.storage import split_s3
 
-log = logging.getLogger("zero.sagemaker")
+from .guarded_read import guarded_read
 
 
 def context_params(pipes_uri: str, job_name: str) -> dict:
@@ -66,47 +66,27 @@ class JobKeyedS3ContextInjector(PipesS3ContextInjector):
         # it is small, and the bucket's lifecycle rule on the pipes prefix expires it.
 
 
-class _BacksOff:
-    """A reader's reads, guarded: a transient error (throttling, 5xx, connection, body read) is
-    logged and answered with `when_refused`, and the next reads wait out a growing back-off."""
-
-    backoff: Backoff
-
-    def _guarded(self, read, when_refused, where: str):
-        if not self.backoff.ready():
-            return when_refused
-        try:
-            found = read()
-        except Exception as error:  # noqa: BLE001 - transient ones back off, the rest end the reader
-            if not is_retryable(error):
-                raise
-            log.warning("Pipes messages at %s: %s; next read in %.0fs", where, error, self.backoff.failed())
-            return when_refused
-        self.backoff.succeeded()
-        return found
-
-
-class JobKeyedS3MessageReader(_BacksOff, PipesS3MessageReader):
+class JobKeyedS3MessageReader(PipesS3MessageReader):
     def __init__(self, *, pipes_uri: str, job_name: str, client, interval: float = 10) -> None:
         self._params = message_params(pipes_uri, job_name, "s3")
         super().__init__(bucket=self._params["bucket"], client=client, interval=interval)
         self.backoff = Backoff(first_s=1.0, max_s=20.0)
-        self._where = f"s3://{self._params['bucket']}/{self._params['key_prefix']}"
+        self._where = f"Pipes messages at s3://{self._params['bucket']}/{self._params['key_prefix']}"
 
     @contextmanager
     def get_params(self) -> Iterator[PipesParams]:
         yield dict(self._params)
 
     def messages_are_readable(self, params: PipesParams) -> bool:
-        return self._guarded(lambda: super(JobKeyedS3MessageReader, self).messages_are_readable(params), False, self._where)
+        return guarded_read(self.backoff, partial(super().messages_are_readable, params), False, self._where)
 
     def download_messages_chunk(self, index: int, params: PipesParams) -> str | None:
         # The base class takes a missing chunk (or any ClientError, throttling included) as "not written
         # yet" and asks again; connection and body-read errors must not end the reader either.
-        return self._guarded(lambda: super(JobKeyedS3MessageReader, self).download_messages_chunk(index, params), None, self._where)
+        return guarded_read(self.backoff, partial(super().download_messages_chunk, index, params), None, self._where)
 
 
-class BackoffCloudWatchMessageReader(_BacksOff, PipesCloudWatchMessageReader):
+class BackoffCloudWatchMessageReader(PipesCloudWatchMessageReader):
     """dagster-aws's CloudWatch reader gives up after 10 throttled reads and its thread dies; this
     one backs off and reads again from the same token."""
 
@@ -115,13 +95,13 @@ class BackoffCloudWatchMessageReader(_BacksOff, PipesCloudWatchMessageReader):
         self.backoff = Backoff(first_s=1.0, max_s=20.0)
 
     def messages_are_readable(self, params: PipesParams) -> bool:
-        return self._guarded(lambda: super(BackoffCloudWatchMessageReader, self).messages_are_readable(params), False, self._where())
+        return guarded_read(self.backoff, partial(super().messages_are_readable, params), False, self._where())
 
     def download_messages(self, cursor, params: PipesParams):
-        return self._guarded(lambda: super(BackoffCloudWatchMessageReader, self).download_messages(cursor, params), None, self._where())
+        return guarded_read(self.backoff, partial(super().download_messages, cursor, params), None, self._where())
 
     def _where(self) -> str:
-        return f"CloudWatch {self.log_group}/{self.log_stream}"
+        return f"Pipes messages at CloudWatch {self.log_group}/{self.log_stream}"
 
 
 def message_reader_for(messages: str, *, pipes_uri: str, job_name: str, s3_client, logs_client, interval: float):
