@@ -32,7 +32,7 @@ from ..sagemaker.training_set_channel import write_channel_training_set
 from ..sagemaker.code_package import build_code_package, upload_code_package
 from ..sagemaker.names import job_name
 from ..sagemaker.pipes_client import PipesSageMakerClient
-from ..sagemaker.requests import build_job_params
+from ..sagemaker.requests import build_job_params, model_artifact_uri
 from ..sagemaker.stage_outputs import outputs_as_recorded, record_outputs
 from .job_runner import JobRunner
 from .sagemaker_settings import SageMakerSettings
@@ -91,21 +91,17 @@ class SageMakerJobRunner(JobRunner):
             record_outputs(self.aws.s3_root(), name, request.outputs)
         extra: dict[str, Any] = {"backend": "sagemaker", "job_wall_s": round(time.perf_counter() - started, 2), "code_package": package.digest}
         if request.kind == "training":
-            model_tar = self.model_artifact(name)
+            model_tar = model_artifact_uri(self.aws, name)
             for destination in request.outputs.values():
                 unpack_model_artifact(model_tar, destination)
             extra["checkpoint_uri"] = params["CheckpointConfig"]["S3Uri"]
             extra["model_artifact"] = model_tar
         return invocation, extra
 
-    def model_artifact(self, name: str) -> str:
-        """Where SageMaker puts a training job's `model.tar.gz` (OutputDataConfig is `<root>/jobs/`)."""
-        return f"{self.aws.s3_root()}/jobs/{name}/output/model.tar.gz"
-
     def output_ready(self, request: JobRequest, name: str) -> bool:
         """Whether the `Completed` attempt `name` left a complete output behind, so it may be reused."""
         if request.kind == "training":
-            return exists(self.model_artifact(name))  # unpacked again, manifest last, into the asset's output
+            return exists(model_artifact_uri(self.aws, name))  # unpacked again, manifest last, into the asset's output
         if request.stage == "map":
             return outputs_as_recorded(self.aws.s3_root(), name, request.outputs)
         return all(output_is_complete(uri, request.fingerprint) for uri in request.outputs.values())

@@ -86,7 +86,7 @@ def _training_params(request: JobRequest, settings: SageMakerSettings, job_name:
         "RoleArn": settings.role_arn,
         "AlgorithmSpecification": {"TrainingImage": settings.training_image_uri, "TrainingInputMode": input_mode},
         "HyperParameters": hyperparameters,
-        "OutputDataConfig": _with_kms({"S3OutputPath": f"{root}/jobs/"}, settings),
+        "OutputDataConfig": _with_kms({"S3OutputPath": training_output_path(settings)}, settings),
         "ResourceConfig": _with_volume_kms(
             {"InstanceType": compute.instance_type, "InstanceCount": compute.instance_count, "VolumeSizeInGB": compute.volume_size_gb},
             settings,
@@ -180,6 +180,15 @@ def _processing_params(request: JobRequest, settings: SageMakerSettings, job_nam
     if vpc:
         params["NetworkConfig"] = {"VpcConfig": vpc}
     return params
+
+
+def training_output_path(settings: SageMakerSettings) -> str:
+    """A training job's OutputDataConfig: SageMaker writes `<this><job name>/output/model.tar.gz`."""
+    return f"{settings.s3_root()}/jobs/"
+
+
+def model_artifact_uri(settings: SageMakerSettings, job_name: str) -> str:
+    return f"{training_output_path(settings)}{job_name}/output/model.tar.gz"
 
 
 def as_prefix(uri: str) -> str:
