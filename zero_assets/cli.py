@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -35,13 +36,18 @@ def _make_demo_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sources(args: argparse.Namespace) -> int:
-    import os
-
-    from .raw_sources import list_sources, register_sources
+def _setting(field: str, variable: str) -> str:
+    """A setting's value as the assets read it: the environment variable when set, else the default.
+    (`settings_from_env` binds set variables as EnvVar, which only a resource may resolve.)"""
     from .resources.settings import ZeroSettings
 
-    raw_uri = os.environ.get("ZERO_RAW_URI") or ZeroSettings().raw_uri  # what the assets read
+    return os.environ.get(variable) or getattr(ZeroSettings(), field)
+
+
+def _sources(args: argparse.Namespace) -> int:
+    from .raw_sources import list_sources, register_sources
+
+    raw_uri = _setting("raw_uri", "ZERO_RAW_URI")
     sources = list_sources(raw_uri)
     if not args.register:
         if not sources:  # stdout stays a plain list (scripts loop over it); the note goes to stderr
@@ -91,8 +97,6 @@ def _summary(_: argparse.Namespace) -> int:
 
 
 def _render_jobs(args: argparse.Namespace) -> int:
-    import os
-
     from .profiles import apply_profile, profile_from_env, sample_images
     from .resources.sagemaker_settings import sagemaker_settings_from_env
     from .resources.settings import ZeroSettings
@@ -140,9 +144,9 @@ def _gc(args: argparse.Namespace) -> int:
 
     from .assets import ALL_ASSETS
     from .gc import DEFAULT_GRACE_HOURS, delete_unreferenced, find_unreferenced, report_lines
-    from .resources.settings import ZeroSettings, settings_from_env
+    from .resources.settings import ZeroSettings
 
-    lake = args.lake or settings_from_env().lake_uri
+    lake = args.lake or _setting("lake_uri", "ZERO_LAKE_URI")
     jobs_root = str(ZeroSettings(lake_uri=lake).jobs_root())  # `<lake>/_jobs`; on this machine for an s3:// lake
     assets = [key.to_user_string() for asset in ALL_ASSETS for key in asset.keys]
     grace_s = (DEFAULT_GRACE_HOURS if args.grace_hours is None else args.grace_hours) * 3600
