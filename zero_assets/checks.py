@@ -32,10 +32,11 @@ from .fingerprints import latest_materializations
 from .limits import max_quarantine_rate, rate_from_env
 
 PARTITION_TAG = "dagster/partition"
+DEFAULT_MAP_REGRESSION_MARGIN = 0.02  # how far mAP may fall below the previous report
 
 
 class CheckLimits(ConfigurableResource):
-    map_regression_margin: float = 0.02  # how far mAP may fall below the previous report
+    map_regression_margin: float = DEFAULT_MAP_REGRESSION_MARGIN
 
 
 def _latest_metadata(context: AssetCheckExecutionContext, asset: str, nth: int = 0) -> "dict | None":
@@ -173,7 +174,7 @@ with warnings.catch_warnings():
 
 
 def limits_from_env() -> CheckLimits:
-    return CheckLimits(map_regression_margin=rate_from_env("ZERO_MAP_REGRESSION_MARGIN", 0.02))
+    return CheckLimits(map_regression_margin=rate_from_env("ZERO_MAP_REGRESSION_MARGIN", DEFAULT_MAP_REGRESSION_MARGIN))
 
 
 ALL_CHECKS = [quarantine_rate_under_limit, shard_manifest_integrity, map_not_regressed, *MAP_REPORT_FRESHNESS]
