@@ -75,17 +75,16 @@ def verified_split(folder: Path, split: str, rank: int = 0, world_size: int = 1,
         if inner.is_absolute() or ".." in inner.parts:
             raise ValueError(f"training set {training_set_dir!r} must be a folder inside the channel {folder}, without '..'")
         folder = shards_root / inner
-        if training_set.read_training_set(folder) is None:  # never fall back to a shard set there
-            raise FileNotFoundError(f"{folder}/{training_set.MANIFEST}: no training-set manifest there; warm the training set again")
     chosen = training_set.read_training_set(folder)
+    if chosen is None and training_set_dir is not None:  # never fall back to a shard set there
+        raise FileNotFoundError(f"{folder}/{training_set.MANIFEST}: no training-set manifest there; warm the training set again")
     if chosen is None:
         manifest = shard_format.read_manifest(folder)
         located = [(Path(folder), entry, None, frozenset()) for entry in shard_format.shards_for_split(manifest, split)]
     else:
         manifest, excluded = chosen, training_set.excluded_keys(folder)
-        sources_root = shards_root if training_set_dir is not None else Path(folder)
         located = [
-            (sources_root / source["folder"], entry, training_set.label_map(source["categories"], chosen["categories"]),
+            (shards_root / source["folder"], entry, training_set.label_map(source["categories"], chosen["categories"]),
              excluded.get(source["source"], frozenset()))
             for source in chosen["sources"] for entry in shard_format.shards_for_split(source, split)
         ]
