@@ -17,10 +17,9 @@ SAGEMAKER_RETRIES = 2
 FIRST_DELAY_S = 60  # then 120 s: long enough for a throttle or a short outage to pass
 
 
-def job_retry_policy(environ: dict[str, str] | None = None) -> RetryPolicy | None:
-    env = os.environ if environ is None else environ
-    default = SAGEMAKER_RETRIES if env.get("ZERO_BACKEND", "local") == "sagemaker" else 0
-    retries = int(env.get("ZERO_JOB_RETRIES") or default)
+def job_retry_policy() -> RetryPolicy | None:
+    default = SAGEMAKER_RETRIES if os.environ.get("ZERO_BACKEND", "local") == "sagemaker" else 0
+    retries = int(os.environ.get("ZERO_JOB_RETRIES") or default)
     return RetryPolicy(max_retries=retries, delay=FIRST_DELAY_S, backoff=Backoff.EXPONENTIAL) if retries > 0 else None
 
 
