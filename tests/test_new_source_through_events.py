@@ -12,7 +12,7 @@ import pytest
 from dagster import AssetKey, evaluate_automation_conditions, materialize
 
 from sensor_ticks import SensorDaemon, s3_message, s3_record
-from sqs_server import sqs, sqs_server
+from sqs_server import sqs
 from zero_assets.assets import ALL_ASSETS, SOURCE_SPECS
 from zero_assets.definitions import defs
 from zero_assets.resources import LocalJobRunner, ZeroSettings
@@ -81,27 +81,26 @@ class Daemon:
 
 
 @pytest.mark.slow
-def test_a_new_source_on_the_queue_becomes_a_partition_and_is_materialized_alone(s3_server, tiny_raw_root, instance, tmp_path, monkeypatch):
+def test_a_new_source_on_the_queue_becomes_a_partition_and_is_materialized_alone(s3_server, sqs_endpoint, tiny_raw_root, instance, tmp_path, monkeypatch):
     for key, value in s3_server.env().items():
         monkeypatch.setenv(key, value)
-    with sqs_server():
-        queue_url = sqs().create_queue(QueueName="raw-events")["QueueUrl"]
-        client = s3_server.client()
-        client.create_bucket(Bucket=BUCKET)
-        (tmp_path / "fsx").mkdir()
-        settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/{PREFIX}", lake_uri=str(tmp_path / "lake"),
-                                fsx_mount=str(tmp_path / "fsx"), raw_events_queue_url=queue_url)
-        monkeypatch.setattr("zero_assets.sensors.QUEUE_WAIT_S", 1.0)
-        daemon = Daemon(instance, settings)
+    queue_url = sqs().create_queue(QueueName="raw-events")["QueueUrl"]
+    client = s3_server.client()
+    client.create_bucket(Bucket=BUCKET)
+    (tmp_path / "fsx").mkdir()
+    settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/{PREFIX}", lake_uri=str(tmp_path / "lake"),
+                            fsx_mount=str(tmp_path / "fsx"), raw_events_queue_url=queue_url)
+    monkeypatch.setattr("zero_assets.sensors.QUEUE_WAIT_S", 1.0)
+    daemon = Daemon(instance, settings)
 
-        _announce(queue_url, _upload_source(client, tiny_raw_root, OLD))
-        assert daemon.tick() == [OLD]
-        before = {a: daemon.materializations(a, OLD) for a in PER_SOURCE}
-        assert before == {a: 1 for a in PER_SOURCE}, "the first source went through index, validation and shards"
+    _announce(queue_url, _upload_source(client, tiny_raw_root, OLD))
+    assert daemon.tick() == [OLD]
+    before = {a: daemon.materializations(a, OLD) for a in PER_SOURCE}
+    assert before == {a: 1 for a in PER_SOURCE}, "the first source went through index, validation and shards"
 
-        _announce(queue_url, _upload_source(client, tiny_raw_root, NEW))
-        assert daemon.tick() == [NEW], "one run, for the new source only"
-        assert daemon.sensor.sources() == [OLD, NEW], "the new source is a partition"
-        assert {a: daemon.materializations(a, NEW) for a in PER_SOURCE} == {a: 1 for a in PER_SOURCE}
-        assert {a: daemon.materializations(a, OLD) for a in PER_SOURCE} == before, "the other source was not touched"
-        assert daemon.tick() == [], "nothing new on the queue: nothing runs"
+    _announce(queue_url, _upload_source(client, tiny_raw_root, NEW))
+    assert daemon.tick() == [NEW], "one run, for the new source only"
+    assert daemon.sensor.sources() == [OLD, NEW], "the new source is a partition"
+    assert {a: daemon.materializations(a, NEW) for a in PER_SOURCE} == {a: 1 for a in PER_SOURCE}
+    assert {a: daemon.materializations(a, OLD) for a in PER_SOURCE} == before, "the other source was not touched"
+    assert daemon.tick() == [], "nothing new on the queue: nothing runs"
