@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from botocore.exceptions import ClientError
 from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue
 
 from training_code.lib.hashing import sha256_bytes
@@ -143,12 +142,8 @@ def _complete_marker(uri: str, fingerprint: str) -> dict[str, Any] | None:
 def _read_marker(uri: str) -> dict[str, Any] | None:
     try:
         marker = json.loads(read_bytes(join(uri, OUTPUT_MARKER)))
-    except (FileNotFoundError, ValueError):
+    except (FileNotFoundError, ValueError):  # storage reports S3's "no such key" as FileNotFoundError
         return None
-    except ClientError as error:  # S3's "no such key"; anything else (throttling, access) is not an answer
-        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-            return None
-        raise
     return marker if isinstance(marker, dict) else None
 
 
