@@ -116,7 +116,7 @@ class SageMakerJobRunner(JobRunner):
         the root holding every chosen source's shard sets, the training-set manifest written last."""
         base = {"backend": "sagemaker", "shards_uri": MetadataValue.path(shards.uri)}  # the asset adds the cache decision
         if shards.asset == "training_set":
-            channel, manifest = write_channel_training_set(shards.uri, self.settings.lake_uri, shards.data_version[:16])
+            channel, manifest = write_channel_training_set(shards.uri, self.settings.lake_uri, shards.data_version)
             warm_uri, shard_uris = channel.uri, [source["shards_uri"] for source in manifest["sources"]]
             base |= {"training_set_folder": channel.folder, "sources": MetadataValue.json([s["source"] for s in manifest["sources"]])}
         else:

@@ -25,12 +25,12 @@ from ..job_request import JobRequest, fan_out
 from ..resources.sagemaker_settings import SageMakerSettings
 from ..resources.settings import ZeroSettings, source_uri
 from .code_package import build_code_package
-from .fsx import linked_s3_prefix, shards_on_fsx
+from .fsx import shards_on_fsx
 from .fsx_warm import association_params, import_task_params, warm_job_request
 from .names import job_name
 from .pipes_io import bootstrap_environment
 from .requests import build_job_params
-from .training_set_channel import TRAINING_SETS, ChannelTrainingSet
+from .training_set_channel import channel_training_set
 
 Lookup = Callable[[str], Optional[UpstreamOutput]]
 
@@ -70,7 +70,7 @@ def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup =
     shards = upstream("arrow_shards", source)
     # The training set's jobs read the shard root, whatever the number of sources; its folder there is named by its data version.
     chosen = upstream("training_set")
-    warm_uri = ChannelTrainingSet(linked_s3_prefix(settings.lake_uri), f"{TRAINING_SETS}/{chosen.data_version[:16]}").uri
+    warm_uri = channel_training_set(settings.lake_uri, chosen.data_version).uri
     if aws.fsx_enabled():
         fs_id, mount = aws.fsx_file_system_id, aws.fsx_mount_name
         location = shards_on_fsx(warm_uri, settings.lake_uri, fs_id, mount)
