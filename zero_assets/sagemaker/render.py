@@ -55,18 +55,18 @@ def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup =
         operation, params = build_job_params(request, aws, job_name=name, code=code, environment=environment, lake_uri=settings.lake_uri)
         rendered.append((request.label, "sagemaker", operation, params))
 
-    raw = {"inputs": {"raw": source_uri(settings, source)}, "input_folders": {"raw": source}}
+    raw_uri, raw_folders = source_uri(settings, source), {"raw": source}  # the source's raw folder only, at its place in the layout
     index = upstream("raw_image_index", source)
     validation = build_job_request("validated_images", settings=settings, kind="processing", module="training_code.validate",
                                    config=ValidationConfig().model_dump(), upstream=[index], partition=source,
-                                   inputs={"index": index.uri, **raw["inputs"]}, input_folders=raw["input_folders"])
+                                   inputs={"index": index.uri, "raw": raw_uri}, input_folders=raw_folders)
     instances = aws.compute("validated_images").instance_count
     for request in fan_out(validation, VALIDATION_SPREAD, instances) if instances > 1 else [validation]:
         add(request)
     validated = upstream("validated_images", source)
     add(build_job_request("arrow_shards", settings=settings, kind="processing", module="training_code.shard", partition=source,
-                          config=ShardConfig().model_dump(), upstream=[validated], inputs={"validated": validated.uri, **raw["inputs"]},
-                          input_folders=raw["input_folders"]))
+                          config=ShardConfig().model_dump(), upstream=[validated], inputs={"validated": validated.uri, "raw": raw_uri},
+                          input_folders=raw_folders))
     shards = upstream("arrow_shards", source)
     # The training set's jobs read the shard root, whatever the number of sources; its folder there is named by its data version.
     chosen = upstream("training_set")
