@@ -15,10 +15,9 @@ import numpy as np
 
 from training_code.lib.storage import ObjectInfo, printable_key
 
-from .sources import partition_problem, source_of
+from .sources import SourceFilter
 
 DIGEST_CHARS = 16  # hex characters kept per source in a cursor: 64 bits, plenty to tell versions apart
-MAX_PROBLEMS = 20  # lines of problems kept per tick; the rest are counted
 ABSENT = "absent"  # the version of a source whose last object went away
 
 
@@ -27,8 +26,7 @@ class SourceDigests:
 
     def __init__(self) -> None:
         self._rows: dict[str, bytearray] = {}
-        self.problems: list[str] = []
-        self.unnamed = 0  # keys whose top-level folder cannot be a source
+        self._sources = SourceFilter()
         self.keys = 0  # every key seen, read by the index or not: for the tick's summary
 
     @classmethod
@@ -41,14 +39,8 @@ class SourceDigests:
 
     def add(self, obj: ObjectInfo) -> None:
         self.keys += 1
-        source = source_of(obj.key)
+        source = self._sources.source(obj.key)
         if source is None:
-            return
-        problem = partition_problem(source)
-        if problem:
-            self.unnamed += 1
-            if len(self.problems) < MAX_PROBLEMS:
-                self.problems.append(f"{printable_key(obj.key)}: its top-level folder cannot be a source ({problem}); not indexed")
             return
         row = f"{printable_key(obj.key)}\0{obj.size}\0{obj.etag}".encode()
         self._rows.setdefault(source, bytearray()).extend(hashlib.blake2b(row, digest_size=16).digest())
@@ -61,8 +53,7 @@ class SourceDigests:
         return out
 
     def problem_lines(self) -> list[str]:
-        more = self.unnamed - len(self.problems)
-        return self.problems + ([f"... and {more} more keys whose top-level folder cannot be a source"] if more > 0 else [])
+        return self._sources.problem_lines()
 
 
 def changed_sources(previous: dict[str, str], current: dict[str, str]) -> dict[str, str]:

@@ -37,3 +37,31 @@ def partition_problem(source: str) -> str | None:
     if "..." in source:
         return "it contains '...', which Dagster refuses in partition keys"
     return None
+
+
+MAX_PROBLEMS = 20  # lines of problems kept per tick; the rest are counted
+
+
+class SourceFilter:
+    """`source_of`, less the sources that cannot be partitions: those keys are counted, and the first
+    MAX_PROBLEMS of them reported, by every detector alike."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.refused = 0  # keys whose top-level folder cannot be a source
+
+    def source(self, key: str) -> str | None:
+        source = source_of(key)
+        if source is None:
+            return None
+        problem = partition_problem(source)
+        if problem is None:
+            return source
+        self.refused += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(f"{printable_key(key)}: its top-level folder cannot be a source ({problem}); not indexed")
+        return None
+
+    def problem_lines(self) -> list[str]:
+        more = self.refused - len(self.problems)
+        return self.problems + ([f"... and {more} more keys whose top-level folder cannot be a source"] if more > 0 else [])

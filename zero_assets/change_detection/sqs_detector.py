@@ -25,8 +25,8 @@ from training_code.lib.storage import printable_key, split_s3
 
 from . import Detection
 from .s3_events import MalformedMessage, parse_body
-from .source_digests import DIGEST_CHARS, MAX_PROBLEMS
-from .sources import partition_problem, source_of
+from .source_digests import DIGEST_CHARS
+from .sources import MAX_PROBLEMS, SourceFilter
 from .sqs_queue import delete, receive
 from .tick_state import TickState
 
@@ -52,7 +52,7 @@ def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, 
 
     messages = receive(queue_url, budget_s=budget_s, wait_s=wait_s, max_messages=max_messages, visibility_timeout_s=visibility_timeout_s)
     events_by_source: dict[str, list] = defaultdict(list)
-    receipts, malformed, events, unnamed = [], 0, 0, 0
+    receipts, malformed, events, sources = [], 0, 0, SourceFilter()
     for message in messages:
         try:
             object_events = parse_body(message.body)
@@ -66,18 +66,15 @@ def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, 
             if event.bucket != bucket or not event.key.startswith(base):
                 continue
             relative = event.key[len(base) :]
-            source = source_of(relative)
+            source = sources.source(relative)
             if source is None:
-                continue
-            if problem := partition_problem(source):
-                unnamed += 1
-                if unnamed <= MAX_PROBLEMS:
-                    problems.append(f"{printable_key(relative)}: its top-level folder cannot be a source ({problem}); not indexed")
                 continue
             events += 1
             events_by_source[source].append([printable_key(relative), event.event, event.sequencer, event.etag, event.size])
 
-    problems += [f"... and {n - MAX_PROBLEMS} more {what}" for n, what in ((malformed, "malformed messages"), (unnamed, "keys whose top-level folder cannot be a source")) if n > MAX_PROBLEMS]
+    if malformed > MAX_PROBLEMS:
+        problems.append(f"... and {malformed - MAX_PROBLEMS} more malformed messages")
+    problems += sources.problem_lines()
     pending.write(tick + 1, receipts)
     changed = {source: sha256_json(sorted(rows))[:DIGEST_CHARS] for source, rows in events_by_source.items()}
     change_number = previous.get("changes", 0) + (1 if changed else 0)
