@@ -50,10 +50,10 @@ def _sources(args: argparse.Namespace) -> int:
     raw_uri = _setting("raw_uri", "ZERO_RAW_URI")
     sources = list_sources(raw_uri)
     if not args.register:
-        if not sources:  # stdout stays a plain list (scripts loop over it); the note goes to stderr
-            print(f"no sources (top-level folders) under {raw_uri}", file=sys.stderr)
         if sources:
             print("\n".join(sources))
+        else:  # stdout stays a plain list (scripts loop over it); the note goes to stderr
+            print(f"no sources (top-level folders) under {raw_uri}", file=sys.stderr)
         return 0
     from dagster import DagsterInstance
 
