@@ -51,6 +51,11 @@ from zero_assets.sagemaker.code_package import CodePackage, build_code_package
 _MODEL = botocore.session.get_session().get_service_model("sagemaker")
 
 
+def throttling_error(operation: str) -> ClientError:
+    """What boto3 raises when AWS throttles `operation`."""
+    return ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}, "ResponseMetadata": {"HTTPStatusCode": 400}}, operation)
+
+
 class FakeSageMaker:
     def __init__(self, root: Path, s3, logs, env: dict[str, str], region: str = "us-east-1") -> None:
         self.root, self.s3, self.logs, self.env = Path(root), s3, logs, env
@@ -113,8 +118,7 @@ class FakeSageMaker:
         self.calls.append((f"Describe{kind}", name))
         if self.throttle_every and sum(1 for c in self.calls if c[0].startswith("Describe")) % self.throttle_every == 0:
             self.throttled += 1
-            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}, "ResponseMetadata": {"HTTPStatusCode": 400}},
-                              f"Describe{kind}")
+            raise throttling_error(f"Describe{kind}")
         job = self.jobs.get(name)
         if job is not None and job.get("stops_after_polls") is not None:
             job["stops_after_polls"] -= 1
@@ -335,7 +339,7 @@ class ThrottledLogs:
         self.reads += 1
         if self.reads <= self._first or self.reads % self._every == 0:
             self.refused += 1
-            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}, "ResponseMetadata": {"HTTPStatusCode": 400}}, operation)
+            raise throttling_error(operation)
 
     def __getattr__(self, name):
         attribute = getattr(self._logs, name)
