@@ -49,6 +49,14 @@ def s3_server(tmp_path_factory):
         yield server
 
 
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """The loopback S3 server's endpoint and credentials in the environment, for this test only."""
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    return s3_server
+
+
 @pytest.fixture(scope="module")
 def sqs_endpoint():
     """A real SQS-compatible server (moto) for one module; its endpoint is in ZERO_SQS_ENDPOINT_URL."""

@@ -139,12 +139,11 @@ def test_an_empty_queue_waits_no_longer_than_the_budget(queue, instance):
 # --- S3 Inventory reports on the local S3-compatible server ---
 
 @pytest.fixture
-def s3_env(s3_server, monkeypatch):
-    for key, value in s3_server.env().items():
-        monkeypatch.setenv(key, value)
-    if "zero-inventory" not in [b["Name"] for b in s3_server.client().list_buckets()["Buckets"]]:
-        s3_server.client().create_bucket(Bucket="zero-inventory")
-    return s3_server
+def s3_env(s3_env):
+    """conftest's s3_env, with the bucket the inventory reports are written to."""
+    if "zero-inventory" not in [b["Name"] for b in s3_env.client().list_buckets()["Buckets"]]:
+        s3_env.client().create_bucket(Bucket="zero-inventory")
+    return s3_env
 
 
 def _report(client, folder: str, rows: list[tuple[str, int, str]], created: int) -> str:

@@ -155,11 +155,9 @@ def test_integrity_fails_on_a_changed_local_shard(healthy, tmp_path):
 
 
 @pytest.mark.slow
-def test_integrity_on_s3_checks_listed_sizes(healthy, s3_server, monkeypatch):
+def test_integrity_on_s3_checks_listed_sizes(healthy, s3_env):
     instance, resources, result = healthy
-    for key, value in s3_server.env().items():
-        monkeypatch.setenv(key, value)
-    client = s3_server.client()
+    client = s3_env.client()
     client.create_bucket(Bucket="zero-shards")
     folder = _metadata(result, "arrow_shards")["uri"].value
     for name in sorted(os.listdir(folder)):

@@ -81,11 +81,9 @@ class Daemon:
 
 
 @pytest.mark.slow
-def test_a_new_source_on_the_queue_becomes_a_partition_and_is_materialized_alone(s3_server, sqs_endpoint, tiny_raw_root, instance, tmp_path, monkeypatch):
-    for key, value in s3_server.env().items():
-        monkeypatch.setenv(key, value)
+def test_a_new_source_on_the_queue_becomes_a_partition_and_is_materialized_alone(s3_env, sqs_endpoint, tiny_raw_root, instance, tmp_path, monkeypatch):
     queue_url = sqs().create_queue(QueueName="raw-events")["QueueUrl"]
-    client = s3_server.client()
+    client = s3_env.client()
     client.create_bucket(Bucket=BUCKET)
     (tmp_path / "fsx").mkdir()
     settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/{PREFIX}", lake_uri=str(tmp_path / "lake"),

@@ -10,13 +10,6 @@ from zero_assets.demo_data import make_demo_raw_root
 from raw_index_reference import build_raw_index
 
 
-@pytest.fixture
-def s3_env(s3_server, monkeypatch):
-    for key, value in s3_server.env().items():
-        monkeypatch.setenv(key, value)
-    return s3_server
-
-
 def _upload_tree(client, bucket, root, prefix):
     for path in sorted(root.rglob("*")):
         if path.is_file():
