@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny demo raw root, a real Dagster instance in a temp folder, resources on both,
 and the loopback S3 and SQS servers (one per test module that asks)."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,12 @@ def sqs_endpoint():
 
     with sqs_server() as endpoint:
         yield endpoint
+
+
+@pytest.fixture
+def queue(sqs_endpoint, request):
+    """A new queue on the module's SQS server for this test; its URL."""
+    from sqs_server import sqs
+
+    name = f"raw-events-{request.node.name[:40].replace('[', '-').replace(']', '')}-{time.monotonic_ns() % 10**9}"
+    return sqs().create_queue(QueueName=name)["QueueUrl"]

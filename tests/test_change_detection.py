@@ -67,12 +67,6 @@ def test_source_names_that_cannot_be_partitions(source, refused):
 
 # --- S3 events on a real SQS-compatible server ---
 
-@pytest.fixture
-def queue(sqs_endpoint, request):
-    name = f"raw-events-{request.node.name[:40].replace('[', '-').replace(']', '')}-{time.monotonic_ns() % 10**9}"
-    return sqs().create_queue(QueueName=name)["QueueUrl"]
-
-
 def _send(queue_url: str, *bodies: str) -> None:
     for body in bodies:
         sqs().send_message(QueueUrl=queue_url, MessageBody=body)

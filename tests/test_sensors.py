@@ -18,11 +18,6 @@ from zero_assets.resources import ZeroSettings
 RAW = "s3://zero-raw/plant"
 
 
-@pytest.fixture
-def queue(sqs_endpoint, request):
-    return sqs().create_queue(QueueName=f"sensor-{request.node.name[:60]}")["QueueUrl"]
-
-
 class Bucket:
     """Puts events on the queue as S3 would for writes and deletes under the raw root."""
 
