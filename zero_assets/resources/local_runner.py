@@ -36,7 +36,7 @@ from training_code.lib.storage import MANIFEST_NAMES, download_prefix, is_s3, li
 
 from ..fingerprints import UpstreamOutput
 from ..job_request import RUNS_FOLDER, JobRequest, materialization_folder
-from ..warm_state import warm_shards, warm_training_set
+from ..warm_state import warm_training_set
 from .job_runner import JobRunner
 from .local_process import end_process_group, job_environment, run_with_pipes, start_job_process
 from .settings import REPO_ROOT, ZeroSettings
@@ -108,12 +108,10 @@ class LocalJobRunner(JobRunner):
             return start_job_process(self._command(request, paths), self._environment(opt_ml, request, paths, host, hosts), str(REPO_ROOT), log)
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
-        """Copy the shards into the folder standing in for the FSx mount, each verified there."""
+        """Copy the training set's shards (one shard set per chosen source) into the folder standing in
+        for the FSx mount, each verified there."""
         mount = self.settings.warm_mount()
-        if shards.asset == "training_set":  # one shard set per chosen source, under one folder
-            result = warm_training_set(shards.uri, mount, key=shards.data_version[:16])
-        else:
-            result = warm_shards(shards.uri, mount, key=shards.data_version[:16])
+        result = warm_training_set(shards.uri, mount, key=shards.data_version[:16])
         context.log.info(f"{result.copied} shards copied, {result.already_warm} already warm under {result.path}")
         return MaterializeResult(
             metadata={
