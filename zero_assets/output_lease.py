@@ -17,9 +17,11 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+from training_code.lib.storage import write_bytes_atomic
 
 HEARTBEAT_S = 2.0
 STALE_AFTER_S = 60.0  # a live owner renews every HEARTBEAT_S; this long without one means it is gone
@@ -88,12 +90,6 @@ def _read(path: Path) -> tuple[dict[str, Any], float] | None:
     return (record if isinstance(record, dict) else {}), age
 
 
-def _write(path: Path, record: dict[str, Any]) -> None:
-    temporary = path.with_name(f".{path.name}.{record['token']}.tmp")
-    temporary.write_text(json.dumps(record, indent=1))
-    os.replace(temporary, path)
-
-
 def try_acquire(path: Path, run_id: str, stale_after_s: float = STALE_AFTER_S) -> tuple[Lease | None, dict[str, Any] | None]:
     """Take the lease if it is free or its owner is gone; else (None, the owner's record)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,7 +103,7 @@ def try_acquire(path: Path, run_id: str, stale_after_s: float = STALE_AFTER_S) -
             if gone is None:
                 return None, record
             took_over = f"{record.get('run_id', 'unknown run')} ({gone})"
-        _write(path, owner_record(run_id, token))
+        write_bytes_atomic(path, json.dumps(owner_record(run_id, token), indent=1).encode())
     return Lease(path, token, None, took_over), None
 
 
@@ -139,7 +135,7 @@ def hold_lease(path: Path, run_id: str, *, on_wait: Callable[[dict[str, Any]], N
             waited_for = str(owner.get("run_id", "unknown run"))
             on_wait(owner)
         time.sleep(poll_s)
-    lease = Lease(lease.path, lease.token, waited_for, lease.took_over)
+    lease = replace(lease, waited_for=waited_for)
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(path, lease.token, stop, heartbeat_s), name="output-lease-heartbeat", daemon=True)
     beat.start()
