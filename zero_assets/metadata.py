@@ -6,8 +6,7 @@ import warnings
 from typing import Any
 
 import pandera.pandas as pa
-from dagster import DataVersion, JsonMetadataValue, MaterializeResult, MetadataValue, TableSchemaMetadataValue
-from dagster._core.pipes.client import PipesClientCompletedInvocation
+from dagster import DataVersion, JsonMetadataValue, MaterializeResult, MetadataValue, PipesClientCompletedInvocation, TableSchemaMetadataValue
 from dagster_pandera import pandera_schema_to_dagster_type
 
 from .fingerprints import UpstreamOutput

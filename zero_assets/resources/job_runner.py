@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagster import AssetExecutionContext, ConfigurableResource, MaterializeResult
-from dagster._core.pipes.client import PipesClientCompletedInvocation
+from dagster import AssetExecutionContext, ConfigurableResource, MaterializeResult, PipesClientCompletedInvocation
 
 from ..fingerprints import UpstreamOutput
 from ..job_request import JobRequest

@@ -21,9 +21,15 @@ import sys
 import time
 from typing import IO, Mapping, Sequence
 
-from dagster import AssetExecutionContext, PipesTempFileContextInjector, PipesTempFileMessageReader, open_pipes_session
-from dagster._core.errors import DagsterExecutionInterruptedError, DagsterPipesExecutionError
-from dagster._core.pipes.client import PipesClientCompletedInvocation
+from dagster import (
+    AssetExecutionContext,
+    DagsterExecutionInterruptedError,
+    PipesClientCompletedInvocation,
+    PipesTempFileContextInjector,
+    PipesTempFileMessageReader,
+    open_pipes_session,
+)
+from dagster._core.errors import DagsterPipesExecutionError  # not exported by dagster
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 STOP_GRACE_S = 30.0  # a stopped job gets this long after SIGTERM to save a checkpoint, as SageMaker's stop gives

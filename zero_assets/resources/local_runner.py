@@ -28,9 +28,9 @@ from dagster import (
     Failure,
     MaterializeResult,
     MetadataValue,
+    PipesClientCompletedInvocation,
 )
-from dagster._core.errors import DagsterPipesExecutionError
-from dagster._core.pipes.client import PipesClientCompletedInvocation
+from dagster._core.errors import DagsterPipesExecutionError  # not exported by dagster
 
 from training_code.lib.storage import MANIFEST_NAMES, download_prefix, is_s3, list_objects, publish_folder, safe_relative_key
 
