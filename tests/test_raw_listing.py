@@ -10,7 +10,6 @@ from urllib.parse import quote_plus
 import pytest
 
 from training_code.lib.raw_index_groups import group_of
-from zero_assets.local_s3 import LocalS3Server
 
 from raw_index_reference import build_raw_index
 
@@ -18,15 +17,15 @@ KEYS = ["cam_a/lot_1/x 1.jpg", "cam_a/lot_2/y.jpg", "cam_b/z.png", "top.txt", "c
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with LocalS3Server(tmp_path_factory.mktemp("s3")) as server:
-        client = server.client()
-        client.create_bucket(Bucket="raw")
-        for key in KEYS:
-            client.put_object(Bucket="raw", Key=f"plant/{key}", Body=key.encode())
-        coco = {"images": [{"id": 1, "file_name": "lot_1/x 1.jpg"}], "annotations": [], "categories": [{"id": 1, "name": "part"}]}
-        client.put_object(Bucket="raw", Key="plant/cam_a/annotations.json", Body=json.dumps(coco).encode())
-        yield server
+def s3(s3_server):
+    """The module's S3 server (tests/conftest.py) with a small raw root in bucket `raw`."""
+    client = s3_server.client()
+    client.create_bucket(Bucket="raw")
+    for key in KEYS:
+        client.put_object(Bucket="raw", Key=f"plant/{key}", Body=key.encode())
+    coco = {"images": [{"id": 1, "file_name": "lot_1/x 1.jpg"}], "annotations": [], "categories": [{"id": 1, "name": "part"}]}
+    client.put_object(Bucket="raw", Key="plant/cam_a/annotations.json", Body=json.dumps(coco).encode())
+    return s3_server
 
 
 def _inventory(client, bucket: str) -> str:

@@ -36,7 +36,6 @@ from training_code.lib.storage import download_prefix
 from training_code.lib.tables import RAW_INDEX, write_table
 from zero_assets.assets.raw_image_index import raw_image_index
 from zero_assets.assets.validated_images import validated_images
-from zero_assets.local_s3 import LocalS3Server
 from zero_assets.resources import LocalJobRunner
 
 from conftest import make_resources
@@ -277,12 +276,6 @@ def test_assets_on_two_hosts_give_the_same_verdicts(hostile, tmp_path):
                and not p.is_relative_to(tmp_path / "dagster") and not p.is_relative_to(tmp_path / "out")]
     assert not written, f"written outside the state folder: {written[:5]}"
     assert lake.is_dir()
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory):
-    with LocalS3Server(tmp_path_factory.mktemp("s3")) as server:
-        yield server
 
 
 def _inventory(client, keys: dict[str, bytes]) -> str:

@@ -5,8 +5,8 @@ configuration's folder (`s3://<destination>/<prefix>/<source-bucket>/<config-id>
 writes one dated folder per report (`2026-12-01T01-00Z/manifest.json`): the newest that has its
 manifest is the current report (one delimiter listing, one entry per report kept, never the lake).
 A tick that finds the report it diffed last (same creation time and checksum) reads nothing else;
-a new report is read once (`s3_inventory.list_from_inventory`), digested per source and compared with
-the digests kept from the previous report (beside the cursor, see `tick_state`).
+a new report is read once (`raw_index_inventory.inventory_objects`, as the index reads it), digested
+per source and compared with the digests kept from the previous report (beside the cursor, see `tick_state`).
 """
 
 from __future__ import annotations
@@ -15,35 +15,28 @@ import hashlib
 import json
 import re
 
-from training_code.lib.aws_clients import endpoint_of, retry_call
-from training_code.lib.storage import read_bytes, s3_client, split_s3
+from training_code.lib.raw_index_inventory import inventory_objects
+from training_code.lib.storage import read_bytes
 
-from ..s3_inventory import list_from_inventory
+from ..raw_sources import list_sources
 from . import Detection
 from .source_digests import SourceDigests, changed_sources, previous_digests
 from .tick_state import TickState
 
 KIND = "inventory"
 MANIFEST = "manifest.json"
-_REPORT_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}-\d{2}Z/$")
+_REPORT_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}-\d{2}Z$")
 
 
 def current_manifest(location: str) -> tuple[str, bytes]:
     """The URI and bytes of the newest report's manifest.json at `location` (a manifest URI, or a configuration's folder)."""
     if location.endswith(MANIFEST):
         return location, read_bytes(location)
-    bucket, prefix = split_s3(location)
-    base = f"{prefix}/" if prefix else ""
-
-    def folders() -> list[str]:
-        found = []
-        for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base, Delimiter="/"):
-            found += [p["Prefix"][len(base) :] for p in page.get("CommonPrefixes", [])]
-        return found
-
-    dated = sorted((f for f in retry_call(folders, what=f"LIST s3://{bucket}/{base}", endpoint=endpoint_of(s3_client())) if _REPORT_FOLDER.match(f)), reverse=True)
+    # The dated report folders are the location's top-level folders: the one delimiter listing that
+    # finds a raw root's sources finds them too.
+    dated = sorted((f for f in list_sources(location) if _REPORT_FOLDER.match(f)), reverse=True)
     for folder in dated[:3]:  # a report being written has no manifest yet: the one before it is current
-        uri = f"s3://{bucket}/{base}{folder}{MANIFEST}"
+        uri = f"{location.rstrip('/')}/{folder}/{MANIFEST}"
         try:
             return uri, read_bytes(uri)
         except FileNotFoundError:
@@ -67,7 +60,7 @@ def detect_from_inventory(location: str, raw_uri: str, cursor: dict | None, stor
         return Detection({}, previous, f"no new inventory report ({manifest_uri}, created {created}, already diffed)",
                          change_number=previous.get("changes", 0))
     state, tick = TickState(store, f"{KIND} {raw_uri}"), previous.get("tick", 0)
-    accumulator = SourceDigests.of(list_from_inventory(manifest_uri, raw_uri))
+    accumulator = SourceDigests.of(inventory_objects(manifest_uri, raw_uri))
     digests = accumulator.digests()
     before, problems = previous_digests(state, tick)
     changed = changed_sources(before, digests)
