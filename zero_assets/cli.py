@@ -108,7 +108,7 @@ def _render_jobs(args: argparse.Namespace) -> int:
     lake = env.get("ZERO_LAKE_URI") or aws.lake_uri()
     settings = ZeroSettings(raw_uri=env.get("ZERO_RAW_URI", f"{aws.s3_root()}/raw"), lake_uri=lake, backend="sagemaker", sample_images=sample_images(profile))
     args.out.mkdir(parents=True, exist_ok=True)
-    for asset, _service, operation, params in render_jobs(settings, aws, source=args.source):
+    for asset, _service, operation, params in render_jobs(settings, aws, **({"source": args.source} if args.source else {})):
         path = args.out / f"{asset}.{operation}.json"
         path.write_text(json.dumps(params, indent=1, sort_keys=True) + "\n")
         print(path)
@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     summary.set_defaults(handler=_summary)
     render = commands.add_parser("render-jobs", help="write every SageMaker/FSx request the graph would send, one JSON file each")
     render.add_argument("--out", type=Path, required=True, help="folder for <asset>.<Operation>.json files")
-    render.add_argument("--source", default="example_source", help="the source the per-source jobs are rendered for (no listing is made)")
+    render.add_argument("--source", help="the source the per-source jobs are rendered for (default: an example name; no listing is made)")
     render.set_defaults(handler=_render_jobs)
     _add_lineage(commands)
     _add_gc(commands)
