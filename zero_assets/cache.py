@@ -111,17 +111,11 @@ def output_is_checkable(uri: str) -> bool:
 def output_is_complete(uri: str, fingerprint: str) -> bool:
     """Whether the marker at `uri` vouches for `fingerprint` and the output still matches it: every
     listed file present with its size, every small file with its sha256. Reads no large file."""
-    return _complete_marker(uri, fingerprint) is not None
+    return complete_marker(uri, fingerprint) is not None
 
 
-def published_data_version(uri: str, fingerprint: str) -> str | None:
-    """The data version recorded when the output at `uri` was marked complete for `fingerprint`
-    (None when it is not complete or was marked without one)."""
-    marker = _complete_marker(uri, fingerprint)
-    return None if marker is None else marker["data_versions"].get(fingerprint)
-
-
-def _complete_marker(uri: str, fingerprint: str) -> dict[str, Any] | None:
+def complete_marker(uri: str, fingerprint: str) -> dict[str, Any] | None:
+    """The marker at `uri` when it vouches for `fingerprint` and the output still matches it, else None."""
     if not output_is_checkable(uri):
         return None  # rebuild rather than trust what cannot be checked
     marker = _read_marker(uri)
@@ -170,10 +164,12 @@ def decide(context: AssetExecutionContext, inputs: FingerprintInputs) -> CacheDe
     return CacheDecision(None, what_changed(latest.get("fingerprint_inputs") or {}, inputs))
 
 
-def published_hit(uri: str, inputs: FingerprintInputs, reason: str, reused_run_id: str | None = None) -> MaterializeResult | None:
+def published_hit(uri: str, marker: dict[str, Any] | None, inputs: FingerprintInputs, reason: str,
+                  reused_run_id: str | None = None) -> MaterializeResult | None:
     """A hit on an output another run published under this fingerprint (one this instance may not have
-    recorded yet), from its marker alone; None unless the marker proves it complete with a data version."""
-    version = published_data_version(uri, inputs.fingerprint)
+    recorded yet), from its marker alone (`complete_marker`'s answer for `uri`); None unless the marker
+    proves it complete with a data version."""
+    version = None if marker is None else marker["data_versions"].get(inputs.fingerprint)
     if version is None:
         return None
     metadata = {"uri": MetadataValue.path(uri), **miss_metadata(inputs, reason), "cache": "hit",

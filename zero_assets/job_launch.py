@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue
 
-from .cache import decide, mark_output_complete, miss_metadata, output_is_complete, published_hit, retract_output_marker
+from .cache import complete_marker, decide, mark_output_complete, miss_metadata, published_hit, retract_output_marker
 from .fingerprints import FingerprintInputs, UpstreamOutput, context_partition
 from .job_request import FanOut, JobRequest, fan_out, materialization_folder
 from .metadata import job_result, upstream_metadata
@@ -86,11 +86,12 @@ def launch_job(
         # The run we waited for (or one this instance never recorded) may have published it meanwhile.
         reason = (f"run {lease.waited_for} built the same inputs while this run waited; its output at {output} is complete"
                   if lease.waited_for else f"an output of the same input fingerprint is published at {output} and is complete")
-        hit = published_hit(output, fingerprint_inputs, reason, lease.waited_for)
+        marker = complete_marker(output, request.fingerprint)  # one listing and hashing pass for both questions
+        hit = published_hit(output, marker, fingerprint_inputs, reason, lease.waited_for)
         if hit is not None:
             context.log.info(f"cache hit, no job launched: {reason}")
             return hit
-        if not output_is_complete(output, request.fingerprint):
+        if marker is None:
             retract_output_marker(output)  # nothing may vouch for a set while it is replaced
         result = _run_job(context, jobs, request, spread, decision.reason, fingerprint_inputs, upstream)
         mark_output_complete(output, request.fingerprint, result.data_version.value if result.data_version else None)
