@@ -51,7 +51,6 @@ class Folder:
     kind: str  # "output", "run" (one run's job folder), "jobs" (an output's lease and checkpoints, or an older job folder)
     uri: str
     bytes: int  # of the files that belong to this unit alone (a "jobs" folder's runs are units of their own)
-    files: int
 
     @property
     def parts(self) -> list[str]:
@@ -117,22 +116,22 @@ def lake_folders(lake: str, assets: Iterable[str], jobs_root: str | None = None)
     assets = set(assets)
     roots = {"": lake}
     separate_jobs = jobs_root is not None and normalize(jobs_root) != normalize(join(lake, JOBS_FOLDER))
-    units: dict[tuple[str, str], list[int]] = defaultdict(list)
+    units: dict[tuple[str, str], int] = defaultdict(int)  # (key, kind) -> bytes
     for key, size in _listed(lake):
         unit = unit_of(key, assets)
         if unit is not None and not (separate_jobs and unit[1] != "output"):
-            units[unit].append(size)
+            units[unit] += size
     if separate_jobs:
         roots[JOBS_FOLDER] = jobs_root
         for key, size in _listed(jobs_root):
             unit = unit_of(f"{JOBS_FOLDER}/{key}", assets)
             if unit is not None:
-                units[unit].append(size)
+                units[unit] += size
     for key, kind in list(units):  # a run folder implies the folder above it, even with nothing else in it
         if kind == "run":
-            units.setdefault(("/".join(key.split("/")[:3]), "jobs"), [])
+            units.setdefault(("/".join(key.split("/")[:3]), "jobs"), 0)
     order = sorted(units, key=lambda unit: (unit[1] == "jobs", unit[0]))
-    return [Folder(key, kind, _uri(key, roots), sum(units[key, kind]), len(units[key, kind])) for key, kind in order]
+    return [Folder(key, kind, _uri(key, roots), units[key, kind]) for key, kind in order]
 
 
 def _listed(root: str) -> list[tuple[str, int]]:
