@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue
 
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.output_manifest import MANIFEST, named_files
-from training_code.lib.storage import is_s3, join, list_objects, read_bytes, s3_client, split_s3, write_bytes_atomic
+from training_code.lib.storage import delete_file, is_s3, join, list_objects, read_bytes, write_bytes_atomic
 
 from .fingerprints import DATA_VERSION_TAG, FingerprintInputs, context_partition, latest_materializations
 
@@ -96,11 +96,7 @@ def retract_output_marker(uri: str) -> None:
     """Withdraw an output's marker before it is rebuilt, so nothing vouches for a half-replaced set."""
     if not output_is_checkable(uri):
         return
-    if is_s3(uri):
-        bucket, prefix = split_s3(uri)
-        s3_client().delete_object(Bucket=bucket, Key=f"{prefix}/{OUTPUT_MARKER}".lstrip("/"))
-        return
-    Path(uri, OUTPUT_MARKER).unlink(missing_ok=True)
+    delete_file(join(uri, OUTPUT_MARKER))
 
 
 def output_is_checkable(uri: str) -> bool:

@@ -242,7 +242,8 @@ def delete_prefix(uri: str | os.PathLike) -> None:
         keys = [o["Key"] for o in _s3_objects_under(bucket, prefix)]
         for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1,000 keys
             batch = [{"Key": key} for key in keys[start : start + 1000]]
-            errors = s3_client().delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True}).get("Errors", [])
+            errors = s3_call(lambda: s3_client().delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True}),
+                             f"DELETE {len(batch)} objects under s3://{bucket}/{prefix}/").get("Errors", [])
             if errors:
                 raise OSError(f"could not delete {len(errors)} objects under {uri}, first {errors[0].get('Key')}: {errors[0].get('Message')}")
         return
@@ -269,8 +270,20 @@ def newest_write(uri: str | os.PathLike) -> float | None:
 
 def _s3_objects_under(bucket: str, prefix: str) -> list[dict]:
     """The raw ListObjectsV2 entries under `prefix/` (the whole bucket for an empty prefix)."""
-    pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
-    return [o for page in pages for o in page.get("Contents", [])]
+    def listed() -> list[dict]:
+        pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
+        return [o for page in pages for o in page.get("Contents", [])]
+
+    return s3_call(listed, f"LIST s3://{bucket}/{prefix}/")
+
+
+def delete_file(uri: str | os.PathLike) -> None:
+    """Remove one file or object if it is there (S3: a retried DELETE, which is idempotent)."""
+    if is_s3(uri):
+        bucket, key = split_s3(str(uri))
+        s3_call(lambda: s3_client().delete_object(Bucket=bucket, Key=key), f"DELETE s3://{bucket}/{key}")
+        return
+    Path(uri).unlink(missing_ok=True)
 
 
 def write_bytes_atomic(uri: str | os.PathLike, data: bytes) -> None:
