@@ -8,9 +8,9 @@ outputs and manifest are in place; a rebuild withdraws the old marker first.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
-from dagster import AssetExecutionContext, MaterializeResult, MetadataValue
+from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue
 
 from .cache import complete_marker, decide, mark_output_complete, miss_metadata, published_hit, retract_output_marker
 from .fingerprints import FingerprintInputs, UpstreamOutput, context_partition
@@ -58,13 +58,15 @@ def launch_job(
     config: dict[str, Any],
     upstream: list[UpstreamOutput],
     spread: FanOut | None = None,
+    data_version_of: Callable[[str], str] | None = None,
     **request_fields: Any,
 ) -> MaterializeResult:
     """Launch the asset's job unless an earlier materialization with the same inputs is still complete.
 
     `request_fields` (settings, kind, inputs, processes_per_host) go to `build_job_request` unchanged.
     With `spread` and more than one instance configured for the asset, the job runs as a map stage
-    on every instance and a reduce stage on one (see `job_request.fan_out`).
+    on every instance and a reduce stage on one (see `job_request.fan_out`). `data_version_of(output
+    uri)` gives the asset's data version where it is not the one the job reports (kept as `job_data_version`).
     """
     fingerprint_inputs = FingerprintInputs.of(module, config, upstream)
     decision = decide(context, fingerprint_inputs)
@@ -94,6 +96,10 @@ def launch_job(
         if marker is None:
             retract_output_marker(output)  # nothing may vouch for a set while it is replaced
         result = _run_job(context, jobs, request, spread, decision.reason, fingerprint_inputs, upstream)
+        if data_version_of is not None:
+            reported = result.data_version.value if result.data_version else None
+            result = MaterializeResult(metadata={**(result.metadata or {}), "job_data_version": reported},
+                                       data_version=DataVersion(data_version_of(output)))
         mark_output_complete(output, request.fingerprint, result.data_version.value if result.data_version else None)
     return result
 

@@ -8,6 +8,7 @@ the same files and the same data version: the index fingerprint (listing fingerp
 group pattern, sample), so an edit to the index code makes everything downstream stale.
 """
 
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -121,22 +122,19 @@ def _index_as_job(context: AssetExecutionContext, settings: ZeroSettings, jobs: 
                      "indexing it as a Processing job")
     listing_fingerprint = source_listing_fingerprint(settings.raw_uri, source, inventory_manifest_uri=config.inventory_manifest_uri or None)
     upstream = [_listing(settings, source, listing_fingerprint)]
-    result = launch_job(context, jobs=jobs, settings=settings, kind="processing", module=INDEX_MODULE, config=arguments,
-                        upstream=upstream, inputs={})
-    if result.metadata and result.metadata.get("cache") == "hit":
-        return result
     inputs = FingerprintInputs.of(INDEX_MODULE, arguments, upstream)
     out = settings.asset_uri("raw_image_index", inputs.fingerprint[:16], source)
-    manifest = json.loads(read_bytes(join(out, MANIFEST)))
-    _refuse_empty(settings, manifest)
-    _log_problems(context, manifest)
+    manifest = functools.cache(lambda: json.loads(read_bytes(join(out, MANIFEST))))  # read once, after the job
     # The job reports the sha256 of its manifest; the asset's version is the index fingerprint on both
-    # paths (it moves with the code too), recorded for the published files like the in-process path.
-    data_version = _index_fingerprint(manifest, inputs)
-    mark_output_complete(out, inputs.fingerprint, data_version)
-    return MaterializeResult(metadata={**(result.metadata or {}), "indexed_by": "job", "job_data_version": result.data_version.value,
-                                       **_metadata(settings, manifest, inputs)},
-                             data_version=DataVersion(data_version))
+    # paths (it moves with the code too), and the output is marked with it once.
+    result = launch_job(context, jobs=jobs, settings=settings, kind="processing", module=INDEX_MODULE, config=arguments,
+                        upstream=upstream, inputs={}, data_version_of=lambda _out: _index_fingerprint(manifest(), inputs))
+    if result.metadata and result.metadata.get("cache") == "hit":
+        return result
+    _refuse_empty(settings, manifest())
+    _log_problems(context, manifest())
+    return MaterializeResult(metadata={**(result.metadata or {}), "indexed_by": "job", **_metadata(settings, manifest(), inputs)},
+                             data_version=result.data_version)
 
 
 def _refuse_empty(settings: ZeroSettings, manifest: dict[str, Any]) -> None:
