@@ -77,7 +77,7 @@ def test_second_materialization_launches_nothing_and_reads_no_image(raw_copy, tm
         second = _materialize(resources, instance)
     second_wall = time.perf_counter() - started
     assert {a: second[a]["cache"] for a in first} == {a: "hit" for a in first}
-    assert all(second[a]["uri"] == first[a]["uri"] for a in first), "the reused outputs are reported"
+    assert all(second[a]["dagster/uri"] == first[a]["dagster/uri"] for a in first), "the reused outputs are reported"
     assert all("same input fingerprint" in second[a]["cache_reason"] for a in first)
     assert _job_files(state) == jobs_before, "no job was launched: no job folder was touched"
     assert reads.paths == [], f"no image bytes are read to decide: {reads.paths[:3]}"
@@ -112,10 +112,10 @@ def test_output_deleted_behind_dagsters_back_is_rebuilt(raw_copy, tmp_path, inst
     resources = make_resources(raw_copy, tmp_path / "state")
     first = _materialize(resources, instance)
     shards = "arrow_shards[line_a_camera]"
-    shutil.rmtree(first[shards]["uri"])
+    shutil.rmtree(first[shards]["dagster/uri"])
     again = _materialize(resources, instance)
     assert again[shards]["cache"] == "miss"
     assert "missing or incomplete" in again[shards]["cache_reason"]
-    assert Path(again[shards]["uri"], "manifest.json").is_file()
+    assert Path(again[shards]["dagster/uri"], "manifest.json").is_file()
     # The rebuild writes the same bytes, so nothing downstream goes stale.
     assert again["training_set"]["cache"] == again["fsx_warm_state"]["cache"] == again["trained_checkpoint"]["cache"] == "hit"

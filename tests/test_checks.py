@@ -141,14 +141,14 @@ def test_no_check_crashes_before_its_asset_exists(instance, resources):
 @pytest.mark.slow
 def test_integrity_fails_on_a_changed_local_shard(healthy, tmp_path):
     instance, resources, result = healthy
-    uri = _metadata(result, "arrow_shards")["uri"].value
+    uri = _metadata(result, "arrow_shards")["dagster/uri"].value
     copy = tmp_path / "shards"
     shutil.copytree(uri, copy)
     shard = copy / json.loads((copy / "manifest.json").read_text())["shards"][0]["file"]
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size: only the sha256 can tell
     shard.write_bytes(bytes(data))
-    _record(instance, "arrow_shards", "local_case", {"uri": MetadataValue.path(str(copy))})
+    _record(instance, "arrow_shards", "local_case", {"dagster/uri": MetadataValue.path(str(copy))})
     evaluation = _check_alone(instance, resources, shard_manifest_integrity, "local_case")
     assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.ERROR
     assert "sha256" in evaluation.description and shard.name in evaluation.description
@@ -159,23 +159,23 @@ def test_integrity_on_s3_checks_listed_sizes(healthy, s3_env):
     instance, resources, result = healthy
     client = s3_env.client()
     client.create_bucket(Bucket="zero-shards")
-    folder = _metadata(result, "arrow_shards")["uri"].value
+    folder = _metadata(result, "arrow_shards")["dagster/uri"].value
     for name in sorted(os.listdir(folder)):
         client.upload_file(os.path.join(folder, name), "zero-shards", f"set/{name}")
-    _record(instance, "arrow_shards", "s3_case", {"uri": MetadataValue.path("s3://zero-shards/set")})
+    _record(instance, "arrow_shards", "s3_case", {"dagster/uri": MetadataValue.path("s3://zero-shards/set")})
     evaluation = _check_alone(instance, resources, shard_manifest_integrity, "s3_case")
     assert evaluation.passed and evaluation.metadata["checked"].value == "bytes (from the S3 listing)"
     first = json.loads(open(os.path.join(folder, "manifest.json")).read())["shards"][0]["file"]
     with open(os.path.join(folder, first), "rb") as f:
         client.put_object(Bucket="zero-shards", Key=f"set/{first}", Body=f.read()[:-100])  # truncated
-    _record(instance, "arrow_shards", "s3_case", {"uri": MetadataValue.path("s3://zero-shards/set")})
+    _record(instance, "arrow_shards", "s3_case", {"dagster/uri": MetadataValue.path("s3://zero-shards/set")})
     evaluation = _check_alone(instance, resources, shard_manifest_integrity, "s3_case")
     assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.ERROR
     assert f"s3://zero-shards/set/{first}: " in evaluation.description and "bytes in the listing" in evaluation.description
 
 
 def test_integrity_is_skipped_not_passed_for_shards_it_cannot_see(instance, resources):
-    _record(instance, "arrow_shards", "fsx_case", {"uri": MetadataValue.path("fsx://fs-0123/abcd/arrow_shards/x")})
+    _record(instance, "arrow_shards", "fsx_case", {"dagster/uri": MetadataValue.path("fsx://fs-0123/abcd/arrow_shards/x")})
     evaluation = _check_alone(instance, resources, shard_manifest_integrity, "fsx_case")
     assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.WARN
     assert "fsx://fs-0123/abcd/arrow_shards/x" in evaluation.metadata["skipped"].value

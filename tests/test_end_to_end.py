@@ -21,10 +21,10 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
     sources = {s: {a.key.to_user_string(): _metadata(r, a.key.to_user_string()) for a in PER_SOURCE_ASSETS} for s, r in per_source.items()}
     meta = {a.key.to_user_string(): _metadata(tail, a.key.to_user_string()) for a in TAIL_ASSETS}
     for asset, values in [*meta.items(), *((f"{a}[{s}]", v) for s, m in sources.items() for a, v in m.items())]:
-        assert values["uri"], f"{asset} records where its output is"
+        assert values["dagster/uri"], f"{asset} records where its output is"
         assert values["cache"] == "miss"
     for source, m in sources.items():
-        assert f"/{source}/" in m["raw_image_index"]["uri"], "per-source outputs sit under <asset>/<source>/"
+        assert f"/{source}/" in m["raw_image_index"]["dagster/uri"], "per-source outputs sit under <asset>/<source>/"
         validated = m["validated_images"]
         assert validated["images_in"] == validated["accepted"] + validated["quarantined"] + validated["duplicates"]
         assert validated["images_in"] == m["raw_image_index"]["images"]
@@ -33,7 +33,7 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
     planted = tiny_demo["planted"]
 
     def table(key, name):
-        return pd.read_parquet(f"{sources[key.partition('/')[0]]['validated_images']['uri']}/{name}.parquet")
+        return pd.read_parquet(f"{sources[key.partition('/')[0]]['validated_images']['dagster/uri']}/{name}.parquet")
 
     def reason(key):
         return table(key, "quarantine").set_index("key")["reason"].to_dict()[key]
@@ -49,7 +49,7 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
 
     # The copy in another source is validated there, then left out of the training set by the stated rule.
     duplicate = planted["duplicate_across_sources"]
-    excluded = pd.read_parquet(f"{meta['training_set']['uri']}/excluded.parquet")
+    excluded = pd.read_parquet(f"{meta['training_set']['dagster/uri']}/excluded.parquet")
     assert excluded["key"].tolist() == [duplicate] and excluded["reason"].iloc[0].startswith("duplicate of an image kept in source")
     assert meta["training_set"]["duplicates_across_sources"] == 1
     accepted = sum(m["validated_images"]["accepted"] for m in sources.values())
@@ -67,17 +67,17 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
 def _check_lineage(instance, meta, sources, planted):
     from zero_assets.lineage import checkpoint_lineage, find_checkpoint, image_fate
 
-    checkpoint_uri = meta["trained_checkpoint"]["uri"]
+    checkpoint_uri = meta["trained_checkpoint"]["dagster/uri"]
     found = checkpoint_lineage(instance, find_checkpoint(instance, checkpoint_uri))
-    assert found.training_set.uri == meta["training_set"]["uri"]
-    assert {s: m.uri for s, m in found.shard_sets.items()} == {s: m["arrow_shards"]["uri"] for s, m in sources.items()}
-    assert {s: m.uri for s, m in found.validated_sets.items()} == {s: m["validated_images"]["uri"] for s, m in sources.items()}
+    assert found.training_set.uri == meta["training_set"]["dagster/uri"]
+    assert {s: m.uri for s, m in found.shard_sets.items()} == {s: m["arrow_shards"]["dagster/uri"] for s, m in sources.items()}
+    assert {s: m.uri for s, m in found.validated_sets.items()} == {s: m["validated_images"]["dagster/uri"] for s, m in sources.items()}
     duplicate = planted["duplicate_across_sources"]
-    validated = pd.read_parquet(f"{sources[duplicate.partition('/')[0]]['validated_images']['uri']}/accepted.parquet")
+    validated = pd.read_parquet(f"{sources[duplicate.partition('/')[0]]['validated_images']['dagster/uri']}/accepted.parquet")
     in_train = int((validated.set_index("key")["split"][duplicate]) == "train")  # the excluded copy, when its group trains
     assert len(found.train_images) == sum(m["arrow_shards"]["train_rows"] for m in sources.values()) - in_train
     assert duplicate not in set(found.train_images["key"])
-    assert [r.uri for r in found.reports] == [meta["map_report"]["uri"]]
+    assert [r.uri for r in found.reports] == [meta["map_report"]["dagster/uri"]]
 
     trained_key = found.train_images["key"].iloc[0]
     assert image_fate(instance, trained_key)["checkpoints"] == [checkpoint_uri]

@@ -170,7 +170,7 @@ def test_graph_mode_scores_a_model_on_val_shards(tmp_path):
     report = next(json.loads(line) for line in result.stdout.splitlines() if '"materialization"' in line)
     assert report["data_version"] == hashlib.sha256((tmp_path / "out" / "metrics.json").read_bytes()).hexdigest()
     assert {"mAP", "mAP_50", "mAP_75", "per_class_ap", "val_images", "predictions", "eval_wall_s"} <= set(report["metadata"])
-    assert report["metadata"]["per_class_ap"].startswith("| category | AP | AP@0.5 |")
+    assert [c["name"] for c in report["metadata"]["per_class_ap"]["schema"]] == ["category", "AP", "AP@0.5"]
     for picture in ("pr_curve", "sample_predictions"):
         assert report["metadata"][picture].startswith("![") and "(data:image/jpeg;base64," in report["metadata"][picture]
         assert len(report["metadata"][picture]) < 60_000, "inline pictures stay small: they are stored with the event"

@@ -89,7 +89,7 @@ def _validate_locally(raw: Path, state: Path, hosts: int) -> tuple[dict, Path]:
     assert result.success
     event = result.asset_materializations_for_node("validated_images")[0]
     metadata = {key: value.value for key, value in event.metadata.items()}
-    return {**metadata, "data_version": event.tags["dagster/data_version"]}, Path(metadata["uri"])
+    return {**metadata, "data_version": event.tags["dagster/data_version"]}, Path(metadata["dagster/uri"])
 
 
 def test_two_hosts_reach_the_same_manifest_as_one(tiny_raw_root, tmp_path):

@@ -36,7 +36,7 @@ def test_added_images_are_the_only_ones_decoded_and_old_shards_stay(instance, tm
     resources = make_resources(raw, tmp_path / "state")
     first_validated, first_shards = _materialize(instance, resources)
     assert first_validated["decoded"] == first_validated["images_in"] and first_validated["reused"] == 0
-    old_dir = first_shards["uri"]
+    old_dir = first_shards["dagster/uri"]
     old_manifest = read_manifest(old_dir)
     old_files = {e["file"]: e for e in old_manifest["shards"]}
     assert len(old_files) > 2, "the test needs several shards to show they are kept"
@@ -53,7 +53,7 @@ def test_added_images_are_the_only_ones_decoded_and_old_shards_stay(instance, tm
     new_accepted = validated["accepted"] - first_validated["accepted"]
     assert (shards["shards_reused"], shards["shards_dropped"]) == (len(old_files), 0)
     assert (shards["rows_reused"], shards["rows_packed"]) == (first_validated["accepted"], new_accepted)
-    manifest = read_manifest(shards["uri"])
+    manifest = read_manifest(shards["dagster/uri"])
     entries = {e["file"]: e for e in manifest["shards"]}
     assert {name: entries[name] for name in old_files} == old_files, "old shards are listed unchanged"
     assert len(entries) > len(old_files) and sum(manifest["rows"].values()) == validated["accepted"]
@@ -61,4 +61,4 @@ def test_added_images_are_the_only_ones_decoded_and_old_shards_stay(instance, tm
         after = (tmp_path / old_dir / name).stat()
         assert (after.st_ino, after.st_mtime_ns, after.st_size) == (stat.st_ino, stat.st_mtime_ns, stat.st_size), name
     for entry in manifest["shards"]:
-        verify_shard(shards["uri"], entry)
+        verify_shard(shards["dagster/uri"], entry)

@@ -410,7 +410,7 @@ def test_index_in_process_and_as_a_job_give_the_same_index_and_data_version(tiny
 
     in_process, in_process_version = run(1_000_000)
     assert in_process["indexed_by"] == "dagster process" and in_process["cache"] == "miss"
-    uri = in_process["uri"]
+    uri = in_process["dagster/uri"]
     rows = pd.read_parquet(f"{uri}/index.parquet")
     assert len(rows) == in_process["images"] > 0 and set(rows["source"]) == {"line_a_camera"}
     assert source_listing_fingerprint(str(tiny_raw_root), "line_a_camera") == in_process["listing_fingerprint"]
@@ -418,7 +418,7 @@ def test_index_in_process_and_as_a_job_give_the_same_index_and_data_version(tiny
 
     as_job, job_version = run(0)
     assert as_job["indexed_by"] == "job" and as_job["cache"] == "miss", as_job.get("cache_reason")
-    assert as_job["uri"] == uri, "both paths publish under the same input fingerprint"
+    assert as_job["dagster/uri"] == uri, "both paths publish under the same input fingerprint"
     assert pd.read_parquet(f"{uri}/index.parquet").equals(rows)
     assert job_version == in_process_version
     assert {k: as_job[k] for k in ("images", "bytes", "groups", "unsafe_keys", "index_fingerprint")} == {

@@ -79,7 +79,7 @@ def test_cli_block_materializes_selections_against_the_demo_instance(demo_repo):
         def latest(asset):
             return instance.get_latest_materialization_event(AssetKey(asset)).asset_materialization.metadata
 
-        assert latest("arrow_shards")["upstream"].value["validated_images"]["uri"] == latest("validated_images")["uri"].value
+        assert latest("arrow_shards")["upstream"].value["validated_images"]["uri"] == latest("validated_images")["dagster/uri"].value
         assert latest("arrow_shards")["cache"].value == "hit", "unchanged inputs launch no job"
         assert latest("training_set")["cache"].value == "hit", "a source rebuilt unchanged leaves the training set as it was"
     assert "map_report" in result.stdout and "mAP" in result.stdout, "zero-assets summary printed"

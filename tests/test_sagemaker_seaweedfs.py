@@ -63,9 +63,9 @@ def test_validation_job_runs_on_the_s3_path(seaweed, cloudwatch, tiny_raw_root, 
     metadata = instance.get_latest_materialization_event(AssetKey("validated_images")).asset_materialization.metadata
     assert metadata["backend"].value == "sagemaker" and metadata["job_status"].value == "Completed"
     assert metadata["accepted"].value > 0  # reported by the script through S3 Pipes messages
-    assert str(metadata["uri"].value).startswith(f"{lake}/validated_images/{SOURCE}/")
+    assert str(metadata["dagster/uri"].value).startswith(f"{lake}/validated_images/{SOURCE}/")
     s3 = seaweed.client()
-    output = str(metadata["uri"].value)[len(f"s3://{BUCKET}/"):]
+    output = str(metadata["dagster/uri"].value)[len(f"s3://{BUCKET}/"):]
     assert s3.head_object(Bucket=BUCKET, Key=f"{output}/manifest.json")["ContentLength"] > 0
     digest = build_code_package().digest
     assert s3.head_object(Bucket=BUCKET, Key=f"zero/code/{digest}/{MARKER}")
@@ -123,7 +123,7 @@ def test_two_source_training_set_warms_trains_and_evaluates(seaweed, cloudwatch,
     chosen, warm, trained, report = metadata("training_set"), metadata("fsx_warm_state"), metadata("trained_checkpoint"), metadata("map_report")
     assert chosen["sources"] == sources
     folder = warm["training_set_folder"]
-    assert warm["uri"] == f"{lake}/arrow_shards/{folder}" and warm["sources"] == sources and warm["shards"] == chosen["shards"]
+    assert warm["dagster/uri"] == f"{lake}/arrow_shards/{folder}" and warm["sources"] == sources and warm["shards"] == chosen["shards"]
     # The warm state carries the training set's data version: warming the same bytes again does not make training stale.
     versions = {asset: instance.get_latest_materialization_event(AssetKey(asset)).asset_materialization.tags["dagster/data_version"]
                 for asset in ("training_set", "fsx_warm_state")}

@@ -52,7 +52,7 @@ def test_training_set_changes_only_when_a_chosen_source_changes(tiny_raw_root, t
         assert materialize_source(source, instance=instance, resources=resources).success
     first, meta = _version(instance, resources)
     assert meta["sources"] == ["line_a_camera", "line_b_camera"]
-    manifest = json.loads(Path(meta["uri"], "manifest.json").read_text())
+    manifest = json.loads(Path(meta["dagster/uri"], "manifest.json").read_text())
     assert [s["source"] for s in manifest["sources"]] == meta["sources"]
     assert manifest["duplicate_rule"].startswith("an exact duplicate (same sha256) in several sources is kept in the source whose name sorts first")
 
@@ -81,13 +81,13 @@ def test_training_set_changes_only_when_a_chosen_source_changes(tiny_raw_root, t
 
     # The cap: each source keeps at most that many images, the rest are listed with the reason.
     capped, meta = _version(instance, resources, max_images_per_source=3)
-    excluded = pd.read_parquet(Path(meta["uri"], "excluded.parquet"))
+    excluded = pd.read_parquet(Path(meta["dagster/uri"], "excluded.parquet"))
     kept = meta["images"]
     assert kept == 3 * 3 and meta["over_cap"] == (excluded["reason"].str.startswith("over the cap")).sum() > 0
 
     # What the trainer and evaluator read of it, warmed: the listed shards of every source, the excluded
     # rows skipped, each source's labels in the shared vocabulary.
-    warm = warm_training_set(meta["uri"], tmp_path / "fsx", "capped").path
+    warm = warm_training_set(meta["dagster/uri"], tmp_path / "fsx", "capped").path
     read = []
     for split in ("train", "val"):
         manifest, shards = verified_split(warm, split)

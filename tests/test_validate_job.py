@@ -316,8 +316,8 @@ def test_validate_script_end_to_end_on_the_demo_raw_root(tmp_path):
     assert {k: metadata[k] for k in ("images_in", "accepted", "quarantined", "duplicates")} == {
         k: counts[k] for k in ("images_in", "accepted", "quarantined", "duplicates")
     }
-    assert "| truncated | 1 |" in metadata["quarantined_by_reason"]
-    assert "| outside_image | 1 |" in metadata["labels_rejected_by_reason"]
+    assert {"reason": "truncated", "count": 1} in metadata["quarantined_by_reason"]["records"]
+    assert {"reason": "outside_image", "count": 1} in metadata["labels_rejected_by_reason"]["records"]
 
 
 def test_previous_verdicts_are_reused_only_for_unchanged_files_and_settings(tmp_path):

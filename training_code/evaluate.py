@@ -140,12 +140,13 @@ def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
 
 
 def report(pipes, metrics: dict[str, Any], run_info: dict[str, Any], metrics_path: Path) -> None:
+    # A class without ground truth in the split has no AP: an empty cell, not a zero.
     per_class = [{"category": row["category"],
-                  "AP": "n/a" if row["ap"] is None else f"{row['ap']:.4f}",
-                  "AP@0.5": "n/a" if row["ap_50"] is None else f"{row['ap_50']:.4f}"} for row in metrics["per_class"]]
+                  "AP": None if row["ap"] is None else round(row["ap"], 4),
+                  "AP@0.5": None if row["ap_50"] is None else round(row["ap_50"], 4)} for row in metrics["per_class"]]
     summary = ("mAP", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large", "AR_100")
     metadata = {name: float(metrics[name]) for name in summary if metrics[name] is not None}
-    metadata.update({"per_class_ap": job_env.md_table(per_class), "val_images": metrics["val_images"],
+    metadata.update({"per_class_ap": job_env.table(per_class), "val_images": metrics["val_images"],
                      "predictions": metrics["predictions"], "metrics_path": str(metrics_path), **run_info})
     pipes.report_asset_materialization(metadata=metadata, data_version=sha256_file(metrics_path))
 

@@ -160,7 +160,7 @@ def main(args: argparse.Namespace) -> None:
                 **work,
                 "image_encoding": encoding.mode,
                 "pack_wall_s": round(wall, 3),
-                "shard_table": job_env.md_table(
+                "shard_table": job_env.table(
                     [{"file": e["file"], "rows": e["rows"], "bytes": e["bytes"], "sha256": e["sha256"][:16]} for e in manifest["shards"]]
                 ),
             },

@@ -319,8 +319,8 @@ def report_metadata(manifest: dict[str, Any], wall_s: float, work: dict[str, int
     return {
         **plain,
         "quarantine_rate": round(counts["quarantined"] / counts["images_in"], 4),
-        "quarantined_by_reason": job_env.md_table([{"reason": r, "count": n} for r, n in by_reason.items()]),
-        "labels_rejected_by_reason": job_env.md_table(
+        "quarantined_by_reason": job_env.table([{"reason": r, "count": n} for r, n in by_reason.items()]),
+        "labels_rejected_by_reason": job_env.table(
             [{"reason": r, "count": n} for r, n in counts["labels_rejected_by_reason"].items()]
         ),
         "validator_version": manifest["validator_version"],

@@ -149,7 +149,7 @@ def decide(context: AssetExecutionContext, inputs: FingerprintInputs) -> CacheDe
         metadata = {k: v.value for k, v in event.metadata.items()}
         if metadata.get("fingerprint") != fingerprint:
             continue
-        uri = str(metadata.get("uri", ""))
+        uri = str(metadata.get("dagster/uri", ""))
         if not output_is_complete(uri, fingerprint):
             return CacheDecision(None, f"same inputs as run {record.run_id}, but its output at {uri} is missing or incomplete: rebuilding")
         reason = f"same input fingerprint as run {record.run_id}; its output at {uri} is complete"
@@ -168,7 +168,7 @@ def published_hit(uri: str, marker: dict[str, Any] | None, inputs: FingerprintIn
     version = None if marker is None else marker["data_versions"].get(inputs.fingerprint)
     if version is None:
         return None
-    metadata = {"uri": MetadataValue.path(uri), **miss_metadata(inputs, reason), "cache": "hit",
+    metadata = {"dagster/uri": MetadataValue.path(uri), **miss_metadata(inputs, reason), "cache": "hit",
                 **({"reused_run_id": reused_run_id} if reused_run_id else {})}
     return MaterializeResult(metadata=metadata, data_version=DataVersion(version))
 

@@ -93,7 +93,7 @@ def shard_manifest_integrity(context: AssetCheckExecutionContext) -> AssetCheckR
     metadata = _latest_metadata(context, "arrow_shards")
     if metadata is None:
         return _never_materialized(context, "arrow_shards")
-    uri = str(metadata.get("uri", ""))
+    uri = str(metadata.get("dagster/uri", ""))
     if is_s3(uri):
         return _check_s3_shards(uri)
     if "://" in uri or not uri:  # fsx:// and the like: not visible from the Dagster process
@@ -141,7 +141,7 @@ def map_not_regressed(context: AssetCheckExecutionContext, limits: CheckLimits) 
     current, previous = _latest_metadata(context, "map_report"), _latest_metadata(context, "map_report", nth=1)
     if current is None:
         return _never_materialized(context, "map_report")
-    if previous is None or previous.get("uri") == current.get("uri"):
+    if previous is None or previous.get("dagster/uri") == current.get("dagster/uri"):
         return AssetCheckResult(passed=True, description="no earlier, different report to compare with")
     drop = previous["mAP"] - current["mAP"]
     return AssetCheckResult(

@@ -85,7 +85,7 @@ def _summary(_: argparse.Namespace) -> int:
                 continue
             metadata = records[0].asset_materialization.metadata
             values = ", ".join(f"{k}={_plain(metadata[k].value)}" for k in keys if k in metadata)
-            print(f"{label:<40} {values}\n{'':<40} uri={metadata['uri'].value if 'uri' in metadata else '?'}")
+            print(f"{label:<40} {values}\n{'':<40} uri={metadata['dagster/uri'].value if 'dagster/uri' in metadata else '?'}")
         if asset in per_source and not sources:
             print(f"{asset:<40} no sources registered (zero-assets sources --register)")
             missing = True

@@ -140,7 +140,7 @@ def upstream_output(context: AssetExecutionContext, asset: str, partition: str |
 
 def output_of(record: EventLogRecord, asset: str, partition: str | None = None) -> UpstreamOutput:
     materialization = record.asset_materialization
-    uri = materialization.metadata.get("uri")
+    uri = materialization.metadata.get("dagster/uri")
     version = materialization.tags.get(DATA_VERSION_TAG) if materialization.tags else None
     if uri is None or version is None:
         which = f"{asset} (source {partition})" if partition else asset
@@ -158,7 +158,7 @@ def previous_output(context: AssetExecutionContext) -> str | None:
     records = latest_materializations(context.instance, context.asset_key, context_partition(context))
     if not records or records[0].asset_materialization is None:
         return None
-    uri = records[0].asset_materialization.metadata.get("uri")
+    uri = records[0].asset_materialization.metadata.get("dagster/uri")
     if uri is None or not exists(join(str(uri.value), "manifest.json")):
         context.log.info(f"no complete earlier output of {context.asset_key.to_user_string()} to reuse; doing the full pass")
         return None

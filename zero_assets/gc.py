@@ -3,7 +3,7 @@
 What the lake holds, and when each part is referenced (kept):
 - `<asset>/<fingerprint16>/` (`<asset>/<source>/<fingerprint16>/` for the per-source assets), an
   output: a materialization the instance still holds names it (its
-  `uri` or `dagster/uri` is the folder, inside it or above it). Every stored materialization counts,
+  `dagster/uri` (or `warm_s3_uri`, the S3 side of an FSx warm folder) is the folder, inside it or above it). Every stored materialization counts,
   not only the latest: the cache reuses an older output when its inputs come back (a reverted
   config), and lineage reads the outputs of older checkpoints. Wiping an asset's history frees them.
 - `_jobs/<asset>/<fingerprint16>/runs/<run id>/`, one run's job folder: that run recorded a stored
@@ -35,7 +35,7 @@ from training_code.lib.storage import delete_prefix, is_s3, join, list_objects, 
 from .job_request import RUNS_FOLDER
 from .resources.settings import JOBS_FOLDER
 
-URI_KEYS = ("uri", "dagster/uri")
+URI_KEYS = ("dagster/uri", "warm_s3_uri")
 PAGE = 1000  # materializations fetched per query
 # Runs that may still write: their folders are never collected.
 LIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,

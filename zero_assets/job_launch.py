@@ -117,7 +117,7 @@ def _run_job(context: AssetExecutionContext, jobs: JobRunner, request: JobReques
     return job_result(
         invocation,
         {
-            "uri": MetadataValue.path(request.outputs["out"]),
+            "dagster/uri": MetadataValue.path(request.outputs["out"]),
             "upstream": upstream_metadata(upstream),
             **miss_metadata(fingerprint_inputs, reason),
             **job_metadata,

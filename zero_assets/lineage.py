@@ -34,7 +34,7 @@ class Materialization:
 
     @property
     def uri(self) -> str:
-        return str(self.metadata.get("uri", ""))
+        return str(self.metadata.get("dagster/uri", ""))
 
     def upstream_uri(self, asset: str) -> str | None:
         entry = (self.metadata.get("upstream") or {}).get(asset)

@@ -59,7 +59,7 @@ def main() -> None:
         for name in selection:
             for event in result.asset_materializations_for_node(name):
                 meta = {k: v.value for k, v in event.metadata.items()}
-                assets[name] = {key: str(meta.get(key)) for key in ("cache", "cache_reason", "uri", "job_name")}
+                assets[name] = {key: str(meta.get(key)) for key in ("cache", "cache_reason", "dagster/uri", "job_name")}
         print("RESULT " + json.dumps({"success": result.success, "run_id": result.run_id, "assets": assets}), flush=True)
     sys.exit(0 if result.success else 1)
 

@@ -117,7 +117,7 @@ def assert_not_done_then_rerun_completes(lab) -> dict:
     assert rerun["success"], rerun["log"][-3000:]
     decision = rerun["assets"]["fault_output"]
     assert decision["cache"] == "miss", decision
-    out = Path(decision["uri"])
+    out = Path(decision["dagster/uri"])
     manifest = json.loads((out / "manifest.json").read_text())
     assert sorted(manifest["files"]) == ["part-0.bin", "part-1.bin", "table.json"]
     marker = json.loads((out / OUTPUT_MARKER).read_text())

@@ -71,9 +71,9 @@ def test_two_runs_with_the_same_inputs_launch_one_job_and_both_succeed(tmp_path,
     built, reused = one["assets"]["validated_images"], two["assets"]["validated_images"]
     assert built["cache"] == "miss" and reused["cache"] == "hit", (built, reused)
     assert f"run {one['run_id']} built the same inputs while this run waited" in reused["cache_reason"]
-    assert reused["uri"] == built["uri"]
+    assert reused["dagster/uri"] == built["dagster/uri"]
     assert run_folders(lab) == [one["run_id"]], "one job was launched, by the first run"
-    out = Path(built["uri"])
+    out = Path(built["dagster/uri"])
     marker = json.loads((out / OUTPUT_MARKER).read_text())
     assert output_is_complete(str(out), marker["fingerprint"])
     job_folder = next(lab.lake.glob(f"_jobs/validated_images/*/runs/{one['run_id']}/*"))
@@ -101,7 +101,7 @@ def test_a_lease_left_by_a_killed_run_is_taken_over(tmp_path, tiny_raw_root):
     assert again["assets"]["validated_images"]["cache"] == "miss"
     assert "took over the lease" in again["log"] and f"process {first.pid}" in again["log"]
     assert time.monotonic() - started < 90, "taken over at once (dead owner), not after the heartbeat timeout"
-    out = Path(again["assets"]["validated_images"]["uri"])
+    out = Path(again["assets"]["validated_images"]["dagster/uri"])
     assert output_is_complete(str(out), json.loads((out / OUTPUT_MARKER).read_text())["fingerprint"])
     assert owner["run_id"] in run_folders(lab), "the killed run's job folder was not deleted"
 

@@ -76,7 +76,7 @@ def built(tmp_path_factory, tiny_raw_root):
 
 def _referenced_uris(home: Path) -> list[str]:
     with DagsterInstance.from_config(str(home)) as instance:
-        return [str(r.asset_materialization.metadata["uri"].value)
+        return [str(r.asset_materialization.metadata["dagster/uri"].value)
                 for key in (AssetKey("raw_image_index"), AssetKey("validated_images"))
                 for r in instance.fetch_materializations(key, limit=100).records]
 
@@ -178,7 +178,7 @@ def test_gc_on_an_s3_lake_deletes_a_prefix_and_not_its_siblings(tmp_path, tiny_r
         lake = "s3://lake/zero"
         settings = ZeroSettings(raw_uri=str(tiny_raw_root), lake_uri=lake)
         assert materialize_source(SOURCE, assets=[raw_image_index], resources={"settings": settings, "jobs": LocalJobRunner(settings=settings)}, instance=instance).success
-        uri = instance.get_latest_materialization_event(AssetKey("raw_image_index")).asset_materialization.metadata["uri"].value
+        uri = instance.get_latest_materialization_event(AssetKey("raw_image_index")).asset_materialization.metadata["dagster/uri"].value
         kept_keys = _keys(s3, uri)
         # `<fingerprint>-map` shares the referenced output's key prefix: deleting one must not touch the other.
         orphan = f"{uri}-map"

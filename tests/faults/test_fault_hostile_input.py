@@ -265,7 +265,7 @@ def test_assets_on_two_hosts_give_the_same_verdicts(hostile, tmp_path):
     assert sum(m["annotation_entries_rejected"].value for m in indexed) == len(REJECTED) - 1  # bad_number is a bbox
     errors = {source for m in indexed for source in m["annotation_errors_json"].value}
     assert errors == {"list_coco", "deep_coco"}  # big_coco is under the index's 1 GiB
-    outs = [Path(result.asset_materializations_for_node("validated_images")[0].metadata["uri"].value) for result in results]
+    outs = [Path(result.asset_materializations_for_node("validated_images")[0].metadata["dagster/uri"].value) for result in results]
     assert_one_verdict_each(combined_output(outs, tmp_path / "out"), hostile["target_sha256"])
     for out in outs:  # the target's bytes are in no per-source output either
         for path in out.rglob("*"):

@@ -43,7 +43,7 @@ def test_kill_9_of_dagster_kills_the_job_and_its_children_then_a_rerun_completes
     assert rerun["success"], rerun["log"][-3000:]
     decision = rerun["assets"][asset]
     assert decision["cache"] == "miss"
-    out = Path(decision["uri"])
+    out = Path(decision["dagster/uri"])
     assert output_is_complete(str(out), json.loads((out / OUTPUT_MARKER).read_text())["fingerprint"])
     [job_folder] = lab.lake.glob(f"_jobs/{asset}/*/runs/{rerun['run_id']}/*")
     assert not list(job_folder.rglob("part-*.bin")), "no copy of the published output stays in the job folder"

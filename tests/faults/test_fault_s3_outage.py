@@ -250,7 +250,7 @@ def _resources(root: str, tmp_path: Path) -> dict:
 def _output(result) -> tuple[str, str]:
     event = next(e for e in result.get_asset_materialization_events() if e.asset_key == AssetKey("validated_images"))
     metadata = event.materialization.metadata
-    return str(metadata["uri"].value), str(metadata["fingerprint"].value)
+    return str(metadata["dagster/uri"].value), str(metadata["fingerprint"].value)
 
 
 def _third_published_file():

@@ -35,7 +35,7 @@ with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("raw_sources", [source])
     materialize([raw_image_index], instance=instance, resources={"settings": settings, "jobs": LocalJobRunner(settings=settings)}, partition_key=source, raise_on_error=True)
     event = instance.get_latest_materialization_event(AssetKey("raw_image_index")).asset_materialization
-print(json.dumps({"package": zero_assets.__file__, "uri": event.metadata["uri"].value,
+print(json.dumps({"package": zero_assets.__file__, "dagster/uri": event.metadata["dagster/uri"].value,
                   "cache": event.metadata["cache"].value, "data_version": event.tags["dagster/data_version"]}))
 """
 
@@ -64,16 +64,16 @@ def test_editing_the_index_code_changes_its_folder_and_data_version(package_copy
     home.mkdir()
     first = _materialize_index(package_copy, tiny_raw_root, lake, home)
     again = _materialize_index(package_copy, tiny_raw_root, lake, home)
-    assert (again["cache"], again["uri"], again["data_version"]) == ("hit", first["uri"], first["data_version"])
+    assert (again["cache"], again["dagster/uri"], again["data_version"]) == ("hit", first["dagster/uri"], first["data_version"])
 
     # A comment is enough: the code version is derived from the source files, not typed by hand.
     raw_index = package_copy / "training_code" / "lib" / "raw_index.py"  # what both the asset and the index job run
     raw_index.write_text(raw_index.read_text() + "\n# reviewed: no behaviour change\n")
     edited = _materialize_index(package_copy, tiny_raw_root, lake, home)
     assert edited["cache"] == "miss"
-    assert edited["uri"] != first["uri"], "an index built by other code must not share the old output folder"
+    assert edited["dagster/uri"] != first["dagster/uri"], "an index built by other code must not share the old output folder"
     assert edited["data_version"] != first["data_version"], "downstream must see the index as changed"
-    assert (Path(edited["uri"]) / "index.parquet").is_file() and (Path(first["uri"]) / "index.parquet").is_file()
+    assert (Path(edited["dagster/uri"]) / "index.parquet").is_file() and (Path(first["dagster/uri"]) / "index.parquet").is_file()
 
 
 @pytest.fixture

@@ -150,14 +150,28 @@ def write_failure_reason(error: BaseException) -> None:
         log.error("could not write failure reason to %s: %s", failure, write_error)
 
 
-def md_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Pipes metadata value for a small table, rendered as markdown in the Dagster UI."""
-    if not rows:
-        return {"raw_value": "(none)", "type": "md"}
-    columns = list(rows[0])
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(row.get(c, "")) for c in columns) + " |" for row in rows]
-    return {"raw_value": "\n".join(lines), "type": "md"}
+# Dagster table column types, by the Python type of the values in the column.
+_COLUMN_TYPES = ((bool, "bool"), (int, "int"), (float, "float"))
+
+
+def table(rows: list[dict[str, Any]], columns: dict[str, str] | None = None) -> dict[str, Any]:
+    """Pipes metadata value for a typed table (Dagster's TableMetadataValue), drawn as a table in the UI.
+
+    `columns` maps each column to a description; by default the columns of the first row. Column types
+    follow the values (int, float, bool, else string); None is kept as an empty cell.
+    """
+    names = list(columns or (rows[0] if rows else {}))
+
+    def column_type(name: str) -> str:
+        values = [row.get(name) for row in rows if row.get(name) is not None]
+        for python_type, dagster_type in _COLUMN_TYPES:
+            if values and all(isinstance(v, python_type) and (python_type is bool or not isinstance(v, bool)) for v in values):
+                return dagster_type
+        return "string"
+
+    schema = [{"name": name, "type": column_type(name), **({"description": columns[name]} if columns and columns[name] else {})}
+              for name in names]
+    return {"type": "table", "raw_value": {"schema": schema, "records": [{name: row.get(name) for name in names} for row in rows]}}
 
 
 __all__ = [
@@ -166,7 +180,7 @@ __all__ = [
     "checkpoint_dir",
     "is_rank_zero",
     "job_name",
-    "md_table",
+    "table",
     "model_dir",
     "opt_ml",
     "pipes_session",

@@ -29,7 +29,7 @@ def fsx_warm_state(context: AssetExecutionContext, jobs: JobRunner) -> Materiali
         context.log.info(f"cache hit, shards already warm: {decision.reason}")
         return decision.hit
     warmed = jobs.warm_shards(context, shards)
-    location = warmed.metadata["uri"]
+    location = warmed.metadata["dagster/uri"]
     uri = str(getattr(location, "value", location))  # a path metadata value locally, a plain string on AWS
     if output_is_checkable(uri):
         mark_output_complete(uri, inputs.fingerprint)

@@ -42,6 +42,6 @@ def map_report(context: AssetExecutionContext, config: EvalConfig, settings: Zer
         inputs={"model": checkpoint.uri, "shards": shards.uri},
     )
     # The job draws these beside metrics.json; the paths are where they were published.
-    out = str(result.metadata["uri"].value).rstrip("/")
+    out = str(result.metadata["dagster/uri"].value).rstrip("/")
     pictures = {f"{name}_png": MetadataValue.path(f"{out}/{name}.png") for name in ("pr_curve", "sample_predictions")}
     return MaterializeResult(metadata={**result.metadata, **pictures}, data_version=result.data_version)

@@ -108,7 +108,7 @@ def _index_in_process(context: AssetExecutionContext, settings: ZeroSettings, so
     mark_output_complete(out, inputs.fingerprint, data_version)
     _log_problems(context, manifest)
     return MaterializeResult(
-        metadata={"uri": MetadataValue.path(out), "indexed_by": "dagster process",
+        metadata={"dagster/uri": MetadataValue.path(out), "indexed_by": "dagster process",
                   **_metadata(settings, manifest, inputs), **miss_metadata(inputs, decision.reason)},
         data_version=DataVersion(data_version),
     )

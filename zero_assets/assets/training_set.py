@@ -103,7 +103,7 @@ def training_set(context: AssetExecutionContext, config: TrainingSetConfig, sett
     duplicates = sum(1 for row in excluded if row[2].startswith("duplicate"))
     return MaterializeResult(
         metadata={
-            "uri": MetadataValue.path(out),
+            "dagster/uri": MetadataValue.path(out),
             "sources": MetadataValue.json([s.partition for s in chosen]),
             "source_versions": MetadataValue.json({s.partition: s.data_version for s in chosen}),
             "images": rows - len(excluded),

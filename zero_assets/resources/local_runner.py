@@ -115,7 +115,7 @@ class LocalJobRunner(JobRunner):
         context.log.info(f"{result.copied} shards copied, {result.already_warm} already warm under {result.path}")
         return MaterializeResult(
             metadata={
-                "uri": MetadataValue.path(str(result.path)),
+                "dagster/uri": MetadataValue.path(str(result.path)),
                 "mount": MetadataValue.path(str(mount)),
                 "shards": result.shards,
                 "bytes": result.bytes,

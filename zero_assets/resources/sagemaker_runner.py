@@ -123,7 +123,7 @@ class SageMakerJobRunner(JobRunner):
             warm_uri, shard_uris = shards.uri, [shards.uri]
         if not self.aws.fsx_enabled():
             counts = [verify_on_s3(uri) for uri in shard_uris]
-            metadata = {"uri": MetadataValue.path(warm_uri), "shards": sum(c["shards"] for c in counts), "bytes": sum(c["bytes"] for c in counts),
+            metadata = {"dagster/uri": MetadataValue.path(warm_uri), "shards": sum(c["shards"] for c in counts), "bytes": sum(c["bytes"] for c in counts),
                         "file_system": "none: training reads S3 in FastFile mode",
                         "verified": "every shard of every manifest present on S3 with its size", **base}
             return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
@@ -137,7 +137,7 @@ class SageMakerJobRunner(JobRunner):
         invocation, extra = self.run(context, warm_job_request(shards, location, self.settings))
         reported = invocation.get_materialize_result()
         # gc keeps what a materialization names: the S3 side of the warm folder, not only its fsx:// name.
-        metadata = {**(reported.metadata or {}), **extra, **base, "uri": location.uri, "dagster/uri": MetadataValue.path(warm_uri),
+        metadata = {**(reported.metadata or {}), **extra, **base, "dagster/uri": MetadataValue.path(location.uri), "warm_s3_uri": MetadataValue.path(warm_uri),
                     "file_system_id": fs_id, "mount_path": location.directory_path, "association_id": association,
                     "import_task_ids": MetadataValue.json(import_tasks)}
         return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
