@@ -1,8 +1,8 @@
-"""Detection samples from verified Arrow shards: an endless, deterministically shuffled training stream and an ordered evaluation pass.
+"""Detection samples from verified Arrow shards: an endless, deterministically mixed training stream and an ordered evaluation pass.
 
-Samples are dealt to ranks and DataLoader workers by stride over one global order, so the order of
-the whole job depends on the seed and epoch only, never on how many processes read it. Augmentation
-happens here, at read time, never in the shards.
+Each rank reads its own shards each epoch, several open at once, so a batch mixes sources and groups
+(see read_order); the rank's DataLoader workers deal its stream by stride. Augmentation happens here,
+at read time, never in the shards.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import logging
 import multiprocessing
 import random
 import signal
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -22,7 +23,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
-from . import shard_format, training_set
+from . import read_order, shard_format, training_set
 
 log = logging.getLogger("zero.data")
 
@@ -39,6 +40,8 @@ class ShardRef:
     # In a training set: this source's category id -> the shared vocabulary's id, and the keys to skip.
     label_map: dict[int, int] | None = field(default=None, compare=False)
     excluded: frozenset[str] = field(default=frozenset(), compare=False)
+    # The source the shard's rows come from ("" in a plain shard set): the reader opens lanes per source.
+    source: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -80,40 +83,19 @@ def verified_split(folder: Path, split: str, rank: int = 0, world_size: int = 1,
         raise FileNotFoundError(f"{folder}/{training_set.MANIFEST}: no training-set manifest there; warm the training set again")
     if chosen is None:
         manifest = shard_format.read_manifest(folder)
-        located = [(Path(folder), entry, None, frozenset()) for entry in shard_format.shards_for_split(manifest, split)]
+        located = [(Path(folder), entry, None, frozenset(), "") for entry in shard_format.shards_for_split(manifest, split)]
     else:
         manifest, excluded = chosen, training_set.excluded_keys(folder)
         located = [
             (shards_root / source["folder"], entry, training_set.label_map(source["categories"], chosen["categories"]),
-             excluded.get(source["source"], frozenset()))
+             excluded.get(source["source"], frozenset()), source["source"])
             for source in chosen["sources"] for entry in shard_format.shards_for_split(source, split)
         ]
     if not located:
         raise FileNotFoundError(f"{folder}/{shard_format.MANIFEST} lists no shards for split {split!r}")
-    for index, (where, entry, _, _) in enumerate(located):
+    for index, (where, entry, _, _, _) in enumerate(located):
         shard_format.verify_shard(where, entry, check_sha256=index % world_size == rank)
-    return manifest, [ShardRef(where / e["file"], int(e["rows"]), labels, skip) for where, e, labels, skip in located]
-
-
-def epoch_order(shards: list[ShardRef], seed: int, epoch: int, shuffle_buffer: int) -> Iterator[tuple[int, int]]:
-    """(shard index, row) pairs for one epoch: shards in a seeded order, rows through a seeded shuffle buffer.
-
-    A buffer (not a full permutation) keeps reads mostly sequential within a memory-mapped shard.
-    """
-    rng = random.Random(seed + epoch)
-    shard_order = list(range(len(shards)))
-    rng.shuffle(shard_order)
-    pairs = ((s, row) for s in shard_order for row in range(shards[s].rows))
-    buffer: list[tuple[int, int]] = []
-    for pair in pairs:
-        if len(buffer) < max(1, shuffle_buffer):
-            buffer.append(pair)
-            continue
-        slot = rng.randrange(len(buffer))
-        yield buffer[slot]
-        buffer[slot] = pair
-    rng.shuffle(buffer)
-    yield from buffer
+    return manifest, [ShardRef(where / e["file"], int(e["rows"]), labels, skip, source) for where, e, labels, skip, source in located]
 
 
 class ShardRows:
@@ -188,11 +170,12 @@ def apply_photometric(images: list[torch.Tensor], targets: list[dict[str, Any]])
 
 
 class ShardDetectionStream(IterableDataset):
-    """Endless training stream over epochs seed+0, seed+1, ...; each global reader takes every n-th sample.
+    """Endless training stream of this rank over epochs 0, 1, ...; each DataLoader worker takes every n-th sample of it.
 
     Endless so every rank always has a next batch: `--max-steps` alone decides when training stops,
     and DDP ranks never disagree on the number of steps. `resume_batches` skips, without decoding,
-    what each reader already delivered before a checkpoint, so a resumed job sees the same batches.
+    what each worker already delivered before a checkpoint, so a resumed job sees the same batches.
+    Each worker keeps the shards of the rank's `open_shards` lanes open (memory-mapped) at once.
     """
 
     def __init__(
@@ -205,18 +188,29 @@ class ShardDetectionStream(IterableDataset):
         batch_size: int,
         augmentation: Augmentation | None,
         shuffle_buffer: int = 256,
+        open_shards: int = 32,
         max_bad_samples: int = 0,
         resume_batches: int = 0,
     ) -> None:
         super().__init__()
         self.shards, self.rank, self.world_size, self.seed = shards, rank, world_size, seed
         self.batch_size, self.augmentation, self.shuffle_buffer = batch_size, augmentation, shuffle_buffer
-        self.max_bad_samples, self.resume_batches = max_bad_samples, resume_batches
+        self.open_shards, self.max_bad_samples, self.resume_batches = open_shards, max_bad_samples, resume_batches
         # Shared with this rank's DataLoader workers (inherited when they start), so the bound holds per
         # rank whatever the worker count, and the trainer can report how many samples were skipped.
         self.bad_samples = multiprocessing.Value("i", 0)
-        if sum(s.rows for s in shards) == 0:
-            raise ValueError("the training shards hold no rows; nothing to train on")
+        if sum(s.rows for s in shards) < world_size:
+            raise ValueError(f"the training shards hold {sum(s.rows for s in shards)} rows, fewer than the {world_size} ranks; "
+                             "every rank needs rows of its own")
+
+    def rank_order(self) -> Iterator[tuple[int, int, int, int]]:
+        """(epoch, position in the epoch, shard index, row) of this rank's stream, endlessly; reads no shard."""
+        rows, sources = [s.rows for s in self.shards], [s.source for s in self.shards]
+        for epoch in itertools.count():
+            pairs = read_order.rank_epoch(rows, sources, seed=self.seed, epoch=epoch, rank=self.rank, world_size=self.world_size,
+                                          open_shards=self.open_shards, shuffle_buffer=self.shuffle_buffer)
+            for position, (shard, row) in enumerate(pairs):
+                yield epoch, position, shard, row
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
         info = get_worker_info()
@@ -224,39 +218,43 @@ class ShardDetectionStream(IterableDataset):
         # DataLoader takes batches from workers round-robin starting at worker 0, so after `resume_batches`
         # the next batch is due from worker `resume_batches % workers`: rotate roles to continue that order.
         worker = ((info.id if info else 0) + self.resume_batches) % workers
-        reader, readers = self.rank * workers + worker, self.world_size * workers
         done_batches = self.resume_batches // workers + (1 if worker < self.resume_batches % workers else 0)
         to_skip = done_batches * self.batch_size
-        tables: dict[int, ShardRows] = {}  # opened lazily in the reading process: mapped, not pickled
-        for epoch in itertools.count():
-            for position, (shard, row) in enumerate(epoch_order(self.shards, self.seed, epoch, self.shuffle_buffer)):
-                if position % readers != reader:
-                    continue
-                if to_skip:  # counts stream positions: exact unless a skipped sample was a bad one
-                    to_skip -= 1
-                    continue
-                if shard not in tables:
-                    tables[shard] = ShardRows(self.shards[shard].path)
-                if self.shards[shard].excluded and tables[shard].labels["key"][row] in self.shards[shard].excluded:
-                    continue  # left out of the training set (a duplicate of another source's image, or over the cap)
-                try:
-                    picture, target, _key = decode_sample(tables[shard], row, min_box_side=1.0, label_map=self.shards[shard].label_map)
-                except BadSampleError as error:
-                    with self.bad_samples.get_lock():
-                        self.bad_samples.value += 1
-                        bad_samples = self.bad_samples.value
-                    log.warning("skipping %s row %d: %s (%d bad so far)", self.shards[shard].path.name, row, error, bad_samples)
-                    if bad_samples > self.max_bad_samples:
-                        raise TooManyBadSamplesError(
-                            f"{bad_samples} undecodable samples on rank {self.rank}, more than --max-bad-samples "
-                            f"{self.max_bad_samples}; last: {self.shards[shard].path} row {row}: {error}. "
-                            "Re-run validation on the raw data or raise the bound."
-                        ) from error
-                    continue
-                if self.augmentation is not None:
-                    sample_seed = ((self.seed * 1_000_003 + epoch) * 1_000_003 + position) % 2**63
-                    picture, target = augment(picture, target, self.augmentation, random.Random(sample_seed))
-                yield F.pil_to_tensor(picture), target
+        # Opened lazily in the reading process (mapped, not pickled); the least recently read is closed
+        # past twice the lanes, which leaves room for rows of a finished shard still in the shuffle buffer.
+        tables: OrderedDict[int, ShardRows] = OrderedDict()
+        for epoch, position, shard, row in self.rank_order():
+            if position % workers != worker:
+                continue
+            if to_skip:  # counts stream positions: exact unless a skipped sample was a bad one
+                to_skip -= 1
+                continue
+            if shard in tables:
+                tables.move_to_end(shard)
+            else:
+                tables[shard] = ShardRows(self.shards[shard].path)
+                if len(tables) > 2 * self.open_shards:
+                    tables.popitem(last=False)
+            if self.shards[shard].excluded and tables[shard].labels["key"][row] in self.shards[shard].excluded:
+                continue  # left out of the training set (a duplicate of another source's image, or over the cap)
+            try:
+                picture, target, _key = decode_sample(tables[shard], row, min_box_side=1.0, label_map=self.shards[shard].label_map)
+            except BadSampleError as error:
+                with self.bad_samples.get_lock():
+                    self.bad_samples.value += 1
+                    bad_samples = self.bad_samples.value
+                log.warning("skipping %s row %d: %s (%d bad so far)", self.shards[shard].path.name, row, error, bad_samples)
+                if bad_samples > self.max_bad_samples:
+                    raise TooManyBadSamplesError(
+                        f"{bad_samples} undecodable samples on rank {self.rank}, more than --max-bad-samples "
+                        f"{self.max_bad_samples}; last: {self.shards[shard].path} row {row}: {error}. "
+                        "Re-run validation on the raw data or raise the bound."
+                    ) from error
+                continue
+            if self.augmentation is not None:  # seeded by the sample, so any rank or worker augments it alike
+                sample_seed = (((self.seed * 1_000_003 + epoch) * 1_000_003 + shard) * 1_000_003 + row) % 2**63
+                picture, target = augment(picture, target, self.augmentation, random.Random(sample_seed))
+            yield F.pil_to_tensor(picture), target
 
 
 def collate_detection(batch: list[tuple[torch.Tensor, dict[str, Any]]]) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:

@@ -1,0 +1,154 @@
+"""The order one training rank reads its samples in: its own shards each epoch, several open at once, mixed.
+
+Each epoch the shards (cut into row ranges when there are fewer shards than ranks) are dealt to the
+ranks by a seeded shuffle, balanced by rows: every rank reads different shards, and together they read
+every row once. A rank reads its pieces in up to `open_shards` lanes at once. Each source gets lanes of
+its own (in proportion to its rows) while there are lanes enough; past that, sources share lanes. Every
+lane spreads its rows evenly over the epoch, so each source is read at a steady rate in proportion to its
+size and a batch mixes sources about as a random permutation does, while each shard is still read front
+to back (the packer already interleaved its groups, see shard_plan.pack_order). The merged stream then
+passes a seeded shuffle buffer.
+
+The order depends on the seed, the epoch, the rank and the number of ranks only; DataLoader workers deal
+a rank's stream by stride, so it continues exactly after a resume whatever the worker count.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+_PRIME = 1_000_003
+
+
+@dataclass(frozen=True)
+class Piece:
+    shard: int  # index into the job's shard list
+    start: int  # rows [start, stop) of that shard
+    stop: int
+    source: str
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def cut_pieces(rows: Sequence[int], sources: Sequence[str], world_size: int) -> list[Piece]:
+    """Whole shards, or each shard cut into equal row ranges when there are fewer pieces than ranks."""
+    if sum(rows) < world_size:
+        raise ValueError(f"{sum(rows)} rows cannot give each of {world_size} ranks rows of its own")
+    cuts = 1
+    while sum(min(count, cuts) for count in rows) < world_size:  # small shards give fewer pieces than cuts
+        cuts += 1
+    pieces = []
+    for shard, (count, source) in enumerate(zip(rows, sources)):
+        bounds = [count * k // cuts for k in range(cuts + 1)]
+        pieces += [Piece(shard, start, stop, source) for start, stop in itertools.pairwise(bounds) if stop > start]
+    return pieces
+
+
+def deal_to_ranks(pieces: list[Piece], world_size: int, rng: random.Random) -> list[list[Piece]]:
+    """Pieces in a seeded order, each to the rank with the fewest rows so far (ties: the lowest rank)."""
+    order = list(pieces)
+    rng.shuffle(order)
+    dealt: list[list[Piece]] = [[] for _ in range(world_size)]
+    loads = [(0, rank) for rank in range(world_size)]
+    for piece in order:
+        load, rank = heapq.heappop(loads)
+        dealt[rank].append(piece)
+        heapq.heappush(loads, (load + piece.rows, rank))
+    return dealt
+
+
+def _balanced(pieces: list[Piece], count: int) -> list[list[Piece]]:
+    """`pieces` (already in a seeded order) split into `count` lanes of about equal rows."""
+    lanes: list[list[Piece]] = [[] for _ in range(count)]
+    loads = [(0, lane) for lane in range(count)]
+    for piece in pieces:
+        load, lane = heapq.heappop(loads)
+        lanes[lane].append(piece)
+        heapq.heappush(loads, (load + piece.rows, lane))
+    return [lane for lane in lanes if lane]
+
+
+def _interleaved(groups: list[list[Piece]], rng: random.Random) -> list[Piece]:
+    """Several sources' pieces in one lane, each source's spread evenly along it (seeded phase per source)."""
+    placed = []
+    for group in groups:
+        phase = rng.random()
+        placed += [((index + phase) / len(group), piece.shard, piece.start, piece) for index, piece in enumerate(group)]
+    return [entry[-1] for entry in sorted(placed, key=lambda entry: entry[:3])]
+
+
+def plan_lanes(pieces: list[Piece], open_shards: int, rng: random.Random) -> list[list[Piece]]:
+    """At most `open_shards` lanes, each a sequence of pieces read one after the other."""
+    by_source: dict[str, list[Piece]] = {}
+    for piece in sorted(pieces, key=lambda p: (p.source, p.shard, p.start)):
+        by_source.setdefault(piece.source, []).append(piece)
+    for group in by_source.values():
+        rng.shuffle(group)
+    rows = {source: sum(p.rows for p in group) for source, group in by_source.items()}
+    sources = sorted(by_source, key=lambda s: (-rows[s], s))
+    if len(sources) > open_shards:  # more sources than lanes: sources share lanes, balanced by rows
+        bins: list[list[str]] = [[] for _ in range(open_shards)]
+        loads = [(0, index) for index in range(open_shards)]
+        for source in sources:
+            load, index = heapq.heappop(loads)
+            bins[index].append(source)
+            heapq.heappush(loads, (load + rows[source], index))
+        return [_interleaved([by_source[s] for s in sorted(names)], rng) for names in bins if names]
+    # One lane per source, then the spare lanes to the sources with the most rows per lane (never more
+    # lanes than pieces): a big source is read from several places at once.
+    lanes = dict.fromkeys(sources, 1)
+    spare = open_shards - len(sources)
+    wanting = [(-rows[s], s) for s in sources if len(by_source[s]) > 1]
+    heapq.heapify(wanting)
+    while spare > 0 and wanting:
+        _, source = heapq.heappop(wanting)
+        lanes[source] += 1
+        spare -= 1
+        if lanes[source] < len(by_source[source]):
+            heapq.heappush(wanting, (-rows[source] / lanes[source], source))
+    return [lane for source in sources for lane in _balanced(by_source[source], lanes[source])]
+
+
+def _lane_rows(lane: list[Piece], phase: float) -> Iterator[tuple[float, int, int]]:
+    """(time in [0, 1), shard, row) for every row of the lane: its rows evenly spaced over the epoch."""
+    total = sum(piece.rows for piece in lane)
+    count = 0
+    for piece in lane:
+        for row in range(piece.start, piece.stop):
+            yield (count + phase) / total, piece.shard, row
+            count += 1
+
+
+def shuffled(pairs: Iterable[tuple[int, int]], buffer_size: int, rng: random.Random) -> Iterator[tuple[int, int]]:
+    """The pairs through a seeded shuffle buffer of `buffer_size` entries."""
+    buffer: list[tuple[int, int]] = []
+    for pair in pairs:
+        if len(buffer) < max(1, buffer_size):
+            buffer.append(pair)
+            continue
+        slot = rng.randrange(len(buffer))
+        yield buffer[slot]
+        buffer[slot] = pair
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def rank_epoch(rows: Sequence[int], sources: Sequence[str], *, seed: int, epoch: int, rank: int, world_size: int,
+               open_shards: int, shuffle_buffer: int) -> Iterator[tuple[int, int]]:
+    """(shard index, row) pairs rank `rank` reads in `epoch`."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not within world size {world_size}")
+    if open_shards < 1:
+        raise ValueError(f"open_shards must be at least 1, got {open_shards}")
+    # The same generator on every rank: they agree on the deal without talking.
+    dealt = deal_to_ranks(cut_pieces(rows, sources, world_size), world_size, random.Random(seed * _PRIME + epoch))
+    rng = random.Random((seed * _PRIME + epoch) * _PRIME + rank)
+    lanes = plan_lanes(dealt[rank], open_shards, rng)
+    merged = heapq.merge(*(_lane_rows(lane, rng.random()) for lane in lanes))
+    yield from shuffled(((shard, row) for _, shard, row in merged), shuffle_buffer, rng)
