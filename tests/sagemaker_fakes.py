@@ -35,7 +35,7 @@ import textwrap
 import threading
 import time
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -64,6 +64,10 @@ class FakeSageMaker:
         self.jobs: dict[str, dict] = {}
         self.seen_at_create: dict[str, dict[str, str]] = {}  # new job -> {other job: its status then}
         self.throttle_every, self.throttled = 0, 0
+        # Set: every job that ended reports it ran this many seconds per instance, so costs compare exactly;
+        # a managed spot training job bills `spot_billed_share` of them (BillableTimeInSeconds), as spot discounts show.
+        self.run_seconds: int | None = None
+        self.spot_billed_share = 0.3
         self._lock = threading.Lock()
 
     # --- the boto3 surface -------------------------------------------------------------------
@@ -129,13 +133,18 @@ class FakeSageMaker:
             message = "Requested resource not found." if kind == "training" else f"Could not find requested job with name {name}"
             raise ClientError({"Error": {"Code": "ValidationException", "Message": message}}, f"Describe{kind}")
         params = job["params"]
+        started = job["started"] or job["created"]
+        ended = started + timedelta(seconds=self.run_seconds) if self.run_seconds is not None and job["ended"] else job["ended"]
         if kind == "training":
-            billable = int(((job["ended"] or datetime.now(timezone.utc)) - job["created"]).total_seconds()) * params["ResourceConfig"]["InstanceCount"]
+            # Per instance, as SageMaker reports them: TrainingTimeInSeconds ran, BillableTimeInSeconds billed (less under spot).
+            ran = int(((ended or datetime.now(timezone.utc)) - started).total_seconds())
+            spot = params.get("EnableManagedSpotTraining", False)
             return {"TrainingJobName": name, "TrainingJobStatus": job["status"], "SecondaryStatus": job["secondary"],
-                    "FailureReason": job["failure"], "ResourceConfig": params["ResourceConfig"], "BillableTimeInSeconds": billable,
+                    "FailureReason": job["failure"], "ResourceConfig": params["ResourceConfig"], "EnableManagedSpotTraining": spot,
+                    "TrainingTimeInSeconds": ran, "BillableTimeInSeconds": int(ran * self.spot_billed_share) if spot else ran,
                     "SecondaryStatusTransitions": [{"Status": s} for s in job["transitions"]], "CreationTime": job["created"]}
         return {"ProcessingJobName": name, "ProcessingJobStatus": job["status"], "FailureReason": job["failure"], "ExitMessage": job["exit_message"],
-                "ProcessingResources": params["ProcessingResources"], "ProcessingStartTime": job["started"], "ProcessingEndTime": job["ended"]}
+                "ProcessingResources": params["ProcessingResources"], "ProcessingStartTime": job["started"], "ProcessingEndTime": ended}
 
     def _stop(self, kind: str, name: str):
         self.calls.append((f"Stop{kind}", name))

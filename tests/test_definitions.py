@@ -51,7 +51,8 @@ def test_unknown_backend_is_rejected_with_the_variable_name(monkeypatch):
 
 def test_jobs_sensor_schedule_and_checks_are_wired():
     assert {"zero_whole_graph", "zero_per_source", "zero_training_tail"} <= {j.name for j in defs.jobs}
-    assert {s.name for s in defs.sensors} == {"new_raw_data_sensor", "map_report_freshness_sensor"}
+    assert {s.name for s in defs.sensors} == {"new_raw_data_sensor", "map_report_freshness_sensor",
+                                              "run_cost_on_success", "run_cost_on_failure", "run_cost_on_canceled"}
     assert {s.name for s in defs.schedules} == {"weekly_full_refresh"}
     checks = {k.name for k in defs.resolve_asset_graph().asset_check_keys}
     assert checks == {"quarantine_rate_under_limit", "shard_manifest_integrity", "map_not_regressed", "freshness_check"}

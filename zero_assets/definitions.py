@@ -6,13 +6,14 @@ from .assets import ALL_ASSETS, SOURCE_SPECS
 from .checks import ALL_CHECKS, freshness_sensor, limits_from_env
 from .jobs import ALL_JOBS, weekly_full_refresh
 from .resources.backend import resources_from_env
+from .run_cost import run_cost_sensors
 from .sensors import new_raw_data_sensor
 
 defs = Definitions(
     assets=[*SOURCE_SPECS, *ALL_ASSETS],
     asset_checks=ALL_CHECKS,
     jobs=ALL_JOBS,
-    sensors=[new_raw_data_sensor, freshness_sensor],
+    sensors=[new_raw_data_sensor, freshness_sensor, *run_cost_sensors],
     schedules=[weekly_full_refresh],
     resources={**resources_from_env(), "limits": limits_from_env()},
 )

@@ -36,6 +36,7 @@ from training_code.lib.storage import MANIFEST_NAMES, download_prefix, is_s3, li
 
 from ..fingerprints import UpstreamOutput
 from ..job_request import RUNS_FOLDER, JobRequest, materialization_folder
+from ..sagemaker.job_cost import local_cost
 from ..warm_state import warm_training_set
 from .job_runner import JobRunner
 from .local_process import end_process_group, job_environment, run_with_pipes, start_job_process
@@ -95,6 +96,7 @@ class LocalJobRunner(JobRunner):
             "instance_type": f"local ({os.cpu_count()} cpu)",
             "instance_count": request.instance_count,
             "job_wall_s": round(wall, 2),
+            **local_cost(wall, len(hosts)),  # instance-seconds as SageMaker's are counted; no price
             "job_logs": MetadataValue.path(str(layouts[first] / "output" / "job.log")),
         }
 

@@ -28,6 +28,7 @@ from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import s3_client as storage_s3_client
 
 from .job_logs import JobLogTail
+from .job_cost import job_cost, price_table
 from .names import attempt_of
 from .pipes_io import JobKeyedS3ContextInjector, message_reader_for
 from .requests import check_environment
@@ -101,6 +102,7 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         self.poll_interval = poll_interval
         self.message_poll_interval = message_poll_interval
         self.log_tail_lines = log_tail_lines
+        self._prices = price_table()  # read before any job launches: a bad ZERO_SM_PRICE_TABLE fails here, not after the job
 
     @classmethod
     def _is_dagster_maintained(cls) -> bool:
@@ -311,15 +313,7 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         name = job[API[kind].name_key]
         region = self._client.meta.region_name
         section = "jobs" if kind == "training" else "processing-jobs"
-        if kind == "training":
-            resources = job.get("ResourceConfig", {})
-            billable = job.get("BillableTimeInSeconds")
-            transitions = [t["Status"] for t in job.get("SecondaryStatusTransitions", [])]
-        else:
-            resources = job.get("ProcessingResources", {}).get("ClusterConfig", {})
-            start, end = job.get("ProcessingStartTime"), job.get("ProcessingEndTime")
-            billable = int((end - start).total_seconds() * resources.get("InstanceCount", 1)) if start and end else None
-            transitions = []
+        transitions = [t["Status"] for t in job.get("SecondaryStatusTransitions", [])] if kind == "training" else []
         return {
             "job_name": name,
             "job_status": job[API[kind].status_key],
@@ -328,9 +322,7 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
                 f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#logsV2:log-groups/log-group/"
                 f"{API[kind].log_group.replace('/', '$252F')}$3FlogStreamNameFilter$3D{name}"
             ),
-            "instance_type": resources.get("InstanceType", "?"),
-            "instance_count": resources.get("InstanceCount", 1),
-            "billable_seconds": billable if billable is not None else MetadataValue.null(),
+            **job_cost(kind, job, region, self._prices),  # instances, instance-seconds, spot savings, estimated USD
             "status_history": MetadataValue.json(transitions or history),
         }
 
