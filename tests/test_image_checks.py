@@ -64,6 +64,19 @@ def jpeg_12_bit() -> bytes:
     return bytes(data)
 
 
+def jpeg_damaged_mid_stream() -> bytes:
+    """Three bytes of the entropy-coded data inverted: libjpeg warns "Corrupt JPEG data", Pillow
+    decodes garbage blocks without a word (tests/test_corrupt_jpeg.py does this to whole photos)."""
+    data = bytearray(encode(scene(), "JPEG"))
+    sos = data.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(data[sos + 2 : sos + 4], "big")
+    for fraction in (0.25, 0.5, 0.75):
+        data[start + int((len(data) - 2 - start) * fraction)] ^= 0xFF
+    with Image.open(io.BytesIO(bytes(data))) as image:
+        image.load()  # the case is only worth having while Pillow takes it for a good image
+    return bytes(data)
+
+
 def tiff_with_compression(code: int) -> bytes:
     data = bytearray(encode(scene(), "TIFF", compression="raw"))
     entry = data.index(b"\x03\x01\x03\x00\x01\x00\x00\x00")  # little-endian tag 259 (Compression), SHORT, count 1
@@ -124,6 +137,7 @@ BAD_CASES = {
     "truncated.jpg": (lambda: encode(scene(), "JPEG")[:-400], "truncated", "decode"),
     "truncated.png": (lambda: encode(scene(), "PNG")[:-300], "truncated", "decode"),
     "truncated.gif": (lambda: single_frame_gif()[:-200], "truncated", "decode"),
+    "damaged_mid_stream.jpg": (jpeg_damaged_mid_stream, "corrupt_data", "decode"),
     "bad_crc.png": (lambda: png_with_flipped_crc(encode(scene(), "PNG")), "checksum", "decode"),
     "bomb_error.png": (lambda: png_declaring(20_000, 20_000), "bomb", "decode"),  # > 2x MAX_IMAGE_PIXELS
     "bomb_warning.png": (lambda: png_declaring(12_000, 12_000), "bomb", "decode"),  # between 1x and 2x

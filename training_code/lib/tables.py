@@ -16,6 +16,7 @@ from .storage import write_bytes_atomic
 REASONS = (
     "empty", "unidentified", "truncated", "checksum", "bomb", "timeout", "crash",
     "unsupported", "format_not_allowed", "too_small", "exif", "decode_error",
+    "corrupt_data",  # a JPEG whose compressed data libjpeg-turbo reports corrupt (Pillow decodes it silently)
     "unreadable",  # listed in the index but could not be read (vanished, permissions): stage "read"
     # Decided before a byte is read (see training_code/lib/raw_files.py): stage "read".
     "unsafe_key", "outside_root", "too_large",

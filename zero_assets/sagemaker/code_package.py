@@ -20,7 +20,7 @@ from ..resources.settings import REPO_ROOT
 
 PACKAGE_DIRS = ("training_code",)
 # What the scripts import beyond the container's Python and torch; pinned like requirements.lock.
-JOB_REQUIREMENTS = ("dagster-pipes", "pyarrow", "pandas", "pandera", "pillow", "faster-coco-eval", "boto3", "datasets")
+JOB_REQUIREMENTS = ("dagster-pipes", "pyarrow", "pandas", "pandera", "pillow", "simplejpeg", "faster-coco-eval", "boto3", "datasets")
 TARBALL = "sourcedir.tar.gz"
 MARKER = "PACKAGE_COMPLETE"
 
