@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator
 from training_code.lib import job_env
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.shard_format import FORMAT, MANIFEST, read_manifest
-from training_code.lib.shard_plan import ShardPlan, plan_shards
+from training_code.lib.shard_plan import PACK_ORDER, ShardPlan, plan_shards
 from training_code.lib.shard_rows import ENCODINGS, Encoding, load_image_bytes, shard_labels
 from training_code.lib.shard_writer import ShardWriter
 from training_code.lib.raw_files import Refused, locate
@@ -65,7 +65,8 @@ def build_shards(
     expected = {key: (row.split, shard_labels(row, category_id, encoding)) for key, row in rows.items()}
     config = {"target_shard_bytes": target_shard_bytes, **encoding.config()}
     (out / MANIFEST).unlink(missing_ok=True)
-    plan = plan_shards(expected, config, previous, read_manifest(previous) if previous else None)
+    groups = {key: (row.source, row.group) for key, row in rows.items()}  # packed interleaved, see shard_plan.pack_order
+    plan = plan_shards(expected, config, previous, read_manifest(previous) if previous else None, groups)
     for reason in plan.dropped:
         log.info("earlier shard not carried over: %s", reason)
     entries = [_carry_over(previous, out, entry) for entry in plan.kept]
@@ -84,6 +85,7 @@ def build_shards(
         "shards": entries,
         "rows": {split: sum(e["rows"] for e in entries if e["split"] == split) for split in SPLITS},
         "config": config,
+        "pack_order": PACK_ORDER,
         "validated_manifest_sha256": sha256_bytes((validated / MANIFEST).read_bytes()),
     }
     write_bytes_atomic(out / MANIFEST, json.dumps(manifest, indent=1).encode())

@@ -8,10 +8,14 @@ Rules (the incremental contract of arrow_shards):
   categories, drops the whole shard; its rows that are still valid are packed again with the new ones.
 - Rows not in a kept shard are packed into new shards, numbered after the highest earlier index of
   their split, so a shard name never names two different contents in one lineage.
+- Rows are packed in `pack_order`: a seeded order that spreads every (source, group) evenly over the
+  rows packed, so each shard holds a sample of all of them, never a run of one lot. It is a function of
+  the keys packed alone, so an incremental run orders its new rows the same way whatever was kept.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from dataclasses import dataclass, field
@@ -26,6 +30,8 @@ log = logging.getLogger("zero.shard")
 
 LABEL_SCHEMA = pa.schema([f for f in SHARD_SCHEMA if f.name != "image"])
 _INDEX = re.compile(r"^(?P<split>[a-z]+)-(?P<index>\d+)\.arrow$")
+# Recorded in the manifest: an earlier set packed in another order is packed again, not carried over.
+PACK_ORDER = {"order": "groups interleaved", "seed": 0}
 
 
 @dataclass
@@ -37,9 +43,10 @@ class ShardPlan:
 
 
 def plan_shards(
-    expected: dict[str, tuple[str, dict[str, Any]]], config: dict[str, Any], previous: Path | None, previous_manifest: dict[str, Any] | None
+    expected: dict[str, tuple[str, dict[str, Any]]], config: dict[str, Any], previous: Path | None, previous_manifest: dict[str, Any] | None,
+    groups: dict[str, tuple[str, str]],
 ) -> ShardPlan:
-    """`expected` maps key -> (split, shard_labels row) for the current validated set."""
+    """`expected` maps key -> (split, shard_labels row) for the current validated set; `groups` key -> (source, group)."""
     plan = ShardPlan()
     claimed: set[str] = set()
     reusable = previous_manifest is not None and _same_config(previous_manifest, config)
@@ -51,7 +58,7 @@ def plan_shards(
         plan.kept.append(entry)
     splits = sorted({split for split, _ in expected.values()})
     for split in splits:
-        plan.to_pack[split] = sorted(k for k, (s, _) in expected.items() if s == split and k not in claimed)
+        plan.to_pack[split] = pack_order([k for k, (s, _) in expected.items() if s == split and k not in claimed], groups)
     for entry in previous_manifest["shards"] if reusable else []:
         match = _INDEX.match(entry["file"])
         if match:
@@ -60,9 +67,33 @@ def plan_shards(
     return plan
 
 
+def pack_order(keys: list[str], groups: dict[str, tuple[str, str]], seed: int = PACK_ORDER["seed"]) -> list[str]:
+    """`keys` with every (source, group) spread evenly: the i-th of a group's m keys (in a seeded order)
+    goes at (i + phase) / m, its group's phase seeded too, so any run of rows holds each group in
+    proportion to its size."""
+    members: dict[tuple[str, str], list[str]] = {}
+    for key in keys:
+        members.setdefault(groups[key], []).append(key)
+    placed = []
+    for (source, group), group_keys in members.items():
+        phase = _unit(seed, "group", source, group)
+        group_keys.sort(key=lambda key: _unit(seed, "key", key))
+        placed += [((index + phase) / len(group_keys), _unit(seed, "key", key), key) for index, key in enumerate(group_keys)]
+    return [key for *_, key in sorted(placed)]
+
+
+def _unit(seed: int, *parts: str) -> float:
+    """A number in [0, 1) drawn from the seed and `parts` alone: the same on every machine and run."""
+    digest = hashlib.sha256("\0".join([str(seed), *parts]).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
 def _same_config(manifest: dict[str, Any], config: dict[str, Any]) -> bool:
     if manifest.get("format") != FORMAT or manifest.get("config") != config:
         log.info("earlier shard set has config %s, now %s: every row is packed again", manifest.get("config"), config)
+        return False
+    if manifest.get("pack_order") != PACK_ORDER:
+        log.info("earlier shard set was packed in order %s, now %s: every row is packed again", manifest.get("pack_order"), PACK_ORDER)
         return False
     return True
 

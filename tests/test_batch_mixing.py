@@ -1,0 +1,161 @@
+"""Batches mix: the packer interleaves sources and groups in every shard, and the reader gives each rank
+its own shards, several open at once, and resumes after a stop with exactly the rows not yet seen."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from pathlib import Path
+
+import datasets
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from training_code.lib.detection_data import ShardDetectionStream, ShardRef, build_train_loader, verified_split
+from training_code.lib.hashing import sha256_bytes
+from training_code.lib.storage import write_bytes_atomic
+from training_code.lib.tables import ACCEPTED, write_table
+from training_code.shard import build_shards
+
+SOURCES, GROUPS, PER_GROUP = ("alpha", "beta", "gamma"), 4, 8
+SHARD_BYTES = 1_500  # about 15 of these tiny PNG rows per shard
+
+
+def add_images(raw: Path, rows: list[dict], source: str, group: str, count: int) -> None:
+    """`count` tiny PNGs of one lot; each one's colour is its row number, so a decoded sample names its image."""
+    for _ in range(count):
+        number = len(rows)
+        key = f"{source}/{group}/img_{number:04d}.png"
+        buffer = io.BytesIO()
+        Image.new("RGB", (8, 8), (number % 256, number // 256, 7)).save(buffer, "PNG")
+        (raw / key).parent.mkdir(parents=True, exist_ok=True)
+        (raw / key).write_bytes(buffer.getvalue())
+        rows.append({"source": source, "key": key, "sha256": sha256_bytes(buffer.getvalue()), "size": len(buffer.getvalue()),
+                     "format": "PNG", "mode": "RGB", "width": 8, "height": 8, "orientation": 1, "group": f"{source}/{group}",
+                     "split": "train", "boxes": [[1.0, 1.0, 6.0, 6.0]], "category_names": ["washer"]})
+
+
+def write_validated(validated: Path, rows: list[dict]) -> Path:
+    write_table(pd.DataFrame(rows), ACCEPTED, validated / "accepted.parquet")
+    (validated / "categories.json").write_text(json.dumps([{"id": 1, "name": "washer"}]))
+    write_bytes_atomic(validated / "manifest.json", json.dumps({"format": "zero-validated/1", "rows": len(rows)}).encode())
+    return validated
+
+
+def lots(raw: Path) -> list[dict]:
+    rows: list[dict] = []
+    for source in SOURCES:
+        for group in range(GROUPS):
+            add_images(raw, rows, source, f"lot_{group}", PER_GROUP)
+    return rows
+
+
+def shard_column(folder: Path, entry: dict, column: str) -> list:
+    """A column of one shard as `datasets` reads it; `group` is the key's lot folder (the shard stores no group)."""
+    keys_or_column = datasets.Dataset.from_file(str(folder / entry["file"]))["key" if column == "group" else column]
+    return ["/".join(key.split("/")[:2]) for key in keys_or_column] if column == "group" else keys_or_column
+
+
+def test_every_packed_shard_holds_many_sources_and_groups(tmp_path):
+    raw = tmp_path / "raw"
+    validated = write_validated(tmp_path / "validated", lots(raw))
+    manifest, _ = build_shards(validated, raw, tmp_path / "shards", SHARD_BYTES)
+    assert len(manifest["shards"]) >= 5
+    for entry in manifest["shards"][:-1]:  # the last shard holds what is left over, maybe a few rows
+        sources = Counter(shard_column(tmp_path / "shards", entry, "source"))
+        groups = set(shard_column(tmp_path / "shards", entry, "group"))
+        assert set(sources) == set(SOURCES), f"{entry['file']} holds sources {dict(sources)}"
+        assert len(groups) >= 6, f"{entry['file']} holds only the lots {sorted(groups)}"
+
+
+def test_an_incremental_run_keeps_old_shards_and_packs_new_images_interleaved_into_new_ones(tmp_path):
+    raw = tmp_path / "raw"
+    rows = lots(raw)
+    first, _ = build_shards(write_validated(tmp_path / "v1", rows), raw, tmp_path / "first", SHARD_BYTES)
+    again, _ = build_shards(write_validated(tmp_path / "v1", rows), raw, tmp_path / "again", SHARD_BYTES)
+    assert again["shards"] == first["shards"], "the same rows pack to the same bytes: the order is seeded, not drawn"
+
+    old_keys = {row["key"] for row in rows}
+    add_images(raw, rows, "beta", "lot_9", 20)  # a new lot
+    add_images(raw, rows, "gamma", "lot_8", 20)  # and another source's
+    second, work = build_shards(write_validated(tmp_path / "v2", rows), raw, tmp_path / "second", SHARD_BYTES, previous=tmp_path / "first")
+    assert work["shards_reused"] == len(first["shards"]) and work["rows_packed"] == 40
+    assert all(entry in second["shards"] for entry in first["shards"]), "every earlier shard is carried over unchanged"
+    new_entries = [entry for entry in second["shards"] if entry not in first["shards"]]
+    last_old = max(int(entry["file"][6:11]) for entry in first["shards"])
+    assert new_entries and all(int(entry["file"][6:11]) > last_old for entry in new_entries)
+    new_keys = [key for entry in new_entries for key in shard_column(tmp_path / "second", entry, "key")]
+    assert sorted(new_keys) == sorted({row["key"] for row in rows} - old_keys)
+    for entry in new_entries[:-1]:
+        assert set(shard_column(tmp_path / "second", entry, "group")) == {"beta/lot_9", "gamma/lot_8"}
+
+
+def fake_refs(rows_by_source: dict[str, list[int]]) -> list[ShardRef]:
+    """Shard references whose order can be planned without any file: `rank_order` reads no shard."""
+    return [ShardRef(Path(f"/nowhere/{source}-{index}.arrow"), rows, source=source)
+            for source, sizes in rows_by_source.items() for index, rows in enumerate(sizes)]
+
+
+def epochs_of(stream: ShardDetectionStream, epochs: int) -> dict[int, list[tuple[int, int]]]:
+    read: dict[int, list[tuple[int, int]]] = {epoch: [] for epoch in range(epochs)}
+    for epoch, _, shard, row in stream.rank_order():
+        if epoch == epochs:
+            return read
+        read[epoch].append((shard, row))
+    raise AssertionError("the stream is endless")
+
+
+@pytest.mark.parametrize("sizes", [[40, 35, 50, 20] * 3, [90, 30]], ids=["more shards than ranks", "fewer shards than ranks"])
+def test_each_rank_reads_its_own_shards_and_together_every_row_once_an_epoch(sizes):
+    refs = fake_refs({"a": sizes[::2], "b": sizes[1::2]})
+    world = 4
+    by_rank = [epochs_of(ShardDetectionStream(refs, rank=rank, world_size=world, seed=3, batch_size=4, augmentation=None), 3)
+               for rank in range(world)]
+    every_row = sorted((shard, row) for shard, ref in enumerate(refs) for row in range(ref.rows))
+    for epoch in range(3):
+        assert sorted(pair for rank in by_rank for pair in rank[epoch]) == every_row
+        if len(refs) >= world:
+            shards = [{shard for shard, _ in rank[epoch]} for rank in by_rank]
+            assert all(shards[i].isdisjoint(shards[j]) for i in range(world) for j in range(i + 1, world)), shards
+    if len(refs) >= world:
+        assert len({frozenset(shard for shard, _ in by_rank[0][epoch]) for epoch in range(3)}) > 1, "the deal changes by epoch"
+
+
+def test_a_batch_mixes_sources_about_as_a_random_permutation_does():
+    refs = fake_refs({f"source{n:02d}": [300, 300] for n in range(10)})
+    stream = ShardDetectionStream(refs, rank=0, world_size=1, seed=0, batch_size=16, augmentation=None)
+    order = epochs_of(stream, 1)[0]
+    assert sorted(order) == sorted((shard, row) for shard, ref in enumerate(refs) for row in range(ref.rows))
+    batches = [order[start:start + 16] for start in range(0, len(order), 16)]
+    sources_per_batch = [len({refs[shard].source for shard, _ in batch}) for batch in batches]
+    # A random permutation puts 8.1 of 10 equal sources into a batch of 16 on average; one open shard, 1 to 2.
+    assert sum(sources_per_batch) / len(batches) >= 7
+
+
+def colour_numbers(images: list[torch.Tensor]) -> list[int]:
+    return [int(image[0, 0, 0]) + 256 * int(image[1, 0, 0]) for image in images]
+
+
+def test_resume_after_a_stop_yields_exactly_the_rows_not_yet_seen(tmp_path):
+    raw = tmp_path / "raw"
+    rows = lots(raw)
+    build_shards(write_validated(tmp_path / "validated", rows), raw, tmp_path / "shards", SHARD_BYTES)
+    _, refs = verified_split(tmp_path / "shards", "train")
+    assert len(refs) >= 5
+    epoch = len(rows)  # 96 rows: 24 batches of 4
+    cpu = torch.device("cpu")
+
+    def batches(resume_batches: int, count: int) -> list[list[int]]:
+        stream = ShardDetectionStream(refs, rank=0, world_size=1, seed=11, batch_size=4, augmentation=None,
+                                      open_shards=3, resume_batches=resume_batches)
+        loader = build_train_loader(stream, 4, workers=2, device=cpu)
+        return [colour_numbers(images) for (images, _), _ in zip(loader, range(count))]
+
+    stopped_at = 9  # the checkpoint's step: 9 batches delivered, then the job was stopped
+    before, after = batches(0, stopped_at), batches(stopped_at, epoch // 4 - stopped_at + 3)
+    assert batches(0, epoch // 4 + 3) == before + after, "the resumed job continues the very same batches"
+    seen, rest = [n for batch in before for n in batch], [n for batch in after for n in batch][: epoch - stopped_at * 4]
+    assert sorted(seen + rest) == list(range(epoch)), "the first epoch ends with exactly the rows not seen before the stop"
