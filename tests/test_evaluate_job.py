@@ -134,7 +134,7 @@ def test_standalone_mode_prints_the_metrics(tmp_path, capsys):
 
 def write_val_shards(folder: Path, count: int = 5) -> Path:
     rng = np.random.default_rng(1)
-    with ShardWriter(folder, "val", 1 << 20) as writer:
+    with ShardWriter(folder, "val", 1 << 20, categories=CATEGORIES) as writer:
         for index in range(count):
             image = Image.new("RGB", (120, 90), (128, 128, 128))
             x, y = float(rng.uniform(0, 80)), float(rng.uniform(0, 50))
@@ -171,9 +171,12 @@ def test_graph_mode_scores_a_model_on_val_shards(tmp_path):
     assert report["data_version"] == hashlib.sha256((tmp_path / "out" / "metrics.json").read_bytes()).hexdigest()
     assert {"mAP", "mAP_50", "mAP_75", "per_class_ap", "val_images", "predictions", "eval_wall_s"} <= set(report["metadata"])
     assert [c["name"] for c in report["metadata"]["per_class_ap"]["schema"]] == ["category", "AP", "AP@0.5"]
-    for picture in ("pr_curve", "sample_predictions"):
-        assert report["metadata"][picture].startswith("![") and "(data:image/jpeg;base64," in report["metadata"][picture]
-        assert len(report["metadata"][picture]) < 60_000, "inline pictures stay small: they are stored with the event"
+    assert report["metadata"]["dagster/row_count"] == 5
+    for entry in ("pr_curve", *(f"sample_prediction_{n}" for n in range(1, 5))):  # one thumbnail per sample, 4 at most
+        markdown = report["metadata"][entry]
+        assert markdown.startswith("![") and "](data:image/" in markdown and len(markdown) < 1000, "drawn inline by the UI"
+    assert "sample_prediction_5" not in report["metadata"]
+    for picture in ("pr_curve", "sample_predictions"):  # full size beside the metrics
         with Image.open(tmp_path / "out" / f"{picture}.png") as image:
             assert image.width >= 240
     assert len(metrics["pr_curve"]["recall"]) == 101 and len(metrics["pr_curve"]["per_class"]) == len(CATEGORIES)

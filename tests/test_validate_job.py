@@ -19,6 +19,7 @@ from PIL import Image, ImageDraw, ImageOps
 
 from training_code.lib.coco import ANNOTATIONS_FILE, AnnotationError, parse_annotations
 from training_code.lib.image_checks import check_image_file
+from training_code.lib.reason_meanings import IMAGE_REASONS, LABEL_REASONS
 from training_code.lib.labels import HugeInteger, box_to_upright, check_labels, upright_size, vocabulary
 from training_code.lib.split import assign_splits, find_exact_duplicates, split_of_group
 from training_code.lib.storage import list_objects
@@ -210,7 +211,7 @@ def test_hang_and_crash_cost_one_file_each(tmp_path):
         ["--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "out"),
          "--workers", "2", "--timeout-s", "1"]
     )
-    manifest, manifest_bytes, _ = validate(args, check=check_that_hangs_or_crashes)
+    manifest, manifest_bytes, _, _ = validate(args, check=check_that_hangs_or_crashes)
     quarantine = pd.read_parquet(tmp_path / "out" / "quarantine.parquet").set_index("key")
     for key, reason in [("cam/lot_0/hang.jpg", "timeout"), ("cam/lot_1/segfault.jpg", "crash")]:
         assert quarantine.loc[key, "reason"] == reason
@@ -316,8 +317,15 @@ def test_validate_script_end_to_end_on_the_demo_raw_root(tmp_path):
     assert {k: metadata[k] for k in ("images_in", "accepted", "quarantined", "duplicates")} == {
         k: counts[k] for k in ("images_in", "accepted", "quarantined", "duplicates")
     }
-    assert {"reason": "truncated", "count": 1} in metadata["quarantined_by_reason"]["records"]
-    assert {"reason": "outside_image", "count": 1} in metadata["labels_rejected_by_reason"]["records"]
+    assert {"reason": "truncated", "count": 1, "meaning": IMAGE_REASONS["truncated"]} in metadata["quarantined_by_reason"]["records"]
+    assert {"reason": "outside_image", "count": 1, "meaning": LABEL_REASONS["outside_image"]} in metadata["labels_rejected_by_reason"]["records"]
+    assert [column["type"] for column in metadata["quarantined_by_reason"]["schema"]] == ["string", "int", "string"]
+    assert metadata["dagster/row_count"] == counts["accepted"]
+    # The contact sheet: of the quarantined files only the PNG with a bad CRC still decodes.
+    assert metadata["quarantined_images_shown"] == 1 and "quarantined_image_2" not in metadata
+    markdown = metadata["quarantined_image_1"]
+    assert len(markdown) < 1000 and markdown.endswith("\n\nchecksum: " + planted["png_bad_crc"].replace("_", "\\_").replace(".", "\\."))
+    assert manifest["files"]["quarantine_contact_sheet.png"] == hashlib.sha256((out / "quarantine_contact_sheet.png").read_bytes()).hexdigest()
 
 
 def test_previous_verdicts_are_reused_only_for_unchanged_files_and_settings(tmp_path):
@@ -327,7 +335,7 @@ def test_previous_verdicts_are_reused_only_for_unchanged_files_and_settings(tmp_
 
     def run(out: str, previous: str | None, *extra: str):
         arguments = ["--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / out), "--workers", "1", *extra]
-        return validate(get_args_parser().parse_args(arguments + (["--previous", str(tmp_path / previous)] if previous else [])))
+        return validate(get_args_parser().parse_args(arguments + (["--previous", str(tmp_path / previous)] if previous else [])))[:3]
 
     full_manifest, full_bytes, work = run("full", None)
     assert work == {"decoded": 6, "reused": 0}

@@ -3,7 +3,8 @@
 SageMaker Processing job script: run the trained model on a split of the shards, write COCO
 `predictions.json` and `ground_truth.json`, score them into `metrics.json` (mAP, mAP_50, mAP_75, by
 size, AR, per-class AP, the precision-recall curve), draw `pr_curve.png` and `sample_predictions.png`,
-and report through Dagster Pipes (the pictures inline, as Markdown images). By hand, score existing files:
+and report through Dagster Pipes: the metrics, per-class AP as a table, and each picture as a thumbnail
+the Dagster UI draws in place (one per sample). By hand, score existing files:
 
     python -m training_code.evaluate --predictions P.json --ground-truth G.json
 """
@@ -24,11 +25,12 @@ from training_code.lib.coco_eval import score_detections
 from training_code.lib.detection_data import EvalSample, iter_eval_samples, verified_split
 from training_code.lib.model import load_model_file
 from training_code.lib.output_manifest import write_output_manifest
-from training_code.lib.report_plots import draw_pr_curve, draw_samples, markdown_image, save_png
+from training_code.lib.inline_pictures import inline_picture, markdown_metadata
+from training_code.lib.report_plots import SamplePicture, draw_pr_curve, draw_pr_thumbnail, draw_sample, draw_samples, save_png
 from training_code.lib.shard_format import sha256_file
 
 
-SAMPLE_PICTURES = 4
+SAMPLE_PICTURES = 4  # one inline entry each: a thumbnail per sample stays legible where a grid would not
 PICTURE_MIN_SCORE = 0.3  # the sample picture shows confident detections; the metrics use every one
 
 
@@ -93,7 +95,7 @@ def predict(model: torch.nn.Module, shards, batch_size: int, device: torch.devic
                 image_id += 1
                 if len(pictures) < SAMPLE_PICTURES:
                     confident = output["boxes"][output["scores"] >= PICTURE_MIN_SCORE].tolist()
-                    pictures.append((sample.image, sample.boxes.tolist(), confident))
+                    pictures.append(SamplePicture(sample.key, sample.image, sample.boxes.tolist(), confident))
                 images.append({"id": image_id, "file_name": sample.key, "width": sample.width, "height": sample.height})
                 for box, label in zip(sample.boxes.tolist(), sample.labels.tolist()):
                     w, h = box[2] - box[0], box[3] - box[1]
@@ -134,19 +136,32 @@ def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     write_output_manifest(args.out, ["ground_truth.json", "predictions.json", "metrics.json", "pr_curve.png", "sample_predictions.png"],
                           format="zero-eval/1")
     return metrics, {"eval_wall_s": round(time.perf_counter() - started, 2), "device": str(device),
-                     "pr_curve": {"raw_value": markdown_image(pr_curve, "precision-recall at IoU 0.5"), "type": "md"},
-                     "sample_predictions": {"raw_value": markdown_image(samples, "ground truth (green) and predictions (red)"),
-                                            "type": "md"}}
+                     **inline_pictures(metrics["pr_curve"], pictures)}
+
+
+def inline_pictures(curve: dict[str, Any], pictures: list[SamplePicture]) -> dict[str, Any]:
+    """Thumbnails for the UI (the full-size files are pr_curve.png and sample_predictions.png)."""
+    entries = {"pr_curve": markdown_metadata(inline_picture(
+        lambda width: draw_pr_thumbnail(curve, width), f"precision-recall at IoU {curve['iou']}",
+        f"precision (up) against recall (right) at IoU {curve['iou']}: mean in black, each class in colour"))}
+    for number, picture in enumerate(pictures, start=1):
+        caption = f"{picture.key}: {len(picture.truth)} true (green), {len(picture.predicted)} predicted at score {PICTURE_MIN_SCORE}+ (red)"
+        entries[f"sample_prediction_{number}"] = markdown_metadata(inline_picture(
+            lambda width, picture=picture: draw_sample(picture, width), f"sample {number}: {picture.key}", caption))
+    return entries
 
 
 def report(pipes, metrics: dict[str, Any], run_info: dict[str, Any], metrics_path: Path) -> None:
     # A class without ground truth in the split has no AP: an empty cell, not a zero.
     per_class = [{"category": row["category"],
-                  "AP": None if row["ap"] is None else round(row["ap"], 4),
-                  "AP@0.5": None if row["ap_50"] is None else round(row["ap_50"], 4)} for row in metrics["per_class"]]
+                  "AP": None if row["ap"] is None else round(float(row["ap"]), 4),
+                  "AP@0.5": None if row["ap_50"] is None else round(float(row["ap_50"]), 4)} for row in metrics["per_class"]]
     summary = ("mAP", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large", "AR_100")
     metadata = {name: float(metrics[name]) for name in summary if metrics[name] is not None}
-    metadata.update({"per_class_ap": job_env.table(per_class), "val_images": metrics["val_images"],
+    columns = {"category": "category name", "AP": "COCO AP (IoU 0.50:0.95); empty: no ground truth of this class in the split",
+               "AP@0.5": "AP at IoU 0.5"}
+    metadata.update({"per_class_ap": job_env.table(per_class, columns=columns), "val_images": metrics["val_images"],
+                     "dagster/row_count": metrics["val_images"],  # the images evaluated
                      "predictions": metrics["predictions"], "metrics_path": str(metrics_path), **run_info})
     pipes.report_asset_materialization(metadata=metadata, data_version=sha256_file(metrics_path))
 

@@ -9,7 +9,8 @@ r"""Decide which raw images and labels are fit to train on, and report every one
 A SageMaker Processing job script. Reads `index.parquet` (one row per raw image) and the raw root
 (read-only), decodes every image in isolated worker processes, checks each COCO box in the upright
 frame, drops exact duplicates and assigns train/val by group. Writes accepted, quarantine,
-duplicates, rejected_labels and unmatched tables, `categories.json`, then `manifest.json` last.
+duplicates, rejected_labels and unmatched tables, `categories.json`, the quarantine's contact sheet
+(`quarantine_contact_sheet.png`, when a quarantined image still decodes), then `manifest.json` last.
 Fails without a manifest when more images are quarantined than --max-quarantine-rate allows.
 With --previous (an earlier run's output) only new or changed images are decoded: see verdict_cache.
 
@@ -19,8 +20,9 @@ an annotations file that cannot be used costs its source its labels, named in th
 
 On several instances the pass is two jobs (zero_assets/job_request.py `fan_out`): `--phase map` on
 every instance decodes the images of this host's part of the raw input (split by S3 key) and writes
-`verdicts-<host>.parquet` plus the annotation files it received; `--phase reduce` on one instance
-reads them all from --decoded and decides as the single-host pass does, so both write the same manifest.
+`verdicts-<host>.parquet`, the thumbnails of its quarantined files (`thumbnails-<host>.parquet`) and
+the annotation files it received; `--phase reduce` on one instance reads them all from --decoded and
+decides as the single-host pass does, so both write the same manifest.
 """
 
 from __future__ import annotations
@@ -41,12 +43,17 @@ import PIL
 from training_code.lib import job_env
 from training_code.lib.annotation_files import copy_annotation_files, load_annotations
 from training_code.lib.coco import DEFAULT_MAX_ANNOTATION_BYTES
+from training_code.lib.contact_sheet import (
+    DRAWABLE_REASONS, SHEET_FILE, Thumbnail, contact_sheet_png, quarantine_thumbnails, read_thumbnails, thumbnails_frame,
+)
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.image_checks import (
     DEFAULT_ALLOWED_FORMATS, DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_PIXELS, ImageVerdict, check_image_file,
 )
+from training_code.lib.inline_pictures import inline_picture, markdown_metadata
 from training_code.lib.isolated_pool import IsolatedPool, WorkerLost
 from training_code.lib.raw_files import Refused, locate, read_limited
+from training_code.lib.reason_meanings import IMAGE_REASONS, LABEL_REASONS, meaning
 from training_code.lib.storage import key_problem, write_bytes_atomic
 from training_code.lib.tables import RAW_INDEX, VERDICTS, read_table, write_table
 from training_code.lib.validation_outputs import build_outputs, write_outputs
@@ -239,9 +246,9 @@ def check_quarantine_rate(counts: dict[str, Any], max_rate: float, out: Path) ->
 
 def validate(
     args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file
-) -> tuple[dict[str, Any], bytes, dict[str, int]]:
-    """Run the whole pass (or its reduce stage); returns the manifest, its exact bytes, and how many
-    images were decoded or reused."""
+) -> tuple[dict[str, Any], bytes, dict[str, int], list[Thumbnail]]:
+    """Run the whole pass (or its reduce stage); returns the manifest, its exact bytes, how many
+    images were decoded or reused, and the thumbnails on the quarantine's contact sheet."""
     check_args(args)
     (args.out / MANIFEST).unlink(missing_ok=True)  # a manifest from an earlier run must not vouch for these tables
     index = load_index(args.index)
@@ -260,6 +267,16 @@ def validate(
     outputs = build_outputs(index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction, annotation_errors=errors)
     files = write_outputs(outputs, args.out)
     check_quarantine_rate(outputs.counts, args.max_quarantine_rate, args.out)
+    if args.phase == "reduce":  # the raw bytes were on the map hosts, which drew these
+        thumbnails = read_thumbnails(sorted(args.decoded.glob("thumbnails-*.parquet")), outputs.quarantine)
+    else:
+        thumbnails = draw_thumbnails(args, outputs.quarantine)
+    if thumbnails:
+        sheet = contact_sheet_png(thumbnails)
+        write_bytes_atomic(args.out / SHEET_FILE, sheet)
+        files[SHEET_FILE] = sha256_bytes(sheet)
+    else:
+        (args.out / SHEET_FILE).unlink(missing_ok=True)  # an earlier run's sheet would show other files
     # Only what was decided goes in: no paths, times, hosts or input hashes, so a rebuild that reaches
     # the same verdicts writes the same bytes and downstream assets stay fresh.
     manifest = {
@@ -273,7 +290,13 @@ def validate(
     }
     manifest_bytes = json.dumps(manifest, indent=1, sort_keys=True).encode()
     write_bytes_atomic(args.out / MANIFEST, manifest_bytes)
-    return manifest, manifest_bytes, work
+    return manifest, manifest_bytes, work, thumbnails
+
+
+def draw_thumbnails(args: argparse.Namespace, quarantine: pd.DataFrame) -> list[Thumbnail]:
+    """The contact sheet's thumbnails, drawn from the raw files under the decode pass's own limits."""
+    return quarantine_thumbnails(args.raw, quarantine, max_bytes=args.max_image_bytes, max_pixels=args.max_pixels,
+                                 timeout_s=args.timeout_s, workers=args.workers, via_links=args.phase == "map")
 
 
 def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file) -> dict[str, Any]:
@@ -282,15 +305,25 @@ def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = c
     check_args(args)
     host = job_env.current_host()
     index = load_index(args.index)
-    _, to_decode = reused_and_to_decode(args, index)
+    reused, to_decode = reused_and_to_decode(args, index)
     _, to_decode = refuse_unsafe_keys(to_decode)  # the reduce stage decides those
     # lexists, not is_file: a symlink out of the root is this host's to refuse, without following it.
     here = [key for key in to_decode if os.path.lexists(args.raw / key)]
     log.info("%s: decoding %d of the %d images to decode; the others went to other hosts", host, len(here), len(to_decode))
     verdicts = decode_all(args.raw, here, args, check)
     write_table(verdict_frame(index[index["key"].isin(verdicts)], verdicts), VERDICTS, args.out / f"verdicts-{host}.parquet")
+    # Reused verdicts of files this host received count too: the sheet shows the whole quarantine's first.
+    drawable = {key: v for key, v in reused.items() if v.reason in DRAWABLE_REASONS and os.path.lexists(args.raw / key)}
+    thumbnails = draw_thumbnails(args, quarantine_rows({**drawable, **verdicts}))
+    write_bytes_atomic(args.out / f"thumbnails-{host}.parquet", thumbnails_frame(thumbnails).to_parquet(index=False))
     copied = copy_annotation_files(args.raw, args.out / MAP_ANNOTATIONS, args.max_annotation_bytes)
     return {"host": host, "decoded": len(verdicts), "annotation_files": copied}
+
+
+def quarantine_rows(verdicts: dict[str, ImageVerdict]) -> pd.DataFrame:
+    """key, sha256 and reason of the quarantined verdicts, as the quarantine table has them."""
+    rows = [(key, v.sha256, v.reason) for key, v in verdicts.items() if not v.accepted]
+    return pd.DataFrame(rows, columns=["key", "sha256", "reason"])
 
 
 def reused_and_to_decode(args: argparse.Namespace, index: pd.DataFrame) -> tuple[dict[str, ImageVerdict], list[str]]:
@@ -312,21 +345,36 @@ def collect_map_verdicts(decoded: Path, pending: pd.DataFrame) -> dict[str, Imag
     return verdicts
 
 
-def report_metadata(manifest: dict[str, Any], wall_s: float, work: dict[str, int]) -> dict[str, Any]:
+REASON_COLUMNS = {"reason": "reason code", "count": "how many", "meaning": "what the code means"}
+
+
+def reason_table(by_reason: dict[str, int], meanings: dict[str, str]) -> dict[str, Any]:
+    return job_env.table([{"reason": r, "count": n, "meaning": meaning(r, meanings)} for r, n in by_reason.items()],
+                         columns=REASON_COLUMNS)
+
+
+def report_metadata(manifest: dict[str, Any], wall_s: float, work: dict[str, int], thumbnails: list[Thumbnail]) -> dict[str, Any]:
     counts = manifest["counts"]
     plain = {name: value for name, value in counts.items() if isinstance(value, int)}
-    by_reason = counts["quarantined_by_reason"]
     return {
         **plain,
+        "dagster/row_count": counts["accepted"],  # the rows of accepted.parquet: what the shards are built from
         "quarantine_rate": round(counts["quarantined"] / counts["images_in"], 4),
-        "quarantined_by_reason": job_env.table([{"reason": r, "count": n} for r, n in by_reason.items()]),
-        "labels_rejected_by_reason": job_env.table(
-            [{"reason": r, "count": n} for r, n in counts["labels_rejected_by_reason"].items()]
-        ),
+        "quarantined_by_reason": reason_table(counts["quarantined_by_reason"], IMAGE_REASONS),
+        "labels_rejected_by_reason": reason_table(counts["labels_rejected_by_reason"], LABEL_REASONS),
         "validator_version": manifest["validator_version"],
         **work,  # decoded + reused == images_in: how much of the pass was incremental
         "validate_wall_s": round(wall_s, 3),
+        "quarantined_images_shown": len(thumbnails),
+        **contact_sheet_entries(thumbnails),
     }
+
+
+def contact_sheet_entries(thumbnails: list[Thumbnail]) -> dict[str, Any]:
+    """One inline picture per quarantined image on the sheet, its reason and key under it."""
+    return {f"quarantined_image_{number}": markdown_metadata(inline_picture(
+        thumbnail.image(), f"{thumbnail.reason}: {thumbnail.key}", f"{thumbnail.reason}: {thumbnail.key}"))
+        for number, thumbnail in enumerate(thumbnails, start=1)}
 
 
 def main(args: argparse.Namespace) -> None:
@@ -336,7 +384,7 @@ def main(args: argparse.Namespace) -> None:
             part = decode_part(args)
             pipes.log.info(json.dumps({"event": "map", **part, "wall_s": round(time.perf_counter() - started, 3)}))
             return
-        manifest, manifest_bytes, work = validate(args)
+        manifest, manifest_bytes, work, thumbnails = validate(args)
         wall_s = time.perf_counter() - started
         counts = manifest["counts"]
         log.info(
@@ -344,7 +392,8 @@ def main(args: argparse.Namespace) -> None:
             counts["images_in"], counts["accepted"], counts["train"], counts["val"], counts["quarantined"],
             counts["duplicates"], counts["labels_accepted"], counts["labels_rejected"],
         )
-        pipes.report_asset_materialization(metadata=report_metadata(manifest, wall_s, work), data_version=sha256_bytes(manifest_bytes))
+        pipes.report_asset_materialization(metadata=report_metadata(manifest, wall_s, work, thumbnails),
+                                           data_version=sha256_bytes(manifest_bytes))
 
 
 if __name__ == "__main__":

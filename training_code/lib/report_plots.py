@@ -1,13 +1,12 @@
 """The evaluation report's pictures, drawn with Pillow: a precision-recall plot and sample predictions against ground truth.
 
-`markdown_image` turns a picture into a Markdown image with a data URI, which the Dagster UI renders
-inside a metadata entry.
+Each comes full size (a file in the report's output) and as a thumbnail drawn for a given width, which
+`inline_pictures.inline_picture` fits into a Markdown entry the Dagster UI draws in place.
 """
 
 from __future__ import annotations
 
-import base64
-import io
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,17 @@ MARGIN = (48, 16, 16, 40)  # left, top, right, bottom: room for the axis labels
 CLASS_COLOURS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
                  (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
 TRUTH_COLOUR, PREDICTION_COLOUR = (40, 220, 60), (240, 40, 40)
+THUMBNAIL_ASPECT = 0.7  # height / width of the thumbnail plot
+
+
+@dataclass(frozen=True)
+class SamplePicture:
+    """One evaluated image (CHW uint8), its ground-truth boxes and its confident predicted boxes (xyxy pixels)."""
+
+    key: str
+    image: torch.Tensor
+    truth: list[list[float]]
+    predicted: list[list[float]]
 
 
 def draw_pr_curve(curve: dict[str, Any]) -> Image.Image:
@@ -51,19 +61,45 @@ def draw_pr_curve(curve: dict[str, Any]) -> Image.Image:
     return image
 
 
-def draw_samples(samples: list[tuple[torch.Tensor, list[list[float]], list[list[float]]]], tile_width: int = 240,
-                 columns: int = 2) -> Image.Image:
-    """Images side by side with ground-truth boxes in green and predicted boxes (xyxy pixels) in red."""
-    tiles = []
-    for image, truth, predicted in samples:
-        tile = Image.fromarray(image.permute(1, 2, 0).contiguous().numpy())
-        draw = ImageDraw.Draw(tile)
-        for box in truth:
-            draw.rectangle(box, outline=TRUTH_COLOUR, width=2)
-        for box in predicted:
-            draw.rectangle(box, outline=PREDICTION_COLOUR, width=1)
-        scale = tile_width / tile.width
-        tiles.append(tile.resize((tile_width, max(1, round(tile.height * scale)))))
+def draw_pr_thumbnail(curve: dict[str, Any], width: int) -> Image.Image:
+    """The plot redrawn small, without text (the entry's caption says what it is): a frame, the 0.5
+    grid lines, each class in its colour and the mean in black. Flat colours keep it a few hundred bytes."""
+    size = (width, max(2, round(width * THUMBNAIL_ASPECT)))
+    image = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(image)
+    left, top, right, bottom = 1, 1, size[0] - 2, size[1] - 2
+
+    def point(recall: float, precision: float) -> tuple[float, float]:
+        return left + recall * (right - left), bottom - precision * (bottom - top)
+
+    draw.rectangle((left, top, right, bottom), outline=(150, 150, 150))
+    draw.line((*point(0.5, 0), *point(0.5, 1)), fill=(225, 225, 225))
+    draw.line((*point(0, 0.5), *point(1, 0.5)), fill=(225, 225, 225))
+    recall = curve["recall"]
+    for index, precision in enumerate(curve["per_class"].values()):
+        if precision is not None:
+            draw.line([point(r, p) for r, p in zip(recall, precision)], fill=CLASS_COLOURS[index % len(CLASS_COLOURS)], width=1)
+    if curve["mean"] is not None:
+        draw.line([point(r, p) for r, p in zip(recall, curve["mean"])], fill="black", width=2)
+    return image
+
+
+def draw_sample(sample: SamplePicture, width: int, enlarge: bool = False) -> Image.Image:
+    """The image scaled to `width` (a thumbnail is never enlarged: that costs bytes and shows nothing
+    more), boxes drawn after scaling so they stay visible: ground truth in green, predictions in red."""
+    tile = Image.fromarray(sample.image.permute(1, 2, 0).contiguous().numpy())
+    scale = width / tile.width if enlarge else min(1.0, width / tile.width)
+    tile = tile.resize((max(1, round(tile.width * scale)), max(1, round(tile.height * scale))), Image.Resampling.LANCZOS)
+    draw = ImageDraw.Draw(tile)
+    for boxes, colour in ((sample.truth, TRUTH_COLOUR), (sample.predicted, PREDICTION_COLOUR)):
+        for box in boxes:
+            draw.rectangle([value * scale for value in box], outline=colour, width=2 if width >= 160 else 1)
+    return tile
+
+
+def draw_samples(samples: list[SamplePicture], tile_width: int = 240, columns: int = 2) -> Image.Image:
+    """The full-size sheet: images side by side with ground-truth boxes in green and predicted boxes in red."""
+    tiles = [draw_sample(sample, tile_width, enlarge=True) for sample in samples]
     rows = (len(tiles) + columns - 1) // columns
     row_height = max((tile.height for tile in tiles), default=1)
     sheet = Image.new("RGB", (tile_width * columns, row_height * max(rows, 1)), "white")
@@ -78,11 +114,3 @@ def save_png(image: Image.Image, path: Path) -> Path:
     temporary.replace(path)
     return path
 
-
-def markdown_image(image: Image.Image, title: str, max_width: int = 480) -> str:
-    """A Markdown image holding the picture as a JPEG data URI (kept small: it is stored with the event)."""
-    if image.width > max_width:
-        image = image.resize((max_width, round(image.height * max_width / image.width)))
-    buffer = io.BytesIO()
-    image.save(buffer, "JPEG", quality=80)
-    return f"![{title}](data:image/jpeg;base64,{base64.b64encode(buffer.getvalue()).decode()})"

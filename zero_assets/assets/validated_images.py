@@ -1,8 +1,9 @@
 """`validated_images`: the corrupt-image pass over the index, run as a Processing job."""
 
-from dagster import AssetExecutionContext, Config, MaterializeResult, asset
+from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
 from pydantic import Field
 
+from training_code.lib.contact_sheet import SHEET_FILE
 from training_code.lib.tables import ACCEPTED
 
 from ..automation import PER_SOURCE
@@ -47,11 +48,12 @@ class ValidationConfig(Config):
 def validated_images(
     context: AssetExecutionContext, config: ValidationConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> MaterializeResult:
-    """Accepted images (sha256, size, format, mode, split, labels) and the quarantine, duplicate and label-rejection tables."""
+    """Accepted images (sha256, size, format, mode, split, labels) and the quarantine, duplicate and label-rejection tables,
+    with a contact sheet of the quarantined images that still decode."""
     index = upstream_output(context, "raw_image_index", context.partition_key)
     # The previous output lets the job decode only new or changed images (see training_code/lib/verdict_cache).
     previous = previous_output(context)
-    return launch_job(
+    result = launch_job(
         context,
         jobs=jobs,
         settings=settings,
@@ -63,3 +65,10 @@ def validated_images(
         input_folders={"raw": context.partition_key},
         spread=VALIDATION_SPREAD,
     )
+    shown = (result.metadata or {}).get("quarantined_images_shown")
+    if not getattr(shown, "value", shown):  # none drawn, or a hit on an output another run published
+        return result
+    # The job drew the full-size sheet beside the tables; its path is where the output was published.
+    out = str(result.metadata["dagster/uri"].value).rstrip("/")
+    sheet = {"quarantine_contact_sheet_png": MetadataValue.path(f"{out}/{SHEET_FILE}")}
+    return MaterializeResult(metadata={**result.metadata, **sheet}, data_version=result.data_version)
