@@ -51,9 +51,11 @@ def cut_pieces(rows: Sequence[int], sources: Sequence[str], world_size: int) -> 
 
 
 def deal_to_ranks(pieces: list[Piece], world_size: int, rng: random.Random) -> list[list[Piece]]:
-    """Pieces in a seeded order, each to the rank with the fewest rows so far (ties: the lowest rank)."""
-    order = list(pieces)
-    rng.shuffle(order)
+    """Each piece to the rank with the fewest rows so far (ties: the lowest rank), a source's pieces one
+    after another (sources and pieces in a seeded order): a source's pieces go to different ranks."""
+    groups = list(_by_source(pieces, rng).values())
+    rng.shuffle(groups)
+    order = [piece for group in groups for piece in group]
     dealt: list[list[Piece]] = [[] for _ in range(world_size)]
     loads = [(0, rank) for rank in range(world_size)]
     for piece in order:
@@ -61,6 +63,16 @@ def deal_to_ranks(pieces: list[Piece], world_size: int, rng: random.Random) -> l
         dealt[rank].append(piece)
         heapq.heappush(loads, (load + piece.rows, rank))
     return dealt
+
+
+def _by_source(pieces: list[Piece], rng: random.Random) -> dict[str, list[Piece]]:
+    """Source -> its pieces in a seeded order; sources in name order."""
+    by_source: dict[str, list[Piece]] = {}
+    for piece in sorted(pieces, key=lambda p: (p.source, p.shard, p.start)):
+        by_source.setdefault(piece.source, []).append(piece)
+    for group in by_source.values():
+        rng.shuffle(group)
+    return by_source
 
 
 def _balanced(pieces: list[Piece], count: int) -> list[list[Piece]]:
@@ -85,11 +97,7 @@ def _interleaved(groups: list[list[Piece]], rng: random.Random) -> list[Piece]:
 
 def plan_lanes(pieces: list[Piece], open_shards: int, rng: random.Random) -> list[list[Piece]]:
     """At most `open_shards` lanes, each a sequence of pieces read one after the other."""
-    by_source: dict[str, list[Piece]] = {}
-    for piece in sorted(pieces, key=lambda p: (p.source, p.shard, p.start)):
-        by_source.setdefault(piece.source, []).append(piece)
-    for group in by_source.values():
-        rng.shuffle(group)
+    by_source = _by_source(pieces, rng)
     rows = {source: sum(p.rows for p in group) for source, group in by_source.items()}
     sources = sorted(by_source, key=lambda s: (-rows[s], s))
     if len(sources) > open_shards:  # more sources than lanes: sources share lanes, balanced by rows
