@@ -3,6 +3,7 @@ runs the job script: success, failure, MaxRuntimeExceeded, termination and reatt
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from dagster import AssetKey, Definitions, asset, materialize
 from dagster._core.errors import DagsterExecutionInterruptedError
 
 from sagemaker_fakes import FakeSageMaker, aws_env, fake_settings, job_package, moto_server
+from test_job_logs_captured import captured_stdout
 from training_code.lib.aws_clients import client as aws_client
 from zero_assets.job_request import JobRequest
 from zero_assets.resources.sagemaker_settings import JobCompute
@@ -110,8 +112,9 @@ def test_success_reports_script_and_job_metadata(aws, instance, kind):
     assert metadata["job_name"].value == name and metadata["job_status"].value == "Completed"
     assert name in metadata["console_url"].value and metadata["instance_type"].value == "ml.m5.large"
     assert metadata["instance_seconds"].value >= 0 and metadata["instance_count"].value == 1 and metadata["status_history"].value
-    logged = "\n".join(e.message for e in instance.all_logs(result.run_id) if e.message)
-    assert "running in mode ok" in logged  # the job's own log line, forwarded from CloudWatch
+    # The job's own log line, forwarded from CloudWatch to the step's stdout, not to the event log.
+    assert re.search(r"^\[algo-1-\d+\] .*running in mode ok$", captured_stdout(instance, result.run_id), re.MULTILINE)
+    assert not [e for e in instance.all_logs(result.run_id) if "running in mode ok" in (e.user_message or "")]
     if kind == "processing":
         assert aws["s3"].get_object(Bucket=BUCKET, Key=f"zero/lake/map_report/{FINGERPRINT[:16]}/result.txt")["Body"].read() == b"ok"
 

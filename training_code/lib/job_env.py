@@ -129,12 +129,9 @@ def is_first_host() -> bool:
 
 
 def _configure_logging() -> None:
-    """Log to stderr (CloudWatch on SageMaker); the local runner also keeps `output/job.log` per job."""
+    """Log to stderr only: SageMaker ships it to CloudWatch, the local runner copies it to `output/job.log`
+    (and both to the Dagster step's stdout); a file of our own would hold every line twice."""
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if os.environ.get("ZERO_OPT_ML") and is_rank_zero():
-        log_file = opt_ml() / "output" / "job.log"
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log_file))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True)
 
 

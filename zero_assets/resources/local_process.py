@@ -8,17 +8,24 @@ the Dagster process's own: job scripts decode untrusted files and must not see t
 password or API keys. `run_with_pipes` is the local Pipes client: Dagster's subprocess client
 always passes the whole environment on, so the session is opened here with the same temp-file
 context injector and message reader.
+
+A job's output (stdout and stderr, merged as CloudWatch keeps them) goes through a pipe that a thread
+copies to its `job.log` and to this process's stdout, which Dagster captures as the step's stdout:
+the job's lines are read in the UI's stdout tab, never one Dagster event per line.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 from typing import IO, Mapping, Sequence
 
 from dagster import (
@@ -31,6 +38,7 @@ from dagster import (
 )
 from dagster._core.errors import DagsterPipesExecutionError  # not exported by dagster
 
+log = logging.getLogger("zero.jobs")
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 STOP_GRACE_S = 30.0  # a stopped job gets this long after SIGTERM to save a checkpoint, as SageMaker's stop gives
 
@@ -66,16 +74,70 @@ def _die_with_parent(parent: int, prctl) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def start_job_process(command: Sequence[str], env: Mapping[str, str], cwd: str, stdout: IO | None = None) -> subprocess.Popen:
-    """A job process in its own process group that the kernel kills when this process dies (Linux)."""
+class JobProcess(subprocess.Popen):
+    """A job process whose merged output a thread copies to its job log and to this process's stdout
+    (each line after `prefix`, which names the host of a multi-host job). `end_process_group` waits for the copy."""
+
+    def __init__(self, command: Sequence[str], *, log: Path, prefix: str = "", **popen_args) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log_file = log.open("wb")  # opened first: a log that cannot be written fails the start, not the copy
+        try:
+            super().__init__(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen_args)
+        except BaseException:
+            log_file.close()
+            raise
+        self.log = log
+        self.copy = threading.Thread(target=copy_output, args=(self.stdout, log_file, prefix), name=f"job-output-{self.pid}", daemon=True)
+        self.copy.start()
+
+
+_stdout_lock = threading.Lock()  # several hosts' copies write whole lines to one stdout
+
+
+def copy_output(pipe: IO[bytes], log_file: IO[bytes], prefix: str) -> None:
+    """Copy `pipe` line by line to `log_file` (as written) and to `sys.stdout` (after `prefix`) until the
+    job and everything holding its output have exited. Both are flushed per line: `tail -f job.log` and
+    the UI's stdout tab follow the job as it runs. `sys.stdout` is looked up per line, so Dagster's
+    capture of the step (a redirection of the file behind it) is where the lines go.
+
+    A destination that fails (a full disk, a closed stdout) is dropped, and the pipe is still read
+    to its end: a job whose output nobody reads would block on its next write."""
+    to_log, to_stdout = True, True
+    with pipe, log_file:
+        for line in iter(pipe.readline, b""):
+            if to_log:
+                try:
+                    log_file.write(line)
+                    log_file.flush()
+                except OSError as error:
+                    to_log = False
+                    log.warning("job output: writing %s failed (%s); its lines go on to stdout only", log_file.name, error)
+            if to_stdout:
+                text = line.decode("utf-8", errors="replace").rstrip("\r\n")
+                try:
+                    with _stdout_lock:
+                        sys.stdout.write(f"{prefix}{text}\n")
+                        sys.stdout.flush()
+                except (OSError, ValueError) as error:
+                    to_stdout = False
+                    log.warning("job output: writing stdout failed (%s); its lines go on to %s only", error, log_file.name)
+
+
+def start_job_process(command: Sequence[str], env: Mapping[str, str], cwd: str, log: Path, prefix: str = "") -> JobProcess:
+    """A job process in its own process group that the kernel kills when this process dies (Linux),
+    its output copied to `log` and to this process's stdout (see `JobProcess`)."""
     prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
     parent = os.getpid()
-    return subprocess.Popen(list(command), cwd=cwd, env=dict(env), stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
-                            process_group=0, preexec_fn=lambda: _die_with_parent(parent, prctl))
+    return JobProcess(command, log=log, prefix=prefix, cwd=cwd, env=dict(env), process_group=0,
+                      preexec_fn=lambda: _die_with_parent(parent, prctl))
+
+
+OUTPUT_DRAIN_S = 10.0  # how long the copy may take to reach the end of the output once the group is gone
 
 
 def end_process_group(process: subprocess.Popen) -> None:
-    """Kill whatever the job started and left behind (its group), and the job itself if still running."""
+    """Kill whatever the job started and left behind (its group), and the job itself if still running;
+    then let the copy of its output finish (a process outside the group holding the pipe open is not waited for)."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -83,6 +145,8 @@ def end_process_group(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.kill()
     process.wait()
+    if isinstance(process, JobProcess):
+        process.copy.join(OUTPUT_DRAIN_S)
 
 
 def stop_job_process(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
@@ -97,14 +161,15 @@ def stop_job_process(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -
     end_process_group(process)
 
 
-def run_with_pipes(context: AssetExecutionContext, command: Sequence[str], env: Mapping[str, str], cwd: str) -> PipesClientCompletedInvocation:
+def run_with_pipes(context: AssetExecutionContext, command: Sequence[str], env: Mapping[str, str], cwd: str, log: Path,
+                   prefix: str = "") -> PipesClientCompletedInvocation:
     """Run the job through Dagster Pipes; raises `DagsterPipesExecutionError` when it exits non-zero.
 
-    A terminated Dagster run stops the job (SIGTERM, then SIGKILL); however the job ends, nothing it
-    started outlives it."""
+    Its output goes to `log` and the step's stdout (see `JobProcess`). A terminated Dagster run stops
+    the job (SIGTERM, then SIGKILL); however the job ends, nothing it started outlives it."""
     with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
                             message_reader=PipesTempFileMessageReader()) as session:
-        process = start_job_process(command, {**env, **session.get_bootstrap_env_vars()}, cwd)
+        process = start_job_process(command, {**env, **session.get_bootstrap_env_vars()}, cwd, log, prefix)
         try:
             process.wait()
         except DagsterExecutionInterruptedError:

@@ -77,7 +77,8 @@ class LocalJobRunner(JobRunner):
         siblings = {host: self._start_sibling(layouts[host], request, paths[host], host, hosts) for host in others}
         try:
             invocation = run_with_pipes(context, self._command(request, paths[first]),
-                                        self._environment(layouts[first], request, paths[first], first, hosts), str(REPO_ROOT))
+                                        self._environment(layouts[first], request, paths[first], first, hosts), str(REPO_ROOT),
+                                        _job_log(layouts[first]), _line_prefix(first, hosts))
             exit_codes = {host: process.wait() for host, process in siblings.items()}
         except DagsterPipesExecutionError as error:
             raise _job_failure(request, layouts[first], first) from error
@@ -105,9 +106,8 @@ class LocalJobRunner(JobRunner):
         return materialization_folder(self.settings.jobs_root(), request) / RUNS_FOLDER / run_id / request.job_name
 
     def _start_sibling(self, opt_ml: Path, request: JobRequest, paths: dict[str, Path], host: str, hosts: list[str]) -> subprocess.Popen:
-        log = (opt_ml / "output" / "job.log").open("wb")
-        with log:  # the child keeps its own descriptor
-            return start_job_process(self._command(request, paths), self._environment(opt_ml, request, paths, host, hosts), str(REPO_ROOT), log)
+        return start_job_process(self._command(request, paths), self._environment(opt_ml, request, paths, host, hosts), str(REPO_ROOT),
+                                 _job_log(opt_ml), _line_prefix(host, hosts))
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
         """Copy the training set's shards (one shard set per chosen source) into the folder standing in
@@ -256,8 +256,18 @@ def _failure_reason(opt_ml: Path) -> str:
     return failure.read_text().strip() if failure.is_file() else "the script exited non-zero without writing a failure reason"
 
 
+def _job_log(opt_ml: Path) -> Path:
+    """Everything the host's job process writes (stdout and stderr), as CloudWatch keeps it on SageMaker."""
+    return opt_ml / "output" / "job.log"
+
+
+def _line_prefix(host: str, hosts: list[str]) -> str:
+    """In the step's stdout, a multi-host job's lines say their host; a single host's stay as written."""
+    return f"[{host}] " if len(hosts) > 1 else ""
+
+
 def _log_tail(opt_ml: Path) -> str:
-    log = opt_ml / "output" / "job.log"
+    log = _job_log(opt_ml)
     if not log.is_file():
         return "(no job log written)"
     return "\n".join(log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])

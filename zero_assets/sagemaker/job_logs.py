@@ -3,14 +3,22 @@
 Every stream of the job is followed from its start (one per instance), new lines returned on each
 `poll()`, and the last lines kept so a failure can quote them. A throttled or failing CloudWatch
 never ends the wait for the job: the tail backs off, keeps its place in every stream, and catches
-up once CloudWatch answers again.
+up once CloudWatch answers again. `write_lines` forwards them to the Dagster step's stdout, each
+host's lines marked with the host, not as one Dagster event per line.
+
+dagster-aws's `PipesCloudWatchLogReader` forwards one stream the same way, but it follows a single
+stream named up front, and gives up (its thread ends, the rest of the log is lost) after ten
+throttled reads in a row; a training job logs for days on several hosts.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
+from collections.abc import Iterable
 from functools import partial
+from typing import IO, Optional
 
 from training_code.lib.aws_clients import Backoff
 
@@ -28,6 +36,7 @@ class JobLogTail:
         self._backoff = Backoff(first_s=1.0, max_s=20.0)
         self._where = f"CloudWatch Logs {log_group} for {self._prefix}*"
         self.last_lines: deque[str] = deque(maxlen=keep_lines)
+        self.hosts: list[str] = []  # the hosts whose streams were read, in the order they appeared
 
     @property
     def throttled(self) -> int:
@@ -54,6 +63,8 @@ class JobLogTail:
         lines: list[tuple[str, str]] = []
         for stream in self.streams():
             host = stream[len(self._prefix) :]
+            if host not in self.hosts:
+                self.hosts.append(host)
             messages: list[str] = []
             # A refused read keeps what was read (the token moved past it); the stream resumes there.
             read_to_end = guarded_read(self._backoff, partial(self._new_messages, stream, messages), False, self._where)
@@ -90,3 +101,17 @@ class JobLogTail:
             time.sleep(0.5)
             waited += 0.5
         return self.poll()
+
+
+def write_lines(lines: Iterable[tuple[str, str]], target: Optional[IO[str]] = None) -> int:
+    """Write (host, line) pairs to `target` (default: this process's stdout at the time of the call, which
+    Dagster captures as the step's stdout), each line after `[host] ` so every host's stream can be read
+    (or grepped) on its own. Returns how many lines were written."""
+    stream = target or sys.stdout
+    written = 0
+    for host, line in lines:
+        stream.write(f"[{host}] {line}\n")
+        written += 1
+    if written:
+        stream.flush()
+    return written

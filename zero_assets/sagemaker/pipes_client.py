@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import IO, Any, Literal, Optional
 
 from botocore.exceptions import ClientError
 from dagster import Failure, MetadataValue, PipesClient
@@ -27,7 +27,7 @@ from training_code.lib.aws_clients import Backoff, endpoint_of, is_retryable, re
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import s3_client as storage_s3_client
 
-from .job_logs import JobLogTail
+from .job_logs import JobLogTail, write_lines
 from .job_cost import job_cost, price_table
 from .names import attempt_of
 from .pipes_io import JobKeyedS3ContextInjector, message_reader_for
@@ -73,6 +73,8 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
             injector and reader; required unless both are given).
         messages: where the default reader reads: "s3" (reattach-safe) or "cloudwatch".
         forward_termination: stop the job when the Dagster run is terminated.
+        log_target: where the job's CloudWatch lines go, each after `[host] ` (default: this process's
+            stdout, which Dagster captures as the step's stdout). Status changes stay Dagster events.
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         poll_interval: float = 15.0,
         message_poll_interval: float = 10.0,
         log_tail_lines: int = 30,
+        log_target: Optional[IO[str]] = None,
     ):
         self._client = client or aws_client("sagemaker")
         self._logs = logs_client or aws_client("logs")
@@ -102,6 +105,7 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         self.poll_interval = poll_interval
         self.message_poll_interval = message_poll_interval
         self.log_tail_lines = log_tail_lines
+        self.log_target = log_target
         self._prices = price_table()  # read before any job launches: a bad ZERO_SM_PRICE_TABLE fails here, not after the job
 
     @classmethod
@@ -260,6 +264,7 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         status_key = API[kind].status_key
         history: list[str] = []
         reported_stream = False
+        announced = 0  # hosts whose log stream an event has pointed at
         refused = Backoff(first_s=self.poll_interval, max_s=max(60.0, self.poll_interval))
         while True:
             try:
@@ -276,13 +281,11 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
             if not history or history[-1] != status:
                 history.append(status)
                 context.log.info(f"[pipes] {name}: {status}")
-            for host, line in logs.poll():
-                context.log.info(f"[{name} {host}] {line}")
+            announced = self._forward_logs(context, name, logs, logs.poll(), announced)
             if isinstance(reader, PipesCloudWatchMessageReader) and not reported_stream:
                 reported_stream = self._report_message_stream(logs, session, API[kind].log_group)
             if job[status_key] in TERMINAL:
-                for host, line in logs.final_poll():  # lines CloudWatch delivered after the last poll
-                    context.log.info(f"[{name} {host}] {line}")
+                self._forward_logs(context, name, logs, logs.final_poll(), announced)  # lines CloudWatch delivered after the last poll
                 # CloudWatch messages are read only once their stream is known: a throttled lookup is tried again.
                 deadline = time.monotonic() + 120
                 while isinstance(reader, PipesCloudWatchMessageReader) and not reported_stream and logs.refused_lately() and time.monotonic() < deadline:
@@ -292,6 +295,16 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
                     context.log.info(f"[pipes] CloudWatch Logs refused {logs.throttled} reads of {name}'s logs; each was backed off and read again")
                 return job, history
             time.sleep(self.poll_interval)
+
+    def _forward_logs(self, context, name: str, logs: JobLogTail, lines: list[tuple[str, str]], announced: int) -> int:
+        """The job's lines go to the step's stdout (one Dagster event per line would flood the event log
+        for days of training); one event per host, the first time its stream is read, says where its
+        lines are. Returns how many hosts have been announced."""
+        for host in logs.hosts[announced:]:
+            context.log.info(f"[pipes] {name}: host {host}'s log (CloudWatch stream {name}/{host}) is copied to this step's stdout, "
+                             f"each line after [{host}]")
+        write_lines(lines, self.log_target)
+        return len(logs.hosts)
 
     @staticmethod
     def _report_message_stream(logs: JobLogTail, session, log_group: str) -> bool:
