@@ -1,65 +1,110 @@
-"""Answer lineage questions from the Dagster instance and the manifests the assets wrote.
+"""Answer lineage questions from Dagster's own provenance and the manifests the assets wrote.
 
-Each job-backed materialization records `upstream` (asset -> uri, data version), so a checkpoint can
-be walked back to its warm shards and training set; the training set names each source's shard set
-(and the validated set it was built from) and the rows it left out; the shards say which images
-trained it.
+Dagster tags every materialization with the data version and the event (storage id) of each upstream
+asset it read (`dagster/input_data_version/<asset>`, `dagster/input_event_pointer/<asset>`). A
+checkpoint is walked back by those pointers: checkpoint -> fsx_warm_state -> training_set. The
+training set's manifest names each source's shard set and the validated set it was built from; for a
+per-source upstream Dagster points at the asset's newest event of any source, so a source's own
+materialization is the newest of its partition at or before that pointer. Files are read through the
+storage layer, so a lake on S3 (at any endpoint) with warm shards on FSx answers like a local one.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Iterator
 
 import pandas as pd
-import pyarrow as pa
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
+import pyarrow.parquet as pq
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DataProvenance, EventLogRecord
 
 from training_code.lib import training_set as ts
-from training_code.lib.shard_format import open_shard, read_manifest, shards_for_split
-from training_code.lib.storage import is_s3, join, read_bytes
+from training_code.lib.storage import join, read_bytes
 
 PAGE = 1000
 LATEST = "latest"  # `zero-assets lineage` with no checkpoint named: the newest one
+DATA_VERSION_TAG = "dagster/data_version"
 
 
 @dataclass(frozen=True)
 class Materialization:
     asset: str
+    partition: str | None
+    storage_id: int
     run_id: str
     metadata: dict[str, Any]
+    tags: dict[str, str]
+
+    @classmethod
+    def of(cls, record: EventLogRecord) -> "Materialization":
+        event = record.asset_materialization
+        return cls(event.asset_key.to_user_string(), record.partition_key, record.storage_id, record.run_id,
+                   {k: v.value for k, v in event.metadata.items()}, dict(event.tags or {}))
+
+    @property
+    def name(self) -> str:
+        return f"{self.asset}[{self.partition}]" if self.partition else self.asset
 
     @property
     def uri(self) -> str:
         return str(self.metadata.get("dagster/uri", ""))
 
-    def upstream_uri(self, asset: str) -> str | None:
-        entry = (self.metadata.get("upstream") or {}).get(asset)
-        return entry["uri"] if entry else None
+    @property
+    def data_version(self) -> str | None:
+        return self.tags.get(DATA_VERSION_TAG)
+
+    def read_from(self, upstream: str) -> tuple[str, int]:
+        """The data version and the event storage id of `upstream` that Dagster recorded this materialization read."""
+        provenance, key = DataProvenance.from_tags(self.tags), AssetKey(upstream)
+        if provenance is None or not provenance.has_input_asset(key) or provenance.input_storage_ids[key] is None:
+            raise LookupError(f"materialization {self.storage_id} of {self.name} (run {self.run_id}) has no Dagster provenance for "
+                              f"its input {upstream} (tag dagster/input_event_pointer/{upstream}); re-materialize it")
+        return provenance.input_data_versions[key].value, provenance.input_storage_ids[key]
 
 
-def materializations(instance: DagsterInstance, asset: str, partition: str | None = None) -> Iterator[Materialization]:
+def materializations(instance: DagsterInstance, asset: str, partition: str | None = None,
+                     before_storage_id: int | None = None) -> Iterator[Materialization]:
     """Every materialization of `asset` (of one source's partition when given), newest first."""
     cursor = None
-    records_filter = AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[partition]) if partition else AssetKey(asset)
+    records_filter = AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[partition] if partition else None,
+                                        before_storage_id=before_storage_id)
     while True:
         page = instance.fetch_materializations(records_filter, limit=PAGE, cursor=cursor)
-        for record in page.records:
-            event = record.asset_materialization
-            yield Materialization(asset, record.run_id, {k: v.value for k, v in event.metadata.items()})
+        yield from (Materialization.of(record) for record in page.records)
         if not page.has_more:
             return
         cursor = page.cursor
 
 
-def _find(instance: DagsterInstance, asset: str, uri: str, partition: str | None = None) -> Materialization:
-    for found in materializations(instance, asset, partition):
-        if found.uri == uri:
-            return found
-    raise LookupError(f"no materialization of {asset} wrote {uri}")
+def upstream_of(instance: DagsterInstance, found: Materialization, asset: str) -> Materialization:
+    """The materialization of the unpartitioned `asset` that `found` was built from: the event Dagster points at."""
+    version, pointer = found.read_from(asset)
+    records = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(asset), storage_ids=[pointer]), limit=1).records
+    if not records:
+        raise LookupError(f"{found.name} (run {found.run_id}) was built from {asset} event {pointer}, which this Dagster instance "
+                          "no longer holds (wiped?)")
+    upstream = Materialization.of(records[0])
+    if upstream.data_version != version:
+        raise LookupError(f"{found.name} (run {found.run_id}) read {asset} at data version {version}, but the event it points at "
+                          f"({pointer}) has {upstream.data_version}")
+    return upstream
+
+
+def source_upstream_of(instance: DagsterInstance, found: Materialization, asset: str, source: str, uri: str) -> Materialization:
+    """The materialization of `asset` for `source` that `found` was built from, which wrote `uri`.
+
+    Dagster's pointer for a partitioned upstream is that asset's newest event when the step started,
+    of any source; the source's own is then the newest of its partition at or before the pointer."""
+    _, pointer = found.read_from(asset)
+    upstream = next(materializations(instance, asset, source, before_storage_id=pointer + 1), None)
+    if upstream is None or upstream.uri != uri:
+        held = upstream.uri if upstream else "none"
+        raise LookupError(f"{found.name} (run {found.run_id}) names {uri} as {asset} of source {source}, but that source's "
+                          f"materialization current at Dagster's pointer {pointer} wrote {held}")
+    return upstream
 
 
 @dataclass
@@ -71,6 +116,11 @@ class CheckpointLineage:
     validated_sets: dict[str, Materialization]  # source -> the validated set those shards were built from
     train_images: pd.DataFrame  # source, key, sha256 of every image the training read (excluded rows left out)
     reports: list[Materialization]
+
+    @property
+    def warm_s3_uri(self) -> str | None:
+        """The S3 side of warm shards on FSx (`fsx://...`): the same bytes, recorded by the warm step."""
+        return self.warm.metadata.get("warm_s3_uri")
 
 
 def find_checkpoint(instance: DagsterInstance, checkpoint_uri_or_run_id: str = LATEST) -> Materialization:
@@ -85,20 +135,29 @@ def find_checkpoint(instance: DagsterInstance, checkpoint_uri_or_run_id: str = L
 
 def _trained_from(instance: DagsterInstance, checkpoint: Materialization) -> tuple[Materialization, Materialization]:
     """The warm shards and the training set a checkpoint was trained from."""
-    warm = _find(instance, "fsx_warm_state", checkpoint.upstream_uri("fsx_warm_state"))
-    return warm, _find(instance, "training_set", warm.upstream_uri("training_set"))
+    warm = upstream_of(instance, checkpoint, "fsx_warm_state")
+    return warm, upstream_of(instance, warm, "training_set")
 
 
 def checkpoint_lineage(instance: DagsterInstance, checkpoint: Materialization) -> CheckpointLineage:
     warm, chosen = _trained_from(instance, checkpoint)
-    manifest = _training_set_manifest(chosen.uri)
     shard_sets, validated_sets = {}, {}
-    for source in manifest["sources"]:
+    for source in _training_set_manifest(chosen.uri)["sources"]:
         name = source["source"]
-        shard_sets[name] = _find(instance, "arrow_shards", source["shards_uri"], name)
-        validated_sets[name] = _find(instance, "validated_images", source["validated_uri"], name)
-    reports = [r for r in materializations(instance, "map_report") if r.upstream_uri("trained_checkpoint") == checkpoint.uri]
-    return CheckpointLineage(checkpoint, warm, chosen, shard_sets, validated_sets, _train_images(chosen.uri, warm.uri), reports)
+        shards = source_upstream_of(instance, chosen, "arrow_shards", name, source["shards_uri"])
+        if shards.data_version != source["data_version"]:
+            raise LookupError(f"{chosen.uri} lists source {name}'s shards at data version {source['data_version']}, "
+                              f"its materialization {shards.storage_id} has {shards.data_version}")
+        shard_sets[name] = shards
+        validated_sets[name] = source_upstream_of(instance, shards, "validated_images", name, source["validated_uri"])
+    return CheckpointLineage(checkpoint, warm, chosen, shard_sets, validated_sets, _train_images(chosen.uri), _reports(instance, checkpoint))
+
+
+def _reports(instance: DagsterInstance, checkpoint: Materialization) -> list[Materialization]:
+    """The map_report materializations that read a materialization of this checkpoint (a cache hit
+    records the same uri again)."""
+    same = {found.storage_id for found in materializations(instance, "trained_checkpoint") if found.uri == checkpoint.uri}
+    return [report for report in materializations(instance, "map_report") if report.read_from("trained_checkpoint")[1] in same]
 
 
 @lru_cache(maxsize=32)
@@ -106,22 +165,37 @@ def _training_set_manifest(uri: str) -> dict[str, Any]:
     return json.loads(read_bytes(join(uri, ts.MANIFEST)))
 
 
+def _parquet(uri: str, columns: list[str]) -> pd.DataFrame:
+    """Some columns of a Parquet table, local or on S3 (the storage layer's endpoint and retries)."""
+    return pq.read_table(io.BytesIO(read_bytes(uri)), columns=columns).to_pandas()
+
+
 @lru_cache(maxsize=32)
-def _train_images(training_set_uri: str, warm_uri: str) -> pd.DataFrame:
-    """The images the training read: every source's train split, from the key columns only (image
-    bytes are not read), less the rows the training set excluded. Shards in an S3 lake are read from
-    their verified copy on the warm mount."""
-    manifest = _training_set_manifest(training_set_uri)
-    excluded = pd.read_parquet(join(training_set_uri, ts.EXCLUDED))
-    tables = []
-    for source in manifest["sources"]:
-        folder = Path(join(warm_uri, source["folder"]) if is_s3(source["shards_uri"]) else source["shards_uri"])
-        tables += [open_shard(folder / e["file"]).select(["source", "key", "sha256"]) for e in shards_for_split(read_manifest(folder), "train")]
-    if not tables:
-        return pd.DataFrame(columns=["source", "key", "sha256"])
-    frame = pa.concat_tables(tables).to_pandas()
-    left_out = set(zip(excluded["source"], excluded["key"]))
-    return frame[[(s, k) not in left_out for s, k in zip(frame["source"], frame["key"])]].reset_index(drop=True)
+def _excluded(training_set_uri: str) -> pd.DataFrame:
+    return _parquet(join(training_set_uri, ts.EXCLUDED), ["source", "key", "reason"])
+
+
+@lru_cache(maxsize=128)
+def _trained_rows(training_set_uri: str, source: str) -> pd.DataFrame:
+    """One source's images the training read: its shard set holds exactly the train rows of the
+    validated set it was built from (the validated table's key and sha256 columns, so no shard is
+    downloaded; the count is checked against the shard manifest), less the rows the training set excluded."""
+    entry = next(s for s in _training_set_manifest(training_set_uri)["sources"] if s["source"] == source)
+    accepted = _parquet(join(entry["validated_uri"], "accepted.parquet"), ["key", "sha256", "split"])
+    train = accepted[accepted["split"] == "train"]
+    in_shards = sum(shard["rows"] for shard in entry["shards"] if shard["split"] == "train")
+    if len(train) != in_shards:
+        raise ValueError(f"{entry['validated_uri']}/accepted.parquet has {len(train)} train rows, but the shard set "
+                         f"{entry['shards_uri']} lists {in_shards}: it was not built from that validated set")
+    excluded = _excluded(training_set_uri)
+    left_out = set(excluded.loc[excluded["source"] == source, "key"])
+    kept = train[~train["key"].isin(left_out)]
+    return pd.DataFrame({"source": source, "key": kept["key"].to_numpy(), "sha256": kept["sha256"].to_numpy()})
+
+
+def _train_images(training_set_uri: str) -> pd.DataFrame:
+    frames = [_trained_rows(training_set_uri, s["source"]) for s in _training_set_manifest(training_set_uri)["sources"]]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["source", "key", "sha256"])
 
 
 def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
@@ -134,22 +208,23 @@ def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
     fate = _verdict(latest.uri, key)
     chosen = next(materializations(instance, "training_set"), None)
     if fate["status"] == "accepted" and chosen is not None:
-        excluded = pd.read_parquet(join(chosen.uri, ts.EXCLUDED))
+        excluded = _excluded(chosen.uri)
         reason = excluded.loc[(excluded["source"] == source) & (excluded["key"] == key), "reason"]
         if not reason.empty:
             fate.update(status="excluded from the training set", reason=reason.iloc[0], training_set=chosen.uri)
     fate["checkpoints"] = []
     for checkpoint in materializations(instance, "trained_checkpoint"):
         # only the images it trained on: not the shard-set, validated-set and report walks of checkpoint_lineage
-        warm, trained_on = _trained_from(instance, checkpoint)
-        if (key == _train_images(trained_on.uri, warm.uri)["key"]).any():
+        _, trained_on = _trained_from(instance, checkpoint)
+        if source in {s["source"] for s in _training_set_manifest(trained_on.uri)["sources"]} and \
+                (key == _trained_rows(trained_on.uri, source)["key"]).any():
             fate["checkpoints"].append(checkpoint.uri)
     return fate
 
 
 def _verdict(validated_uri: str, key: str) -> dict[str, Any]:
     def rows(table: str) -> pd.DataFrame:
-        frame = pd.read_parquet(join(validated_uri, table))
+        frame = pd.read_parquet(io.BytesIO(read_bytes(join(validated_uri, table))))
         return frame[frame["key"] == key]
 
     if not (accepted := rows("accepted.parquet")).empty:
