@@ -126,7 +126,7 @@ def _lineage(args: argparse.Namespace) -> int:
             return 0
         found = checkpoint_lineage(instance, find_checkpoint(instance, args.checkpoint or LATEST))
     print(f"checkpoint   {found.checkpoint.uri}  (run {found.checkpoint.run_id})")
-    print(f"warm shards  {found.warm.uri}")
+    print(f"warm shards  {found.warm.uri}" + (f"  (S3 side {found.warm_s3_uri})" if found.warm_s3_uri else ""))
     print(f"training set {found.training_set.uri}")
     for source, shards in sorted(found.shard_sets.items()):
         print(f"shard set    {source}: {shards.uri}")
