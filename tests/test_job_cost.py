@@ -13,6 +13,7 @@ from sagemaker_fakes import FakeSageMaker, aws_env, fake_settings, job_package, 
 from training_code.lib.aws_clients import client as aws_client
 from zero_assets.assets import raw_image_index, validated_images
 from zero_assets.job_request import JobRequest
+from zero_assets.resources import LocalJobRunner
 from zero_assets.resources.sagemaker_settings import JobCompute
 from zero_assets.resources.settings import REPO_ROOT
 from zero_assets.run_cost import run_cost_sensors
@@ -193,20 +194,19 @@ def test_the_run_total_adds_up_its_jobs_failed_ones_included_cache_hits_excluded
 
 def test_local_jobs_count_their_time_and_have_no_price(resources, instance, tiny_raw_root):
     source = sources_of(tiny_raw_root)[0]
-    # The index (built in process for a small source) and the validation job.
-    result = materialize_source(source, instance=instance, resources=resources, assets=[raw_image_index, validated_images])
-    metadata = {}
-    for name in ("validated_images",):
-        records = instance.fetch_materializations(AssetKey(name), limit=1).records
-        metadata[name] = {key: value.value for key, value in records[0].asset_materialization.metadata.items()}
-    for name, values in metadata.items():
-        assert values["backend"] == "local" and "estimated_cost_usd" not in values, name
-        assert values["instance_seconds"] == pytest.approx(values["job_wall_s"] * values["instance_count"], abs=0.02), name
-        assert "not priced" in values["cost_note"], name
+    # Validation spread over two local hosts: a map job on both, then a reduce job on one (see job_request.fan_out).
+    jobs = LocalJobRunner(settings=resources["settings"], instances={"validated_images": 2})
+    result = materialize_source(source, instance=instance, resources={**resources, "jobs": jobs}, assets=[raw_image_index, validated_images])
+    records = instance.fetch_materializations(AssetKey("validated_images"), limit=1).records
+    metadata = {key: value.value for key, value in records[0].asset_materialization.metadata.items()}
+    assert metadata["backend"] == "local" and metadata["map_instance_count"] == 2 and metadata["instance_count"] == 1
+    for stage in ("map_", ""):
+        assert metadata[f"{stage}instance_seconds"] == pytest.approx(metadata[f"{stage}job_wall_s"] * metadata[f"{stage}instance_count"], abs=0.02)
+        assert "not priced" in metadata[f"{stage}cost_note"] and f"{stage}estimated_cost_usd" not in metadata
     [on_success] = [s for s in run_cost_sensors if s.name == "run_cost_on_success"]
     on_success(build_run_status_sensor_context(sensor_name=on_success.name, dagster_instance=instance, dagster_run=result.dagster_run,
                                                dagster_event=result.get_run_success_event()))
     tags = instance.get_run_by_id(result.run_id).tags
-    assert tags["zero/jobs"] == "1" and "zero/estimated_cost_usd" not in tags
-    assert float(tags["zero/instance_seconds"]) == pytest.approx(sum(v["instance_seconds"] for v in metadata.values()), abs=1)
-    assert "1 of 1 jobs not priced" in tags["zero/cost_note"] and "local backend" in tags["zero/cost_note"]
+    assert tags["zero/jobs"] == "2" and "zero/estimated_cost_usd" not in tags  # the map and the reduce job; the index ran in process
+    assert float(tags["zero/instance_seconds"]) == pytest.approx(metadata["map_instance_seconds"] + metadata["instance_seconds"], abs=1)
+    assert "2 of 2 jobs not priced" in tags["zero/cost_note"] and "local backend" in tags["zero/cost_note"]
