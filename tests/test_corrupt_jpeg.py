@@ -127,6 +127,9 @@ def test_reduced_scale_decode_gives_the_full_size_verdict(damaged):
     it warns exactly when the full-size decode does."""
     rng = random.Random(15)
     for jpeg in photos().values():
+        with Image.open(io.BytesIO(jpeg)) as image:
+            eighth = (-(-image.height // 8), -(-image.width // 8))
+        assert jpeg_strict.decode_small(jpeg).shape[:2] == eighth, "decoded at 1/8 scale"
         for _ in range(DAMAGED_PER_PHOTO):
             copy = flip_three_bytes_after_sos(jpeg, rng)
             try:
