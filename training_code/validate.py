@@ -64,7 +64,7 @@ log = logging.getLogger("zero.validate")
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "zero-validated/1"
 # Bump when a change here or in image_checks/labels could change a verdict, so cached verdicts are redone.
-VALIDATOR_VERSION = "validate-3"
+VALIDATOR_VERSION = "validate-4"  # 4: JPEGs decoded strictly (corrupt_data)
 PROGRESS_EVERY_S = 10.0
 PHASES = ("all", "map", "reduce")
 MAP_ANNOTATIONS = "annotations"  # map output: the annotation files this host received, by source
