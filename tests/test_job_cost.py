@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from dagster import AssetKey, DagsterEventType, MaterializeResult, asset, build_run_status_sensor_context, materialize
+from dagster import (AssetKey, DagsterEventType, Definitions, MaterializeResult, asset, build_run_status_sensor_context, build_sensor_context,
+                     define_asset_job, materialize)
 
 from graph_runs import materialize_source, sources_of
 from sagemaker_fakes import FakeSageMaker, aws_env, fake_settings, job_package, moto_server
@@ -210,3 +211,17 @@ def test_local_jobs_count_their_time_and_have_no_price(resources, instance, tiny
     assert tags["zero/jobs"] == "2" and "zero/estimated_cost_usd" not in tags  # the map and the reduce job; the index ran in process
     assert float(tags["zero/instance_seconds"]) == pytest.approx(metadata["map_instance_seconds"] + metadata["instance_seconds"], abs=1)
     assert "2 of 2 jobs not priced" in tags["zero/cost_note"] and "local backend" in tags["zero/cost_note"]
+
+
+def test_the_sensor_as_the_daemon_ticks_it_tags_a_run_of_the_code_location(instance):
+    @asset(name="priced")
+    def priced():
+        return MaterializeResult(metadata={"instance_seconds": 120.0, "estimated_cost_usd": 0.5, "spot_savings_usd": 0.25})
+
+    defs = Definitions(assets=[priced], jobs=[define_asset_job("priced_job", [priced])], sensors=run_cost_sensors)
+    [sensor], repository = [s for s in run_cost_sensors if s.name == "run_cost_on_success"], defs.get_repository_def()
+    first = sensor.evaluate_tick(build_sensor_context(instance=instance, repository_def=repository))  # starts its cursor here
+    run = defs.resolve_job_def("priced_job").execute_in_process(instance=instance)
+    sensor.evaluate_tick(build_sensor_context(instance=instance, repository_def=repository, cursor=first.cursor))
+    tags = instance.get_run_by_id(run.run_id).tags
+    assert (tags["zero/jobs"], tags["zero/instance_seconds"], tags["zero/estimated_cost_usd"], tags["zero/spot_savings_usd"]) == ("1", "120", "0.50", "0.25")
