@@ -98,6 +98,7 @@ def quarantine_root(raw: Path) -> pd.DataFrame:
     (raw / "cam").mkdir(parents=True)
     files = {
         "cam/a_crc.png": (bad_crc_png(1), "checksum"),  # decodes: shown
+        "cam/a_damaged.jpg": (encoded(scene(2), "JPEG"), "corrupt_data"),  # Pillow decodes what libjpeg-turbo refused: shown
         "cam/b_small.png": (encoded(Image.new("RGB", (4, 3), "blue")), "too_small"),  # decodes: shown
         "cam/c_truncated.jpg": (encoded(scene(3), "JPEG")[:900], "decode_error"),  # does not decode: left out
         "cam/d_changed.png": (bad_crc_png(4), "checksum"),  # bytes changed since the verdict: left out
@@ -122,7 +123,7 @@ SHEET_CHILD = """
 import json, sys
 import pandas as pd
 from training_code.lib.contact_sheet import quarantine_thumbnails
-raw, rows = sys.argv[1], pd.read_json(sys.argv[2])
+raw, rows = sys.argv[1], pd.read_json(sys.argv[2], dtype=False)
 # The byte limit lifted past the sparse file: only the reason may keep it unopened.
 thumbnails = quarantine_thumbnails(raw, rows, max_bytes=2 << 30, max_pixels=10**9, timeout_s=20, workers=2)
 print(json.dumps([[t.key, t.reason, t.png.hex()] for t in thumbnails]))
@@ -149,8 +150,9 @@ def test_the_contact_sheet_draws_only_decodable_quarantined_files_and_never_open
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     drawn = [(key, reason, Image.open(io.BytesIO(bytes.fromhex(png)))) for key, reason, png in json.loads(lines[0])]
-    assert [(key, reason) for key, reason, _ in drawn] == [("cam/a_crc.png", "checksum"), ("cam/b_small.png", "too_small")]
-    assert drawn[0][2].size == (THUMBNAIL_SIDE, THUMBNAIL_SIDE * 3 // 4) and drawn[1][2].size == (4, 3)
+    assert [(key, reason) for key, reason, _ in drawn] == [
+        ("cam/a_crc.png", "checksum"), ("cam/a_damaged.jpg", "corrupt_data"), ("cam/b_small.png", "too_small")]
+    assert [image.size for _, _, image in drawn] == [(THUMBNAIL_SIDE, THUMBNAIL_SIDE * 3 // 4)] * 2 + [(4, 3)]
     peak_mb = int(lines[1].split()[1]) / 1024
     print(f"peak memory drawing the sheet beside a 1 GB file: {peak_mb:.0f} MB")
     assert peak_mb < 400, f"{peak_mb:.0f} MB: the too_large file was read"

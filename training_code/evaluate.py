@@ -142,8 +142,8 @@ def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
 def inline_pictures(curve: dict[str, Any], pictures: list[SamplePicture]) -> dict[str, Any]:
     """Thumbnails for the UI (the full-size files are pr_curve.png and sample_predictions.png)."""
     entries = {"pr_curve": markdown_metadata(inline_picture(
-        lambda width: draw_pr_thumbnail(curve, width), f"precision-recall at IoU {curve['iou']}",
-        f"precision (up) against recall (right) at IoU {curve['iou']}: mean in black, each class in colour"))}
+        lambda width: draw_pr_thumbnail(curve, width), "PR curve",
+        f"precision by recall at IoU {curve['iou']}: mean black, classes in colour"))}  # a short caption leaves room for a wider plot
     for number, picture in enumerate(pictures, start=1):
         caption = f"{picture.key}: {len(picture.truth)} true (green), {len(picture.predicted)} predicted at score {PICTURE_MIN_SCORE}+ (red)"
         entries[f"sample_prediction_{number}"] = markdown_metadata(inline_picture(

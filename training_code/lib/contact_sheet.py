@@ -25,9 +25,10 @@ from .hashing import sha256_bytes
 from .isolated_pool import IsolatedPool, WorkerLost
 from .raw_files import Refused, locate, read_limited
 
-# The checks that quarantined these ran after a full decode (too_small, exif) or failed on a check the
-# pixels do not depend on (a chunk CRC); decode_error covers odd files Pillow may still draw.
-DRAWABLE_REASONS = ("checksum", "decode_error", "exif", "too_small")
+# The checks that quarantined these ran after a full decode (too_small, exif), failed on a check the
+# pixels do not depend on (a chunk CRC), or were stricter than Pillow (corrupt_data: Pillow decodes the
+# damaged JPEG, to the garbage worth seeing); decode_error covers odd files Pillow may still draw.
+DRAWABLE_REASONS = ("checksum", "corrupt_data", "decode_error", "exif", "too_small")
 MAX_THUMBNAILS = 8
 MAX_ATTEMPTS = 4 * MAX_THUMBNAILS
 THUMBNAIL_SIDE = 160
