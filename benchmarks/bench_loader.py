@@ -46,7 +46,7 @@ class BareDecode(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        columns = [shard_format.open_shard(s.path).column("image") for s in self.shards]
+        columns = [shard_format.image_bytes(shard_format.open_shard(s.path)) for s in self.shards]
         rows = [(c, r) for c in columns for r in range(len(c))]
         for position, (column, row) in enumerate(itertools.cycle(rows)):
             if position % workers == worker:

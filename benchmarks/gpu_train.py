@@ -54,7 +54,7 @@ def _render(index: int) -> dict:
 
 
 def write_shards(folder: Path, scenes: int) -> Path:
-    with Pool() as pool, ShardWriter(folder, "train", 256 << 20) as writer:
+    with Pool() as pool, ShardWriter(folder, "train", 256 << 20, categories=CATEGORY_LIST) as writer:
         for row in pool.imap(_render, range(scenes), chunksize=16):
             writer.write(row)
     (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "categories": CATEGORY_LIST, "shards": writer.entries}))

@@ -35,7 +35,7 @@ def write_scene_shards(folder: Path, rows_by_split: dict[str, int], seed: int = 
     rng = np.random.default_rng(seed)
     entries = []
     for split, rows in rows_by_split.items():
-        with ShardWriter(folder, split, shard_bytes) as writer:
+        with ShardWriter(folder, split, shard_bytes, categories=CATEGORY_LIST) as writer:
             for index in range(rows):
                 writer.write(scene_row(rng, f"{split}/{index:05d}"))
         entries += writer.entries

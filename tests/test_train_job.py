@@ -58,7 +58,7 @@ def encoded_row(data: bytes, image_format: str, width: int, height: int, boxes, 
 def write_shard_set(folder: Path, rows_by_split: dict[str, list[dict]], shard_bytes: int = 40_000) -> Path:
     entries = []
     for split, rows in rows_by_split.items():
-        with ShardWriter(folder, split, shard_bytes) as writer:
+        with ShardWriter(folder, split, shard_bytes, categories=CATEGORIES) as writer:
             for row in rows:
                 writer.write(row)
         entries += writer.entries

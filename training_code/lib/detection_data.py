@@ -104,7 +104,7 @@ class ShardRows:
 
     def __init__(self, path: Path) -> None:
         self.table = shard_format.open_shard(path)
-        self.images = self.table.column("image")
+        self.images = shard_format.image_bytes(self.table)
         self.labels = self.table.select(_LABEL_COLUMNS).to_pydict()
 
     def record(self, row: int) -> dict[str, Any]:

@@ -1,52 +1,77 @@
 """The Arrow shard format: column schema, manifest layout, and verified reading.
 
-A shard set is a folder of Arrow IPC stream files (`<split>-<nnnnn>.arrow`, readable with
-`datasets.Dataset.from_file`) and a `manifest.json`, written last, that lists every shard with its
-row count, byte size and sha256. Readers trust only the manifest. Boxes are absolute `x1, y1, x2, y2`
-pixels in the upright frame: decode `image` with `decode_upright` (EXIF orientation applied).
+A shard set is a folder of Arrow IPC stream files (`<split>-<nnnnn>.arrow`) and a `manifest.json`,
+written last, that lists every shard with its row count, byte size and sha256. Readers trust only the
+manifest. Boxes are absolute `x1, y1, x2, y2` pixels in the upright frame: decode the stored image
+bytes (`image_bytes`) with `decode_upright` (EXIF orientation applied).
+
+Each shard is also a Hugging Face dataset (see shard_hf): its schema carries the `datasets` features,
+so `datasets.Dataset.from_file(shard)` yields PIL images and `ClassLabel` category ids, and the folder
+loads with `datasets.load_from_disk` as a `DatasetDict` by split.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from PIL import Image, ImageOps
 
+from . import shard_hf
 from .hashing import sha256_file
 
-MANIFEST = "manifest.json"
-FORMAT = "zero-shards/1"
+log = logging.getLogger("zero.shard")
 
+MANIFEST = "manifest.json"
+# 2: image as struct<bytes, path>, category ids int64, every column nullable, `datasets` features in
+# the schema: the storage `datasets` needs to read the features (see shard_hf).
+FORMAT = "zero-shards/2"
+
+IMAGE_TYPE = pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.string())])
+BOXES_NOTE = {"boxes": "x1,y1,x2,y2 absolute pixels, upright frame (EXIF orientation applied)"}
+
+# The columns and their storage. Nullable because `datasets` ignores a column's features when its field
+# is not: the writer refuses nulls instead (ShardWriter). A shard's own schema adds the features.
 SHARD_SCHEMA = pa.schema(
     [
-        pa.field("image", pa.large_binary(), nullable=False),
-        pa.field("image_format", pa.string(), nullable=False),
-        pa.field("width", pa.int32(), nullable=False),
-        pa.field("height", pa.int32(), nullable=False),
-        pa.field("boxes", pa.list_(pa.list_(pa.float32(), 4)), nullable=False),
-        pa.field("category_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("category_names", pa.list_(pa.string()), nullable=False),
-        pa.field("source", pa.string(), nullable=False),
-        pa.field("key", pa.string(), nullable=False),
-        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("image", IMAGE_TYPE),  # the stored bytes; `path` is always null
+        pa.field("image_format", pa.string()),
+        pa.field("width", pa.int32()),
+        pa.field("height", pa.int32()),
+        pa.field("boxes", pa.list_(pa.list_(pa.float32(), 4))),
+        pa.field("category_ids", pa.list_(pa.int64())),
+        pa.field("category_names", pa.list_(pa.string())),
+        pa.field("source", pa.string()),
+        pa.field("key", pa.string()),
+        pa.field("sha256", pa.string()),
     ],
-    metadata={"boxes": "x1,y1,x2,y2 absolute pixels, upright frame (EXIF orientation applied)"},
+    metadata=BOXES_NOTE,
 )
+
+
+def shard_schema(categories: list[dict[str, Any]]) -> pa.Schema:
+    """SHARD_SCHEMA with the `datasets` features of a shard set whose manifest lists `categories`."""
+    return SHARD_SCHEMA.with_metadata({**BOXES_NOTE, "huggingface": shard_hf.schema_metadata(shard_hf.class_names(categories))})
 
 
 class ShardIntegrityError(RuntimeError):
     """A shard on disk does not match its manifest entry."""
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
+def _manifest_json(folder: Path) -> tuple[Path, dict[str, Any]]:
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"no shard manifest at {path}: the shard set is incomplete or was never written")
-    manifest = json.loads(path.read_text())
+    return path, json.loads(path.read_text())
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    path, manifest = _manifest_json(folder)
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{path}: format {manifest.get('format')!r} is not {FORMAT!r}")
     return manifest
@@ -77,6 +102,11 @@ def open_shard(path: Path) -> pa.Table:
         return pa.ipc.open_stream(source).read_all()
 
 
+def image_bytes(table: pa.Table) -> pa.ChunkedArray:
+    """The stored image bytes of every row (the `bytes` field of `image`), zero-copy from the map."""
+    return pc.struct_field(table.column("image"), "bytes")
+
+
 def decode_upright(data: bytes) -> Image.Image:
     """Decode stored image bytes to RGB in the frame the boxes use."""
     with Image.open(io.BytesIO(data)) as image:
@@ -84,3 +114,17 @@ def decode_upright(data: bytes) -> Image.Image:
         image.load()
         # Pixels stay valid after the `with` (it only drops the byte stream); convert() would copy an RGB image.
         return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def reusable_manifest(previous: Path | None, categories: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The earlier shard set's manifest when its shards may be carried over, else None (every row is
+    packed again): an older format, or other categories, since every shard embeds the category names
+    (its ClassLabel) and the format decides the bytes."""
+    if previous is None:
+        return None
+    _, manifest = _manifest_json(previous)
+    if manifest.get("format") != FORMAT or manifest.get("categories") != categories:
+        log.info("earlier shard set %s has format %s and categories %s, now %s and %s: every row is packed again",
+                 previous, manifest.get("format"), manifest.get("categories"), FORMAT, categories)
+        return None
+    return manifest

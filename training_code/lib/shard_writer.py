@@ -2,7 +2,8 @@
 
 The writer rolls over to a new shard when the current one reaches the target size, writes each shard
 under a temporary name and renames it when closed, and returns the manifest entries; the caller
-writes the manifest last.
+writes the manifest last. Each shard's schema carries the `datasets` features of the shard set's
+categories (shard_format.shard_schema), so the writer is given the categories the manifest will list.
 """
 
 from __future__ import annotations
@@ -16,19 +17,23 @@ from typing import Any
 
 import pyarrow as pa
 
-from .shard_format import SHARD_SCHEMA
+from .shard_format import IMAGE_TYPE, SHARD_SCHEMA, shard_schema
 
 ROWS_PER_BATCH = 64  # small record batches keep memory flat and let readers slice cheaply
 BATCH_BYTES = 4 << 20  # and about this much image data per batch: short flushes keep the reader threads busy meanwhile
+_COLUMNS = SHARD_SCHEMA.names
+_LABELS = pa.schema([f for f in SHARD_SCHEMA if f.name != "image"])
 
 
 class ShardWriter:
-    """`with ShardWriter(out, "train", target_bytes) as writer: writer.write(row)`; then `writer.entries`."""
+    """`with ShardWriter(out, "train", target_bytes, categories=manifest_categories) as writer: writer.write(row)`;
+    then `writer.entries`. A row holds every SHARD_SCHEMA column, `image` as the bytes to store."""
 
-    def __init__(self, out_dir: Path, split: str, target_bytes: int, first_index: int = 0) -> None:
+    def __init__(self, out_dir: Path, split: str, target_bytes: int, *, categories: list[dict[str, Any]], first_index: int = 0) -> None:
         if target_bytes <= 0:
             raise ValueError(f"target shard size must be positive, got {target_bytes}")
         self.out_dir, self.split, self.target_bytes = Path(out_dir), split, target_bytes
+        self.schema = shard_schema(categories)
         self.next_index = first_index
         self.entries: list[dict[str, Any]] = []
         self._pending: list[dict[str, Any]] = []
@@ -50,6 +55,9 @@ class ShardWriter:
             self._abort()
 
     def write(self, row: dict[str, Any]) -> None:
+        # The schema's fields are nullable for `datasets`' sake, so Arrow would store a missing value as null.
+        if missing := [name for name in _COLUMNS if row.get(name) is None]:
+            raise ValueError(f"shard row {row.get('key')!r}: column {missing[0]!r} is missing or None; every shard column needs a value")
         self._pending.append(row)
         self._pending_bytes += len(row["image"])
         # Roll over by the row, not by the batch, so a shard ends close to the target whatever the batch size.
@@ -63,7 +71,7 @@ class ShardWriter:
     def _flush(self) -> None:
         if not self._pending:
             return
-        batch = pa.RecordBatch.from_pylist(self._pending, schema=SHARD_SCHEMA)
+        batch = _record_batch(self._pending, self.schema)
         self._pending, self._pending_bytes = [], 0
         if self._stream is None:
             self._open_shard()
@@ -75,7 +83,7 @@ class ShardWriter:
         self._name = f"{self.split}-{self.next_index:05d}.arrow"
         self.next_index += 1
         self._sink = pa.OSFile(str(self._tmp_path()), "wb")
-        self._stream = pa.ipc.new_stream(self._sink, SHARD_SCHEMA)
+        self._stream = pa.ipc.new_stream(self._sink, self.schema)
         self._hasher = _TrailingHasher(self._tmp_path())
         self._rows = 0
 
@@ -100,6 +108,14 @@ class ShardWriter:
             self._hasher.finish(None)
             self._tmp_path().unlink(missing_ok=True)
             self._stream = self._sink = None
+
+
+def _record_batch(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.RecordBatch:
+    """The rows as one batch of `schema`: `image` built as its struct (bytes, null path) from the row's bytes."""
+    stored = pa.array([row["image"] for row in rows], pa.binary())
+    image = pa.StructArray.from_arrays([stored, pa.nulls(len(rows), pa.string())], fields=list(IMAGE_TYPE))
+    labels = pa.RecordBatch.from_pylist(rows, schema=_LABELS)
+    return pa.RecordBatch.from_arrays([image, *labels.columns], schema=schema)
 
 
 class _TrailingHasher:
