@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from training_code.lib import job_env
 from training_code.lib.hashing import sha256_bytes
-from training_code.lib.shard_format import FORMAT, MANIFEST, read_manifest
+from training_code.lib.shard_format import FORMAT, MANIFEST, reusable_manifest
+from training_code.lib.shard_hf import write_dataset_dict
 from training_code.lib.shard_plan import PACK_ORDER, ShardPlan, plan_shards
 from training_code.lib.shard_rows import ENCODINGS, Encoding, load_image_bytes, shard_labels
 from training_code.lib.shard_writer import ShardWriter
@@ -66,7 +67,7 @@ def build_shards(
     config = {"target_shard_bytes": target_shard_bytes, **encoding.config()}
     (out / MANIFEST).unlink(missing_ok=True)
     groups = {key: (row.source, row.group) for key, row in rows.items()}  # packed interleaved, see shard_plan.pack_order
-    plan = plan_shards(expected, config, previous, read_manifest(previous) if previous else None, groups)
+    plan = plan_shards(expected, config, previous, reusable_manifest(previous, categories), groups)
     for reason in plan.dropped:
         log.info("earlier shard not carried over: %s", reason)
     entries = [_carry_over(previous, out, entry) for entry in plan.kept]
@@ -74,15 +75,17 @@ def build_shards(
         keys = plan.to_pack.get(split, [])
         tasks = (_task(raw, rows[key], expected[key][1], encoding) for key in keys)
         images = _ordered_map(load_image_bytes, tasks, workers, processes=encoding.mode == "resize")
-        with ShardWriter(out, split, target_shard_bytes, first_index=plan.first_index.get(split, 0)) as writer:
+        with ShardWriter(out, split, target_shard_bytes, categories=categories, first_index=plan.first_index.get(split, 0)) as writer:
             for key, image in zip(keys, images):
                 writer.write({"image": image, **expected[key][1]})
         entries += writer.entries
     entries.sort(key=lambda e: (SPLITS.index(e["split"]), e["file"]))
+    hf_files = write_dataset_dict(out, entries, categories)  # `datasets.load_from_disk(out)`: a DatasetDict by split
     manifest = {
         "format": FORMAT,
         "categories": categories,
         "shards": entries,
+        "files": hf_files,
         "rows": {split: sum(e["rows"] for e in entries if e["split"] == split) for split in SPLITS},
         "config": config,
         "pack_order": PACK_ORDER,
