@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from dagster import MarkdownMetadataValue, PipesSubprocessClient, TableMetadataValue, asset, materialize
+from dagster import MarkdownMetadataValue, PathMetadataValue, PipesSubprocessClient, TableMetadataValue, asset, materialize
 from PIL import Image
 
 from training_code import evaluate
@@ -33,7 +33,12 @@ from training_code.lib.report_plots import SamplePicture
 from training_code.lib.reason_meanings import IMAGE_REASONS, LABEL_REASONS
 from training_code.lib.tables import LABEL_REASONS as LABEL_CODES, REASONS
 from test_evaluate_job import CATEGORIES, write_val_shards
+from zero_assets.assets.raw_image_index import raw_image_index
+from zero_assets.assets.validated_images import validated_images
 from zero_assets.demo_data import _png_with_bad_crc
+
+from conftest import make_resources
+from graph_runs import materialize_source
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_URI = re.compile(r"^!\[[^\n]*\]\(data:image/(webp|png|jpeg);base64,([A-Za-z0-9+/=]+)\)")
@@ -202,3 +207,26 @@ def test_the_evaluation_reaches_dagster_through_pipes_with_typed_tables_and_inli
     for name in ("pr_curve.png", "sample_predictions.png"):  # the full-size pictures, vouched for by the manifest
         assert listed[name]["sha256"] == sha256_bytes((out / name).read_bytes())
         assert Image.open(out / name).width >= 480
+
+
+def test_validated_images_shows_its_contact_sheet_and_typed_tables_in_dagster(tiny_demo, instance, tmp_path):
+    """Through the asset and the local runner: the demo's line_a_camera quarantines a PNG with a bad CRC, which still decodes."""
+    resources = make_resources(Path(tiny_demo["out"]), tmp_path / "state")
+    result = materialize_source("line_a_camera", instance=instance, resources=resources, assets=[raw_image_index, validated_images])
+    metadata = result.asset_materializations_for_node("validated_images")[0].metadata
+    assert metadata["dagster/row_count"].value == metadata["accepted"].value
+    for table in ("quarantined_by_reason", "labels_rejected_by_reason"):
+        assert isinstance(metadata[table], TableMetadataValue)
+        assert [c.name for c in metadata[table].schema.columns] == ["reason", "count", "meaning"]
+    # job_env.table types a column by its values: this source rejects no label, so only the quarantine's count is typed.
+    assert [c.type for c in metadata["quarantined_by_reason"].schema.columns] == ["string", "int", "string"]
+    assert {r.data["reason"]: r.data["meaning"] for r in metadata["quarantined_by_reason"].records}["checksum"] == IMAGE_REASONS["checksum"]
+    assert metadata["quarantined_images_shown"].value == 1 and "quarantined_image_2" not in metadata
+    entry = metadata["quarantined_image_1"]
+    assert isinstance(entry, MarkdownMetadataValue) and entry.value.endswith("checksum: line\\_a\\_camera/lot\\_900/bad\\_crc\\.png")
+    assert decode_inline(entry.value).size == (THUMBNAIL_SIDE, THUMBNAIL_SIDE * 3 // 4)  # the planted 320 x 240 scene
+    sheet = metadata["quarantine_contact_sheet_png"]
+    assert isinstance(sheet, PathMetadataValue)
+    out = Path(metadata["dagster/uri"].value)
+    assert Path(sheet.value) == out / "quarantine_contact_sheet.png"
+    assert json.loads((out / "manifest.json").read_text())["files"]["quarantine_contact_sheet.png"] == sha256_bytes(Path(sheet.value).read_bytes())

@@ -26,6 +26,7 @@ from training_code.lib.storage import list_objects
 from training_code.lib.tables import RAW_INDEX, write_table
 from training_code.validate import MANIFEST, get_args_parser, validate
 from test_image_checks import check_that_hangs_or_crashes  # its light module keeps worker start-up fast
+from test_report_pictures import decode_inline
 from zero_assets.demo_data import _box_in_stored_frame, make_demo_raw_root
 
 REPO = Path(__file__).resolve().parents[1]
@@ -324,6 +325,7 @@ def test_validate_script_end_to_end_on_the_demo_raw_root(tmp_path):
     # The contact sheet: of the quarantined files only the PNG with a bad CRC still decodes.
     assert metadata["quarantined_images_shown"] == 1 and "quarantined_image_2" not in metadata
     markdown = metadata["quarantined_image_1"]
+    assert decode_inline(markdown).size == (160, 120)  # the planted 320 x 240 scene, within the sheet's 160-pixel square
     assert len(markdown) < 1000 and markdown.endswith("\n\nchecksum: " + planted["png_bad_crc"].replace("_", "\\_").replace(".", "\\."))
     assert manifest["files"]["quarantine_contact_sheet.png"] == hashlib.sha256((out / "quarantine_contact_sheet.png").read_bytes()).hexdigest()
 
