@@ -160,8 +160,10 @@ def test_integrity_on_s3_checks_listed_sizes(healthy, s3_env):
     client = s3_env.client()
     client.create_bucket(Bucket="zero-shards")
     folder = _metadata(result, "arrow_shards")["dagster/uri"].value
-    for name in sorted(os.listdir(folder)):
-        client.upload_file(os.path.join(folder, name), "zero-shards", f"set/{name}")
+    for root, _, names in os.walk(folder):  # the shards, the manifest, and the load_from_disk files in the split folders
+        for name in names:
+            path = os.path.join(root, name)
+            client.upload_file(path, "zero-shards", f"set/{os.path.relpath(path, folder)}")
     _record(instance, "arrow_shards", "s3_case", {"dagster/uri": MetadataValue.path("s3://zero-shards/set")})
     evaluation = _check_alone(instance, resources, shard_manifest_integrity, "s3_case")
     assert evaluation.passed and evaluation.metadata["checked"].value == "bytes (from the S3 listing)"
