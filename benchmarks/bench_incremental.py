@@ -58,7 +58,7 @@ def _validate(raw: Path, work: Path, out: str, previous: Path | None) -> tuple[f
     arguments = ["--index", str(index_dir), "--raw", str(raw), "--out", str(work / out), "--workers", str(os.cpu_count() or 1)]
     args: argparse.Namespace = get_args_parser().parse_args(arguments + (["--previous", str(previous)] if previous else []))
     started = time.perf_counter()
-    _, _, counts = validate(args)
+    _, _, counts, _ = validate(args)
     return time.perf_counter() - started, counts
 
 
