@@ -27,7 +27,7 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
         assert f"/{source}/" in m["raw_image_index"]["dagster/uri"], "per-source outputs sit under <asset>/<source>/"
         validated = m["validated_images"]
         assert validated["images_in"] == validated["accepted"] + validated["quarantined"] + validated["duplicates"]
-        assert validated["images_in"] == m["raw_image_index"]["images"]
+        assert validated["images_in"] == m["raw_image_index"]["dagster/row_count"]
         assert m["arrow_shards"]["train_rows"] + m["arrow_shards"]["val_rows"] == validated["accepted"]
 
     planted = tiny_demo["planted"]
@@ -53,7 +53,7 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
     assert excluded["key"].tolist() == [duplicate] and excluded["reason"].iloc[0].startswith("duplicate of an image kept in source")
     assert meta["training_set"]["duplicates_across_sources"] == 1
     accepted = sum(m["validated_images"]["accepted"] for m in sources.values())
-    assert meta["training_set"]["images"] == accepted - 1
+    assert meta["training_set"]["dagster/row_count"] == accepted - 1
     assert meta["fsx_warm_state"]["shards"] == sum(m["arrow_shards"]["shards"] for m in sources.values())
 
     assert meta["trained_checkpoint"]["steps"] == 12

@@ -35,7 +35,7 @@ def test_index_job_writes_one_sources_index_and_reports_it(tiny_raw_root, tmp_pa
     assert manifest["annotations_without_image"] == 1  # the demo's planted annotation of a missing image
     [event] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert event["data_version"] == hashlib.sha256(manifest_bytes).hexdigest()
-    assert event["metadata"]["images"] == len(index) and event["metadata"]["groups"] == index["group"].nunique()
+    assert event["metadata"]["dagster/row_count"] == len(index) and event["metadata"]["groups"] == index["group"].nunique()
     assert event["metadata"]["listing_fingerprint"] == manifest["listing_fingerprint"]
 
 

@@ -412,7 +412,7 @@ def test_index_in_process_and_as_a_job_give_the_same_index_and_data_version(tiny
     assert in_process["indexed_by"] == "dagster process" and in_process["cache"] == "miss"
     uri = in_process["dagster/uri"]
     rows = pd.read_parquet(f"{uri}/index.parquet")
-    assert len(rows) == in_process["images"] > 0 and set(rows["source"]) == {"line_a_camera"}
+    assert len(rows) == in_process["dagster/row_count"] > 0 and set(rows["source"]) == {"line_a_camera"}
     assert source_listing_fingerprint(str(tiny_raw_root), "line_a_camera") == in_process["listing_fingerprint"]
     shutil.rmtree(uri)  # the same inputs must be built again, this time by the job
 
@@ -421,8 +421,8 @@ def test_index_in_process_and_as_a_job_give_the_same_index_and_data_version(tiny
     assert as_job["dagster/uri"] == uri, "both paths publish under the same input fingerprint"
     assert pd.read_parquet(f"{uri}/index.parquet").equals(rows)
     assert job_version == in_process_version
-    assert {k: as_job[k] for k in ("images", "bytes", "groups", "unsafe_keys", "index_fingerprint")} == {
-        k: in_process[k] for k in ("images", "bytes", "groups", "unsafe_keys", "index_fingerprint")}
+    same = ("dagster/row_count", "dagster/size_bytes", "image_bytes", "groups", "unsafe_keys", "index_fingerprint")
+    assert {k: as_job[k] for k in same} == {k: in_process[k] for k in same}
 
     again, again_version = run(0)
     assert again["cache"] == "hit" and again_version == in_process_version, "a repeat launches no job"

@@ -31,5 +31,5 @@ def test_raw_index_asset_applies_the_sample(tiny_raw_root, tmp_path, instance):
     resources = {"settings": settings, "jobs": LocalJobRunner(settings=settings)}
     result = materialize_source(SOURCE, instance=instance, resources=resources, assets=[raw_image_index])
     metadata = result.asset_materializations_for_node("raw_image_index")[0].metadata
-    assert 5 <= metadata["images"].value < len(_index(tiny_raw_root, tmp_path / "all"))
-    assert len(pd.read_parquet(f"{metadata['dagster/uri'].value}/index.parquet")) == metadata["images"].value
+    assert 5 <= metadata["dagster/row_count"].value < len(_index(tiny_raw_root, tmp_path / "all"))
+    assert len(pd.read_parquet(f"{metadata['dagster/uri'].value}/index.parquet")) == metadata["dagster/row_count"].value

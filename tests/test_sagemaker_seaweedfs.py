@@ -13,7 +13,7 @@ from graph_runs import materialize_source, materialize_tail
 from sagemaker_fakes import FakeSageMaker, fake_settings, moto_server
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.detection_data import iter_eval_samples, verified_split
-from training_code.lib.shard_format import verify_shard
+from training_code.lib.shard_format import open_shard, verify_shard
 from training_code.warm import listed_shards
 from training_code.lib.storage import publish_folder
 from zero_assets.assets import raw_image_index, validated_images
@@ -121,7 +121,7 @@ def test_two_source_training_set_warms_trains_and_evaluates(seaweed, cloudwatch,
         return {k: v.value for k, v in instance.get_latest_materialization_event(AssetKey(asset)).asset_materialization.metadata.items()}
 
     chosen, warm, trained, report = metadata("training_set"), metadata("fsx_warm_state"), metadata("trained_checkpoint"), metadata("map_report")
-    assert chosen["sources"] == sources
+    assert [r.data["source"] for r in chosen["sources"].records] == sources
     folder = warm["training_set_folder"]
     assert warm["dagster/uri"] == f"{lake}/arrow_shards/{folder}" and warm["sources"] == sources and warm["shards"] == chosen["shards"]
     # The warm state carries the training set's data version: warming the same bytes again does not make training stale.
@@ -137,7 +137,6 @@ def test_two_source_training_set_warms_trains_and_evaluates(seaweed, cloudwatch,
     assert [s["folder"].split("/")[0] for s in manifest["sources"]] == sources  # relative to the shard root
     rows = {split: {s["source"]: sum(e["rows"] for e in s["shards"] if e["split"] == split) for s in manifest["sources"]} for split in ("train", "val")}
     assert all(rows["train"][source] + rows["val"][source] for source in sources), rows  # both sources hold shards
-    assert trained["train_images"] == sum(rows["train"].values()), (rows, trained["train_images"])
     # The evaluator got exactly the training set's files from S3 (no FSx mount for Processing jobs) and
     # scored what the trainer's own reader yields there: both sources, excluded rows skipped.
     evaluation = fake.jobs[report["job_name"]]["params"]
@@ -153,6 +152,11 @@ def test_two_source_training_set_warms_trains_and_evaluates(seaweed, cloudwatch,
     assert {ref.path.relative_to(local).parts[0] for ref in val_shards} == {source for source, n in rows["val"].items() if n}
     assert val_rows == sum(rows["val"].values())
     assert report["val_images"] == sum(1 for _ in iter_eval_samples(val_shards)) <= val_rows
+    # The rows trained on: the train split's, less the rows the training set excludes (line_b's copy of a line_a image).
+    _, train_shards = verified_split(local, "train", training_set_dir=folder)
+    assert sum(ref.rows for ref in train_shards) == sum(rows["train"].values())
+    kept = sum(key not in ref.excluded for ref in train_shards for key in open_shard(ref.path).column("key").to_pylist())
+    assert trained["dagster/row_count"] == kept, (rows, trained["dagster/row_count"])
     # What the FSx warm job loads and verifies in that layout: every listed shard of every source.
     _, located = listed_shards(local, folder)
     assert len(located) == warm["shards"] and {where.relative_to(local).parts[0] for where, _ in located} == set(sources)

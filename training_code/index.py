@@ -53,8 +53,12 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def report_metadata(manifest: dict[str, Any], wall_s: float) -> dict[str, Any]:
-    plain = {name: value for name, value in manifest.items() if isinstance(value, (int, str)) and not isinstance(value, bool)}
-    return {**plain, "annotation_error": manifest["annotation_error"] or "", "index_wall_s": round(wall_s, 3),
+    """The manifest's counts; its `images` (the index's rows) as Dagster's `dagster/row_count`, and its
+    `bytes` (the listed images' bytes, not the index's) as `image_bytes`."""
+    plain = {name: value for name, value in manifest.items()
+             if isinstance(value, (int, str)) and not isinstance(value, bool) and name not in ("images", "bytes")}
+    return {**plain, "dagster/row_count": manifest["images"], "image_bytes": manifest["bytes"],
+            "annotation_error": manifest["annotation_error"] or "", "index_wall_s": round(wall_s, 3),
             "examples": {"raw_value": json.dumps(manifest["examples"]), "type": "json"}}
 
 

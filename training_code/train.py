@@ -24,12 +24,12 @@ from torch.nn.parallel import DistributedDataParallel
 from training_code.lib import job_env
 from training_code.lib.checkpoints import log_event, prepare_folder, resume_if_possible, save_checkpoint
 from training_code.lib.detection_data import (
-    Augmentation, ShardDetectionStream, apply_photometric, build_train_loader, targets_on, verified_split,
+    Augmentation, ShardDetectionStream, ShardRef, apply_photometric, build_train_loader, targets_on, verified_split,
 )
 from training_code.lib.distributed import DistributedContext, all_reduce_sum, distributed_session
 from training_code.lib.model import ARCHITECTURES, DEFAULT_ARCH, build_model, model_config, save_model_file
 from training_code.lib.output_manifest import write_output_manifest
-from training_code.lib.shard_format import sha256_file
+from training_code.lib.shard_format import open_shard, sha256_file
 
 
 class NonFiniteLossError(RuntimeError):
@@ -248,10 +248,26 @@ def train(args: argparse.Namespace, ctx: DistributedContext, pipes) -> tuple[dic
         "bad_samples_skipped": int(totals[1].item()),
         "world_size": ctx.world_size,
         "arch": args.arch,
-        "train_images": sum(s.rows for s in shards),
+        "train_images": rows_trained_on(shards),
         "job_name": job_env.job_name(),
         "device": str(ctx.device),
     }, model_without_ddp, config
+
+
+def rows_trained_on(shards: list[ShardRef]) -> int:
+    """The train split's rows the stream draws from: every row of its shards but a training set's
+    excluded ones (their keys read from the memory-mapped shard; no image is decoded)."""
+    rows = 0
+    for shard in shards:
+        skipped = sum(key in shard.excluded for key in open_shard(shard.path).column("key").to_pylist()) if shard.excluded else 0
+        rows += shard.rows - skipped
+    return rows
+
+
+def report_metadata(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary as the materialization's metadata: the rows trained on are Dagster's `dagster/row_count`."""
+    metadata = {k: v for k, v in summary.items() if v is not None and k != "train_images"}
+    return {"dagster/row_count": summary["train_images"], **metadata}
 
 
 def main(args: argparse.Namespace) -> None:
@@ -269,7 +285,7 @@ def main(args: argparse.Namespace) -> None:
         # Written last: what proves the model folder complete (see zero_assets/cache.py).
         write_output_manifest(model_path.parent, [model_path.name, summary_path.name], format="zero-model/1")
         log_event(ctx, "done", **summary)
-        pipes.report_asset_materialization(metadata={k: v for k, v in summary.items() if v is not None}, data_version=digest)
+        pipes.report_asset_materialization(metadata=report_metadata(summary), data_version=digest)
 
 
 if __name__ == "__main__":

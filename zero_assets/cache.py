@@ -47,7 +47,7 @@ def is_temporary(key: str) -> bool:
     return any(part.startswith(".") for part in PurePosixPath(key).parts) or key.endswith((".tmp", ".partial"))
 
 
-def mark_output_complete(uri: str, fingerprint: str, data_version: str | None = None) -> dict[str, Any]:
+def mark_output_complete(uri: str, fingerprint: str, data_version: str | None = None, row_count: int | None = None) -> dict[str, Any]:
     """Prove the output at `uri` complete from its manifest and write the marker, the last write of a
     materialization. Raises `OutputNotComplete` (naming `uri`) when there is no readable manifest, when
     the folder holds nothing else, or when a file the manifest names is missing or differs from it.
@@ -56,6 +56,8 @@ def mark_output_complete(uri: str, fingerprint: str, data_version: str | None = 
     sizes and small files' sha256, and the fingerprints (with their data versions) it vouches for: an
     earlier marker over exactly the same files keeps its fingerprints, so two materializations that
     share one output (the SageMaker warm state reads the shard set in place) do not unmark each other.
+    `row_count` (the output's rows, as its materialization reports them) is kept for a hit that finds
+    the output through the marker alone (`published_hit`), so it reports the same standard keys.
     """
     try:
         present = {o.key: o.size for o in list_objects(uri) if o.key != OUTPUT_MARKER and not is_temporary(o.key)}
@@ -87,7 +89,8 @@ def mark_output_complete(uri: str, fingerprint: str, data_version: str | None = 
     earlier = _read_marker(uri)
     if earlier is not None and earlier.get("files") == files:
         versions = {**earlier.get("data_versions", {}), **versions}
-    marker = {"format": MARKER_FORMAT, "fingerprint": fingerprint, "data_versions": versions, "manifest": MANIFEST, "files": files}
+    marker = {"format": MARKER_FORMAT, "fingerprint": fingerprint, "data_versions": versions, "manifest": MANIFEST, "files": files,
+              **({"row_count": row_count} if row_count is not None else {})}
     write_bytes_atomic(join(uri, OUTPUT_MARKER), json.dumps(marker, indent=1, sort_keys=True).encode())
     return marker
 
@@ -168,9 +171,24 @@ def published_hit(uri: str, marker: dict[str, Any] | None, inputs: FingerprintIn
     version = None if marker is None else marker["data_versions"].get(inputs.fingerprint)
     if version is None:
         return None
-    metadata = {"dagster/uri": MetadataValue.path(uri), **miss_metadata(inputs, reason), "cache": "hit",
+    metadata = {"dagster/uri": MetadataValue.path(uri), **standard_metadata(marker), **miss_metadata(inputs, reason), "cache": "hit",
                 **({"reused_run_id": reused_run_id} if reused_run_id else {})}
     return MaterializeResult(metadata=metadata, data_version=DataVersion(version))
+
+
+def standard_metadata(marker: dict[str, Any]) -> dict[str, Any]:
+    """Dagster's standard size and row count of a marked output: `dagster/size_bytes` is every file the
+    marker lists (all of the output but the marker itself); `dagster/row_count` when it records one."""
+    metadata: dict[str, Any] = {"dagster/size_bytes": sum(int(facts["bytes"]) for facts in marker["files"].values())}
+    if marker.get("row_count") is not None:
+        metadata["dagster/row_count"] = int(marker["row_count"])
+    return metadata
+
+
+def reported_row_count(metadata: Any) -> int | None:
+    """The `dagster/row_count` a materialization's metadata carries (a plain int or an IntMetadataValue), or None."""
+    value = (metadata or {}).get("dagster/row_count")
+    return None if value is None else int(getattr(value, "value", value))
 
 
 def what_changed(before: dict[str, Any], now: FingerprintInputs) -> str:

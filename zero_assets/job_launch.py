@@ -12,7 +12,9 @@ from typing import Any, Callable, Literal
 
 from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue
 
-from .cache import complete_marker, decide, mark_output_complete, miss_metadata, published_hit, retract_output_marker
+from .cache import (
+    complete_marker, decide, mark_output_complete, miss_metadata, published_hit, reported_row_count, retract_output_marker, standard_metadata,
+)
 from .fingerprints import FingerprintInputs, UpstreamOutput, context_partition
 from .job_request import FanOut, JobRequest, fan_out, materialization_folder
 from .metadata import job_result, upstream_metadata
@@ -67,6 +69,8 @@ def launch_job(
     With `spread` and more than one instance configured for the asset, the job runs as a map stage
     on every instance and a reduce stage on one (see `job_request.fan_out`). `data_version_of(output
     uri)` gives the asset's data version where it is not the one the job reports (kept as `job_data_version`).
+    The result carries Dagster's standard `dagster/uri` and `dagster/size_bytes` (the marked output's
+    files), and `dagster/row_count` as the job script reports it; a hit carries the same keys.
     """
     fingerprint_inputs = FingerprintInputs.of(module, config, upstream)
     decision = decide(context, fingerprint_inputs)
@@ -100,8 +104,10 @@ def launch_job(
             reported = result.data_version.value if result.data_version else None
             result = MaterializeResult(metadata={**(result.metadata or {}), "job_data_version": reported},
                                        data_version=DataVersion(data_version_of(output)))
-        mark_output_complete(output, request.fingerprint, result.data_version.value if result.data_version else None)
-    return result
+        marker = mark_output_complete(output, request.fingerprint, result.data_version.value if result.data_version else None,
+                                      reported_row_count(result.metadata))
+    # The size is the marked files' (read once, here, for every job-backed asset); the row count is the job's own.
+    return MaterializeResult(metadata={**(result.metadata or {}), **standard_metadata(marker)}, data_version=result.data_version)
 
 
 def _run_job(context: AssetExecutionContext, jobs: JobRunner, request: JobRequest, spread: FanOut | None, reason: str,

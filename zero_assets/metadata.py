@@ -1,4 +1,4 @@
-"""Metadata helpers shared by the assets: pandera schemas as Dagster column schemas, job results."""
+"""Metadata helpers shared by the assets: pandera and Arrow schemas as Dagster column schemas, job results."""
 
 from __future__ import annotations
 
@@ -6,7 +6,11 @@ import warnings
 from typing import Any
 
 import pandera.pandas as pa
-from dagster import DataVersion, JsonMetadataValue, MaterializeResult, MetadataValue, PipesClientCompletedInvocation, TableSchemaMetadataValue
+import pyarrow
+from dagster import (
+    DataVersion, JsonMetadataValue, MaterializeResult, MetadataValue, PipesClientCompletedInvocation, TableColumn, TableColumnConstraints,
+    TableSchema, TableSchemaMetadataValue,
+)
 from dagster_pandera import pandera_schema_to_dagster_type
 
 from .fingerprints import UpstreamOutput
@@ -22,6 +26,17 @@ def table_schema(schema: pa.DataFrameSchema) -> TableSchemaMetadataValue:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # dagster-pandera marks this beta; the output is stable metadata
         return pandera_schema_to_dagster_type(schema).metadata["schema"]
+
+
+def arrow_table_schema(schema: pyarrow.Schema) -> TableSchemaMetadataValue:
+    """An Arrow schema (the shard rows') as a Dagster column schema: Arrow's own type names, nullability,
+    and a column's description where the schema's metadata has one under the column's name."""
+    notes = {key.decode(): value.decode() for key, value in (schema.metadata or {}).items()}
+    return MetadataValue.table_schema(TableSchema(columns=[
+        TableColumn(field.name, str(field.type), description=notes.get(field.name),
+                    constraints=TableColumnConstraints(nullable=field.nullable))
+        for field in schema
+    ]))
 
 
 def job_result(invocation: PipesClientCompletedInvocation, extra: dict[str, Any]) -> MaterializeResult:

@@ -20,7 +20,8 @@ from training_code.lib.storage import fetch_file, join, read_bytes, write_bytes_
 class WarmResult:
     path: Path
     shards: int
-    bytes: int
+    rows: int
+    bytes: int  # every file warmed: the shards, the excluded rows and the manifest
     copied: int
     already_warm: int
 
@@ -32,7 +33,7 @@ def warm_training_set(training_set_uri: str, mount: Path, key: str) -> WarmResul
     manifest_bytes = read_bytes(join(training_set_uri, ts.MANIFEST))
     manifest = json.loads(manifest_bytes)
     target = mount / key
-    shards = total = copied = already_warm = 0
+    shards = rows = total = copied = already_warm = 0
     for source in manifest["sources"]:
         folder = target / source["folder"]
         folder.mkdir(parents=True, exist_ok=True)
@@ -45,7 +46,9 @@ def warm_training_set(training_set_uri: str, mount: Path, key: str) -> WarmResul
                 verify_shard(folder, entry)
                 copied += 1
             shards += 1
+            rows += entry["rows"]
             total += entry["bytes"]
-    write_bytes_atomic(target / ts.EXCLUDED, read_bytes(join(training_set_uri, ts.EXCLUDED)))
+    excluded = read_bytes(join(training_set_uri, ts.EXCLUDED))
+    write_bytes_atomic(target / ts.EXCLUDED, excluded)
     write_bytes_atomic(target / ts.MANIFEST, manifest_bytes)
-    return WarmResult(target, shards, total, copied, already_warm)
+    return WarmResult(target, shards, rows, total + len(excluded) + len(manifest_bytes), copied, already_warm)

@@ -5,9 +5,12 @@ from typing import Literal
 from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 from pydantic import Field
 
+from training_code.lib.shard_format import SHARD_SCHEMA
+
 from ..automation import PER_SOURCE
 from ..fingerprints import code_version, previous_output, upstream_output
 from ..job_launch import launch_job
+from ..metadata import arrow_table_schema
 from ..resources.job_runner import JobRunner
 from ..partitions import RAW_SOURCES
 from ..resources.settings import ZeroSettings, source_uri
@@ -28,9 +31,13 @@ class ShardConfig(Config):
     jpeg_quality: int = Field(90, description="JPEG quality 1-95 of re-encoded images (image_encoding=resize only).")
 
 
-@asset(code_version=code_version(SHARD_MODULE), deps=[validated_images], partitions_def=RAW_SOURCES, automation_condition=PER_SOURCE, group_name="zero", kinds={"arrow"}, retry_policy=JOB_RETRY_POLICY)
+@asset(code_version=code_version(SHARD_MODULE), deps=[validated_images], partitions_def=RAW_SOURCES, automation_condition=PER_SOURCE, group_name="zero", kinds={"arrow"}, retry_policy=JOB_RETRY_POLICY,
+       metadata={"dagster/column_schema": arrow_table_schema(SHARD_SCHEMA)})
 def arrow_shards(context: AssetExecutionContext, config: ShardConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
-    """Arrow IPC shards (`<split>-<n>.arrow`) and `manifest.json` with rows, bytes and sha256 per shard."""
+    """Arrow IPC shards (`<split>-<n>.arrow`) and `manifest.json` with rows, bytes and sha256 per shard.
+
+    `dagster/row_count` is the rows of every shard (train and val); the shard list is in the manifest,
+    the materialization keeps a summary (`shard_sizes`)."""
     validated = upstream_output(context, "validated_images", context.partition_key)
     # Unchanged earlier shards are carried over, not rewritten (see training_code/lib/shard_plan).
     previous = previous_output(context)

@@ -2,7 +2,7 @@
 
 from dagster import AssetExecutionContext, MaterializeResult, asset
 
-from ..cache import decide, mark_output_complete, miss_metadata, output_is_checkable
+from ..cache import decide, mark_output_complete, miss_metadata, output_is_checkable, reported_row_count
 from ..fingerprints import FingerprintInputs, code_version, upstream_output
 from ..metadata import upstream_metadata
 from ..resources.job_runner import JobRunner
@@ -21,6 +21,8 @@ def fsx_warm_state(context: AssetExecutionContext, jobs: JobRunner) -> Materiali
     SageMaker), verified complete, with the training-set manifest written last.
 
     Its data version is the training set's: warming the same bytes again does not make training stale.
+    `dagster/row_count` is the rows of the warm shards; `dagster/size_bytes` the bytes the trainer
+    reads there (every shard, the training-set manifest and its excluded rows), as the backend counted them.
     """
     shards = upstream_output(context, "training_set")
     inputs = FingerprintInputs.of(WARM_MODULE, {"backend": type(jobs).__name__}, [shards])
@@ -32,6 +34,6 @@ def fsx_warm_state(context: AssetExecutionContext, jobs: JobRunner) -> Materiali
     location = warmed.metadata["dagster/uri"]
     uri = str(getattr(location, "value", location))  # a path metadata value locally, a plain string on AWS
     if output_is_checkable(uri):
-        mark_output_complete(uri, inputs.fingerprint)
+        mark_output_complete(uri, inputs.fingerprint, row_count=reported_row_count(warmed.metadata))
     metadata = {**warmed.metadata, "upstream": upstream_metadata([shards]), **miss_metadata(inputs, decision.reason)}
     return MaterializeResult(metadata=metadata, data_version=warmed.data_version)

@@ -22,7 +22,7 @@ from training_code.lib.raw_index import INDEX_FILE, MANIFEST, source_listing_fin
 from training_code.lib.storage import copy_file_atomic, join, read_bytes, write_bytes_atomic
 from training_code.lib.tables import RAW_INDEX
 
-from ..cache import decide, mark_output_complete, miss_metadata, output_is_complete, retract_output_marker
+from ..cache import decide, mark_output_complete, miss_metadata, output_is_complete, retract_output_marker, standard_metadata
 from ..fingerprints import FingerprintInputs, UpstreamOutput, code_version, latest_materializations
 from ..job_launch import launch_job
 from ..metadata import table_schema
@@ -80,7 +80,8 @@ def _previous_images(context: AssetExecutionContext, source: str) -> int | None:
     records = latest_materializations(context.instance, context.asset_key, source)
     if not records:
         return None
-    images = records[0].asset_materialization.metadata.get("images")
+    metadata = records[0].asset_materialization.metadata
+    images = metadata.get("dagster/row_count", metadata.get("images"))  # `images` before the standard key
     return None if images is None else int(images.value)
 
 
@@ -105,10 +106,10 @@ def _index_in_process(context: AssetExecutionContext, settings: ZeroSettings, so
         copy_file_atomic(Path(staging, INDEX_FILE), join(out, INDEX_FILE))
         write_bytes_atomic(join(out, MANIFEST), manifest_bytes)  # last: it vouches for the index
     data_version = _index_fingerprint(manifest, inputs)
-    mark_output_complete(out, inputs.fingerprint, data_version)
+    marker = mark_output_complete(out, inputs.fingerprint, data_version, row_count=manifest["images"])
     _log_problems(context, manifest)
     return MaterializeResult(
-        metadata={"dagster/uri": MetadataValue.path(out), "indexed_by": "dagster process",
+        metadata={"dagster/uri": MetadataValue.path(out), **standard_metadata(marker), "indexed_by": "dagster process",
                   **_metadata(settings, manifest, inputs), **miss_metadata(inputs, decision.reason)},
         data_version=DataVersion(data_version),
     )
@@ -157,15 +158,14 @@ def _log_problems(context: AssetExecutionContext, manifest: dict[str, Any]) -> N
 
 
 def _metadata(settings: ZeroSettings, manifest: dict[str, Any], inputs: FingerprintInputs) -> dict[str, Any]:
+    """The index's rows (one per image listed) are `dagster/row_count`; `image_bytes` is what those
+    images weigh in the raw root (the index's own size is `dagster/size_bytes`)."""
     source = manifest["source"]
-    by_source = f"| source | images | bytes |\n|:--|--:|--:|\n| {source} | {manifest['images']} | {manifest['bytes']} |"
     return {
         "raw_uri": MetadataValue.path(settings.raw_uri),
         "source": source,
-        "images": manifest["images"],
         "dagster/row_count": manifest["images"],
-        "bytes": manifest["bytes"],
-        "sources": 1,
+        "image_bytes": manifest["bytes"],
         "groups": manifest["groups"],
         "images_without_annotation": manifest["images_without_annotation"],
         "annotations_without_image": manifest["annotations_without_image"],
@@ -176,7 +176,6 @@ def _metadata(settings: ZeroSettings, manifest: dict[str, Any], inputs: Fingerpr
         "annotation_errors_json": MetadataValue.json({source: manifest["annotation_error"]} if manifest["annotation_error"] else {}),
         "sources_without_annotations_json": MetadataValue.json([] if manifest["has_annotations"] else [source]),
         "examples_json": MetadataValue.json(manifest["examples"]),
-        "by_source": MetadataValue.md(by_source),
         "listing_fingerprint": manifest["listing_fingerprint"],
         "index_fingerprint": _index_fingerprint(manifest, inputs),
     }

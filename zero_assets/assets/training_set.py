@@ -11,20 +11,25 @@ when a chosen source's shards do.
 
 import io
 import json
+from collections import Counter
 from typing import Optional
 
 import pyarrow.parquet as pq
-from dagster import AssetExecutionContext, Config, DataVersion, EventLogRecord, Failure, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetExecutionContext, Config, DataVersion, EventLogRecord, Failure, MaterializeResult, MetadataValue, TableColumn, TableMetadataValue,
+    TableRecord, TableSchema, asset,
+)
 from pydantic import Field
 
 from training_code.lib import training_set as ts
 from training_code.lib.hashing import sha256_bytes, sha256_json
-from training_code.lib.shard_format import MANIFEST as SHARD_MANIFEST
+from training_code.lib.shard_format import MANIFEST as SHARD_MANIFEST, SHARD_SCHEMA
 from training_code.lib.storage import join, read_bytes, write_bytes_atomic
 
 from ..automation import TRAINING_SET
-from ..cache import decide, mark_output_complete, miss_metadata
+from ..cache import decide, mark_output_complete, miss_metadata, standard_metadata
 from ..fingerprints import FingerprintInputs, UpstreamOutput, code_version, latest_materializations, output_of
+from ..metadata import arrow_table_schema
 from ..partitions import RAW_SOURCES
 from ..resources.settings import ZeroSettings
 from .arrow_shards import arrow_shards
@@ -67,7 +72,9 @@ def _recorded_validated_uri(record: EventLogRecord) -> str | None:
     return value["validated_images"]["uri"] if "validated_images" in value else None
 
 
-@asset(code_version=code_version(*TRAINING_SET_CODE), deps=[arrow_shards], automation_condition=TRAINING_SET, group_name="zero", kinds={"json"})
+# Its rows are shard rows (the chosen sources' shards less the excluded rows): the shard schema is its column schema.
+@asset(code_version=code_version(*TRAINING_SET_CODE), deps=[arrow_shards], automation_condition=TRAINING_SET, group_name="zero", kinds={"json"},
+       metadata={"dagster/column_schema": arrow_table_schema(SHARD_SCHEMA)})
 def training_set(context: AssetExecutionContext, config: TrainingSetConfig, settings: ZeroSettings) -> MaterializeResult:
     """The chosen sources' latest shard sets, with cross-source duplicates and the cap resolved."""
     chosen_with_validated = chosen_shards(context, config.sources)
@@ -98,15 +105,14 @@ def training_set(context: AssetExecutionContext, config: TrainingSetConfig, sett
                 "max_images_per_source": config.max_images_per_source,
                 "files": {ts.EXCLUDED: {"bytes": len(excluded_bytes), "sha256": sha256_bytes(excluded_bytes)}}}
     write_bytes_atomic(join(out, ts.MANIFEST), json.dumps(manifest, indent=1).encode())
-    mark_output_complete(out, inputs.fingerprint, version)
     rows = sum(len(rows) for rows in accepted.values())
+    marker = mark_output_complete(out, inputs.fingerprint, version, row_count=rows - len(excluded))
     duplicates = sum(1 for row in excluded if row[2].startswith("duplicate"))
     return MaterializeResult(
         metadata={
             "dagster/uri": MetadataValue.path(out),
-            "sources": MetadataValue.json([s.partition for s in chosen]),
-            "source_versions": MetadataValue.json({s.partition: s.data_version for s in chosen}),
-            "images": rows - len(excluded),
+            **standard_metadata(marker),  # rows: the shard rows chosen (accepted minus excluded); bytes: manifest and excluded rows
+            "sources": source_table(sources, accepted, excluded),
             "duplicates_across_sources": duplicates,
             "over_cap": len(excluded) - duplicates,
             "shards": sum(len(s["shards"]) for s in sources),
@@ -114,4 +120,25 @@ def training_set(context: AssetExecutionContext, config: TrainingSetConfig, sett
             **miss_metadata(inputs, decision.reason),
         },
         data_version=DataVersion(version),
+    )
+
+
+SOURCE_COLUMNS = {
+    "source": "the source (a raw_image_index partition)",
+    "rows": "rows of its shard set (accepted images)",
+    "chosen": "rows training reads: its rows less the excluded ones",
+    "excluded": "rows left out: duplicates of an image kept in another source, or over the cap",
+    "shards": "shard files of its shard set",
+    "data_version": "data version of its arrow_shards materialization",
+}
+
+
+def source_table(sources: list[dict], accepted: dict[str, list], excluded: list[tuple[str, str, str]]) -> TableMetadataValue:
+    """One row per chosen source, drawn as a table in the UI."""
+    left_out = Counter(source for source, _, _ in excluded)
+    return MetadataValue.table(
+        records=[TableRecord({"source": s["source"], "rows": len(accepted[s["source"]]), "chosen": len(accepted[s["source"]]) - left_out[s["source"]],
+                              "excluded": left_out[s["source"]], "shards": len(s["shards"]), "data_version": s["data_version"]}) for s in sources],
+        schema=TableSchema([TableColumn(name, "int" if name in ("rows", "chosen", "excluded", "shards") else "string", description)
+                            for name, description in SOURCE_COLUMNS.items()]),
     )

@@ -119,8 +119,9 @@ class LocalJobRunner(JobRunner):
             metadata={
                 "dagster/uri": MetadataValue.path(str(result.path)),
                 "mount": MetadataValue.path(str(mount)),
+                "dagster/row_count": result.rows,  # the warm shards' rows
+                "dagster/size_bytes": result.bytes,  # the warm shards, the excluded rows and the manifest
                 "shards": result.shards,
-                "bytes": result.bytes,
                 "copied": result.copied,
                 "already_warm": result.already_warm,
                 "verified": "size, sha256 and row count of every shard",

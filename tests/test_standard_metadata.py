@@ -1,0 +1,139 @@
+"""Every materialization carries Dagster's standard metadata, and it tells the truth about the output on
+disk: `dagster/row_count` (the rows in the output's own files), `dagster/size_bytes` (the bytes of its
+files), `dagster/uri`; table-like assets declare their column schema; cache hits carry the same keys."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from dagster import AssetKey, TableMetadataValue, instance_for_test
+
+from conftest import make_resources
+from graph_runs import materialize_graph, materialize_source, materialize_tail
+from training_code.lib import training_set as ts
+from training_code.lib.shard_format import SHARD_SCHEMA, open_shard
+from zero_assets.assets import PER_SOURCE_ASSETS, TAIL_ASSETS
+from zero_assets.cache import OUTPUT_MARKER
+from zero_assets.definitions import defs
+from zero_assets.fingerprints import latest_materializations
+
+SOURCES = ["line_a_camera", "line_b_camera"]
+FAST_TRAINING = {"ops": {"trained_checkpoint": {"config": {"max_steps": 4, "checkpoint_every": 4, "batch_size": 2, "processes": 1}}}}
+STANDARD = ("dagster/row_count", "dagster/size_bytes", "dagster/uri")
+
+
+def latest(instance, asset: str, partition: str | None = None) -> dict:
+    [record] = latest_materializations(instance, asset, partition)
+    return {k: v.value for k, v in record.asset_materialization.metadata.items()}
+
+
+def every_latest(instance) -> dict[str, dict]:
+    """`asset[source]` or `asset` -> the metadata of its latest materialization."""
+    found = {f"{a.key.to_user_string()}[{s}]": latest(instance, a.key.to_user_string(), s) for a in PER_SOURCE_ASSETS for s in SOURCES}
+    return found | {a.key.to_user_string(): latest(instance, a.key.to_user_string()) for a in TAIL_ASSETS}
+
+
+def bytes_on_disk(folder: Path) -> int:
+    """Every file of an output, as a reader finds it: all but the cache's completeness marker."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != OUTPUT_MARKER)
+
+
+def shard_rows(folder: Path, split: str | None = None) -> list[dict]:
+    """(split, key) of every row of every shard file under `folder`, read from the Arrow files themselves."""
+    return [{"split": path.name.split("-")[0], "key": key} for path in sorted(folder.rglob("*.arrow"))
+            if split in (None, path.name.split("-")[0]) for key in open_shard(path).column("key").to_pylist()]
+
+
+def rows_in_output(asset: str, folder: Path) -> int | None:
+    """The rows a reader finds in the output's files (None: validated_images and map_report, whose counts
+    their own tests hold to their files)."""
+    if asset == "raw_image_index":
+        return len(pd.read_parquet(folder / "index.parquet"))
+    if asset == "arrow_shards" or asset == "fsx_warm_state":
+        return len(shard_rows(folder))
+    if asset == "training_set":
+        manifest = json.loads((folder / ts.MANIFEST).read_text())
+        rows = sum(len(shard_rows(Path(source["shards_uri"]))) for source in manifest["sources"])
+        return rows - len(pd.read_parquet(folder / ts.EXCLUDED))
+    return None
+
+
+@pytest.fixture(scope="module")
+def graph(tiny_raw_root, tmp_path_factory):
+    """The demo graph (two sources, a short training) materialized once for the module."""
+    state = tmp_path_factory.mktemp("standard")
+    resources = make_resources(tiny_raw_root, state / "state")
+    with instance_for_test(temp_dir=str(state)) as instance:
+        per_source, tail = materialize_graph(tiny_raw_root, instance=instance, resources=resources, run_config=FAST_TRAINING, sources=SOURCES)
+        assert all(r.success for r in per_source.values()) and tail.success
+        yield instance, resources, every_latest(instance)
+
+
+def test_every_materialization_records_rows_size_and_uri_of_its_output(graph):
+    _, _, metadata = graph
+    for label, values in metadata.items():
+        asset = label.split("[")[0]
+        missing = [key for key in STANDARD if key not in values]
+        assert not missing, f"{label} has no {missing}"
+        folder = Path(values["dagster/uri"])
+        assert isinstance(values["dagster/row_count"], int) and values["dagster/row_count"] >= 0, label
+        assert values["dagster/size_bytes"] == bytes_on_disk(folder) > 0, label
+        expected = rows_in_output(asset, folder)
+        if expected is not None:
+            assert values["dagster/row_count"] == expected, label
+    # The checkpoint's rows: the train split of the warm shards, less the rows the training set excludes.
+    warm = Path(metadata["fsx_warm_state"]["dagster/uri"])
+    excluded = set(pd.read_parquet(warm / ts.EXCLUDED)["key"])
+    assert excluded, "the demo plants a duplicate across sources, excluded from the training set"
+    trained_on = [row for row in shard_rows(warm, "train") if row["key"] not in excluded]
+    assert metadata["trained_checkpoint"]["dagster/row_count"] == len(trained_on) > 0
+
+
+def test_shards_declare_their_column_schema_and_summarise_the_shard_list(graph):
+    _, _, metadata = graph
+    names = [field.name for field in SHARD_SCHEMA]
+    declared = {asset: [c.name for c in defs.get_assets_def(asset).specs_by_key[AssetKey(asset)].metadata["dagster/column_schema"].schema.columns]
+                for asset in ("raw_image_index", "arrow_shards", "training_set")}
+    assert declared["arrow_shards"] == declared["training_set"] == names
+    index = pd.read_parquet(Path(metadata[f"raw_image_index[{SOURCES[0]}]"]["dagster/uri"]) / "index.parquet")
+    assert declared["raw_image_index"] == list(index.columns)
+    for source in SOURCES:
+        values = metadata[f"arrow_shards[{source}]"]
+        folder = Path(values["dagster/uri"])
+        files = sorted(folder.glob("*.arrow"))
+        assert open_shard(files[0]).schema.names == names, "the declared schema is the one the shards are written with"
+        assert "shard_table" not in values and "shard_bytes" not in values
+        summary = values["shard_sizes"]
+        assert isinstance(summary, TableMetadataValue)
+        overall = next(r.data for r in summary.records if r.data["split"] == "all")
+        assert overall["shards"] == len(files)
+        assert overall["bytes_max"] == max(f.stat().st_size for f in files) and overall["bytes_min"] == min(f.stat().st_size for f in files)
+        assert overall["rows_max"] == max(open_shard(f).num_rows for f in files)
+    sources = metadata["training_set"]["sources"]
+    assert isinstance(sources, TableMetadataValue)
+    assert [r.data["source"] for r in sources.records] == SOURCES
+    assert sum(r.data["chosen"] for r in sources.records) == metadata["training_set"]["dagster/row_count"]
+
+
+def test_cache_hits_carry_the_standard_keys_of_the_miss(graph, tiny_raw_root):
+    instance, resources, built = graph
+    # Again on the same instance: every asset a hit on its earlier materialization.
+    for source in SOURCES:
+        assert materialize_source(source, instance=instance, resources=resources).success
+    assert materialize_tail(instance=instance, resources=resources, run_config=FAST_TRAINING).success
+    again = every_latest(instance)
+    for label, values in again.items():
+        assert values["cache"] == "hit", (label, values.get("cache_reason"))
+        assert {k: values.get(k) for k in STANDARD} == {k: built[label][k] for k in STANDARD}, label
+    # A fresh instance on the same lake: the job-backed assets find the published outputs through their
+    # markers alone (no earlier materialization recorded there) and still report the same keys.
+    with instance_for_test() as fresh:
+        assert materialize_source(SOURCES[0], instance=fresh, resources=resources).success
+        for asset in ("validated_images", "arrow_shards"):
+            label, values = f"{asset}[{SOURCES[0]}]", latest(fresh, asset, SOURCES[0])
+            assert values["cache"] == "hit", (label, values.get("cache_reason"))
+            assert "reused_run_id" not in values, "a hit found through the marker, not this instance's records"
+            assert {k: values.get(k) for k in STANDARD} == {k: built[label][k] for k in STANDARD}, label
