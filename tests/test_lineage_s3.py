@@ -183,8 +183,10 @@ def test_lineage_answers_for_a_checkpoint_and_an_image_on_an_s3_lake_warmed_on_f
     assert excluded["status"] == "excluded from the training set" and excluded["checkpoints"] == []
 
     # Newer materializations than the ones the checkpoint was built from (recorded by hand, as an
-    # external tool would): the walk follows Dagster's pointers, not each asset's latest.
-    for asset, partition in [("validated_images", sources[0]), ("arrow_shards", sources[0]), ("training_set", None), ("fsx_warm_state", None)]:
+    # external tool would): the walk follows Dagster's pointers, not each asset's latest, and a report
+    # that records no provenance did not score it.
+    for asset, partition in [("validated_images", sources[0]), ("arrow_shards", sources[0]), ("training_set", None), ("fsx_warm_state", None),
+                             ("map_report", None)]:
         instance.report_runless_asset_event(AssetMaterialization(asset, partition=partition, metadata={"dagster/uri": MetadataValue.path(f"{lake}/{asset}/newer")}))
     assert _answered(instance, s3_env).splitlines() == lines, "no checkpoint named: the latest, the same answer"
 

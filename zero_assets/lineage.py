@@ -56,13 +56,24 @@ class Materialization:
     def data_version(self) -> str | None:
         return self.tags.get(DATA_VERSION_TAG)
 
-    def read_from(self, upstream: str) -> tuple[str, int]:
-        """The data version and the event storage id of `upstream` that Dagster recorded this materialization read."""
+    def _recorded(self, upstream: str) -> tuple[str, int] | None:
         provenance, key = DataProvenance.from_tags(self.tags), AssetKey(upstream)
         if provenance is None or not provenance.has_input_asset(key) or provenance.input_storage_ids[key] is None:
+            return None
+        return provenance.input_data_versions[key].value, provenance.input_storage_ids[key]
+
+    def pointer(self, upstream: str) -> int | None:
+        """The storage id of the `upstream` event Dagster recorded this materialization read; None when it recorded none."""
+        recorded = self._recorded(upstream)
+        return recorded[1] if recorded else None
+
+    def read_from(self, upstream: str) -> tuple[str, int]:
+        """The data version and the event storage id of `upstream` that Dagster recorded this materialization read."""
+        recorded = self._recorded(upstream)
+        if recorded is None:
             raise LookupError(f"materialization {self.storage_id} of {self.name} (run {self.run_id}) has no Dagster provenance for "
                               f"its input {upstream} (tag dagster/input_event_pointer/{upstream}); re-materialize it")
-        return provenance.input_data_versions[key].value, provenance.input_storage_ids[key]
+        return recorded
 
 
 def materializations(instance: DagsterInstance, asset: str, partition: str | None = None,
@@ -154,10 +165,10 @@ def checkpoint_lineage(instance: DagsterInstance, checkpoint: Materialization) -
 
 
 def _reports(instance: DagsterInstance, checkpoint: Materialization) -> list[Materialization]:
-    """The map_report materializations that read a materialization of this checkpoint (a cache hit
-    records the same uri again)."""
+    """The map_report materializations Dagster recorded reading a materialization of this checkpoint (a
+    cache hit records the same uri again); a report recorded outside a Dagster step names none."""
     same = {found.storage_id for found in materializations(instance, "trained_checkpoint") if found.uri == checkpoint.uri}
-    return [report for report in materializations(instance, "map_report") if report.read_from("trained_checkpoint")[1] in same]
+    return [report for report in materializations(instance, "map_report") if report.pointer("trained_checkpoint") in same]
 
 
 @lru_cache(maxsize=32)
