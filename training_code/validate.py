@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 import pandas as pd
 import PIL
+import simplejpeg
 
 from training_code.lib import job_env
 from training_code.lib.annotation_files import copy_annotation_files, load_annotations
@@ -223,6 +224,7 @@ def decode_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "validator_version": VALIDATOR_VERSION,
         "pillow_version": PIL.__version__,
+        "simplejpeg_version": simplejpeg.__version__,  # the strict JPEG decoder (training_code/lib/jpeg_strict.py)
         "min_side": args.min_side,
         "allowed_formats": list(args.allowed_formats),
         "timeout_s": args.timeout_s,
@@ -350,7 +352,7 @@ REASON_COLUMNS = {"reason": "reason code", "count": "how many", "meaning": "what
 
 def reason_table(by_reason: dict[str, int], meanings: dict[str, str]) -> dict[str, Any]:
     return job_env.table([{"reason": r, "count": n, "meaning": meaning(r, meanings)} for r, n in by_reason.items()],
-                         columns=REASON_COLUMNS)
+                         columns=REASON_COLUMNS, types={"count": "int"})  # typed even when nothing was rejected
 
 
 def report_metadata(manifest: dict[str, Any], wall_s: float, work: dict[str, int], thumbnails: list[Thumbnail]) -> dict[str, Any]:

@@ -151,15 +151,18 @@ def write_failure_reason(error: BaseException) -> None:
 _COLUMN_TYPES = ((bool, "bool"), (int, "int"), (float, "float"))
 
 
-def table(rows: list[dict[str, Any]], columns: dict[str, str] | None = None) -> dict[str, Any]:
+def table(rows: list[dict[str, Any]], columns: dict[str, str] | None = None, types: dict[str, str] | None = None) -> dict[str, Any]:
     """Pipes metadata value for a typed table (Dagster's TableMetadataValue), drawn as a table in the UI.
 
     `columns` maps each column to a description; by default the columns of the first row. Column types
-    follow the values (int, float, bool, else string); None is kept as an empty cell.
+    are `types[name]` where given (a table that may be empty keeps its types), else follow the values
+    (int, float, bool, else string); None is kept as an empty cell.
     """
     names = list(columns or (rows[0] if rows else {}))
 
     def column_type(name: str) -> str:
+        if types and name in types:
+            return types[name]
         values = [row.get(name) for row in rows if row.get(name) is not None]
         for python_type, dagster_type in _COLUMN_TYPES:
             if values and all(isinstance(v, python_type) and (python_type is bool or not isinstance(v, bool)) for v in values):
