@@ -5,6 +5,10 @@ files), `dagster/uri`; table-like assets declare their column schema; cache hits
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -137,3 +141,22 @@ def test_cache_hits_carry_the_standard_keys_of_the_miss(graph, tiny_raw_root):
             assert values["cache"] == "hit", (label, values.get("cache_reason"))
             assert "reused_run_id" not in values, "a hit found through the marker, not this instance's records"
             assert {k: values.get(k) for k in STANDARD} == {k: built[label][k] for k in STANDARD}, label
+
+
+def test_fsx_warm_job_counts_what_the_local_warm_counts(graph, tmp_path):
+    """The FSx warm job (training_code.warm, run here on a folder laid out as the SageMaker channel: the
+    shard root with the training set in a folder of it) reports the rows and bytes the local warm state did."""
+    _, _, metadata = graph
+    chosen = Path(metadata["training_set"]["dagster/uri"])
+    root = tmp_path / "shard_root"
+    for source in json.loads((chosen / ts.MANIFEST).read_text())["sources"]:
+        shutil.copytree(source["shards_uri"], root / source["folder"])
+    shutil.copytree(chosen, root / "_training_sets" / "chosen", ignore=shutil.ignore_patterns(OUTPUT_MARKER))
+    environment = {**os.environ, "SM_CHANNEL_SHARDS": str(root), "ZERO_OPT_ML": str(tmp_path / "opt_ml")}
+    environment.pop("DAGSTER_PIPES_CONTEXT", None)
+    done = subprocess.run([sys.executable, "-m", "training_code.warm", "--training-set", "_training_sets/chosen"], env=environment,
+                          capture_output=True, text=True, timeout=120, check=True)
+    [event] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"event": "materialization"')]
+    warm = metadata["fsx_warm_state"]
+    assert event["metadata"]["dagster/row_count"] == warm["dagster/row_count"] == len(shard_rows(root))
+    assert event["metadata"]["dagster/size_bytes"] == warm["dagster/size_bytes"]
