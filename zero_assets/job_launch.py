@@ -96,7 +96,8 @@ def launch_job(
         hit = published_hit(output, marker, fingerprint_inputs, reason, lease.waited_for)
         if hit is not None:
             context.log.info(f"cache hit, no job launched: {reason}")
-            return hit
+            # What it was built from, as a miss records it (training_set reads the shards' validated set here).
+            return MaterializeResult(metadata={**(hit.metadata or {}), "upstream": upstream_metadata(upstream)}, data_version=hit.data_version)
         if marker is None:
             retract_output_marker(output)  # nothing may vouch for a set while it is replaced
         result = _run_job(context, jobs, request, spread, decision.reason, fingerprint_inputs, upstream)
