@@ -1,4 +1,5 @@
-"""Demo-like shard sets for the training benchmarks: rendered industrial scenes, written as the shard job writes them."""
+"""Demo-like shard sets for the training benchmarks and the demo-difficulty test: rendered industrial
+scenes, written as the shard job writes them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import numpy as np
 
 from training_code.lib.shard_format import FORMAT, MANIFEST
 from training_code.lib.shard_writer import ShardWriter
-from zero_assets.demo_data import CATEGORIES, IMAGE_SIZES, render_scene
+from training_code.lib.split import split_of_group
+from zero_assets.demo_data import CATEGORIES, IMAGE_SIZES, demo_images, render_scene, shuffle_labels
 
 CATEGORY_LIST = [{"id": i + 1, "name": name} for i, name in enumerate(CATEGORIES)]
 
@@ -20,14 +22,18 @@ def scene_row(rng: np.random.Generator, key: str) -> dict:
     """One demo scene as a shard row; JPEG or PNG in the demo's 70/30 mix."""
     width, height = IMAGE_SIZES[int(rng.integers(len(IMAGE_SIZES)))]
     image, parts = render_scene(rng, width, height)
-    image_format = "JPEG" if rng.random() < 0.7 else "PNG"
+    return _row(image, parts, "JPEG" if rng.random() < 0.7 else "PNG", "bench", key)
+
+
+def _row(image, parts, image_format: str, source: str, key: str) -> dict:
+    width, height = image.size
     buffer = io.BytesIO()
     image.save(buffer, image_format, **({"quality": 90} if image_format == "JPEG" else {}))
     data = buffer.getvalue()
     ids = [CATEGORIES.index(p.category) + 1 for p in parts]
     return {"image": data, "image_format": image_format, "width": width, "height": height,
             "boxes": [list(p.box) for p in parts], "category_ids": ids, "category_names": [p.category for p in parts],
-            "source": "bench", "key": key, "sha256": hashlib.sha256(data).hexdigest()}
+            "source": source, "key": key, "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def write_scene_shards(folder: Path, rows_by_split: dict[str, int], seed: int = 0, shard_bytes: int = 4 << 20) -> Path:
@@ -38,6 +44,28 @@ def write_scene_shards(folder: Path, rows_by_split: dict[str, int], seed: int = 
         with ShardWriter(folder, split, shard_bytes, categories=CATEGORY_LIST) as writer:
             for index in range(rows):
                 writer.write(scene_row(rng, f"{split}/{index:05d}"))
+        entries += writer.entries
+    (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "categories": CATEGORY_LIST, "shards": entries}))
+    return folder
+
+
+def write_demo_shards(folder: Path, images: int = 240, seed: int = 0, shuffled_labels: bool = False,
+                      split_seed: int = 0, val_fraction: float = 0.2, shard_bytes: int = 4 << 20) -> Path:
+    """The good images of `make-demo-data --images N --seed S [--shuffle-labels]` as shards, split by lot
+    as validated_images splits them (its defaults), without running the graph; returns `folder`.
+
+    The graph's output differs only by the planted bad cases (one duplicate image fewer, one stray box
+    dropped), so scores on these shards are the demo's to within a point or two."""
+    drawn = demo_images(images, np.random.default_rng(seed))
+    rows: dict[str, list[dict]] = {"train": [], "val": []}
+    for image in shuffle_labels(drawn, seed) if shuffled_labels else drawn:
+        split = split_of_group(image.name.rpartition("/")[0], split_seed, val_fraction)
+        rows[split].append(_row(image.scene, image.parts, image.fmt, image.source, f"{image.source}/{image.name}"))
+    entries = []
+    for split, split_rows in rows.items():
+        with ShardWriter(folder, split, shard_bytes, categories=CATEGORY_LIST) as writer:
+            for row in split_rows:
+                writer.write(row)
         entries += writer.entries
     (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "categories": CATEGORY_LIST, "shards": entries}))
     return folder

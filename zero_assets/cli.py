@@ -1,6 +1,6 @@
 """`zero-assets`: what is not a materialization (those are Dagster's job: UI, CLI, sensors).
 
-    zero-assets make-demo-data --out DIR [--images N] [--seed S]
+    zero-assets make-demo-data --out DIR [--images N] [--seed S] [--shuffle-labels]
     zero-assets sources [--register]   # the raw root's sources (top-level folders); --register adds new ones as partitions
     zero-assets summary            # the latest materialization of each asset (per source for the per-source ones), from $DAGSTER_HOME
     zero-assets render-jobs --out DIR   # the SageMaker/FSx requests the graph would send (no AWS calls)
@@ -31,7 +31,7 @@ SUMMARY_KEYS = {
 
 
 def _make_demo_data(args: argparse.Namespace) -> int:
-    summary = make_demo_raw_root(args.out, images=args.images, seed=args.seed)
+    summary = make_demo_raw_root(args.out, images=args.images, seed=args.seed, shuffled_labels=args.shuffle_labels)
     print(json.dumps(summary, indent=1))
     return 0
 
@@ -170,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", type=Path, required=True, help="new or empty folder for the raw root")
     demo.add_argument("--images", type=int, default=240, help="good images to render (bad cases are added on top)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--shuffle-labels", action="store_true",
+                      help="same images, labels shuffled across images and boxes: a model trained on them should score near zero")
     demo.set_defaults(handler=_make_demo_data)
     sources = commands.add_parser("sources", help="list the raw root's sources (top-level folders, one delimiter listing)")
     sources.add_argument("--register", action="store_true", help="add the sources that are not partitions yet to the instance")

@@ -42,76 +42,137 @@ class Part:
     box: tuple[float, float, float, float]  # x1, y1, x2, y2 in the upright scene
 
 
+# What makes the scenes hard enough that the demo detector scores well short of perfect (so a regression
+# can show) while a detector trained on shuffled labels scores near zero: a part's finish only hints at its
+# class (a quarter of the parts take any of the shared finishes), so shape tells a nut from a washer or a
+# gear, and at the small end of the size range that is a few pixels of outline; parts overlap (later ones
+# drawn over earlier ones, each at least half visible); unlabeled clutter (plain discs, shims, cables,
+# screws) looks like parts; light varies across a scene (gradient, spotlight) and between scenes
+# (exposure, focus). The figures below set the difficulty: with them the demo detector (TrainConfig's
+# defaults) scores mAP@0.5 about 0.66 on the demo's val split, tests/test_demo_difficulty.py holds it
+# within [0.5, 0.85].
+FINISHES = ((200, 200, 210), (205, 165, 60), (60, 110, 210), (215, 110, 45), (45, 48, 55))  # CATEGORIES' usual ones first
+FINISH_MATCH = 0.75  # the share of parts in their category's usual finish; the rest take any
+PARTS_PER_SCENE = (1, 6)  # inclusive range of labeled parts
+SIZE_RANGE = (0.1, 0.34)  # part size as a share of the scene's shorter side, drawn log-uniform
+MAX_COVERED = 0.5  # the most of a part's box that later parts may cover
+CLUTTER_PER_SCENE = (1, 4)  # unlabeled look-alikes
+EXPOSURE = (0.7, 1.2)  # scene-wide brightness factor
+BLUR = (0.3, 1.0)  # Gaussian blur radius in pixels
+
+
 def _surface(rng: np.random.Generator, width: int, height: int) -> Image.Image:
-    """Brushed-metal or rubber-belt background with lighting gradient and sensor noise."""
-    base = rng.uniform(70, 150)
-    tint = rng.uniform(-12, 12, size=3)
+    """Brushed-metal or rubber-belt background under uneven light: a gradient, a spotlight, sensor noise."""
+    base = rng.uniform(55, 175)
+    tint = rng.uniform(-15, 15, size=3)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     angle = rng.uniform(0, 2 * math.pi)
-    gradient = (np.cos(angle) * xx / width + np.sin(angle) * yy / height) * rng.uniform(-30, 30)
-    streaks = np.repeat(rng.normal(0, 6, size=(1, width)), height, axis=0)
-    noise = rng.normal(0, 5, size=(height, width))
-    gray = base + gradient + streaks + noise
+    gradient = (np.cos(angle) * xx / width + np.sin(angle) * yy / height) * rng.uniform(-55, 55)
+    sx, sy, spread = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(0.3, 0.9) * max(width, height)
+    spot = rng.uniform(-40, 50) * np.exp(-((xx - sx) ** 2 + (yy - sy) ** 2) / (2 * spread**2))
+    streaks = np.repeat(rng.normal(0, 7, size=(1, width)), height, axis=0)
+    noise = rng.normal(0, rng.uniform(3, 10), size=(height, width))
+    gray = base + gradient + spot + streaks + noise
     pixels = np.clip(gray[..., None] + tint, 0, 255).astype(np.uint8)
     return Image.fromarray(pixels, "RGB")
 
 
-def _steel(rng: np.random.Generator) -> tuple[int, int, int]:
-    v = int(rng.uniform(25, 55))
-    return (v, v + 5, v + 12)
+def _finish(rng: np.random.Generator, category: str | None = None) -> tuple[int, int, int]:
+    """A category's usual finish (FINISH_MATCH of the time) or any of the shared ones, lit brighter or darker."""
+    light = rng.uniform(0.6, 1.15)
+    usual = category is not None and rng.random() < FINISH_MATCH
+    r, g, b = FINISHES[CATEGORIES.index(category) if usual else int(rng.integers(len(FINISHES)))]
+    return tuple(int(np.clip(v * light + rng.normal(0, 8), 0, 255)) for v in (r, g, b))
+
+
+def _shade(color, factor: float) -> tuple[int, int, int]:
+    return tuple(int(np.clip(v * factor, 0, 255)) for v in color)
 
 
 def _draw_part(draw: ImageDraw.ImageDraw, rng: np.random.Generator, category: str, box) -> None:
     x1, y1, x2, y2 = box
     cx, cy, r = (x1 + x2) / 2, (y1 + y2) / 2, (x2 - x1) / 2
+    color = _finish(rng, category)
+    edge = _shade(color, rng.uniform(0.5, 1.3))
+    hole_color = _shade(color, rng.uniform(0.1, 0.45))
     if category == "hex_nut":
         turn = rng.uniform(0, math.pi / 3)
         hexagon = [(cx + r * math.cos(turn + k * math.pi / 3), cy + r * math.sin(turn + k * math.pi / 3)) for k in range(6)]
-        draw.polygon(hexagon, fill=_steel(rng), outline=(200, 200, 210))
-        hole = r * 0.45
-        draw.ellipse((cx - hole, cy - hole, cx + hole, cy + hole), fill=(235, 235, 225))
+        draw.polygon(hexagon, fill=color, outline=edge)
+        hole = r * rng.uniform(0.38, 0.55)
+        draw.ellipse((cx - hole, cy - hole, cx + hole, cy + hole), fill=hole_color)
     elif category == "washer":
-        brass = (int(rng.uniform(190, 225)), int(rng.uniform(150, 180)), int(rng.uniform(40, 70)))
-        draw.ellipse(box, fill=brass, outline=(120, 90, 20), width=2)
-        hole = r * 0.5
-        draw.ellipse((cx - hole, cy - hole, cx + hole, cy + hole), fill=(20, 20, 25))
+        draw.ellipse(box, fill=color, outline=edge, width=max(1, int(r * 0.08)))
+        hole = r * rng.uniform(0.38, 0.55)
+        draw.ellipse((cx - hole, cy - hole, cx + hole, cy + hole), fill=hole_color)
     elif category == "bolt":
-        blue = (int(rng.uniform(30, 60)), int(rng.uniform(90, 130)), int(rng.uniform(190, 235)))
         w, h = x2 - x1, y2 - y1
         if w >= h:  # horizontal bolt: head on the left
-            draw.rectangle((x1, y1, x1 + 0.28 * w, y2), fill=blue)
-            draw.rectangle((x1 + 0.28 * w, cy - 0.22 * h, x2, cy + 0.22 * h), fill=blue)
+            draw.rectangle((x1, y1, x1 + 0.28 * w, y2), fill=color, outline=edge)
+            draw.rectangle((x1 + 0.28 * w, cy - 0.22 * h, x2, cy + 0.22 * h), fill=color)
             for k in range(6):
                 tx = x1 + 0.35 * w + k * 0.1 * w
-                draw.line((tx, cy - 0.22 * h, tx, cy + 0.22 * h), fill=(15, 40, 90), width=1)
+                draw.line((tx, cy - 0.22 * h, tx, cy + 0.22 * h), fill=hole_color, width=1)
         else:  # vertical bolt: head on top
-            draw.rectangle((x1, y1, x2, y1 + 0.28 * h), fill=blue)
-            draw.rectangle((cx - 0.22 * w, y1 + 0.28 * h, cx + 0.22 * w, y2), fill=blue)
+            draw.rectangle((x1, y1, x2, y1 + 0.28 * h), fill=color, outline=edge)
+            draw.rectangle((cx - 0.22 * w, y1 + 0.28 * h, cx + 0.22 * w, y2), fill=color)
             for k in range(6):
                 ty = y1 + 0.35 * h + k * 0.1 * h
-                draw.line((cx - 0.22 * w, ty, cx + 0.22 * w, ty), fill=(15, 40, 90), width=1)
+                draw.line((cx - 0.22 * w, ty, cx + 0.22 * w, ty), fill=hole_color, width=1)
     elif category == "gear":
-        copper = (int(rng.uniform(200, 240)), int(rng.uniform(95, 125)), int(rng.uniform(30, 60)))
-        teeth, inner = 10, r * 0.78
+        teeth, inner = int(rng.integers(8, 15)), r * rng.uniform(0.8, 0.9)
+        turn = rng.uniform(0, math.pi)
         outline = []
         for k in range(teeth * 2):
             radius = r if k % 2 == 0 else inner
-            a = k * math.pi / teeth
+            a = turn + k * math.pi / teeth
             outline.append((cx + radius * math.cos(a), cy + radius * math.sin(a)))
-        draw.polygon(outline, fill=copper)
-        hub = r * 0.25
-        draw.ellipse((cx - hub, cy - hub, cx + hub, cy + hub), fill=(60, 30, 10))
+        draw.polygon(outline, fill=color, outline=edge)
+        hub = r * rng.uniform(0.25, 0.45)
+        draw.ellipse((cx - hub, cy - hub, cx + hub, cy + hub), fill=hole_color)
     else:
         raise ValueError(f"unknown demo category {category!r}; expected one of {CATEGORIES}")
+
+
+def _draw_clutter(draw: ImageDraw.ImageDraw, rng: np.random.Generator, width: int, height: int) -> None:
+    """One unlabeled look-alike: a plain disc, a shim plate, a cable or a slim screw."""
+    side = min(width, height)
+    size = side * math.exp(rng.uniform(math.log(SIZE_RANGE[0]), math.log(SIZE_RANGE[1])))
+    x, y = rng.uniform(0, width - size), rng.uniform(0, height - size)
+    color, kind = _finish(rng), int(rng.integers(4))
+    if kind == 0:
+        draw.ellipse((x, y, x + size, y + size), fill=color, outline=_shade(color, 0.7))
+    elif kind == 1:
+        draw.rectangle((x, y, x + size, y + size * rng.uniform(0.4, 1.0)), fill=color, outline=_shade(color, 0.7))
+    elif kind == 2:
+        points = [(x + rng.uniform(0, size * 2), y + rng.uniform(0, size * 2)) for _ in range(4)]
+        draw.line(points, fill=_shade(color, 0.5), width=max(2, int(size * 0.08)))
+    else:
+        long, thin = size * 1.4, size * 0.18
+        if rng.random() < 0.5:
+            draw.rectangle((x, y, x + long, y + thin), fill=color)
+        else:
+            draw.rectangle((x, y, x + thin, y + long), fill=color)
+
+
+def _covered(box, later: list) -> float:
+    """Share of `box` that the union of the `later` boxes covers (by counting a coarse grid)."""
+    xs = np.linspace(box[0], box[2], 12)
+    ys = np.linspace(box[1], box[3], 12)
+    gx, gy = np.meshgrid(xs, ys)
+    hidden = np.zeros(gx.shape, dtype=bool)
+    for b in later:
+        hidden |= (gx >= b[0]) & (gx <= b[2]) & (gy >= b[1]) & (gy <= b[3])
+    return float(hidden.mean())
 
 
 def _place_parts(rng: np.random.Generator, width: int, height: int) -> list[Part]:
     parts: list[Part] = []
     side = min(width, height)
-    for _ in range(int(rng.integers(1, 5))):
+    for _ in range(int(rng.integers(PARTS_PER_SCENE[0], PARTS_PER_SCENE[1] + 1))):
         for _attempt in range(30):
             category = CATEGORIES[int(rng.integers(len(CATEGORIES)))]
-            size = rng.uniform(0.16, 0.34) * side
+            size = side * math.exp(rng.uniform(math.log(SIZE_RANGE[0]), math.log(SIZE_RANGE[1])))
             if category == "bolt":
                 long, short = size * 1.6, size * 0.55
                 w, h = (long, short) if rng.random() < 0.5 else (short, long)
@@ -121,26 +182,26 @@ def _place_parts(rng: np.random.Generator, width: int, height: int) -> list[Part
                 continue
             x1, y1 = rng.uniform(2, width - w - 2), rng.uniform(2, height - h - 2)
             box = (x1, y1, x1 + w, y1 + h)
-            if all(_overlap(box, p.box) < 0.05 for p in parts):
+            # Drawn last, the new part may hide some of each earlier one, never more than MAX_COVERED.
+            boxes = [p.box for p in parts]
+            if all(_covered(p, boxes[i + 1 :] + [box]) <= MAX_COVERED for i, p in enumerate(boxes)):
                 parts.append(Part(category, box))
                 break
     return parts
-
-
-def _overlap(a, b) -> float:
-    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = iw * ih
-    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
 
 
 def render_scene(rng: np.random.Generator, width: int, height: int) -> tuple[Image.Image, list[Part]]:
     image = _surface(rng, width, height)
     parts = _place_parts(rng, width, height)
     draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(CLUTTER_PER_SCENE[0], CLUTTER_PER_SCENE[1] + 1))):
+        _draw_clutter(draw, rng, width, height)
     for part in parts:
         _draw_part(draw, rng, part.category, part.box)
-    return image.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(0.3, 0.9)))), parts
+    # Scene-wide exposure and focus: some scenes come out dim or washed out, some soft.
+    exposure = rng.uniform(*EXPOSURE)
+    image = Image.fromarray(np.clip(np.asarray(image, dtype=np.float32) * exposure, 0, 255).astype(np.uint8), "RGB")
+    return image.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(*BLUR)))), parts
 
 
 def _box_in_stored_frame(box, orientation: int, upright_size: tuple[int, int]):
@@ -177,8 +238,57 @@ def _png_with_bad_crc(png: bytes) -> bytes:
     return png[:crc_at] + bad_crc + png[crc_at + 4 :]
 
 
-def make_demo_raw_root(out: Path, images: int = 240, seed: int = 0) -> dict:
-    """Write the demo raw root to `out` (which must not already hold one) and return a summary."""
+@dataclass(frozen=True)
+class DemoImage:
+    source: str
+    name: str  # the key under its source: lot_NNN/part_NNNNN.jpg|png; the lot is the split group
+    fmt: str  # JPEG or PNG
+    orientation: int  # EXIF orientation of the stored file
+    scene: Image.Image  # upright
+    parts: list[Part]  # boxes in the upright scene
+
+
+def demo_images(images: int, rng: np.random.Generator) -> list[DemoImage]:
+    """The demo's good images in key order, drawn from `rng` (the raw root and benchmarks share them)."""
+    drawn = []
+    for n in range(images):
+        source = SOURCES[n % len(SOURCES)]
+        width, height = IMAGE_SIZES[int(rng.integers(len(IMAGE_SIZES)))]
+        fmt = "JPEG" if rng.random() < 0.7 else "PNG"
+        orientation = int(rng.choice([6, 8, 3])) if fmt == "JPEG" and rng.random() < 0.15 else 1
+        scene, parts = render_scene(rng, width, height)
+        # Images sit in per-lot folders: a lot is the unit the train/val split keeps together.
+        lot = n // (len(SOURCES) * IMAGES_PER_LOT)
+        name = f"lot_{lot:03d}/part_{n:05d}.{'jpg' if fmt == 'JPEG' else 'png'}"
+        drawn.append(DemoImage(source, name, fmt, orientation, scene, parts))
+    return drawn
+
+
+def shuffle_labels(drawn: list[DemoImage], seed: int) -> list[DemoImage]:
+    """The same images with their labels shuffled: each image takes another image's boxes (scaled to
+    its own size) and every box a category drawn by permuting all boxes' categories. Nothing in an image
+    then says where its boxes are or what they hold: a detector trained on this should score near zero,
+    which is what makes it a check that the real labels carry the signal."""
+    rng = np.random.default_rng([seed, 0x5107])
+    # One random cycle through all images: every image gets another image's boxes, never its own.
+    cycle = rng.permutation(len(drawn))
+    order = np.empty_like(cycle)
+    order[cycle] = np.roll(cycle, -1)
+    categories = [part.category for image in drawn for part in image.parts]
+    categories = [categories[i] for i in rng.permutation(len(categories))]
+    shuffled = []
+    for image, donor in zip(drawn, (drawn[i] for i in order)):
+        sx, sy = image.scene.width / donor.scene.width, image.scene.height / donor.scene.height
+        parts = [Part(categories.pop(), (b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy)) for b in (p.box for p in donor.parts)]
+        shuffled.append(DemoImage(image.source, image.name, image.fmt, image.orientation, image.scene, parts))
+    return shuffled
+
+
+def make_demo_raw_root(out: Path, images: int = 240, seed: int = 0, shuffled_labels: bool = False) -> dict:
+    """Write the demo raw root to `out` (which must not already hold one) and return a summary.
+
+    With `shuffled_labels` the images are the same and the good images' annotations are shuffled
+    (see shuffle_labels); the planted bad cases are planted as always."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} is not empty; pick a new --out folder or delete this one first")
@@ -191,21 +301,15 @@ def make_demo_raw_root(out: Path, images: int = 240, seed: int = 0) -> dict:
         coco[source]["categories"] = [{"id": i + 1, "name": name} for i, name in enumerate(CATEGORIES)]
     category_id = {name: i + 1 for i, name in enumerate(CATEGORIES)}
     blobs: dict[tuple[str, str], bytes] = {}
-    for n in range(images):
-        source = SOURCES[n % len(SOURCES)]
-        width, height = IMAGE_SIZES[int(rng.integers(len(IMAGE_SIZES)))]
-        fmt = "JPEG" if rng.random() < 0.7 else "PNG"
-        orientation = int(rng.choice([6, 8, 3])) if fmt == "JPEG" and rng.random() < 0.15 else 1
-        scene, parts = render_scene(rng, width, height)
+    drawn = demo_images(images, rng)
+    for image in shuffle_labels(drawn, seed) if shuffled_labels else drawn:
+        source, name, orientation, scene = image.source, image.name, image.orientation, image.scene
         stored = scene.transpose(STORED_FROM_UPRIGHT[orientation]) if orientation != 1 else scene
-        # Images sit in per-lot folders: a lot is the unit the train/val split keeps together.
-        lot = n // (len(SOURCES) * IMAGES_PER_LOT)
-        name = f"lot_{lot:03d}/part_{n:05d}.{'jpg' if fmt == 'JPEG' else 'png'}"
-        blobs[(source, name)] = _encode(stored, fmt, orientation)
+        blobs[(source, name)] = _encode(stored, image.fmt, orientation)
         image_id = len(coco[source]["images"]) + 1
         coco[source]["images"].append({"id": image_id, "file_name": name, "width": stored.width, "height": stored.height})
-        for part in parts:
-            x1, y1, x2, y2 = _box_in_stored_frame(part.box, orientation, (width, height))
+        for part in image.parts:
+            x1, y1, x2, y2 = _box_in_stored_frame(part.box, orientation, scene.size)
             coco[source]["annotations"].append(
                 {
                     "id": len(coco[source]["annotations"]) + 1,
@@ -222,7 +326,8 @@ def make_demo_raw_root(out: Path, images: int = 240, seed: int = 0) -> dict:
         (out / source / name).write_bytes(data)
     for source in SOURCES:
         (out / source / "annotations.json").write_text(json.dumps(coco[source], indent=1))
-    return {"out": str(out), "images": len(blobs), "sources": list(SOURCES), "planted": planted}
+    return {"out": str(out), "images": len(blobs), "sources": list(SOURCES), "planted": planted,
+            "shuffled_labels": shuffled_labels}
 
 
 def _plant_bad_cases(rng: np.random.Generator, blobs: dict, coco: dict) -> dict[str, str]:
