@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 import torch
 from PIL import Image
+from torch.utils.data import DataLoader
 
-from training_code.lib.detection_data import ShardDetectionStream, ShardRef, build_train_loader, verified_split
+from training_code.lib.detection_data import ShardDetectionStream, ShardRef, build_train_loader, collate_detection, verified_split
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.storage import write_bytes_atomic
 from training_code.lib.tables import ACCEPTED, write_table
@@ -159,3 +160,16 @@ def test_resume_after_a_stop_yields_exactly_the_rows_not_yet_seen(tmp_path):
     assert batches(0, epoch // 4 + 3) == before + after, "the resumed job continues the very same batches"
     seen, rest = [n for batch in before for n in batch], [n for batch in after for n in batch][: epoch - stopped_at * 4]
     assert sorted(seen + rest) == list(range(epoch)), "the first epoch ends with exactly the rows not seen before the stop"
+
+
+def test_a_worker_dealt_no_row_fails_instead_of_waiting_forever(tmp_path):
+    raw, rows = tmp_path / "raw", []
+    add_images(raw, rows, "alpha", "lot_0", 3)
+    build_shards(write_validated(tmp_path / "validated", rows), raw, tmp_path / "shards", 1)  # one row a shard
+    _, refs = verified_split(tmp_path / "shards", "train")
+    stream = ShardDetectionStream(refs, rank=0, world_size=3, seed=0, batch_size=1, augmentation=None)  # one row a rank
+    # As build_train_loader, with a timeout: without the check this would wait forever, not fail.
+    batches = iter(DataLoader(stream, batch_size=1, num_workers=2, collate_fn=collate_detection, timeout=30))
+    assert colour_numbers(next(batches)[0])[0] in range(3)  # worker 0 reads the rank's row
+    with pytest.raises(Exception, match="fewer rows than its 2 DataLoader workers"):
+        next(batches)

@@ -223,9 +223,16 @@ class ShardDetectionStream(IterableDataset):
         # Opened lazily in the reading process (mapped, not pickled); the least recently read is closed
         # past twice the lanes, which leaves room for rows of a finished shard still in the shuffle buffer.
         tables: OrderedDict[int, ShardRows] = OrderedDict()
+        current_epoch, mine_this_epoch = 0, 0
         for epoch, position, shard, row in self.rank_order():
+            if epoch != current_epoch:
+                if not mine_this_epoch:  # a worker dealt nothing would spin forever: the job would hang, not fail
+                    raise ValueError(f"rank {self.rank}: epoch {current_epoch} held fewer rows than its {workers} DataLoader "
+                                     f"workers, so worker {worker} got none; use fewer --workers")
+                current_epoch, mine_this_epoch = epoch, 0
             if position % workers != worker:
                 continue
+            mine_this_epoch += 1
             if to_skip:  # counts stream positions: exact unless a skipped sample was a bad one
                 to_skip -= 1
                 continue
