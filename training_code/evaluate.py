@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import torch
 
-from training_code.lib import job_env
+from training_code.lib import job_env, wandb_run
 from training_code.lib.coco_eval import score_detections
 from training_code.lib.detection_data import EvalSample, iter_eval_samples, verified_split
 from training_code.lib.model import load_model_file
@@ -46,6 +46,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     graph.add_argument("--score-threshold", type=float, default=0.0, help="drop detections scoring below this")
     graph.add_argument("--batch-size", type=int, default=8)
     graph.add_argument("--threads", type=int, default=None, help="torch threads (default: all CPUs)")
+    # Unset W&B flags follow the checkpoint's training run (its training_summary.json): same project and group.
+    wandb_run.add_arguments(parser, follows_training=True)
     standalone = parser.add_argument_group("standalone mode (score existing COCO files)")
     standalone.add_argument("--predictions", type=Path, help="COCO results JSON (list of detections)")
     standalone.add_argument("--ground-truth", type=Path, help="COCO ground-truth JSON")
@@ -151,13 +153,36 @@ def inline_pictures(curve: dict[str, Any], pictures: list[SamplePicture]) -> dic
     return entries
 
 
-def report(pipes, metrics: dict[str, Any], run_info: dict[str, Any], metrics_path: Path) -> None:
+SUMMARY_METRICS = ("mAP", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large", "AR_100")
+
+
+def per_class_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     # A class without ground truth in the split has no AP: an empty cell, not a zero.
-    per_class = [{"category": row["category"],
-                  "AP": None if row["ap"] is None else round(float(row["ap"]), 4),
-                  "AP@0.5": None if row["ap_50"] is None else round(float(row["ap_50"]), 4)} for row in metrics["per_class"]]
-    summary = ("mAP", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large", "AR_100")
-    metadata = {name: float(metrics[name]) for name in summary if metrics[name] is not None}
+    return [{"category": row["category"],
+             "AP": None if row["ap"] is None else round(float(row["ap"]), 4),
+             "AP@0.5": None if row["ap_50"] is None else round(float(row["ap_50"]), 4)} for row in metrics["per_class"]]
+
+
+def track(args: argparse.Namespace, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Log the metrics to a W&B run in the checkpoint's group; what is recorded of it (see wandb_run.recorded)."""
+    run = wandb_run.start(args, job_type="evaluation", config={"model_step": metrics["model_step"]})
+    if run is not None:
+        try:
+            per_class = per_class_rows(metrics)
+            run.summary.update({name: float(metrics[name]) for name in SUMMARY_METRICS if metrics[name] is not None})
+            run.summary.update({f"AP/{row['category']}": row["AP"] for row in per_class if row["AP"] is not None})
+            import wandb
+
+            run.log({"per_class_ap": wandb.Table(columns=["category", "AP", "AP@0.5"],
+                                                 data=[[row["category"], row["AP"], row["AP@0.5"]] for row in per_class])})
+        finally:
+            run.finish()
+    return wandb_run.recorded(args, run)
+
+
+def report(pipes, metrics: dict[str, Any], run_info: dict[str, Any], metrics_path: Path) -> None:
+    per_class = per_class_rows(metrics)
+    metadata = {name: float(metrics[name]) for name in SUMMARY_METRICS if metrics[name] is not None}
     columns = {"category": "category name", "AP": "COCO AP (IoU 0.50:0.95); empty: no ground truth of this class in the split",
                "AP@0.5": "AP at IoU 0.5"}
     metadata.update({"per_class_ap": job_env.table(per_class, columns=columns), "val_images": metrics["val_images"],
@@ -176,9 +201,14 @@ def main(args: argparse.Namespace) -> None:
     missing = [flag for flag, value in (("--model", args.model), ("--shards", args.shards), ("--out", args.out)) if value is None]
     if missing:
         raise SystemExit(f"graph mode needs {', '.join(missing)} (or use --predictions and --ground-truth)")
+    wandb_run.follow_training(args, args.model if args.model.is_dir() else args.model.parent)
+    problem = wandb_run.missing_server(args)
+    if problem:
+        raise SystemExit(problem)
     with job_env.pipes_session() as pipes:
         metrics, run_info = evaluate_model(args)
-        report(pipes, metrics, run_info, args.out / "metrics.json")
+        tracking = track(args, metrics)
+        report(pipes, metrics, {**run_info, **wandb_run.report_metadata(tracking)}, args.out / "metrics.json")
 
 
 if __name__ == "__main__":

@@ -15,13 +15,12 @@ import os
 import random
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from training_code.lib import job_env
+from training_code.lib import job_env, wandb_run
 from training_code.lib.checkpoints import log_event, prepare_folder, resume_if_possible, save_checkpoint
 from training_code.lib.detection_data import (
     Augmentation, ShardDetectionStream, ShardRef, apply_photometric, build_train_loader, targets_on, verified_split,
@@ -75,19 +74,16 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keep-checkpoints", type=positive_int, default=3)
     parser.add_argument("--log-every", type=positive_int, default=10)
     parser.add_argument("--pg-timeout-min", type=float, default=30.0)
-    parser.add_argument("--wandb-mode", default="offline", choices=("disabled", "offline", "online"),
-                        help="offline: the run is written under the job's output data folder, for `wandb sync`")
-    parser.add_argument("--wandb-base-url", default=None, help="W&B server for online mode (key from WANDB_API_KEY)")
-    parser.add_argument("--wandb-project", default="zero")
+    wandb_run.add_arguments(parser)
     return parser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = get_args_parser()
     args = parser.parse_args(argv)
-    if args.wandb_mode == "online" and not args.wandb_base_url:
-        # Online tracking sends metrics off the machine: the destination is named, never a library default.
-        parser.error("--wandb-mode online needs --wandb-base-url (e.g. https://api.wandb.ai or your server)")
+    problem = wandb_run.missing_server(args)
+    if problem:
+        parser.error(problem)
     return args
 
 
@@ -113,21 +109,6 @@ class StopRequest:
 
     def restore(self) -> None:
         signal.signal(signal.SIGTERM, self._previous)
-
-
-def start_wandb(args: argparse.Namespace, ctx: DistributedContext, config: dict[str, Any]):
-    if args.wandb_mode == "disabled" or not ctx.is_main:
-        return None
-    import wandb  # optional: imported only when tracking is asked for
-
-    # SageMaker uploads SM_OUTPUT_DATA_DIR with the job's output, so offline runs can be synced later.
-    run_dir = Path(os.environ.get("SM_OUTPUT_DATA_DIR", job_env.opt_ml() / "output" / "data"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    settings = wandb.Settings(console="off")  # our stdout/stderr carry structured lines and Pipes messages
-    if args.wandb_mode == "online":
-        settings = wandb.Settings(console="off", base_url=args.wandb_base_url)
-    return wandb.init(mode=args.wandb_mode, project=args.wandb_project, name=job_env.job_name(), dir=str(run_dir),
-                      config={**vars(args), "model_config": config}, settings=settings)
 
 
 def report_progress(pipes, ctx: DistributedContext, line: dict[str, Any]) -> None:
@@ -189,12 +170,14 @@ def train(args: argparse.Namespace, ctx: DistributedContext, pipes) -> tuple[dic
         max_bad_samples=args.max_bad_samples, resume_batches=start_step if resumed.data_continues else 0,
     )
     batches = iter(build_train_loader(dataset, args.batch_size, args.workers, ctx.device))
-    tracker = start_wandb(args, ctx, config)
+    # Rank 0 tracks; SageMaker uploads its output data folder (the default offline location) with the job.
+    tracker = wandb_run.start(args, job_type="training", config={"model_config": config}) if ctx.is_main else None
+    tracking = wandb_run.recorded(args, tracker)
     stop = StopRequest()
 
     def checkpoint_state(at_step: int) -> dict[str, Any]:
         return {"model": model_without_ddp.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "step": at_step, "images_seen": images_seen(at_step), "args": vars(args), "model_config": config,
+                "step": at_step, "images_seen": images_seen(at_step), "args": wandb_run.without_tracking(vars(args)), "model_config": config,
                 "categories": config["categories"]}
 
     def images_seen(at_step: int) -> int:  # batches are always full: the stream never runs dry
@@ -251,6 +234,7 @@ def train(args: argparse.Namespace, ctx: DistributedContext, pipes) -> tuple[dic
         "train_images": rows_trained_on(shards),
         "job_name": job_env.job_name(),
         "device": str(ctx.device),
+        "wandb": tracking,
     }, model_without_ddp, config
 
 
@@ -266,8 +250,8 @@ def rows_trained_on(shards: list[ShardRef]) -> int:
 
 def report_metadata(summary: dict[str, Any]) -> dict[str, Any]:
     """The summary as the materialization's metadata: the rows trained on are Dagster's `dagster/row_count`."""
-    metadata = {k: v for k, v in summary.items() if v is not None and k != "train_images"}
-    return {"dagster/row_count": summary["train_images"], **metadata}
+    metadata = {k: v for k, v in summary.items() if v is not None and k not in ("train_images", "wandb")}
+    return {"dagster/row_count": summary["train_images"], **metadata, **wandb_run.report_metadata(summary["wandb"])}
 
 
 def main(args: argparse.Namespace) -> None:
@@ -275,7 +259,7 @@ def main(args: argparse.Namespace) -> None:
         summary, model, config = train(args, ctx, pipes)
         if not ctx.is_main:
             return
-        model_path = save_model_file(job_env.model_dir(), model, config, summary["steps"], vars(args))
+        model_path = save_model_file(job_env.model_dir(), model, config, summary["steps"], wandb_run.without_tracking(vars(args)))
         digest = sha256_file(model_path)
         summary.update({"model_path": str(model_path), "model_sha256": digest, "checkpoint_dir": str(job_env.checkpoint_dir())})
         summary_path = model_path.with_name("training_summary.json")

@@ -34,10 +34,13 @@ def build_job_request(
     inputs: dict[str, str],
     processes_per_host: int = 1,
     partition: str | None = None,
+    tracking: dict[str, Any] | None = None,
     **options: Any,
 ) -> JobRequest:
     """The request for one materialization; its output goes under the input fingerprint (and, for a
-    per-source asset, under its source: `<lake>/<asset>/<source>/<fingerprint16>`)."""
+    per-source asset, under its source: `<lake>/<asset>/<source>/<fingerprint16>`). `tracking` are
+    arguments the script also gets but the fingerprint leaves out: where a run is logged (W&B), never
+    what it computes."""
     fingerprint = FingerprintInputs.of(module, config, upstream).fingerprint
     return JobRequest(
         asset=asset,
@@ -46,7 +49,7 @@ def build_job_request(
         fingerprint=fingerprint,
         inputs=inputs,
         outputs={"out": settings.asset_uri(asset, fingerprint[:16], partition)},
-        arguments=config,
+        arguments={**config, **(tracking or {})},
         processes_per_host=processes_per_host,
         **options,
     )

@@ -188,6 +188,9 @@ class LocalJobRunner(JobRunner):
             env["ZERO_CHECKPOINT_DIR"] = self.checkpoint_uri(request)
             env["SM_CHANNELS"] = json.dumps(sorted(request.inputs))
             env.update({f"SM_CHANNEL_{name.upper()}": str(paths[name]) for name in request.inputs})
+        if request.arguments.get("wandb_mode") == "online" and os.environ.get("WANDB_API_KEY"):
+            # The one secret a job may get, and only the job that sends metrics to W&B (see README, 'Weights & Biases').
+            env["WANDB_API_KEY"] = os.environ["WANDB_API_KEY"]
         return job_environment(env, s3_access=request.reads_s3())
 
     def checkpoint_uri(self, request: JobRequest) -> str:

@@ -56,6 +56,8 @@ class SageMakerSettings(ConfigurableResource):
     fsx_file_system_id: Optional[str] = None  # set: training reads shards from FSx for Lustre
     fsx_mount_name: Optional[str] = None  # the file system's MountName (from DescribeFileSystems)
     messages: Literal["s3", "cloudwatch"] = "s3"  # where job scripts write Pipes messages
+    # A Secrets Manager secret holding the W&B API key: jobs get its ARN and read it themselves, so the key is never in a request.
+    wandb_secret_arn: Optional[str] = None
     poll_interval_s: float = 15.0
 
     def compute(self, asset: str) -> JobCompute:
@@ -102,6 +104,7 @@ ENV_FIELDS = {
     "fsx_file_system_id": "ZERO_SM_FSX_FILE_SYSTEM_ID",
     "fsx_mount_name": "ZERO_SM_FSX_MOUNT_NAME",
     "messages": "ZERO_SM_MESSAGES",
+    "wandb_secret_arn": "ZERO_SM_WANDB_SECRET_ARN",
 }
 REQUIRED = ("region", "role_arn", "bucket", "training_image_uri", "processing_image_uri")
 

@@ -22,6 +22,10 @@ PROCESSING_ROOT = "/opt/ml/processing"
 CODE_INPUT = "code"
 CHECKPOINT_LOCAL = "/opt/ml/checkpoints"
 TRAINING_SET_ARGUMENT = "training-set"  # the training set's folder inside the input that holds it
+# The job reads the W&B API key from this secret at start (training_code.lib.wandb_run): only the reference travels.
+WANDB_SECRET_VARIABLE = "ZERO_WANDB_SECRET_ARN"
+# Never in a request: Environment is shown by DescribeTrainingJob and the console to anyone who may describe jobs.
+FORBIDDEN_ENVIRONMENT = ("WANDB_API_KEY",)
 
 
 def build_job_params(
@@ -41,12 +45,18 @@ def build_job_params(
         params = _processing_params(request, settings, job_name, code, environment, lake)
     all_tags = {**settings.tags, "zero:asset": request.asset, "zero:fingerprint": request.fingerprint[:16]}
     params["Tags"] = [{"Key": key, "Value": str(value)[:256]} for key, value in all_tags.items()]
+    if settings.wandb_secret_arn and "wandb_mode" in request.arguments:  # a job that tracks to W&B
+        params["Environment"][WANDB_SECRET_VARIABLE] = settings.wandb_secret_arn
     check_environment(params["Environment"], request.kind)
     return OPERATIONS[request.kind], params
 
 
 def check_environment(environment: dict[str, str], kind: str) -> None:
     entries, key_max, value_max = ENV_LIMITS[kind]
+    leaked = [name for name in FORBIDDEN_ENVIRONMENT if name in environment]
+    if leaked:
+        raise ValueError(f"{kind} job environment holds {leaked}: a key in Environment is readable by whoever may describe the job; "
+                         f"store it in Secrets Manager and set ZERO_SM_WANDB_SECRET_ARN instead")
     if len(environment) > entries:
         raise ValueError(f"{kind} job environment has {len(environment)} entries; SageMaker allows {entries}")
     for key, value in environment.items():
