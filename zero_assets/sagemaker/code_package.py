@@ -20,7 +20,8 @@ from ..resources.settings import REPO_ROOT
 
 PACKAGE_DIRS = ("training_code",)
 # What the scripts import beyond the container's Python and torch; pinned like requirements.lock.
-JOB_REQUIREMENTS = ("dagster-pipes", "pyarrow", "pandas", "pandera", "pillow", "simplejpeg", "faster-coco-eval", "boto3", "datasets")
+# wandb: training and evaluation track to W&B unless their wandb_mode is disabled (offline by default).
+JOB_REQUIREMENTS = ("dagster-pipes", "pyarrow", "pandas", "pandera", "pillow", "simplejpeg", "faster-coco-eval", "boto3", "datasets", "wandb")
 TARBALL = "sourcedir.tar.gz"
 MARKER = "PACKAGE_COMPLETE"
 
