@@ -12,6 +12,7 @@ import numpy as np
 
 from training_code.lib.shard_format import FORMAT, MANIFEST
 from training_code.lib.shard_writer import ShardWriter
+from training_code.lib.raw_index_groups import group_of
 from training_code.lib.split import split_of_group
 from zero_assets.demo_data import CATEGORIES, IMAGE_SIZES, demo_images, render_scene, shuffle_labels
 
@@ -59,8 +60,8 @@ def write_demo_shards(folder: Path, images: int = 240, seed: int = 0, shuffled_l
     drawn = demo_images(images, np.random.default_rng(seed))
     rows: dict[str, list[dict]] = {"train": [], "val": []}
     for image in shuffle_labels(drawn, seed) if shuffled_labels else drawn:
-        split = split_of_group(image.name.rpartition("/")[0], split_seed, val_fraction)
-        rows[split].append(_row(image.scene, image.parts, image.fmt, image.source, f"{image.source}/{image.name}"))
+        key = f"{image.source}/{image.name}"
+        rows[split_of_group(group_of(key), split_seed, val_fraction)].append(_row(image.scene, image.parts, image.fmt, image.source, key))
     entries = []
     for split, split_rows in rows.items():
         with ShardWriter(folder, split, shard_bytes, categories=CATEGORY_LIST) as writer:
