@@ -39,6 +39,7 @@ from zero_assets.demo_data import _png_with_bad_crc
 
 from conftest import make_resources
 from graph_runs import materialize_source
+from process_tree import PEAK_RSS
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_URI = re.compile(r"^!\[[^\n]*\]\(data:image/(webp|png|jpeg);base64,([A-Za-z0-9+/=]+)\)")
@@ -122,8 +123,8 @@ def quarantine_root(raw: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# Draws the sheet in a child process and prints its thumbnails; MEASURE runs it and prints the peak
-# memory of it and every process under it (as a child subreaper it reaps the pool's forkserver too).
+# Draws the sheet in a child process and prints its thumbnails; PEAK_RSS (tests/process_tree.py) runs it
+# and prints the peak memory of it and every process under it.
 SHEET_CHILD = """
 import json, sys
 import pandas as pd
@@ -133,24 +134,12 @@ raw, rows = sys.argv[1], pd.read_json(sys.argv[2], dtype=False)
 thumbnails = quarantine_thumbnails(raw, rows, max_bytes=2 << 30, max_pixels=10**9, timeout_s=20, workers=2)
 print(json.dumps([[t.key, t.reason, t.png.hex()] for t in thumbnails]))
 """
-MEASURE = """
-import ctypes, os, resource, subprocess, sys
-ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-code = subprocess.call(sys.argv[1:])
-while True:
-    try:
-        os.wait()
-    except ChildProcessError:
-        break
-print("peak_rss_kb", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-sys.exit(code)
-"""
 
 
 def test_the_contact_sheet_draws_only_decodable_quarantined_files_and_never_opens_a_too_large_one(tmp_path):
     rows = quarantine_root(tmp_path / "raw")
     (tmp_path / "rows.json").write_text(rows.to_json())
-    command = [sys.executable, "-c", MEASURE, sys.executable, "-c", SHEET_CHILD, str(tmp_path / "raw"), str(tmp_path / "rows.json")]
+    command = [sys.executable, "-c", PEAK_RSS, sys.executable, "-c", SHEET_CHILD, str(tmp_path / "raw"), str(tmp_path / "rows.json")]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()

@@ -40,6 +40,7 @@ from zero_assets.resources import LocalJobRunner
 
 from conftest import make_resources
 from graph_runs import materialize_source
+from process_tree import PEAK_RSS
 from raw_index_reference import build_raw_index
 from zero_assets.raw_sources import list_sources
 
@@ -71,23 +72,6 @@ REJECTED = {
     ("cam/annotations.json", "unknown_image", "annotations[3]"),
 }
 UNUSABLE_COCO = {"list_coco": "the top level is a JSON list", "deep_coco": "nested too deeply", "big_coco": "above the limit of"}
-
-
-# Runs a command and prints the peak RSS of it and every process under it. As a child subreaper it
-# reaps the orphans too (the decode workers' forkserver outlives the job by a moment), so their
-# peaks, not only the job's, are in RUSAGE_CHILDREN.
-MEASURE = """
-import ctypes, os, resource, subprocess, sys
-ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-code = subprocess.call(sys.argv[1:])
-while True:
-    try:
-        os.wait()
-    except ChildProcessError:
-        break
-print("peak_rss_kb", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-sys.exit(code)
-"""
 
 
 def jpeg(seed: int) -> bytes:
@@ -222,7 +206,7 @@ def test_local_root_each_hostile_entry_costs_one_verdict_in_bounded_memory(hosti
     job = [sys.executable, "-m", "training_code.validate", "--index", str(tmp_path / "index"), "--raw", str(raw),
            "--out", str(out), "--workers", "2", "--max-annotation-bytes", str(ANNOTATION_LIMIT)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {"ZERO_OPT_ML": str(tmp_path / "opt_ml")}
-    result = subprocess.run([sys.executable, "-c", MEASURE, *job], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", PEAK_RSS, *job], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     peak_mb = int(result.stdout.split("peak_rss_kb")[1].split()[0]) / 1024
     print(f"peak memory of the job and its workers: {peak_mb:.0f} MB")
