@@ -24,6 +24,17 @@ class EvalConfig(Config):
     split: Literal["val", "train"] = Field("val", description="Which split of the shards to evaluate on: val (held-out groups) or train.")
     score_threshold: float = Field(
         0.0, description="Drop detections scoring below this. 0 keeps every detection: COCO mAP integrates over the score ranking.")
+    # Project, entity, group and server always follow the checkpoint's training run (its training_summary.json).
+    wandb_mode: Literal["as_training", "offline", "online", "disabled"] = Field(
+        "as_training", description="W&B mode of the evaluation run, logged in the checkpoint's project and group; as_training: the training run's mode.")
+
+    def arguments(self) -> dict:
+        """What the evaluation script receives as `--key value` (beside --model, --shards, --out) and the fingerprint covers."""
+        return self.model_dump(exclude={"wandb_mode"})
+
+    def tracking(self) -> dict:
+        """The W&B arguments: outside the fingerprint, as the training's (see TrainConfig.tracking)."""
+        return {"wandb_mode": self.wandb_mode}
 
 
 @asset(code_version=code_version(EVALUATE_MODULE), deps=[trained_checkpoint, fsx_warm_state], automation_condition=AFTER_CHECKPOINT, group_name="zero", kinds={"json"}, retry_policy=JOB_RETRY_POLICY)
@@ -37,7 +48,8 @@ def map_report(context: AssetExecutionContext, config: EvalConfig, settings: Zer
         settings=settings,
         kind="processing",
         module=EVALUATE_MODULE,
-        config=config.model_dump(),
+        config=config.arguments(),
+        tracking=config.tracking(),
         upstream=[checkpoint, shards],
         inputs={"model": checkpoint.uri, "shards": shards.uri},
     )

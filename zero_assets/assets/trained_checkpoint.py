@@ -5,7 +5,7 @@ from typing import Literal
 from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 from pydantic import Field
 
-from ..fingerprints import code_version, upstream_output
+from ..fingerprints import FingerprintInputs, code_version, upstream_output
 from ..job_launch import launch_job
 from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
@@ -35,13 +35,40 @@ class TrainConfig(Config):
     seed: int = Field(0, description="Seed of weight initialisation and data order.")
     checkpoint_every: int = Field(50, description="Save a resumable checkpoint every this many steps.")
     processes: int = Field(2, description="torchrun --nproc_per_node: one per GPU; on CPU, one per core.")
+    # Where the run is tracked, never what it computes: these reach the script but not the cache fingerprint (see `tracking`).
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="W&B: offline writes the run under the job's output data folder (or WANDB_DIR) for `wandb sync`, its folder in "
+                               "the metadata; online sends it to wandb_base_url, its URL in the metadata (key: README, 'Weights & Biases').")
+    wandb_project: str = Field("zero", description="W&B project of the training run and of its evaluations.")
+    wandb_entity: str = Field("", description="W&B team or user; empty: the API key's default entity.")
+    wandb_group: str = Field("", description="W&B group of the training run and of every evaluation of its checkpoint; empty: "
+                                             "checkpoint-<fingerprint16>, the name of the checkpoint's output and checkpoint folders.")
+    wandb_base_url: str = Field("https://api.wandb.ai", description="W&B server for online mode (your own server, or W&B's cloud).")
+
+    def hyperparameters(self) -> dict:
+        """What the training script receives as `--key value` and the fingerprint covers: every field but how to launch and where to track."""
+        return self.model_dump(exclude={"processes", *WANDB_FIELDS})
+
+    def tracking(self, fingerprint: str) -> dict:
+        """The W&B arguments of the job with input `fingerprint`. The default group is the fingerprint's,
+        not the Dagster run's: every attempt and resume of one checkpoint (same fingerprint, same
+        checkpoint folder) and every evaluation of it (which reads the group from training_summary.json)
+        land in one group, and a change of hyperparameters, code or data starts a new one."""
+        chosen = {**self.model_dump(include=WANDB_FIELDS), "wandb_group": self.wandb_group or f"checkpoint-{fingerprint[:16]}"}
+        if self.wandb_mode != "online":
+            chosen.pop("wandb_base_url")  # named only where metrics would leave the machine
+        return {key: value for key, value in chosen.items() if value != ""}
+
+
+WANDB_FIELDS = {"wandb_mode", "wandb_project", "wandb_entity", "wandb_group", "wandb_base_url"}
 
 
 @asset(code_version=code_version(TRAIN_MODULE), deps=[fsx_warm_state], automation_condition=TRAINING, pool=TRAINING_POOL, group_name="zero", kinds={"pytorch"}, retry_policy=JOB_RETRY_POLICY)
 def trained_checkpoint(context: AssetExecutionContext, config: TrainConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """`model.pt` (weights, model config, categories, step) trained under torchrun on the warm shards."""
     warm = upstream_output(context, "fsx_warm_state")
-    hyperparameters = config.model_dump(exclude={"processes"})
+    hyperparameters = config.hyperparameters()
+    tracking = config.tracking(FingerprintInputs.of(TRAIN_MODULE, hyperparameters, [warm]).fingerprint)  # launch_job's fingerprint
     return launch_job(
         context,
         jobs=jobs,
@@ -49,6 +76,7 @@ def trained_checkpoint(context: AssetExecutionContext, config: TrainConfig, sett
         kind="training",
         module=TRAIN_MODULE,
         config=hyperparameters,
+        tracking=tracking,
         upstream=[warm],
         inputs={"train": warm.uri},
         processes_per_host=config.processes,

@@ -19,7 +19,7 @@ from ..assets.arrow_shards import ShardConfig
 from ..assets.map_report import EvalConfig
 from ..assets.trained_checkpoint import TrainConfig
 from ..assets.validated_images import VALIDATION_SPREAD, ValidationConfig
-from ..fingerprints import UpstreamOutput
+from ..fingerprints import FingerprintInputs, UpstreamOutput
 from ..job_launch import build_job_request
 from ..job_request import JobRequest, fan_out
 from ..resources.sagemaker_settings import SageMakerSettings
@@ -82,8 +82,10 @@ def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup =
     warm = UpstreamOutput("fsx_warm_state", warm_uri, chosen.data_version)
     train = TrainConfig()
     add(build_job_request("trained_checkpoint", settings=settings, kind="training", module="training_code.train",
-                          config=train.model_dump(exclude={"processes"}), upstream=[warm], inputs={"train": warm.uri}, processes_per_host=train.processes))
+                          config=train.hyperparameters(), upstream=[warm], inputs={"train": warm.uri}, processes_per_host=train.processes,
+                          tracking=train.tracking(FingerprintInputs.of("training_code.train", train.hyperparameters(), [warm]).fingerprint)))
     checkpoint = upstream("trained_checkpoint")
     add(build_job_request("map_report", settings=settings, kind="processing", module="training_code.evaluate",
-                          config=EvalConfig().model_dump(), upstream=[checkpoint, warm], inputs={"model": checkpoint.uri, "shards": warm.uri}))
+                          config=EvalConfig().arguments(), tracking=EvalConfig().tracking(), upstream=[checkpoint, warm],
+                          inputs={"model": checkpoint.uri, "shards": warm.uri}))
     return rendered
