@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Literal
 
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9-]+")
+# A job script's module: dotted identifiers, so a config value can name a module and nothing else (no flags, no paths).
+MODULE_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ from typing import Literal
 from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 from pydantic import Field
 
-from ..fingerprints import FingerprintInputs, code_version, upstream_output
+from ..fingerprints import FingerprintInputs, check_job_module, code_version, upstream_output
+from ..job_request import MODULE_NAME_PATTERN
 from ..job_launch import launch_job
 from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
@@ -16,11 +17,16 @@ from .job_retry import JOB_RETRY_POLICY
 TRAINING_POOL = "training"  # how many train at once: the pool's limit in the instance config (dagster.yaml)
 
 
-# The job script: its code version (the script and what it imports) is the asset's, in the UI and the cache alike.
+# The default job script. Its code version is the asset's in the UI; the cache fingerprints the module
+# the config names (see `TrainConfig.module`), so a team's own trainer is tracked there.
 TRAIN_MODULE = "training_code.train"
 
 
 class TrainConfig(Config):
+    module: str = Field(
+        TRAIN_MODULE, pattern=MODULE_NAME_PATTERN,
+        description="Training script, run as `torchrun -m <module>` (SageMaker: its file as the entry point): the default, or your own "
+                    "module keeping the README's contract (\"Your own trainer\"). The cache fingerprints its code; the UI's code version stays the default's.")
     # training_code.lib.model.ARCHITECTURES, spelled out so the Dagster process need not import torch
     # (tests/test_checks.py holds the two equal).
     arch: Literal["fcos_tiny", "fcos_resnet50_fpn", "retinanet_resnet50_fpn_v2", "fasterrcnn_mobilenet_v3_large_fpn",
@@ -46,8 +52,8 @@ class TrainConfig(Config):
     wandb_base_url: str = Field("https://api.wandb.ai", description="W&B server for online mode (your own server, or W&B's cloud).")
 
     def hyperparameters(self) -> dict:
-        """What the training script receives as `--key value` and the fingerprint covers: every field but how to launch and where to track."""
-        return self.model_dump(exclude={"processes", *WANDB_FIELDS})
+        """What the training script receives as `--key value`: every field but how and what to launch."""
+        return self.model_dump(exclude={"processes", "module", *WANDB_FIELDS})
 
     def tracking(self, fingerprint: str) -> dict:
         """The W&B arguments of the job with input `fingerprint`. The default group is the fingerprint's,
@@ -66,15 +72,16 @@ WANDB_FIELDS = {"wandb_mode", "wandb_project", "wandb_entity", "wandb_group", "w
 @asset(code_version=code_version(TRAIN_MODULE), deps=[fsx_warm_state], automation_condition=TRAINING, pool=TRAINING_POOL, group_name="zero", kinds={"pytorch"}, retry_policy=JOB_RETRY_POLICY)
 def trained_checkpoint(context: AssetExecutionContext, config: TrainConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """`model.pt` (weights, model config, categories, step) trained under torchrun on the warm shards."""
+    check_job_module(config.module, "trained_checkpoint config field `module`")
     warm = upstream_output(context, "fsx_warm_state")
     hyperparameters = config.hyperparameters()
-    tracking = config.tracking(FingerprintInputs.of(TRAIN_MODULE, hyperparameters, [warm]).fingerprint)  # launch_job's fingerprint
+    tracking = config.tracking(FingerprintInputs.of(config.module, hyperparameters, [warm]).fingerprint)  # launch_job's fingerprint
     return launch_job(
         context,
         jobs=jobs,
         settings=settings,
         kind="training",
-        module=TRAIN_MODULE,
+        module=config.module,
         config=hyperparameters,
         tracking=tracking,
         upstream=[warm],

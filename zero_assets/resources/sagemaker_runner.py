@@ -80,7 +80,7 @@ class SageMakerJobRunner(JobRunner):
 
     def run(self, context: AssetExecutionContext, request: JobRequest) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
         clients = self.clients()
-        package = build_code_package()
+        package = build_code_package(modules=(request.module,))  # a module outside training_code brings its package
         upload_code_package(package, self.aws.s3_root(), clients.s3)
         pipes = self.pipes_client(clients)
         started = time.perf_counter()

@@ -3,12 +3,14 @@
 Training jobs get `sourcedir.tar.gz` (the PyTorch container's toolkit unpacks it into
 `/opt/ml/code`, installs `requirements.txt` and launches the program under torchrun); Processing
 jobs get the same files unpacked under `files/`, mounted as an input. Both live under
-`<s3_root>/code/<hash>/`, so an unchanged package is never uploaded twice.
+`<s3_root>/code/<hash>/`, so an unchanged package is never uploaded twice. A job module outside
+`training_code` (a team's own trainer, see README "Your own trainer") brings its top-level package.
 """
 
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import io
 import tarfile
 from dataclasses import dataclass
@@ -51,16 +53,42 @@ class CodePackage:
         return gzip.compress(raw.getvalue(), mtime=0)
 
 
-def build_code_package(root: Path = REPO_ROOT, package_dirs: tuple[str, ...] = PACKAGE_DIRS) -> CodePackage:
+def build_code_package(root: Path = REPO_ROOT, package_dirs: tuple[str, ...] = PACKAGE_DIRS, modules: tuple[str, ...] = ()) -> CodePackage:
+    """`package_dirs` under `root`, plus the top-level package of each of `modules` (the job scripts) that
+    is not one of them, wherever it is imported from: all at the archive's root, which is on PYTHONPATH."""
     files: dict[str, bytes] = {}
     for package in package_dirs:
         for path in sorted((root / package).rglob("*.py")):
             files[path.relative_to(root).as_posix()] = path.read_bytes()
     if not files:
         raise FileNotFoundError(f"no Python files under {[str(root / p) for p in package_dirs]}: nothing to package")
+    for module in modules:
+        if module.split(".")[0] not in package_dirs:
+            files.update(module_package_files(module))
     files["requirements.txt"] = _pinned_requirements(root).encode()
     digest = sha256_bytes(b"".join(name.encode() + b"\0" + content for name, content in sorted(files.items())))[:16]
     return CodePackage(files, digest)
+
+
+def module_package_files(module: str) -> dict[str, bytes]:
+    """The Python files of `module`'s top-level package (or the module file itself, for a top-level
+    module), named as the archive holds them. The package's own requirements are not resolved: they
+    must be in the job image or JOB_REQUIREMENTS."""
+    top = module.split(".")[0]
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin is None and not spec.submodule_search_locations:
+        raise ValueError(f"job module {module!r}: its package {top!r} cannot be found to package it for SageMaker; "
+                         "install it or put its folder on PYTHONPATH where the Dagster process runs")
+    if spec.submodule_search_locations is None:
+        return {f"{top}.py": Path(spec.origin).read_bytes()}
+    folders = [Path(folder) for folder in spec.submodule_search_locations]
+    if len(folders) != 1:
+        raise ValueError(f"job module {module!r}: package {top!r} is spread over {[str(f) for f in folders]}; "
+                         "SageMaker's code package takes one folder per package: merge them or give the trainer its own package")
+    found = {f"{top}/{path.relative_to(folders[0]).as_posix()}": path.read_bytes() for path in sorted(folders[0].rglob("*.py"))}
+    if not found:
+        raise ValueError(f"job module {module!r}: no Python files under {folders[0]} to package")
+    return found
 
 
 def _pinned_requirements(root: Path) -> str:

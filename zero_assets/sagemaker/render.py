@@ -81,11 +81,12 @@ def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup =
         warm_uri = location.uri
     warm = UpstreamOutput("fsx_warm_state", warm_uri, chosen.data_version)
     train = TrainConfig()
-    add(build_job_request("trained_checkpoint", settings=settings, kind="training", module="training_code.train",
+    add(build_job_request("trained_checkpoint", settings=settings, kind="training", module=train.module,
                           config=train.hyperparameters(), upstream=[warm], inputs={"train": warm.uri}, processes_per_host=train.processes,
-                          tracking=train.tracking(FingerprintInputs.of("training_code.train", train.hyperparameters(), [warm]).fingerprint)))
+                          tracking=train.tracking(FingerprintInputs.of(train.module, train.hyperparameters(), [warm]).fingerprint)))
     checkpoint = upstream("trained_checkpoint")
-    add(build_job_request("map_report", settings=settings, kind="processing", module="training_code.evaluate",
-                          config=EvalConfig().arguments(), tracking=EvalConfig().tracking(), upstream=[checkpoint, warm],
+    evaluation = EvalConfig()
+    add(build_job_request("map_report", settings=settings, kind="processing", module=evaluation.module,
+                          config=evaluation.arguments(), tracking=evaluation.tracking(), upstream=[checkpoint, warm],
                           inputs={"model": checkpoint.uri, "shards": warm.uri}))
     return rendered
