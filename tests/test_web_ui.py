@@ -6,10 +6,18 @@ activate script creates), the sources are registered the README's way (`zero-ass
 (the clone's default `.zero/raw`) opens the launch dialog for the sources: with every source chosen
 it launches a backfill that must end with every source's assets and the tail materialized. The
 partitions view of `raw_image_index` then shows each source with its status.
+
+Then what the UI shows of the result: every materialization carries Dagster's standard row count, size
+and location (asked through the UI's GraphQL API); `map_report` and `validated_images` show their
+tables as tables and their pictures as images (asserted in the rendered page's DOM, screenshots saved
+under the test's temp folder); and after a job script is edited and the code location reloaded, its
+asset reports stale with a code-version cause.
 """
 
+import json
 import shutil
 import subprocess
+import urllib.request
 import time
 from pathlib import Path
 
@@ -79,6 +87,9 @@ def test_materialize_all_from_the_browser(dagster_dev):
         page.get_by_text(f"Materialized ({len(SOURCES)})", exact=True).first.wait_for(timeout=60_000)
         page.get_by_text("Failed (0)", exact=True).first.wait_for(timeout=60_000)
         page.screenshot(path=str(home / "partitions.png"))
+        _assert_standard_metadata(url)
+        _assert_tables_and_pictures(page, url, home)
+        _assert_code_edit_shows_stale(page, url, home.parent)
         browser.close()
     assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS, f"backfill ended as {backfill.status}"
     with DagsterInstance.from_config(str(home)) as instance:
@@ -88,6 +99,67 @@ def test_materialize_all_from_the_browser(dagster_dev):
                 assert records.records, f"{asset} of source {source} materialized"
         assert all(instance.get_latest_materialization_event(AssetKey(a)) for a in ASSETS)
         assert all(run.is_success for run in instance.get_runs()), "every run of the backfill succeeded"
+
+
+STANDARD_KEYS = {"dagster/row_count": "IntMetadataEntry", "dagster/size_bytes": "IntMetadataEntry", "dagster/uri": "PathMetadataEntry"}
+LATEST_ENTRIES = """query($key: AssetKeyInput!, $partitions: [String!]) { assetOrError(assetKey: $key) { ... on Asset {
+  assetMaterializations(partitions: $partitions, limit: 1) { partition metadataEntries { label __typename } } } } }"""
+STALENESS = """{ assetNodes { assetKey { path } staleStatus staleCauses { key { path } category reason } } }"""
+
+
+def _graphql(url: str, query: str, **variables) -> dict:
+    request = urllib.request.Request(f"{url}/graphql", data=json.dumps({"query": query, "variables": variables}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        answer = json.loads(response.read())
+    assert "errors" not in answer, answer["errors"]
+    return answer["data"]
+
+
+def _assert_standard_metadata(url: str) -> None:
+    """Every asset's latest materialization (each source's, where partitioned) has the standard keys, typed."""
+    for asset in ASSETS:
+        for partitions in ([[s] for s in SOURCES] if asset in PER_SOURCE else [None]):
+            [latest] = _graphql(url, LATEST_ENTRIES, key={"path": [asset]}, partitions=partitions)["assetOrError"]["assetMaterializations"]
+            types = {entry["label"]: entry["__typename"] for entry in latest["metadataEntries"]}
+            assert {key: types.get(key) for key in STANDARD_KEYS} == STANDARD_KEYS, (asset, partitions, types)
+
+
+def _assert_tables_and_pictures(page, url: str, home: Path) -> None:
+    """The latest materialization's metadata as the asset's events page draws it: tables as <table>, pictures as <img>."""
+    for asset, partition, table_header in (("map_report", None, "AP@0.5"), ("validated_images", SOURCES[0], "reason")):
+        page.goto(f"{url}/assets/{asset}?view=events" + (f"&partition={partition}" if partition else ""), wait_until="domcontentloaded")
+        pictures = page.locator('img[src^="data:image/"]')
+        pictures.first.wait_for(timeout=60_000)
+        page.locator(f'table th:text-is("{table_header}")').first.wait_for(timeout=60_000)
+        for index in range(pictures.count()):  # drawn, not a broken image
+            assert pictures.nth(index).evaluate("img => img.complete && img.naturalWidth > 0"), (asset, index)
+        page.locator(f'table th:text-is("{table_header}")').first.scroll_into_view_if_needed()
+        page.screenshot(path=str(home / f"{asset}-table.png"))
+        pictures.first.scroll_into_view_if_needed()
+        page.screenshot(path=str(home / f"{asset}-pictures.png"))
+
+
+def _assert_code_edit_shows_stale(page, url: str, repo: Path) -> None:
+    """Edit the evaluation script, reload the code location as the UI's button does: map_report is stale
+    for its code version, and what feeds it is not."""
+    script = repo / "training_code" / "evaluate.py"
+    script.write_text(script.read_text() + "# an edit that changes no behaviour still changes the code version\n")
+    [location] = [e["name"] for e in _graphql(url, "{ workspaceOrError { ... on Workspace { locationEntries { name } } } }")
+                  ["workspaceOrError"]["locationEntries"]]
+    reloaded = _graphql(url, "mutation($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) { __typename } }", name=location)
+    assert reloaded["reloadRepositoryLocation"]["__typename"] == "WorkspaceLocationEntry", reloaded
+    nodes = {"/".join(n["assetKey"]["path"]): n for n in _graphql(url, STALENESS)["assetNodes"]}
+    assert nodes["map_report"]["staleStatus"] == "STALE", nodes["map_report"]
+    assert {"category": "CODE", "key": {"path": ["map_report"]}, "reason": "has a new code version"} in nodes["map_report"]["staleCauses"]
+    assert nodes["trained_checkpoint"]["staleStatus"] == "FRESH", nodes["trained_checkpoint"]
+    # The asset page's "Unsynced" tag; hovering it lists the cause the way the UI words it.
+    page.goto(f"{url}/assets/map_report", wait_until="domcontentloaded")
+    unsynced = page.get_by_text("Unsynced (1)", exact=True).first
+    unsynced.wait_for(timeout=60_000)
+    unsynced.hover()
+    page.get_by_text("1 code version change", exact=True).first.wait_for(timeout=30_000)
+    page.screenshot(path=str(repo / ".dagster_home" / "map_report-stale.png"))
 
 
 def _wait_for_backfill(home: Path, timeout_s: float):
