@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from graph_runs import materialize_graph, materialize_tail
-from zero_assets.assets import trained_checkpoint
+from zero_assets.assets import map_report, trained_checkpoint
 from zero_assets.fingerprints import code_version, current_code_version
 from zero_assets.sagemaker.code_package import build_code_package
 from zero_assets.sagemaker.requests import module_path
@@ -85,15 +85,18 @@ def test_own_trainer_and_evaluator_run_through_the_graph_and_their_code_is_finge
     assert edited["cache_reason"] == f"changed since the latest materialization: code version {before} -> {now}"
 
 
-@pytest.mark.parametrize("module, why", [("own_trainer.no_such_script", "cannot be found"), ("no_such_team.train", "cannot be found"),
-                                         ("own_trainer", "not a Python module file")])
-def test_a_module_that_cannot_run_fails_before_launch_naming_the_field_and_the_module(instance, resources, team_package, module, why):
-    config = {"ops": {"trained_checkpoint": {"config": {"module": module}}}}
-    result = materialize_tail(instance=instance, resources=resources, run_config=config, assets=[trained_checkpoint], raise_on_error=False)
+@pytest.mark.parametrize("asset, module, why", [
+    (trained_checkpoint, "own_trainer.no_such_script", "cannot be found"), (trained_checkpoint, "no_such_team.train", "cannot be found"),
+    (trained_checkpoint, "own_trainer", "not a Python module file"), (map_report, "own_trainer.no_such_evaluator", "cannot be found"),
+], ids=["train-missing-module", "train-missing-package", "train-package-not-module", "evaluate-missing-module"])
+def test_a_module_that_cannot_run_fails_before_launch_naming_the_field_and_the_module(instance, resources, team_package, asset, module, why):
+    name = asset.key.to_user_string()
+    config = {"ops": {name: {"config": {"module": module}}}}
+    result = materialize_tail(instance=instance, resources=resources, run_config=config, assets=[asset], raise_on_error=False)
     (failure,) = result.get_step_failure_events()
     message = failure.step_failure_data.error.message
-    assert "trained_checkpoint config field `module`" in message and repr(module) in message and why in message
-    assert not (Path(resources["settings"].jobs_root()) / "trained_checkpoint").exists()  # nothing was laid out or launched
+    assert f"{name} config field `module`" in message and repr(module) in message and why in message
+    assert not (Path(resources["settings"].jobs_root()) / name).exists()  # nothing was laid out or launched
 
 
 def test_a_module_name_that_is_not_a_module_is_refused_by_the_config(instance, resources):
