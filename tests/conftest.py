@@ -59,6 +59,15 @@ def s3_env(s3_server, monkeypatch):
 
 
 @pytest.fixture(scope="module")
+def moto_endpoint():
+    """A moto server (S3, CloudWatch Logs) on loopback for one module: the SageMaker fake's AWS side."""
+    from sagemaker_fakes import moto_server
+
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
 def sqs_endpoint():
     """A real SQS-compatible server (moto) for one module; its endpoint is in ZERO_SQS_ENDPOINT_URL."""
     from sqs_server import sqs_server  # moto is imported only by the modules that use it

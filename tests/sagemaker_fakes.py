@@ -19,8 +19,8 @@ with `throttle_every = n`, every n-th Describe*Job is refused with ThrottlingExc
 
 Around the fake, what every SageMaker test sets up the same way: `moto_server()` (S3 and CloudWatch
 Logs on loopback), `aws_env(endpoint)` (the credentials and endpoint the runner and the job scripts
-read), `fake_settings(...)` (SageMakerSettings with a test role and images) and `job_package(...)`
-(a code package holding test job modules).
+read), `fake_settings(...)` (SageMakerSettings with a test role and images), `job_package(...)`
+(a code package holding test job modules) and `fake_aws(...)`, which puts them together for one test.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import textwrap
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,8 +44,10 @@ import botocore.session
 from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
 
+from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import split_s3
 from zero_assets.resources.local_runner import sharded_part
+from zero_assets.resources.settings import REPO_ROOT
 from zero_assets.resources.sagemaker_settings import SageMakerSettings
 from zero_assets.sagemaker.code_package import CodePackage, build_code_package
 
@@ -407,3 +410,27 @@ def job_package(root: Path, package: str, modules: dict[str, str]) -> CodePackag
     for module, source in modules.items():
         (root / package / f"{module}.py").write_text(textwrap.dedent(source))
     return build_code_package(root, (package,))
+
+
+@dataclass
+class FakeAws:
+    env: dict[str, str]  # what the runner and the job scripts read (already in this test's environment)
+    s3: object
+    logs: object
+    fake: "FakeSageMaker"
+    package: CodePackage
+    pipes_uri: str  # this test's own prefix: job names repeat across tests, messages must not
+
+
+def fake_aws(endpoint: str, tmp_path: Path, monkeypatch, bucket: str, package: str, modules: dict[str, str]) -> FakeAws:
+    """One test's SageMaker fake on the moto server at `endpoint`: the AWS environment set for this
+    test, `bucket` created, a code package `package` holding `modules` (not yet uploaded: a test's
+    settings say where), and the fake running jobs with the Pipes flush every 0.2 s."""
+    env = aws_env(endpoint)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    s3, logs = aws_client("s3", endpoint_url=endpoint), aws_client("logs", endpoint_url=endpoint)
+    s3.create_bucket(Bucket=bucket)
+    code = job_package(tmp_path / "code", package, modules)
+    fake = FakeSageMaker(tmp_path / "sm", s3, logs, {**env, "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.2"})
+    return FakeAws(env, s3, logs, fake, code, f"s3://{bucket}/{tmp_path.name}/pipes")

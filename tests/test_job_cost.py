@@ -10,13 +10,11 @@ from dagster import (AssetKey, DagsterEventType, Definitions, MaterializeResult,
                      define_asset_job, materialize)
 
 from graph_runs import materialize_source, sources_of
-from sagemaker_fakes import FakeSageMaker, aws_env, fake_settings, job_package, moto_server
-from training_code.lib.aws_clients import client as aws_client
+from sagemaker_fakes import fake_aws, fake_settings
 from zero_assets.assets import raw_image_index, validated_images
 from zero_assets.job_request import JobRequest
 from zero_assets.resources import LocalJobRunner
 from zero_assets.resources.sagemaker_settings import JobCompute
-from zero_assets.resources.settings import REPO_ROOT
 from zero_assets.run_cost import run_cost_sensors
 from zero_assets.sagemaker.code_package import upload_code_package
 from zero_assets.sagemaker.job_cost import BUILT_IN_PRICES, PRICE_TABLE_ENV, job_cost, price_table
@@ -43,25 +41,12 @@ with job_env.pipes_session() as pipes:
 '''
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    with moto_server() as endpoint:
-        yield endpoint
-
-
 @pytest.fixture
 def aws(moto_endpoint, tmp_path, monkeypatch):
-    env = aws_env(moto_endpoint)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
     monkeypatch.delenv(PRICE_TABLE_ENV, raising=False)
-    s3 = aws_client("s3", endpoint_url=moto_endpoint)
-    logs = aws_client("logs", endpoint_url=moto_endpoint)
-    s3.create_bucket(Bucket=BUCKET)
-    package = job_package(tmp_path / "code", "zero_cost_jobs", {"job": JOB})
-    fake = FakeSageMaker(tmp_path / "sm", s3, logs, {**env, "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.2"})
-    fake.run_seconds = RUN_SECONDS
-    return {"s3": s3, "logs": logs, "fake": fake, "package": package, "pipes_uri": f"s3://{BUCKET}/{tmp_path.name}/pipes"}
+    setup = fake_aws(moto_endpoint, tmp_path, monkeypatch, BUCKET, "zero_cost_jobs", {"job": JOB})
+    setup.fake.run_seconds = RUN_SECONDS
+    return {"s3": setup.s3, "logs": setup.logs, "fake": setup.fake, "package": setup.package, "pipes_uri": setup.pipes_uri}
 
 
 def params_for(aws, kind: str, compute: JobCompute, *, mode: str = "ok", use_spot: bool = False) -> dict:

@@ -9,6 +9,7 @@ log manager.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
@@ -18,13 +19,11 @@ from pathlib import Path
 import pytest
 from dagster import DagsterEventType, asset, materialize
 
-from sagemaker_fakes import FakeSageMaker, aws_env, fake_settings, job_package, moto_server
-from training_code.lib.aws_clients import client as aws_client
+from sagemaker_fakes import fake_aws, fake_settings, job_package
 from zero_assets.job_request import JobRequest
 from zero_assets.resources import LocalJobRunner, ZeroSettings
 from zero_assets.resources.local_process import end_process_group, start_job_process
 from zero_assets.resources.sagemaker_settings import JobCompute
-from zero_assets.resources.settings import REPO_ROOT
 from zero_assets.sagemaker.code_package import upload_code_package
 from zero_assets.sagemaker.names import job_name
 from zero_assets.sagemaker.pipes_client import PipesSageMakerClient
@@ -88,38 +87,31 @@ def assert_no_line_events(instance, run_id: str) -> list[str]:
 # --- SageMaker -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    with moto_server() as endpoint:
-        yield endpoint
-
-
 @pytest.fixture
 def sagemaker(moto_endpoint, tmp_path, monkeypatch):
-    env = aws_env(moto_endpoint)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    s3, logs = aws_client("s3", endpoint_url=moto_endpoint), aws_client("logs", endpoint_url=moto_endpoint)
-    s3.create_bucket(Bucket=BUCKET)
-    package = job_package(tmp_path / "code", "zero_log_jobs", {"chatty": CHATTY_JOB})
+    setup = fake_aws(moto_endpoint, tmp_path, monkeypatch, BUCKET, "zero_log_jobs", {"chatty": CHATTY_JOB})
+    s3, logs, package, fake = setup.s3, setup.logs, setup.package, setup.fake
     settings = fake_settings(bucket=BUCKET, prefix="zero", map_report=JobCompute(instance_type="ml.m5.large", instance_count=2))
     upload_code_package(package, settings.s3_root(), s3)
     s3.put_object(Bucket=BUCKET, Key="zero/lake/split/part-0.txt", Body=b"a")
     s3.put_object(Bucket=BUCKET, Key="zero/lake/split/part-1.txt", Body=b"b")
-    fake = FakeSageMaker(tmp_path / "sm", s3, logs, {**env, "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.2"})
-    client = PipesSageMakerClient(client=fake, logs_client=logs, s3_client=s3, pipes_uri=f"s3://{BUCKET}/{tmp_path.name}/pipes",
+    client = PipesSageMakerClient(client=fake, logs_client=logs, s3_client=s3, pipes_uri=setup.pipes_uri,
                                   poll_interval=0.2, message_poll_interval=0.2)
-    return {"client": client, "settings": settings, "package": package}
+    # CloudWatch Logs state lives in moto's process-wide backend: streams of another module's job of the
+    # same name would read as this job's hosts. SageMaker never reuses a job name; neither do these tests.
+    fingerprint = hashlib.sha256(f"{tmp_path}-{os.getpid()}".encode()).hexdigest()
+    return {"client": client, "settings": settings, "package": package, "fingerprint": fingerprint}
 
 
 def two_host_params(sagemaker, fail: bool) -> dict:
+    fingerprint = sagemaker["fingerprint"]
     request = JobRequest(
-        asset="map_report", kind="processing", module="zero_log_jobs.chatty", fingerprint=FINGERPRINT,
+        asset="map_report", kind="processing", module="zero_log_jobs.chatty", fingerprint=fingerprint,
         inputs={"split": f"s3://{BUCKET}/zero/lake/split"}, sharded_inputs=("split",), instance_count=2,
-        outputs={"out": f"s3://{BUCKET}/zero/lake/map_report/{FINGERPRINT[:16]}"},
+        outputs={"out": f"s3://{BUCKET}/zero/lake/map_report/{fingerprint[:16]}"},
         arguments={"lines": str(LINES), "fail": "1" if fail else "0"},
     )
-    _, params = build_job_params(request, sagemaker["settings"], job_name=job_name("map_report", FINGERPRINT, 1),
+    _, params = build_job_params(request, sagemaker["settings"], job_name=job_name("map_report", fingerprint, 1),
                                  code=sagemaker["package"], environment={})
     assert params["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2
     return params

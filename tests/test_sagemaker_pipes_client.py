@@ -10,12 +10,10 @@ import pytest
 from dagster import AssetKey, Definitions, asset, materialize
 from dagster._core.errors import DagsterExecutionInterruptedError
 
-from sagemaker_fakes import FakeSageMaker, aws_env, fake_settings, job_package, moto_server
+from sagemaker_fakes import FakeSageMaker, fake_aws, fake_settings
 from test_job_logs_captured import captured_stdout
-from training_code.lib.aws_clients import client as aws_client
 from zero_assets.job_request import JobRequest
 from zero_assets.resources.sagemaker_settings import JobCompute
-from zero_assets.resources.settings import REPO_ROOT
 from zero_assets.sagemaker.code_package import upload_code_package
 from zero_assets.sagemaker.names import job_name
 from zero_assets.sagemaker.pipes_client import PipesSageMakerClient
@@ -45,31 +43,18 @@ with job_env.pipes_session() as pipes:
 '''
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    with moto_server() as endpoint:
-        yield endpoint
-
-
 @pytest.fixture
 def aws(moto_endpoint, tmp_path, monkeypatch):
-    env = aws_env(moto_endpoint)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    s3 = aws_client("s3", endpoint_url=moto_endpoint)
-    logs = aws_client("logs", endpoint_url=moto_endpoint)
-    s3.create_bucket(Bucket=BUCKET)
-    package = job_package(tmp_path / "code", "zero_test_jobs", {"pipes_job": TEST_JOB})
+    # Messages are keyed by job name and the names repeat across tests: each test reads its own prefix
+    # (pipes_uri), so no test can pass on messages an earlier one left behind.
+    setup = fake_aws(moto_endpoint, tmp_path, monkeypatch, BUCKET, "zero_test_jobs", {"pipes_job": TEST_JOB})
+    s3, logs, package, fake = setup.s3, setup.logs, setup.package, setup.fake
     settings = fake_settings(
         bucket=BUCKET, prefix="zero", map_report=JobCompute(instance_type="ml.m5.large"), trained_checkpoint=JobCompute(instance_type="ml.m5.large"),
     )
     upload_code_package(package, settings.s3_root(), s3)
     s3.put_object(Bucket=BUCKET, Key=f"zero/lake/arrow_shards/{FINGERPRINT[:16]}/manifest.json", Body=b"{}")
-    fake = FakeSageMaker(tmp_path / "sm", s3, logs, {**env, "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.2"})
-    # Messages are keyed by job name and the names repeat across tests: each test reads its own prefix,
-    # so no test can pass on messages an earlier one left behind.
-    pipes_uri = f"s3://{BUCKET}/{tmp_path.name}/pipes"
-    return {"s3": s3, "logs": logs, "fake": fake, "settings": settings, "package": package, "pipes_uri": pipes_uri}
+    return {"s3": s3, "logs": logs, "fake": fake, "settings": settings, "package": package, "pipes_uri": setup.pipes_uri}
 
 
 def make_client(aws, client=None, **kwargs) -> PipesSageMakerClient:

@@ -22,8 +22,7 @@ import sys
 import pytest
 from dagster import AssetKey, asset, materialize
 
-from sagemaker_fakes import FakeSageMaker, ThrottledLogs, aws_env, fake_settings, job_package, moto_server
-from training_code.lib.aws_clients import client as aws_client
+from sagemaker_fakes import FakeSageMaker, ThrottledLogs, fake_aws, fake_settings
 from zero_assets.cache import mark_output_complete
 from zero_assets.job_request import JobRequest
 from zero_assets.resources import SageMakerJobRunner, ZeroSettings, sagemaker_runner
@@ -54,26 +53,15 @@ with job_env.pipes_session() as pipes:
 '''
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    with moto_server() as endpoint:
-        yield endpoint
-
-
 @pytest.fixture
 def backend(moto_endpoint, tmp_path, monkeypatch):
     """A SageMaker runner over the fake, its code package holding the test job, a per-test S3 prefix."""
-    env = aws_env(moto_endpoint)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    s3, logs = aws_client("s3", endpoint_url=moto_endpoint), aws_client("logs", endpoint_url=moto_endpoint)
-    s3.create_bucket(Bucket=BUCKET)
-    package = job_package(tmp_path / "code", "zero_attempt_jobs", {"job": JOB})
-    monkeypatch.setattr(sagemaker_runner, "build_code_package", lambda: package)
+    setup = fake_aws(moto_endpoint, tmp_path, monkeypatch, BUCKET, "zero_attempt_jobs", {"job": JOB})
+    fake, s3, logs, package = setup.fake, setup.s3, setup.logs, setup.package
+    monkeypatch.setattr(sagemaker_runner, "build_code_package", lambda **_: package)
     prefix = tmp_path.name
     for key in ("raw/a.txt", "raw/b/c.txt", "raw-old/stale.txt"):  # raw-old: a sibling that must not be pulled in
         s3.put_object(Bucket=BUCKET, Key=f"{prefix}/{key}", Body=key.encode())
-    fake = FakeSageMaker(tmp_path / "sm", s3, logs, {**env, "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.2"})
     # Job names (hence log streams and Pipes prefixes) of their own: SageMaker never reuses a name.
     fingerprint = hashlib.sha256(f"{prefix}-{os.getpid()}".encode()).hexdigest()
     state = {"fake": fake, "s3": s3, "logs": logs, "package": package, "prefix": prefix, "fingerprint": fingerprint}
