@@ -37,7 +37,8 @@ class EvalConfig(Config):
         "as_training", description="W&B mode of the evaluation run, logged in the checkpoint's project and group; as_training: the training run's mode.")
 
     def arguments(self) -> dict:
-        """What the evaluation script receives as `--key value` (beside --model, --shards, --out)."""
+        """What the evaluation script receives as `--key value` (beside --model, --shards, --out) and the fingerprint
+        covers: every field but the module (counted as code) and where to track."""
         return self.model_dump(exclude={"module", "wandb_mode"})
 
     def tracking(self) -> dict:

@@ -52,7 +52,8 @@ class TrainConfig(Config):
     wandb_base_url: str = Field("https://api.wandb.ai", description="W&B server for online mode (your own server, or W&B's cloud).")
 
     def hyperparameters(self) -> dict:
-        """What the training script receives as `--key value`: every field but how and what to launch."""
+        """What the training script receives as `--key value` and the fingerprint covers: every field but how and
+        what to launch (the module counts as code, not config) and where to track."""
         return self.model_dump(exclude={"processes", "module", *WANDB_FIELDS})
 
     def tracking(self, fingerprint: str) -> dict:
