@@ -300,3 +300,20 @@ def test_sigterm_saves_a_checkpoint_and_exits_non_zero(tmp_path, shards):
     assert len(saved) == 1 and saved[0]["step"] >= 1
     assert checkpoint_steps(tmp_path) == [saved[0]["step"]]
     assert "TrainingInterrupted: SIGTERM received" in log.read_text()
+
+
+def test_progress_reaches_the_event_log_at_most_once_a_minute_and_always_at_the_end(caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from training_code.train import ProgressReport
+
+    now, sent = [0.0], []
+    report = ProgressReport(sent.append, SimpleNamespace(is_main=True, rank=0), every_s=60.0, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO):
+        for step in range(1, 601):  # ten minutes of training, a line every second
+            now[0] = float(step)
+            report({"step": step, "loss": 1.0}, last=step == 600)
+    events = [json.loads(message)["step"] for message in sent]
+    assert events == [1, 61, 121, 181, 241, 301, 361, 421, 481, 541, 600], events
+    assert sum('"event": "train"' in r.getMessage() for r in caplog.records) == 600, "every line in the job log"

@@ -15,7 +15,7 @@ import os
 import random
 import signal
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -111,11 +111,26 @@ class StopRequest:
         signal.signal(signal.SIGTERM, self._previous)
 
 
-def report_progress(pipes, ctx: DistributedContext, line: dict[str, Any]) -> None:
-    """A training line in the job log and, when Dagster launched the job, in the run's event log."""
-    log_event(ctx, "train", **line)
-    if ctx.is_main and isinstance(pipes, job_env.PipesContext):
-        pipes.log.info(json.dumps({"job": job_env.job_name(), "event": "train", **line}))
+# Every training line goes to the job log (the step's captured stdout); the run's event log gets one at
+# most this often, and the last: days of training must not become one Dagster event per log line.
+PROGRESS_EVENT_EVERY_S = 60.0
+
+
+class ProgressReport:
+    """Each training line to the job log; to the run's event log (`send`, rank 0 under Dagster) at most
+    every `every_s` seconds, and the last line always."""
+
+    def __init__(self, send: Callable[[str], None] | None, ctx: DistributedContext, every_s: float = PROGRESS_EVENT_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._send, self._ctx, self._every_s, self._clock = send, ctx, every_s, clock
+        self._last_event = -math.inf
+
+    def __call__(self, line: dict[str, Any], last: bool = False) -> None:
+        log_event(self._ctx, "train", **line)
+        now = self._clock()
+        if self._send is not None and (last or now - self._last_event >= self._every_s):
+            self._send(json.dumps({"job": job_env.job_name(), "event": "train", **line}))
+            self._last_event = now
 
 
 def train_step(model, model_without_ddp, optimizer, images, targets, step: int, args, ctx: DistributedContext,
@@ -184,6 +199,7 @@ def train(args: argparse.Namespace, ctx: DistributedContext, pipes) -> tuple[dic
         return resumed.images_seen + (at_step - start_step) * args.batch_size * ctx.world_size
 
     step, data_wait, recent_losses, window_first_step = start_step, 0.0, [], start_step
+    report_progress = ProgressReport(pipes.log.info if ctx.is_main and isinstance(pipes, job_env.PipesContext) else None, ctx)
     loop_started = window_started = time.perf_counter()
     try:
         while step < args.max_steps:
@@ -200,7 +216,7 @@ def train(args: argparse.Namespace, ctx: DistributedContext, pipes) -> tuple[dic
                         "lr": scheduler.get_last_lr()[0], "data_wait": round(data_wait / (now - loop_started), 4),
                         "images_per_s": round((step - window_first_step) * args.batch_size * ctx.world_size / (now - window_started), 2)}
                 window_started, window_first_step = now, step
-                report_progress(pipes, ctx, line)
+                report_progress(line, last=step == args.max_steps)
                 if tracker is not None:
                     tracker.log({k: v for k, v in line.items() if k != "step"}, step=step)
             if stop_agreed:
