@@ -49,7 +49,7 @@ class Part:
 # drawn over earlier ones, each at least half visible); unlabeled clutter (plain discs, shims, cables,
 # screws) looks like parts; light varies across a scene (gradient, spotlight) and between scenes
 # (exposure, focus). The figures below set the difficulty: with them the demo detector (TrainConfig's
-# defaults) scores mAP@0.5 about 0.66 on the demo's val split, tests/test_demo_difficulty.py holds it
+# defaults) scores mAP@0.5 about 0.63 on the demo's val split, tests/test_demo_difficulty.py holds it
 # within [0.5, 0.85].
 FINISHES = ((200, 200, 210), (205, 165, 60), (60, 110, 210), (215, 110, 45), (45, 48, 55))  # CATEGORIES' usual ones first
 FINISH_MATCH = 0.75  # the share of parts in their category's usual finish; the rest take any
