@@ -55,14 +55,7 @@ def deal_to_ranks(pieces: list[Piece], world_size: int, rng: random.Random) -> l
     after another (sources and pieces in a seeded order): a source's pieces go to different ranks."""
     groups = list(_by_source(pieces, rng).values())
     rng.shuffle(groups)
-    order = [piece for group in groups for piece in group]
-    dealt: list[list[Piece]] = [[] for _ in range(world_size)]
-    loads = [(0, rank) for rank in range(world_size)]
-    for piece in order:
-        load, rank = heapq.heappop(loads)
-        dealt[rank].append(piece)
-        heapq.heappush(loads, (load + piece.rows, rank))
-    return dealt
+    return _least_loaded([piece for group in groups for piece in group], world_size)
 
 
 def _by_source(pieces: list[Piece], rng: random.Random) -> dict[str, list[Piece]]:
@@ -75,15 +68,20 @@ def _by_source(pieces: list[Piece], rng: random.Random) -> dict[str, list[Piece]
     return by_source
 
 
-def _balanced(pieces: list[Piece], count: int) -> list[list[Piece]]:
-    """`pieces` (already in a seeded order) split into `count` lanes of about equal rows."""
-    lanes: list[list[Piece]] = [[] for _ in range(count)]
-    loads = [(0, lane) for lane in range(count)]
+def _least_loaded(pieces: list[Piece], count: int) -> list[list[Piece]]:
+    """`pieces` in order, each to the bin with the fewest rows so far (ties: the lowest): `count` bins."""
+    bins: list[list[Piece]] = [[] for _ in range(count)]
+    loads = [(0, index) for index in range(count)]
     for piece in pieces:
-        load, lane = heapq.heappop(loads)
-        lanes[lane].append(piece)
-        heapq.heappush(loads, (load + piece.rows, lane))
-    return [lane for lane in lanes if lane]
+        load, index = heapq.heappop(loads)
+        bins[index].append(piece)
+        heapq.heappush(loads, (load + piece.rows, index))
+    return bins
+
+
+def _balanced(pieces: list[Piece], count: int) -> list[list[Piece]]:
+    """`pieces` (already in a seeded order) split into at most `count` lanes of about equal rows."""
+    return [lane for lane in _least_loaded(pieces, count) if lane]
 
 
 def _interleaved(groups: list[list[Piece]], rng: random.Random) -> list[Piece]:
