@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from training_code.lib.wandb_run import SECRET_ARN_VARIABLE
+
 from ..job_request import JobRequest
 from ..resources.sagemaker_settings import SageMakerSettings
 from .code_package import CodePackage
@@ -22,8 +24,6 @@ PROCESSING_ROOT = "/opt/ml/processing"
 CODE_INPUT = "code"
 CHECKPOINT_LOCAL = "/opt/ml/checkpoints"
 TRAINING_SET_ARGUMENT = "training-set"  # the training set's folder inside the input that holds it
-# The job reads the W&B API key from this secret at start (training_code.lib.wandb_run): only the reference travels.
-WANDB_SECRET_VARIABLE = "ZERO_WANDB_SECRET_ARN"
 # Never in a request: Environment is shown by DescribeTrainingJob and the console to anyone who may describe jobs.
 FORBIDDEN_ENVIRONMENT = ("WANDB_API_KEY",)
 
@@ -46,7 +46,8 @@ def build_job_params(
     all_tags = {**settings.tags, "zero:asset": request.asset, "zero:fingerprint": request.fingerprint[:16]}
     params["Tags"] = [{"Key": key, "Value": str(value)[:256]} for key, value in all_tags.items()]
     if settings.wandb_secret_arn and "wandb_mode" in request.arguments:  # a job that tracks to W&B
-        params["Environment"][WANDB_SECRET_VARIABLE] = settings.wandb_secret_arn
+        # The job reads the W&B API key from this secret at start (training_code.lib.wandb_run): only the reference travels.
+        params["Environment"][SECRET_ARN_VARIABLE] = settings.wandb_secret_arn
     check_environment(params["Environment"], request.kind)
     return OPERATIONS[request.kind], params
 
