@@ -19,9 +19,10 @@ import heapq
 import itertools
 import random
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 _PRIME = 1_000_003
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -68,14 +69,14 @@ def _by_source(pieces: list[Piece], rng: random.Random) -> dict[str, list[Piece]
     return by_source
 
 
-def _least_loaded(pieces: list[Piece], count: int) -> list[list[Piece]]:
-    """`pieces` in order, each to the bin with the fewest rows so far (ties: the lowest): `count` bins."""
-    bins: list[list[Piece]] = [[] for _ in range(count)]
+def _least_loaded(items: list[T], count: int, rows: Callable[[T], int] = lambda piece: piece.rows) -> list[list[T]]:
+    """`items` in order, each to the bin with the fewest rows so far (ties: the lowest): `count` bins."""
+    bins: list[list[T]] = [[] for _ in range(count)]
     loads = [(0, index) for index in range(count)]
-    for piece in pieces:
+    for item in items:
         load, index = heapq.heappop(loads)
-        bins[index].append(piece)
-        heapq.heappush(loads, (load + piece.rows, index))
+        bins[index].append(item)
+        heapq.heappush(loads, (load + rows(item), index))
     return bins
 
 
@@ -99,12 +100,7 @@ def plan_lanes(pieces: list[Piece], open_shards: int, rng: random.Random) -> lis
     rows = {source: sum(p.rows for p in group) for source, group in by_source.items()}
     sources = sorted(by_source, key=lambda s: (-rows[s], s))
     if len(sources) > open_shards:  # more sources than lanes: sources share lanes, balanced by rows
-        bins: list[list[str]] = [[] for _ in range(open_shards)]
-        loads = [(0, index) for index in range(open_shards)]
-        for source in sources:
-            load, index = heapq.heappop(loads)
-            bins[index].append(source)
-            heapq.heappush(loads, (load + rows[source], index))
+        bins = _least_loaded(sources, open_shards, rows.__getitem__)
         return [_interleaved([by_source[s] for s in sorted(names)], rng) for names in bins if names]
     # One lane per source, then the spare lanes to the sources with the most rows per lane (never more
     # lanes than pieces): a big source is read from several places at once.
