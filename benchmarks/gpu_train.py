@@ -23,12 +23,10 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from benchmarks.scene_shards import CATEGORY_LIST, scene_row
+from benchmarks.scene_shards import CATEGORY_LIST, scene_row, write_shard_set
 from training_code.lib.detection_data import Augmentation, ShardDetectionStream, build_train_loader, verified_split
 from training_code.lib.distributed import all_reduce_sum, barrier, distributed_session
 from training_code.lib.model import ARCHITECTURES, build_model, model_config
-from training_code.lib.shard_format import FORMAT, MANIFEST
-from training_code.lib.shard_writer import ShardWriter
 from training_code.train import StopRequest, train_step
 
 GOAL_BUSY = 0.9
@@ -54,11 +52,8 @@ def _render(index: int) -> dict:
 
 
 def write_shards(folder: Path, scenes: int) -> Path:
-    with Pool() as pool, ShardWriter(folder, "train", 256 << 20, categories=CATEGORY_LIST) as writer:
-        for row in pool.imap(_render, range(scenes), chunksize=16):
-            writer.write(row)
-    (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "categories": CATEGORY_LIST, "shards": writer.entries}))
-    return folder
+    with Pool() as pool:
+        return write_shard_set(folder, {"train": pool.imap(_render, range(scenes), chunksize=16)}, 256 << 20)
 
 
 class BusySampler:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,12 +40,22 @@ def _row(image, parts, image_format: str, source: str, key: str) -> dict:
 
 def write_scene_shards(folder: Path, rows_by_split: dict[str, int], seed: int = 0, shard_bytes: int = 4 << 20) -> Path:
     """Render `rows` scenes per split into shards plus a manifest under `folder`; returns `folder`."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed)  # one stream across the splits, drawn in their order (the rows are lazy)
+    return write_shard_set(folder, {split: _scenes(rng, split, rows) for split, rows in rows_by_split.items()}, shard_bytes)
+
+
+def _scenes(rng: np.random.Generator, split: str, rows: int) -> Iterator[dict]:
+    for index in range(rows):
+        yield scene_row(rng, f"{split}/{index:05d}")
+
+
+def write_shard_set(folder: Path, rows_by_split: dict[str, Iterable[dict]], shard_bytes: int) -> Path:
+    """Each split's rows into shards plus the manifest under `folder`, as the shard job lays them out; returns `folder`."""
     entries = []
     for split, rows in rows_by_split.items():
         with ShardWriter(folder, split, shard_bytes, categories=CATEGORY_LIST) as writer:
-            for index in range(rows):
-                writer.write(scene_row(rng, f"{split}/{index:05d}"))
+            for row in rows:
+                writer.write(row)
         entries += writer.entries
     (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "categories": CATEGORY_LIST, "shards": entries}))
     return folder
@@ -62,11 +73,4 @@ def write_demo_shards(folder: Path, images: int = 240, seed: int = 0, shuffled_l
     for image in shuffle_labels(drawn, seed) if shuffled_labels else drawn:
         key = f"{image.source}/{image.name}"
         rows[split_of_group(group_of(key), split_seed, val_fraction)].append(_row(image.scene, image.parts, image.fmt, image.source, key))
-    entries = []
-    for split, split_rows in rows.items():
-        with ShardWriter(folder, split, shard_bytes, categories=CATEGORY_LIST) as writer:
-            for row in split_rows:
-                writer.write(row)
-        entries += writer.entries
-    (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "categories": CATEGORY_LIST, "shards": entries}))
-    return folder
+    return write_shard_set(folder, rows, shard_bytes)
