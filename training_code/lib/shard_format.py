@@ -52,6 +52,8 @@ SHARD_SCHEMA = pa.schema(
     ],
     metadata=BOXES_NOTE,
 )
+# Every column but the image: the labels a shard holds for each row.
+LABEL_SCHEMA = pa.schema([f for f in SHARD_SCHEMA if f.name != "image"])
 
 
 def shard_schema(categories: list[dict[str, Any]]) -> pa.Schema:

@@ -24,11 +24,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from .shard_format import FORMAT, SHARD_SCHEMA, open_shard
+from .shard_format import FORMAT, LABEL_SCHEMA, open_shard
 
 log = logging.getLogger("zero.shard")
 
-LABEL_SCHEMA = pa.schema([f for f in SHARD_SCHEMA if f.name != "image"])
 _INDEX = re.compile(r"^(?P<split>[a-z]+)-(?P<index>\d+)\.arrow$")
 # Recorded in the manifest: an earlier set packed in another order is packed again, not carried over.
 PACK_ORDER = {"order": "groups interleaved", "seed": 0}
@@ -37,7 +36,7 @@ PACK_ORDER = {"order": "groups interleaved", "seed": 0}
 @dataclass
 class ShardPlan:
     kept: list[dict[str, Any]] = field(default_factory=list)  # earlier manifest entries carried over
-    to_pack: dict[str, list[str]] = field(default_factory=dict)  # split -> keys, sorted
+    to_pack: dict[str, list[str]] = field(default_factory=dict)  # split -> keys, in pack_order
     first_index: dict[str, int] = field(default_factory=dict)  # split -> index of the first new shard
     dropped: list[str] = field(default_factory=list)  # "file: why"
 

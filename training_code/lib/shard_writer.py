@@ -17,12 +17,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from .shard_format import IMAGE_TYPE, SHARD_SCHEMA, shard_schema
+from .shard_format import IMAGE_TYPE, LABEL_SCHEMA, SHARD_SCHEMA, shard_schema
 
 ROWS_PER_BATCH = 64  # small record batches keep memory flat and let readers slice cheaply
 BATCH_BYTES = 4 << 20  # and about this much image data per batch: short flushes keep the reader threads busy meanwhile
 _COLUMNS = SHARD_SCHEMA.names
-_LABELS = pa.schema([f for f in SHARD_SCHEMA if f.name != "image"])
 
 
 class ShardWriter:
@@ -114,7 +113,7 @@ def _record_batch(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.RecordBat
     """The rows as one batch of `schema`: `image` built as its struct (bytes, null path) from the row's bytes."""
     stored = pa.array([row["image"] for row in rows], pa.binary())
     image = pa.StructArray.from_arrays([stored, pa.nulls(len(rows), pa.string())], fields=list(IMAGE_TYPE))
-    labels = pa.RecordBatch.from_pylist(rows, schema=_LABELS)
+    labels = pa.RecordBatch.from_pylist(rows, schema=LABEL_SCHEMA)
     return pa.RecordBatch.from_arrays([image, *labels.columns], schema=schema)
 
 
