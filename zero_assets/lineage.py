@@ -24,9 +24,10 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DataProvenanc
 from training_code.lib import training_set as ts
 from training_code.lib.storage import join, read_bytes
 
+from .fingerprints import DATA_VERSION_TAG
+
 PAGE = 1000
 LATEST = "latest"  # `zero-assets lineage` with no checkpoint named: the newest one
-DATA_VERSION_TAG = "dagster/data_version"
 
 
 @dataclass(frozen=True)
