@@ -13,13 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import pandas as pd
-
-from training_code.lib.raw_index import write_source_index
-from training_code.lib.tables import RAW_INDEX, write_table
 from training_code.validate import get_args_parser, validate
 
 from .images import photo_jpeg, unique_copy
+from .raw_index_inputs import index_folder
 from .report import BenchResult
 
 IMAGES, SOURCES, ADDED_FRACTION = 10_000, 10, 0.01
@@ -43,18 +40,8 @@ def _write_images(raw: Path, base: bytes, start: int, count: int) -> None:
         file.write_text(json.dumps(coco))
 
 
-def _index(raw: Path, work: Path) -> pd.DataFrame:
-    """Every source's index (write_source_index, as each partition's run writes it) in one table: the
-    bench validates the whole root in one pass."""
-    sources = sorted(path.name for path in raw.iterdir() if path.is_dir())
-    for source in sources:
-        write_source_index(str(raw), source, work / source)
-    return pd.concat([pd.read_parquet(work / source / "index.parquet") for source in sources], ignore_index=True)
-
-
 def _validate(raw: Path, work: Path, out: str, previous: Path | None) -> tuple[float, dict]:
-    index_dir = work / f"index-{out}"
-    write_table(_index(raw, work / f"sources-{out}"), RAW_INDEX, index_dir / "index.parquet")
+    index_dir = index_folder(raw, work / f"sources-{out}", work / f"index-{out}")
     arguments = ["--index", str(index_dir), "--raw", str(raw), "--out", str(work / out), "--workers", str(os.cpu_count() or 1)]
     args: argparse.Namespace = get_args_parser().parse_args(arguments + (["--previous", str(previous)] if previous else []))
     started = time.perf_counter()

@@ -14,15 +14,11 @@ import os
 import tempfile
 from pathlib import Path
 
-import pandas as pd
-
-from training_code.lib.raw_index import INDEX_FILE, write_source_index
-from training_code.lib.tables import RAW_INDEX, write_table
 from training_code.validate import get_args_parser, validate
-from zero_assets.raw_sources import list_sources
 
 from .bare_workers import bare_check
 from .images import best_of_interleaved, photo_set
+from .raw_index_inputs import index_folder
 from .report import BenchResult
 
 IMAGES, RUNS = 96, 3
@@ -40,9 +36,7 @@ def run() -> list[BenchResult]:
 
     with tempfile.TemporaryDirectory(prefix="bench-validate-") as tmp:
         # The raw root here is the cache folder itself: one source per lot folder is enough for the pass.
-        indexes = [write_source_index(str(raw), source, Path(tmp) / "sources" / source)["uri"] for source in list_sources(str(raw))]
-        index = pd.concat([pd.read_parquet(Path(uri) / INDEX_FILE) for uri in indexes], ignore_index=True)
-        write_table(index, RAW_INDEX, Path(tmp) / "index" / "index.parquet")
+        index_folder(raw, Path(tmp) / "sources", Path(tmp) / "index")
         args = get_args_parser().parse_args(
             ["--index", str(Path(tmp) / "index"), "--raw", str(raw), "--out", str(Path(tmp) / "out"), "--workers", str(workers)]
         )
