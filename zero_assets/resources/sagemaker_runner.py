@@ -11,7 +11,6 @@ in every other case the next attempt is launched.
 
 from __future__ import annotations
 
-import json
 import tarfile
 import tempfile
 import time
@@ -24,7 +23,7 @@ from dagster._core.pipes.client import PipesClientCompletedInvocation
 
 from training_code.lib import training_set as ts
 from training_code.lib.shard_format import MANIFEST as SHARD_MANIFEST
-from training_code.lib.storage import exists, fetch_file, join, list_objects, publish_folder, read_bytes
+from training_code.lib.storage import exists, fetch_file, list_objects, publish_folder
 
 from ..cache import output_is_complete
 from ..fingerprints import UpstreamOutput
@@ -126,7 +125,7 @@ class SageMakerJobRunner(JobRunner):
             warm_uri, shard_uris = shards.uri, [shards.uri]
         if not self.aws.fsx_enabled():
             counts = [verify_on_s3(uri) for uri in shard_uris]
-            metadata = {"dagster/uri": MetadataValue.path(warm_uri), **_s3_warm_size(warm_uri, shard_uris, counts), "shards": sum(c["shards"] for c in counts),
+            metadata = {"dagster/uri": MetadataValue.path(warm_uri), **_s3_warm_size(warm_uri, counts), "shards": sum(c["shards"] for c in counts),
                         "file_system": "none: training reads S3 in FastFile mode",
                         "verified": "every shard of every manifest present on S3 with its size", **base}
             return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
@@ -146,13 +145,12 @@ class SageMakerJobRunner(JobRunner):
         return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
 
 
-def _s3_warm_size(warm_uri: str, shard_uris: list[str], counts: list[dict]) -> dict[str, int]:
+def _s3_warm_size(warm_uri: str, counts: list[dict]) -> dict[str, int]:
     """What the trainer reads from S3, as the FSx warm job (training_code.warm) counts it on the file
     system: rows of every shard; bytes of every shard plus the manifest and excluded rows at `warm_uri`."""
     listed = {o.key: o.size for o in list_objects(warm_uri)}
-    rows = sum(entry["rows"] for uri in shard_uris for entry in json.loads(read_bytes(join(uri, SHARD_MANIFEST)))["shards"])
-    shard_bytes = sum(c["bytes"] for c in counts)
-    return {"dagster/row_count": rows, "dagster/size_bytes": shard_bytes + sum(listed.get(name, 0) for name in {SHARD_MANIFEST, ts.EXCLUDED})}
+    return {"dagster/row_count": sum(c["rows"] for c in counts),
+            "dagster/size_bytes": sum(c["bytes"] for c in counts) + sum(listed.get(name, 0) for name in {SHARD_MANIFEST, ts.EXCLUDED})}
 
 
 def unpack_model_artifact(model_tar_uri: str, destination: str) -> None:

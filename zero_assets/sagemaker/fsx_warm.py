@@ -30,7 +30,7 @@ def verify_on_s3(shards_uri: str) -> dict:
     wrong = [e["file"] for e in entries if sizes.get(e["file"]) != e["bytes"]]
     if wrong:
         raise RuntimeError(f"{len(wrong)} shards under {shards_uri} are missing or differ in size from {MANIFEST}: {wrong[:5]}")
-    return {"shards": len(entries), "bytes": sum(e["bytes"] for e in entries)}
+    return {"shards": len(entries), "bytes": sum(e["bytes"] for e in entries), "rows": sum(e["rows"] for e in entries)}
 
 
 def association_params(file_system_id: str, lake_uri: str) -> dict:
