@@ -33,7 +33,7 @@ from .coco import ANNOTATIONS_FILE, DEFAULT_MAX_ANNOTATION_BYTES
 from .hashing import sha256_file
 from .raw_index_groups import GroupCounts, group_hash, group_of
 from .raw_index_listing import check_source, list_source
-from .storage import ObjectInfo, copy_file_atomic, is_s3, join, key_problem, printable_key, s3_call, s3_client, split_s3, write_bytes_atomic
+from .storage import ObjectInfo, copy_file_atomic, delete_file, join, key_problem, printable_key, write_bytes_atomic
 from .tables import RAW_INDEX
 
 INDEX_FILE = "index.parquet"
@@ -119,11 +119,7 @@ def source_listing_fingerprint(raw_uri: str, source: str, *, max_annotation_byte
 
 def _withdraw_manifest(out: str | Path) -> None:
     """An earlier run's manifest must not vouch for an index that this run fails to finish."""
-    if not is_s3(out):
-        Path(out, MANIFEST).unlink(missing_ok=True)
-        return
-    bucket, key = split_s3(join(out, MANIFEST))
-    s3_call(lambda: s3_client().delete_object(Bucket=bucket, Key=key), f"DELETE s3://{bucket}/{key}")
+    delete_file(join(out, MANIFEST))
 
 
 class _ListingPass:
