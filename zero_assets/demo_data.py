@@ -134,10 +134,15 @@ def _draw_part(draw: ImageDraw.ImageDraw, rng: np.random.Generator, category: st
         raise ValueError(f"unknown demo category {category!r}; expected one of {CATEGORIES}")
 
 
+def _size(rng: np.random.Generator, side: int) -> float:
+    """A part's (or a look-alike's) size in pixels: log-uniform in SIZE_RANGE of the scene's shorter side."""
+    return side * math.exp(rng.uniform(math.log(SIZE_RANGE[0]), math.log(SIZE_RANGE[1])))
+
+
 def _draw_clutter(draw: ImageDraw.ImageDraw, rng: np.random.Generator, width: int, height: int) -> None:
     """One unlabeled look-alike: a plain disc, a shim plate, a cable or a slim screw."""
     side = min(width, height)
-    size = side * math.exp(rng.uniform(math.log(SIZE_RANGE[0]), math.log(SIZE_RANGE[1])))
+    size = _size(rng, side)
     x, y = rng.uniform(0, width - size), rng.uniform(0, height - size)
     color, kind = _finish(rng), int(rng.integers(4))
     if kind == 0:
@@ -172,7 +177,7 @@ def _place_parts(rng: np.random.Generator, width: int, height: int) -> list[Part
     for _ in range(int(rng.integers(PARTS_PER_SCENE[0], PARTS_PER_SCENE[1] + 1))):
         for _attempt in range(30):
             category = CATEGORIES[int(rng.integers(len(CATEGORIES)))]
-            size = side * math.exp(rng.uniform(math.log(SIZE_RANGE[0]), math.log(SIZE_RANGE[1])))
+            size = _size(rng, side)
             if category == "bolt":
                 long, short = size * 1.6, size * 0.55
                 w, h = (long, short) if rng.random() < 0.5 else (short, long)
