@@ -20,22 +20,20 @@ import statistics
 import tempfile
 from pathlib import Path
 
-import pandas as pd
 from PIL import Image
 
 from training_code.lib import training_set
 from training_code.lib.detection_data import ShardDetectionStream, ShardRef, verified_split
 from training_code.lib.hashing import sha256_bytes
-from training_code.lib.tables import ACCEPTED, write_table
 from training_code.shard import build_shards
 
 from .report import BenchResult
+from .shard_inputs import write_validated
 
 SOURCES, ROWS_PER_SOURCE, LOT = 20, 2_000, 20
 SHARD_BYTES = 300_000  # about 1,000 of these rows
 BATCH = 32
 SEEDS = (0, 1, 2)
-CATEGORIES = [{"id": 1, "name": "part"}]
 
 
 def tiny_png() -> bytes:
@@ -55,10 +53,7 @@ def pack_source(work: Path, source: str, out: Path) -> dict:
         rows.append({"source": source, "key": key, "sha256": sha256_bytes(data), "size": len(data), "format": "PNG", "mode": "RGB",
                      "width": 2, "height": 2, "orientation": 1, "group": f"{source}/lot_{index // LOT:03d}", "split": "train",
                      "boxes": [[0.0, 0.0, 1.0, 1.0]], "category_names": ["part"]})
-    write_table(pd.DataFrame(rows), ACCEPTED, validated / "accepted.parquet")
-    (validated / "categories.json").write_text(json.dumps(CATEGORIES))
-    (validated / "manifest.json").write_text(json.dumps({"format": "zero-validated/1"}))
-    manifest, _ = build_shards(validated, raw.parent, out, SHARD_BYTES)
+    manifest, _ = build_shards(write_validated(rows, validated), raw.parent, out, SHARD_BYTES)
     return {"source": source, "folder": source, "categories": manifest["categories"], "shards": manifest["shards"]}
 
 
