@@ -177,8 +177,8 @@ def _training_set_manifest(uri: str) -> dict[str, Any]:
     return json.loads(read_bytes(join(uri, ts.MANIFEST)))
 
 
-def _parquet(uri: str, columns: list[str]) -> pd.DataFrame:
-    """Some columns of a Parquet table, local or on S3 (the storage layer's endpoint and retries)."""
+def _parquet(uri: str, columns: list[str] | None = None) -> pd.DataFrame:
+    """A Parquet table (some columns, or all), local or on S3 (the storage layer's endpoint and retries)."""
     return pq.read_table(io.BytesIO(read_bytes(uri)), columns=columns).to_pandas()
 
 
@@ -236,7 +236,7 @@ def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
 
 def _verdict(validated_uri: str, key: str) -> dict[str, Any]:
     def rows(table: str) -> pd.DataFrame:
-        frame = pd.read_parquet(io.BytesIO(read_bytes(join(validated_uri, table))))
+        frame = _parquet(join(validated_uri, table))
         return frame[frame["key"] == key]
 
     if not (accepted := rows("accepted.parquet")).empty:
