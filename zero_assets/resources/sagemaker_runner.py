@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue
-from dagster._core.pipes.client import PipesClientCompletedInvocation
+from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue, PipesClientCompletedInvocation
 
 from training_code.lib import training_set as ts
 from training_code.lib.shard_format import MANIFEST as SHARD_MANIFEST

@@ -16,11 +16,17 @@ from dataclasses import dataclass
 from typing import IO, Any, Literal, Optional
 
 from botocore.exceptions import ClientError
-from dagster import Failure, MetadataValue, PipesClient
-from dagster._core.definitions.resource_annotation import TreatAsResourceParam
-from dagster._core.errors import DagsterExecutionInterruptedError
-from dagster._core.pipes.client import PipesClientCompletedInvocation, PipesContextInjector, PipesMessageReader
-from dagster._core.pipes.utils import open_pipes_session
+from dagster import (
+    DagsterExecutionInterruptedError,
+    Failure,
+    MetadataValue,
+    PipesClient,
+    PipesClientCompletedInvocation,
+    PipesContextInjector,
+    PipesMessageReader,
+    open_pipes_session,
+)
+from dagster._core.definitions.resource_annotation import TreatAsResourceParam  # not exported by dagster
 from dagster_aws.pipes import PipesCloudWatchMessageReader
 
 from training_code.lib.aws_clients import Backoff, endpoint_of, is_retryable, retry_call
