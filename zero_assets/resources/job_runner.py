@@ -21,5 +21,5 @@ class JobRunner(ConfigurableResource):
         return 1
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
-        """Make a shard set readable by the trainer, verified; its `uri` is what training reads."""
+        """Make the training set `shards` readable by the trainer, verified; its `dagster/uri` is what training reads."""
         raise TypeError(f"{type(self).__name__} does not warm shards; configure LocalJobRunner or SageMakerJobRunner as `jobs`")

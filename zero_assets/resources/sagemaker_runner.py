@@ -21,7 +21,6 @@ from typing import Any
 from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue, PipesClientCompletedInvocation
 
 from training_code.lib import training_set as ts
-from training_code.lib.shard_format import MANIFEST as SHARD_MANIFEST
 from training_code.lib.storage import exists, fetch_file, list_objects, publish_folder
 
 from ..cache import output_is_complete
@@ -115,13 +114,10 @@ class SageMakerJobRunner(JobRunner):
 
         A training set is laid out under the shard root (see training_set_channel): the jobs' input is
         the root holding every chosen source's shard sets, the training-set manifest written last."""
-        base = {"backend": "sagemaker", "shards_uri": MetadataValue.path(shards.uri)}  # the asset adds the cache decision
-        if shards.asset == "training_set":
-            channel, manifest = write_channel_training_set(shards.uri, self.settings.lake_uri, shards.data_version)
-            warm_uri, shard_uris = channel.uri, [source["shards_uri"] for source in manifest["sources"]]
-            base |= {"training_set_folder": channel.folder, "sources": MetadataValue.json([s["source"] for s in manifest["sources"]])}
-        else:
-            warm_uri, shard_uris = shards.uri, [shards.uri]
+        channel, manifest = write_channel_training_set(shards.uri, self.settings.lake_uri, shards.data_version)
+        warm_uri, shard_uris = channel.uri, [source["shards_uri"] for source in manifest["sources"]]
+        base = {"backend": "sagemaker", "shards_uri": MetadataValue.path(shards.uri),  # the asset adds the cache decision
+                "training_set_folder": channel.folder, "sources": MetadataValue.json([s["source"] for s in manifest["sources"]])}
         if not self.aws.fsx_enabled():
             counts = [verify_on_s3(uri) for uri in shard_uris]
             metadata = {"dagster/uri": MetadataValue.path(warm_uri), **_s3_warm_size(warm_uri, counts), "shards": sum(c["shards"] for c in counts),
@@ -133,7 +129,7 @@ class SageMakerJobRunner(JobRunner):
         location = shards_on_fsx(warm_uri, lake, fs_id, mount)
         fsx = self.clients().fsx
         association = ensure_association(fsx, fs_id, lake, context.log)
-        paths = [shards_on_fsx(uri, lake, fs_id, mount).path for uri in shard_uris] + ([location.path] if warm_uri not in shard_uris else [])
+        paths = [shards_on_fsx(uri, lake, fs_id, mount).path for uri in shard_uris] + [location.path]
         import_tasks = import_metadata(fsx, fs_id, paths, context.log)
         invocation, extra = self.run(context, warm_job_request(shards, location, self.settings))
         reported = invocation.get_materialize_result()
@@ -149,7 +145,7 @@ def _s3_warm_size(warm_uri: str, counts: list[dict]) -> dict[str, int]:
     system: rows of every shard; bytes of every shard plus the manifest and excluded rows at `warm_uri`."""
     listed = {o.key: o.size for o in list_objects(warm_uri)}
     return {"dagster/row_count": sum(c["rows"] for c in counts),
-            "dagster/size_bytes": sum(c["bytes"] for c in counts) + sum(listed.get(name, 0) for name in {SHARD_MANIFEST, ts.EXCLUDED})}
+            "dagster/size_bytes": sum(c["bytes"] for c in counts) + sum(listed.get(name, 0) for name in (ts.MANIFEST, ts.EXCLUDED))}
 
 
 def unpack_model_artifact(model_tar_uri: str, destination: str) -> None:
