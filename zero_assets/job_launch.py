@@ -35,13 +35,15 @@ def build_job_request(
     processes_per_host: int = 1,
     partition: str | None = None,
     tracking: dict[str, Any] | None = None,
+    fingerprint_inputs: FingerprintInputs | None = None,
     **options: Any,
 ) -> JobRequest:
     """The request for one materialization; its output goes under the input fingerprint (and, for a
     per-source asset, under its source: `<lake>/<asset>/<source>/<fingerprint16>`). `tracking` are
     arguments the script also gets but the fingerprint leaves out: where a run is logged (W&B), never
-    what it computes."""
-    fingerprint = FingerprintInputs.of(module, config, upstream).fingerprint
+    what it computes. `fingerprint_inputs`: those a caller already derived from the same module, config and
+    upstream (the code version is read from the files each time, so it is derived once per launch)."""
+    fingerprint = (fingerprint_inputs or FingerprintInputs.of(module, config, upstream)).fingerprint
     return JobRequest(
         asset=asset,
         kind=kind,
@@ -82,7 +84,7 @@ def launch_job(
         return decision.hit
     context.log.info(f"cache miss: {decision.reason}")
     request = build_job_request(context.asset_key.to_user_string(), module=module, config=config, upstream=upstream,
-                                partition=context_partition(context), **request_fields)
+                                partition=context_partition(context), fingerprint_inputs=fingerprint_inputs, **request_fields)
     output = request.outputs["out"]
     lease_path = materialization_folder(request_fields["settings"].jobs_root(), request) / "lease.json"
 
