@@ -14,7 +14,9 @@ def main(names: list[str]) -> int:
     modules = sorted(p.stem for p in Path(__file__).parent.glob("bench_*.py"))
     selected = [m for m in modules if not names or m.removeprefix("bench_") in names]
     if not selected:
-        print(f"no benchmark matches {names}; available: {[m.removeprefix('bench_') for m in modules]}", file=sys.stderr)
+        print(
+            f"no benchmark matches {names}; available: {[m.removeprefix('bench_') for m in modules]}", file=sys.stderr
+        )
         return 2
     missed = 0
     for module in selected:

@@ -50,9 +50,23 @@ def pack_source(work: Path, source: str, out: Path) -> dict:
         key = f"{source}/lot_{index // LOT:03d}/img_{index:05d}.png"
         (work / "raw" / key).parent.mkdir(parents=True, exist_ok=True)
         (work / "raw" / key).write_bytes(data)
-        rows.append({"source": source, "key": key, "sha256": sha256_bytes(data), "size": len(data), "format": "PNG", "mode": "RGB",
-                     "width": 2, "height": 2, "orientation": 1, "group": f"{source}/lot_{index // LOT:03d}", "split": "train",
-                     "boxes": [[0.0, 0.0, 1.0, 1.0]], "category_names": ["part"]})
+        rows.append(
+            {
+                "source": source,
+                "key": key,
+                "sha256": sha256_bytes(data),
+                "size": len(data),
+                "format": "PNG",
+                "mode": "RGB",
+                "width": 2,
+                "height": 2,
+                "orientation": 1,
+                "group": f"{source}/lot_{index // LOT:03d}",
+                "split": "train",
+                "boxes": [[0.0, 0.0, 1.0, 1.0]],
+                "category_names": ["part"],
+            }
+        )
     manifest, _ = build_shards(write_validated(rows, validated), raw.parent, out, SHARD_BYTES)
     return {"source": source, "folder": source, "categories": manifest["categories"], "shards": manifest["shards"]}
 
@@ -61,7 +75,11 @@ def training_set_folder(work: Path) -> Path:
     folder = work / "training_set"
     sources = [pack_source(work, f"source_{n:02d}", folder / f"source_{n:02d}") for n in range(SOURCES)]
     (folder / training_set.EXCLUDED).write_bytes(training_set.excluded_parquet([]))
-    manifest = {"format": training_set.FORMAT, "sources": sources, "categories": training_set.vocabulary(s["categories"] for s in sources)}
+    manifest = {
+        "format": training_set.FORMAT,
+        "sources": sources,
+        "categories": training_set.vocabulary(s["categories"] for s in sources),
+    }
     (folder / training_set.MANIFEST).write_text(json.dumps(manifest))
     return folder
 
@@ -71,7 +89,7 @@ def mean_tv(sources: list[str], share: dict[str, float], batch: int = BATCH) -> 
     distances = []
     for start in range(0, len(sources) - batch + 1, batch):
         counts = {source: 0 for source in share}
-        for source in sources[start:start + batch]:
+        for source in sources[start : start + batch]:
             counts[source] += 1
         distances.append(0.5 * sum(abs(counts[s] / batch - share[s]) for s in share))
     return statistics.fmean(distances)
@@ -82,12 +100,16 @@ def steps_of_ranks(refs: list[ShardRef], seed: int, world_size: int) -> list[str
     each rank's i-th batch, one after another."""
     ranks = [first_epoch(refs, seed, rank, world_size) for rank in range(world_size)]
     steps = min(len(order) for order in ranks) // BATCH
-    return [source for step in range(steps) for order in ranks for source in order[step * BATCH:(step + 1) * BATCH]]
+    return [source for step in range(steps) for order in ranks for source in order[step * BATCH : (step + 1) * BATCH]]
 
 
 def first_epoch(refs: list[ShardRef], seed: int, rank: int = 0, world_size: int = 1) -> list[str]:
-    stream = ShardDetectionStream(refs, rank=rank, world_size=world_size, seed=seed, batch_size=BATCH, augmentation=None)
-    return [refs[shard].source for _, _, shard, _ in itertools.takewhile(lambda read: read[0] == 0, stream.rank_order())]
+    stream = ShardDetectionStream(
+        refs, rank=rank, world_size=world_size, seed=seed, batch_size=BATCH, augmentation=None
+    )
+    return [
+        refs[shard].source for _, _, shard, _ in itertools.takewhile(lambda read: read[0] == 0, stream.rank_order())
+    ]
 
 
 def run() -> list[BenchResult]:
@@ -105,7 +127,20 @@ def run() -> list[BenchResult]:
         four_ranks.append(mean_tv(first_epoch(refs, seed, rank=0, world_size=4), share))
         steps.append(mean_tv(steps_of_ranks(refs, seed, 4), share, 4 * BATCH))
         permuted_steps.append(mean_tv(shuffled, share, 4 * BATCH))
-    return [BenchResult("batch_mix", statistics.fmean(ours) / statistics.fmean(permuted), "<=1.2",
-                        {"tv_reading_order": statistics.fmean(ours), "tv_permutation": statistics.fmean(permuted),
-                         "tv_rank0_of_4": statistics.fmean(four_ranks), "step_of_4_ranks_ratio": statistics.fmean(steps) / statistics.fmean(permuted_steps),
-                         "sources": len(share), "rows": len(rows), "shards": len(refs), "batch": BATCH})]
+    return [
+        BenchResult(
+            "batch_mix",
+            statistics.fmean(ours) / statistics.fmean(permuted),
+            "<=1.2",
+            {
+                "tv_reading_order": statistics.fmean(ours),
+                "tv_permutation": statistics.fmean(permuted),
+                "tv_rank0_of_4": statistics.fmean(four_ranks),
+                "step_of_4_ranks_ratio": statistics.fmean(steps) / statistics.fmean(permuted_steps),
+                "sources": len(share),
+                "rows": len(rows),
+                "shards": len(refs),
+                "batch": BATCH,
+            },
+        )
+    ]

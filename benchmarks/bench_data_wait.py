@@ -28,15 +28,44 @@ def run() -> list[BenchResult]:
         root = Path(folder)
         shards = write_scene_shards(root / "shards", {"train": 180}, seed=2)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_PIPES", "SM_", "ZERO_"))}
-        env.update({"SM_CHANNEL_TRAIN": str(shards), "SM_MODEL_DIR": str(root / "model"), "ZERO_OPT_ML": str(root / "opt_ml"),
-                    "ZERO_CHECKPOINT_DIR": str(root / "checkpoints"), "ZERO_JOB_NAME": "bench-data-wait",
-                    "PYTHONPATH": str(REPO)})
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={PROCESSES}",
-                   "-m", "training_code.train", "--max-steps", str(STEPS), "--checkpoint-every", str(STEPS)]
+        env.update(
+            {
+                "SM_CHANNEL_TRAIN": str(shards),
+                "SM_MODEL_DIR": str(root / "model"),
+                "ZERO_OPT_ML": str(root / "opt_ml"),
+                "ZERO_CHECKPOINT_DIR": str(root / "checkpoints"),
+                "ZERO_JOB_NAME": "bench-data-wait",
+                "PYTHONPATH": str(REPO),
+            }
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={PROCESSES}",
+            "-m",
+            "training_code.train",
+            "--max-steps",
+            str(STEPS),
+            "--checkpoint-every",
+            str(STEPS),
+        ]
         result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
         if result.returncode != 0:
             raise RuntimeError(f"training for the data_wait benchmark failed:\n{result.stderr[-3000:]}")
         summary = json.loads((root / "model" / "training_summary.json").read_text())
-    return [BenchResult("data_wait", summary["data_wait_fraction"], "<=0.1",
-                        {"images_per_s": summary["images_per_s"], "steps": summary["steps"], "processes": PROCESSES,
-                         "workers_per_rank": get_args_parser().get_default("workers"), "wall_s": summary["wall_s"]})]
+    return [
+        BenchResult(
+            "data_wait",
+            summary["data_wait_fraction"],
+            "<=0.1",
+            {
+                "images_per_s": summary["images_per_s"],
+                "steps": summary["steps"],
+                "processes": PROCESSES,
+                "workers_per_rank": get_args_parser().get_default("workers"),
+                "wall_s": summary["wall_s"],
+            },
+        )
+    ]

@@ -33,8 +33,16 @@ def detection_set(seed: int = 0) -> tuple[dict, list[dict]]:
             x, y = float(rng.uniform(0, 640 - w)), float(rng.uniform(0, 480 - h))
             category = int(rng.integers(1, 11))
             objects.append((x, y, w, h, category))
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": category,
-                                "bbox": [x, y, w, h], "area": w * h, "iscrowd": 0})
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image_id,
+                    "category_id": category,
+                    "bbox": [x, y, w, h],
+                    "area": w * h,
+                    "iscrowd": 0,
+                }
+            )
         for index in range(DETECTIONS_PER_IMAGE):
             if index < 3 * len(objects):  # hits (and duplicates) with localisation error, sometimes the wrong class
                 x, y, w, h, category = objects[index % len(objects)]
@@ -44,8 +52,14 @@ def detection_set(seed: int = 0) -> tuple[dict, list[dict]]:
                 score = float(rng.uniform(0.2, 1.0)) / (1 + index // len(objects))
             else:  # background
                 w, h = float(rng.uniform(8, 200)), float(rng.uniform(8, 200))
-                box, label, score = [float(rng.uniform(0, 640 - w)), float(rng.uniform(0, 480 - h)), w, h], int(rng.integers(1, 11)), float(rng.uniform(0, 0.5))
-            predictions.append({"image_id": image_id, "category_id": label, "bbox": [float(v) for v in box], "score": score})
+                box, label, score = (
+                    [float(rng.uniform(0, 640 - w)), float(rng.uniform(0, 480 - h)), w, h],
+                    int(rng.integers(1, 11)),
+                    float(rng.uniform(0, 0.5)),
+                )
+            predictions.append(
+                {"image_id": image_id, "category_id": label, "bbox": [float(v) for v in box], "score": score}
+            )
     return {"images": images, "annotations": annotations, "categories": CATEGORIES}, predictions
 
 
@@ -74,9 +88,23 @@ def run() -> list[BenchResult]:
     started = time.perf_counter()
     stats = pycocotools_stats(*theirs_input)
     theirs_s = time.perf_counter() - started
-    differences = [abs((ours[name] if ours[name] is not None else -1.0) - float(stats[index]))
-                   for index, name in enumerate(SUMMARY_NAMES.values())]
+    differences = [
+        abs((ours[name] if ours[name] is not None else -1.0) - float(stats[index]))
+        for index, name in enumerate(SUMMARY_NAMES.values())
+    ]
     worst = max(differences)
     ratio = ours_s / theirs_s if worst <= 1e-4 else float("inf")  # a fast wrong answer does not count
-    return [BenchResult("eval", ratio, "<=0.5", {"ours_s": ours_s, "pycocotools_s": theirs_s, "max_metric_diff": worst,
-                                                 "predictions": len(predictions), "mAP": ours["mAP"]})]
+    return [
+        BenchResult(
+            "eval",
+            ratio,
+            "<=0.5",
+            {
+                "ours_s": ours_s,
+                "pycocotools_s": theirs_s,
+                "max_metric_diff": worst,
+                "predictions": len(predictions),
+                "mAP": ours["mAP"],
+            },
+        )
+    ]

@@ -32,18 +32,35 @@ def _write_images(raw: Path, base: bytes, start: int, count: int) -> None:
         by_source.setdefault(source, []).append(name)
     for source in range(SOURCES):
         file = raw / f"src_{source}" / "annotations.json"
-        coco = json.loads(file.read_text()) if file.is_file() else {"images": [], "annotations": [], "categories": [{"id": 1, "name": "part"}]}
+        coco = (
+            json.loads(file.read_text())
+            if file.is_file()
+            else {"images": [], "annotations": [], "categories": [{"id": 1, "name": "part"}]}
+        )
         for name in by_source.get(source, []):
             image_id = len(coco["images"]) + 1
             coco["images"].append({"id": image_id, "file_name": name})
-            coco["annotations"].append({"id": image_id, "image_id": image_id, "category_id": 1, "bbox": [10, 10, 40, 30]})
+            coco["annotations"].append(
+                {"id": image_id, "image_id": image_id, "category_id": 1, "bbox": [10, 10, 40, 30]}
+            )
         file.write_text(json.dumps(coco))
 
 
 def _validate(raw: Path, work: Path, out: str, previous: Path | None) -> tuple[float, dict]:
     index_dir = index_folder(raw, work / f"sources-{out}", work / f"index-{out}")
-    arguments = ["--index", str(index_dir), "--raw", str(raw), "--out", str(work / out), "--workers", str(os.cpu_count() or 1)]
-    args: argparse.Namespace = get_args_parser().parse_args(arguments + (["--previous", str(previous)] if previous else []))
+    arguments = [
+        "--index",
+        str(index_dir),
+        "--raw",
+        str(raw),
+        "--out",
+        str(work / out),
+        "--workers",
+        str(os.cpu_count() or 1),
+    ]
+    args: argparse.Namespace = get_args_parser().parse_args(
+        arguments + (["--previous", str(previous)] if previous else [])
+    )
     started = time.perf_counter()
     _, _, counts, _ = validate(args)
     return time.perf_counter() - started, counts
@@ -60,6 +77,14 @@ def run() -> list[BenchResult]:
         _write_images(raw, base, IMAGES, added)
         incremental_s, counts = _validate(raw, work, "incremental", work / "full")
     if counts["decoded"] != added:
-        raise AssertionError(f"the incremental run decoded {counts['decoded']} images, expected only the {added} new ones")
-    return [BenchResult("incremental", incremental_s / full_s, "<=0.1",
-                        {"full_s": full_s, "incremental_s": incremental_s, "images": IMAGES, "added": added, **counts})]
+        raise AssertionError(
+            f"the incremental run decoded {counts['decoded']} images, expected only the {added} new ones"
+        )
+    return [
+        BenchResult(
+            "incremental",
+            incremental_s / full_s,
+            "<=0.1",
+            {"full_s": full_s, "incremental_s": incremental_s, "images": IMAGES, "added": added, **counts},
+        )
+    ]

@@ -30,7 +30,11 @@ BUCKET = "zero-bench-raw"
 
 def _upload(client) -> None:
     client.create_bucket(Bucket=BUCKET)
-    objects = [(f"raw/src_{s:02d}/lot_{k // 100:02d}/img_{k:05d}.jpg", b"x" * 64) for s in range(SOURCES) for k in range(KEYS_PER_SOURCE)]
+    objects = [
+        (f"raw/src_{s:02d}/lot_{k // 100:02d}/img_{k:05d}.jpg", b"x" * 64)
+        for s in range(SOURCES)
+        for k in range(KEYS_PER_SOURCE)
+    ]
     coco = {"images": [], "annotations": [], "categories": [{"id": 1, "name": "part"}]}
     objects += [(f"raw/src_{s:02d}/annotations.json", json.dumps(coco).encode()) for s in range(SOURCES)]
     with ThreadPoolExecutor(32) as pool:
@@ -51,7 +55,10 @@ def run() -> list[BenchResult]:
         def project() -> int:
             sources = [f"src_{s:02d}" for s in range(SOURCES)]
             with ThreadPoolExecutor(WORKERS) as pool:
-                manifests = pool.map(lambda source: write_source_index(f"s3://{BUCKET}/raw", source, Path(tmp) / "index" / source), sources)
+                manifests = pool.map(
+                    lambda source: write_source_index(f"s3://{BUCKET}/raw", source, Path(tmp) / "index" / source),
+                    sources,
+                )
                 return sum(manifest["images"] for manifest in manifests)
 
         with mock.patch.dict(os.environ, server.env()):
@@ -60,5 +67,11 @@ def run() -> list[BenchResult]:
                 raise AssertionError(f"the index lists {listed} images, expected {SOURCES * KEYS_PER_SOURCE}")
             baseline()
             baseline_s, project_s = best_of_interleaved(RUNS, baseline, project)
-    return [BenchResult("list", baseline_s / project_s, ">=0.8",
-                        {"baseline_s": baseline_s, "project_s": project_s, "keys": SOURCES * KEYS_PER_SOURCE, "sources": SOURCES})]
+    return [
+        BenchResult(
+            "list",
+            baseline_s / project_s,
+            ">=0.8",
+            {"baseline_s": baseline_s, "project_s": project_s, "keys": SOURCES * KEYS_PER_SOURCE, "sources": SOURCES},
+        )
+    ]

@@ -24,7 +24,12 @@ from benchmarks.report import BenchResult
 from benchmarks.scene_shards import write_scene_shards
 from training_code.lib import shard_format
 from training_code.lib.detection_data import (
-    Augmentation, ShardDetectionStream, ShardRef, build_train_loader, collate_detection, targets_on,
+    Augmentation,
+    ShardDetectionStream,
+    ShardRef,
+    build_train_loader,
+    collate_detection,
+    targets_on,
     verified_split,
 )
 
@@ -80,15 +85,37 @@ def run() -> list[BenchResult]:
         # Rounds alternate which side goes first; the figure is the median of each round's ratio, so a load
         # spike from another process on this shared machine moves one round, not the result.
         for round_index in range(ROUNDS):
-            for side in (("ours", "bare") if round_index % 2 == 0 else ("bare", "ours")):
+            for side in ("ours", "bare") if round_index % 2 == 0 else ("bare", "ours"):
                 if side == "ours":
-                    stream = ShardDetectionStream(shards, rank=0, world_size=1, seed=0, batch_size=BATCH, augmentation=Augmentation())
+                    stream = ShardDetectionStream(
+                        shards, rank=0, world_size=1, seed=0, batch_size=BATCH, augmentation=Augmentation()
+                    )
                     loader, consume = build_train_loader(stream, BATCH, WORKERS, cpu), targets_as_tensors
                 else:
-                    loader, consume = DataLoader(BareDecode(shards), batch_size=BATCH, num_workers=WORKERS,
-                                                 collate_fn=collate_detection, prefetch_factor=4, persistent_workers=True), None
+                    loader, consume = (
+                        DataLoader(
+                            BareDecode(shards),
+                            batch_size=BATCH,
+                            num_workers=WORKERS,
+                            collate_fn=collate_detection,
+                            prefetch_factor=4,
+                            persistent_workers=True,
+                        ),
+                        None,
+                    )
                 measured[side].append(images_per_second(loader, consume))
     ratios = sorted(o / b for o, b in zip(measured["ours"], measured["bare"]))
-    return [BenchResult("loader", ratios[len(ratios) // 2], ">=0.85",
-                        {"loader_img_s": statistics.median(measured["ours"]), "bare_decode_img_s": statistics.median(measured["bare"]),
-                         "rounds": ROUNDS, "workers": WORKERS, "batch": BATCH})]
+    return [
+        BenchResult(
+            "loader",
+            ratios[len(ratios) // 2],
+            ">=0.85",
+            {
+                "loader_img_s": statistics.median(measured["ours"]),
+                "bare_decode_img_s": statistics.median(measured["bare"]),
+                "rounds": ROUNDS,
+                "workers": WORKERS,
+                "batch": BATCH,
+            },
+        )
+    ]

@@ -25,8 +25,12 @@ TRAINING = {"ops": {"trained_checkpoint": {"config": {"max_steps": 40, "checkpoi
 
 
 def _caches(result, assets, suffix: str = "") -> dict[str, str]:
-    return {f"{a.key.to_user_string()}{suffix}": result.asset_materializations_for_node(a.key.to_user_string())[0].metadata["cache"].value
-            for a in assets}
+    return {
+        f"{a.key.to_user_string()}{suffix}": result.asset_materializations_for_node(a.key.to_user_string())[0]
+        .metadata["cache"]
+        .value
+        for a in assets
+    }
 
 
 def _timed(resources, instance) -> tuple[float, dict[str, str]]:
@@ -36,7 +40,9 @@ def _timed(resources, instance) -> tuple[float, dict[str, str]]:
     started = time.perf_counter()
     caches: dict[str, str] = {}
     for source in sources:
-        result = materialize(everything, selection=PER_SOURCE_ASSETS, partition_key=source, resources=resources, instance=instance)
+        result = materialize(
+            everything, selection=PER_SOURCE_ASSETS, partition_key=source, resources=resources, instance=instance
+        )
         caches |= _caches(result, PER_SOURCE_ASSETS, f"[{source}]")
     result = materialize(everything, selection=TAIL_ASSETS, resources=resources, instance=instance, run_config=TRAINING)
     wall = time.perf_counter() - started

@@ -50,5 +50,11 @@ def run() -> list[BenchResult]:
         baseline()
         baseline_s, project_s = best_of(RUNS, baseline), best_of(RUNS, project)
         megabytes = sum(path.stat().st_size for path, _, _ in photos) / 1e6
-    return [BenchResult("pack", baseline_s / project_s, ">=0.8",
-                        {"baseline_s": baseline_s, "project_s": project_s, "images": len(photos), "MB": megabytes})]
+    return [
+        BenchResult(
+            "pack",
+            baseline_s / project_s,
+            ">=0.8",
+            {"baseline_s": baseline_s, "project_s": project_s, "images": len(photos), "MB": megabytes},
+        )
+    ]

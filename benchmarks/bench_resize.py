@@ -33,9 +33,23 @@ def run() -> list[BenchResult]:
 
         def project() -> None:
             shutil.rmtree(work / "shards", ignore_errors=True)
-            build_shards(validated, raw, work / "shards", 1_000_000_000, Encoding("resize", MAX_SIDE, 90), workers=workers)
+            build_shards(
+                validated, raw, work / "shards", 1_000_000_000, Encoding("resize", MAX_SIDE, 90), workers=workers
+            )
 
         baseline()
         baseline_s, project_s = best_of(RUNS, baseline), best_of(RUNS, project)
-    return [BenchResult("resize", baseline_s / project_s, ">=0.8",
-                        {"baseline_s": baseline_s, "project_s": project_s, "images": len(photos), "workers": workers, "max_side": MAX_SIDE})]
+    return [
+        BenchResult(
+            "resize",
+            baseline_s / project_s,
+            ">=0.8",
+            {
+                "baseline_s": baseline_s,
+                "project_s": project_s,
+                "images": len(photos),
+                "workers": workers,
+                "max_side": MAX_SIDE,
+            },
+        )
+    ]

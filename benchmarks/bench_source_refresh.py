@@ -31,8 +31,11 @@ def _add_images(raw: Path, source: str, base: bytes, start: int, count: int) -> 
     """`count` unique JPEGs in lots of 50, each with one box, appended to the source's annotations.json."""
     folder = raw / source
     annotations = folder / "annotations.json"
-    coco = json.loads(annotations.read_text()) if annotations.is_file() else {
-        "images": [], "annotations": [], "categories": [{"id": 1, "name": "part"}]}
+    coco = (
+        json.loads(annotations.read_text())
+        if annotations.is_file()
+        else {"images": [], "annotations": [], "categories": [{"id": 1, "name": "part"}]}
+    )
     for n in range(start, start + count):
         name = f"lot_{n // 50:03d}/img_{n:05d}.jpg"
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
@@ -48,7 +51,9 @@ def _refresh(sources: list[str], resources, instance) -> tuple[float, dict[str, 
     started = time.perf_counter()
     caches = {}
     for source in sources:
-        result = materialize(EVERYTHING, selection=PER_SOURCE_ASSETS, partition_key=source, resources=resources, instance=instance)
+        result = materialize(
+            EVERYTHING, selection=PER_SOURCE_ASSETS, partition_key=source, resources=resources, instance=instance
+        )
         for asset in PER_SOURCE_ASSETS:
             name = asset.key.to_user_string()
             caches[f"{name}[{source}]"] = result.asset_materializations_for_node(name)[0].metadata["cache"].value
@@ -83,7 +88,18 @@ def run() -> list[BenchResult]:
         raise RuntimeError("the training set's data version did not change after new images arrived")
     if "hit" in caches.values():
         raise RuntimeError(f"the changed source was not rebuilt: {caches}")
-    return [BenchResult("source_refresh", refresh_s / full_s, "<=0.1", {
-        "full_s": full_s, "refresh_s": refresh_s, "sources": SOURCES, "images": SOURCES * IMAGES_PER_SOURCE, "added": added,
-        "refresh_s_per_new_image": refresh_s / added,
-    })]
+    return [
+        BenchResult(
+            "source_refresh",
+            refresh_s / full_s,
+            "<=0.1",
+            {
+                "full_s": full_s,
+                "refresh_s": refresh_s,
+                "sources": SOURCES,
+                "images": SOURCES * IMAGES_PER_SOURCE,
+                "added": added,
+                "refresh_s_per_new_image": refresh_s / added,
+            },
+        )
+    ]

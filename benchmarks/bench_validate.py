@@ -38,7 +38,16 @@ def run() -> list[BenchResult]:
         # The raw root here is the cache folder itself: one source per lot folder is enough for the pass.
         index_folder(raw, Path(tmp) / "sources", Path(tmp) / "index")
         args = get_args_parser().parse_args(
-            ["--index", str(Path(tmp) / "index"), "--raw", str(raw), "--out", str(Path(tmp) / "out"), "--workers", str(workers)]
+            [
+                "--index",
+                str(Path(tmp) / "index"),
+                "--raw",
+                str(raw),
+                "--out",
+                str(Path(tmp) / "out"),
+                "--workers",
+                str(workers),
+            ]
         )
         # Warm-up, project first: it starts the shared forkserver with its preloads, as the validation job
         # does in its own fresh process; after that both sides pay only for their pools, and the page cache is warm.
@@ -48,5 +57,17 @@ def run() -> list[BenchResult]:
         baseline()
         baseline_s, project_s = best_of_interleaved(RUNS, baseline, lambda: validate(args))
     megapixels = sum(w * h for _, w, h in photos) / 1e6
-    return [BenchResult("validate", baseline_s / project_s, ">=1.5",
-                        {"baseline_s": baseline_s, "project_s": project_s, "images": len(photos), "megapixels": megapixels, "workers": workers})]
+    return [
+        BenchResult(
+            "validate",
+            baseline_s / project_s,
+            ">=1.5",
+            {
+                "baseline_s": baseline_s,
+                "project_s": project_s,
+                "images": len(photos),
+                "megapixels": megapixels,
+                "workers": workers,
+            },
+        )
+    ]

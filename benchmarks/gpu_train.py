@@ -33,15 +33,21 @@ GOAL_BUSY = 0.9
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Train on generated data on CUDA and report images/s and GPU busy time")
+    parser = argparse.ArgumentParser(
+        description="Train on generated data on CUDA and report images/s and GPU busy time"
+    )
     parser.add_argument("--seconds", type=float, default=180.0, help="timed training after warm-up")
-    parser.add_argument("--warmup-steps", type=int, default=20, help="steps before timing (cuDNN autotune, worker start)")
+    parser.add_argument(
+        "--warmup-steps", type=int, default=20, help="steps before timing (cuDNN autotune, worker start)"
+    )
     parser.add_argument("--arch", default="fcos_resnet50_fpn", choices=ARCHITECTURES)
     parser.add_argument("--min-size", type=int, default=480)
     parser.add_argument("--max-size", type=int, default=640)
     parser.add_argument("--batch-size", type=int, default=16, help="images per GPU per step")
     parser.add_argument("--workers", type=int, default=6, help="DataLoader workers per GPU")
-    parser.add_argument("--scenes", type=int, default=1024, help="distinct rendered scenes (the stream loops over them)")
+    parser.add_argument(
+        "--scenes", type=int, default=1024, help="distinct rendered scenes (the stream loops over them)"
+    )
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--clip-grad", type=float, default=10.0)
     return parser
@@ -75,7 +81,7 @@ class BusySampler:
         while not self._stop.wait(0.5):
             self.samples.append(self._read())
 
-    def __enter__(self) -> "BusySampler":
+    def __enter__(self) -> BusySampler:
         self._thread.start()
         return self
 
@@ -86,7 +92,9 @@ class BusySampler:
 
 def main(args: argparse.Namespace) -> None:
     if not torch.cuda.is_available():
-        raise SystemExit("benchmarks.gpu_train needs a CUDA GPU (torch.cuda.is_available() is False); run it on a GPU machine")
+        raise SystemExit(
+            "benchmarks.gpu_train needs a CUDA GPU (torch.cuda.is_available() is False); run it on a GPU machine"
+        )
     # One folder per launch that every local rank can find (torchrun gives all ranks the same run id).
     shards_dir = Path(tempfile.gettempdir()) / f"zero-gpu-train-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}"
     with distributed_session() as ctx:
@@ -97,10 +105,20 @@ def main(args: argparse.Namespace) -> None:
         torch.manual_seed(0)
         config = model_config(args.arch, CATEGORY_LIST, min_size=args.min_size, max_size=args.max_size)
         model_without_ddp = build_model(config).to(ctx.device, memory_format=torch.channels_last)
-        model = DistributedDataParallel(model_without_ddp, device_ids=[ctx.device.index]) if ctx.is_distributed else model_without_ddp
+        model = (
+            DistributedDataParallel(model_without_ddp, device_ids=[ctx.device.index])
+            if ctx.is_distributed
+            else model_without_ddp
+        )
         optimizer = torch.optim.AdamW(model_without_ddp.parameters(), lr=args.lr)
-        stream = ShardDetectionStream(shards, rank=ctx.rank, world_size=ctx.world_size, seed=0, batch_size=args.batch_size,
-                                      augmentation=Augmentation())
+        stream = ShardDetectionStream(
+            shards,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            seed=0,
+            batch_size=args.batch_size,
+            augmentation=Augmentation(),
+        )
         batches = iter(build_train_loader(stream, args.batch_size, args.workers, ctx.device))
         stop = StopRequest()
         step = 0
@@ -120,14 +138,23 @@ def main(args: argparse.Namespace) -> None:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - started
         busy = float(np.mean(sampler.samples)) / 100 if sampler.samples else 0.0
-        totals = all_reduce_sum(torch.tensor([images / elapsed, busy, waited / elapsed], dtype=torch.float64, device=ctx.device))
+        totals = all_reduce_sum(
+            torch.tensor([images / elapsed, busy, waited / elapsed], dtype=torch.float64, device=ctx.device)
+        )
         stop.restore()
         del batches
-        report = {"arch": args.arch, "gpus": ctx.world_size, "gpu": torch.cuda.get_device_name(ctx.device),
-                  "batch_per_gpu": args.batch_size, "workers_per_gpu": args.workers, "steps_timed": step - args.warmup_steps,
-                  "images_per_s_per_gpu": round(totals[0].item() / ctx.world_size, 1),
-                  "gpu_busy": round(totals[1].item() / ctx.world_size, 3),
-                  "data_wait_fraction": round(totals[2].item() / ctx.world_size, 4), "goal_busy": GOAL_BUSY}
+        report = {
+            "arch": args.arch,
+            "gpus": ctx.world_size,
+            "gpu": torch.cuda.get_device_name(ctx.device),
+            "batch_per_gpu": args.batch_size,
+            "workers_per_gpu": args.workers,
+            "steps_timed": step - args.warmup_steps,
+            "images_per_s_per_gpu": round(totals[0].item() / ctx.world_size, 1),
+            "gpu_busy": round(totals[1].item() / ctx.world_size, 3),
+            "data_wait_fraction": round(totals[2].item() / ctx.world_size, 4),
+            "goal_busy": GOAL_BUSY,
+        }
         report["met"] = report["gpu_busy"] >= GOAL_BUSY
         if ctx.is_main:
             print("GPU_CHECK " + json.dumps(report), flush=True)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from training_code.lib.raw_index_groups import group_of
 from training_code.lib.shard_format import FORMAT, MANIFEST
 from training_code.lib.shard_writer import ShardWriter
-from training_code.lib.raw_index_groups import group_of
 from training_code.lib.split import split_of_group
 from zero_assets.demo_data import CATEGORIES, IMAGE_SIZES, demo_images, render_scene, shuffle_labels
 
@@ -33,15 +33,26 @@ def _row(image, parts, image_format: str, source: str, key: str) -> dict:
     image.save(buffer, image_format, **({"quality": 90} if image_format == "JPEG" else {}))
     data = buffer.getvalue()
     ids = [CATEGORIES.index(p.category) + 1 for p in parts]
-    return {"image": data, "image_format": image_format, "width": width, "height": height,
-            "boxes": [list(p.box) for p in parts], "category_ids": ids, "category_names": [p.category for p in parts],
-            "source": source, "key": key, "sha256": hashlib.sha256(data).hexdigest()}
+    return {
+        "image": data,
+        "image_format": image_format,
+        "width": width,
+        "height": height,
+        "boxes": [list(p.box) for p in parts],
+        "category_ids": ids,
+        "category_names": [p.category for p in parts],
+        "source": source,
+        "key": key,
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
 
 
 def write_scene_shards(folder: Path, rows_by_split: dict[str, int], seed: int = 0, shard_bytes: int = 4 << 20) -> Path:
     """Render `rows` scenes per split into shards plus a manifest under `folder`; returns `folder`."""
     rng = np.random.default_rng(seed)  # one stream across the splits, drawn in their order (the rows are lazy)
-    return write_shard_set(folder, {split: _scenes(rng, split, rows) for split, rows in rows_by_split.items()}, shard_bytes)
+    return write_shard_set(
+        folder, {split: _scenes(rng, split, rows) for split, rows in rows_by_split.items()}, shard_bytes
+    )
 
 
 def _scenes(rng: np.random.Generator, split: str, rows: int) -> Iterator[dict]:
@@ -61,8 +72,15 @@ def write_shard_set(folder: Path, rows_by_split: dict[str, Iterable[dict]], shar
     return folder
 
 
-def write_demo_shards(folder: Path, images: int = 240, seed: int = 0, shuffled_labels: bool = False,
-                      split_seed: int = 0, val_fraction: float = 0.2, shard_bytes: int = 4 << 20) -> Path:
+def write_demo_shards(
+    folder: Path,
+    images: int = 240,
+    seed: int = 0,
+    shuffled_labels: bool = False,
+    split_seed: int = 0,
+    val_fraction: float = 0.2,
+    shard_bytes: int = 4 << 20,
+) -> Path:
     """The good images of `make-demo-data --images N --seed S [--shuffle-labels]` as shards, split by lot
     as validated_images splits them (its defaults), without running the graph; returns `folder`.
 
@@ -72,5 +90,7 @@ def write_demo_shards(folder: Path, images: int = 240, seed: int = 0, shuffled_l
     rows: dict[str, list[dict]] = {"train": [], "val": []}
     for image in shuffle_labels(drawn, seed) if shuffled_labels else drawn:
         key = f"{image.source}/{image.name}"
-        rows[split_of_group(group_of(key), split_seed, val_fraction)].append(_row(image.scene, image.parts, image.fmt, image.source, key))
+        rows[split_of_group(group_of(key), split_seed, val_fraction)].append(
+            _row(image.scene, image.parts, image.fmt, image.source, key)
+        )
     return write_shard_set(folder, rows, shard_bytes)

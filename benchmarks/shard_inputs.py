@@ -18,9 +18,21 @@ def validated_folder(photos: list[tuple[Path, int, int]], raw: Path, out: Path) 
         key = path.relative_to(raw).as_posix()
         data = path.read_bytes()
         rows.append(
-            {"source": key.split("/")[0], "key": key, "sha256": sha256_bytes(data), "size": len(data), "format": "JPEG",
-             "mode": "RGB", "width": width, "height": height, "orientation": 1, "group": key.split("/")[0],
-             "split": "val" if n % 5 == 0 else "train", "boxes": [[10.0, 20.0, 110.0, 90.0]], "category_names": ["part"]}
+            {
+                "source": key.split("/")[0],
+                "key": key,
+                "sha256": sha256_bytes(data),
+                "size": len(data),
+                "format": "JPEG",
+                "mode": "RGB",
+                "width": width,
+                "height": height,
+                "orientation": 1,
+                "group": key.split("/")[0],
+                "split": "val" if n % 5 == 0 else "train",
+                "boxes": [[10.0, 20.0, 110.0, 90.0]],
+                "category_names": ["part"],
+            }
         )
     return write_validated(rows, out)
 

@@ -39,22 +39,42 @@ class PostgresServer:
             self.port = probe.getsockname()[1]
         self.user, self.db = "zero", "zero_dagster"
 
-    def __enter__(self) -> "PostgresServer":
+    def __enter__(self) -> PostgresServer:
         self.sockets.mkdir(parents=True)
         if os.geteuid() == 0:
             shutil.chown(self.base, "postgres")
             shutil.chown(self.sockets, "postgres")
         run = lambda cmd: subprocess.run(_as_server_user(cmd), check=True, capture_output=True, text=True)  # noqa: E731
         run([_bin("initdb"), "-D", str(self.data), "-U", self.user, "--auth=trust", "-E", "UTF8"])
-        run([_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.base / "server.log"), "-w", "-t", "60", "start",
-             "-o", f"-h 127.0.0.1 -p {self.port} -k {self.sockets}"])
+        run(
+            [
+                _bin("pg_ctl"),
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.base / "server.log"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+                "-o",
+                f"-h 127.0.0.1 -p {self.port} -k {self.sockets}",
+            ]
+        )
         run([_bin("createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, self.db])
         return self
 
     def __exit__(self, *exc) -> None:
-        subprocess.run(_as_server_user([_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"]), capture_output=True)
+        subprocess.run(
+            _as_server_user([_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"]), capture_output=True
+        )
         shutil.rmtree(self.base, ignore_errors=True)
 
     def env(self) -> dict[str, str]:
-        return {"DAGSTER_PG_HOST": "127.0.0.1", "DAGSTER_PG_PORT": str(self.port), "DAGSTER_PG_USER": self.user,
-                "DAGSTER_PG_PASSWORD": "", "DAGSTER_PG_DB": self.db}
+        return {
+            "DAGSTER_PG_HOST": "127.0.0.1",
+            "DAGSTER_PG_PORT": str(self.port),
+            "DAGSTER_PG_USER": self.user,
+            "DAGSTER_PG_PASSWORD": "",
+            "DAGSTER_PG_DB": self.db,
+        }

@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from training_code.lib.coco import ANNOTATIONS_FILE, DEFAULT_MAX_ANNOTATION_BYTES, INDEX_FIELDS, AnnotationError, parse_annotations
+from training_code.lib.coco import (
+    ANNOTATIONS_FILE,
+    DEFAULT_MAX_ANNOTATION_BYTES,
+    INDEX_FIELDS,
+    AnnotationError,
+    parse_annotations,
+)
 from training_code.lib.hashing import sha256_json
 from training_code.lib.raw_files import Refused, locate, read_limited
 from training_code.lib.raw_index import IMAGE_SUFFIXES
@@ -43,7 +49,10 @@ class AnnotationCounts:
 
 
 def build_raw_index(
-    raw_uri: str, inventory_manifest_uri: str = "", group_pattern: str = "", max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES,
+    raw_uri: str,
+    inventory_manifest_uri: str = "",
+    group_pattern: str = "",
+    max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES,
 ) -> RawIndex:
     """Index all of `raw_uri` from a listing or, when given, an S3 Inventory report."""
     pattern = re.compile(group_pattern) if group_pattern else None
@@ -74,12 +83,19 @@ def build_raw_index(
         listed = {obj.key.partition("/")[2]: obj for obj in images.get(source, [])}
         counts = counts_by_source.get(source)
         if counts is not None:
-            missing += [f"{source}/{name}" for name, count in sorted(counts.per_file.items()) if count and name not in listed]
+            missing += [
+                f"{source}/{name}" for name, count in sorted(counts.per_file.items()) if count and name not in listed
+            ]
         for name, obj in sorted(listed.items()):
             rows.append(
-                {"source": source, "key": obj.key, "size": obj.size, "etag": obj.etag,
-                 "group": group_of(obj.key, None if key_problem(obj.key) else pattern),
-                 "annotation_count": counts.per_file.get(name, 0) if counts else 0}
+                {
+                    "source": source,
+                    "key": obj.key,
+                    "size": obj.size,
+                    "etag": obj.etag,
+                    "group": group_of(obj.key, None if key_problem(obj.key) else pattern),
+                    "annotation_count": counts.per_file.get(name, 0) if counts else 0,
+                }
             )
     frame = pd.DataFrame(rows, columns=["source", "key", "size", "etag", "group", "annotation_count"])
     frame = frame.astype({"size": "int64", "annotation_count": "int64"})

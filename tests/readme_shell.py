@@ -22,7 +22,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SHELL_FENCE = re.compile(r"^```(bash|sh|shell|console)\s*$")
 MARKER = re.compile(r"^<!--\s*(readme-test|not run locally):\s*(.*?)\s*-->$")
-ASSETS = ("raw_image_index", "validated_images", "arrow_shards", "training_set", "fsx_warm_state", "trained_checkpoint", "map_report")
+ASSETS = (
+    "raw_image_index",
+    "validated_images",
+    "arrow_shards",
+    "training_set",
+    "fsx_warm_state",
+    "trained_checkpoint",
+    "map_report",
+)
 PER_SOURCE = ("raw_image_index", "validated_images", "arrow_shards")
 
 
@@ -46,8 +54,14 @@ def shell_blocks(readme: Path = REPO / "README.md") -> list[ShellBlock]:
             raise ValueError(f"README.md line {index + 1}: shell block is never closed")
         above = lines[index - 1].strip() if index > 0 else ""
         marker = MARKER.match(above)
-        blocks.append(ShellBlock(index + 1, marker.group(1) if marker else None, marker.group(2) if marker else "",
-                                 "\n".join(lines[index + 1:end]) + "\n"))
+        blocks.append(
+            ShellBlock(
+                index + 1,
+                marker.group(1) if marker else None,
+                marker.group(2) if marker else "",
+                "\n".join(lines[index + 1 : end]) + "\n",
+            )
+        )
         index = end + 1
     return blocks
 
@@ -55,15 +69,25 @@ def shell_blocks(readme: Path = REPO / "README.md") -> list[ShellBlock]:
 def block(name: str) -> ShellBlock:
     found = [b for b in shell_blocks() if b.marker == "readme-test" and b.name == name]
     if len(found) != 1:
-        raise LookupError(f"README.md has {len(found)} shell blocks marked `<!-- readme-test: {name} -->`; expected one")
+        raise LookupError(
+            f"README.md has {len(found)} shell blocks marked `<!-- readme-test: {name} -->`; expected one"
+        )
     return found[0]
 
 
 def copy_repo(destination: Path) -> Path:
     """The repo's files (tracked and untracked, minus ignored ones) with mtimes kept, so make sees the
     venv as up to date, and `.venv` as a link to this repo's."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            check=True, capture_output=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for relative in filter(None, listed):
         source = REPO / relative
         if source.is_file():
@@ -73,9 +97,13 @@ def copy_repo(destination: Path) -> Path:
     # The copy shares this venv: were its install inputs newer than the venv, `make` in the copy would
     # reinstall the package into this venv, pointing its scripts at the copy.
     installed = (REPO / ".venv" / ".installed").stat().st_mtime
-    newer = [name for name in ("pyproject.toml", "requirements.lock") if (destination / name).stat().st_mtime > installed]
+    newer = [
+        name for name in ("pyproject.toml", "requirements.lock") if (destination / name).stat().st_mtime > installed
+    ]
     if newer:
-        raise RuntimeError(f"{', '.join(newer)} changed after .venv was installed: run `make venv` before the README test")
+        raise RuntimeError(
+            f"{', '.join(newer)} changed after .venv was installed: run `make venv` before the README test"
+        )
     return destination
 
 
@@ -84,8 +112,10 @@ def user_environment(**extra: str) -> dict[str, str]:
     settings from the test run (make test exports DAGSTER_HOME)."""
     venv_bin = str(REPO / ".venv" / "bin")
     environment = {
-        key: value for key, value in os.environ.items()
-        if not key.startswith(("DAGSTER_", "ZERO_", "PYTEST_", "VIRTUAL_ENV")) and key not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("DAGSTER_", "ZERO_", "PYTEST_", "VIRTUAL_ENV"))
+        and key not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")
     }
     environment["PATH"] = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != venv_bin)
     return {**environment, **extra}
@@ -100,8 +130,14 @@ def clone_environment(cwd: Path, **extra: str) -> dict[str, str]:
 
 def run_block(shell_block: ShellBlock, cwd: Path, timeout_s: float, **extra_env: str) -> subprocess.CompletedProcess:
     """The block in a fresh login shell that stops at the first failing command."""
-    return subprocess.run(["bash", "-elc", shell_block.text], cwd=cwd, env=clone_environment(cwd, **extra_env),
-                          capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run(
+        ["bash", "-elc", shell_block.text],
+        cwd=cwd,
+        env=clone_environment(cwd, **extra_env),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def free_port() -> int:
@@ -116,15 +152,23 @@ class BackgroundBlock:
     def __init__(self, shell_block: ShellBlock, cwd: Path, log: Path, **extra_env: str):
         self.log = log
         with open(log, "wb") as out:
-            self.process = subprocess.Popen(["bash", "-elc", shell_block.text], cwd=cwd, env=clone_environment(cwd, **extra_env),
-                                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                ["bash", "-elc", shell_block.text],
+                cwd=cwd,
+                env=clone_environment(cwd, **extra_env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def wait_for_http(self, url: str, timeout_s: float) -> float:
         """Seconds until `url` answered 200; fails early when the block exits."""
         started = time.monotonic()
         while time.monotonic() - started < timeout_s:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the block exited with {self.process.returncode} before {url} answered:\n{self.tail()}")
+                raise RuntimeError(
+                    f"the block exited with {self.process.returncode} before {url} answered:\n{self.tail()}"
+                )
             try:
                 with urllib.request.urlopen(url, timeout=5) as response:
                     if response.status == 200:
@@ -151,13 +195,18 @@ ASSET_QUERY = "{ assetNodes { assetKey { path } assetMaterializations(limit: 1) 
 
 def graphql_assets(base_url: str) -> dict[str, str | None]:
     """Asset -> run id of its latest materialization (None when never materialized), from the UI's API."""
-    request = urllib.request.Request(f"{base_url}/graphql", data=json.dumps({"query": ASSET_QUERY}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{base_url}/graphql",
+        data=json.dumps({"query": ASSET_QUERY}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         answer = json.loads(response.read())
     if "errors" in answer:
         raise RuntimeError(f"GraphQL errors: {answer['errors']}")
     return {
-        "/".join(node["assetKey"]["path"]): (node["assetMaterializations"][0]["runId"] if node["assetMaterializations"] else None)
+        "/".join(node["assetKey"]["path"]): (
+            node["assetMaterializations"][0]["runId"] if node["assetMaterializations"] else None
+        )
         for node in answer["data"]["assetNodes"]
     }

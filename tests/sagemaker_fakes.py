@@ -36,7 +36,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -47,8 +47,8 @@ from botocore.validate import validate_parameters
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import split_s3
 from zero_assets.resources.local_runner import sharded_part
-from zero_assets.resources.settings import REPO_ROOT
 from zero_assets.resources.sagemaker_settings import SageMakerSettings
+from zero_assets.resources.settings import REPO_ROOT
 from zero_assets.sagemaker.code_package import CodePackage, build_code_package
 
 _MODEL = botocore.session.get_session().get_service_model("sagemaker")
@@ -56,7 +56,13 @@ _MODEL = botocore.session.get_session().get_service_model("sagemaker")
 
 def throttling_error(operation: str) -> ClientError:
     """What boto3 raises when AWS throttles `operation`."""
-    return ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}, "ResponseMetadata": {"HTTPStatusCode": 400}}, operation)
+    return ClientError(
+        {
+            "Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+            "ResponseMetadata": {"HTTPStatusCode": 400},
+        },
+        operation,
+    )
 
 
 class FakeSageMaker:
@@ -107,19 +113,47 @@ class FakeSageMaker:
         self.seen_at_create[name] = {other: job["status"] for other, job in self.jobs.items()}
         with self._lock:
             if name in self.jobs:
-                raise ClientError({"Error": {"Code": "ResourceInUse", "Message": f"Job name {name} must be unique"}}, operation)
-            self.jobs[name] = {"kind": kind, "params": params, "status": "InProgress", "secondary": "Starting", "transitions": ["Starting"],
-                               "created": datetime.now(timezone.utc), "started": None, "ended": None, "process": None, "failure": None, "exit_message": None}
+                raise ClientError(
+                    {"Error": {"Code": "ResourceInUse", "Message": f"Job name {name} must be unique"}}, operation
+                )
+            self.jobs[name] = {
+                "kind": kind,
+                "params": params,
+                "status": "InProgress",
+                "secondary": "Starting",
+                "transitions": ["Starting"],
+                "created": datetime.now(UTC),
+                "started": None,
+                "ended": None,
+                "process": None,
+                "failure": None,
+                "exit_message": None,
+            }
         threading.Thread(target=self._run, args=(name,), daemon=True).start()
-        return {"TrainingJobArn" if kind == "training" else "ProcessingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:{kind}-job/{name}"}
+        return {
+            "TrainingJobArn"
+            if kind == "training"
+            else "ProcessingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:{kind}-job/{name}"
+        }
 
     def add_stopping_job(self, kind: str, params: dict, polls: int = 3) -> None:
         """A job someone stopped that is still `Stopping`: it turns `Stopped` after `polls` describes."""
         name = params["TrainingJobName" if kind == "training" else "ProcessingJobName"]
-        now = datetime.now(timezone.utc)
-        self.jobs[name] = {"kind": kind, "params": params, "status": "Stopping", "secondary": "Stopping", "transitions": ["Starting", "Stopping"],
-                           "created": now, "started": now, "ended": None, "process": None, "failure": None, "exit_message": None,
-                           "stops_after_polls": polls}
+        now = datetime.now(UTC)
+        self.jobs[name] = {
+            "kind": kind,
+            "params": params,
+            "status": "Stopping",
+            "secondary": "Stopping",
+            "transitions": ["Starting", "Stopping"],
+            "created": now,
+            "started": now,
+            "ended": None,
+            "process": None,
+            "failure": None,
+            "exit_message": None,
+            "stops_after_polls": polls,
+        }
 
     def _describe(self, kind: str, name: str) -> dict:
         self.calls.append((f"Describe{kind}", name))
@@ -130,30 +164,55 @@ class FakeSageMaker:
         if job is not None and job.get("stops_after_polls") is not None:
             job["stops_after_polls"] -= 1
             if job["stops_after_polls"] < 0:
-                job.update(status="Stopped", secondary="Stopped", ended=datetime.now(timezone.utc), stops_after_polls=None)
+                job.update(status="Stopped", secondary="Stopped", ended=datetime.now(UTC), stops_after_polls=None)
                 job["transitions"].append("Stopped")
         if job is None or job["kind"] != kind:
-            message = "Requested resource not found." if kind == "training" else f"Could not find requested job with name {name}"
+            message = (
+                "Requested resource not found."
+                if kind == "training"
+                else f"Could not find requested job with name {name}"
+            )
             raise ClientError({"Error": {"Code": "ValidationException", "Message": message}}, f"Describe{kind}")
         params = job["params"]
         started = job["started"] or job["created"]
-        ended = started + timedelta(seconds=self.run_seconds) if self.run_seconds is not None and job["ended"] else job["ended"]
+        ended = (
+            started + timedelta(seconds=self.run_seconds)
+            if self.run_seconds is not None and job["ended"]
+            else job["ended"]
+        )
         if kind == "training":
             # Per instance, as SageMaker reports them: TrainingTimeInSeconds ran, BillableTimeInSeconds billed (less under spot).
-            ran = int(((ended or datetime.now(timezone.utc)) - started).total_seconds())
+            ran = int(((ended or datetime.now(UTC)) - started).total_seconds())
             spot = params.get("EnableManagedSpotTraining", False)
-            return {"TrainingJobName": name, "TrainingJobStatus": job["status"], "SecondaryStatus": job["secondary"],
-                    "FailureReason": job["failure"], "ResourceConfig": params["ResourceConfig"], "EnableManagedSpotTraining": spot,
-                    "TrainingTimeInSeconds": ran, "BillableTimeInSeconds": int(ran * self.spot_billed_share) if spot else ran,
-                    "SecondaryStatusTransitions": [{"Status": s} for s in job["transitions"]], "CreationTime": job["created"]}
-        return {"ProcessingJobName": name, "ProcessingJobStatus": job["status"], "FailureReason": job["failure"], "ExitMessage": job["exit_message"],
-                "ProcessingResources": params["ProcessingResources"], "ProcessingStartTime": job["started"], "ProcessingEndTime": ended}
+            return {
+                "TrainingJobName": name,
+                "TrainingJobStatus": job["status"],
+                "SecondaryStatus": job["secondary"],
+                "FailureReason": job["failure"],
+                "ResourceConfig": params["ResourceConfig"],
+                "EnableManagedSpotTraining": spot,
+                "TrainingTimeInSeconds": ran,
+                "BillableTimeInSeconds": int(ran * self.spot_billed_share) if spot else ran,
+                "SecondaryStatusTransitions": [{"Status": s} for s in job["transitions"]],
+                "CreationTime": job["created"],
+            }
+        return {
+            "ProcessingJobName": name,
+            "ProcessingJobStatus": job["status"],
+            "FailureReason": job["failure"],
+            "ExitMessage": job["exit_message"],
+            "ProcessingResources": params["ProcessingResources"],
+            "ProcessingStartTime": job["started"],
+            "ProcessingEndTime": ended,
+        }
 
     def _stop(self, kind: str, name: str):
         self.calls.append((f"Stop{kind}", name))
         job = self.jobs[name]
         if job["status"] != "InProgress":
-            raise ClientError({"Error": {"Code": "ValidationException", "Message": f"job {name} is {job['status']}"}}, "Stop")
+            raise ClientError(
+                {"Error": {"Code": "ValidationException", "Message": f"job {name} is {job['status']}"}}, "Stop"
+            )
         job["status"], job["secondary"] = "Stopping", "Stopping"
         for process in job["process"] or []:
             process.terminate()
@@ -161,7 +220,9 @@ class FakeSageMaker:
 
     @staticmethod
     def _hosts(job: dict) -> list[str]:
-        count = job["params"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] if job["kind"] == "processing" else 1
+        count = (
+            job["params"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] if job["kind"] == "processing" else 1
+        )
         return [f"algo-{i + 1}" for i in range(count)]
 
     def _run(self, name: str) -> None:
@@ -174,18 +235,23 @@ class FakeSageMaker:
             else:
                 launches = {host: self._prepare_processing(job, opts[host], host, hosts) for host in hosts}
         except (ClientError, OSError, KeyError) as error:
-            job.update(status="Failed", secondary="Failed", failure=f"ClientError: {error}", ended=datetime.now(timezone.utc))
+            job.update(status="Failed", secondary="Failed", failure=f"ClientError: {error}", ended=datetime.now(UTC))
             return
-        job["started"] = datetime.now(timezone.utc)
+        job["started"] = datetime.now(UTC)
         job["transitions"].append("Training" if job["kind"] == "training" else "Processing")
         job["secondary"] = job["transitions"][-1]
         if job["status"] == "Stopping":  # stopped while downloading
-            job.update(status="Stopped", secondary="Stopped", ended=datetime.now(timezone.utc))
+            job.update(status="Stopped", secondary="Stopped", ended=datetime.now(UTC))
             return
-        processes = {host: subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                     for host, (command, env) in launches.items()}
+        processes = {
+            host: subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for host, (command, env) in launches.items()
+        }
         job["process"] = list(processes.values())
-        shippers = [threading.Thread(target=self._ship_logs, args=(job, name, host, process), daemon=True) for host, process in processes.items()]
+        shippers = [
+            threading.Thread(target=self._ship_logs, args=(job, name, host, process), daemon=True)
+            for host, process in processes.items()
+        ]
         for shipper in shippers:
             shipper.start()
         deadline = time.monotonic() + job["params"]["StoppingCondition"]["MaxRuntimeInSeconds"]
@@ -206,19 +272,25 @@ class FakeSageMaker:
 
     def _finish(self, job: dict, opts: dict[str, Path], code: int, failed_opt: Path | None) -> None:
         if job["status"] == "Stopping":
-            job.update(status="Stopped", secondary=job["secondary"] if job["secondary"] == "MaxRuntimeExceeded" else "Stopped")
+            job.update(
+                status="Stopped", secondary=job["secondary"] if job["secondary"] == "MaxRuntimeExceeded" else "Stopped"
+            )
         elif code == 0:
             for opt in opts.values():
                 self._upload_outputs(job, opt)
             job.update(status="Completed", secondary="Completed")
         else:
             failure, message = failed_opt / "output" / "failure", failed_opt / "output" / "message"
-            reason = failure.read_text()[:1024] if failure.is_file() and job["kind"] == "training" else f"AlgorithmError: exit code {code}"
+            reason = (
+                failure.read_text()[:1024]
+                if failure.is_file() and job["kind"] == "training"
+                else f"AlgorithmError: exit code {code}"
+            )
             job.update(status="Failed", secondary="Failed", failure=reason)
             if job["kind"] == "processing" and message.is_file():
                 job["exit_message"] = message.read_text()[:1024]
         job["transitions"].append(job["secondary"])
-        job["ended"] = datetime.now(timezone.utc)
+        job["ended"] = datetime.now(UTC)
 
     # --- container contract ------------------------------------------------------------------
     def _prepare_training(self, job: dict, opt: Path):
@@ -231,17 +303,36 @@ class FakeSageMaker:
             source = channel["DataSource"].get("S3DataSource")
             if source is None:
                 raise KeyError(f"the fake runs S3 channels only, not {channel['DataSource']}")
-            channels[channel["ChannelName"]] = self._download(source["S3Uri"], opt / "input" / "data" / channel["ChannelName"])
-        checkpoints = self._download(params["CheckpointConfig"]["S3Uri"], opt / "checkpoints") if "CheckpointConfig" in params else opt / "checkpoints"
+            channels[channel["ChannelName"]] = self._download(
+                source["S3Uri"], opt / "input" / "data" / channel["ChannelName"]
+            )
+        checkpoints = (
+            self._download(params["CheckpointConfig"]["S3Uri"], opt / "checkpoints")
+            if "CheckpointConfig" in params
+            else opt / "checkpoints"
+        )
         (opt / "model").mkdir(parents=True, exist_ok=True)
         env = self._environment(params.get("Environment", {}), opt, code_dir)
-        env.update({"SM_MODEL_DIR": str(opt / "model"), "SM_CHANNELS": json.dumps(sorted(channels)), "ZERO_CHECKPOINT_DIR": str(checkpoints),
-                    "SM_TRAINING_ENV": json.dumps({"job_name": params["TrainingJobName"], "hosts": ["algo-1"]}), "SM_CURRENT_HOST": "algo-1"})
+        env.update(
+            {
+                "SM_MODEL_DIR": str(opt / "model"),
+                "SM_CHANNELS": json.dumps(sorted(channels)),
+                "ZERO_CHECKPOINT_DIR": str(checkpoints),
+                "SM_TRAINING_ENV": json.dumps({"job_name": params["TrainingJobName"], "hosts": ["algo-1"]}),
+                "SM_CURRENT_HOST": "algo-1",
+            }
+        )
         env.update({f"SM_CHANNEL_{name.upper()}": str(path) for name, path in channels.items()})
         program = str(code_dir / hp.pop("sagemaker_program"))
         distributed = hp.pop("sagemaker_torch_distributed_enabled", "false") == "true"
-        arguments = [token for key, value in hp.items() if not key.startswith("sagemaker_") for token in (f"--{key}", value)]
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"] if distributed else [sys.executable]
+        arguments = [
+            token for key, value in hp.items() if not key.startswith("sagemaker_") for token in (f"--{key}", value)
+        ]
+        launcher = (
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+            if distributed
+            else [sys.executable]
+        )
         return [*launcher, program, *arguments], env
 
     def _prepare_processing(self, job: dict, opt: Path, host: str, hosts: list[str]):
@@ -259,7 +350,9 @@ class FakeSageMaker:
             self._local(item["S3Output"]["LocalPath"], opt).mkdir(parents=True, exist_ok=True)
         app = params["AppSpecification"]
         command = [sys.executable if token == "python3" else token for token in app["ContainerEntrypoint"]]
-        command += [str(self._local(a, opt)) if a.startswith("/opt/ml") else a for a in app.get("ContainerArguments", [])]
+        command += [
+            str(self._local(a, opt)) if a.startswith("/opt/ml") else a for a in app.get("ContainerArguments", [])
+        ]
         return command, self._environment(params.get("Environment", {}), opt, None)
 
     def _environment(self, requested: dict, opt: Path, code_dir: Path | None) -> dict:
@@ -278,7 +371,11 @@ class FakeSageMaker:
             pass
         self.logs.create_log_stream(logGroupName=group, logStreamName=stream)
         for line in process.stdout:
-            self.logs.put_log_events(logGroupName=group, logStreamName=stream, logEvents=[{"timestamp": int(time.time() * 1000), "message": line.rstrip("\n") or " "}])
+            self.logs.put_log_events(
+                logGroupName=group,
+                logStreamName=stream,
+                logEvents=[{"timestamp": int(time.time() * 1000), "message": line.rstrip("\n") or " "}],
+            )
 
     def _upload_outputs(self, job: dict, opt: Path) -> None:
         params = job["params"]
@@ -287,7 +384,11 @@ class FakeSageMaker:
             with tarfile.open(fileobj=raw, mode="w:gz") as tar:
                 tar.add(opt / "model", arcname=".")
             bucket, prefix = split_s3(params["OutputDataConfig"]["S3OutputPath"])
-            self.s3.put_object(Bucket=bucket, Key=f"{prefix}/{params['TrainingJobName']}/output/model.tar.gz".lstrip("/"), Body=raw.getvalue())
+            self.s3.put_object(
+                Bucket=bucket,
+                Key=f"{prefix}/{params['TrainingJobName']}/output/model.tar.gz".lstrip("/"),
+                Body=raw.getvalue(),
+            )
             if "CheckpointConfig" in params:
                 self._upload(opt / "checkpoints", params["CheckpointConfig"]["S3Uri"])
             return
@@ -304,8 +405,11 @@ class FakeSageMaker:
         with `part` = (host index, hosts), that host's part of them."""
         bucket, _, prefix = uri[len("s3://") :].partition("/")
         dest.mkdir(parents=True, exist_ok=True)
-        keys = [obj["Key"] for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-                for obj in page.get("Contents", [])]
+        keys = [
+            obj["Key"]
+            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            for obj in page.get("Contents", [])
+        ]
         for key in sharded_part(sorted(keys), *part):  # split as the local backend splits
             target = dest / key[len(prefix) :].lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -327,7 +431,9 @@ class FakeSageMaker:
     def _upload(self, folder: Path, uri: str) -> None:
         bucket, prefix = split_s3(uri)
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            self.s3.put_object(Bucket=bucket, Key=f"{prefix}/{path.relative_to(folder).as_posix()}".lstrip("/"), Body=path.read_bytes())
+            self.s3.put_object(
+                Bucket=bucket, Key=f"{prefix}/{path.relative_to(folder).as_posix()}".lstrip("/"), Body=path.read_bytes()
+            )
 
     def _extract_tarball(self, uri: str, dest: Path) -> None:
         bucket, key = split_s3(uri)
@@ -391,15 +497,22 @@ def moto_server():
 
 def aws_env(endpoint: str) -> dict[str, str]:
     """The environment the runner and the job scripts read to reach `endpoint` as us-east-1."""
-    return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "ZERO_S3_ENDPOINT_URL": endpoint}
+    return {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "ZERO_S3_ENDPOINT_URL": endpoint,
+    }
 
 
 def fake_settings(**fields) -> SageMakerSettings:
     """SageMakerSettings in us-east-1 with a test role and images; `fields` give the bucket and the rest."""
     return SageMakerSettings(
-        region="us-east-1", role_arn="arn:aws:iam::123456789012:role/zero-jobs",
+        region="us-east-1",
+        role_arn="arn:aws:iam::123456789012:role/zero-jobs",
         training_image_uri="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5-gpu-py311",
-        processing_image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-processing:1", **fields,
+        processing_image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-processing:1",
+        **fields,
     )
 
 
@@ -417,7 +530,7 @@ class FakeAws:
     env: dict[str, str]  # what the runner and the job scripts read (already in this test's environment)
     s3: object
     logs: object
-    fake: "FakeSageMaker"
+    fake: FakeSageMaker
     package: CodePackage
     pipes_uri: str  # this test's own prefix: job names repeat across tests, messages must not
 

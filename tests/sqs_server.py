@@ -13,7 +13,11 @@ from zero_assets.local_s3 import LocalS3Server
 
 # The local S3 server's credentials: moto accepts any, and `weed` started while other credentials are
 # in the environment takes them as its own and refuses the local S3 server's client.
-ENV = {"AWS_ACCESS_KEY_ID": LocalS3Server.access_key, "AWS_SECRET_ACCESS_KEY": LocalS3Server.secret_key, "AWS_DEFAULT_REGION": LocalS3Server.region}
+ENV = {
+    "AWS_ACCESS_KEY_ID": LocalS3Server.access_key,
+    "AWS_SECRET_ACCESS_KEY": LocalS3Server.secret_key,
+    "AWS_DEFAULT_REGION": LocalS3Server.region,
+}
 
 
 @contextlib.contextmanager

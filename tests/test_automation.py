@@ -19,7 +19,7 @@ from zero_assets.partitions import RAW_SOURCES
 PER_SOURCE = ("raw_image_index", "validated_images", "arrow_shards")
 TAIL = ("training_set", "fsx_warm_state", "trained_checkpoint", "map_report")
 CHECKS = {"validated_images": "quarantine_rate_under_limit", "arrow_shards": "shard_manifest_integrity"}
-DAY = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
+DAY = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 
 
 class Ticks:
@@ -29,7 +29,9 @@ class Ticks:
         self.instance, self.cursor = instance, None
 
     def at(self, when: dt.datetime) -> dict:
-        result = evaluate_automation_conditions(defs=defs, instance=self.instance, cursor=self.cursor, evaluation_time=when)
+        result = evaluate_automation_conditions(
+            defs=defs, instance=self.instance, cursor=self.cursor, evaluation_time=when
+        )
         self.cursor = result.cursor
         requested = {a: sorted(result.get_requested_partitions(AssetKey(a))) for a in PER_SOURCE}
         return requested | {a: result.get_num_requested(AssetKey(a)) for a in TAIL}
@@ -42,11 +44,19 @@ def _materialized(instance, asset, source=None, version="v1", check_passed=True)
     materialization = AssetMaterialization(asset_key=asset, partition=source, tags={"dagster/data_version": version})
     events = [(DagsterEventType.ASSET_MATERIALIZATION, StepMaterializationData(materialization))]
     if asset in CHECKS:
-        events.append((DagsterEventType.ASSET_CHECK_EVALUATION,
-                       AssetCheckEvaluation(asset_key=AssetKey(asset), check_name=CHECKS[asset], passed=check_passed, partition=source)))
+        events.append(
+            (
+                DagsterEventType.ASSET_CHECK_EVALUATION,
+                AssetCheckEvaluation(
+                    asset_key=AssetKey(asset), check_name=CHECKS[asset], passed=check_passed, partition=source
+                ),
+            )
+        )
     for event_type, data in events:
-        instance.report_dagster_event(DagsterEvent(event_type_value=event_type.value, event_specific_data=data, job_name="zero_whole_graph"),
-                                      run_id=run_id)
+        instance.report_dagster_event(
+            DagsterEvent(event_type_value=event_type.value, event_specific_data=data, job_name="zero_whole_graph"),
+            run_id=run_id,
+        )
 
 
 @pytest.fixture
@@ -81,7 +91,9 @@ def test_training_set_waits_for_its_sources_blocking_checks(built):
     instance, ticks = built
     _materialized(instance, "validated_images", "cam_a", "v2")
     _materialized(instance, "arrow_shards", "cam_a", "v2", check_passed=False)
-    assert ticks.at(DAY.replace(hour=1, minute=1))["training_set"] == 0, "a failed blocking check holds the training set"
+    assert ticks.at(DAY.replace(hour=1, minute=1))["training_set"] == 0, (
+        "a failed blocking check holds the training set"
+    )
     _materialized(instance, "arrow_shards", "cam_a", "v3")
     assert ticks.at(DAY.replace(hour=1, minute=2))["training_set"] == 1
 

@@ -16,13 +16,18 @@ ENDPOINT = "http://127.0.0.1:9"  # nothing listens there; no call is made
 
 
 def _client_error(code: str, status: int) -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+    return ClientError(
+        {"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject"
+    )
 
 
 def test_one_client_per_process_and_endpoint_even_from_many_threads(monkeypatch):
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     found = []
-    threads = [threading.Thread(target=lambda: found.append(aws_clients.client("s3", endpoint_url=ENDPOINT))) for _ in range(16)]
+    threads = [
+        threading.Thread(target=lambda: found.append(aws_clients.client("s3", endpoint_url=ENDPOINT)))
+        for _ in range(16)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -32,25 +37,35 @@ def test_one_client_per_process_and_endpoint_even_from_many_threads(monkeypatch)
     config = found[0].meta.config
     assert config.retries == {"mode": "adaptive", "total_max_attempts": aws_clients.SERVICE_ATTEMPTS["s3"]}
     assert (config.connect_timeout, config.read_timeout) == (10.0, 60.0)
-    assert aws_clients.client("logs", region="us-east-1").meta.config.retries["total_max_attempts"] == aws_clients.SERVICE_ATTEMPTS["logs"]
+    assert (
+        aws_clients.client("logs", region="us-east-1").meta.config.retries["total_max_attempts"]
+        == aws_clients.SERVICE_ATTEMPTS["logs"]
+    )
 
     pid = os.fork()
     if pid == 0:  # a forked child must not share the parent's connections
-        os._exit(0 if aws_clients.client("s3", endpoint_url=ENDPOINT) is not found[0] and len(aws_clients._clients) == 1 else 1)
+        os._exit(
+            0
+            if aws_clients.client("s3", endpoint_url=ENDPOINT) is not found[0] and len(aws_clients._clients) == 1
+            else 1
+        )
     assert os.waitpid(pid, 0)[1] == 0
 
 
-@pytest.mark.parametrize("error, transient", [
-    (_client_error("SlowDown", 503), True),
-    (_client_error("ThrottlingException", 400), True),
-    (_client_error("InternalError", 500), True),
-    (_client_error("NoSuchKey", 404), False),
-    (_client_error("AccessDenied", 403), False),
-    (IncompleteReadError(actual_bytes=1, expected_bytes=2), True),
-    (ReadTimeoutError(endpoint_url=ENDPOINT), True),
-    (ConnectionClosedError(endpoint_url=ENDPOINT), True),
-    (ValueError("not an AWS error"), False),
-])
+@pytest.mark.parametrize(
+    "error, transient",
+    [
+        (_client_error("SlowDown", 503), True),
+        (_client_error("ThrottlingException", 400), True),
+        (_client_error("InternalError", 500), True),
+        (_client_error("NoSuchKey", 404), False),
+        (_client_error("AccessDenied", 403), False),
+        (IncompleteReadError(actual_bytes=1, expected_bytes=2), True),
+        (ReadTimeoutError(endpoint_url=ENDPOINT), True),
+        (ConnectionClosedError(endpoint_url=ENDPOINT), True),
+        (ValueError("not an AWS error"), False),
+    ],
+)
 def test_transient_errors_are_told_apart(error, transient):
     assert aws_clients.is_retryable(error) is transient
 
@@ -60,7 +75,7 @@ def test_an_upload_error_is_judged_by_what_it_wraps():
         try:
             raise _client_error("SlowDown", 503)
         except ClientError as error:
-            raise S3UploadFailedError(f"Failed to upload: {error}")
+            raise S3UploadFailedError(f"Failed to upload: {error}") from error
     except S3UploadFailedError as wrapped:
         assert aws_clients.is_retryable(wrapped)
 
@@ -74,18 +89,25 @@ def test_retry_call_rides_out_transient_errors_then_names_the_endpoint():
             raise ConnectionClosedError(endpoint_url=ENDPOINT)
         return "ok"
 
-    assert aws_clients.retry_call(flaky, what="GET s3://b/k", endpoint=ENDPOINT, window_s=10) == "ok" and len(calls) == 3
+    assert (
+        aws_clients.retry_call(flaky, what="GET s3://b/k", endpoint=ENDPOINT, window_s=10) == "ok" and len(calls) == 3
+    )
 
     def down():
         raise ConnectionClosedError(endpoint_url=ENDPOINT)
 
-    with pytest.raises(aws_clients.AwsUnavailableError, match=r"GET s3://b/k failed at http://127\.0\.0\.1:9 .*retry window 1s"):
+    with pytest.raises(
+        aws_clients.AwsUnavailableError, match=r"GET s3://b/k failed at http://127\.0\.0\.1:9 .*retry window 1s"
+    ):
         aws_clients.retry_call(down, what="GET s3://b/k", endpoint=ENDPOINT, window_s=1)
 
     refused = []
     with pytest.raises(ClientError):
-        aws_clients.retry_call(lambda: refused.append(1) or (_ for _ in ()).throw(_client_error("AccessDenied", 403)),
-                               what="GET s3://b/k", endpoint=ENDPOINT)
+        aws_clients.retry_call(
+            lambda: refused.append(1) or (_ for _ in ()).throw(_client_error("AccessDenied", 403)),
+            what="GET s3://b/k",
+            endpoint=ENDPOINT,
+        )
     assert refused == [1], "a permanent error is raised at once"
 
 

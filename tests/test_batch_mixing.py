@@ -15,7 +15,13 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from training_code.lib.detection_data import ShardDetectionStream, ShardRef, build_train_loader, collate_detection, verified_split
+from training_code.lib.detection_data import (
+    ShardDetectionStream,
+    ShardRef,
+    build_train_loader,
+    collate_detection,
+    verified_split,
+)
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.storage import write_bytes_atomic
 from training_code.lib.tables import ACCEPTED, write_table
@@ -34,15 +40,31 @@ def add_images(raw: Path, rows: list[dict], source: str, group: str, count: int)
         Image.new("RGB", (8, 8), (number % 256, number // 256, 7)).save(buffer, "PNG")
         (raw / key).parent.mkdir(parents=True, exist_ok=True)
         (raw / key).write_bytes(buffer.getvalue())
-        rows.append({"source": source, "key": key, "sha256": sha256_bytes(buffer.getvalue()), "size": len(buffer.getvalue()),
-                     "format": "PNG", "mode": "RGB", "width": 8, "height": 8, "orientation": 1, "group": f"{source}/{group}",
-                     "split": "train", "boxes": [[1.0, 1.0, 6.0, 6.0]], "category_names": ["washer"]})
+        rows.append(
+            {
+                "source": source,
+                "key": key,
+                "sha256": sha256_bytes(buffer.getvalue()),
+                "size": len(buffer.getvalue()),
+                "format": "PNG",
+                "mode": "RGB",
+                "width": 8,
+                "height": 8,
+                "orientation": 1,
+                "group": f"{source}/{group}",
+                "split": "train",
+                "boxes": [[1.0, 1.0, 6.0, 6.0]],
+                "category_names": ["washer"],
+            }
+        )
 
 
 def write_validated(validated: Path, rows: list[dict]) -> Path:
     write_table(pd.DataFrame(rows), ACCEPTED, validated / "accepted.parquet")
     (validated / "categories.json").write_text(json.dumps([{"id": 1, "name": "washer"}]))
-    write_bytes_atomic(validated / "manifest.json", json.dumps({"format": "zero-validated/1", "rows": len(rows)}).encode())
+    write_bytes_atomic(
+        validated / "manifest.json", json.dumps({"format": "zero-validated/1", "rows": len(rows)}).encode()
+    )
     return validated
 
 
@@ -82,7 +104,9 @@ def test_an_incremental_run_keeps_old_shards_and_packs_new_images_interleaved_in
     old_keys = {row["key"] for row in rows}
     add_images(raw, rows, "beta", "lot_9", 20)  # a new lot
     add_images(raw, rows, "gamma", "lot_8", 20)  # and another source's
-    second, work = build_shards(write_validated(tmp_path / "v2", rows), raw, tmp_path / "second", SHARD_BYTES, previous=tmp_path / "first")
+    second, work = build_shards(
+        write_validated(tmp_path / "v2", rows), raw, tmp_path / "second", SHARD_BYTES, previous=tmp_path / "first"
+    )
     assert work["shards_reused"] == len(first["shards"]) and work["rows_packed"] == 40
     assert all(entry in second["shards"] for entry in first["shards"]), "every earlier shard is carried over unchanged"
     new_entries = [entry for entry in second["shards"] if entry not in first["shards"]]
@@ -96,8 +120,11 @@ def test_an_incremental_run_keeps_old_shards_and_packs_new_images_interleaved_in
 
 def fake_refs(rows_by_source: dict[str, list[int]]) -> list[ShardRef]:
     """Shard references whose order can be planned without any file: `rank_order` reads no shard."""
-    return [ShardRef(Path(f"/nowhere/{source}-{index}.arrow"), rows, source=source)
-            for source, sizes in rows_by_source.items() for index, rows in enumerate(sizes)]
+    return [
+        ShardRef(Path(f"/nowhere/{source}-{index}.arrow"), rows, source=source)
+        for source, sizes in rows_by_source.items()
+        for index, rows in enumerate(sizes)
+    ]
 
 
 def epochs_of(stream: ShardDetectionStream, epochs: int) -> dict[int, list[tuple[int, int]]]:
@@ -109,12 +136,16 @@ def epochs_of(stream: ShardDetectionStream, epochs: int) -> dict[int, list[tuple
     raise AssertionError("the stream is endless")
 
 
-@pytest.mark.parametrize("sizes", [[40, 35, 50, 20] * 3, [90, 30]], ids=["more shards than ranks", "fewer shards than ranks"])
+@pytest.mark.parametrize(
+    "sizes", [[40, 35, 50, 20] * 3, [90, 30]], ids=["more shards than ranks", "fewer shards than ranks"]
+)
 def test_each_rank_reads_its_own_shards_and_together_every_row_once_an_epoch(sizes):
     refs = fake_refs({"a": sizes[::2], "b": sizes[1::2]})
     world = 4
-    by_rank = [epochs_of(ShardDetectionStream(refs, rank=rank, world_size=world, seed=3, batch_size=4, augmentation=None), 3)
-               for rank in range(world)]
+    by_rank = [
+        epochs_of(ShardDetectionStream(refs, rank=rank, world_size=world, seed=3, batch_size=4, augmentation=None), 3)
+        for rank in range(world)
+    ]
     every_row = sorted((shard, row) for shard, ref in enumerate(refs) for row in range(ref.rows))
     for epoch in range(3):
         assert sorted(pair for rank in by_rank for pair in rank[epoch]) == every_row
@@ -122,7 +153,9 @@ def test_each_rank_reads_its_own_shards_and_together_every_row_once_an_epoch(siz
             shards = [{shard for shard, _ in rank[epoch]} for rank in by_rank]
             assert all(shards[i].isdisjoint(shards[j]) for i in range(world) for j in range(i + 1, world)), shards
     if len(refs) >= world:
-        assert len({frozenset(shard for shard, _ in by_rank[0][epoch]) for epoch in range(3)}) > 1, "the deal changes by epoch"
+        assert len({frozenset(shard for shard, _ in by_rank[0][epoch]) for epoch in range(3)}) > 1, (
+            "the deal changes by epoch"
+        )
 
 
 def test_a_batch_mixes_sources_about_as_a_random_permutation_does():
@@ -130,7 +163,7 @@ def test_a_batch_mixes_sources_about_as_a_random_permutation_does():
     stream = ShardDetectionStream(refs, rank=0, world_size=1, seed=0, batch_size=16, augmentation=None)
     order = epochs_of(stream, 1)[0]
     assert sorted(order) == sorted((shard, row) for shard, ref in enumerate(refs) for row in range(ref.rows))
-    batches = [order[start:start + 16] for start in range(0, len(order), 16)]
+    batches = [order[start : start + 16] for start in range(0, len(order), 16)]
     sources_per_batch = [len({refs[shard].source for shard, _ in batch}) for batch in batches]
     # A random permutation puts 8.1 of 10 equal sources into a batch of 16 on average; one open shard, 1 to 2.
     assert sum(sources_per_batch) / len(batches) >= 7
@@ -150,8 +183,16 @@ def test_resume_after_a_stop_yields_exactly_the_rows_not_yet_seen(tmp_path):
     cpu = torch.device("cpu")
 
     def batches(resume_batches: int, count: int) -> list[list[int]]:
-        stream = ShardDetectionStream(refs, rank=0, world_size=1, seed=11, batch_size=4, augmentation=None,
-                                      open_shards=3, resume_batches=resume_batches)
+        stream = ShardDetectionStream(
+            refs,
+            rank=0,
+            world_size=1,
+            seed=11,
+            batch_size=4,
+            augmentation=None,
+            open_shards=3,
+            resume_batches=resume_batches,
+        )
         loader = build_train_loader(stream, 4, workers=2, device=cpu)
         return [colour_numbers(images) for (images, _), _ in zip(loader, range(count))]
 
@@ -159,7 +200,9 @@ def test_resume_after_a_stop_yields_exactly_the_rows_not_yet_seen(tmp_path):
     before, after = batches(0, stopped_at), batches(stopped_at, epoch // 4 - stopped_at + 3)
     assert batches(0, epoch // 4 + 3) == before + after, "the resumed job continues the very same batches"
     seen, rest = [n for batch in before for n in batch], [n for batch in after for n in batch][: epoch - stopped_at * 4]
-    assert sorted(seen + rest) == list(range(epoch)), "the first epoch ends with exactly the rows not seen before the stop"
+    assert sorted(seen + rest) == list(range(epoch)), (
+        "the first epoch ends with exactly the rows not seen before the stop"
+    )
 
 
 def test_a_worker_dealt_no_row_fails_instead_of_waiting_forever(tmp_path):

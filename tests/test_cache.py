@@ -81,7 +81,9 @@ def test_second_materialization_launches_nothing_and_reads_no_image(raw_copy, tm
     assert all("same input fingerprint" in second[a]["cache_reason"] for a in first)
     assert _job_files(state) == jobs_before, "no job was launched: no job folder was touched"
     assert reads.paths == [], f"no image bytes are read to decide: {reads.paths[:3]}"
-    print(f"noop rematerialize: first {first_wall:.1f}s, second {second_wall:.1f}s, ratio {second_wall / first_wall:.3f}")
+    print(
+        f"noop rematerialize: first {first_wall:.1f}s, second {second_wall:.1f}s, ratio {second_wall / first_wall:.3f}"
+    )
 
 
 @pytest.mark.slow
@@ -91,7 +93,8 @@ def test_changes_rerun_exactly_what_depends_on_them(raw_copy, tmp_path, instance
 
     training_only = _materialize(resources, instance, max_steps=10)
     assert {a: training_only[a]["cache"] for a in training_only} == {
-        a: "miss" if a in ("trained_checkpoint", "map_report") else "hit" for a in training_only}
+        a: "miss" if a in ("trained_checkpoint", "map_report") else "hit" for a in training_only
+    }
     assert "config max_steps: 8 -> 10" in training_only["trained_checkpoint"]["cache_reason"]
     assert "upstream trained_checkpoint changed" in training_only["map_report"]["cache_reason"]
 
@@ -118,4 +121,9 @@ def test_output_deleted_behind_dagsters_back_is_rebuilt(raw_copy, tmp_path, inst
     assert "missing or incomplete" in again[shards]["cache_reason"]
     assert Path(again[shards]["dagster/uri"], "manifest.json").is_file()
     # The rebuild writes the same bytes, so nothing downstream goes stale.
-    assert again["training_set"]["cache"] == again["fsx_warm_state"]["cache"] == again["trained_checkpoint"]["cache"] == "hit"
+    assert (
+        again["training_set"]["cache"]
+        == again["fsx_warm_state"]["cache"]
+        == again["trained_checkpoint"]["cache"]
+        == "hit"
+    )

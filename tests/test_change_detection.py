@@ -12,9 +12,9 @@ import time
 from urllib.parse import quote
 
 import pytest
-
 from sensor_ticks import s3_message, s3_record
 from sqs_server import queue_counts, sqs
+
 from zero_assets.change_detection.inventory_diff import current_manifest, detect_from_inventory
 from zero_assets.change_detection.listing_digest import detect_from_listing
 from zero_assets.change_detection.s3_events import MalformedMessage, parse_body
@@ -26,11 +26,14 @@ RAW = "s3://zero-raw/plant"
 
 # --- parsing and mapping (pure) ---
 
+
 def test_direct_and_sns_wrapped_events_parse_alike_and_test_events_report_nothing():
     record = s3_record("ObjectCreated:Put", "zero-raw", "plant/cam a/x+y%.jpg", sequencer="01")
     direct, wrapped = parse_body(s3_message(record)), parse_body(s3_message(record, sns=True))
     assert direct == wrapped and [e.key for e in direct] == ["plant/cam a/x+y%.jpg"]
-    assert json.loads(s3_message(record))["Records"][0]["s3"]["object"]["key"] == "plant/cam+a/x%2By%25.jpg", "S3's encoding"
+    assert json.loads(s3_message(record))["Records"][0]["s3"]["object"]["key"] == "plant/cam+a/x%2By%25.jpg", (
+        "S3's encoding"
+    )
     assert parse_body(json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent", "Bucket": "zero-raw"})) == []
     tagging = s3_record("ObjectTagging:Put", "zero-raw", "plant/cam/x.jpg")
     assert parse_body(s3_message(tagging)) == [], "events that change no bytes are not changes"
@@ -39,33 +42,65 @@ def test_direct_and_sns_wrapped_events_parse_alike_and_test_events_report_nothin
 
 
 def test_keys_that_are_not_utf8_survive_decoding_escaped():
-    body = json.dumps({"Records": [{"eventName": "ObjectCreated:Put", "s3": {"bucket": {"name": "b"}, "object": {"key": "cam/%FF%0A.jpg"}}}]})
+    body = json.dumps(
+        {
+            "Records": [
+                {"eventName": "ObjectCreated:Put", "s3": {"bucket": {"name": "b"}, "object": {"key": "cam/%FF%0A.jpg"}}}
+            ]
+        }
+    )
     (event,) = parse_body(body)
     assert source_of(event.key) == "cam", "a hostile key still maps to its source; validation gives it its verdict"
 
 
-@pytest.mark.parametrize("body", ["not json", "[1, 2]", "{}", '{"Records": [1]}', '{"Records": [{"eventName": "ObjectCreated:Put"}]}',
-                                  '{"Type": "Notification", "Message": "{broken"}', '{"Records": [{"s3": {}}]}'])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "not json",
+        "[1, 2]",
+        "{}",
+        '{"Records": [1]}',
+        '{"Records": [{"eventName": "ObjectCreated:Put"}]}',
+        '{"Type": "Notification", "Message": "{broken"}',
+        '{"Records": [{"s3": {}}]}',
+    ],
+)
 def test_malformed_bodies_raise_malformed_message(body):
     with pytest.raises(MalformedMessage):
         parse_body(body)
 
 
-@pytest.mark.parametrize("key, source", [
-    ("cam/lot/x.jpg", "cam"), ("cam/annotations.json", "cam"), ("cam/x.PNG", "cam"),
-    ("cam/../x.jpg", "cam"), ("cam//x.jpg", "cam"), ("cam/new\nline.jpg", "cam"), ("cam/\udcff.jpg", "cam"),
-    ("x.jpg", None), ("cam/", None), ("cam/readme.txt", None), ("cam/sub/annotations.json", None), ("cam//annotations.json", None),
-])
+@pytest.mark.parametrize(
+    "key, source",
+    [
+        ("cam/lot/x.jpg", "cam"),
+        ("cam/annotations.json", "cam"),
+        ("cam/x.PNG", "cam"),
+        ("cam/../x.jpg", "cam"),
+        ("cam//x.jpg", "cam"),
+        ("cam/new\nline.jpg", "cam"),
+        ("cam/\udcff.jpg", "cam"),
+        ("x.jpg", None),
+        ("cam/", None),
+        ("cam/readme.txt", None),
+        ("cam/sub/annotations.json", None),
+        ("cam//annotations.json", None),
+    ],
+)
 def test_keys_map_to_the_source_whose_index_reads_them(key, source):
     assert source_of(key) == source
 
 
-@pytest.mark.parametrize("source, refused", [("cam", False), ("cam a", False), ("..", True), ("", True), ("a...b", True), ("c\\x0a", True), (".", True)])
+@pytest.mark.parametrize(
+    "source, refused",
+    [("cam", False), ("cam a", False), ("..", True), ("", True), ("a...b", True), ("c\\x0a", True), (".", True)],
+)
 def test_source_names_that_cannot_be_partitions(source, refused):
     assert (partition_problem(source) is not None) == refused
 
 
 # --- S3 events on a real SQS-compatible server ---
+
 
 def _send(queue_url: str, *bodies: str) -> None:
     for body in bodies:
@@ -75,17 +110,22 @@ def _send(queue_url: str, *bodies: str) -> None:
 def test_queue_events_map_to_their_sources_and_everything_else_is_dropped(queue, instance):
     seq = iter(range(100, 200))
     record = lambda event, key, bucket="zero-raw": s3_record(event, bucket, key, sequencer=f"{next(seq):X}")  # noqa: E731
-    _send(queue,
-          s3_message(record("ObjectCreated:Put", "plant/cam_a/lot_1/img 1.jpg")),
-          s3_message(record("ObjectCreated:CompleteMultipartUpload", "plant/new_source/x.png"), sns=True),
-          s3_message(record("ObjectRemoved:Delete", "plant/cam_b/lot_1/gone.jpg")),
-          s3_message(record("ObjectCreated:Put", "plant/cam_c/annotations.json")),
-          s3_message(record("ObjectCreated:Put", "plant/cam_d/../escape.jpg")),  # hostile, but inside cam_d
-          s3_message(record("ObjectCreated:Put", "plant/../outside.jpg")),  # its top-level folder is '..'
-          s3_message(record("ObjectCreated:Put", "other/cam_a/x.jpg"), record("ObjectCreated:Put", "plant/cam_a/x.jpg", bucket="other")),
-          s3_message(record("ObjectCreated:Put", "plant/cam_a/notes.txt"), record("ObjectCreated:Put", "plant/top.jpg")),
-          json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent"}),
-          "this is not an S3 event")
+    _send(
+        queue,
+        s3_message(record("ObjectCreated:Put", "plant/cam_a/lot_1/img 1.jpg")),
+        s3_message(record("ObjectCreated:CompleteMultipartUpload", "plant/new_source/x.png"), sns=True),
+        s3_message(record("ObjectRemoved:Delete", "plant/cam_b/lot_1/gone.jpg")),
+        s3_message(record("ObjectCreated:Put", "plant/cam_c/annotations.json")),
+        s3_message(record("ObjectCreated:Put", "plant/cam_d/../escape.jpg")),  # hostile, but inside cam_d
+        s3_message(record("ObjectCreated:Put", "plant/../outside.jpg")),  # its top-level folder is '..'
+        s3_message(
+            record("ObjectCreated:Put", "other/cam_a/x.jpg"),
+            record("ObjectCreated:Put", "plant/cam_a/x.jpg", bucket="other"),
+        ),
+        s3_message(record("ObjectCreated:Put", "plant/cam_a/notes.txt"), record("ObjectCreated:Put", "plant/top.jpg")),
+        json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent"}),
+        "this is not an S3 event",
+    )
     found = detect_from_queue(queue, RAW, None, instance.run_storage, budget_s=2)
     assert sorted(found.changed) == ["cam_a", "cam_b", "cam_c", "cam_d", "new_source"]
     assert any("../outside.jpg" in p and "cannot be a source" in p for p in found.problems)
@@ -95,14 +135,22 @@ def test_queue_events_map_to_their_sources_and_everything_else_is_dropped(queue,
 
 
 def test_messages_are_deleted_only_after_the_tick_that_read_them_is_committed(queue, instance):
-    _send(queue, *(s3_message(s3_record("ObjectCreated:Put", "zero-raw", f"plant/cam/{i}.jpg", sequencer=f"{i:X}")) for i in range(25)))
+    _send(
+        queue,
+        *(
+            s3_message(s3_record("ObjectCreated:Put", "zero-raw", f"plant/cam/{i}.jpg", sequencer=f"{i:X}"))
+            for i in range(25)
+        ),
+    )
     _send(queue, "{malformed")
     first = detect_from_queue(queue, RAW, None, instance.run_storage, budget_s=2, visibility_timeout_s=3)
     assert list(first.changed) == ["cam"] and queue_counts(queue) == (0, 26)
 
     # Dagster lost that tick's result and ticks again from the old cursor: nothing may be deleted.
     lost = detect_from_queue(queue, RAW, None, instance.run_storage, budget_s=1)
-    assert lost.changed == {} and queue_counts(queue) == (0, 26), "a tick whose result was not committed deletes nothing"
+    assert lost.changed == {} and queue_counts(queue) == (0, 26), (
+        "a tick whose result was not committed deletes nothing"
+    )
 
     time.sleep(3.5)  # the visibility timeout ends: the messages of the lost tick come back
     again = detect_from_queue(queue, RAW, None, instance.run_storage, budget_s=2)
@@ -110,7 +158,9 @@ def test_messages_are_deleted_only_after_the_tick_that_read_them_is_committed(qu
 
     committed = detect_from_queue(queue, RAW, again.cursor, instance.run_storage, budget_s=1)
     assert committed.changed == {}
-    assert sum(queue_counts(queue)) == 1, "once the tick is committed its messages are deleted; the malformed one is left for the dead-letter queue"
+    assert sum(queue_counts(queue)) == 1, (
+        "once the tick is committed its messages are deleted; the malformed one is left for the dead-letter queue"
+    )
 
 
 def test_the_same_events_give_the_same_token_and_new_events_a_new_one(queue, instance):
@@ -132,6 +182,7 @@ def test_an_empty_queue_waits_no_longer_than_the_budget(queue, instance):
 
 # --- S3 Inventory reports on the local S3-compatible server ---
 
+
 @pytest.fixture
 def s3_env(s3_env):
     """conftest's s3_env, with the bucket the inventory reports are written to."""
@@ -144,10 +195,17 @@ def _report(client, folder: str, rows: list[tuple[str, int, str]], created: int)
     """An S3 Inventory report (CSV, URL-encoded keys) in the layout S3 writes; returns its manifest URI."""
     text = io.StringIO()
     csv.writer(text).writerows([("zero-raw", quote(key), size, etag) for key, size, etag in rows])
-    client.put_object(Bucket="zero-inventory", Key=f"{folder}/data/part-0.csv.gz", Body=gzip.compress(text.getvalue().encode()))
-    manifest = {"sourceBucket": "zero-raw", "destinationBucket": "arn:aws:s3:::zero-inventory", "fileFormat": "CSV",
-                "fileSchema": "Bucket, Key, Size, ETag", "creationTimestamp": str(created),
-                "files": [{"key": f"{folder}/data/part-0.csv.gz", "size": 1, "MD5checksum": "x"}]}
+    client.put_object(
+        Bucket="zero-inventory", Key=f"{folder}/data/part-0.csv.gz", Body=gzip.compress(text.getvalue().encode())
+    )
+    manifest = {
+        "sourceBucket": "zero-raw",
+        "destinationBucket": "arn:aws:s3:::zero-inventory",
+        "fileFormat": "CSV",
+        "fileSchema": "Bucket, Key, Size, ETag",
+        "creationTimestamp": str(created),
+        "files": [{"key": f"{folder}/data/part-0.csv.gz", "size": 1, "MD5checksum": "x"}],
+    }
     client.put_object(Bucket="zero-inventory", Key=f"{folder}/manifest.json", Body=json.dumps(manifest).encode())
     return f"s3://zero-inventory/{folder}/manifest.json"
 
@@ -155,7 +213,11 @@ def _report(client, folder: str, rows: list[tuple[str, int, str]], created: int)
 def test_a_new_inventory_report_is_diffed_per_source_and_an_old_one_is_not_read_again(s3_env, instance):
     client, store = s3_env.client(), instance.run_storage
     config = "inv/zero-raw/daily"
-    rows = [(f"plant/{source}/lot_0/{i}.jpg", 100 + i, f"etag{i}") for source in ("cam_a", "cam_b", "cam_c") for i in range(3)]
+    rows = [
+        (f"plant/{source}/lot_0/{i}.jpg", 100 + i, f"etag{i}")
+        for source in ("cam_a", "cam_b", "cam_c")
+        for i in range(3)
+    ]
     rows += [(f"plant/{source}/annotations.json", 50, "ann1") for source in ("cam_a", "cam_b", "cam_c")]
     rows += [("plant/../outside.jpg", 1, "x"), ("plant/cam_c/a//b.jpg", 1, "x"), ("other/cam_z/x.jpg", 1, "x")]
     _report(client, f"{config}/2026-11-30T01-00Z", rows, created=1)
@@ -163,13 +225,21 @@ def test_a_new_inventory_report_is_diffed_per_source_and_an_old_one_is_not_read_
     assert sorted(first.changed) == ["cam_a", "cam_b", "cam_c"], "the first report registers every source"
     assert any("../outside.jpg" in p for p in first.problems)
 
-    assert detect_from_inventory(f"s3://zero-inventory/{config}/", RAW, first.cursor, store).changed == {}, "same report: nothing to do"
+    assert detect_from_inventory(f"s3://zero-inventory/{config}/", RAW, first.cursor, store).changed == {}, (
+        "same report: nothing to do"
+    )
 
     second_rows = [r for r in rows if r[0] != "plant/cam_b/lot_0/1.jpg"]  # removed
-    second_rows = [(k, s, "ann2") if k == "plant/cam_c/annotations.json" else (k, s, e) for k, s, e in second_rows]  # label fix
+    second_rows = [
+        (k, s, "ann2") if k == "plant/cam_c/annotations.json" else (k, s, e) for k, s, e in second_rows
+    ]  # label fix
     second_rows += [("plant/cam_new/lot_0/0.jpg", 10, "n")]
-    client.put_object(Bucket="zero-inventory", Key=f"{config}/2026-12-01T01-00Z/data/part-0.csv.gz", Body=b"being written")  # no manifest yet
-    assert current_manifest(f"s3://zero-inventory/{config}/")[0].endswith("2026-11-30T01-00Z/manifest.json"), "a report without its manifest is not current"
+    client.put_object(
+        Bucket="zero-inventory", Key=f"{config}/2026-12-01T01-00Z/data/part-0.csv.gz", Body=b"being written"
+    )  # no manifest yet
+    assert current_manifest(f"s3://zero-inventory/{config}/")[0].endswith("2026-11-30T01-00Z/manifest.json"), (
+        "a report without its manifest is not current"
+    )
     _report(client, f"{config}/2026-12-01T01-00Z", second_rows, created=2)
     second = detect_from_inventory(f"s3://zero-inventory/{config}/", RAW, first.cursor, store)
     assert sorted(second.changed) == ["cam_b", "cam_c", "cam_new"], "only the sources whose objects changed"
@@ -182,6 +252,7 @@ def test_a_new_inventory_report_is_diffed_per_source_and_an_old_one_is_not_read_
 
 
 # --- local raw roots: a digest per source ---
+
 
 def test_local_listing_reports_only_the_source_that_changed(tiny_raw_root, tmp_path, instance):
     root, store = tmp_path / "raw", instance.run_storage
@@ -201,9 +272,11 @@ def test_local_listing_reports_only_the_source_that_changed(tiny_raw_root, tmp_p
     annotations.write_text(annotations.read_text() + " ")
     lost = detect_from_listing(str(root), added.cursor, store)  # Dagster loses this tick's result ...
     assert list(lost.changed) == ["line_b_camera"]
-    assert list(detect_from_listing(str(root), added.cursor, store).changed) == ["line_b_camera"], "... and its retry sees the change again"
+    assert list(detect_from_listing(str(root), added.cursor, store).changed) == ["line_b_camera"], (
+        "... and its retry sees the change again"
+    )
 
-    (root / "..." ).mkdir()
+    (root / "...").mkdir()
     shutil.copy(image, root / "..." / f"x{image.suffix}")
     odd = detect_from_listing(str(root), added.cursor, store)
     assert "..." not in odd.changed and any("cannot be a source" in p for p in odd.problems)
@@ -211,6 +284,7 @@ def test_local_listing_reports_only_the_source_that_changed(tiny_raw_root, tmp_p
 
 def test_the_sensor_without_a_queue_diffs_inventory_reports(s3_env, instance):
     from sensor_ticks import SensorDaemon
+
     from zero_assets.resources import ZeroSettings
 
     client = s3_env.client()
@@ -221,15 +295,21 @@ def test_the_sensor_without_a_queue_diffs_inventory_reports(s3_env, instance):
     assert sorted(r.partition_key for r in launched) == daemon.sources() == ["cam_a", "cam_b"]
     assert daemon.tick()[1] == [], "the same report again: nothing"
 
-    _report(client, "sensor/2026-11-30T01-00Z", rows + [("plant/cam_b/annotations.json", 5, "a")], created=2)  # replaced in place
+    _report(
+        client, "sensor/2026-11-30T01-00Z", rows + [("plant/cam_b/annotations.json", 5, "a")], created=2
+    )  # replaced in place
     _, launched = daemon.tick()
     assert [r.partition_key for r in launched] == ["cam_b"]
 
 
 def test_a_flood_of_bad_messages_costs_bounded_log_lines(queue, instance):
     sqs().send_message_batch(QueueUrl=queue, Entries=[{"Id": str(i), "MessageBody": f"junk {i}"} for i in range(10)])
-    sqs().send_message_batch(QueueUrl=queue, Entries=[{"Id": str(i), "MessageBody": f"junk {i}"} for i in range(10, 20)])
-    sqs().send_message_batch(QueueUrl=queue, Entries=[{"Id": str(i), "MessageBody": f"junk {i}"} for i in range(20, 25)])
+    sqs().send_message_batch(
+        QueueUrl=queue, Entries=[{"Id": str(i), "MessageBody": f"junk {i}"} for i in range(10, 20)]
+    )
+    sqs().send_message_batch(
+        QueueUrl=queue, Entries=[{"Id": str(i), "MessageBody": f"junk {i}"} for i in range(20, 25)]
+    )
     found = detect_from_queue(queue, RAW, None, instance.run_storage, budget_s=2)
     assert found.changed == {} and found.cursor["malformed"] == 25
     assert len(found.problems) == 21 and found.problems[-1] == "... and 5 more malformed messages"

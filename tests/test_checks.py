@@ -12,7 +12,14 @@ import sys
 import typing
 
 import pytest
-from dagster import AssetCheckSeverity, AssetMaterialization, AssetSelection, MetadataValue, instance_for_test, materialize
+from dagster import (
+    AssetCheckSeverity,
+    AssetMaterialization,
+    AssetSelection,
+    MetadataValue,
+    instance_for_test,
+    materialize,
+)
 
 from tests.conftest import make_resources
 from zero_assets.assets import SOURCE_SPECS, arrow_shards, map_report, raw_image_index, validated_images
@@ -50,8 +57,14 @@ def _check_alone(instance, resources, check, source=None, assets=ASSETS):
         instance.add_dynamic_partitions(RAW_SOURCES.name, [source])
     # The partition goes in as the run tag a partitioned check run carries (materialize refuses a
     # partition key for a selection holding no partitioned asset).
-    result = materialize([*assets, check], selection=AssetSelection.checks(check), tags={"dagster/partition": source} if source else None,
-                         resources={**resources, "limits": CheckLimits()}, instance=instance, raise_on_error=False)
+    result = materialize(
+        [*assets, check],
+        selection=AssetSelection.checks(check),
+        tags={"dagster/partition": source} if source else None,
+        resources={**resources, "limits": CheckLimits()},
+        instance=instance,
+        raise_on_error=False,
+    )
     evaluations = result.get_asset_check_evaluations()
     failures = [e.step_failure_data.error.message.strip() for e in result.get_step_failure_events()]
     assert len(evaluations) == 1, f"{check.check_key.name} gave no result, it crashed: {failures}"
@@ -82,7 +95,10 @@ def healthy(tiny_raw_root, tmp_path_factory):
 def test_checks_pass_on_a_healthy_run(healthy):
     instance, resources, result = healthy
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
-    assert {name: e.passed for name, e in evaluations.items()} == {"quarantine_rate_under_limit": True, "shard_manifest_integrity": True}
+    assert {name: e.passed for name, e in evaluations.items()} == {
+        "quarantine_rate_under_limit": True,
+        "shard_manifest_integrity": True,
+    }
     assert evaluations["shard_manifest_integrity"].metadata["checked"].value == "bytes, sha256, rows"
     # Each source's checks judge that source's materialization, not the latest of another source.
     other = _run(resources, instance, limit=0.5, source="line_b_camera")
@@ -117,10 +133,15 @@ def test_one_quarantine_limit_for_the_asset_and_its_check(healthy, resources, in
 
 def test_the_limit_default_comes_from_the_environment():
     """ZERO_MAX_QUARANTINE_RATE sets the asset config's default, which the launchpad shows."""
-    code = ("from zero_assets.assets.validated_images import ValidationConfig as C; "
-            "print(C.to_config_schema().as_field().config_type.fields['max_quarantine_rate'].default_value)")
-    run = lambda value: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                       env={**os.environ, "ZERO_MAX_QUARANTINE_RATE": value})
+    code = (
+        "from zero_assets.assets.validated_images import ValidationConfig as C; "
+        "print(C.to_config_schema().as_field().config_type.fields['max_quarantine_rate'].default_value)"
+    )
+
+    def run(value: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "ZERO_MAX_QUARANTINE_RATE": value}
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+
     assert run("0.37").stdout.strip() == "0.37"
     assert run("").stdout.strip() == "0.2"
     bad = run("lots")
@@ -128,8 +149,10 @@ def test_the_limit_default_comes_from_the_environment():
 
 
 def test_no_check_crashes_before_its_asset_exists(instance, resources):
-    for check, source, asset in ((quarantine_rate_under_limit, SOURCE, "validated_images"),
-                                 (shard_manifest_integrity, SOURCE, "arrow_shards")):
+    for check, source, asset in (
+        (quarantine_rate_under_limit, SOURCE, "validated_images"),
+        (shard_manifest_integrity, SOURCE, "arrow_shards"),
+    ):
         evaluation = _check_alone(instance, resources, check, source)
         assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.WARN
         assert f"{asset} has no materialization for source {SOURCE}" in evaluation.description
@@ -160,7 +183,9 @@ def test_integrity_on_s3_checks_listed_sizes(healthy, s3_env):
     client = s3_env.client()
     client.create_bucket(Bucket="zero-shards")
     folder = _metadata(result, "arrow_shards")["dagster/uri"].value
-    for root, _, names in os.walk(folder):  # the shards, the manifest, and the load_from_disk files in the split folders
+    for root, _, names in os.walk(
+        folder
+    ):  # the shards, the manifest, and the load_from_disk files in the split folders
         for name in names:
             path = os.path.join(root, name)
             client.upload_file(path, "zero-shards", f"set/{os.path.relpath(path, folder)}")
@@ -173,11 +198,15 @@ def test_integrity_on_s3_checks_listed_sizes(healthy, s3_env):
     _record(instance, "arrow_shards", "s3_case", {"dagster/uri": MetadataValue.path("s3://zero-shards/set")})
     evaluation = _check_alone(instance, resources, shard_manifest_integrity, "s3_case")
     assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.ERROR
-    assert f"s3://zero-shards/set/{first}: " in evaluation.description and "bytes in the listing" in evaluation.description
+    assert (
+        f"s3://zero-shards/set/{first}: " in evaluation.description and "bytes in the listing" in evaluation.description
+    )
 
 
 def test_integrity_is_skipped_not_passed_for_shards_it_cannot_see(instance, resources):
-    _record(instance, "arrow_shards", "fsx_case", {"dagster/uri": MetadataValue.path("fsx://fs-0123/abcd/arrow_shards/x")})
+    _record(
+        instance, "arrow_shards", "fsx_case", {"dagster/uri": MetadataValue.path("fsx://fs-0123/abcd/arrow_shards/x")}
+    )
     evaluation = _check_alone(instance, resources, shard_manifest_integrity, "fsx_case")
     assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.WARN
     assert "fsx://fs-0123/abcd/arrow_shards/x" in evaluation.metadata["skipped"].value
@@ -190,13 +219,17 @@ def test_every_config_field_is_described_and_closed_choices_are_enums():
         shape = config.to_config_schema().as_field().config_type
         for name, field in config.model_fields.items():
             assert field.description, f"{config.__name__}.{name} has no description"
-            assert shape.fields[name].description == field.description, f"the launchpad does not show {config.__name__}.{name}'s"
+            assert shape.fields[name].description == field.description, (
+                f"the launchpad does not show {config.__name__}.{name}'s"
+            )
     enums = {"arch": TrainConfig, "split": EvalConfig, "image_encoding": ShardConfig}
     for name, config in enums.items():
         field = config.to_config_schema().as_field().config_type.fields[name]
         assert field.config_type.kind.name == "ENUM", f"{config.__name__}.{name} is a free string in the launchpad"
     arch = TrainConfig.model_fields["arch"].annotation
-    assert set(typing.get_args(arch)) == set(ARCHITECTURES), "TrainConfig.arch offers what training_code.lib.model accepts"
+    assert set(typing.get_args(arch)) == set(ARCHITECTURES), (
+        "TrainConfig.arch offers what training_code.lib.model accepts"
+    )
 
 
 def test_map_report_freshness_follows_the_training_cron(instance, resources):
@@ -207,8 +240,13 @@ def test_map_report_freshness_follows_the_training_cron(instance, resources):
     (freshness,) = MAP_REPORT_FRESHNESS
 
     def evaluate():
-        result = materialize([map_report, freshness], selection=AssetSelection.checks(freshness),
-                             resources=resources, instance=instance, raise_on_error=False)
+        result = materialize(
+            [map_report, freshness],
+            selection=AssetSelection.checks(freshness),
+            resources=resources,
+            instance=instance,
+            raise_on_error=False,
+        )
         (evaluation,) = result.get_asset_check_evaluations()
         return evaluation
 

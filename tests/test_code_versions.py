@@ -12,8 +12,8 @@ import textwrap
 from pathlib import Path
 
 from dagster._serdes import serialize_value
-
 from graph_runs import materialize_source, sources_of
+
 from zero_assets.definitions import defs
 from zero_assets.fingerprints import code_version
 
@@ -71,8 +71,22 @@ STALENESS = textwrap.dedent("""
 
 def staleness(package_root: Path, instance, source: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(package_root)}
-    done = subprocess.run([sys.executable, "-c", STALENESS, str(package_root), serialize_value(instance.get_ref()), source, json.dumps(PER_SOURCE)],
-                          cwd=package_root, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            STALENESS,
+            str(package_root),
+            serialize_value(instance.get_ref()),
+            source,
+            json.dumps(PER_SOURCE),
+        ],
+        cwd=package_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -90,7 +104,9 @@ def test_editing_a_job_script_makes_its_asset_and_downstream_stale(instance, res
     deployed = tmp_path / "deployed"
     for package in ("zero_assets", "training_code"):
         shutil.copytree(REPO / package, deployed / package, ignore=shutil.ignore_patterns("__pycache__"))
-    assert {a: s["status"] for a, s in staleness(deployed, instance, source).items()} == dict.fromkeys(PER_SOURCE, "FRESH")
+    assert {a: s["status"] for a, s in staleness(deployed, instance, source).items()} == dict.fromkeys(
+        PER_SOURCE, "FRESH"
+    )
 
     script = deployed / "training_code" / "validate.py"
     script.write_text(script.read_text() + "# an edit that changes no behaviour still changes the code version\n")

@@ -23,13 +23,13 @@ import pandas as pd
 import pytest
 import simplejpeg
 from PIL import Image
+from test_validate_job import build_index
 
 from benchmarks.images import photo_jpeg
 from training_code.lib import jpeg_strict
 from training_code.lib.image_checks import DEFAULT_ALLOWED_FORMATS, check_image_file
 from training_code.validate import get_args_parser, validate
 from zero_assets.sagemaker.code_package import build_code_package
-from test_validate_job import build_index
 
 DAMAGED_PER_PHOTO = 12
 
@@ -112,7 +112,10 @@ def test_every_damaged_photo_is_quarantined_as_corrupt_data_and_every_original_a
             assert verdict.reason == "corrupt_data", (name, verdict.error)
             assert verdict.error.startswith("strict_decode(): ") and "Corrupt JPEG data" in verdict.error, verdict.error
         else:  # a hard error both decoders report: Pillow's verdict, as for every file libjpeg-turbo refuses
-            assert (verdict.reason, verdict.error) == ("decode_error", "load(): OSError: broken data stream when reading image file"), name
+            assert (verdict.reason, verdict.error) == (
+                "decode_error",
+                "load(): OSError: broken data stream when reading image file",
+            ), name
     for name, jpeg in photos().items():
         (tmp_path / name).write_bytes(jpeg)
         verdict = check_image_file(tmp_path / name, DEFAULT_ALLOWED_FORMATS, 8)
@@ -172,8 +175,18 @@ def test_the_validation_job_quarantines_them_with_their_meaning(tmp_path, damage
     (raw / "annotations.json").write_text(json.dumps(coco))
     build_index(tmp_path / "raw", tmp_path / "index")
     args = get_args_parser().parse_args(
-        ["--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "out"),
-         "--workers", "2", "--max-quarantine-rate", "1"]
+        [
+            "--index",
+            str(tmp_path / "index"),
+            "--raw",
+            str(tmp_path / "raw"),
+            "--out",
+            str(tmp_path / "out"),
+            "--workers",
+            "2",
+            "--max-quarantine-rate",
+            "1",
+        ]
     )
     manifest = validate(args)[0]
     quarantine = pd.read_parquet(tmp_path / "out" / "quarantine.parquet")

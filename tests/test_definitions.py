@@ -8,7 +8,16 @@ from dagster import AssetKey
 
 from zero_assets.definitions import defs
 
-CHAIN = ["raw_data", "raw_image_index", "validated_images", "arrow_shards", "training_set", "fsx_warm_state", "trained_checkpoint", "map_report"]
+CHAIN = [
+    "raw_data",
+    "raw_image_index",
+    "validated_images",
+    "arrow_shards",
+    "training_set",
+    "fsx_warm_state",
+    "trained_checkpoint",
+    "map_report",
+]
 PER_SOURCE = {"raw_data", "raw_image_index", "validated_images", "arrow_shards"}
 
 
@@ -32,7 +41,9 @@ def test_map_report_reads_the_warm_shards_and_the_checkpoint():
 def test_dagster_cli_validates_the_code_location():
     result = subprocess.run(
         [sys.executable, "-m", "dagster", "definitions", "validate", "-m", "zero_assets.definitions"],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -51,8 +62,13 @@ def test_unknown_backend_is_rejected_with_the_variable_name(monkeypatch):
 
 def test_jobs_sensor_schedule_and_checks_are_wired():
     assert {"zero_whole_graph", "zero_per_source", "zero_training_tail"} <= {j.name for j in defs.jobs}
-    assert {s.name for s in defs.sensors} == {"new_raw_data_sensor", "map_report_freshness_sensor",
-                                              "run_cost_on_success", "run_cost_on_failure", "run_cost_on_canceled"}
+    assert {s.name for s in defs.sensors} == {
+        "new_raw_data_sensor",
+        "map_report_freshness_sensor",
+        "run_cost_on_success",
+        "run_cost_on_failure",
+        "run_cost_on_canceled",
+    }
     assert {s.name for s in defs.schedules} == {"weekly_full_refresh"}
     checks = {k.name for k in defs.resolve_asset_graph().asset_check_keys}
     assert checks == {"quarantine_rate_under_limit", "shard_manifest_integrity", "map_not_regressed", "freshness_check"}

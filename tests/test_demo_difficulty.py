@@ -33,24 +33,58 @@ SHUFFLED_CEILING = 0.1
 def train_and_score(tmp_path: Path, shuffled_labels: bool) -> dict:
     shards = write_demo_shards(tmp_path / "shards", shuffled_labels=shuffled_labels)
     config = TrainConfig()
-    arguments = [token for name in DEMO_HYPERPARAMETERS for token in (f"--{name.replace('_', '-')}", str(getattr(config, name)))]
+    arguments = [
+        token for name in DEMO_HYPERPARAMETERS for token in (f"--{name.replace('_', '-')}", str(getattr(config, name)))
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_PIPES", "SM_", "ZERO_", "WANDB_"))}
-    env.update({"SM_CHANNEL_TRAIN": str(shards), "SM_MODEL_DIR": str(tmp_path / "model"), "ZERO_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
-                "ZERO_OPT_ML": str(tmp_path / "opt_ml"), "ZERO_JOB_NAME": "demo-difficulty", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"})
-    train = [TORCHRUN, "--standalone", "--nproc_per_node", str(config.processes), "-m", "training_code.train", *arguments,
-             "--wandb-mode", "disabled"]
+    env.update(
+        {
+            "SM_CHANNEL_TRAIN": str(shards),
+            "SM_MODEL_DIR": str(tmp_path / "model"),
+            "ZERO_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+            "ZERO_OPT_ML": str(tmp_path / "opt_ml"),
+            "ZERO_JOB_NAME": "demo-difficulty",
+            "PYTHONPATH": str(REPO),
+            "WANDB_MODE": "disabled",
+        }
+    )
+    train = [
+        TORCHRUN,
+        "--standalone",
+        "--nproc_per_node",
+        str(config.processes),
+        "-m",
+        "training_code.train",
+        *arguments,
+        "--wandb-mode",
+        "disabled",
+    ]
     trained = subprocess.run(train, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert trained.returncode == 0, trained.stderr[-3000:]
-    evaluate = [sys.executable, "-m", "training_code.evaluate", "--model", str(tmp_path / "model"), "--shards", str(shards),
-                "--out", str(tmp_path / "eval")]
+    evaluate = [
+        sys.executable,
+        "-m",
+        "training_code.evaluate",
+        "--model",
+        str(tmp_path / "model"),
+        "--shards",
+        str(shards),
+        "--out",
+        str(tmp_path / "eval"),
+    ]
     scored = subprocess.run(evaluate, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert scored.returncode == 0, scored.stderr[-3000:]
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
-    done = next(json.loads(line[line.find('{"job"'):]) for line in trained.stderr.splitlines() + trained.stdout.splitlines()
-                if '{"job"' in line and '"event": "done"' in line)
+    done = next(
+        json.loads(line[line.find('{"job"') :])
+        for line in trained.stderr.splitlines() + trained.stdout.splitlines()
+        if '{"job"' in line and '"event": "done"' in line
+    )
     # The figures, for the log of a passing run too (pytest -rA shows them).
-    print(f"{'shuffled' if shuffled_labels else 'demo'}: mAP@0.5 {metrics['mAP_50']:.3f}, mAP {metrics['mAP']:.3f}, "
-          f"training wall {done['wall_s']:.0f} s; per class AP@0.5: {per_class(metrics)}")
+    print(
+        f"{'shuffled' if shuffled_labels else 'demo'}: mAP@0.5 {metrics['mAP_50']:.3f}, mAP {metrics['mAP']:.3f}, "
+        f"training wall {done['wall_s']:.0f} s; per class AP@0.5: {per_class(metrics)}"
+    )
     return metrics
 
 
@@ -64,7 +98,8 @@ def test_the_demo_detector_scores_well_short_of_perfect(tmp_path):
     low, high = DEMO_BAND
     assert low <= metrics["mAP_50"] <= high, (
         f"demo mAP@0.5 {metrics['mAP_50']:.3f} (mAP {metrics['mAP']:.3f}; per class AP@0.5: {per_class(metrics)}) is outside "
-        f"[{low}, {high}]: too easy and a regression cannot show; too hard and the demo shows nothing learned")
+        f"[{low}, {high}]: too easy and a regression cannot show; too hard and the demo shows nothing learned"
+    )
 
 
 @pytest.mark.slow
@@ -72,22 +107,39 @@ def test_a_detector_trained_on_shuffled_labels_scores_near_zero(tmp_path):
     metrics = train_and_score(tmp_path, shuffled_labels=True)
     assert metrics["mAP_50"] < SHUFFLED_CEILING, (
         f"shuffled labels scored mAP@0.5 {metrics['mAP_50']:.3f} (per class: {per_class(metrics)}): the scenes leak their labels "
-        "(the boxes or classes can be guessed without the annotations)")
+        "(the boxes or classes can be guessed without the annotations)"
+    )
 
 
 def test_shuffled_labels_keep_every_image_and_planted_file_and_move_the_labels(tmp_path):
     """`make-demo-data --shuffle-labels` writes the same bytes, the same planted cases and as many boxes of each
     category, on other images."""
     command = [str(Path(sys.executable).with_name("zero-assets")), "make-demo-data", "--images", "24", "--seed", "5"]
-    plain = json.loads(subprocess.run([*command, "--out", str(tmp_path / "plain")], capture_output=True, text=True, check=True).stdout)
-    shuffled = json.loads(subprocess.run([*command, "--out", str(tmp_path / "shuffled"), "--shuffle-labels"],
-                                         capture_output=True, text=True, check=True).stdout)
+    plain = json.loads(
+        subprocess.run([*command, "--out", str(tmp_path / "plain")], capture_output=True, text=True, check=True).stdout
+    )
+    shuffled = json.loads(
+        subprocess.run(
+            [*command, "--out", str(tmp_path / "shuffled"), "--shuffle-labels"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert shuffled["planted"] == plain["planted"] and shuffled["images"] == plain["images"]
-    files = sorted(p.relative_to(tmp_path / "plain") for p in (tmp_path / "plain").rglob("*") if p.is_file() and p.suffix != ".json")
-    assert files and all((tmp_path / "plain" / f).read_bytes() == (tmp_path / "shuffled" / f).read_bytes() for f in files)
+    files = sorted(
+        p.relative_to(tmp_path / "plain")
+        for p in (tmp_path / "plain").rglob("*")
+        if p.is_file() and p.suffix != ".json"
+    )
+    assert files and all(
+        (tmp_path / "plain" / f).read_bytes() == (tmp_path / "shuffled" / f).read_bytes() for f in files
+    )
     moved = kept = 0
     for source in plain["sources"]:
-        before, after = (json.loads((tmp_path / root / source / "annotations.json").read_text()) for root in ("plain", "shuffled"))
+        before, after = (
+            json.loads((tmp_path / root / source / "annotations.json").read_text()) for root in ("plain", "shuffled")
+        )
         assert before["images"] == after["images"] and before["categories"] == after["categories"]
         labels = lambda coco: {(a["image_id"], a["category_id"], *a["bbox"]) for a in coco["annotations"]}  # noqa: E731
         kept += len(labels(before) & labels(after))
@@ -99,7 +151,11 @@ def test_shuffled_labels_keep_every_image_and_planted_file_and_move_the_labels(t
         found = []
         for source in plain["sources"]:
             coco = json.loads((tmp_path / root / source / "annotations.json").read_text())
-            copy = {i["id"] for i in coco["images"] if f"{source}/{i['file_name']}" == plain["planted"]["duplicate_across_sources"]}
+            copy = {
+                i["id"]
+                for i in coco["images"]
+                if f"{source}/{i['file_name']}" == plain["planted"]["duplicate_across_sources"]
+            }
             found += [a["category_id"] for a in coco["annotations"] if a["image_id"] not in copy]
         return sorted(found)
 
@@ -110,7 +166,10 @@ def test_scenes_are_deterministic_and_hold_what_makes_them_hard():
     first, second = demo_images(30, np.random.default_rng(4)), demo_images(30, np.random.default_rng(4))
     assert all(a.scene.tobytes() == b.scene.tobytes() and a.parts == b.parts for a, b in zip(first, second))
     parts = [(image, part) for image in first for part in image.parts]
-    sizes = [math.sqrt((part.box[2] - part.box[0]) * (part.box[3] - part.box[1])) / min(image.scene.size) for image, part in parts]
+    sizes = [
+        math.sqrt((part.box[2] - part.box[0]) * (part.box[3] - part.box[1])) / min(image.scene.size)
+        for image, part in parts
+    ]
     assert min(sizes) < 0.12 and max(sizes) > 0.3, "small and large parts"
     assert max(len(image.parts) for image in first) >= 5, "several parts to a scene"
     assert {part.category for _, part in parts} == set(CATEGORIES)
@@ -118,7 +177,9 @@ def test_scenes_are_deterministic_and_hold_what_makes_them_hard():
     def overlaps(a, b) -> bool:
         return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
 
-    assert any(overlaps(p.box, q.box) for image in first for i, p in enumerate(image.parts) for q in image.parts[i + 1:]), "occlusion"
+    assert any(
+        overlaps(p.box, q.box) for image in first for i, p in enumerate(image.parts) for q in image.parts[i + 1 :]
+    ), "occlusion"
     # Lighting: some scenes come out dim, some bright.
     brightness = [float(np.asarray(image.scene.convert("L")).mean()) for image in first]
     assert max(brightness) - min(brightness) > 60

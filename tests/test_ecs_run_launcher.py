@@ -65,9 +65,17 @@ def moto_server():
 @contextlib.contextmanager
 def task_metadata_endpoint(cluster_arn: str, task_arn: str, family: str):
     """ECS_CONTAINER_METADATA_URI_V4 for the daemon's container: `/` is the container, `/task` the task."""
-    task = {"Cluster": cluster_arn, "TaskARN": task_arn, "Family": family, "Revision": "1", "DesiredStatus": "RUNNING",
-            "KnownStatus": "RUNNING", "LaunchType": "FARGATE", "AvailabilityZone": f"{REGION}a",
-            "Containers": [{"Name": "daemon", "DockerName": "daemon", "KnownStatus": "RUNNING"}]}
+    task = {
+        "Cluster": cluster_arn,
+        "TaskARN": task_arn,
+        "Family": family,
+        "Revision": "1",
+        "DesiredStatus": "RUNNING",
+        "KnownStatus": "RUNNING",
+        "LaunchType": "FARGATE",
+        "AvailabilityZone": f"{REGION}a",
+        "Containers": [{"Name": "daemon", "DockerName": "daemon", "KnownStatus": "RUNNING"}],
+    }
     bodies = {"/": task["Containers"][0], "/task": task}
 
     class Handler(BaseHTTPRequestHandler):
@@ -103,19 +111,45 @@ def start_daemon_task(endpoint: str) -> dict:
     ec2.modify_vpc_attribute(VpcId=vpc, EnableDnsHostnames={"Value": True})
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.1.0/24")["Subnet"]["SubnetId"]
     group = ec2.create_security_group(GroupName="dagster-daemon", Description="daemon and runs", VpcId=vpc)["GroupId"]
-    secret_arn = secrets.create_secret(Name="zero/pg", SecretString=SECRET_VALUE, Tags=[{"Key": "dagster", "Value": "1"}])["ARN"]
+    secret_arn = secrets.create_secret(
+        Name="zero/pg", SecretString=SECRET_VALUE, Tags=[{"Key": "dagster", "Value": "1"}]
+    )["ARN"]
     cluster = ecs.create_cluster(clusterName="zero-dagster")["cluster"]["clusterArn"]
     fargate = {"networkMode": "awsvpc", "requiresCompatibilities": ["FARGATE"], "cpu": "1024", "memory": "4096"}
-    ecs.register_task_definition(family="zero-dagster-daemon", **fargate,
-                                 containerDefinitions=[{"name": "daemon", "image": "zero:1", "memory": 4096, "command": ["dagster-daemon", "run"]}])
+    ecs.register_task_definition(
+        family="zero-dagster-daemon",
+        **fargate,
+        containerDefinitions=[
+            {"name": "daemon", "image": "zero:1", "memory": 4096, "command": ["dagster-daemon", "run"]}
+        ],
+    )
     run_definition = ecs.register_task_definition(
-        family="zero-run", **fargate,
-        containerDefinitions=[{"name": "run", "image": "zero:1", "memory": 4096, "secrets": [{"name": "DAGSTER_PG_PASSWORD", "valueFrom": secret_arn}]}],
+        family="zero-run",
+        **fargate,
+        containerDefinitions=[
+            {
+                "name": "run",
+                "image": "zero:1",
+                "memory": 4096,
+                "secrets": [{"name": "DAGSTER_PG_PASSWORD", "valueFrom": secret_arn}],
+            }
+        ],
     )["taskDefinition"]["taskDefinitionArn"]
-    daemon = ecs.run_task(cluster="zero-dagster", taskDefinition="zero-dagster-daemon", launchType="FARGATE",
-                          networkConfiguration={"awsvpcConfiguration": {"subnets": [subnet], "securityGroups": [group]}})["tasks"][0]
-    return {"ecs": ecs, "cluster": cluster, "subnet": subnet, "group": group, "secret_arn": secret_arn,
-            "run_definition": run_definition, "daemon_task": daemon["taskArn"]}
+    daemon = ecs.run_task(
+        cluster="zero-dagster",
+        taskDefinition="zero-dagster-daemon",
+        launchType="FARGATE",
+        networkConfiguration={"awsvpcConfiguration": {"subnets": [subnet], "securityGroups": [group]}},
+    )["tasks"][0]
+    return {
+        "ecs": ecs,
+        "cluster": cluster,
+        "subnet": subnet,
+        "group": group,
+        "secret_arn": secret_arn,
+        "run_definition": run_definition,
+        "daemon_task": daemon["taskArn"],
+    }
 
 
 @contextlib.contextmanager
@@ -123,17 +157,28 @@ def production_instance(tmp_path):
     """A DagsterInstance on the file's run_launcher / run_monitoring / concurrency blocks, as the daemon's
     ECS task sees it; yields (instance, the AWS side, every request body the launcher sent)."""
     with moto_server() as endpoint:
-        env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION,
-               "AWS_ENDPOINT_URL": endpoint}
+        env = {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_ENDPOINT_URL": endpoint,
+        }
         with mock.patch.dict(os.environ, env):
             aws = start_daemon_task(endpoint)
-            with task_metadata_endpoint(aws["cluster"], aws["daemon_task"], "zero-dagster-daemon") as metadata_uri, \
-                 mock.patch.dict(os.environ, {"ECS_CONTAINER_METADATA_URI_V4": metadata_uri, "DAGSTER_ECS_TASK_DEFINITION": "zero-run"}), \
-                 instance_for_test(overrides=production_blocks(), temp_dir=str(tmp_path)) as instance:
+            with (
+                task_metadata_endpoint(aws["cluster"], aws["daemon_task"], "zero-dagster-daemon") as metadata_uri,
+                mock.patch.dict(
+                    os.environ,
+                    {"ECS_CONTAINER_METADATA_URI_V4": metadata_uri, "DAGSTER_ECS_TASK_DEFINITION": "zero-run"},
+                ),
+                instance_for_test(overrides=production_blocks(), temp_dir=str(tmp_path)) as instance,
+            ):
                 sent: list[tuple[str, bytes]] = []  # (operation, request body) of every call the launcher makes
                 launcher = instance.run_launcher
                 for client in (launcher.ecs, launcher.secrets_manager, launcher.ec2.meta.client):
-                    client.meta.events.register("before-send", lambda request, **_: sent.append(_operation_and_body(request)))
+                    client.meta.events.register(
+                        "before-send", lambda request, **_: sent.append(_operation_and_body(request))
+                    )
                 yield instance, aws, sent
 
 
@@ -152,8 +197,12 @@ def run_task_requests(sent) -> list[dict]:
 def create_run(instance, workspace, tags=RUN_TAGS):
     location = workspace.get_code_location(workspace.code_location_names[0])
     remote_job = next(iter(location.get_repositories().values())).get_full_job("zero_per_source")
-    return instance.create_run_for_job(defs.resolve_job_def("zero_per_source"), tags=tags,
-                                       remote_job_origin=remote_job.get_remote_origin(), job_code_origin=remote_job.get_python_origin())
+    return instance.create_run_for_job(
+        defs.resolve_job_def("zero_per_source"),
+        tags=tags,
+        remote_job_origin=remote_job.get_remote_origin(),
+        job_code_origin=remote_job.get_python_origin(),
+    )
 
 
 def kill_in_moto(task_arn: str) -> None:
@@ -163,7 +212,12 @@ def kill_in_moto(task_arn: str) -> None:
     from moto.core import DEFAULT_ACCOUNT_ID
     from moto.ecs.models import ecs_backends
 
-    (task,) = [t for tasks in ecs_backends[DEFAULT_ACCOUNT_ID][REGION].tasks.values() for arn, t in tasks.items() if arn == task_arn]
+    (task,) = [
+        t
+        for tasks in ecs_backends[DEFAULT_ACCOUNT_ID][REGION].tasks.values()
+        for arn, t in tasks.items()
+        if arn == task_arn
+    ]
     assert task.last_status == "STOPPED"
     task.containers[0].exitCode = 137
 
@@ -171,7 +225,9 @@ def kill_in_moto(task_arn: str) -> None:
 def test_run_starts_in_its_own_ecs_task_in_the_daemons_network(tmp_path):
     with production_instance(tmp_path) as (instance, aws, sent):
         assert type(instance.run_launcher).__name__ == "EcsRunLauncher"
-        origin = LoadableTargetOrigin(executable_path=sys.executable, module_name="zero_assets.definitions", working_directory=str(REPO))
+        origin = LoadableTargetOrigin(
+            executable_path=sys.executable, module_name="zero_assets.definitions", working_directory=str(REPO)
+        )
         with in_process_test_workspace(instance, origin, container_image="zero:1") as workspace:
             run = create_run(instance, workspace)
             instance.launch_run(run.run_id, workspace)
@@ -187,42 +243,60 @@ def test_run_starts_in_its_own_ecs_task_in_the_daemons_network(tmp_path):
         assert deserialize_value(override["command"][3], ExecuteRunArgs).run_id == run.run_id
         tags = {t["key"]: t["value"] for t in request["tags"]}
         assert tags["dagster/run_id"] == run.run_id and tags["dagster/job_name"] == "zero_per_source"
-        assert {k: v for k, v in tags.items() if k.startswith("zero/")} == {"zero/trigger": "new source", "zero/raw_version": "v-3f2a9c"}
+        assert {k: v for k, v in tags.items() if k.startswith("zero/")} == {
+            "zero/trigger": "new source",
+            "zero/raw_version": "v-3f2a9c",
+        }
         assert "dagster/partition" not in tags  # not on the allow list
         # The secret reaches the run only through its task definition (by ARN), never as a value.
         assert all(SECRET_VALUE.encode() not in body for _, body in sent)
         assert not {"ListSecrets", "GetSecretValue"} & {operation for operation, _ in sent}  # secrets_tag: null
 
-        (task,) = aws["ecs"].describe_tasks(cluster=aws["cluster"], tasks=[instance.get_run_by_id(run.run_id).tags["ecs/task_arn"]], include=["TAGS"])["tasks"]
+        (task,) = aws["ecs"].describe_tasks(
+            cluster=aws["cluster"], tasks=[instance.get_run_by_id(run.run_id).tags["ecs/task_arn"]], include=["TAGS"]
+        )["tasks"]
         assert task["taskDefinitionArn"] == aws["run_definition"]
         assert {t["key"]: t["value"] for t in task["tags"]}["zero/trigger"] == "new source"
         definition = aws["ecs"].describe_task_definition(taskDefinition=task["taskDefinitionArn"])["taskDefinition"]
-        assert definition["containerDefinitions"][0]["secrets"] == [{"name": "DAGSTER_PG_PASSWORD", "valueFrom": aws["secret_arn"]}]
+        assert definition["containerDefinitions"][0]["secrets"] == [
+            {"name": "DAGSTER_PG_PASSWORD", "valueFrom": aws["secret_arn"]}
+        ]
 
 
 def test_run_monitoring_sees_the_task_and_resumes_a_dead_worker(tmp_path):
     with production_instance(tmp_path) as (instance, aws, sent):
         assert instance.run_monitoring_max_resume_run_attempts > 0 and instance.run_launcher.supports_resume_run
-        origin = LoadableTargetOrigin(executable_path=sys.executable, module_name="zero_assets.definitions", working_directory=str(REPO))
+        origin = LoadableTargetOrigin(
+            executable_path=sys.executable, module_name="zero_assets.definitions", working_directory=str(REPO)
+        )
         with in_process_test_workspace(instance, origin, container_image="zero:1") as workspace:
             run = create_run(instance, workspace)
             instance.launch_run(run.run_id, workspace)
-            instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_START.value, job_name=run.job_name), run_id=run.run_id)
+            instance.report_dagster_event(
+                DagsterEvent(DagsterEventType.RUN_START.value, job_name=run.job_name), run_id=run.run_id
+            )
             run = instance.get_run_by_id(run.run_id)
             assert run.status == DagsterRunStatus.STARTED
             assert instance.run_launcher.check_run_worker_health(run).status == WorkerStatus.RUNNING
 
             first_task = run.tags["ecs/task_arn"]
-            aws["ecs"].stop_task(cluster=aws["cluster"], task=first_task, reason="Spot capacity reclaimed")  # the worker dies
+            aws["ecs"].stop_task(
+                cluster=aws["cluster"], task=first_task, reason="Spot capacity reclaimed"
+            )  # the worker dies
             kill_in_moto(first_task)
             health = instance.run_launcher.check_run_worker_health(run)
             assert health.status == WorkerStatus.FAILED and first_task in health.msg
 
             # The daemon's run monitor resumes it in a new task with `dagster api resume_run`.
-            monitor_started_run(instance, workspace, instance.get_run_record_by_id(run.run_id), logging.getLogger("test"))
+            monitor_started_run(
+                instance, workspace, instance.get_run_record_by_id(run.run_id), logging.getLogger("test")
+            )
         resumed = instance.get_run_by_id(run.run_id)
         assert resumed.status == DagsterRunStatus.STARTED and resumed.tags["ecs/task_arn"] != first_task
         first, second = run_task_requests(sent)
         command = second["overrides"]["containerOverrides"][0]["command"]
-        assert command[:3] == ["dagster", "api", "resume_run"] and deserialize_value(command[3], ResumeRunArgs).run_id == run.run_id
+        assert (
+            command[:3] == ["dagster", "api", "resume_run"]
+            and deserialize_value(command[3], ResumeRunArgs).run_id == run.run_id
+        )
         assert second["taskDefinition"] == aws["run_definition"]

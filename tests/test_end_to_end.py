@@ -3,8 +3,8 @@ each source in its own run (its partition), then the training tail."""
 
 import pandas as pd
 import pytest
-
 from graph_runs import materialize_graph
+
 from zero_assets.assets import PER_SOURCE_ASSETS, TAIL_ASSETS
 
 FAST_TRAINING = {"ops": {"trained_checkpoint": {"config": {"max_steps": 12, "checkpoint_every": 6, "batch_size": 4}}}}
@@ -16,9 +16,14 @@ def _metadata(result, asset):
 
 @pytest.mark.slow
 def test_whole_graph_materializes_and_reports_every_planted_case(instance, resources, tiny_demo, tiny_raw_root):
-    per_source, tail = materialize_graph(tiny_raw_root, instance=instance, resources=resources, run_config=FAST_TRAINING)
+    per_source, tail = materialize_graph(
+        tiny_raw_root, instance=instance, resources=resources, run_config=FAST_TRAINING
+    )
     assert all(result.success for result in per_source.values()) and tail.success
-    sources = {s: {a.key.to_user_string(): _metadata(r, a.key.to_user_string()) for a in PER_SOURCE_ASSETS} for s, r in per_source.items()}
+    sources = {
+        s: {a.key.to_user_string(): _metadata(r, a.key.to_user_string()) for a in PER_SOURCE_ASSETS}
+        for s, r in per_source.items()
+    }
     meta = {a.key.to_user_string(): _metadata(tail, a.key.to_user_string()) for a in TAIL_ASSETS}
     for asset, values in [*meta.items(), *((f"{a}[{s}]", v) for s, m in sources.items() for a, v in m.items())]:
         assert values["dagster/uri"], f"{asset} records where its output is"
@@ -44,13 +49,25 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
     assert reason(planted["png_bad_crc"]) == "checksum"
     rejected = table(planted["box_outside_image"], "rejected_labels")
     assert "outside_image" in rejected.loc[rejected["key"] == planted["box_outside_image"], "reason"].tolist()
-    assert table(planted["image_without_annotation"], "unmatched").set_index("key")["kind"][planted["image_without_annotation"]] == "image_without_annotation"
-    assert table(planted["annotation_without_image"], "unmatched").set_index("key")["kind"][planted["annotation_without_image"]] == "annotation_without_image"
+    assert (
+        table(planted["image_without_annotation"], "unmatched").set_index("key")["kind"][
+            planted["image_without_annotation"]
+        ]
+        == "image_without_annotation"
+    )
+    assert (
+        table(planted["annotation_without_image"], "unmatched").set_index("key")["kind"][
+            planted["annotation_without_image"]
+        ]
+        == "annotation_without_image"
+    )
 
     # The copy in another source is validated there, then left out of the training set by the stated rule.
     duplicate = planted["duplicate_across_sources"]
     excluded = pd.read_parquet(f"{meta['training_set']['dagster/uri']}/excluded.parquet")
-    assert excluded["key"].tolist() == [duplicate] and excluded["reason"].iloc[0].startswith("duplicate of an image kept in source")
+    assert excluded["key"].tolist() == [duplicate] and excluded["reason"].iloc[0].startswith(
+        "duplicate of an image kept in source"
+    )
     assert meta["training_set"]["duplicates_across_sources"] == 1
     accepted = sum(m["validated_images"]["accepted"] for m in sources.values())
     assert meta["training_set"]["dagster/row_count"] == accepted - 1
@@ -59,7 +76,6 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
     assert meta["trained_checkpoint"]["steps"] == 12
     assert meta["trained_checkpoint"]["job_name"].startswith("zero-trained-checkpoint-")
     assert 0.0 <= meta["map_report"]["mAP_50"] <= 1.0
-
 
     _check_lineage(instance, meta, sources, planted)
 
@@ -70,11 +86,19 @@ def _check_lineage(instance, meta, sources, planted):
     checkpoint_uri = meta["trained_checkpoint"]["dagster/uri"]
     found = checkpoint_lineage(instance, find_checkpoint(instance, checkpoint_uri))
     assert found.training_set.uri == meta["training_set"]["dagster/uri"]
-    assert {s: m.uri for s, m in found.shard_sets.items()} == {s: m["arrow_shards"]["dagster/uri"] for s, m in sources.items()}
-    assert {s: m.uri for s, m in found.validated_sets.items()} == {s: m["validated_images"]["dagster/uri"] for s, m in sources.items()}
+    assert {s: m.uri for s, m in found.shard_sets.items()} == {
+        s: m["arrow_shards"]["dagster/uri"] for s, m in sources.items()
+    }
+    assert {s: m.uri for s, m in found.validated_sets.items()} == {
+        s: m["validated_images"]["dagster/uri"] for s, m in sources.items()
+    }
     duplicate = planted["duplicate_across_sources"]
-    validated = pd.read_parquet(f"{sources[duplicate.partition('/')[0]]['validated_images']['dagster/uri']}/accepted.parquet")
-    in_train = int((validated.set_index("key")["split"][duplicate]) == "train")  # the excluded copy, when its group trains
+    validated = pd.read_parquet(
+        f"{sources[duplicate.partition('/')[0]]['validated_images']['dagster/uri']}/accepted.parquet"
+    )
+    in_train = int(
+        (validated.set_index("key")["split"][duplicate]) == "train"
+    )  # the excluded copy, when its group trains
     assert len(found.train_images) == sum(m["arrow_shards"]["train_rows"] for m in sources.values()) - in_train
     assert duplicate not in set(found.train_images["key"])
     assert [r.uri for r in found.reports] == [meta["map_report"]["dagster/uri"]]
@@ -82,6 +106,8 @@ def _check_lineage(instance, meta, sources, planted):
     trained_key = found.train_images["key"].iloc[0]
     assert image_fate(instance, trained_key)["checkpoints"] == [checkpoint_uri]
     truncated = image_fate(instance, planted["truncated_jpeg"])
-    assert truncated["status"] == "quarantined" and truncated["reason"] == "truncated" and truncated["checkpoints"] == []
+    assert (
+        truncated["status"] == "quarantined" and truncated["reason"] == "truncated" and truncated["checkpoints"] == []
+    )
     assert image_fate(instance, planted["duplicate_across_sources"])["status"] == "excluded from the training set"
     assert image_fate(instance, "line_a_camera/lot_999/never_seen.jpg")["status"] == "not yet processed"

@@ -23,7 +23,12 @@ from training_code.lib.shard_format import FORMAT, MANIFEST
 from training_code.lib.shard_writer import ShardWriter
 
 REPO = Path(__file__).resolve().parents[1]
-CATEGORIES = [{"id": 1, "name": "nut"}, {"id": 2, "name": "bolt"}, {"id": 3, "name": "gear"}, {"id": 4, "name": "never_seen"}]
+CATEGORIES = [
+    {"id": 1, "name": "nut"},
+    {"id": 2, "name": "bolt"},
+    {"id": 3, "name": "gear"},
+    {"id": 4, "name": "never_seen"},
+]
 
 
 def synthetic_set(seed: int = 11) -> tuple[dict, list[dict]]:
@@ -37,18 +42,38 @@ def synthetic_set(seed: int = 11) -> tuple[dict, list[dict]]:
             w, h = (float(v) for v in rng.choice([12, 24, 60, 90, 150], size=2))
             x, y = float(rng.uniform(0, 400 - w)), float(rng.uniform(0, 300 - h))
             category = int(rng.integers(1, 4))
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": category,
-                                "bbox": [x, y, w, h], "area": w * h, "iscrowd": 0})
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image_id,
+                    "category_id": category,
+                    "bbox": [x, y, w, h],
+                    "area": w * h,
+                    "iscrowd": 0,
+                }
+            )
             if rng.random() < 0.85:  # detected, with localisation error
                 jitter = rng.normal(0, 0.08, size=4) * [w, h, w, h]
                 label = category if rng.random() < 0.9 else int(rng.integers(1, 4))
-                predictions.append({"image_id": image_id, "category_id": label, "score": float(rng.uniform(0.3, 1.0)),
-                                    "bbox": [x + jitter[0], y + jitter[1], max(1.0, w + jitter[2]), max(1.0, h + jitter[3])]})
+                predictions.append(
+                    {
+                        "image_id": image_id,
+                        "category_id": label,
+                        "score": float(rng.uniform(0.3, 1.0)),
+                        "bbox": [x + jitter[0], y + jitter[1], max(1.0, w + jitter[2]), max(1.0, h + jitter[3])],
+                    }
+                )
             if rng.random() < 0.2:  # duplicate detection
                 predictions.append(dict(predictions[-1], score=float(rng.uniform(0.05, 0.5))))
         for _ in range(int(rng.integers(0, 3))):  # false positives
-            predictions.append({"image_id": image_id, "category_id": int(rng.integers(1, 4)), "score": float(rng.uniform(0.0, 0.6)),
-                                "bbox": [float(rng.uniform(0, 300)), float(rng.uniform(0, 200)), 40.0, 30.0]})
+            predictions.append(
+                {
+                    "image_id": image_id,
+                    "category_id": int(rng.integers(1, 4)),
+                    "score": float(rng.uniform(0.0, 0.6)),
+                    "bbox": [float(rng.uniform(0, 300)), float(rng.uniform(0, 200)), 40.0, 30.0],
+                }
+            )
     return {"images": images, "annotations": annotations, "categories": CATEGORIES}, predictions
 
 
@@ -142,9 +167,20 @@ def write_val_shards(folder: Path, count: int = 5) -> Path:
             buffer = io.BytesIO()
             image.save(buffer, "PNG")
             data = buffer.getvalue()
-            writer.write({"image": data, "image_format": "PNG", "width": 120, "height": 90, "boxes": [[x, y, x + 30, y + 30]],
-                          "category_ids": [1], "category_names": ["nut"], "source": "test", "key": f"val/{index}.png",
-                          "sha256": hashlib.sha256(data).hexdigest()})
+            writer.write(
+                {
+                    "image": data,
+                    "image_format": "PNG",
+                    "width": 120,
+                    "height": 90,
+                    "boxes": [[x, y, x + 30, y + 30]],
+                    "category_ids": [1],
+                    "category_names": ["nut"],
+                    "source": "test",
+                    "key": f"val/{index}.png",
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                }
+            )
     (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "categories": CATEGORIES, "shards": writer.entries}))
     return folder
 
@@ -152,12 +188,27 @@ def write_val_shards(folder: Path, count: int = 5) -> Path:
 def test_graph_mode_scores_a_model_on_val_shards(tmp_path):
     shards = write_val_shards(tmp_path / "shards")
     # Untrained, with no score threshold, so it emits detections to score.
-    config = model_config("fcos_tiny", CATEGORIES, width=16, min_size=64, max_size=96, score_thresh=0.0, detections_per_img=20)
+    config = model_config(
+        "fcos_tiny", CATEGORIES, width=16, min_size=64, max_size=96, score_thresh=0.0, detections_per_img=20
+    )
     save_model_file(tmp_path / "model", build_model(config), config, step=0, args={})
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_PIPES", "ZERO_"))}
-    command = [sys.executable, "-m", "training_code.evaluate", "--model", str(tmp_path / "model"),
-               "--shards", str(shards), "--out", str(tmp_path / "out"), "--batch-size", "2"]
-    result = subprocess.run(command, cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    command = [
+        sys.executable,
+        "-m",
+        "training_code.evaluate",
+        "--model",
+        str(tmp_path / "model"),
+        "--shards",
+        str(shards),
+        "--out",
+        str(tmp_path / "out"),
+        "--batch-size",
+        "2",
+    ]
+    result = subprocess.run(
+        command, cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     predictions = json.loads((tmp_path / "out" / "predictions.json").read_text())
@@ -169,12 +220,16 @@ def test_graph_mode_scores_a_model_on_val_shards(tmp_path):
     assert truth["annotations"][0]["bbox"][2:] == pytest.approx([30.0, 30.0])
     report = next(json.loads(line) for line in result.stdout.splitlines() if '"materialization"' in line)
     assert report["data_version"] == hashlib.sha256((tmp_path / "out" / "metrics.json").read_bytes()).hexdigest()
-    assert {"mAP", "mAP_50", "mAP_75", "per_class_ap", "val_images", "predictions", "eval_wall_s"} <= set(report["metadata"])
+    assert {"mAP", "mAP_50", "mAP_75", "per_class_ap", "val_images", "predictions", "eval_wall_s"} <= set(
+        report["metadata"]
+    )
     assert [c["name"] for c in report["metadata"]["per_class_ap"]["schema"]] == ["category", "AP", "AP@0.5"]
     assert report["metadata"]["dagster/row_count"] == 5
     for entry in ("pr_curve", *(f"sample_prediction_{n}" for n in range(1, 5))):  # one thumbnail per sample, 4 at most
         markdown = report["metadata"][entry]
-        assert markdown.startswith("![") and "](data:image/" in markdown and len(markdown) < 1000, "drawn inline by the UI"
+        assert markdown.startswith("![") and "](data:image/" in markdown and len(markdown) < 1000, (
+            "drawn inline by the UI"
+        )
     assert "sample_prediction_5" not in report["metadata"]
     for picture in ("pr_curve", "sample_predictions"):  # full size beside the metrics
         with Image.open(tmp_path / "out" / f"{picture}.png") as image:

@@ -11,7 +11,9 @@ import botocore.session
 import pandas as pd
 import pytest
 from botocore.validate import validate_parameters
+from conftest import make_resources
 from dagster import asset, instance_for_test, materialize
+from graph_runs import materialize_source
 
 from zero_assets.assets.raw_image_index import raw_image_index
 from zero_assets.assets.validated_images import VALIDATION_SPREAD, validated_images
@@ -22,18 +24,21 @@ from zero_assets.resources.sagemaker_settings import sagemaker_settings_from_env
 from zero_assets.sagemaker.code_package import build_code_package
 from zero_assets.sagemaker.requests import build_job_params
 
-from conftest import make_resources
-from graph_runs import materialize_source
-
 SOURCE = "line_a_camera"
 
 FINGERPRINT = "0123456789abcdef" * 4
 
 
 def validation_request(**changes) -> JobRequest:
-    fields = dict(asset="validated_images", kind="processing", module="training_code.validate", fingerprint=FINGERPRINT,
-                  inputs={"index": "s3://lake/zero/raw_image_index/a", "raw": "s3://raw/root"},
-                  outputs={"out": "s3://lake/zero/validated_images/0123456789abcdef"}, arguments={"min_side": "8"})
+    fields = dict(
+        asset="validated_images",
+        kind="processing",
+        module="training_code.validate",
+        fingerprint=FINGERPRINT,
+        inputs={"index": "s3://lake/zero/raw_image_index/a", "raw": "s3://raw/root"},
+        outputs={"out": "s3://lake/zero/validated_images/0123456789abcdef"},
+        arguments={"min_side": "8"},
+    )
     return JobRequest(**{**fields, **changes})
 
 
@@ -59,15 +64,23 @@ def test_sharded_parts_are_disjoint_and_together_complete():
 
 
 def test_sagemaker_requests_put_the_map_on_every_instance_and_the_reduce_on_one():
-    aws = sagemaker_settings_from_env({"ZERO_SM_REGION": "us-east-1", "ZERO_SM_ROLE_ARN": "arn:aws:iam::123456789012:role/zero",
-                                       "ZERO_SM_BUCKET": "lake", "ZERO_SM_PROCESSING_IMAGE_URI": "1.dkr.ecr.us-east-1.amazonaws.com/p:1",
-                                       "ZERO_SM_TRAINING_IMAGE_URI": "1.dkr.ecr.us-east-1.amazonaws.com/t:1",
-                                       "ZERO_SM_VALIDATED_IMAGES_INSTANCE_COUNT": "4"})
+    aws = sagemaker_settings_from_env(
+        {
+            "ZERO_SM_REGION": "us-east-1",
+            "ZERO_SM_ROLE_ARN": "arn:aws:iam::123456789012:role/zero",
+            "ZERO_SM_BUCKET": "lake",
+            "ZERO_SM_PROCESSING_IMAGE_URI": "1.dkr.ecr.us-east-1.amazonaws.com/p:1",
+            "ZERO_SM_TRAINING_IMAGE_URI": "1.dkr.ecr.us-east-1.amazonaws.com/t:1",
+            "ZERO_SM_VALIDATED_IMAGES_INSTANCE_COUNT": "4",
+        }
+    )
     service = botocore.session.get_session().get_service_model("sagemaker")
     mapped, reduced = fan_out(validation_request(), VALIDATION_SPREAD, aws.compute("validated_images").instance_count)
     params = {}
     for request in (mapped, reduced):
-        _, params[request.stage] = build_job_params(request, aws, job_name=request.job_name, code=build_code_package(), environment={})
+        _, params[request.stage] = build_job_params(
+            request, aws, job_name=request.job_name, code=build_code_package(), environment={}
+        )
         validate_parameters(params[request.stage], service.operation_model("CreateProcessingJob").input_shape)
     distribution = {i["InputName"]: i["S3Input"]["S3DataDistributionType"] for i in params["map"]["ProcessingInputs"]}
     assert distribution == {"code": "FullyReplicated", "index": "FullyReplicated", "raw": "ShardedByS3Key"}
@@ -84,8 +97,12 @@ def _validate_locally(raw: Path, state: Path, hosts: int) -> tuple[dict, Path]:
     resources = make_resources(raw, state)
     resources["jobs"] = LocalJobRunner(settings=resources["settings"], instances={"validated_images": hosts})
     (state / "dagster").mkdir()
-    with instance_for_test(temp_dir=str(state / "dagster")) as instance:  # its own history: no cache hit from the other run
-        result = materialize_source(SOURCE, instance=instance, resources=resources, assets=[raw_image_index, validated_images])
+    with instance_for_test(
+        temp_dir=str(state / "dagster")
+    ) as instance:  # its own history: no cache hit from the other run
+        result = materialize_source(
+            SOURCE, instance=instance, resources=resources, assets=[raw_image_index, validated_images]
+        )
     assert result.success
     event = result.asset_materializations_for_node("validated_images")[0]
     metadata = {key: value.value for key, value in event.metadata.items()}
@@ -98,7 +115,9 @@ def test_two_hosts_reach_the_same_manifest_as_one(tiny_raw_root, tmp_path):
     assert (two_out / "manifest.json").read_bytes() == (one_out / "manifest.json").read_bytes()
     assert two["data_version"] == one["data_version"]
     assert two["instance_count"] == 1 and two["map_instance_count"] == 2
-    assert two["job_name"].startswith("zero-validated-images-reduce-") and two["map_job_name"].startswith("zero-validated-images-map-")
+    assert two["job_name"].startswith("zero-validated-images-reduce-") and two["map_job_name"].startswith(
+        "zero-validated-images-map-"
+    )
     # Each host decoded its own part: the parts are disjoint and cover every image of the index.
     parts = {path.name: pd.read_parquet(path) for path in sorted(Path(f"{two_out}-map").glob("verdicts-*.parquet"))}
     assert set(parts) == {"verdicts-algo-1.parquet", "verdicts-algo-2.parquet"}
@@ -141,8 +160,15 @@ def _run_on_hosts(tmp_path, monkeypatch, hosts: int, **arguments: str):
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "code"))
     settings = ZeroSettings(raw_uri=str(tmp_path), lake_uri=str(tmp_path / "lake"), fsx_mount=str(tmp_path / "fsx"))
     runner = LocalJobRunner(settings=settings)
-    request = JobRequest(asset="probe", kind="processing", module="zero_host_jobs.host_job", fingerprint=FINGERPRINT,
-                         outputs={"out": str(tmp_path / "lake" / "probe")}, arguments=arguments, instance_count=hosts)
+    request = JobRequest(
+        asset="probe",
+        kind="processing",
+        module="zero_host_jobs.host_job",
+        fingerprint=FINGERPRINT,
+        outputs={"out": str(tmp_path / "lake" / "probe")},
+        arguments=arguments,
+        instance_count=hosts,
+    )
 
     @asset
     def probe(context):  # no annotation: this module uses postponed annotations, which Dagster cannot read
@@ -152,7 +178,12 @@ def _run_on_hosts(tmp_path, monkeypatch, hosts: int, **arguments: str):
     started = time.monotonic()
     result = materialize([probe], raise_on_error=False)
     failures = result.get_step_failure_events()
-    return result, (failures[0].step_failure_data.error.message if failures else ""), time.monotonic() - started, runner.run_folder(request, result.run_id)
+    return (
+        result,
+        (failures[0].step_failure_data.error.message if failures else ""),
+        time.monotonic() - started,
+        runner.run_folder(request, result.run_id),
+    )
 
 
 def test_a_failing_host_other_than_the_first_fails_the_job_naming_it(tmp_path, monkeypatch):
@@ -162,7 +193,9 @@ def test_a_failing_host_other_than_the_first_fails_the_job_naming_it(tmp_path, m
 
 
 def test_when_the_first_host_fails_no_other_host_outlives_the_job(tmp_path, monkeypatch):
-    result, message, elapsed, run_dir = _run_on_hosts(tmp_path, monkeypatch, 2, failing_host="algo-1", sleeping_host="algo-2")
+    result, message, elapsed, run_dir = _run_on_hosts(
+        tmp_path, monkeypatch, 2, failing_host="algo-1", sleeping_host="algo-2"
+    )
     assert not result.success and "planted failure on algo-1" in message
     assert elapsed < 60, "the sleeping host was killed, not waited for"
     sleeper = int((run_dir / "hosts" / "algo-2" / "opt" / "ml" / "output" / "pid").read_text())

@@ -16,7 +16,15 @@ from PIL import Image
 from training_code.lib import shard_hf
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.output_manifest import named_files
-from training_code.lib.shard_format import FORMAT, decode_upright, image_bytes, open_shard, read_manifest, shard_schema, verify_shard
+from training_code.lib.shard_format import (
+    FORMAT,
+    decode_upright,
+    image_bytes,
+    open_shard,
+    read_manifest,
+    shard_schema,
+    verify_shard,
+)
 from training_code.lib.shard_writer import ShardWriter
 from training_code.lib.storage import write_bytes_atomic
 from training_code.lib.tables import ACCEPTED, write_table
@@ -55,9 +63,21 @@ def _validated_set(tmp_path: Path, images: int = 9, categories=CATEGORIES) -> tu
         (raw / key).write_bytes(data)
         boxes = [[1.0, 2.0, 10.0, 12.0], [3.0, 4.0, 20.0, 25.0]][: 1 + n % 2]
         rows.append(
-            {"source": "src", "key": key, "sha256": sha256_bytes(data), "size": len(data), "format": image_format, "mode": mode,
-             "width": width, "height": height, "orientation": orientation, "group": f"src/lot_{n % 3}",
-             "split": "val" if n % 3 == 1 else "train", "boxes": boxes, "category_names": [names[(n + i) % len(names)] for i in range(len(boxes))]}
+            {
+                "source": "src",
+                "key": key,
+                "sha256": sha256_bytes(data),
+                "size": len(data),
+                "format": image_format,
+                "mode": mode,
+                "width": width,
+                "height": height,
+                "orientation": orientation,
+                "group": f"src/lot_{n % 3}",
+                "split": "val" if n % 3 == 1 else "train",
+                "boxes": boxes,
+                "category_names": [names[(n + i) % len(names)] for i in range(len(boxes))],
+            }
         )
     write_table(pd.DataFrame(rows), ACCEPTED, validated / "accepted.parquet")
     (validated / "categories.json").write_text(json.dumps(categories))
@@ -72,9 +92,23 @@ def shard_set(tmp_path_factory) -> Path:
     raw, validated = _validated_set(tmp_path)
     out = tmp_path / "shards"
     result = subprocess.run(
-        [sys.executable, "-m", "training_code.shard", "--validated", str(validated), "--raw", str(raw), "--out", str(out),
-         "--target-shard-bytes", "2000"],  # small: several shards per split
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "training_code.shard",
+            "--validated",
+            str(validated),
+            "--raw",
+            str(raw),
+            "--out",
+            str(out),
+            "--target-shard-bytes",
+            "2000",
+        ],  # small: several shards per split
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     return out
@@ -109,45 +143,83 @@ def test_the_folder_loads_as_a_dataset_dict_by_split(shard_set):
     assert isinstance(loaded, datasets.DatasetDict)
     assert {split: len(data) for split, data in loaded.items()} == manifest["rows"] == {"train": 6, "val": 3}
     for split, data in loaded.items():
-        keys = [k for e in manifest["shards"] if e["split"] == split for k in open_shard(shard_set / e["file"]).column("key").to_pylist()]
+        keys = [
+            k
+            for e in manifest["shards"]
+            if e["split"] == split
+            for k in open_shard(shard_set / e["file"]).column("key").to_pylist()
+        ]
         assert data["key"] == keys, f"{split}: the split's shards, in manifest order"
-        assert isinstance(data.features["category_ids"].feature, datasets.ClassLabel) and isinstance(data[0]["image"], Image.Image)
+        assert isinstance(data.features["category_ids"].feature, datasets.ClassLabel) and isinstance(
+            data[0]["image"], Image.Image
+        )
     # The manifest vouches for the loading files, so an output missing one is never marked complete.
-    assert {"dataset_dict.json", "train/state.json", "train/dataset_info.json", "val/state.json", "val/dataset_info.json"} <= set(
-        named_files(manifest, "manifest.json"))
+    assert {
+        "dataset_dict.json",
+        "train/state.json",
+        "train/dataset_info.json",
+        "val/state.json",
+        "val/dataset_info.json",
+    } <= set(named_files(manifest, "manifest.json"))
 
 
 def test_the_spelled_out_features_are_what_datasets_writes():
     names = shard_hf.class_names(CATEGORIES)
-    expected = datasets.Features({
-        "image": datasets.Image(mode="RGB"), "image_format": datasets.Value("string"),
-        "width": datasets.Value("int32"), "height": datasets.Value("int32"),
-        "boxes": datasets.List(datasets.List(datasets.Value("float32"), length=4)),
-        "category_ids": datasets.List(datasets.ClassLabel(names=names)), "category_names": datasets.List(datasets.Value("string")),
-        "source": datasets.Value("string"), "key": datasets.Value("string"), "sha256": datasets.Value("string"),
-    })
+    expected = datasets.Features(
+        {
+            "image": datasets.Image(mode="RGB"),
+            "image_format": datasets.Value("string"),
+            "width": datasets.Value("int32"),
+            "height": datasets.Value("int32"),
+            "boxes": datasets.List(datasets.List(datasets.Value("float32"), length=4)),
+            "category_ids": datasets.List(datasets.ClassLabel(names=names)),
+            "category_names": datasets.List(datasets.Value("string")),
+            "source": datasets.Value("string"),
+            "key": datasets.Value("string"),
+            "sha256": datasets.Value("string"),
+        }
+    )
     assert shard_hf.features(names) == expected.to_dict()
     schema = shard_schema(CATEGORIES)
-    assert datasets.Features.from_arrow_schema(schema) == expected, "every column's storage is the one its feature reads"
+    assert datasets.Features.from_arrow_schema(schema) == expected, (
+        "every column's storage is the one its feature reads"
+    )
     assert schema.remove_metadata().equals(expected.arrow_schema.remove_metadata())
 
 
-@pytest.mark.parametrize("categories", [[{"id": 1, "name": "bolt"}, {"id": 3, "name": "washer"}],
-                                        [{"id": 1, "name": "bolt"}, {"id": 2, "name": "bolt"}],
-                                        [{"id": 1, "name": "__background__"}]])
+@pytest.mark.parametrize(
+    "categories",
+    [
+        [{"id": 1, "name": "bolt"}, {"id": 3, "name": "washer"}],
+        [{"id": 1, "name": "bolt"}, {"id": 2, "name": "bolt"}],
+        [{"id": 1, "name": "__background__"}],
+    ],
+)
 def test_categories_that_cannot_name_a_classlabel_are_refused(categories):
     with pytest.raises(ValueError, match="category"):
         shard_hf.class_names(categories)
 
 
 def test_a_row_missing_a_column_is_refused_naming_it(tmp_path):
-    row = {"image": b"not read", "image_format": "PNG", "width": 1, "height": 1, "boxes": [], "category_ids": [], "category_names": [],
-           "source": "s", "key": "k/1.png", "sha256": "0" * 64}
+    row = {
+        "image": b"not read",
+        "image_format": "PNG",
+        "width": 1,
+        "height": 1,
+        "boxes": [],
+        "category_ids": [],
+        "category_names": [],
+        "source": "s",
+        "key": "k/1.png",
+        "sha256": "0" * 64,
+    }
     for column in ("image", "category_ids", "sha256"):
         with pytest.raises(ValueError, match=f"'k/1.png': column '{column}' is missing"):
             with ShardWriter(tmp_path, "train", 1 << 20, categories=CATEGORIES) as writer:
                 writer.write({name: value for name, value in row.items() if name != column})
-    assert not list(tmp_path.glob("*.arrow")) and not list(tmp_path.glob(".*.tmp")), "nothing is left of a refused shard"
+    assert not list(tmp_path.glob("*.arrow")) and not list(tmp_path.glob(".*.tmp")), (
+        "nothing is left of a refused shard"
+    )
 
 
 def test_earlier_shards_with_other_category_names_or_format_are_packed_again(tmp_path):
@@ -161,7 +233,9 @@ def test_earlier_shards_with_other_category_names_or_format_are_packed_again(tmp
     grown, work = build_shards(validated, raw, tmp_path / "grown", 2000, previous=tmp_path / "same")
     assert work["rows_reused"] == 0 and work["rows_packed"] == 9
     for entry in grown["shards"]:
-        names = datasets.Dataset.from_file(str(tmp_path / "grown" / entry["file"])).features["category_ids"].feature.names
+        names = (
+            datasets.Dataset.from_file(str(tmp_path / "grown" / entry["file"])).features["category_ids"].feature.names
+        )
         assert names[-1] == "zip_tie"
 
     # An earlier set of an older format is packed again, not an error.

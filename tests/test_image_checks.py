@@ -15,8 +15,8 @@ import pytest
 from PIL import Image, ImageDraw
 
 from training_code.lib.image_checks import DEFAULT_ALLOWED_FORMATS, check_image_file
-from training_code.lib.shard_format import decode_upright
 from training_code.lib.isolated_pool import IsolatedPool, TaskRaised, WorkerLost
+from training_code.lib.shard_format import decode_upright
 
 ALLOWED = DEFAULT_ALLOWED_FORMATS
 
@@ -43,7 +43,12 @@ def png_chunk(kind: bytes, payload: bytes) -> bytes:
 def png_declaring(width: int, height: int) -> bytes:
     """A tiny 1-bit PNG whose header claims width x height: a real decompression bomb shape."""
     header = png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
-    return b"\x89PNG\r\n\x1a\n" + header + png_chunk(b"IDAT", zlib.compress(b"\x00" * (width // 8 + 1))) + png_chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + header
+        + png_chunk(b"IDAT", zlib.compress(b"\x00" * (width // 8 + 1)))
+        + png_chunk(b"IEND", b"")
+    )
 
 
 def png_with_flipped_crc(png: bytes) -> bytes:
@@ -141,7 +146,11 @@ BAD_CASES = {
     "bad_crc.png": (lambda: png_with_flipped_crc(encode(scene(), "PNG")), "checksum", "decode"),
     "bomb_error.png": (lambda: png_declaring(20_000, 20_000), "bomb", "decode"),  # > 2x MAX_IMAGE_PIXELS
     "bomb_warning.png": (lambda: png_declaring(12_000, 12_000), "bomb", "decode"),  # between 1x and 2x
-    "claims_100k.png": (lambda: png_declaring(100_000, 100_000), "too_large", "decode"),  # past --max-pixels, from the header
+    "claims_100k.png": (
+        lambda: png_declaring(100_000, 100_000),
+        "too_large",
+        "decode",
+    ),  # past --max-pixels, from the header
     "huge_text.png": (lambda: png_with_huge_text(encode(scene(), "PNG")), "bomb", "decode"),
     "twelve_bit.jpg": (jpeg_12_bit, "unsupported", "decode"),
     "jpeg2000_in.tif": (lambda: tiff_with_compression(34712), "unsupported", "decode"),
@@ -175,7 +184,9 @@ def test_limits_are_decided_before_reading_or_decoding(tmp_path):
     path = tmp_path / "big.jpg"
     path.write_bytes(encode(scene(), "JPEG"))
     verdict = check_image_file(path, ALLOWED, 8, max_bytes=100)
-    assert (verdict.reason, verdict.stage, verdict.sha256) == ("too_large", "read", None), "refused from fstat, not read"
+    assert (verdict.reason, verdict.stage, verdict.sha256) == ("too_large", "read", None), (
+        "refused from fstat, not read"
+    )
     # A lower --max-pixels takes over from Pillow's own bomb limit, and names the size.
     path = tmp_path / "wide.png"
     path.write_bytes(png_declaring(12_000, 12_000))
@@ -189,7 +200,11 @@ def test_limits_are_decided_before_reading_or_decoding(tmp_path):
 def test_no_message_quotes_the_files_bytes(tmp_path):
     secret = b"aws_secret_access_key = hostile-secret-value\n"
     verdict = judge(tmp_path, "notes.jpg", secret)
-    assert verdict.reason == "unidentified" and b"hostile" not in verdict.error.encode() and "aws_secret" not in verdict.error
+    assert (
+        verdict.reason == "unidentified"
+        and b"hostile" not in verdict.error.encode()
+        and "aws_secret" not in verdict.error
+    )
     # Pillow quotes chunk names and other bytes in some messages; they are cut out of the table.
     broken = encode(scene(), "PNG")
     broken = broken[:37] + b"hostile-" + broken[45:]  # the IDAT name and what follows, overwritten

@@ -3,14 +3,14 @@ beside the old ones (incremental inside the source's partition)."""
 
 import shutil
 
+from conftest import make_resources
+from graph_runs import materialize_source
+
 from training_code.lib.shard_format import read_manifest, verify_shard
 from zero_assets.assets.arrow_shards import arrow_shards
 from zero_assets.assets.raw_image_index import raw_image_index
 from zero_assets.assets.validated_images import validated_images
 from zero_assets.demo_data import make_demo_raw_root
-
-from conftest import make_resources
-from graph_runs import materialize_source
 
 DATA_ASSETS = [raw_image_index, validated_images, arrow_shards]
 SOURCE = "line_a_camera"
@@ -22,7 +22,9 @@ def _metadata(result, asset: str) -> dict:
 
 
 def _materialize(instance, resources) -> tuple[dict, dict]:
-    result = materialize_source(SOURCE, instance=instance, resources=resources, run_config=SMALL_SHARDS, assets=DATA_ASSETS)
+    result = materialize_source(
+        SOURCE, instance=instance, resources=resources, run_config=SMALL_SHARDS, assets=DATA_ASSETS
+    )
     assert result.success
     return _metadata(result, "validated_images"), _metadata(result, "arrow_shards")
 

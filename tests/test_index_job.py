@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-
 from raw_index_reference import build_raw_index
 
 REPO = Path(__file__).resolve().parents[1]
@@ -18,8 +17,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_index_job(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     # Not launched by Dagster (the reporter prints the event); a failure file goes under tmp_path.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {"ZERO_OPT_ML": str(tmp_path / "opt_ml")}
-    return subprocess.run([sys.executable, "-m", "training_code.index", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {
+        "ZERO_OPT_ML": str(tmp_path / "opt_ml")
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "training_code.index", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_index_job_writes_one_sources_index_and_reports_it(tiny_raw_root, tmp_path):
@@ -31,11 +39,15 @@ def test_index_job_writes_one_sources_index_and_reports_it(tiny_raw_root, tmp_pa
     assert index.equals(whole[whole["source"] == "line_b_camera"].reset_index(drop=True))
     manifest_bytes = (out / "manifest.json").read_bytes()
     manifest = json.loads(manifest_bytes)
-    assert manifest["files"]["index.parquet"]["sha256"] == hashlib.sha256((out / "index.parquet").read_bytes()).hexdigest()
+    assert (
+        manifest["files"]["index.parquet"]["sha256"] == hashlib.sha256((out / "index.parquet").read_bytes()).hexdigest()
+    )
     assert manifest["annotations_without_image"] == 1  # the demo's planted annotation of a missing image
     [event] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert event["data_version"] == hashlib.sha256(manifest_bytes).hexdigest()
-    assert event["metadata"]["dagster/row_count"] == len(index) and event["metadata"]["groups"] == index["group"].nunique()
+    assert (
+        event["metadata"]["dagster/row_count"] == len(index) and event["metadata"]["groups"] == index["group"].nunique()
+    )
     assert event["metadata"]["listing_fingerprint"] == manifest["listing_fingerprint"]
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from dagster import DagsterEventType, asset, materialize
-
 from sagemaker_fakes import fake_aws, fake_settings, job_package
+
 from zero_assets.job_request import JobRequest
 from zero_assets.resources import LocalJobRunner, ZeroSettings
 from zero_assets.resources.local_process import end_process_group, start_job_process
@@ -63,7 +63,9 @@ def captured_stdout(instance, run_id: str) -> str:
     assert captures, "the run captured no compute logs"
     manager = instance.compute_log_manager
     return "".join(
-        manager.get_log_data(manager.build_log_key_for_run(run_id, entry.dagster_event.logs_captured_data.file_key)).stdout.decode()
+        manager.get_log_data(
+            manager.build_log_key_for_run(run_id, entry.dagster_event.logs_captured_data.file_key)
+        ).stdout.decode()
         for entry in captures
     )
 
@@ -91,12 +93,20 @@ def assert_no_line_events(instance, run_id: str) -> list[str]:
 def sagemaker(moto_endpoint, tmp_path, monkeypatch):
     setup = fake_aws(moto_endpoint, tmp_path, monkeypatch, BUCKET, "zero_log_jobs", {"chatty": CHATTY_JOB})
     s3, logs, package, fake = setup.s3, setup.logs, setup.package, setup.fake
-    settings = fake_settings(bucket=BUCKET, prefix="zero", map_report=JobCompute(instance_type="ml.m5.large", instance_count=2))
+    settings = fake_settings(
+        bucket=BUCKET, prefix="zero", map_report=JobCompute(instance_type="ml.m5.large", instance_count=2)
+    )
     upload_code_package(package, settings.s3_root(), s3)
     s3.put_object(Bucket=BUCKET, Key="zero/lake/split/part-0.txt", Body=b"a")
     s3.put_object(Bucket=BUCKET, Key="zero/lake/split/part-1.txt", Body=b"b")
-    client = PipesSageMakerClient(client=fake, logs_client=logs, s3_client=s3, pipes_uri=setup.pipes_uri,
-                                  poll_interval=0.2, message_poll_interval=0.2)
+    client = PipesSageMakerClient(
+        client=fake,
+        logs_client=logs,
+        s3_client=s3,
+        pipes_uri=setup.pipes_uri,
+        poll_interval=0.2,
+        message_poll_interval=0.2,
+    )
     # CloudWatch Logs state lives in moto's process-wide backend: streams of another module's job of the
     # same name would read as this job's hosts. SageMaker never reuses a job name; neither do these tests.
     fingerprint = hashlib.sha256(f"{tmp_path}-{os.getpid()}".encode()).hexdigest()
@@ -106,13 +116,23 @@ def sagemaker(moto_endpoint, tmp_path, monkeypatch):
 def two_host_params(sagemaker, fail: bool) -> dict:
     fingerprint = sagemaker["fingerprint"]
     request = JobRequest(
-        asset="map_report", kind="processing", module="zero_log_jobs.chatty", fingerprint=fingerprint,
-        inputs={"split": f"s3://{BUCKET}/zero/lake/split"}, sharded_inputs=("split",), instance_count=2,
+        asset="map_report",
+        kind="processing",
+        module="zero_log_jobs.chatty",
+        fingerprint=fingerprint,
+        inputs={"split": f"s3://{BUCKET}/zero/lake/split"},
+        sharded_inputs=("split",),
+        instance_count=2,
         outputs={"out": f"s3://{BUCKET}/zero/lake/map_report/{fingerprint[:16]}"},
         arguments={"lines": str(LINES), "fail": "1" if fail else "0"},
     )
-    _, params = build_job_params(request, sagemaker["settings"], job_name=job_name("map_report", fingerprint, 1),
-                                 code=sagemaker["package"], environment={})
+    _, params = build_job_params(
+        request,
+        sagemaker["settings"],
+        job_name=job_name("map_report", fingerprint, 1),
+        code=sagemaker["package"],
+        environment={},
+    )
     assert params["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2
     return params
 
@@ -132,16 +152,20 @@ def test_sagemaker_hosts_lines_reach_the_step_stdout_not_the_event_log(sagemaker
     assert result.success
     stdout = captured_stdout(instance, result.run_id)
     hosts = sorted(set(re.findall(r"^\[(algo-\d+-\d+)\] ", stdout, re.MULTILINE)))
-    assert [h.rsplit("-", 1)[0] for h in hosts] == ["algo-1", "algo-2"], f"one stream per host in the step's stdout: {hosts}"
+    assert [h.rsplit("-", 1)[0] for h in hosts] == ["algo-1", "algo-2"], (
+        f"one stream per host in the step's stdout: {hosts}"
+    )
     for host in hosts:
-        own = [line[len(f"[{host}] "):] for line in stdout.splitlines() if line.startswith(f"[{host}] ")]
+        own = [line[len(f"[{host}] ") :] for line in stdout.splitlines() if line.startswith(f"[{host}] ")]
         logged = [line.split("zero.chatty: ", 1)[1] for line in own if "zero.chatty: " in line]
         assert logged == chatter(host.rsplit("-", 1)[0]), f"{host}'s lines, in order"
         assert f"printed by {host.rsplit('-', 1)[0]}" in own, "stdout as well as the logging lines"
     assert '"__dagster_pipes_version"' not in stdout
     messages = assert_no_line_events(instance, result.run_id)
     assert any(f"{params['ProcessingJobName']}: Completed" in m for m in messages), "status changes stay events"
-    assert sum("copied to this step's stdout" in m for m in messages) == 2, "one event per host says where its lines are"
+    assert sum("copied to this step's stdout" in m for m in messages) == 2, (
+        "one event per host says where its lines are"
+    )
 
 
 def test_sagemaker_failure_still_quotes_the_last_lines(sagemaker, instance):
@@ -164,14 +188,23 @@ def local(tmp_path, monkeypatch):
     job_package(tmp_path / "code", "zero_log_jobs", {"chatty": CHATTY_JOB})
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "code"))  # the runner puts it on the job's path after the repo
     (tmp_path / "fsx").mkdir()
-    settings = ZeroSettings(raw_uri=str(tmp_path / "raw"), lake_uri=str(tmp_path / "lake"), fsx_mount=str(tmp_path / "fsx"))
+    settings = ZeroSettings(
+        raw_uri=str(tmp_path / "raw"), lake_uri=str(tmp_path / "lake"), fsx_mount=str(tmp_path / "fsx")
+    )
     return LocalJobRunner(settings=settings), tmp_path / "lake"
 
 
 def run_locally(runner: LocalJobRunner, lake: Path, instance, hosts: int, fail: bool):
-    request = JobRequest(asset="map_report", kind="processing", module="zero_log_jobs.chatty", fingerprint=FINGERPRINT,
-                         inputs={}, outputs={"out": str(lake / "map_report")}, instance_count=hosts,
-                         arguments={"lines": str(LINES), "fail": "1" if fail else "0"})
+    request = JobRequest(
+        asset="map_report",
+        kind="processing",
+        module="zero_log_jobs.chatty",
+        fingerprint=FINGERPRINT,
+        inputs={},
+        outputs={"out": str(lake / "map_report")},
+        instance_count=hosts,
+        arguments={"lines": str(LINES), "fail": "1" if fail else "0"},
+    )
 
     @asset(name="probe")
     def probe(context):
@@ -188,8 +221,10 @@ def test_local_job_lines_reach_the_step_stdout_and_job_log(local, instance):
     assert result.success
     stdout = captured_stdout(instance, result.run_id)
     for host in ("algo-1", "algo-2"):
-        own = [line[len(f"[{host}] "):] for line in stdout.splitlines() if line.startswith(f"[{host}] ")]
-        assert [line.split("zero.chatty: ", 1)[-1] for line in own if "zero.chatty: " in line] == chatter(host), f"{host}'s lines, in order"
+        own = [line[len(f"[{host}] ") :] for line in stdout.splitlines() if line.startswith(f"[{host}] ")]
+        assert [line.split("zero.chatty: ", 1)[-1] for line in own if "zero.chatty: " in line] == chatter(host), (
+            f"{host}'s lines, in order"
+        )
         assert f"printed by {host}" in own
         job_log = (folder / "hosts" / host / "opt/ml/output/job.log").read_text().splitlines()
         assert job_log == own, f"{host}'s job.log holds what the step's stdout shows for it, without the host prefix"
@@ -207,7 +242,9 @@ def test_local_failure_keeps_job_log_and_its_tail(local, instance):
     job_log = (folder / "opt/ml/output/job.log").read_text()
     assert job_log.count(f"chatter {LINES} of {LINES} from algo-1") == 1, "each line once in job.log"
     stdout = captured_stdout(instance, result.run_id)
-    assert f"zero.chatty: chatter {LINES} of {LINES} from algo-1\n" in stdout and "[algo-1]" not in stdout, "one host: lines as written"
+    assert f"zero.chatty: chatter {LINES} of {LINES} from algo-1\n" in stdout and "[algo-1]" not in stdout, (
+        "one host: lines as written"
+    )
     assert "RuntimeError: planted failure on algo-1" in stdout
     assert_no_line_events(instance, result.run_id)
 
@@ -217,8 +254,12 @@ def test_a_closed_stdout_neither_blocks_the_job_nor_loses_job_log(tmp_path, monk
     closed.close()
     monkeypatch.setattr(sys, "stdout", closed)  # writing it raises ValueError, as a closed stdout does
     lines = 20_000  # about 600 KB: far past a pipe's buffer, so a copy that stopped reading would block the job
-    process = start_job_process([sys.executable, "-c", f"for i in range({lines}): print('output line', i)"],
-                                {"PATH": os.environ["PATH"]}, str(tmp_path), tmp_path / "job.log")
+    process = start_job_process(
+        [sys.executable, "-c", f"for i in range({lines}): print('output line', i)"],
+        {"PATH": os.environ["PATH"]},
+        str(tmp_path),
+        tmp_path / "job.log",
+    )
     try:
         assert process.wait(timeout=60) == 0
     finally:

@@ -23,8 +23,8 @@ import pytest
 from botocore.validate import validate_parameters
 from dagster import AssetKey, AssetMaterialization, MetadataValue
 from graph_runs import materialize_source, materialize_tail
-
 from sagemaker_fakes import FakeSageMaker, fake_settings, moto_server
+
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import join, publish_folder, read_bytes
 from zero_assets.resources import SageMakerJobRunner, ZeroSettings, sagemaker_runner
@@ -84,7 +84,7 @@ class FakeFsx:
         for association in self.associations.values():
             linked = association["FileSystemPath"]
             if association["FileSystemId"] == file_system_id and (path == linked or path.startswith(linked + "/")):
-                return association["DataRepositoryPath"].rstrip("/") + "/" + path[len(linked):].strip("/")
+                return association["DataRepositoryPath"].rstrip("/") + "/" + path[len(linked) :].strip("/")
         raise KeyError(f"{file_system_id}:{path} is linked to no S3 prefix")
 
 
@@ -126,16 +126,30 @@ def _answered(instance, s3_server, *args: str) -> str:
 
 
 @pytest.mark.slow  # every job of two sources' graph on the SageMaker fakes (about 80 s on an idle machine), then six commands
-def test_lineage_answers_for_a_checkpoint_and_an_image_on_an_s3_lake_warmed_on_fsx(s3_env, cloudwatch, tiny_demo, tiny_raw_root, instance, tmp_path, monkeypatch):
+def test_lineage_answers_for_a_checkpoint_and_an_image_on_an_s3_lake_warmed_on_fsx(
+    s3_env, cloudwatch, tiny_demo, tiny_raw_root, instance, tmp_path, monkeypatch
+):
     s3 = s3_env.client()
     s3.create_bucket(Bucket=BUCKET)
     publish_folder(tiny_raw_root, f"s3://{BUCKET}/raw")
     lake = f"s3://{BUCKET}/zero/lake"
     settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw", lake_uri=lake, backend="sagemaker")
-    aws = fake_settings(bucket=BUCKET, poll_interval_s=0.3, fsx_file_system_id=FILE_SYSTEM, fsx_mount_name=MOUNT,
-                        subnets=["subnet-0abc"], security_group_ids=["sg-0abc"])
+    aws = fake_settings(
+        bucket=BUCKET,
+        poll_interval_s=0.3,
+        fsx_file_system_id=FILE_SYSTEM,
+        fsx_mount_name=MOUNT,
+        subnets=["subnet-0abc"],
+        security_group_ids=["sg-0abc"],
+    )
     fsx = FakeFsx()
-    fake = FsxSageMaker(tmp_path / "sm", s3, cloudwatch, {**s3_env.env(), "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.3"}, fsx=fsx)
+    fake = FsxSageMaker(
+        tmp_path / "sm",
+        s3,
+        cloudwatch,
+        {**s3_env.env(), "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.3"},
+        fsx=fsx,
+    )
     monkeypatch.setattr(sagemaker_runner, "make_aws_clients", lambda region: AwsClients(fake, cloudwatch, s3, fsx))
     resources = {"settings": settings, "jobs": SageMakerJobRunner(settings=settings, aws=aws)}
     sources = ["line_a_camera", "line_b_camera"]
@@ -144,59 +158,104 @@ def test_lineage_answers_for_a_checkpoint_and_an_image_on_an_s3_lake_warmed_on_f
     assert materialize_tail(instance=instance, resources=resources, run_config=FAST_TRAINING).success
 
     def metadata(asset: str, partition: str | None = None) -> dict:
-        event = instance.get_latest_materialization_event(AssetKey(asset)) if partition is None else \
-            next(r for r in instance.fetch_materializations(AssetKey(asset), limit=10).records if r.partition_key == partition)
+        event = (
+            instance.get_latest_materialization_event(AssetKey(asset))
+            if partition is None
+            else next(
+                r
+                for r in instance.fetch_materializations(AssetKey(asset), limit=10).records
+                if r.partition_key == partition
+            )
+        )
         return {k: v.value for k, v in event.asset_materialization.metadata.items()}
 
-    warm, trained, report, chosen = metadata("fsx_warm_state"), metadata("trained_checkpoint"), metadata("map_report"), metadata("training_set")
-    assert warm["dagster/uri"].startswith(f"fsx://{FILE_SYSTEM}/{MOUNT}/arrow_shards/_training_sets/"), "the warm state is on FSx"
+    warm, trained, report, chosen = (
+        metadata("fsx_warm_state"),
+        metadata("trained_checkpoint"),
+        metadata("map_report"),
+        metadata("training_set"),
+    )
+    assert warm["dagster/uri"].startswith(f"fsx://{FILE_SYSTEM}/{MOUNT}/arrow_shards/_training_sets/"), (
+        "the warm state is on FSx"
+    )
     assert warm["warm_s3_uri"].startswith(f"{lake}/arrow_shards/_training_sets/")
     shard_sets = {s: metadata("arrow_shards", s)["dagster/uri"] for s in sources}
     validated = {s: metadata("validated_images", s)["dagster/uri"] for s in sources}
 
     # The checkpoint: what a user reads, each link the materialization Dagster recorded.
     lines = _answered(instance, s3_env, trained["dagster/uri"]).splitlines()
-    assert lines[0].startswith(f"checkpoint   {trained['dagster/uri']}") and trained["dagster/uri"].startswith(f"{lake}/trained_checkpoint/")
+    assert lines[0].startswith(f"checkpoint   {trained['dagster/uri']}") and trained["dagster/uri"].startswith(
+        f"{lake}/trained_checkpoint/"
+    )
     assert lines[1] == f"warm shards  {warm['dagster/uri']}  (S3 side {warm['warm_s3_uri']})"
     assert lines[2] == f"training set {chosen['dagster/uri']}"
     for source in sources:
-        assert f"shard set    {source}: {shard_sets[source]}" in lines and shard_sets[source].startswith(f"{lake}/arrow_shards/{source}/")
+        assert f"shard set    {source}: {shard_sets[source]}" in lines and shard_sets[source].startswith(
+            f"{lake}/arrow_shards/{source}/"
+        )
         assert f"validated    {source}: {validated[source]}" in lines
     assert any(line.startswith(f"scored by    {report['dagster/uri']}  mAP=") for line in lines)
     trained_line = next(i for i, line in enumerate(lines) if line.startswith("trained on   "))
-    rows = [line.strip().split("\t") for line in lines[trained_line + 1:]]
+    rows = [line.strip().split("\t") for line in lines[trained_line + 1 :]]
     manifest = json.loads(read_bytes(join(chosen["dagster/uri"], "manifest.json")))
     train_rows = sum(e["rows"] for s in manifest["sources"] for e in s["shards"] if e["split"] == "train")
     duplicate = tiny_demo["planted"]["duplicate_across_sources"]
     keys = {key for _, key, _ in rows}
     assert duplicate not in keys, "the copy the training set excluded is not listed as trained"
-    assert len(rows) == train_rows - int(_split_of(validated[duplicate.partition("/")[0]], duplicate) == "train") == trained["dagster/row_count"]
-    assert {source for source, _, _ in rows} == {s["source"] for s in manifest["sources"] if any(e["split"] == "train" for e in s["shards"])}
+    assert (
+        len(rows)
+        == train_rows - int(_split_of(validated[duplicate.partition("/")[0]], duplicate) == "train")
+        == trained["dagster/row_count"]
+    )
+    assert {source for source, _, _ in rows} == {
+        s["source"] for s in manifest["sources"] if any(e["split"] == "train" for e in s["shards"])
+    }
     assert lines[trained_line] == f"trained on   {len(rows)} images (source, key, sha256):"
 
     # An image: the checkpoint it reached, or why it did not.
     trained_key = rows[0][1]
     assert json.loads(_answered(instance, s3_env, "--image", trained_key))["checkpoints"] == [trained["dagster/uri"]]
     truncated = json.loads(_answered(instance, s3_env, "--image", tiny_demo["planted"]["truncated_jpeg"]))
-    assert (truncated["status"], truncated.get("reason"), truncated["checkpoints"]) == ("quarantined", "truncated", []), truncated
+    assert (truncated["status"], truncated.get("reason"), truncated["checkpoints"]) == (
+        "quarantined",
+        "truncated",
+        [],
+    ), truncated
     excluded = json.loads(_answered(instance, s3_env, "--image", duplicate))
     assert excluded["status"] == "excluded from the training set" and excluded["checkpoints"] == []
 
     # Newer materializations than the ones the checkpoint was built from (recorded by hand, as an
     # external tool would): the walk follows Dagster's pointers, not each asset's latest, and a report
     # that records no provenance did not score it.
-    for asset, partition in [("validated_images", sources[0]), ("arrow_shards", sources[0]), ("training_set", None), ("fsx_warm_state", None),
-                             ("map_report", None)]:
-        instance.report_runless_asset_event(AssetMaterialization(asset, partition=partition, metadata={"dagster/uri": MetadataValue.path(f"{lake}/{asset}/newer")}))
+    for asset, partition in [
+        ("validated_images", sources[0]),
+        ("arrow_shards", sources[0]),
+        ("training_set", None),
+        ("fsx_warm_state", None),
+        ("map_report", None),
+    ]:
+        instance.report_runless_asset_event(
+            AssetMaterialization(
+                asset, partition=partition, metadata={"dagster/uri": MetadataValue.path(f"{lake}/{asset}/newer")}
+            )
+        )
     assert _answered(instance, s3_env).splitlines() == lines, "no checkpoint named: the latest, the same answer"
 
     # Provenance is Dagster's, not a copy in metadata: a checkpoint recorded outside a Dagster step,
     # whose metadata names its warm state, is refused (and is now the latest).
-    instance.report_runless_asset_event(AssetMaterialization("trained_checkpoint", metadata={
-        "dagster/uri": MetadataValue.path(f"{lake}/trained_checkpoint/by-hand"),
-        "upstream": MetadataValue.json({"fsx_warm_state": {"uri": warm["dagster/uri"], "data_version": "x"}})}))
+    instance.report_runless_asset_event(
+        AssetMaterialization(
+            "trained_checkpoint",
+            metadata={
+                "dagster/uri": MetadataValue.path(f"{lake}/trained_checkpoint/by-hand"),
+                "upstream": MetadataValue.json({"fsx_warm_state": {"uri": warm["dagster/uri"], "data_version": "x"}}),
+            },
+        )
+    )
     refused = _lineage(instance, s3_env)
-    assert refused.returncode != 0 and "no Dagster provenance for its input fsx_warm_state" in refused.stderr, refused.stderr[-2000:]
+    assert refused.returncode != 0 and "no Dagster provenance for its input fsx_warm_state" in refused.stderr, (
+        refused.stderr[-2000:]
+    )
 
 
 def _split_of(validated_uri: str, key: str) -> str | None:

@@ -10,9 +10,9 @@ import datetime as dt
 
 import pytest
 from dagster import AssetKey, evaluate_automation_conditions, materialize
-
 from sensor_ticks import SensorDaemon, s3_message, s3_record
 from sqs_server import sqs
+
 from zero_assets.assets import ALL_ASSETS, SOURCE_SPECS
 from zero_assets.definitions import defs
 from zero_assets.resources import LocalJobRunner, ZeroSettings
@@ -35,8 +35,10 @@ def _upload_source(client, root, source) -> list[str]:
 def _announce(queue_url: str, keys: list[str]) -> None:
     """What S3 sends the queue for each object written (ten records a message, as S3 batches them)."""
     for start in range(0, len(keys), 10):
-        records = [s3_record("ObjectCreated:Put", BUCKET, f"{PREFIX}/{key}", sequencer=f"{start + n:016X}")
-                   for n, key in enumerate(keys[start:start + 10])]
+        records = [
+            s3_record("ObjectCreated:Put", BUCKET, f"{PREFIX}/{key}", sequencer=f"{start + n:016X}")
+            for n, key in enumerate(keys[start : start + 10])
+        ]
         sqs().send_message(QueueUrl=queue_url, MessageBody=s3_message(*records))
 
 
@@ -44,20 +46,27 @@ class Daemon:
     """Launches what the sensor and the automation evaluation request, one run each, as the daemon does."""
 
     def __init__(self, instance, settings):
-        self.instance, self.cursor, self.clock = instance, None, dt.datetime(2026, 12, 1, 1, tzinfo=dt.timezone.utc)
+        self.instance, self.cursor, self.clock = instance, None, dt.datetime(2026, 12, 1, 1, tzinfo=dt.UTC)
         self.sensor = SensorDaemon(instance, settings)
         self.resources = {"settings": settings, "jobs": LocalJobRunner(settings=settings)}
         self.evaluate()  # the automation sensor's first tick, before any data: later ticks compare with it
 
     def evaluate(self):
         self.clock += dt.timedelta(minutes=1)
-        evaluation = evaluate_automation_conditions(defs=defs, instance=self.instance, cursor=self.cursor, evaluation_time=self.clock)
+        evaluation = evaluate_automation_conditions(
+            defs=defs, instance=self.instance, cursor=self.cursor, evaluation_time=self.clock
+        )
         self.cursor = evaluation.cursor
         return evaluation
 
     def run(self, assets: list[str], partition: str) -> None:
-        result = materialize([*SOURCE_SPECS, *ALL_ASSETS], selection=assets, partition_key=partition,
-                             resources=self.resources, instance=self.instance)
+        result = materialize(
+            [*SOURCE_SPECS, *ALL_ASSETS],
+            selection=assets,
+            partition_key=partition,
+            resources=self.resources,
+            instance=self.instance,
+        )
         assert result.success
 
     def tick(self) -> list[str]:
@@ -76,18 +85,26 @@ class Daemon:
     def materializations(self, asset: str, source: str) -> int:
         from dagster import AssetRecordsFilter
 
-        records = self.instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[source]), limit=100)
+        records = self.instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[source]), limit=100
+        )
         return len(records.records)
 
 
 @pytest.mark.slow
-def test_a_new_source_on_the_queue_becomes_a_partition_and_is_materialized_alone(s3_env, sqs_endpoint, tiny_raw_root, instance, tmp_path, monkeypatch):
+def test_a_new_source_on_the_queue_becomes_a_partition_and_is_materialized_alone(
+    s3_env, sqs_endpoint, tiny_raw_root, instance, tmp_path, monkeypatch
+):
     queue_url = sqs().create_queue(QueueName="raw-events")["QueueUrl"]
     client = s3_env.client()
     client.create_bucket(Bucket=BUCKET)
     (tmp_path / "fsx").mkdir()
-    settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/{PREFIX}", lake_uri=str(tmp_path / "lake"),
-                            fsx_mount=str(tmp_path / "fsx"), raw_events_queue_url=queue_url)
+    settings = ZeroSettings(
+        raw_uri=f"s3://{BUCKET}/{PREFIX}",
+        lake_uri=str(tmp_path / "lake"),
+        fsx_mount=str(tmp_path / "fsx"),
+        raw_events_queue_url=queue_url,
+    )
     monkeypatch.setattr("zero_assets.sensors.QUEUE_WAIT_S", 1.0)
     daemon = Daemon(instance, settings)
 

@@ -34,7 +34,9 @@ def test_whole_graph_on_postgres_storage(resources, tiny_raw_root, tmp_path, mon
         with DagsterInstance.from_config(str(home)) as instance:
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"
             assert type(instance.run_launcher).__name__ == "DefaultRunLauncher"
-            per_source, tail = materialize_graph(tiny_raw_root, instance=instance, resources=resources, run_config=FAST_TRAINING)
+            per_source, tail = materialize_graph(
+                tiny_raw_root, instance=instance, resources=resources, run_config=FAST_TRAINING
+            )
             assert all(r.success for r in per_source.values()) and tail.success
         with DagsterInstance.from_config(str(home)) as reopened:  # the history lives in the server
             assert reopened.get_latest_materialization_event(AssetKey("map_report")) is not None

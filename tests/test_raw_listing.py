@@ -8,10 +8,9 @@ import re
 from urllib.parse import quote_plus
 
 import pytest
+from raw_index_reference import build_raw_index
 
 from training_code.lib.raw_index_groups import group_of
-
-from raw_index_reference import build_raw_index
 
 KEYS = ["cam_a/lot_1/x 1.jpg", "cam_a/lot_2/y.jpg", "cam_b/z.png", "top.txt", "cam_b/notes.txt"]
 
@@ -23,7 +22,11 @@ def s3(s3_server):
     client.create_bucket(Bucket="raw")
     for key in KEYS:
         client.put_object(Bucket="raw", Key=f"plant/{key}", Body=key.encode())
-    coco = {"images": [{"id": 1, "file_name": "lot_1/x 1.jpg"}], "annotations": [], "categories": [{"id": 1, "name": "part"}]}
+    coco = {
+        "images": [{"id": 1, "file_name": "lot_1/x 1.jpg"}],
+        "annotations": [],
+        "categories": [{"id": 1, "name": "part"}],
+    }
     client.put_object(Bucket="raw", Key="plant/cam_a/annotations.json", Body=json.dumps(coco).encode())
     return s3_server
 
@@ -34,9 +37,16 @@ def _inventory(client, bucket: str) -> str:
     rows = io.StringIO()
     csv.writer(rows).writerows([[bucket, quote_plus(o["Key"]), o["Size"], o["ETag"].strip('"')] for o in listed])
     client.create_bucket(Bucket="inventory")
-    client.put_object(Bucket="inventory", Key="raw/daily/data/part-0.csv.gz", Body=gzip.compress(rows.getvalue().encode()))
-    manifest = {"sourceBucket": bucket, "destinationBucket": "arn:aws:s3:::inventory", "fileFormat": "CSV",
-                "fileSchema": "Bucket, Key, Size, ETag", "files": [{"key": "raw/daily/data/part-0.csv.gz"}]}
+    client.put_object(
+        Bucket="inventory", Key="raw/daily/data/part-0.csv.gz", Body=gzip.compress(rows.getvalue().encode())
+    )
+    manifest = {
+        "sourceBucket": bucket,
+        "destinationBucket": "arn:aws:s3:::inventory",
+        "fileFormat": "CSV",
+        "fileSchema": "Bucket, Key, Size, ETag",
+        "files": [{"key": "raw/daily/data/part-0.csv.gz"}],
+    }
     client.put_object(Bucket="inventory", Key="raw/daily/manifest.json", Body=json.dumps(manifest).encode())
     return "s3://inventory/raw/daily/manifest.json"
 
@@ -58,8 +68,13 @@ def test_inventory_of_another_bucket_is_refused(s3, monkeypatch):
         monkeypatch.setenv(name, value)
     client = s3.client()
     client.create_bucket(Bucket="other-inventory")
-    manifest = {"sourceBucket": "raw", "destinationBucket": "arn:aws:s3:::other-inventory", "fileFormat": "CSV",
-                "fileSchema": "Bucket, Key, Size, ETag", "files": []}
+    manifest = {
+        "sourceBucket": "raw",
+        "destinationBucket": "arn:aws:s3:::other-inventory",
+        "fileFormat": "CSV",
+        "fileSchema": "Bucket, Key, Size, ETag",
+        "files": [],
+    }
     client.put_object(Bucket="other-inventory", Key="manifest.json", Body=json.dumps(manifest).encode())
     with pytest.raises(ValueError, match="inventory of bucket 'raw', but the raw root is in 'other'"):
         build_raw_index("s3://other/plant", inventory_manifest_uri="s3://other-inventory/manifest.json")
@@ -88,8 +103,12 @@ def test_local_listing_does_not_follow_symlinks_out_of_the_root(tmp_path):
     objects = {obj.key: obj.size for obj in list_objects(raw)}
     # A link out of the root is listed by its own lstat, whatever it points at (nothing out there is
     # looked into), so validation can refuse it by name; the folder it points at is not descended into.
-    assert objects == {"cam/a.jpg": 10, "cam/inside.jpg": 10, "cam/escape.jpg": len(str(outside / "secret.jpg")),
-                       "cam/lot": len(str(outside / "folder"))}
+    assert objects == {
+        "cam/a.jpg": 10,
+        "cam/inside.jpg": 10,
+        "cam/escape.jpg": len(str(outside / "secret.jpg")),
+        "cam/lot": len(str(outside / "folder")),
+    }
 
 
 def test_unsafe_file_names_stay_in_the_index_escaped(tmp_path):
@@ -112,7 +131,8 @@ def test_unsafe_file_names_stay_in_the_index_escaped(tmp_path):
 
 # --- One source streamed into Parquet (training_code/lib/raw_index.py) ---------------------------------
 
-def _index(raw, source: str, out, **options) -> tuple[dict, "pd.DataFrame"]:
+
+def _index(raw, source: str, out, **options) -> tuple[dict, "pandas.DataFrame"]:  # noqa: F821 (imported inside)
     import pandas as pd
 
     from training_code.lib.raw_index import write_source_index
@@ -147,7 +167,11 @@ def test_streamed_index_equals_the_whole_frame_index_row_for_row(tiny_raw_root, 
         manifest, index = _index(tiny_raw_root, source, tmp_path / source)
         assert index.equals(expected), source
         assert (manifest["images"], manifest["bytes"], manifest["groups"], manifest["images_without_annotation"]) == (
-            len(expected), expected["size"].sum(), expected["group"].nunique(), (expected["annotation_count"] == 0).sum())
+            len(expected),
+            expected["size"].sum(),
+            expected["group"].nunique(),
+            (expected["annotation_count"] == 0).sum(),
+        )
         missing += manifest["examples"]["annotations_without_image"]
         _, sampled = _index(tiny_raw_root, source, tmp_path / f"{source}-sample", sample_images=5)
         assert sampled.equals(sample_by_group(expected, 5).reset_index(drop=True)), f"{source}: the rehearsal sample"
@@ -155,13 +179,20 @@ def test_streamed_index_equals_the_whole_frame_index_row_for_row(tiny_raw_root, 
 
 
 def _small_root(raw) -> None:
-    for key, body in [("cam/lot_1/a.jpg", b"a" * 10), ("cam/lot_1/b.jpg", b"b" * 20), ("cam/lot_2/c.png", b"c" * 5),
-                      ("cam/readme.txt", b"r"), ("other/x.jpg", b"x")]:
+    for key, body in [
+        ("cam/lot_1/a.jpg", b"a" * 10),
+        ("cam/lot_1/b.jpg", b"b" * 20),
+        ("cam/lot_2/c.png", b"c" * 5),
+        ("cam/readme.txt", b"r"),
+        ("other/x.jpg", b"x"),
+    ]:
         (raw / key).parent.mkdir(parents=True, exist_ok=True)
         (raw / key).write_bytes(body)
-    coco = {"images": [{"id": 1, "file_name": "lot_1/a.jpg"}, {"id": 2, "file_name": "gone.jpg"}],
-            "annotations": [{"id": 1, "image_id": 1}, {"id": 2, "image_id": 1}, {"id": 3, "image_id": 2}],
-            "categories": [{"id": 1, "name": "part"}]}
+    coco = {
+        "images": [{"id": 1, "file_name": "lot_1/a.jpg"}, {"id": 2, "file_name": "gone.jpg"}],
+        "annotations": [{"id": 1, "image_id": 1}, {"id": 2, "image_id": 1}, {"id": 3, "image_id": 2}],
+        "categories": [{"id": 1, "name": "part"}],
+    }
     (raw / "cam" / "annotations.json").write_text(json.dumps(coco))
 
 
@@ -181,7 +212,9 @@ def test_fingerprint_is_the_listing_hash_stable_across_runs_and_changed_by_size_
     first = fingerprint()
     listed = [obj for obj in list_objects(raw) if obj.key.startswith("cam/")]
     annotations = next(obj for obj in listed if obj.key == "cam/annotations.json")
-    documented = [[o.key, o.size, o.etag] for o in listed if o is not annotations] + [[annotations.key, annotations.size, annotations.etag]]
+    documented = [[o.key, o.size, o.etag] for o in listed if o is not annotations] + [
+        [annotations.key, annotations.size, annotations.etag]
+    ]
     assert first == sha256_json(documented), "the sha256 of [key, size, etag] in listing order, annotations.json last"
     assert fingerprint() == first, "stable across runs (and output folders)"
     b = raw / "cam" / "lot_1" / "b.jpg"
@@ -193,7 +226,9 @@ def test_fingerprint_is_the_listing_hash_stable_across_runs_and_changed_by_size_
     os.utime(b, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a new size alone
     third = fingerprint()
     assert third not in (first, second)
-    (raw / "cam" / "annotations.json").write_text((raw / "cam" / "annotations.json").read_text().replace("part", "bolt"))
+    (raw / "cam" / "annotations.json").write_text(
+        (raw / "cam" / "annotations.json").read_text().replace("part", "bolt")
+    )
     assert fingerprint() not in (first, second, third), "an annotation edit changes the source's fingerprint"
 
 
@@ -243,10 +278,16 @@ def test_streamed_index_keeps_hostile_entries_escaped_and_reads_nothing_outside(
     (raw / "deep" / "annotations.json").write_text('{"images": ' + "[" * 50_000 + "]" * 50_000 + "}")
     manifest, index = _index(raw, "cam", tmp_path / "cam")
     assert sorted(index["key"]) == ["cam/\\xff\\xfe.jpg", "cam/new\\x0aline.jpg", "cam/ok.jpg"]
-    assert manifest["unsafe_keys"] == 2 and sorted(manifest["examples"]["unsafe_keys"]) == ["cam/\\xff\\xfe.jpg", "cam/new\\x0aline.jpg"]
+    assert manifest["unsafe_keys"] == 2 and sorted(manifest["examples"]["unsafe_keys"]) == [
+        "cam/\\xff\\xfe.jpg",
+        "cam/new\\x0aline.jpg",
+    ]
     assert "outside_root" in manifest["annotation_error"] and "do-not-quote" not in json.dumps(manifest)
     deep, _ = _index(raw, "deep", tmp_path / "deep")
-    assert "nested too deeply" in deep["annotation_error"] and str(raw / "deep" / "annotations.json") in deep["annotation_error"]
+    assert (
+        "nested too deeply" in deep["annotation_error"]
+        and str(raw / "deep" / "annotations.json") in deep["annotation_error"]
+    )
     big, _ = _index(raw, "deep", tmp_path / "big", max_annotation_bytes=1000)
     assert "above the annotation file limit of 1000; raise the limit or split the source" in big["annotation_error"]
     with pytest.raises(FileNotFoundError, match="symlinked source folder is not followed"):
@@ -258,13 +299,26 @@ def test_source_walk_lists_in_the_order_of_the_whole_listing(tmp_path):
     from training_code.lib.raw_index_listing import list_source
     from training_code.lib.storage import list_objects
 
-    names = ["a.jpg", "a/b.jpg", "a0.jpg", "a-b/c.jpg", "A.jpg", "é.jpg", "a/b/c/d/e.jpg", "a/b.jpg.txt", "a b/x.jpg", "z/a.jpg"]
+    names = [
+        "a.jpg",
+        "a/b.jpg",
+        "a0.jpg",
+        "a-b/c.jpg",
+        "A.jpg",
+        "é.jpg",
+        "a/b/c/d/e.jpg",
+        "a/b.jpg.txt",
+        "a b/x.jpg",
+        "z/a.jpg",
+    ]
     for name in names:
         (tmp_path / "src" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "src" / name).write_bytes(name.encode())
     (tmp_path / "srcs").mkdir()
     (tmp_path / "srcs" / "n.jpg").write_bytes(b"n")
-    assert list(list_source(str(tmp_path), "src")) == [obj for obj in list_objects(tmp_path) if obj.key.startswith("src/")]
+    assert list(list_source(str(tmp_path), "src")) == [
+        obj for obj in list_objects(tmp_path) if obj.key.startswith("src/")
+    ]
 
 
 def test_group_counts_merge_batches_exactly():
@@ -274,7 +328,11 @@ def test_group_counts_merge_batches_exactly():
 
     rng, counts, rows = np.random.default_rng(3), GroupCounts(), []
     for _ in range(40):
-        batch = rng.integers(0, 2**64 - 1, size=3000, dtype=np.uint64) if rng.random() < 0.5 else rng.integers(0, 500, size=3000).astype(np.uint64)
+        batch = (
+            rng.integers(0, 2**64 - 1, size=3000, dtype=np.uint64)
+            if rng.random() < 0.5
+            else rng.integers(0, 500, size=3000).astype(np.uint64)
+        )
         counts.add(batch)
         rows.append(batch)
     hashes, expected = np.unique(np.concatenate(rows), return_counts=True)
@@ -289,7 +347,9 @@ def _inventory_rows(client, bucket: str, parts: int, file_format: str) -> str:
     import pandas as pd
 
     listed = client.list_objects_v2(Bucket=bucket)["Contents"]
-    rows = [(bucket, o["Key"], o["Size"], o["ETag"].strip('"')) for o in listed] + [("another-bucket", "plant/cam_a/z.jpg", 1, "e")]
+    rows = [(bucket, o["Key"], o["Size"], o["ETag"].strip('"')) for o in listed] + [
+        ("another-bucket", "plant/cam_a/z.jpg", 1, "e")
+    ]
     random.Random(5).shuffle(rows)
     files = []
     for part in range(parts):
@@ -304,9 +364,16 @@ def _inventory_rows(client, bucket: str, parts: int, file_format: str) -> str:
             body, key = buffer.getvalue(), f"{bucket}/spill/data/part-{part}.parquet"
         client.put_object(Bucket="spill-inventory", Key=key, Body=body)
         files.append({"key": key})
-    manifest = {"sourceBucket": bucket, "destinationBucket": "arn:aws:s3:::spill-inventory", "fileFormat": file_format,
-                "fileSchema": "Bucket, Key, Size, ETag", "files": files}
-    client.put_object(Bucket="spill-inventory", Key=f"{bucket}/spill/{file_format}/manifest.json", Body=json.dumps(manifest).encode())
+    manifest = {
+        "sourceBucket": bucket,
+        "destinationBucket": "arn:aws:s3:::spill-inventory",
+        "fileFormat": file_format,
+        "fileSchema": "Bucket, Key, Size, ETag",
+        "files": files,
+    }
+    client.put_object(
+        Bucket="spill-inventory", Key=f"{bucket}/spill/{file_format}/manifest.json", Body=json.dumps(manifest).encode()
+    )
     return f"s3://spill-inventory/{bucket}/spill/{file_format}/manifest.json"
 
 
@@ -317,12 +384,19 @@ def test_s3_listing_and_an_inventory_spilled_in_runs_stream_the_same_index(s3, m
         monkeypatch.setenv(name, value)
     client = s3.client()
     client.create_bucket(Bucket="streamed")
-    names = [f"cam_a/lot_{n % 3}/img {n:03d}.jpg" for n in range(25)] + ["cam_a/notes.txt", "cam_b/q.jpg", "cam_ab/r.jpg"]
+    names = [f"cam_a/lot_{n % 3}/img {n:03d}.jpg" for n in range(25)] + [
+        "cam_a/notes.txt",
+        "cam_b/q.jpg",
+        "cam_ab/r.jpg",
+    ]
     for name in names:
         client.put_object(Bucket="streamed", Key=f"plant/{name}", Body=name.encode())
     client.put_object(Bucket="streamed", Key="plant/cam_a/sub/", Body=b"")  # a folder marker
-    coco = {"images": [{"id": 1, "file_name": "lot_1/img 001.jpg"}], "annotations": [{"id": 1, "image_id": 1}],
-            "categories": [{"id": 1, "name": "part"}]}
+    coco = {
+        "images": [{"id": 1, "file_name": "lot_1/img 001.jpg"}],
+        "annotations": [{"id": 1, "image_id": 1}],
+        "categories": [{"id": 1, "name": "part"}],
+    }
     client.put_object(Bucket="streamed", Key="plant/cam_a/annotations.json", Body=json.dumps(coco).encode())
     client.create_bucket(Bucket="spill-inventory")
     monkeypatch.setattr(raw_index_listing, "S3_PAGE_KEYS", 7)  # several pages, each asked for after the last key
@@ -333,14 +407,22 @@ def test_s3_listing_and_an_inventory_spilled_in_runs_stream_the_same_index(s3, m
     monkeypatch.setattr(raw_index_inventory, "MERGE_FAN_IN", 2)  # 7 runs: merged two at a time, in three passes
     for file_format in ("CSV", "Parquet"):
         manifest_uri = _inventory_rows(client, "streamed", 3, file_format)
-        report, report_index = _index("s3://streamed/plant", "cam_a", tmp_path / file_format, inventory_manifest_uri=manifest_uri)
+        report, report_index = _index(
+            "s3://streamed/plant", "cam_a", tmp_path / file_format, inventory_manifest_uri=manifest_uri
+        )
         assert report_index.equals(listed_index), file_format
         assert report["listing_fingerprint"] == listed["listing_fingerprint"], file_format
-    client.put_object(Bucket="streamed", Key="plant/cam_a/lot_0/img 000.jpg", Body=b"X" * len("cam_a/lot_0/img 000.jpg"))
-    client.put_object(Bucket="streamed", Key="lake/raw_image_index/cam_a/x/manifest.json", Body=b"{}")  # an earlier run's
+    client.put_object(
+        Bucket="streamed", Key="plant/cam_a/lot_0/img 000.jpg", Body=b"X" * len("cam_a/lot_0/img 000.jpg")
+    )
+    client.put_object(
+        Bucket="streamed", Key="lake/raw_image_index/cam_a/x/manifest.json", Body=b"{}"
+    )  # an earlier run's
     with pytest.raises(Exception, match="NoSuchBucket"):  # this run fails
         _index("s3://no-such-bucket/plant", "cam_a", "s3://streamed/lake/raw_image_index/cam_a/x")
-    assert "Contents" not in client.list_objects_v2(Bucket="streamed", Prefix="lake/"), "the earlier manifest was withdrawn first"
+    assert "Contents" not in client.list_objects_v2(Bucket="streamed", Prefix="lake/"), (
+        "the earlier manifest was withdrawn first"
+    )
     again, _ = _index("s3://streamed/plant", "cam_a", "s3://streamed/lake/raw_image_index/cam_a/x")
     assert again["listing_fingerprint"] != listed["listing_fingerprint"], "the same size with another ETag"
     published = client.list_objects_v2(Bucket="streamed", Prefix="lake/")["Contents"]
@@ -370,17 +452,40 @@ def test_index_memory_does_not_grow_with_the_sources_listing(s3, tmp_path):
     peaks = {}
     for images in (40_000, 400_000):
         text = io.StringIO()
-        csv.writer(text).writerows(["raw", quote_plus(f"big{images}/cam/lot_{n // 100:04d}/img_{n:06d}.jpg"), 1000 + n, f"{n:032x}"]
-                                   for n in range(images))
+        csv.writer(text).writerows(
+            ["raw", quote_plus(f"big{images}/cam/lot_{n // 100:04d}/img_{n:06d}.jpg"), 1000 + n, f"{n:032x}"]
+            for n in range(images)
+        )
         key = f"big{images}/data/part-0.csv.gz"
-        client.put_object(Bucket="memory-inventory", Key=key, Body=gzip.compress(text.getvalue().encode(), compresslevel=1))
-        manifest = {"sourceBucket": "raw", "destinationBucket": "arn:aws:s3:::memory-inventory", "fileFormat": "CSV",
-                    "fileSchema": "Bucket, Key, Size, ETag", "files": [{"key": key}]}
-        client.put_object(Bucket="memory-inventory", Key=f"big{images}/manifest.json", Body=json.dumps(manifest).encode())
-        command = [sys.executable, "-c", MEASURED_INDEX, f"s3://raw/big{images}", str(tmp_path / str(images)),
-                   f"s3://memory-inventory/big{images}/manifest.json"]
-        result = subprocess.run(command, env={**os.environ, **s3.env()}, capture_output=True, text=True, timeout=300,
-                                cwd=Path(__file__).resolve().parents[1])
+        client.put_object(
+            Bucket="memory-inventory", Key=key, Body=gzip.compress(text.getvalue().encode(), compresslevel=1)
+        )
+        manifest = {
+            "sourceBucket": "raw",
+            "destinationBucket": "arn:aws:s3:::memory-inventory",
+            "fileFormat": "CSV",
+            "fileSchema": "Bucket, Key, Size, ETag",
+            "files": [{"key": key}],
+        }
+        client.put_object(
+            Bucket="memory-inventory", Key=f"big{images}/manifest.json", Body=json.dumps(manifest).encode()
+        )
+        command = [
+            sys.executable,
+            "-c",
+            MEASURED_INDEX,
+            f"s3://raw/big{images}",
+            str(tmp_path / str(images)),
+            f"s3://memory-inventory/big{images}/manifest.json",
+        ]
+        result = subprocess.run(
+            command,
+            env={**os.environ, **s3.env()},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         measured = json.loads(result.stdout.strip().splitlines()[-1])
         assert measured["images"] == images
@@ -391,20 +496,24 @@ def test_index_memory_does_not_grow_with_the_sources_listing(s3, tmp_path):
     assert peaks[400_000] - peaks[40_000] < 80, peaks
 
 
-def test_index_in_process_and_as_a_job_give_the_same_index_and_data_version(tiny_raw_root, tmp_path, instance, resources):
+def test_index_in_process_and_as_a_job_give_the_same_index_and_data_version(
+    tiny_raw_root, tmp_path, instance, resources
+):
     """Threshold 0 sends the source to training_code.index through the JobRunner once it has a previous
     index; the job's output folder, rows and data version equal the in-process ones, and a repeat is a hit."""
     import shutil
 
     import pandas as pd
-
     from graph_runs import materialize_source
-    from zero_assets.assets import raw_image_index
+
     from training_code.lib.raw_index import source_listing_fingerprint
+    from zero_assets.assets import raw_image_index
 
     def run(job_above_images: int):
         config = {"ops": {"raw_image_index": {"config": {"job_above_images": job_above_images}}}}
-        result = materialize_source("line_a_camera", instance=instance, resources=resources, assets=[raw_image_index], run_config=config)
+        result = materialize_source(
+            "line_a_camera", instance=instance, resources=resources, assets=[raw_image_index], run_config=config
+        )
         [event] = result.asset_materializations_for_node("raw_image_index")
         return {k: v.value for k, v in event.metadata.items()}, event.tags["dagster/data_version"]
 

@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from zero_assets.local_s3 import LocalS3Server
 from zero_assets.raw_sources import list_sources, register_sources
 
@@ -23,7 +21,9 @@ def test_local_sources_are_the_top_level_folders_and_register_adds_only_new_ones
     assert list_sources(str(raw)) == ["cam_a", "cam_b"]
     assert register_sources(instance, ["cam_a"]) == (["cam_a"], {})
     assert register_sources(instance, ["cam_a", "cam_b", "bad...name"]) == (
-        ["cam_b"], {"bad...name": "it contains '...', which Dagster refuses in partition keys"})
+        ["cam_b"],
+        {"bad...name": "it contains '...', which Dagster refuses in partition keys"},
+    )
     assert sorted(instance.get_dynamic_partitions("raw_sources")) == ["cam_a", "cam_b"]
 
 
@@ -33,14 +33,24 @@ def test_s3_sources_cost_one_delimiter_listing(tmp_path, monkeypatch):
             monkeypatch.setenv(name, value)
         client = s3.client()
         client.create_bucket(Bucket="lake")
-        for key in ("raw/cam_a/lot_1/x.jpg", "raw/cam_a/y.jpg", "raw/cam_b/deep/er/z.jpg", "raw/top.jpg", "raw-old/cam_c/w.jpg"):
+        for key in (
+            "raw/cam_a/lot_1/x.jpg",
+            "raw/cam_a/y.jpg",
+            "raw/cam_b/deep/er/z.jpg",
+            "raw/top.jpg",
+            "raw-old/cam_c/w.jpg",
+        ):
             client.put_object(Bucket="lake", Key=key, Body=b"x")
         calls = []
         from training_code.lib.storage import s3_client
 
-        s3_client().meta.events.register("provide-client-params.s3.ListObjectsV2", lambda params, **_: calls.append(dict(params)))
+        s3_client().meta.events.register(
+            "provide-client-params.s3.ListObjectsV2", lambda params, **_: calls.append(dict(params))
+        )
         assert list_sources("s3://lake/raw") == ["cam_a", "cam_b"]
-        assert [(c["Prefix"], c.get("Delimiter")) for c in calls] == [("raw/", "/")], "one listing of the top level only"
+        assert [(c["Prefix"], c.get("Delimiter")) for c in calls] == [("raw/", "/")], (
+            "one listing of the top level only"
+        )
 
 
 def test_cli_lists_and_registers(tmp_path):
@@ -52,8 +62,12 @@ def test_cli_lists_and_registers(tmp_path):
     env = {**os.environ, "ZERO_RAW_URI": str(raw), "DAGSTER_HOME": str(home)}
     listed = subprocess.run([str(ZERO_ASSETS), "sources"], env=env, capture_output=True, text=True, check=True)
     assert listed.stdout.split() == ["cam_a", "cam_b"]
-    first = subprocess.run([str(ZERO_ASSETS), "sources", "--register"], env=env, capture_output=True, text=True, check=True)
+    first = subprocess.run(
+        [str(ZERO_ASSETS), "sources", "--register"], env=env, capture_output=True, text=True, check=True
+    )
     assert first.stdout.splitlines() == ["cam_a\tadded", "cam_b\tadded"]
     (raw / "cam_c").mkdir()
-    again = subprocess.run([str(ZERO_ASSETS), "sources", "--register"], env=env, capture_output=True, text=True, check=True)
+    again = subprocess.run(
+        [str(ZERO_ASSETS), "sources", "--register"], env=env, capture_output=True, text=True, check=True
+    )
     assert again.stdout.splitlines() == ["cam_a\tregistered", "cam_b\tregistered", "cam_c\tadded"]

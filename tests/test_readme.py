@@ -11,9 +11,17 @@ import subprocess
 
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
-
 from readme_shell import (
-    ASSETS, PER_SOURCE, BackgroundBlock, block, copy_repo, free_port, graphql_assets, run_block, shell_blocks, user_environment,
+    ASSETS,
+    PER_SOURCE,
+    BackgroundBlock,
+    block,
+    copy_repo,
+    free_port,
+    graphql_assets,
+    run_block,
+    shell_blocks,
+    user_environment,
 )
 
 RUN_HERE = {"setup", "ui", "cli", "demo-data", "lineage"}  # README block names this module runs
@@ -25,9 +33,13 @@ EXTERNAL = ("raw_data",)  # observed, never materialized
 def test_every_shell_block_is_run_here_or_says_why_not():
     blocks = shell_blocks()
     unmarked = [b.line for b in blocks if b.marker is None]
-    assert not unmarked, f"README.md shell blocks at lines {unmarked} need `<!-- readme-test: NAME -->` or `<!-- not run locally: WHY -->`"
+    assert not unmarked, (
+        f"README.md shell blocks at lines {unmarked} need `<!-- readme-test: NAME -->` or `<!-- not run locally: WHY -->`"
+    )
     named = [b.name for b in blocks if b.marker == "readme-test"]
-    assert sorted(named) == sorted(RUN_HERE), f"README blocks {sorted(named)} vs blocks this test runs {sorted(RUN_HERE)}"
+    assert sorted(named) == sorted(RUN_HERE), (
+        f"README blocks {sorted(named)} vs blocks this test runs {sorted(RUN_HERE)}"
+    )
     assert all(b.name for b in blocks if b.marker == "not run locally"), "say why a block is not run"
 
 
@@ -36,7 +48,9 @@ def demo_repo(tmp_path_factory, tiny_raw_root):
     """A copy of the repo after the README's first block: `make demo` on the tiny raw root, then `make test`."""
     copy = copy_repo(tmp_path_factory.mktemp("readme") / "repo")
     shutil.copytree(tiny_raw_root, copy / ".zero" / "raw")
-    result = run_block(block("setup"), copy, timeout_s=1200, PYTEST_ADDOPTS="-q -p no:cacheprovider tests/test_definitions.py")
+    result = run_block(
+        block("setup"), copy, timeout_s=1200, PYTEST_ADDOPTS="-q -p no:cacheprovider tests/test_definitions.py"
+    )
     return copy, result
 
 
@@ -59,10 +73,13 @@ def test_setup_block_materializes_the_graph_and_runs_the_tests(demo_repo):
     # make demo: one run per source (each per-source asset once per source), then the tail once
     assert _materialization_counts(repo) == {a: len(DEMO_SOURCES) if a in PER_SOURCE else 1 for a in ASSETS}
     with _instance(repo) as instance:
-        assert sorted(instance.get_dynamic_partitions("raw_sources")) == list(DEMO_SOURCES), "make demo registered the sources"
+        assert sorted(instance.get_dynamic_partitions("raw_sources")) == list(DEMO_SOURCES), (
+            "make demo registered the sources"
+        )
         for source in DEMO_SOURCES:
             assert instance.fetch_materializations(
-                AssetRecordsFilter(asset_key=AssetKey("arrow_shards"), asset_partitions=[source]), limit=1).records
+                AssetRecordsFilter(asset_key=AssetKey("arrow_shards"), asset_partitions=[source]), limit=1
+            ).records
 
 
 @pytest.mark.slow
@@ -76,12 +93,18 @@ def test_cli_block_materializes_selections_against_the_demo_instance(demo_repo):
     expected = {a: 1 for a in ASSETS} | {"validated_images": 2, "arrow_shards": 2}
     assert {a: after[a] - before[a] for a in ASSETS} == expected
     with _instance(repo) as instance:
+
         def latest(asset):
             return instance.get_latest_materialization_event(AssetKey(asset)).asset_materialization.metadata
 
-        assert latest("arrow_shards")["upstream"].value["validated_images"]["uri"] == latest("validated_images")["dagster/uri"].value
+        assert (
+            latest("arrow_shards")["upstream"].value["validated_images"]["uri"]
+            == latest("validated_images")["dagster/uri"].value
+        )
         assert latest("arrow_shards")["cache"].value == "hit", "unchanged inputs launch no job"
-        assert latest("training_set")["cache"].value == "hit", "a source rebuilt unchanged leaves the training set as it was"
+        assert latest("training_set")["cache"].value == "hit", (
+            "a source rebuilt unchanged leaves the training set as it was"
+        )
     assert "map_report" in result.stdout and "mAP" in result.stdout, "zero-assets summary printed"
 
 
@@ -130,14 +153,22 @@ def test_ui_block_serves_a_clone_where_make_demo_never_ran(tmp_path):
     assert not (repo / ".dagster_home").exists()
     latest = _latest_in_ui(repo, tmp_path / "dagster-dev.log")
     assert latest == {a: None for a in (*ASSETS, *EXTERNAL)}
-    assert (repo / ".dagster_home" / "dagster.yaml").is_file(), "activate created the instance with the repo's dagster.yaml"
+    assert (repo / ".dagster_home" / "dagster.yaml").is_file(), (
+        "activate created the instance with the repo's dagster.yaml"
+    )
 
 
 def test_activate_warns_when_a_second_code_location_is_exported(tmp_path):
     """Dagster hides this failure (`dagster dev` runs on with no UI), so the activate script names it."""
     repo = copy_repo(tmp_path / "repo")
-    result = subprocess.run(["bash", "-elc", "source .venv/bin/activate && echo DAGSTER_HOME=$DAGSTER_HOME"], cwd=repo,
-                            env=user_environment(DAGSTER_MODULE_NAME="zero_assets.definitions"), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", "-elc", "source .venv/bin/activate && echo DAGSTER_HOME=$DAGSTER_HOME"],
+        cwd=repo,
+        env=user_environment(DAGSTER_MODULE_NAME="zero_assets.definitions"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "DAGSTER_MODULE_NAME is set" in result.stderr and "unset DAGSTER_MODULE_NAME" in result.stderr
     assert f"DAGSTER_HOME={repo / '.dagster_home'}" in result.stdout

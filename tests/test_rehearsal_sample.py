@@ -1,8 +1,8 @@
 """The rehearsal profile indexes a small, stable sample of whole groups (of each source it indexes)."""
 
 import pandas as pd
-
 from graph_runs import materialize_source
+
 from training_code.lib.raw_index import write_source_index
 from zero_assets.assets import raw_image_index
 from zero_assets.resources import LocalJobRunner, ZeroSettings
@@ -22,7 +22,9 @@ def test_rehearsal_sample_keeps_whole_groups_and_is_stable(tiny_raw_root, tmp_pa
     for group in sample["group"].unique():  # a group is in the sample whole or not at all
         assert (sample["group"] == group).sum() == (frame["group"] == group).sum()
     larger = _index(tiny_raw_root, tmp_path / "twenty", sample_images=20)
-    assert set(sample["key"]) <= set(larger["key"]), "groups are taken in a fixed order: a larger sample keeps the smaller one"
+    assert set(sample["key"]) <= set(larger["key"]), (
+        "groups are taken in a fixed order: a larger sample keeps the smaller one"
+    )
     assert _index(tiny_raw_root, tmp_path / "again", sample_images=10).equals(sample)
 
 

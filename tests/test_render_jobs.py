@@ -29,7 +29,11 @@ SESSION = botocore.session.get_session()
 
 
 def render(tmp_path, monkeypatch, env: dict) -> dict:
-    for key in [k for k in list(__import__("os").environ) if k.startswith("ZERO_SM_") or k in ("ZERO_PROFILE", "ZERO_LAKE_URI", "ZERO_RAW_URI")]:
+    for key in [
+        k
+        for k in list(__import__("os").environ)
+        if k.startswith("ZERO_SM_") or k in ("ZERO_PROFILE", "ZERO_LAKE_URI", "ZERO_RAW_URI")
+    ]:
         monkeypatch.delenv(key)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -42,16 +46,30 @@ def render(tmp_path, monkeypatch, env: dict) -> dict:
 @pytest.mark.parametrize("fsx", [False, True], ids=["s3", "fsx"])
 @pytest.mark.parametrize("spot", [False, True], ids=["on-demand", "spot"])
 def test_every_rendered_request_is_valid(tmp_path, monkeypatch, profile, fsx, spot):
-    env = {**BASE_ENV, **(FSX_ENV if fsx else {}), "ZERO_PROFILE": profile, "ZERO_SM_USE_SPOT": "true" if spot else "false"}
+    env = {
+        **BASE_ENV,
+        **(FSX_ENV if fsx else {}),
+        "ZERO_PROFILE": profile,
+        "ZERO_SM_USE_SPOT": "true" if spot else "false",
+    }
     requests = render(tmp_path, monkeypatch, env)
     # Rehearsal spreads validation over two instances: a map job with the raw input split by key, a reduce job.
-    validation = ({"validated_images-map.CreateProcessingJob.json", "validated_images-reduce.CreateProcessingJob.json"}
-                  if profile == "rehearsal" else {"validated_images.CreateProcessingJob.json"})
-    expected = validation | {"arrow_shards.CreateProcessingJob.json", "trained_checkpoint.CreateTrainingJob.json",
-                             "map_report.CreateProcessingJob.json"}
+    validation = (
+        {"validated_images-map.CreateProcessingJob.json", "validated_images-reduce.CreateProcessingJob.json"}
+        if profile == "rehearsal"
+        else {"validated_images.CreateProcessingJob.json"}
+    )
+    expected = validation | {
+        "arrow_shards.CreateProcessingJob.json",
+        "trained_checkpoint.CreateTrainingJob.json",
+        "map_report.CreateProcessingJob.json",
+    }
     if fsx:
-        expected |= {"fsx_warm_state.CreateDataRepositoryAssociation.json", "fsx_warm_state.CreateDataRepositoryTask.json",
-                     "fsx_warm_state.CreateTrainingJob.json"}
+        expected |= {
+            "fsx_warm_state.CreateDataRepositoryAssociation.json",
+            "fsx_warm_state.CreateDataRepositoryTask.json",
+            "fsx_warm_state.CreateTrainingJob.json",
+        }
     assert set(requests) == expected
     for filename, params in requests.items():
         operation = filename.split(".")[1]
@@ -70,24 +88,45 @@ def test_every_rendered_request_is_valid(tmp_path, monkeypatch, profile, fsx, sp
         assert training["ResourceConfig"]["InstanceType"] == "ml.g4dn.xlarge"
         mapped = requests["validated_images-map.CreateProcessingJob.json"]
         assert mapped["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2
-        assert {i["InputName"]: i["S3Input"]["S3DataDistributionType"] for i in mapped["ProcessingInputs"]}["raw"] == "ShardedByS3Key"
+        assert {i["InputName"]: i["S3Input"]["S3DataDistributionType"] for i in mapped["ProcessingInputs"]}[
+            "raw"
+        ] == "ShardedByS3Key"
         reduced = requests["validated_images-reduce.CreateProcessingJob.json"]
         assert reduced["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 1
         assert [i["S3Input"]["S3Uri"] for i in reduced["ProcessingInputs"] if i["InputName"] == "decoded"] == [
-            o["S3Output"]["S3Uri"] + "/" for o in mapped["ProcessingOutputConfig"]["Outputs"]]
+            o["S3Output"]["S3Uri"] + "/" for o in mapped["ProcessingOutputConfig"]["Outputs"]
+        ]
     assert training["CheckpointConfig"]["S3Uri"].startswith("s3://zero-ml-lake/zero/checkpoints/trained_checkpoint/")
     # A per-source job is handed its source's raw folder only, landing where the script reads the raw layout.
     for name in ("arrow_shards.CreateProcessingJob.json", *validation):
-        raw = next(i["S3Input"] for i in requests[name]["ProcessingInputs"] if i["InputName"] == "raw") \
-            if any(i["InputName"] == "raw" for i in requests[name]["ProcessingInputs"]) else None
+        raw = (
+            next(i["S3Input"] for i in requests[name]["ProcessingInputs"] if i["InputName"] == "raw")
+            if any(i["InputName"] == "raw" for i in requests[name]["ProcessingInputs"])
+            else None
+        )
         if raw is not None:
-            assert raw["S3Uri"].endswith("/raw/example_source/") and raw["LocalPath"].endswith("/input/raw/example_source"), raw
-    assert "/arrow_shards/example_source/" in requests["arrow_shards.CreateProcessingJob.json"]["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"]
+            assert raw["S3Uri"].endswith("/raw/example_source/") and raw["LocalPath"].endswith(
+                "/input/raw/example_source"
+            ), raw
+    assert (
+        "/arrow_shards/example_source/"
+        in requests["arrow_shards.CreateProcessingJob.json"]["ProcessingOutputConfig"]["Outputs"][0]["S3Output"][
+            "S3Uri"
+        ]
+    )
     # Prefixes SageMaker downloads end in "/": `s3://b/raw` would also pull `raw-old/`, `<fp>` its `<fp>-map` sibling.
-    prefixes = [i["S3Input"]["S3Uri"] for params in requests.values() for i in params.get("ProcessingInputs", [])
-                if i["S3Input"]["S3DataType"] == "S3Prefix"]
-    prefixes += [c["DataSource"]["S3DataSource"]["S3Uri"] for params in requests.values() for c in params.get("InputDataConfig", [])
-                 if "S3DataSource" in c["DataSource"]]
+    prefixes = [
+        i["S3Input"]["S3Uri"]
+        for params in requests.values()
+        for i in params.get("ProcessingInputs", [])
+        if i["S3Input"]["S3DataType"] == "S3Prefix"
+    ]
+    prefixes += [
+        c["DataSource"]["S3DataSource"]["S3Uri"]
+        for params in requests.values()
+        for c in params.get("InputDataConfig", [])
+        if "S3DataSource" in c["DataSource"]
+    ]
     prefixes += [params["CheckpointConfig"]["S3Uri"] for params in requests.values() if "CheckpointConfig" in params]
     assert prefixes and all(uri.endswith("/") and not uri.endswith("//") for uri in prefixes), prefixes
     # The training set of any number of sources: the jobs read the shard root that holds every source's
@@ -98,7 +137,10 @@ def test_every_rendered_request_is_valid(tmp_path, monkeypatch, profile, fsx, sp
         assert channel["DataSource"]["FileSystemDataSource"]["DirectoryPath"] == "/abcdefgh/arrow_shards"
         warm = requests["fsx_warm_state.CreateTrainingJob.json"]
         assert warm["HyperParameters"]["training-set"] == folder
-        assert warm["InputDataConfig"][0]["DataSource"]["FileSystemDataSource"]["DirectoryPath"] == "/abcdefgh/arrow_shards"
+        assert (
+            warm["InputDataConfig"][0]["DataSource"]["FileSystemDataSource"]["DirectoryPath"]
+            == "/abcdefgh/arrow_shards"
+        )
         paths = requests["fsx_warm_state.CreateDataRepositoryTask.json"]["Paths"]
         assert paths == ["arrow_shards/example_source/" + paths[0].rsplit("/", 1)[1], f"arrow_shards/{folder}"]
     else:

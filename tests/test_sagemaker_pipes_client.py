@@ -4,14 +4,13 @@ runs the job script: success, failure, MaxRuntimeExceeded, termination and reatt
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-from dagster import AssetKey, Definitions, asset, materialize
+from dagster import AssetKey, asset, materialize
 from dagster._core.errors import DagsterExecutionInterruptedError
-
 from sagemaker_fakes import FakeSageMaker, fake_aws, fake_settings
 from test_job_logs_captured import captured_stdout
+
 from zero_assets.job_request import JobRequest
 from zero_assets.resources.sagemaker_settings import JobCompute
 from zero_assets.sagemaker.code_package import upload_code_package
@@ -50,29 +49,53 @@ def aws(moto_endpoint, tmp_path, monkeypatch):
     setup = fake_aws(moto_endpoint, tmp_path, monkeypatch, BUCKET, "zero_test_jobs", {"pipes_job": TEST_JOB})
     s3, logs, package, fake = setup.s3, setup.logs, setup.package, setup.fake
     settings = fake_settings(
-        bucket=BUCKET, prefix="zero", map_report=JobCompute(instance_type="ml.m5.large"), trained_checkpoint=JobCompute(instance_type="ml.m5.large"),
+        bucket=BUCKET,
+        prefix="zero",
+        map_report=JobCompute(instance_type="ml.m5.large"),
+        trained_checkpoint=JobCompute(instance_type="ml.m5.large"),
     )
     upload_code_package(package, settings.s3_root(), s3)
     s3.put_object(Bucket=BUCKET, Key=f"zero/lake/arrow_shards/{FINGERPRINT[:16]}/manifest.json", Body=b"{}")
-    return {"s3": s3, "logs": logs, "fake": fake, "settings": settings, "package": package, "pipes_uri": setup.pipes_uri}
+    return {
+        "s3": s3,
+        "logs": logs,
+        "fake": fake,
+        "settings": settings,
+        "package": package,
+        "pipes_uri": setup.pipes_uri,
+    }
 
 
 def make_client(aws, client=None, **kwargs) -> PipesSageMakerClient:
     return PipesSageMakerClient(
-        client=client or aws["fake"], logs_client=aws["logs"], s3_client=aws["s3"], pipes_uri=aws["pipes_uri"],
-        poll_interval=0.2, message_poll_interval=0.2, **kwargs,
+        client=client or aws["fake"],
+        logs_client=aws["logs"],
+        s3_client=aws["s3"],
+        pipes_uri=aws["pipes_uri"],
+        poll_interval=0.2,
+        message_poll_interval=0.2,
+        **kwargs,
     )
 
 
 def job_params(aws, kind: str, *, mode: str, seconds: float = 0, max_runtime_s: int | None = None, attempt: int = 1):
     asset_name = "trained_checkpoint" if kind == "training" else "map_report"
     request = JobRequest(
-        asset=asset_name, kind=kind, module="zero_test_jobs.pipes_job", fingerprint=FINGERPRINT,
+        asset=asset_name,
+        kind=kind,
+        module="zero_test_jobs.pipes_job",
+        fingerprint=FINGERPRINT,
         inputs={"train": f"s3://{BUCKET}/zero/lake/arrow_shards/{FINGERPRINT[:16]}"} if kind == "training" else {},
         outputs={} if kind == "training" else {"out": f"s3://{BUCKET}/zero/lake/{asset_name}/{FINGERPRINT[:16]}"},
         arguments={"mode": mode, "seconds": seconds},
     )
-    _, params = build_job_params(request, aws["settings"], job_name=job_name(asset_name, FINGERPRINT, attempt), code=aws["package"], environment={})
+    _, params = build_job_params(
+        request,
+        aws["settings"],
+        job_name=job_name(asset_name, FINGERPRINT, attempt),
+        code=aws["package"],
+        environment={},
+    )
     if max_runtime_s is not None:
         params["StoppingCondition"]["MaxRuntimeInSeconds"] = max_runtime_s
     return params
@@ -96,12 +119,21 @@ def test_success_reports_script_and_job_metadata(aws, instance, kind):
     name = params["TrainingJobName" if kind == "training" else "ProcessingJobName"]
     assert metadata["job_name"].value == name and metadata["job_status"].value == "Completed"
     assert name in metadata["console_url"].value and metadata["instance_type"].value == "ml.m5.large"
-    assert metadata["instance_seconds"].value >= 0 and metadata["instance_count"].value == 1 and metadata["status_history"].value
+    assert (
+        metadata["instance_seconds"].value >= 0
+        and metadata["instance_count"].value == 1
+        and metadata["status_history"].value
+    )
     # The job's own log line, forwarded from CloudWatch to the step's stdout, not to the event log.
     assert re.search(r"^\[algo-1-\d+\] .*running in mode ok$", captured_stdout(instance, result.run_id), re.MULTILINE)
     assert not [e for e in instance.all_logs(result.run_id) if "running in mode ok" in (e.user_message or "")]
     if kind == "processing":
-        assert aws["s3"].get_object(Bucket=BUCKET, Key=f"zero/lake/map_report/{FINGERPRINT[:16]}/result.txt")["Body"].read() == b"ok"
+        assert (
+            aws["s3"]
+            .get_object(Bucket=BUCKET, Key=f"zero/lake/map_report/{FINGERPRINT[:16]}/result.txt")["Body"]
+            .read()
+            == b"ok"
+        )
 
 
 @pytest.mark.parametrize("kind", ["processing", "training"])
@@ -177,13 +209,14 @@ def test_restarted_run_reattaches_instead_of_launching(aws, instance):
         return client.run(context=context, kind="processing", params=params).get_materialize_result()
 
     assert materialize([probe], instance=instance).success
-    assert [c for c in fake.calls if c[0] == "CreateProcessingJob"] == [("CreateProcessingJob", params["ProcessingJobName"])]
+    assert [c for c in fake.calls if c[0] == "CreateProcessingJob"] == [
+        ("CreateProcessingJob", params["ProcessingJobName"])
+    ]
     metadata = instance.get_latest_materialization_event(AssetKey("probe")).asset_materialization.metadata
     assert metadata["rows"].value == 7 and metadata["job_status"].value == "Completed"
 
 
 def test_ended_attempt_moves_to_the_next_name(aws, instance):
-    fake = aws["fake"]
     failed = job_params(aws, "processing", mode="fail")
     assert not materialize_job(make_client(aws), "processing", failed, instance).success
     client = make_client(aws)

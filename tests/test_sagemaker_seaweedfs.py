@@ -9,17 +9,16 @@ import json
 import pytest
 from dagster import AssetKey
 from graph_runs import materialize_source, materialize_tail
-
 from sagemaker_fakes import FakeSageMaker, fake_settings, moto_server
+
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.detection_data import iter_eval_samples, verified_split
 from training_code.lib.shard_format import open_shard, verify_shard
-from training_code.warm import listed_shards
 from training_code.lib.storage import publish_folder
+from training_code.warm import listed_shards
 from zero_assets.assets import raw_image_index, validated_images
 from zero_assets.local_s3 import LocalS3Server
-from zero_assets.resources import SageMakerJobRunner, ZeroSettings
-from zero_assets.resources import sagemaker_runner
+from zero_assets.resources import SageMakerJobRunner, ZeroSettings, sagemaker_runner
 from zero_assets.resources.sagemaker_runner import AwsClients
 from zero_assets.resources.sagemaker_settings import JobCompute
 from zero_assets.resources.settings import REPO_ROOT
@@ -44,28 +43,43 @@ def cloudwatch():
 
 
 @pytest.mark.parametrize("instances", [1, 2])
-def test_validation_job_runs_on_the_s3_path(seaweed, cloudwatch, tiny_raw_root, instance, tmp_path, monkeypatch, instances):
+def test_validation_job_runs_on_the_s3_path(
+    seaweed, cloudwatch, tiny_raw_root, instance, tmp_path, monkeypatch, instances
+):
     for key, value in seaweed.env().items():
         monkeypatch.setenv(key, value)
     publish_folder(tiny_raw_root, f"s3://{BUCKET}/raw")
     lake = f"s3://{BUCKET}/zero/lake-{instances}"  # its own lake per case: the other case's output must not be found
     settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw", lake_uri=lake, backend="sagemaker")
     aws = fake_settings(
-        bucket=BUCKET, validated_images=JobCompute(instance_type="ml.m5.xlarge", instance_count=instances), poll_interval_s=0.3,
+        bucket=BUCKET,
+        validated_images=JobCompute(instance_type="ml.m5.xlarge", instance_count=instances),
+        poll_interval_s=0.3,
     )
-    fake = FakeSageMaker(tmp_path / "sm", seaweed.client(), cloudwatch, {**seaweed.env(), "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.3"})
-    monkeypatch.setattr(sagemaker_runner, "make_aws_clients", lambda region: AwsClients(fake, cloudwatch, seaweed.client(), None))
+    fake = FakeSageMaker(
+        tmp_path / "sm",
+        seaweed.client(),
+        cloudwatch,
+        {**seaweed.env(), "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.3"},
+    )
+    monkeypatch.setattr(
+        sagemaker_runner, "make_aws_clients", lambda region: AwsClients(fake, cloudwatch, seaweed.client(), None)
+    )
     jobs = SageMakerJobRunner(settings=settings, aws=aws)
 
-    result = materialize_source(SOURCE, instance=instance, resources={"settings": settings, "jobs": jobs},
-                                assets=[raw_image_index, validated_images])
+    result = materialize_source(
+        SOURCE,
+        instance=instance,
+        resources={"settings": settings, "jobs": jobs},
+        assets=[raw_image_index, validated_images],
+    )
     assert result.success
     metadata = instance.get_latest_materialization_event(AssetKey("validated_images")).asset_materialization.metadata
     assert metadata["backend"].value == "sagemaker" and metadata["job_status"].value == "Completed"
     assert metadata["accepted"].value > 0  # reported by the script through S3 Pipes messages
     assert str(metadata["dagster/uri"].value).startswith(f"{lake}/validated_images/{SOURCE}/")
     s3 = seaweed.client()
-    output = str(metadata["dagster/uri"].value)[len(f"s3://{BUCKET}/"):]
+    output = str(metadata["dagster/uri"].value)[len(f"s3://{BUCKET}/") :]
     assert s3.head_object(Bucket=BUCKET, Key=f"{output}/manifest.json")["ContentLength"] > 0
     digest = build_code_package().digest
     assert s3.head_object(Bucket=BUCKET, Key=f"zero/code/{digest}/{MARKER}")
@@ -74,23 +88,39 @@ def test_validation_job_runs_on_the_s3_path(seaweed, cloudwatch, tiny_raw_root, 
 
     launched = [c for c in fake.calls if c[0] == "CreateProcessingJob"]
     # Only the source's raw folder is handed to the job, landing where the script reads the raw layout.
-    raw_input = next(i["S3Input"] for i in fake.jobs[name]["params"]["ProcessingInputs"] if i["InputName"] == "raw") if instances == 1 else \
-        next(i["S3Input"] for i in fake.jobs[metadata["map_job_name"].value]["params"]["ProcessingInputs"] if i["InputName"] == "raw")
-    assert raw_input["S3Uri"] == f"s3://{BUCKET}/raw/{SOURCE}/" and raw_input["LocalPath"].endswith(f"/input/raw/{SOURCE}")
+    raw_input = (
+        next(i["S3Input"] for i in fake.jobs[name]["params"]["ProcessingInputs"] if i["InputName"] == "raw")
+        if instances == 1
+        else next(
+            i["S3Input"]
+            for i in fake.jobs[metadata["map_job_name"].value]["params"]["ProcessingInputs"]
+            if i["InputName"] == "raw"
+        )
+    )
+    assert raw_input["S3Uri"] == f"s3://{BUCKET}/raw/{SOURCE}/" and raw_input["LocalPath"].endswith(
+        f"/input/raw/{SOURCE}"
+    )
     if instances == 2:
         # Map on two instances, each given half the raw objects by key, then the reduce on one.
         map_name = metadata["map_job_name"].value
         assert launched == [("CreateProcessingJob", map_name), ("CreateProcessingJob", name)]
         assert fake.jobs[map_name]["params"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2
         parts = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{output}-map/verdicts-")["Contents"]
-        assert sorted(part["Key"].rsplit("/", 1)[1] for part in parts) == ["verdicts-algo-1.parquet", "verdicts-algo-2.parquet"]
-        streams = cloudwatch.describe_log_streams(logGroupName="/aws/sagemaker/ProcessingJobs", logStreamNamePrefix=f"{map_name}/")["logStreams"]
+        assert sorted(part["Key"].rsplit("/", 1)[1] for part in parts) == [
+            "verdicts-algo-1.parquet",
+            "verdicts-algo-2.parquet",
+        ]
+        streams = cloudwatch.describe_log_streams(
+            logGroupName="/aws/sagemaker/ProcessingJobs", logStreamNamePrefix=f"{map_name}/"
+        )["logStreams"]
         assert {stream["logStreamName"].split("/")[1].rsplit("-", 1)[0] for stream in streams} == {"algo-1", "algo-2"}
     else:
         assert launched == [("CreateProcessingJob", name)]
 
     # Same inputs again: the finished job is found by name, nothing new is launched.
-    assert materialize_source(SOURCE, instance=instance, resources={"settings": settings, "jobs": jobs}, assets=[validated_images]).success
+    assert materialize_source(
+        SOURCE, instance=instance, resources={"settings": settings, "jobs": jobs}, assets=[validated_images]
+    ).success
     assert [c for c in fake.calls if c[0] == "CreateProcessingJob"] == launched
 
 
@@ -98,7 +128,9 @@ FAST_TRAINING = {"max_steps": 4, "checkpoint_every": 2, "batch_size": 4}
 
 
 @pytest.mark.slow  # every job of two sources' graph on the fake SageMaker: about 80 s here
-def test_two_source_training_set_warms_trains_and_evaluates(seaweed, cloudwatch, tiny_raw_root, instance, tmp_path, monkeypatch):
+def test_two_source_training_set_warms_trains_and_evaluates(
+    seaweed, cloudwatch, tiny_raw_root, instance, tmp_path, monkeypatch
+):
     """Two sources on the S3 path (no FSx): the warm step lays the training set out under the shard root,
     manifest last; the real trainer and evaluator read it there (FastFile channel; ManifestFile input)."""
     for key, value in seaweed.env().items():
@@ -107,35 +139,66 @@ def test_two_source_training_set_warms_trains_and_evaluates(seaweed, cloudwatch,
     lake = f"s3://{BUCKET}/zero/lake-set"
     settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw-set", lake_uri=lake, backend="sagemaker")
     aws = fake_settings(bucket=BUCKET, poll_interval_s=0.3)
-    fake = FakeSageMaker(tmp_path / "sm", seaweed.client(), cloudwatch, {**seaweed.env(), "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.3"})
-    monkeypatch.setattr(sagemaker_runner, "make_aws_clients", lambda region: AwsClients(fake, cloudwatch, seaweed.client(), None))
+    fake = FakeSageMaker(
+        tmp_path / "sm",
+        seaweed.client(),
+        cloudwatch,
+        {**seaweed.env(), "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.3"},
+    )
+    monkeypatch.setattr(
+        sagemaker_runner, "make_aws_clients", lambda region: AwsClients(fake, cloudwatch, seaweed.client(), None)
+    )
     resources = {"settings": settings, "jobs": SageMakerJobRunner(settings=settings, aws=aws)}
     sources = ["line_a_camera", "line_b_camera"]
     for source in sources:
         assert materialize_source(source, instance=instance, resources=resources).success
-    result = materialize_tail(instance=instance, resources=resources,
-                              run_config={"ops": {"trained_checkpoint": {"config": FAST_TRAINING}}})
+    result = materialize_tail(
+        instance=instance, resources=resources, run_config={"ops": {"trained_checkpoint": {"config": FAST_TRAINING}}}
+    )
     assert result.success
 
     def metadata(asset: str) -> dict:
-        return {k: v.value for k, v in instance.get_latest_materialization_event(AssetKey(asset)).asset_materialization.metadata.items()}
+        return {
+            k: v.value
+            for k, v in instance.get_latest_materialization_event(
+                AssetKey(asset)
+            ).asset_materialization.metadata.items()
+        }
 
-    chosen, warm, trained, report = metadata("training_set"), metadata("fsx_warm_state"), metadata("trained_checkpoint"), metadata("map_report")
+    chosen, warm, trained, report = (
+        metadata("training_set"),
+        metadata("fsx_warm_state"),
+        metadata("trained_checkpoint"),
+        metadata("map_report"),
+    )
     assert [r.data["source"] for r in chosen["sources"].records] == sources
     folder = warm["training_set_folder"]
-    assert warm["dagster/uri"] == f"{lake}/arrow_shards/{folder}" and warm["sources"] == sources and warm["shards"] == chosen["shards"]
+    assert (
+        warm["dagster/uri"] == f"{lake}/arrow_shards/{folder}"
+        and warm["sources"] == sources
+        and warm["shards"] == chosen["shards"]
+    )
     # The warm state carries the training set's data version: warming the same bytes again does not make training stale.
-    versions = {asset: instance.get_latest_materialization_event(AssetKey(asset)).asset_materialization.tags["dagster/data_version"]
-                for asset in ("training_set", "fsx_warm_state")}
+    versions = {
+        asset: instance.get_latest_materialization_event(AssetKey(asset)).asset_materialization.tags[
+            "dagster/data_version"
+        ]
+        for asset in ("training_set", "fsx_warm_state")
+    }
     assert versions["fsx_warm_state"] == versions["training_set"]
     # The channel is the shard root; the trainer is told the training set's folder there.
     training = fake.jobs[trained["job_name"]]["params"]
     assert training["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] == f"{lake}/arrow_shards/"
     assert training["HyperParameters"]["training-set"] == folder
     s3 = seaweed.client()
-    manifest = json.loads(s3.get_object(Bucket=BUCKET, Key=f"zero/lake-set/arrow_shards/{folder}/manifest.json")["Body"].read())
+    manifest = json.loads(
+        s3.get_object(Bucket=BUCKET, Key=f"zero/lake-set/arrow_shards/{folder}/manifest.json")["Body"].read()
+    )
     assert [s["folder"].split("/")[0] for s in manifest["sources"]] == sources  # relative to the shard root
-    rows = {split: {s["source"]: sum(e["rows"] for e in s["shards"] if e["split"] == split) for s in manifest["sources"]} for split in ("train", "val")}
+    rows = {
+        split: {s["source"]: sum(e["rows"] for e in s["shards"] if e["split"] == split) for s in manifest["sources"]}
+        for split in ("train", "val")
+    }
     assert all(rows["train"][source] + rows["val"][source] for source in sources), rows  # both sources hold shards
     # The evaluator got exactly the training set's files from S3 (no FSx mount for Processing jobs) and
     # scored what the trainer's own reader yields there: both sources, excluded rows skipped.
@@ -144,21 +207,27 @@ def test_two_source_training_set_warms_trains_and_evaluates(seaweed, cloudwatch,
     assert listed["S3DataType"] == "ManifestFile"
     local = tmp_path / "shard_root"
     for obj in s3.list_objects_v2(Bucket=BUCKET, Prefix="zero/lake-set/arrow_shards/")["Contents"]:
-        target = local / obj["Key"][len("zero/lake-set/arrow_shards/"):]
+        target = local / obj["Key"][len("zero/lake-set/arrow_shards/") :]
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(s3.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read())
     _, val_shards = verified_split(local, "val", training_set_dir=folder)
     val_rows = sum(ref.rows for ref in val_shards)
-    assert {ref.path.relative_to(local).parts[0] for ref in val_shards} == {source for source, n in rows["val"].items() if n}
+    assert {ref.path.relative_to(local).parts[0] for ref in val_shards} == {
+        source for source, n in rows["val"].items() if n
+    }
     assert val_rows == sum(rows["val"].values())
     assert report["val_images"] == sum(1 for _ in iter_eval_samples(val_shards)) <= val_rows
     # The rows trained on: the train split's, less the rows the training set excludes (line_b's copy of a line_a image).
     _, train_shards = verified_split(local, "train", training_set_dir=folder)
     assert sum(ref.rows for ref in train_shards) == sum(rows["train"].values())
-    kept = sum(key not in ref.excluded for ref in train_shards for key in open_shard(ref.path).column("key").to_pylist())
+    kept = sum(
+        key not in ref.excluded for ref in train_shards for key in open_shard(ref.path).column("key").to_pylist()
+    )
     assert trained["dagster/row_count"] == kept, (rows, trained["dagster/row_count"])
     # What the FSx warm job loads and verifies in that layout: every listed shard of every source.
     _, located = listed_shards(local, folder)
-    assert len(located) == warm["shards"] and {where.relative_to(local).parts[0] for where, _ in located} == set(sources)
+    assert len(located) == warm["shards"] and {where.relative_to(local).parts[0] for where, _ in located} == set(
+        sources
+    )
     for where, entry in located:
         verify_shard(where, entry)

@@ -15,7 +15,9 @@ from zero_assets.sagemaker.requests import check_environment
 FP = "a1b2c3d4e5f60718293a4b5c6d7e8f90" * 2
 
 
-@pytest.mark.parametrize("asset", ["map_report", "trained_checkpoint", "x" * 200, "weird name/with.dots_and_underscores"])
+@pytest.mark.parametrize(
+    "asset", ["map_report", "trained_checkpoint", "x" * 200, "weird name/with.dots_and_underscores"]
+)
 @pytest.mark.parametrize("attempt", [1, 7, 123])
 def test_job_names_are_deterministic_and_valid(asset, attempt):
     name = job_name(asset, FP, attempt)
@@ -53,8 +55,15 @@ def test_stopped_on_max_runtime_is_explained():
 def test_backend_is_chosen_from_the_environment(monkeypatch):
     monkeypatch.delenv("ZERO_BACKEND", raising=False)
     assert isinstance(resources_from_env()["jobs"], LocalJobRunner)
-    env = {"ZERO_BACKEND": "sagemaker", "ZERO_SM_REGION": "eu-west-1", "ZERO_SM_ROLE_ARN": "arn:aws:iam::123456789012:role/r",
-           "ZERO_SM_BUCKET": "b", "ZERO_SM_TRAINING_IMAGE_URI": "t", "ZERO_SM_PROCESSING_IMAGE_URI": "p", "ZERO_PROFILE": "rehearsal"}
+    env = {
+        "ZERO_BACKEND": "sagemaker",
+        "ZERO_SM_REGION": "eu-west-1",
+        "ZERO_SM_ROLE_ARN": "arn:aws:iam::123456789012:role/r",
+        "ZERO_SM_BUCKET": "b",
+        "ZERO_SM_TRAINING_IMAGE_URI": "t",
+        "ZERO_SM_PROCESSING_IMAGE_URI": "p",
+        "ZERO_PROFILE": "rehearsal",
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("ZERO_LAKE_URI", raising=False)
@@ -78,6 +87,8 @@ def test_multi_instance_processing_without_split_input_is_refused():
         def compute(self, asset):
             return Compute()
 
-    request = JobRequest(asset="validated_images", kind="processing", module="training_code.validate", fingerprint="f" * 64)
+    request = JobRequest(
+        asset="validated_images", kind="processing", module="training_code.validate", fingerprint="f" * 64
+    )
     with pytest.raises(ValueError, match="instance count to 1"):
         _processing_params(request, Settings(), "job", None, {}, "s3://bucket/lake")

@@ -10,9 +10,9 @@ import shutil
 import pytest
 from dagster import AssetKey, RunsFilter
 from dagster._core.storage.tags import PARTITION_NAME_TAG
-
 from sensor_ticks import SensorDaemon, s3_message, s3_record
 from sqs_server import queue_counts, sqs
+
 from zero_assets.resources import ZeroSettings
 
 RAW = "s3://zero-raw/plant"
@@ -51,8 +51,13 @@ def test_a_new_source_on_the_queue_becomes_a_partition_and_runs_alone(queue_daem
     result, launched = daemon.tick()
     assert daemon.sources() == ["cam_a", "cam_b", "cam_c", "new_plant"], "the new source is a partition"
     assert _partitions(launched) == ["new_plant"], "a run for the new source only, none for the others"
-    assert launched[0].asset_selection == [AssetKey("raw_image_index")] and launched[0].tags["zero/trigger"] == "new source"
-    assert daemon.raw_data_version("new_plant") == launched[0].tags["zero/raw_version"], "raw_data observed with the change's version"
+    assert (
+        launched[0].asset_selection == [AssetKey("raw_image_index")]
+        and launched[0].tags["zero/trigger"] == "new source"
+    )
+    assert daemon.raw_data_version("new_plant") == launched[0].tags["zero/raw_version"], (
+        "raw_data observed with the change's version"
+    )
     runs = instance.get_runs(RunsFilter(tags={PARTITION_NAME_TAG: "new_plant"}))
     assert len(runs) == 1
 
@@ -84,14 +89,24 @@ def test_messages_are_deleted_and_a_malformed_one_is_reported_not_fatal(queue_da
 
 def test_hostile_events_never_stop_the_sensor(queue_daemon, queue):
     daemon, bucket = queue_daemon
-    for body in ["", "null", "[]", '{"Records": "x"}', '{"Records": [{"eventName": 5}]}', json.dumps({"Records": [{"eventName": "ObjectCreated:Put", "s3": []}]})]:
+    for body in [
+        "",
+        "null",
+        "[]",
+        '{"Records": "x"}',
+        '{"Records": [{"eventName": 5}]}',
+        json.dumps({"Records": [{"eventName": "ObjectCreated:Put", "s3": []}]}),
+    ]:
         sqs().send_message(QueueUrl=queue, MessageBody=body or " ")
     bucket.event("ObjectCreated:Put", "cam\u2028/x.jpg", "cam_a/a\nb.jpg", "cam_a/%ff.jpg", "/abs.jpg", "a...b/x.jpg")
     result, launched = daemon.tick()
-    assert _partitions(launched) == sorted(["cam\u2028", "cam_a"]), "odd but safe names are sources; the rest are reported"
+    assert _partitions(launched) == sorted(["cam\u2028", "cam_a"]), (
+        "odd but safe names are sources; the rest are reported"
+    )
 
 
 # --- local raw roots: a listing digest per source ---
+
 
 @pytest.fixture
 def raw_root(tiny_raw_root, tmp_path):
@@ -112,9 +127,16 @@ def test_first_tick_registers_every_source_and_an_unchanged_root_requests_nothin
     assert launched == [] and result.skip_message
 
 
-@pytest.mark.parametrize("change, source", [("added", "warehouse_scanner"), ("modified_in_place", "line_a_camera"),
-                                            ("sorts_before_cursor", "aaa_first_source"), ("removed", "line_a_camera"),
-                                            ("annotations_edited", "line_b_camera")])
+@pytest.mark.parametrize(
+    "change, source",
+    [
+        ("added", "warehouse_scanner"),
+        ("modified_in_place", "line_a_camera"),
+        ("sorts_before_cursor", "aaa_first_source"),
+        ("removed", "line_a_camera"),
+        ("annotations_edited", "line_b_camera"),
+    ],
+)
 def test_every_kind_of_change_runs_its_source_only(local_daemon, raw_root, change, source):
     local_daemon.tick()
     some_image = sorted(p for p in (raw_root / "line_a_camera").rglob("*") if p.suffix in (".png", ".jpg"))[0]
@@ -140,6 +162,7 @@ def test_every_kind_of_change_runs_its_source_only(local_daemon, raw_root, chang
 
 # --- the real daemon: the code location in its own process, the sensor daemon's iteration ---
 
+
 def test_the_daemon_adds_partitions_observes_and_queues_one_run_per_changed_source(queue, monkeypatch, tmp_path):
     """Through Dagster's own sensor daemon and a code server process loading `zero_assets.definitions`:
     what the daemon does with the result (partitions, observations, run keys, cursor) is Dagster's."""
@@ -157,9 +180,16 @@ def test_the_daemon_adds_partitions_observes_and_queues_one_run_per_changed_sour
     monkeypatch.setenv("ZERO_LAKE_URI", str(tmp_path / "lake"))
     bucket = Bucket(queue)
     queued = {"run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"}}
-    target = ModuleTarget(module_name="zero_assets.definitions", attribute="defs", working_directory=str(Path(__file__).parents[1]),
-                          location_name="zero_assets")
-    with instance_for_test(overrides=queued) as instance, create_test_daemon_workspace_context(target, instance) as workspace:
+    target = ModuleTarget(
+        module_name="zero_assets.definitions",
+        attribute="defs",
+        working_directory=str(Path(__file__).parents[1]),
+        location_name="zero_assets",
+    )
+    with (
+        instance_for_test(overrides=queued) as instance,
+        create_test_daemon_workspace_context(target, instance) as workspace,
+    ):
         location = next(iter(workspace.create_request_context().get_code_location_entries().values()))
         assert location.code_location, location.load_error
         repository = next(iter(location.code_location.get_repositories().values()))
@@ -180,7 +210,9 @@ def test_the_daemon_adds_partitions_observes_and_queues_one_run_per_changed_sour
         bucket.event("ObjectCreated:Put", "new_plant/lot_0/1.jpg")
         tick()
         runs = instance.get_runs()
-        assert sorted(run.tags[PARTITION_NAME_TAG] for run in runs) == ["cam_a", "cam_b", "new_plant"], "one run for the new source only"
+        assert sorted(run.tags[PARTITION_NAME_TAG] for run in runs) == ["cam_a", "cam_b", "new_plant"], (
+            "one run for the new source only"
+        )
         assert runs[0].asset_selection == {AssetKey("raw_image_index")}
         observed = instance.fetch_observations(AssetKey("raw_data"), limit=10).records
         assert sorted(r.asset_observation.partition for r in observed) == ["cam_a", "cam_b", "new_plant"]

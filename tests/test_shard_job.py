@@ -31,9 +31,21 @@ def _validated_set(tmp_path: Path, images: int = 12) -> tuple[Path, Path]:
         (raw / key).parent.mkdir(parents=True, exist_ok=True)
         (raw / key).write_bytes(buffer.getvalue())
         rows.append(
-            {"source": "src", "key": key, "sha256": sha256_bytes(buffer.getvalue()), "size": len(buffer.getvalue()),
-             "format": "PNG", "mode": "RGB", "width": 40 + n, "height": 30, "orientation": 1, "group": f"src/lot_{n % 3}",
-             "split": "val" if n % 3 == 0 else "train", "boxes": [[1.0, 2.0, 10.0, 12.0]], "category_names": ["washer"]}
+            {
+                "source": "src",
+                "key": key,
+                "sha256": sha256_bytes(buffer.getvalue()),
+                "size": len(buffer.getvalue()),
+                "format": "PNG",
+                "mode": "RGB",
+                "width": 40 + n,
+                "height": 30,
+                "orientation": 1,
+                "group": f"src/lot_{n % 3}",
+                "split": "val" if n % 3 == 0 else "train",
+                "boxes": [[1.0, 2.0, 10.0, 12.0]],
+                "category_names": ["washer"],
+            }
         )
     write_table(pd.DataFrame(rows), ACCEPTED, validated / "accepted.parquet")
     (validated / "categories.json").write_text(json.dumps([{"id": 1, "name": "bolt"}, {"id": 2, "name": "washer"}]))
@@ -43,9 +55,23 @@ def _validated_set(tmp_path: Path, images: int = 12) -> tuple[Path, Path]:
 
 def _run_shard_job(raw: Path, validated: Path, out: Path, target: int) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "training_code.shard", "--validated", str(validated), "--raw", str(raw), "--out", str(out),
-         "--target-shard-bytes", str(target)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "training_code.shard",
+            "--validated",
+            str(validated),
+            "--raw",
+            str(raw),
+            "--out",
+            str(out),
+            "--target-shard-bytes",
+            str(target),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -91,14 +117,26 @@ def test_truncated_or_edited_shard_is_rejected_on_read(tmp_path, damage):
         verify_shard(out, entry)
 
 
-def _build(raw: Path, validated: Path, out: Path, previous: Path | None = None, encoding: Encoding = Encoding(), target: int = 300):
+def _build(
+    raw: Path,
+    validated: Path,
+    out: Path,
+    previous: Path | None = None,
+    encoding: Encoding = Encoding(),
+    target: int = 300,
+):
     return build_shards(validated, raw, out, target, encoding, workers=2, previous=previous)
 
 
 def test_resize_mode_scales_boxes_and_sizes_to_match_the_decoded_image(tmp_path):
     raw, validated = _validated_set(tmp_path, images=4)
     manifest, _ = _build(raw, validated, tmp_path / "shards", encoding=Encoding("resize", max_side=20, jpeg_quality=85))
-    assert manifest["config"] == {"target_shard_bytes": 300, "image_encoding": "resize", "max_side": 20, "jpeg_quality": 85}
+    assert manifest["config"] == {
+        "target_shard_bytes": 300,
+        "image_encoding": "resize",
+        "max_side": 20,
+        "jpeg_quality": 85,
+    }
     for entry in manifest["shards"]:
         for row in datasets.Dataset.from_file(str(tmp_path / "shards" / entry["file"])):
             picture = row["image"]  # datasets decodes it as decode_upright does: EXIF applied, RGB
@@ -114,19 +152,31 @@ def test_previous_set_is_carried_over_and_a_changed_image_rebuilds_only_its_shar
     assert len(first["shards"]) >= 4
     same, work = _build(raw, validated, tmp_path / "same", previous=tmp_path / "first")
     assert same["shards"] == first["shards"] and work["rows_packed"] == 0
-    assert (tmp_path / "same" / first["shards"][0]["file"]).stat().st_ino == (tmp_path / "first" / first["shards"][0]["file"]).stat().st_ino
+    assert (tmp_path / "same" / first["shards"][0]["file"]).stat().st_ino == (
+        tmp_path / "first" / first["shards"][0]["file"]
+    ).stat().st_ino
 
     # Relabel one image: the shard holding it is dropped and its rows packed again under a new index.
     accepted = pd.read_parquet(validated / "accepted.parquet")
     changed_key = accepted.loc[accepted["split"] == "train", "key"].iloc[0]
-    accepted.loc[accepted["key"] == changed_key, "boxes"] = pd.Series([[[2.0, 2.0, 9.0, 9.0]]] * 1, index=accepted.index[accepted["key"] == changed_key])
+    accepted.loc[accepted["key"] == changed_key, "boxes"] = pd.Series(
+        [[[2.0, 2.0, 9.0, 9.0]]] * 1, index=accepted.index[accepted["key"] == changed_key]
+    )
     write_table(accepted, ACCEPTED, validated / "accepted.parquet")
     relabelled, work = _build(raw, validated, tmp_path / "relabelled", previous=tmp_path / "first")
-    holder = next(e for e in first["shards"] if changed_key in datasets.Dataset.from_file(str(tmp_path / "first" / e["file"]))["key"])
+    holder = next(
+        e
+        for e in first["shards"]
+        if changed_key in datasets.Dataset.from_file(str(tmp_path / "first" / e["file"]))["key"]
+    )
     assert work["shards_dropped"] == 1 and work["shards_reused"] == len(first["shards"]) - 1
     assert holder not in relabelled["shards"] and work["rows_packed"] == holder["rows"]
     new_files = {e["file"] for e in relabelled["shards"]} - {e["file"] for e in first["shards"]}
-    assert all(int(name.split("-")[1][:5]) > max(int(e["file"].split("-")[1][:5]) for e in first["shards"] if e["split"] == "train") for name in new_files)
+    assert all(
+        int(name.split("-")[1][:5])
+        > max(int(e["file"].split("-")[1][:5]) for e in first["shards"] if e["split"] == "train")
+        for name in new_files
+    )
     assert relabelled["rows"] == first["rows"]
 
     # Another shard config: nothing is carried over.

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from dagster import AssetKey, TableMetadataValue, instance_for_test
-
 from conftest import make_resources
+from dagster import AssetKey, TableMetadataValue, instance_for_test
 from graph_runs import materialize_graph, materialize_source, materialize_tail
+
 from training_code.lib import training_set as ts
 from training_code.lib.shard_format import SHARD_SCHEMA, open_shard
 from zero_assets.assets import PER_SOURCE_ASSETS, TAIL_ASSETS
@@ -25,7 +25,9 @@ from zero_assets.definitions import defs
 from zero_assets.fingerprints import latest_materializations
 
 SOURCES = ["line_a_camera", "line_b_camera"]
-FAST_TRAINING = {"ops": {"trained_checkpoint": {"config": {"max_steps": 4, "checkpoint_every": 4, "batch_size": 2, "processes": 1}}}}
+FAST_TRAINING = {
+    "ops": {"trained_checkpoint": {"config": {"max_steps": 4, "checkpoint_every": 4, "batch_size": 2, "processes": 1}}}
+}
 STANDARD = ("dagster/row_count", "dagster/size_bytes", "dagster/uri")
 
 
@@ -36,7 +38,11 @@ def latest(instance, asset: str, partition: str | None = None) -> dict:
 
 def every_latest(instance) -> dict[str, dict]:
     """`asset[source]` or `asset` -> the metadata of its latest materialization."""
-    found = {f"{a.key.to_user_string()}[{s}]": latest(instance, a.key.to_user_string(), s) for a in PER_SOURCE_ASSETS for s in SOURCES}
+    found = {
+        f"{a.key.to_user_string()}[{s}]": latest(instance, a.key.to_user_string(), s)
+        for a in PER_SOURCE_ASSETS
+        for s in SOURCES
+    }
     return found | {a.key.to_user_string(): latest(instance, a.key.to_user_string()) for a in TAIL_ASSETS}
 
 
@@ -47,8 +53,12 @@ def bytes_on_disk(folder: Path) -> int:
 
 def shard_rows(folder: Path, split: str | None = None) -> list[dict]:
     """(split, key) of every row of every shard file under `folder`, read from the Arrow files themselves."""
-    return [{"split": path.name.split("-")[0], "key": key} for path in sorted(folder.rglob("*.arrow"))
-            if split in (None, path.name.split("-")[0]) for key in open_shard(path).column("key").to_pylist()]
+    return [
+        {"split": path.name.split("-")[0], "key": key}
+        for path in sorted(folder.rglob("*.arrow"))
+        if split in (None, path.name.split("-")[0])
+        for key in open_shard(path).column("key").to_pylist()
+    ]
 
 
 def rows_in_output(asset: str, folder: Path) -> int | None:
@@ -71,7 +81,9 @@ def graph(tiny_raw_root, tmp_path_factory):
     state = tmp_path_factory.mktemp("standard")
     resources = make_resources(tiny_raw_root, state / "state")
     with instance_for_test(temp_dir=str(state)) as instance:
-        per_source, tail = materialize_graph(tiny_raw_root, instance=instance, resources=resources, run_config=FAST_TRAINING, sources=SOURCES)
+        per_source, tail = materialize_graph(
+            tiny_raw_root, instance=instance, resources=resources, run_config=FAST_TRAINING, sources=SOURCES
+        )
         assert all(r.success for r in per_source.values()) and tail.success
         yield instance, resources, every_latest(instance)
 
@@ -99,8 +111,16 @@ def test_every_materialization_records_rows_size_and_uri_of_its_output(graph):
 def test_shards_declare_their_column_schema_and_summarise_the_shard_list(graph):
     _, _, metadata = graph
     names = [field.name for field in SHARD_SCHEMA]
-    declared = {asset: [c.name for c in defs.get_assets_def(asset).specs_by_key[AssetKey(asset)].metadata["dagster/column_schema"].schema.columns]
-                for asset in ("raw_image_index", "arrow_shards", "training_set")}
+    declared = {
+        asset: [
+            c.name
+            for c in defs.get_assets_def(asset)
+            .specs_by_key[AssetKey(asset)]
+            .metadata["dagster/column_schema"]
+            .schema.columns
+        ]
+        for asset in ("raw_image_index", "arrow_shards", "training_set")
+    }
     assert declared["arrow_shards"] == declared["training_set"] == names
     index = pd.read_parquet(Path(metadata[f"raw_image_index[{SOURCES[0]}]"]["dagster/uri"]) / "index.parquet")
     assert declared["raw_image_index"] == list(index.columns)
@@ -114,7 +134,9 @@ def test_shards_declare_their_column_schema_and_summarise_the_shard_list(graph):
         assert isinstance(summary, TableMetadataValue)
         overall = next(r.data for r in summary.records if r.data["split"] == "all")
         assert overall["shards"] == len(files)
-        assert overall["bytes_max"] == max(f.stat().st_size for f in files) and overall["bytes_min"] == min(f.stat().st_size for f in files)
+        assert overall["bytes_max"] == max(f.stat().st_size for f in files) and overall["bytes_min"] == min(
+            f.stat().st_size for f in files
+        )
         assert overall["rows_max"] == max(open_shard(f).num_rows for f in files)
     sources = metadata["training_set"]["sources"]
     assert isinstance(sources, TableMetadataValue)
@@ -156,8 +178,14 @@ def test_fsx_warm_job_counts_what_the_local_warm_counts(graph, tmp_path):
     shutil.copytree(chosen, root / "_training_sets" / "chosen", ignore=shutil.ignore_patterns(OUTPUT_MARKER))
     environment = {**os.environ, "SM_CHANNEL_SHARDS": str(root), "ZERO_OPT_ML": str(tmp_path / "opt_ml")}
     environment.pop("DAGSTER_PIPES_CONTEXT", None)
-    done = subprocess.run([sys.executable, "-m", "training_code.warm", "--training-set", "_training_sets/chosen"], env=environment,
-                          capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "training_code.warm", "--training-set", "_training_sets/chosen"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     [event] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"event": "materialization"')]
     warm = metadata["fsx_warm_state"]
     assert event["metadata"]["dagster/row_count"] == warm["dagster/row_count"] == len(shard_rows(root))

@@ -1,13 +1,10 @@
 """The storage layer against a real S3-compatible server on loopback: the same calls as local paths."""
 
-import shutil
-
 import pytest
+from raw_index_reference import build_raw_index
 
 from training_code.lib import storage
 from zero_assets.demo_data import make_demo_raw_root
-
-from raw_index_reference import build_raw_index
 
 
 def _upload_tree(client, bucket, root, prefix):

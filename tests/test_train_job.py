@@ -18,7 +18,12 @@ import torch
 from PIL import Image, ImageDraw
 
 from training_code.lib.detection_data import (
-    Augmentation, ShardDetectionStream, TooManyBadSamplesError, build_train_loader, collate_detection, targets_on,
+    Augmentation,
+    ShardDetectionStream,
+    TooManyBadSamplesError,
+    build_train_loader,
+    collate_detection,
+    targets_on,
     verified_split,
 )
 from training_code.lib.model import build_model, model_config
@@ -28,7 +33,20 @@ from training_code.lib.shard_writer import ShardWriter
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 CATEGORIES = [{"id": 1, "name": "red_square"}, {"id": 2, "name": "blue_disc"}]
-FAST_ARGS = ["--batch-size", "2", "--width", "16", "--min-size", "64", "--max-size", "96", "--warmup-steps", "2", "--log-every", "1"]
+FAST_ARGS = [
+    "--batch-size",
+    "2",
+    "--width",
+    "16",
+    "--min-size",
+    "64",
+    "--max-size",
+    "96",
+    "--warmup-steps",
+    "2",
+    "--log-every",
+    "1",
+]
 
 
 def shape_row(rng: np.random.Generator, key: str, shapes: int, image_format: str = "JPEG") -> dict:
@@ -41,7 +59,9 @@ def shape_row(rng: np.random.Generator, key: str, shapes: int, image_format: str
         size = float(rng.uniform(18, 34))
         x1, y1 = float(rng.uniform(0, width - size)), float(rng.uniform(0, height - size))
         category = int(rng.integers(1, 3))
-        (draw.rectangle if category == 1 else draw.ellipse)((x1, y1, x1 + size, y1 + size), fill=(220, 30, 30) if category == 1 else (30, 30, 220))
+        (draw.rectangle if category == 1 else draw.ellipse)(
+            (x1, y1, x1 + size, y1 + size), fill=(220, 30, 30) if category == 1 else (30, 30, 220)
+        )
         boxes.append([x1, y1, x1 + size, y1 + size])
         ids.append(category)
     buffer = io.BytesIO()
@@ -51,8 +71,18 @@ def shape_row(rng: np.random.Generator, key: str, shapes: int, image_format: str
 
 def encoded_row(data: bytes, image_format: str, width: int, height: int, boxes, ids, key: str) -> dict:
     names = [c["name"] for i in ids for c in CATEGORIES if c["id"] == i]
-    return {"image": data, "image_format": image_format, "width": width, "height": height, "boxes": boxes,
-            "category_ids": ids, "category_names": names, "source": "test", "key": key, "sha256": hashlib.sha256(data).hexdigest()}
+    return {
+        "image": data,
+        "image_format": image_format,
+        "width": width,
+        "height": height,
+        "boxes": boxes,
+        "category_ids": ids,
+        "category_names": names,
+        "source": "test",
+        "key": key,
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
 
 
 def write_shard_set(folder: Path, rows_by_split: dict[str, list[dict]], shard_bytes: int = 40_000) -> Path:
@@ -70,13 +100,20 @@ def write_shard_set(folder: Path, rows_by_split: dict[str, list[dict]], shard_by
 def shards(tmp_path_factory) -> Path:
     rng = np.random.default_rng(3)
     # Every fourth image has no boxes at all: background-only images must train too.
-    train = [shape_row(rng, f"train/{i:03d}", shapes=0 if i % 4 == 0 else 1 + i % 3, image_format="PNG" if i % 5 == 0 else "JPEG") for i in range(40)]
+    train = [
+        shape_row(
+            rng, f"train/{i:03d}", shapes=0 if i % 4 == 0 else 1 + i % 3, image_format="PNG" if i % 5 == 0 else "JPEG"
+        )
+        for i in range(40)
+    ]
     val = [shape_row(rng, f"val/{i:03d}", shapes=1 + i % 2) for i in range(6)]
     return write_shard_set(tmp_path_factory.mktemp("shards"), {"train": train, "val": val})
 
 
 def stream(shard_refs, rank=0, world_size=1, augmentation=None, **kwargs) -> ShardDetectionStream:
-    return ShardDetectionStream(shard_refs, rank=rank, world_size=world_size, seed=5, batch_size=2, augmentation=augmentation, **kwargs)
+    return ShardDetectionStream(
+        shard_refs, rank=rank, world_size=world_size, seed=5, batch_size=2, augmentation=augmentation, **kwargs
+    )
 
 
 def take(dataset, count: int):
@@ -84,7 +121,11 @@ def take(dataset, count: int):
 
 
 def same_sample(a, b) -> bool:
-    return torch.equal(a[0], b[0]) and torch.equal(a[1]["boxes"], b[1]["boxes"]) and torch.equal(a[1]["labels"], b[1]["labels"])
+    return (
+        torch.equal(a[0], b[0])
+        and torch.equal(a[1]["boxes"], b[1]["boxes"])
+        and torch.equal(a[1]["labels"], b[1]["labels"])
+    )
 
 
 @pytest.mark.parametrize("augmentation", [None, Augmentation(hflip_prob=0.5, color_jitter=0.3)])
@@ -112,7 +153,9 @@ def test_resume_with_loader_workers_continues_the_same_batch_sequence(shards):
     _, refs = verified_split(shards, "train")
 
     def batches(resume_batches: int, count: int):
-        loader = build_train_loader(stream(refs, resume_batches=resume_batches), 2, workers=2, device=torch.device("cpu"))
+        loader = build_train_loader(
+            stream(refs, resume_batches=resume_batches), 2, workers=2, device=torch.device("cpu")
+        )
         return [batch for batch, _ in zip(loader, range(count))]
 
     full, resumed = batches(0, 8), batches(3, 5)
@@ -143,7 +186,9 @@ def test_a_flip_moves_the_boxes_with_the_pixels(tmp_path):
     ImageDraw.Draw(image).rectangle((10, 20, 39, 49), fill=(220, 30, 30))
     buffer = io.BytesIO()
     image.save(buffer, "PNG")
-    folder = write_shard_set(tmp_path, {"train": [encoded_row(buffer.getvalue(), "PNG", 120, 80, [[10.0, 20.0, 40.0, 50.0]], [1], "one")]})
+    folder = write_shard_set(
+        tmp_path, {"train": [encoded_row(buffer.getvalue(), "PNG", 120, 80, [[10.0, 20.0, 40.0, 50.0]], [1], "one")]}
+    )
     _, refs = verified_split(folder, "train")
     flipped, target = take(stream(refs, augmentation=Augmentation(hflip_prob=1.0, color_jitter=0.0)), 1)[0]
     assert target["boxes"].tolist() == [[80.0, 20.0, 110.0, 50.0]]
@@ -201,7 +246,10 @@ def test_online_tracking_needs_an_explicit_endpoint(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--wandb-mode", "online"])
     assert "--wandb-mode online needs --wandb-base-url" in capsys.readouterr().err
-    assert parse_args(["--wandb-mode", "online", "--wandb-base-url", "https://wandb.example"]).wandb_base_url == "https://wandb.example"
+    assert (
+        parse_args(["--wandb-mode", "online", "--wandb-base-url", "https://wandb.example"]).wandb_base_url
+        == "https://wandb.example"
+    )
     assert parse_args([]).wandb_mode == "offline"
 
 
@@ -209,7 +257,9 @@ def test_photometric_factors_are_drawn_at_read_time_and_applied_on_the_device(sh
     from training_code.lib.detection_data import apply_photometric
 
     _, refs = verified_split(shards, "train")
-    images, targets = collate_detection(take(stream(refs, augmentation=Augmentation(hflip_prob=0.0, color_jitter=0.3)), 4))
+    images, targets = collate_detection(
+        take(stream(refs, augmentation=Augmentation(hflip_prob=0.0, color_jitter=0.3)), 4)
+    )
     factors = [target["photometric"] for target in targets]
     assert all(0.7 <= f <= 1.3 for pair in factors for f in pair) and len({tuple(f) for f in factors}) == 4
     adjusted = apply_photometric([image.float() / 255 for image in images], targets)
@@ -223,9 +273,15 @@ def test_photometric_factors_are_drawn_at_read_time_and_applied_on_the_device(sh
 
 def job_environment(tmp_path: Path, shards: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_PIPES", "SM_", "ZERO_"))}
-    return {**env, "SM_CHANNEL_TRAIN": str(shards), "SM_MODEL_DIR": str(tmp_path / "model"),
-            "ZERO_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "ZERO_OPT_ML": str(tmp_path / "opt_ml"),
-            "ZERO_JOB_NAME": "test-train", "PYTHONPATH": str(REPO)}
+    return {
+        **env,
+        "SM_CHANNEL_TRAIN": str(shards),
+        "SM_MODEL_DIR": str(tmp_path / "model"),
+        "ZERO_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+        "ZERO_OPT_ML": str(tmp_path / "opt_ml"),
+        "ZERO_JOB_NAME": "test-train",
+        "PYTHONPATH": str(REPO),
+    }
 
 
 def torchrun(env: dict[str, str], *arguments: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -265,7 +321,9 @@ def test_torchrun_trains_writes_the_model_and_resumes_from_the_latest_checkpoint
     offline_runs = list((tmp_path / "opt_ml" / "output" / "data" / "wandb").glob("offline-run-*"))
     assert len(offline_runs) == 1, "wandb is offline by default, under the job's output data folder"
     assert not (REPO / "wandb").exists(), "nothing is written into the repository"
-    assert json.loads((tmp_path / "model" / "training_summary.json").read_text())["model_sha256"] == report["data_version"]
+    assert (
+        json.loads((tmp_path / "model" / "training_summary.json").read_text())["model_sha256"] == report["data_version"]
+    )
     assert len(events(first.stderr, "train")) == 4, "one structured line per step from rank 0 only"
 
     second = torchrun(env, "--max-steps", "6", "--checkpoint-every", "2", "--keep-checkpoints", "2")
@@ -275,7 +333,9 @@ def test_torchrun_trains_writes_the_model_and_resumes_from_the_latest_checkpoint
     assert checkpoint_steps(tmp_path) == [4, 6]
     assert torch.load(model_file, weights_only=True)["step"] == 6
     resumed_report = next(json.loads(line) for line in second.stdout.splitlines() if '"materialization"' in line)
-    assert resumed_report["metadata"]["resumed_from_step"] == 4 and resumed_report["metadata"]["images_seen"] == 6 * 2 * 2
+    assert (
+        resumed_report["metadata"]["resumed_from_step"] == 4 and resumed_report["metadata"]["images_seen"] == 6 * 2 * 2
+    )
 
 
 def test_a_non_finite_loss_fails_the_job_naming_the_step(tmp_path, shards):
@@ -288,9 +348,21 @@ def test_a_non_finite_loss_fails_the_job_naming_the_step(tmp_path, shards):
 
 def test_sigterm_saves_a_checkpoint_and_exits_non_zero(tmp_path, shards):
     log = tmp_path / "stderr.log"
-    command = [TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "training_code.train", *FAST_ARGS, "--max-steps", "10000"]
+    command = [
+        TORCHRUN,
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "training_code.train",
+        *FAST_ARGS,
+        "--max-steps",
+        "10000",
+    ]
     with open(log, "w") as stderr:
-        launcher = subprocess.Popen(command, cwd=REPO, env=job_environment(tmp_path, shards), stdout=subprocess.DEVNULL, stderr=stderr)
+        launcher = subprocess.Popen(
+            command, cwd=REPO, env=job_environment(tmp_path, shards), stdout=subprocess.DEVNULL, stderr=stderr
+        )
         deadline = time.monotonic() + 90
         while not events(log.read_text(), "train") and time.monotonic() < deadline and launcher.poll() is None:
             time.sleep(0.2)

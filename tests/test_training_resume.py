@@ -10,16 +10,27 @@ from pathlib import Path
 
 import pytest
 from dagster import materialize
-
 from graph_runs import materialize_source, materialize_tail, sources_of
 from process_tree import children_of, command_line
+
 from zero_assets.assets import ALL_ASSETS, SOURCE_SPECS, fsx_warm_state, training_set
 
 ALL = [*SOURCE_SPECS, *ALL_ASSETS]
 MAX_STEPS = 60
-TINY_TRAINING = {"ops": {"trained_checkpoint": {"config": {
-    "max_steps": MAX_STEPS, "checkpoint_every": 5, "batch_size": 2, "width": 16, "min_size": 64, "max_size": 96,
-}}}}
+TINY_TRAINING = {
+    "ops": {
+        "trained_checkpoint": {
+            "config": {
+                "max_steps": MAX_STEPS,
+                "checkpoint_every": 5,
+                "batch_size": 2,
+                "width": 16,
+                "min_size": 64,
+                "max_size": 96,
+            }
+        }
+    }
+}
 
 
 def our_training_launcher() -> int | None:
@@ -32,7 +43,9 @@ def our_training_launcher() -> int | None:
 
 
 def checkpoint_steps(lake: Path) -> list[int]:
-    return sorted(int(p.stem.split("-")[1]) for p in lake.glob("_jobs/trained_checkpoint/*/checkpoints/checkpoint-*.pt"))
+    return sorted(
+        int(p.stem.split("-")[1]) for p in lake.glob("_jobs/trained_checkpoint/*/checkpoints/checkpoint-*.pt")
+    )
 
 
 def kill_launcher_after_first_checkpoint(lake: Path, killed: dict) -> None:
@@ -70,8 +83,14 @@ def test_kill_9_of_the_launcher_then_rematerializing_resumes_and_finishes(instan
     killed: dict = {}
     killer = threading.Thread(target=kill_launcher_after_first_checkpoint, args=(lake, killed), daemon=True)
     killer.start()
-    first = materialize(ALL, selection=["trained_checkpoint"], resources=resources, instance=instance,
-                        run_config=TINY_TRAINING, raise_on_error=False)
+    first = materialize(
+        ALL,
+        selection=["trained_checkpoint"],
+        resources=resources,
+        instance=instance,
+        run_config=TINY_TRAINING,
+        raise_on_error=False,
+    )
     killer.join(timeout=10)
     assert "launcher" in killed, "the launcher was never seen with a checkpoint written"
     assert not first.success
@@ -79,8 +98,9 @@ def test_kill_9_of_the_launcher_then_rematerializing_resumes_and_finishes(instan
     saved = checkpoint_steps(lake)
     assert saved and saved[-1] < MAX_STEPS, f"killed mid-way, with checkpoints {saved}"
 
-    second = materialize(ALL, selection=["trained_checkpoint"], resources=resources, instance=instance,
-                         run_config=TINY_TRAINING)
+    second = materialize(
+        ALL, selection=["trained_checkpoint"], resources=resources, instance=instance, run_config=TINY_TRAINING
+    )
     assert second.success
     trained = metadata(second, "trained_checkpoint")
     assert trained["resumed_from_step"] == saved[-1]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from conftest import make_resources
 from graph_runs import materialize_source, materialize_tail
+
 from training_code.lib.detection_data import iter_eval_samples, verified_split
 from training_code.lib.shard_format import open_shard
 from training_code.lib.training_set import choose_rows
@@ -32,8 +32,12 @@ def test_duplicates_stay_in_the_source_that_sorts_first_and_the_cap_keeps_the_lo
 
 
 def _version(instance, resources, **config) -> tuple[str, dict]:
-    result = materialize_tail(instance=instance, resources=resources, assets=[training_set],
-                              run_config={"ops": {"training_set": {"config": config}}} if config else None)
+    result = materialize_tail(
+        instance=instance,
+        resources=resources,
+        assets=[training_set],
+        run_config={"ops": {"training_set": {"config": config}}} if config else None,
+    )
     event = result.asset_materializations_for_node("training_set")[0]
     return event.tags["dagster/data_version"], {k: v.value for k, v in event.metadata.items()}
 
@@ -59,7 +63,9 @@ def test_training_set_changes_only_when_a_chosen_source_changes(tiny_raw_root, t
     assert _sources(meta) == ["line_a_camera", "line_b_camera"]
     manifest = json.loads(Path(meta["dagster/uri"], "manifest.json").read_text())
     assert [s["source"] for s in manifest["sources"]] == _sources(meta)
-    assert manifest["duplicate_rule"].startswith("an exact duplicate (same sha256) in several sources is kept in the source whose name sorts first")
+    assert manifest["duplicate_rule"].startswith(
+        "an exact duplicate (same sha256) in several sources is kept in the source whose name sorts first"
+    )
 
     # A source rebuilt from unchanged data: same shard data version, same training set.
     assert materialize_source("line_a_camera", instance=instance, resources=resources).success

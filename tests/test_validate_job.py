@@ -16,17 +16,17 @@ import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image, ImageDraw, ImageOps
+from test_image_checks import check_that_hangs_or_crashes  # its light module keeps worker start-up fast
+from test_report_pictures import decode_inline
 
 from training_code.lib.coco import ANNOTATIONS_FILE, AnnotationError, parse_annotations
 from training_code.lib.image_checks import check_image_file
-from training_code.lib.reason_meanings import IMAGE_REASONS, LABEL_REASONS
 from training_code.lib.labels import HugeInteger, box_to_upright, check_labels, upright_size, vocabulary
+from training_code.lib.reason_meanings import IMAGE_REASONS, LABEL_REASONS
 from training_code.lib.split import assign_splits, find_exact_duplicates, split_of_group
 from training_code.lib.storage import list_objects
 from training_code.lib.tables import RAW_INDEX, write_table
 from training_code.validate import MANIFEST, get_args_parser, validate
-from test_image_checks import check_that_hangs_or_crashes  # its light module keeps worker start-up fast
-from test_report_pictures import decode_inline
 from zero_assets.demo_data import _box_in_stored_frame, make_demo_raw_root
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,10 +99,20 @@ def test_bad_label_is_rejected_with_its_reason(case):
 def test_malformed_coco_entries_are_rejected_one_by_one_naming_the_field():
     document = {
         "categories": [{"id": 1, "name": "part"}, {"name": "no id"}, "not an object"],
-        "images": [{"id": 1, "file_name": "a.jpg"}, 5, {"id": "2", "file_name": "b.jpg"}, {"id": 3, "file_name": "../c.jpg"},
-                   {"id": 1, "file_name": "d.jpg"}],
-        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 1, 4, 4]}, [], {"id": 2, "image_id": 3},
-                        {"id": int("9" * 400), "image_id": 99}, {"id": 4, "image_id": None}],
+        "images": [
+            {"id": 1, "file_name": "a.jpg"},
+            5,
+            {"id": "2", "file_name": "b.jpg"},
+            {"id": 3, "file_name": "../c.jpg"},
+            {"id": 1, "file_name": "d.jpg"},
+        ],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 1, 4, 4]},
+            [],
+            {"id": 2, "image_id": 3},
+            {"id": int("9" * 400), "image_id": 99},
+            {"id": 4, "image_id": None},
+        ],
     }
     raw = json.dumps(document).replace('"99"', "99").encode()
     parsed = parse_annotations("cam", raw, "cam/annotations.json")
@@ -122,13 +132,19 @@ def test_malformed_coco_entries_are_rejected_one_by_one_naming_the_field():
     ]
 
 
-@pytest.mark.parametrize("raw, message", [
-    (b"[1, 2]", "the top level is a JSON list"),
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-    (b'{"images": [], "annotations": {}}', "field 'annotations' is not a list"),
-    (b"\xff\xfe\xfa", "not valid JSON"),
-    (b'{"images": [], "annotations": [], "categories": [], "x": "' + b"y" * 2000 + b'"}', "above the annotation file limit of 1000"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (b"[1, 2]", "the top level is a JSON list"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"images": [], "annotations": {}}', "field 'annotations' is not a list"),
+        (b"\xff\xfe\xfa", "not valid JSON"),
+        (
+            b'{"images": [], "annotations": [], "categories": [], "x": "' + b"y" * 2000 + b'"}',
+            "above the annotation file limit of 1000",
+        ),
+    ],
+)
 def test_an_unusable_coco_file_is_one_error_naming_the_file(raw, message):
     with pytest.raises(AnnotationError, match=rf"^cam/annotations.json: .*{re.escape(message)}"):
         parse_annotations("cam", raw, "cam/annotations.json", max_bytes=1000 if b"yyy" in raw else 10**6)
@@ -147,7 +163,9 @@ def test_sub_pixel_overshoot_is_clipped_and_good_boxes_kept():
 
 def test_vocabulary_is_sorted_names_with_ids_from_one():
     assert vocabulary([{1: "washer", 2: "bolt"}, {5: "gear", 1: "washer"}]) == [
-        {"id": 1, "name": "bolt"}, {"id": 2, "name": "gear"}, {"id": 3, "name": "washer"}
+        {"id": 1, "name": "bolt"},
+        {"id": 2, "name": "gear"},
+        {"id": 3, "name": "washer"},
     ]
 
 
@@ -182,7 +200,16 @@ def build_index(raw: Path, index_dir: Path) -> pd.DataFrame:
             parsed[source] = parse_annotations(source, (raw / source / ANNOTATIONS_FILE).read_bytes(), source)
         count = len(parsed[source].annotations_for(file_name)) if source in parsed else 0
         group = "/".join(obj.key.split("/")[:2])
-        rows.append({"source": source, "key": obj.key, "size": obj.size, "etag": obj.etag, "group": group, "annotation_count": count})
+        rows.append(
+            {
+                "source": source,
+                "key": obj.key,
+                "size": obj.size,
+                "etag": obj.etag,
+                "group": group,
+                "annotation_count": count,
+            }
+        )
     return write_table(pd.DataFrame(rows), RAW_INDEX, index_dir / "index.parquet")
 
 
@@ -209,8 +236,18 @@ def test_hang_and_crash_cost_one_file_each(tmp_path):
     make_small_raw(tmp_path / "raw", names)
     build_index(tmp_path / "raw", tmp_path / "index")
     args = get_args_parser().parse_args(
-        ["--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "out"),
-         "--workers", "2", "--timeout-s", "1"]
+        [
+            "--index",
+            str(tmp_path / "index"),
+            "--raw",
+            str(tmp_path / "raw"),
+            "--out",
+            str(tmp_path / "out"),
+            "--workers",
+            "2",
+            "--timeout-s",
+            "1",
+        ]
     )
     manifest, manifest_bytes, _, _ = validate(args, check=check_that_hangs_or_crashes)
     quarantine = pd.read_parquet(tmp_path / "out" / "quarantine.parquet").set_index("key")
@@ -231,9 +268,22 @@ def test_too_many_quarantined_fails_with_tables_but_no_manifest(tmp_path):
     out.mkdir()
     (out / MANIFEST).write_text("{}")  # from an earlier run: must not survive to vouch for new tables
     args = get_args_parser().parse_args(
-        ["--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"), "--out", str(out), "--max-quarantine-rate", "0.25", "--workers", "1"]
+        [
+            "--index",
+            str(tmp_path / "index"),
+            "--raw",
+            str(tmp_path / "raw"),
+            "--out",
+            str(out),
+            "--max-quarantine-rate",
+            "0.25",
+            "--workers",
+            "1",
+        ]
     )
-    expected = r"2 of 4 images quarantined \(50.0%\), above --max-quarantine-rate 25.0%; top reasons: empty 1, unidentified 1"
+    expected = (
+        r"2 of 4 images quarantined \(50.0%\), above --max-quarantine-rate 25.0%; top reasons: empty 1, unidentified 1"
+    )
     with pytest.raises(SystemExit, match=expected):
         validate(args)
     assert not (out / MANIFEST).exists()
@@ -248,7 +298,16 @@ def test_same_data_in_another_folder_gives_the_same_manifest_bytes(tmp_path):
     manifests = []
     for out, workers in [("first", "1"), ("second", "2")]:
         args = get_args_parser().parse_args(
-            ["--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / out), "--workers", workers]
+            [
+                "--index",
+                str(tmp_path / "index"),
+                "--raw",
+                str(tmp_path / "raw"),
+                "--out",
+                str(tmp_path / out),
+                "--workers",
+                workers,
+            ]
         )
         manifests.append(validate(args)[1])
     assert manifests[0] == manifests[1]
@@ -256,7 +315,18 @@ def test_same_data_in_another_folder_gives_the_same_manifest_bytes(tmp_path):
 
 def test_impossible_settings_fail_before_any_work(tmp_path):
     args = get_args_parser().parse_args(
-        ["--index", str(tmp_path / "nowhere"), "--raw", str(tmp_path), "--out", str(tmp_path / "out"), "--val-fraction", "1.5", "--workers", "0"]
+        [
+            "--index",
+            str(tmp_path / "nowhere"),
+            "--raw",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "out"),
+            "--val-fraction",
+            "1.5",
+            "--workers",
+            "0",
+        ]
     )
     with pytest.raises(ValueError, match=r"--val-fraction 1.5 must be within \[0, 1\]; --workers 0 must be at least 1"):
         validate(args)
@@ -272,10 +342,23 @@ def test_validate_script_end_to_end_on_the_demo_raw_root(tmp_path):
     summary = make_demo_raw_root(tmp_path / "raw", images=30, seed=1)
     index = build_index(tmp_path / "raw", tmp_path / "index")
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "training_code.validate", "--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"),
-               "--out", str(out), "--workers", "2"]
+    command = [
+        sys.executable,
+        "-m",
+        "training_code.validate",
+        "--index",
+        str(tmp_path / "index"),
+        "--raw",
+        str(tmp_path / "raw"),
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+    ]
     # Not launched by Dagster (the reporter prints the event); a failure file would go under tmp_path.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {"ZERO_OPT_ML": str(tmp_path / "opt_ml")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {
+        "ZERO_OPT_ML": str(tmp_path / "opt_ml")
+    }
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     tables = {name: pd.read_parquet(out / f"{name}.parquet") for name in TABLES}
@@ -284,7 +367,12 @@ def test_validate_script_end_to_end_on_the_demo_raw_root(tmp_path):
 
     planted = summary["planted"]
     quarantine = tables["quarantine"].set_index("key")
-    expected = {"truncated_jpeg": "truncated", "zero_byte": "empty", "text_as_jpg": "unidentified", "png_bad_crc": "checksum"}
+    expected = {
+        "truncated_jpeg": "truncated",
+        "zero_byte": "empty",
+        "text_as_jpg": "unidentified",
+        "png_bad_crc": "checksum",
+    }
     for case, reason in expected.items():
         assert quarantine.loc[planted[case], "reason"] == reason, case
     duplicates = tables["duplicates"].set_index("key")
@@ -298,16 +386,27 @@ def test_validate_script_end_to_end_on_the_demo_raw_root(tmp_path):
     accepted = tables["accepted"]
     assert planted["image_without_annotation"] in set(accepted["key"])  # a valid image, reported, kept with no labels
     assert counts["images_in"] == len(index) == counts["accepted"] + counts["quarantined"] + counts["duplicates"]
-    assert (counts["accepted"], counts["quarantined"], counts["duplicates"]) == (len(accepted), len(quarantine), len(duplicates))
+    assert (counts["accepted"], counts["quarantined"], counts["duplicates"]) == (
+        len(accepted),
+        len(quarantine),
+        len(duplicates),
+    )
     assert counts["train"] + counts["val"] == counts["accepted"]
     assert counts["labels_in"] == counts["labels_accepted"] + counts["labels_rejected"]
-    assert counts["labels_accepted"] == int(accepted["boxes"].map(len).sum()) and counts["labels_rejected"] == len(rejected)
-    assert not set(accepted.loc[accepted["split"] == "train", "group"]) & set(accepted.loc[accepted["split"] == "val", "group"])
+    assert counts["labels_accepted"] == int(accepted["boxes"].map(len).sum()) and counts["labels_rejected"] == len(
+        rejected
+    )
+    assert not set(accepted.loc[accepted["split"] == "train", "group"]) & set(
+        accepted.loc[accepted["split"] == "val", "group"]
+    )
     assert set(accepted["orientation"]) > {1}  # the demo stores some EXIF-rotated JPEGs
 
     assert manifest["format"] == "zero-validated/1" and manifest["validator_version"]
     assert json.loads((out / "categories.json").read_text()) == [
-        {"id": 1, "name": "bolt"}, {"id": 2, "name": "gear"}, {"id": 3, "name": "hex_nut"}, {"id": 4, "name": "washer"}
+        {"id": 1, "name": "bolt"},
+        {"id": 2, "name": "gear"},
+        {"id": 3, "name": "hex_nut"},
+        {"id": 4, "name": "washer"},
     ]
     for name, digest in manifest["files"].items():
         assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest, name
@@ -318,16 +417,28 @@ def test_validate_script_end_to_end_on_the_demo_raw_root(tmp_path):
     assert {k: metadata[k] for k in ("images_in", "accepted", "quarantined", "duplicates")} == {
         k: counts[k] for k in ("images_in", "accepted", "quarantined", "duplicates")
     }
-    assert {"reason": "truncated", "count": 1, "meaning": IMAGE_REASONS["truncated"]} in metadata["quarantined_by_reason"]["records"]
-    assert {"reason": "outside_image", "count": 1, "meaning": LABEL_REASONS["outside_image"]} in metadata["labels_rejected_by_reason"]["records"]
+    assert {"reason": "truncated", "count": 1, "meaning": IMAGE_REASONS["truncated"]} in metadata[
+        "quarantined_by_reason"
+    ]["records"]
+    assert {"reason": "outside_image", "count": 1, "meaning": LABEL_REASONS["outside_image"]} in metadata[
+        "labels_rejected_by_reason"
+    ]["records"]
     assert [column["type"] for column in metadata["quarantined_by_reason"]["schema"]] == ["string", "int", "string"]
     assert metadata["dagster/row_count"] == counts["accepted"]
     # The contact sheet: of the quarantined files only the PNG with a bad CRC still decodes.
     assert metadata["quarantined_images_shown"] == 1 and "quarantined_image_2" not in metadata
     markdown = metadata["quarantined_image_1"]
-    assert decode_inline(markdown).size == (160, 120)  # the planted 320 x 240 scene, within the sheet's 160-pixel square
-    assert len(markdown) < 1000 and markdown.endswith("\n\nchecksum: " + planted["png_bad_crc"].replace("_", "\\_").replace(".", "\\."))
-    assert manifest["files"]["quarantine_contact_sheet.png"] == hashlib.sha256((out / "quarantine_contact_sheet.png").read_bytes()).hexdigest()
+    assert decode_inline(markdown).size == (
+        160,
+        120,
+    )  # the planted 320 x 240 scene, within the sheet's 160-pixel square
+    assert len(markdown) < 1000 and markdown.endswith(
+        "\n\nchecksum: " + planted["png_bad_crc"].replace("_", "\\_").replace(".", "\\.")
+    )
+    assert (
+        manifest["files"]["quarantine_contact_sheet.png"]
+        == hashlib.sha256((out / "quarantine_contact_sheet.png").read_bytes()).hexdigest()
+    )
 
 
 def test_previous_verdicts_are_reused_only_for_unchanged_files_and_settings(tmp_path):
@@ -336,8 +447,20 @@ def test_previous_verdicts_are_reused_only_for_unchanged_files_and_settings(tmp_
     build_index(tmp_path / "raw", tmp_path / "index")
 
     def run(out: str, previous: str | None, *extra: str):
-        arguments = ["--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / out), "--workers", "1", *extra]
-        return validate(get_args_parser().parse_args(arguments + (["--previous", str(tmp_path / previous)] if previous else [])))[:3]
+        arguments = [
+            "--index",
+            str(tmp_path / "index"),
+            "--raw",
+            str(tmp_path / "raw"),
+            "--out",
+            str(tmp_path / out),
+            "--workers",
+            "1",
+            *extra,
+        ]
+        return validate(
+            get_args_parser().parse_args(arguments + (["--previous", str(tmp_path / previous)] if previous else []))
+        )[:3]
 
     full_manifest, full_bytes, work = run("full", None)
     assert work == {"decoded": 6, "reused": 0}

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import boto3
 import pytest
-from moto import mock_aws
-from wandb.proto import wandb_internal_pb2
-
 from conftest import make_resources
 from graph_runs import materialize_graph, materialize_tail
+from moto import mock_aws
 from test_render_jobs import BASE_ENV, render
+from wandb.proto import wandb_internal_pb2
+
 from training_code.lib import wandb_run
 from zero_assets.assets import trained_checkpoint
 from zero_assets.assets.trained_checkpoint import TRAIN_MODULE, TrainConfig
@@ -42,8 +42,8 @@ def wandb_records(path: Path):
         if BLOCK - position % BLOCK < 7:  # a block's tail too short for a chunk header is padding
             position += BLOCK - position % BLOCK
             continue
-        length, kind = struct.unpack("<HB", data[position + 4:position + 7])
-        pending += data[position + 7:position + 7 + length]
+        length, kind = struct.unpack("<HB", data[position + 4 : position + 7])
+        pending += data[position + 7 : position + 7 + length]
         position += 7 + length
         if kind in (1, 4):  # full, last
             record = wandb_internal_pb2.Record()
@@ -66,28 +66,42 @@ def offline_run(folder: Path) -> dict:
 
 
 @pytest.mark.slow  # the whole graph on the tiny demo: about 2 minutes on 2 shared cores
-def test_training_and_its_evaluation_log_to_one_group_and_the_metadata_says_where(instance, resources, tiny_raw_root, tmp_path, monkeypatch):
+def test_training_and_its_evaluation_log_to_one_group_and_the_metadata_says_where(
+    instance, resources, tiny_raw_root, tmp_path, monkeypatch
+):
     wandb_dir = tmp_path / "wandb-runs"
     monkeypatch.setenv("WANDB_DIR", str(wandb_dir))
     monkeypatch.setenv("WANDB_API_KEY", KEY)  # in the Dagster process: an offline job must not get it
     train = {**FAST, "wandb_project": "zero-lineage"}
-    per_source, tail = materialize_graph(tiny_raw_root, instance=instance, resources=resources,
-                                         run_config={"ops": {"trained_checkpoint": {"config": train}}})
+    per_source, tail = materialize_graph(
+        tiny_raw_root,
+        instance=instance,
+        resources=resources,
+        run_config={"ops": {"trained_checkpoint": {"config": train}}},
+    )
     assert tail.success
     trained = {k: v.value for k, v in tail.asset_materializations_for_node("trained_checkpoint")[0].metadata.items()}
     report = {k: v.value for k, v in tail.asset_materializations_for_node("map_report")[0].metadata.items()}
     group = f"checkpoint-{trained['fingerprint'][:16]}"
-    assert trained["wandb_group"] == report["wandb_group"] == group, "the group is the checkpoint's fingerprint, for both runs"
+    assert trained["wandb_group"] == report["wandb_group"] == group, (
+        "the group is the checkpoint's fingerprint, for both runs"
+    )
 
     runs = {run["job_type"]: run for run in map(offline_run, sorted(wandb_dir.glob("wandb/offline-run-*")))}
     assert set(runs) == {"training", "evaluation"}
-    assert {run["group"] for run in runs.values()} == {group} and {run["project"] for run in runs.values()} == {"zero-lineage"}
-    assert Path(trained["wandb_run"]) == runs["training"]["folder"], "trained_checkpoint names the offline run to `wandb sync`"
+    assert {run["group"] for run in runs.values()} == {group} and {run["project"] for run in runs.values()} == {
+        "zero-lineage"
+    }
+    assert Path(trained["wandb_run"]) == runs["training"]["folder"], (
+        "trained_checkpoint names the offline run to `wandb sync`"
+    )
     assert Path(report["wandb_run"]) == runs["evaluation"]["folder"]
     assert runs["training"]["history"]["_step"] == FAST["max_steps"] and runs["training"]["history"]["loss"] > 0
     evaluation = runs["evaluation"]["summary"]
     assert evaluation["mAP"] == pytest.approx(report["mAP"]) and evaluation["mAP_50"] == pytest.approx(report["mAP_50"])
-    per_class = {row.data["category"]: row.data["AP"] for row in report["per_class_ap"].records if row.data["AP"] is not None}
+    per_class = {
+        row.data["category"]: row.data["AP"] for row in report["per_class_ap"].records if row.data["AP"] is not None
+    }
     assert per_class and all(evaluation[f"AP/{name}"] == pytest.approx(ap) for name, ap in per_class.items())
 
     # Nothing the jobs wrote (runs, job logs) holds the key that only the Dagster process had.
@@ -96,11 +110,24 @@ def test_training_and_its_evaluation_log_to_one_group_and_the_metadata_says_wher
     assert KEY not in repr({**trained, **report})
 
     # Other W&B settings, same checkpoint: the cache answers, no training job runs, the earlier run is named.
-    again = materialize_tail(instance=instance, resources=resources, assets=[trained_checkpoint],
-                             run_config={"ops": {"trained_checkpoint": {"config": {**FAST, "wandb_project": "elsewhere", "wandb_group": "other",
-                                                                                    "wandb_mode": "disabled"}}}})
+    again = materialize_tail(
+        instance=instance,
+        resources=resources,
+        assets=[trained_checkpoint],
+        run_config={
+            "ops": {
+                "trained_checkpoint": {
+                    "config": {**FAST, "wandb_project": "elsewhere", "wandb_group": "other", "wandb_mode": "disabled"}
+                }
+            }
+        },
+    )
     hit = {k: v.value for k, v in again.asset_materializations_for_node("trained_checkpoint")[0].metadata.items()}
-    assert hit["cache"] == "hit" and hit["fingerprint"] == trained["fingerprint"] and hit["wandb_run"] == trained["wandb_run"]
+    assert (
+        hit["cache"] == "hit"
+        and hit["fingerprint"] == trained["fingerprint"]
+        and hit["wandb_run"] == trained["wandb_run"]
+    )
 
 
 def test_wandb_settings_leave_the_fingerprint_alone():
@@ -110,33 +137,64 @@ def test_wandb_settings_leave_the_fingerprint_alone():
         return FingerprintInputs.of(TRAIN_MODULE, config.hyperparameters(), warm).fingerprint
 
     base = fingerprint(TrainConfig())
-    tracked = TrainConfig(wandb_mode="online", wandb_project="p", wandb_entity="team", wandb_group="g", wandb_base_url="https://wandb.example")
+    tracked = TrainConfig(
+        wandb_mode="online",
+        wandb_project="p",
+        wandb_entity="team",
+        wandb_group="g",
+        wandb_base_url="https://wandb.example",
+    )
     assert fingerprint(tracked) == base
     assert fingerprint(TrainConfig(lr=1e-3)) != base, "a hyperparameter does move it"
-    assert tracked.tracking(base) == {"wandb_mode": "online", "wandb_project": "p", "wandb_entity": "team", "wandb_group": "g",
-                                      "wandb_base_url": "https://wandb.example"}
+    assert tracked.tracking(base) == {
+        "wandb_mode": "online",
+        "wandb_project": "p",
+        "wandb_entity": "team",
+        "wandb_group": "g",
+        "wandb_base_url": "https://wandb.example",
+    }
 
 
 def test_sagemaker_jobs_get_the_secret_reference_and_never_the_key(tmp_path, monkeypatch):
     arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:zero/wandb-AbCdEf"
     monkeypatch.setenv("WANDB_API_KEY", KEY)
     requests = render(tmp_path, monkeypatch, {**BASE_ENV, "ZERO_SM_WANDB_SECRET_ARN": arn})
-    training, evaluation = requests["trained_checkpoint.CreateTrainingJob.json"], requests["map_report.CreateProcessingJob.json"]
-    assert training["Environment"]["ZERO_WANDB_SECRET_ARN"] == arn and evaluation["Environment"]["ZERO_WANDB_SECRET_ARN"] == arn
-    assert training["HyperParameters"]["wandb-mode"] == "offline" and training["HyperParameters"]["wandb-group"].startswith("checkpoint-")
-    assert all(KEY not in json.dumps(params) and "WANDB_API_KEY" not in json.dumps(params) for params in requests.values())
-    assert "ZERO_WANDB_SECRET_ARN" not in requests["arrow_shards.CreateProcessingJob.json"]["Environment"], "only the jobs that track"
-    assert "wandb==" in build_code_package().files["requirements.txt"].decode(), "the trainer imports wandb on SageMaker too"
+    training, evaluation = (
+        requests["trained_checkpoint.CreateTrainingJob.json"],
+        requests["map_report.CreateProcessingJob.json"],
+    )
+    assert (
+        training["Environment"]["ZERO_WANDB_SECRET_ARN"] == arn
+        and evaluation["Environment"]["ZERO_WANDB_SECRET_ARN"] == arn
+    )
+    assert training["HyperParameters"]["wandb-mode"] == "offline" and training["HyperParameters"][
+        "wandb-group"
+    ].startswith("checkpoint-")
+    assert all(
+        KEY not in json.dumps(params) and "WANDB_API_KEY" not in json.dumps(params) for params in requests.values()
+    )
+    assert "ZERO_WANDB_SECRET_ARN" not in requests["arrow_shards.CreateProcessingJob.json"]["Environment"], (
+        "only the jobs that track"
+    )
+    assert "wandb==" in build_code_package().files["requirements.txt"].decode(), (
+        "the trainer imports wandb on SageMaker too"
+    )
     with pytest.raises(ValueError, match="WANDB_API_KEY"):
         check_environment({"WANDB_API_KEY": KEY}, "training")
 
 
 @pytest.mark.parametrize("stored", [KEY, json.dumps({"WANDB_API_KEY": KEY})], ids=["plain", "json"])
 def test_the_job_reads_the_key_from_secrets_manager(stored, monkeypatch):
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "eu-west-1"}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "eu-west-1",
+    }.items():
         monkeypatch.setenv(name, value)
     with mock_aws():
-        arn = boto3.client("secretsmanager", region_name="eu-west-1").create_secret(Name="zero/wandb", SecretString=stored)["ARN"]
+        arn = boto3.client("secretsmanager", region_name="eu-west-1").create_secret(
+            Name="zero/wandb", SecretString=stored
+        )["ARN"]
         assert wandb_run.api_key_from_secret(arn) == KEY
     with pytest.raises(ValueError, match="not a Secrets Manager secret ARN"):
         wandb_run.api_key_from_secret("arn:aws:s3:::bucket")
@@ -150,11 +208,21 @@ def test_a_local_job_gets_the_wandb_key_only_when_it_tracks_online(tmp_path, mon
 
     def environment(mode: str) -> dict:
         config = TrainConfig(wandb_mode=mode)
-        request = build_job_request("trained_checkpoint", settings=settings, kind="training", module=TRAIN_MODULE, config=config.hyperparameters(),
-                                    upstream=warm, inputs={"train": str(tmp_path / "warm")}, tracking=config.tracking("0" * 64))
+        request = build_job_request(
+            "trained_checkpoint",
+            settings=settings,
+            kind="training",
+            module=TRAIN_MODULE,
+            config=config.hyperparameters(),
+            upstream=warm,
+            inputs={"train": str(tmp_path / "warm")},
+            tracking=config.tracking("0" * 64),
+        )
         opt_ml = tmp_path / mode / "opt" / "ml"
         (opt_ml / "input" / "config").mkdir(parents=True)
-        return runner._environment(opt_ml, request, {"train": tmp_path / "warm", "out": opt_ml / "model"}, "algo-1", ["algo-1"])
+        return runner._environment(
+            opt_ml, request, {"train": tmp_path / "warm", "out": opt_ml / "model"}, "algo-1", ["algo-1"]
+        )
 
     assert environment("online")["WANDB_API_KEY"] == KEY
     assert "WANDB_API_KEY" not in environment("offline") and "WANDB_API_KEY" not in environment("disabled")

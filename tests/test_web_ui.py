@@ -17,25 +17,34 @@ asset reports stale with a code-version cause.
 import json
 import shutil
 import subprocess
-import urllib.request
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 from dagster._core.execution.backfill import BulkActionStatus
 from playwright.sync_api import sync_playwright
-
 from readme_shell import ASSETS, PER_SOURCE, BackgroundBlock, block, clone_environment, copy_repo, free_port
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [  # a closed network: no background fetches, no sandbox as root
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 SOURCES = ["line_a_camera", "line_b_camera", "warehouse_scanner"]  # the tiny demo's top-level folders
-FINISHED = {BulkActionStatus.COMPLETED, BulkActionStatus.COMPLETED_SUCCESS, BulkActionStatus.COMPLETED_FAILED,
-            BulkActionStatus.FAILED, BulkActionStatus.CANCELED}
+FINISHED = {
+    BulkActionStatus.COMPLETED,
+    BulkActionStatus.COMPLETED_SUCCESS,
+    BulkActionStatus.COMPLETED_FAILED,
+    BulkActionStatus.FAILED,
+    BulkActionStatus.CANCELED,
+}
 
 
 @pytest.fixture
@@ -46,8 +55,14 @@ def dagster_dev(tiny_raw_root, tmp_path):
     server = BackgroundBlock(block("ui"), repo, tmp_path / "dagster-dev.log", DAGSTER_CLI_DEV_PORT=str(port))
     try:
         server.wait_for_http(f"http://127.0.0.1:{port}/server_info", timeout_s=120)
-        registered = subprocess.run(["bash", "-elc", "source .venv/bin/activate && zero-assets sources --register"], cwd=repo,
-                                    env=clone_environment(repo), capture_output=True, text=True, timeout=120)
+        registered = subprocess.run(
+            ["bash", "-elc", "source .venv/bin/activate && zero-assets sources --register"],
+            cwd=repo,
+            env=clone_environment(repo),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert registered.returncode == 0, registered.stderr
         assert [line.split("\t")[0] for line in registered.stdout.splitlines()] == SOURCES
         yield f"http://127.0.0.1:{port}", repo / ".dagster_home"
@@ -77,7 +92,9 @@ def test_materialize_all_from_the_browser(dagster_dev):
         page.screenshot(path=str(home / "launch-dialog.png"))
         dialog.get_by_role("button", name="Launch backfill").click()
         backfill = _wait_for_backfill(home, timeout_s=1200)
-        page.goto(f"{url}/runs/b/{backfill.backfill_id}", wait_until="domcontentloaded")  # the backfill page a user follows
+        page.goto(
+            f"{url}/runs/b/{backfill.backfill_id}", wait_until="domcontentloaded"
+        )  # the backfill page a user follows
         page.get_by_text(backfill.backfill_id).first.wait_for(timeout=60_000)
         page.screenshot(path=str(home / "backfill.png"))
         # The partitions view of the index: one row per source, each with its status.
@@ -95,21 +112,30 @@ def test_materialize_all_from_the_browser(dagster_dev):
     with DagsterInstance.from_config(str(home)) as instance:
         for asset in PER_SOURCE:
             for source in SOURCES:
-                records = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[source]), limit=1)
+                records = instance.fetch_materializations(
+                    AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[source]), limit=1
+                )
                 assert records.records, f"{asset} of source {source} materialized"
         assert all(instance.get_latest_materialization_event(AssetKey(a)) for a in ASSETS)
         assert all(run.is_success for run in instance.get_runs()), "every run of the backfill succeeded"
 
 
-STANDARD_KEYS = {"dagster/row_count": "IntMetadataEntry", "dagster/size_bytes": "IntMetadataEntry", "dagster/uri": "PathMetadataEntry"}
+STANDARD_KEYS = {
+    "dagster/row_count": "IntMetadataEntry",
+    "dagster/size_bytes": "IntMetadataEntry",
+    "dagster/uri": "PathMetadataEntry",
+}
 LATEST_ENTRIES = """query($key: AssetKeyInput!, $partitions: [String!]) { assetOrError(assetKey: $key) { ... on Asset {
   assetMaterializations(partitions: $partitions, limit: 1) { partition metadataEntries { label __typename } } } } }"""
 STALENESS = """{ assetNodes { assetKey { path } staleStatus staleCauses { key { path } category reason } } }"""
 
 
 def _graphql(url: str, query: str, **variables) -> dict:
-    request = urllib.request.Request(f"{url}/graphql", data=json.dumps({"query": query, "variables": variables}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/graphql",
+        data=json.dumps({"query": query, "variables": variables}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         answer = json.loads(response.read())
     assert "errors" not in answer, answer["errors"]
@@ -119,8 +145,10 @@ def _graphql(url: str, query: str, **variables) -> dict:
 def _assert_standard_metadata(url: str) -> None:
     """Every asset's latest materialization (each source's, where partitioned) has the standard keys, typed."""
     for asset in ASSETS:
-        for partitions in ([[s] for s in SOURCES] if asset in PER_SOURCE else [None]):
-            [latest] = _graphql(url, LATEST_ENTRIES, key={"path": [asset]}, partitions=partitions)["assetOrError"]["assetMaterializations"]
+        for partitions in [[s] for s in SOURCES] if asset in PER_SOURCE else [None]:
+            [latest] = _graphql(url, LATEST_ENTRIES, key={"path": [asset]}, partitions=partitions)["assetOrError"][
+                "assetMaterializations"
+            ]
             types = {entry["label"]: entry["__typename"] for entry in latest["metadataEntries"]}
             assert {key: types.get(key) for key in STANDARD_KEYS} == STANDARD_KEYS, (asset, partitions, types)
 
@@ -128,7 +156,10 @@ def _assert_standard_metadata(url: str) -> None:
 def _assert_tables_and_pictures(page, url: str, home: Path) -> None:
     """The latest materialization's metadata as the asset's events page draws it: tables as <table>, pictures as <img>."""
     for asset, partition, table_header in (("map_report", None, "AP@0.5"), ("validated_images", SOURCES[0], "reason")):
-        page.goto(f"{url}/assets/{asset}?view=events" + (f"&partition={partition}" if partition else ""), wait_until="domcontentloaded")
+        page.goto(
+            f"{url}/assets/{asset}?view=events" + (f"&partition={partition}" if partition else ""),
+            wait_until="domcontentloaded",
+        )
         pictures = page.locator('img[src^="data:image/"]')
         pictures.first.wait_for(timeout=60_000)
         page.locator(f'table th:text-is("{table_header}")').first.wait_for(timeout=60_000)
@@ -145,13 +176,23 @@ def _assert_code_edit_shows_stale(page, url: str, repo: Path) -> None:
     for its code version, and what feeds it is not."""
     script = repo / "training_code" / "evaluate.py"
     script.write_text(script.read_text() + "# an edit that changes no behaviour still changes the code version\n")
-    [location] = [e["name"] for e in _graphql(url, "{ workspaceOrError { ... on Workspace { locationEntries { name } } } }")
-                  ["workspaceOrError"]["locationEntries"]]
-    reloaded = _graphql(url, "mutation($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) { __typename } }", name=location)
+    [location] = [
+        e["name"]
+        for e in _graphql(url, "{ workspaceOrError { ... on Workspace { locationEntries { name } } } }")[
+            "workspaceOrError"
+        ]["locationEntries"]
+    ]
+    reloaded = _graphql(
+        url,
+        "mutation($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) { __typename } }",
+        name=location,
+    )
     assert reloaded["reloadRepositoryLocation"]["__typename"] == "WorkspaceLocationEntry", reloaded
     nodes = {"/".join(n["assetKey"]["path"]): n for n in _graphql(url, STALENESS)["assetNodes"]}
     assert nodes["map_report"]["staleStatus"] == "STALE", nodes["map_report"]
-    assert {"category": "CODE", "key": {"path": ["map_report"]}, "reason": "has a new code version"} in nodes["map_report"]["staleCauses"]
+    assert {"category": "CODE", "key": {"path": ["map_report"]}, "reason": "has a new code version"} in nodes[
+        "map_report"
+    ]["staleCauses"]
     assert nodes["trained_checkpoint"]["staleStatus"] == "FRESH", nodes["trained_checkpoint"]
     # The asset page's "Unsynced" tag; hovering it lists the cause the way the UI words it.
     page.goto(f"{url}/assets/map_report", wait_until="domcontentloaded")

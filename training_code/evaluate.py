@@ -15,20 +15,27 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from training_code.lib import job_env, wandb_run
 from training_code.lib.coco_eval import score_detections
 from training_code.lib.detection_data import EvalSample, iter_eval_samples, verified_split
+from training_code.lib.inline_pictures import inline_picture, markdown_metadata
 from training_code.lib.model import load_model_file
 from training_code.lib.output_manifest import write_output_manifest
-from training_code.lib.inline_pictures import inline_picture, markdown_metadata
-from training_code.lib.report_plots import SamplePicture, draw_pr_curve, draw_pr_thumbnail, draw_sample, draw_samples, save_png
+from training_code.lib.report_plots import (
+    SamplePicture,
+    draw_pr_curve,
+    draw_pr_thumbnail,
+    draw_sample,
+    draw_samples,
+    save_png,
+)
 from training_code.lib.shard_format import sha256_file
-
 
 SAMPLE_PICTURES = 4  # one inline entry each: a thumbnail per sample stays legible where a grid would not
 PICTURE_MIN_SCORE = 0.3  # the sample picture shows confident detections; the metrics use every one
@@ -39,8 +46,11 @@ def get_args_parser() -> argparse.ArgumentParser:
     graph = parser.add_argument_group("graph mode (run the model on shards)")
     graph.add_argument("--model", type=Path, help="folder holding model.pt (the training job's model output)")
     graph.add_argument("--shards", type=Path, help="shard folder with manifest.json")
-    graph.add_argument("--training-set", default=None,
-                       help="the training set's folder inside --shards, when --shards is the shard root of every source (SageMaker)")
+    graph.add_argument(
+        "--training-set",
+        default=None,
+        help="the training set's folder inside --shards, when --shards is the shard root of every source (SageMaker)",
+    )
     graph.add_argument("--out", type=Path, help="folder for predictions.json, ground_truth.json, metrics.json")
     graph.add_argument("--split", default="val")
     graph.add_argument("--score-threshold", type=float, default=0.0, help="drop detections scoring below this")
@@ -75,7 +85,9 @@ def _category_pairs(categories: list[dict[str, Any]]) -> list[tuple[int, str]]:
     return sorted((int(c["id"]), str(c["name"])) for c in categories)
 
 
-def check_categories(model_categories: list[dict[str, Any]], manifest_categories: list[dict[str, Any]], model_path: Path) -> None:
+def check_categories(
+    model_categories: list[dict[str, Any]], manifest_categories: list[dict[str, Any]], model_path: Path
+) -> None:
     """Labels are category ids, so the model and the shards must agree on what each id means."""
     trained, listed = _category_pairs(model_categories), _category_pairs(manifest_categories)
     if trained != listed:
@@ -85,7 +97,14 @@ def check_categories(model_categories: list[dict[str, Any]], manifest_categories
         )
 
 
-def predict(model: torch.nn.Module, shards, batch_size: int, device: torch.device, score_threshold: float, category_ids: set[int]):
+def predict(
+    model: torch.nn.Module,
+    shards,
+    batch_size: int,
+    device: torch.device,
+    score_threshold: float,
+    category_ids: set[int],
+):
     """COCO ground truth and detections for every sample in shard order (image ids 1..N), and the first
     few samples as (image, truth boxes, confident predicted boxes) for the report's picture."""
     images, annotations, predictions, pictures = [], [], [], []
@@ -101,14 +120,30 @@ def predict(model: torch.nn.Module, shards, batch_size: int, device: torch.devic
                 images.append({"id": image_id, "file_name": sample.key, "width": sample.width, "height": sample.height})
                 for box, label in zip(sample.boxes.tolist(), sample.labels.tolist()):
                     w, h = box[2] - box[0], box[3] - box[1]
-                    annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": int(label),
-                                        "bbox": [box[0], box[1], w, h], "area": w * h, "iscrowd": 0})
-                for box, label, score in zip(output["boxes"].tolist(), output["labels"].tolist(), output["scores"].tolist()):
+                    annotations.append(
+                        {
+                            "id": len(annotations) + 1,
+                            "image_id": image_id,
+                            "category_id": int(label),
+                            "bbox": [box[0], box[1], w, h],
+                            "area": w * h,
+                            "iscrowd": 0,
+                        }
+                    )
+                for box, label, score in zip(
+                    output["boxes"].tolist(), output["labels"].tolist(), output["scores"].tolist()
+                ):
                     # Label 0 is the unused background slot; boxes clipped to zero area carry no detection.
                     if label not in category_ids or score < score_threshold or box[2] <= box[0] or box[3] <= box[1]:
                         continue
-                    predictions.append({"image_id": image_id, "category_id": int(label), "score": score,
-                                        "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]]})
+                    predictions.append(
+                        {
+                            "image_id": image_id,
+                            "category_id": int(label),
+                            "score": score,
+                            "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]],
+                        }
+                    )
     return images, annotations, predictions, pictures
 
 
@@ -121,35 +156,59 @@ def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     model = model.to(memory_format=torch.channels_last)  # the layout it was trained in; faster convolutions
     check_categories(payload["categories"], manifest["categories"], args.model)
     category_ids = {int(c["id"]) for c in manifest["categories"]}
-    images, annotations, predictions, pictures = predict(model, shards, args.batch_size, device, args.score_threshold, category_ids)
+    images, annotations, predictions, pictures = predict(
+        model, shards, args.batch_size, device, args.score_threshold, category_ids
+    )
     ground_truth = {"images": images, "annotations": annotations, "categories": manifest["categories"]}
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "ground_truth.json", ground_truth)
     write_json_atomic(args.out / "predictions.json", predictions)
     scores = score_detections(predictions, ground_truth)
     # Only deterministic content, so re-scoring the same model writes the same bytes (same data version).
-    metrics = {**scores, "split": args.split, "val_images": len(images), "annotations": len(annotations),
-               "predictions": len(predictions), "score_threshold": args.score_threshold, "model_step": payload.get("step")}
+    metrics = {
+        **scores,
+        "split": args.split,
+        "val_images": len(images),
+        "annotations": len(annotations),
+        "predictions": len(predictions),
+        "score_threshold": args.score_threshold,
+        "model_step": payload.get("step"),
+    }
     write_json_atomic(args.out / "metrics.json", metrics)
     pr_curve, samples = draw_pr_curve(metrics["pr_curve"]), draw_samples(pictures)
     save_png(pr_curve, args.out / "pr_curve.png")
     save_png(samples, args.out / "sample_predictions.png")
     # Written last: what proves the report complete (see zero_assets/cache.py).
-    write_output_manifest(args.out, ["ground_truth.json", "predictions.json", "metrics.json", "pr_curve.png", "sample_predictions.png"],
-                          format="zero-eval/1")
-    return metrics, {"eval_wall_s": round(time.perf_counter() - started, 2), "device": str(device),
-                     **inline_pictures(metrics["pr_curve"], pictures)}
+    write_output_manifest(
+        args.out,
+        ["ground_truth.json", "predictions.json", "metrics.json", "pr_curve.png", "sample_predictions.png"],
+        format="zero-eval/1",
+    )
+    return metrics, {
+        "eval_wall_s": round(time.perf_counter() - started, 2),
+        "device": str(device),
+        **inline_pictures(metrics["pr_curve"], pictures),
+    }
 
 
 def inline_pictures(curve: dict[str, Any], pictures: list[SamplePicture]) -> dict[str, Any]:
     """Thumbnails for the UI (the full-size files are pr_curve.png and sample_predictions.png)."""
-    entries = {"pr_curve": markdown_metadata(inline_picture(
-        lambda width: draw_pr_thumbnail(curve, width), "PR curve",
-        f"precision by recall at IoU {curve['iou']}: mean black, classes in colour"))}  # a short caption leaves room for a wider plot
+    entries = {
+        "pr_curve": markdown_metadata(
+            inline_picture(
+                lambda width: draw_pr_thumbnail(curve, width),
+                "PR curve",
+                f"precision by recall at IoU {curve['iou']}: mean black, classes in colour",
+            )
+        )
+    }  # a short caption leaves room for a wider plot
     for number, picture in enumerate(pictures, start=1):
         caption = f"{picture.key}: {len(picture.truth)} true (green), {len(picture.predicted)} predicted at score {PICTURE_MIN_SCORE}+ (red)"
-        entries[f"sample_prediction_{number}"] = markdown_metadata(inline_picture(
-            lambda width, picture=picture: draw_sample(picture, width), f"sample {number}: {picture.key}", caption))
+        entries[f"sample_prediction_{number}"] = markdown_metadata(
+            inline_picture(
+                lambda width, picture=picture: draw_sample(picture, width), f"sample {number}: {picture.key}", caption
+            )
+        )
     return entries
 
 
@@ -158,9 +217,14 @@ SUMMARY_METRICS = ("mAP", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_la
 
 def per_class_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     # A class without ground truth in the split has no AP: an empty cell, not a zero.
-    return [{"category": row["category"],
-             "AP": None if row["ap"] is None else round(float(row["ap"]), 4),
-             "AP@0.5": None if row["ap_50"] is None else round(float(row["ap_50"]), 4)} for row in metrics["per_class"]]
+    return [
+        {
+            "category": row["category"],
+            "AP": None if row["ap"] is None else round(float(row["ap"]), 4),
+            "AP@0.5": None if row["ap_50"] is None else round(float(row["ap_50"]), 4),
+        }
+        for row in metrics["per_class"]
+    ]
 
 
 def track(args: argparse.Namespace, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -173,8 +237,14 @@ def track(args: argparse.Namespace, metrics: dict[str, Any]) -> dict[str, Any]:
             run.summary.update({f"AP/{row['category']}": row["AP"] for row in per_class if row["AP"] is not None})
             import wandb
 
-            run.log({"per_class_ap": wandb.Table(columns=["category", "AP", "AP@0.5"],
-                                                 data=[[row["category"], row["AP"], row["AP@0.5"]] for row in per_class])})
+            run.log(
+                {
+                    "per_class_ap": wandb.Table(
+                        columns=["category", "AP", "AP@0.5"],
+                        data=[[row["category"], row["AP"], row["AP@0.5"]] for row in per_class],
+                    )
+                }
+            )
         finally:
             run.finish()
     return wandb_run.recorded(args, run)
@@ -183,11 +253,21 @@ def track(args: argparse.Namespace, metrics: dict[str, Any]) -> dict[str, Any]:
 def report(pipes, metrics: dict[str, Any], run_info: dict[str, Any], metrics_path: Path) -> None:
     per_class = per_class_rows(metrics)
     metadata = {name: float(metrics[name]) for name in SUMMARY_METRICS if metrics[name] is not None}
-    columns = {"category": "category name", "AP": "COCO AP (IoU 0.50:0.95); empty: no ground truth of this class in the split",
-               "AP@0.5": "AP at IoU 0.5"}
-    metadata.update({"per_class_ap": job_env.table(per_class, columns=columns), "val_images": metrics["val_images"],
-                     "dagster/row_count": metrics["val_images"],  # the images evaluated
-                     "predictions": metrics["predictions"], "metrics_path": str(metrics_path), **run_info})
+    columns = {
+        "category": "category name",
+        "AP": "COCO AP (IoU 0.50:0.95); empty: no ground truth of this class in the split",
+        "AP@0.5": "AP at IoU 0.5",
+    }
+    metadata.update(
+        {
+            "per_class_ap": job_env.table(per_class, columns=columns),
+            "val_images": metrics["val_images"],
+            "dagster/row_count": metrics["val_images"],  # the images evaluated
+            "predictions": metrics["predictions"],
+            "metrics_path": str(metrics_path),
+            **run_info,
+        }
+    )
     pipes.report_asset_materialization(metadata=metadata, data_version=sha256_file(metrics_path))
 
 
@@ -198,7 +278,11 @@ def main(args: argparse.Namespace) -> None:
         metrics = score_detections(json.loads(args.predictions.read_text()), json.loads(args.ground_truth.read_text()))
         print(json.dumps(metrics, indent=2))
         return
-    missing = [flag for flag, value in (("--model", args.model), ("--shards", args.shards), ("--out", args.out)) if value is None]
+    missing = [
+        flag
+        for flag, value in (("--model", args.model), ("--shards", args.shards), ("--out", args.out))
+        if value is None
+    ]
     if missing:
         raise SystemExit(f"graph mode needs {', '.join(missing)} (or use --predictions and --ground-truth)")
     wandb_run.follow_training(args, args.model if args.model.is_dir() else args.model.parent)

@@ -34,10 +34,18 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--source", required=True, help="the source: one top-level folder of the raw root")
     parser.add_argument("--out", required=True, help="folder or s3:// prefix for index.parquet and manifest.json")
     parser.add_argument("--group-pattern", default="", help="regex naming an image's split group (empty: its folder)")
-    parser.add_argument("--max-annotation-bytes", type=int, default=DEFAULT_MAX_ANNOTATION_BYTES,
-                        help="a larger annotations.json is not parsed; the source's images are indexed without annotations")
-    parser.add_argument("--inventory-manifest", default=None, help="an S3 Inventory report's manifest.json: read it instead of listing")
-    parser.add_argument("--sample-images", type=int, default=None, help="the rehearsal sample: about this many images, whole groups")
+    parser.add_argument(
+        "--max-annotation-bytes",
+        type=int,
+        default=DEFAULT_MAX_ANNOTATION_BYTES,
+        help="a larger annotations.json is not parsed; the source's images are indexed without annotations",
+    )
+    parser.add_argument(
+        "--inventory-manifest", default=None, help="an S3 Inventory report's manifest.json: read it instead of listing"
+    )
+    parser.add_argument(
+        "--sample-images", type=int, default=None, help="the rehearsal sample: about this many images, whole groups"
+    )
     return parser
 
 
@@ -55,11 +63,19 @@ def check_args(args: argparse.Namespace) -> None:
 def report_metadata(manifest: dict[str, Any], wall_s: float) -> dict[str, Any]:
     """The manifest's counts; its `images` (the index's rows) as Dagster's `dagster/row_count`, and its
     `bytes` (the listed images' bytes, not the index's) as `image_bytes`."""
-    plain = {name: value for name, value in manifest.items()
-             if isinstance(value, (int, str)) and not isinstance(value, bool) and name not in ("images", "bytes")}
-    return {**plain, "dagster/row_count": manifest["images"], "image_bytes": manifest["bytes"],
-            "annotation_error": manifest["annotation_error"] or "", "index_wall_s": round(wall_s, 3),
-            "examples": {"raw_value": json.dumps(manifest["examples"]), "type": "json"}}
+    plain = {
+        name: value
+        for name, value in manifest.items()
+        if isinstance(value, (int, str)) and not isinstance(value, bool) and name not in ("images", "bytes")
+    }
+    return {
+        **plain,
+        "dagster/row_count": manifest["images"],
+        "image_bytes": manifest["bytes"],
+        "annotation_error": manifest["annotation_error"] or "",
+        "index_wall_s": round(wall_s, 3),
+        "examples": {"raw_value": json.dumps(manifest["examples"]), "type": "json"},
+    }
 
 
 def main(args: argparse.Namespace) -> None:
@@ -67,17 +83,31 @@ def main(args: argparse.Namespace) -> None:
         check_args(args)
         started = time.perf_counter()
         manifest = write_source_index(
-            args.raw, args.source, args.out, group_pattern=args.group_pattern, max_annotation_bytes=args.max_annotation_bytes,
-            inventory_manifest_uri=args.inventory_manifest, sample_images=args.sample_images,
+            args.raw,
+            args.source,
+            args.out,
+            group_pattern=args.group_pattern,
+            max_annotation_bytes=args.max_annotation_bytes,
+            inventory_manifest_uri=args.inventory_manifest,
+            sample_images=args.sample_images,
         )
         wall_s = time.perf_counter() - started
         if manifest["annotation_error"]:  # the source's images are indexed without annotations; validation reports them
             log.error("source %r: %s", args.source, manifest["annotation_error"])
-        log.info("source %r: %d images (%d bytes) in %d groups, %d ignored files, %d unsafe keys, in %.1f s",
-                 args.source, manifest["images"], manifest["bytes"], manifest["groups"], manifest["ignored_files"],
-                 manifest["unsafe_keys"], wall_s)
+        log.info(
+            "source %r: %d images (%d bytes) in %d groups, %d ignored files, %d unsafe keys, in %.1f s",
+            args.source,
+            manifest["images"],
+            manifest["bytes"],
+            manifest["groups"],
+            manifest["ignored_files"],
+            manifest["unsafe_keys"],
+            wall_s,
+        )
         manifest_bytes = read_bytes(join(args.out, MANIFEST))
-        pipes.report_asset_materialization(metadata=report_metadata(manifest, wall_s), data_version=sha256_bytes(manifest_bytes))
+        pipes.report_asset_materialization(
+            metadata=report_metadata(manifest, wall_s), data_version=sha256_bytes(manifest_bytes)
+        )
 
 
 if __name__ == "__main__":

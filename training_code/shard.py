@@ -21,18 +21,19 @@ import shutil
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from training_code.lib import job_env
 from training_code.lib.hashing import sha256_bytes
+from training_code.lib.raw_files import Refused, locate
 from training_code.lib.shard_format import FORMAT, MANIFEST, reusable_manifest
 from training_code.lib.shard_hf import write_dataset_dict
 from training_code.lib.shard_plan import PACK_ORDER, ShardPlan, plan_shards
 from training_code.lib.shard_rows import ENCODINGS, Encoding, load_image_bytes, shard_labels
 from training_code.lib.shard_writer import ShardWriter
-from training_code.lib.raw_files import Refused, locate
 from training_code.lib.storage import write_bytes_atomic
 from training_code.lib.tables import ACCEPTED, SPLITS, read_table
 
@@ -43,21 +44,32 @@ PREFETCH_PER_WORKER = 8  # images in flight per worker: enough to hide I/O and a
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--validated", type=Path, required=True, help="folder with accepted.parquet and categories.json")
+    parser.add_argument(
+        "--validated", type=Path, required=True, help="folder with accepted.parquet and categories.json"
+    )
     parser.add_argument("--raw", type=Path, required=True, help="the raw root the validated keys are relative to")
     parser.add_argument("--out", type=Path, required=True, help="folder for the shards and manifest.json")
     parser.add_argument("--target-shard-bytes", type=int, default=1_000_000_000)
     parser.add_argument("--image-encoding", choices=ENCODINGS, default="original")
     parser.add_argument("--max-side", type=int, default=1024, help="resize: longest upright side in pixels")
     parser.add_argument("--jpeg-quality", type=int, default=90, help="resize: JPEG quality of the re-encoded image")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="threads (original) or processes (resize)")
-    parser.add_argument("--previous", type=Path, default=None, help="an earlier shard set whose unchanged shards are carried over")
+    parser.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="threads (original) or processes (resize)"
+    )
+    parser.add_argument(
+        "--previous", type=Path, default=None, help="an earlier shard set whose unchanged shards are carried over"
+    )
     return parser
 
 
 def build_shards(
-    validated: Path, raw: Path, out: Path, target_shard_bytes: int, encoding: Encoding = Encoding(),
-    workers: int = 1, previous: Path | None = None,
+    validated: Path,
+    raw: Path,
+    out: Path,
+    target_shard_bytes: int,
+    encoding: Encoding = Encoding(),
+    workers: int = 1,
+    previous: Path | None = None,
 ) -> tuple[dict[str, Any], dict[str, int]]:
     """Write the shard set; returns the manifest and what was reused or packed."""
     accepted = read_table(validated / "accepted.parquet", ACCEPTED).sort_values("key")
@@ -67,7 +79,9 @@ def build_shards(
     expected = {key: (row.split, shard_labels(row, category_id, encoding)) for key, row in rows.items()}
     config = {"target_shard_bytes": target_shard_bytes, **encoding.config()}
     (out / MANIFEST).unlink(missing_ok=True)
-    groups = {key: (row.source, row.group) for key, row in rows.items()}  # packed interleaved, see shard_plan.pack_order
+    groups = {
+        key: (row.source, row.group) for key, row in rows.items()
+    }  # packed interleaved, see shard_plan.pack_order
     plan = plan_shards(expected, config, previous, reusable_manifest(previous, categories), groups)
     for reason in plan.dropped:
         log.info("earlier shard not carried over: %s", reason)
@@ -76,7 +90,9 @@ def build_shards(
         keys = plan.to_pack.get(split, [])
         tasks = (_task(raw, rows[key], expected[key][1], encoding) for key in keys)
         images = _ordered_map(load_image_bytes, tasks, workers, processes=encoding.mode == "resize")
-        with ShardWriter(out, split, target_shard_bytes, categories=categories, first_index=plan.first_index.get(split, 0)) as writer:
+        with ShardWriter(
+            out, split, target_shard_bytes, categories=categories, first_index=plan.first_index.get(split, 0)
+        ) as writer:
             for key, image in zip(keys, images):
                 writer.write({"image": image, **expected[key][1]})
         entries += writer.entries
@@ -111,7 +127,9 @@ def _task(raw: Path, row: Any, labels: dict[str, Any], encoding: Encoding) -> tu
     try:
         path = str(locate(raw, row.key))
     except Refused as refused:
-        raise RuntimeError(f"{row.key}: {refused}; the raw root changed since validation, rematerialize validated_images") from None
+        raise RuntimeError(
+            f"{row.key}: {refused}; the raw root changed since validation, rematerialize validated_images"
+        ) from None
     return (path, row.key, row.sha256, (labels["width"], labels["height"]), int(row.orientation), encoding)
 
 
@@ -149,8 +167,12 @@ def _ordered_map(function: Callable[[Any], Any], tasks: Iterable[Any], workers: 
 SHARD_SIZE_COLUMNS = {
     "split": "train, val, or all shards",
     "shards": "shard files",
-    "rows_min": "fewest rows in one shard", "rows_median": "median rows per shard (the lower middle one)", "rows_max": "most rows in one shard",
-    "bytes_min": "smallest shard, bytes", "bytes_median": "median shard size (the lower middle one)", "bytes_max": "largest shard, bytes",
+    "rows_min": "fewest rows in one shard",
+    "rows_median": "median rows per shard (the lower middle one)",
+    "rows_max": "most rows in one shard",
+    "bytes_min": "smallest shard, bytes",
+    "bytes_median": "median shard size (the lower middle one)",
+    "bytes_max": "largest shard, bytes",
 }
 
 
@@ -165,7 +187,11 @@ def shard_sizes(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row = {"split": split, "shards": len(group)}
         for measure in ("rows", "bytes"):
             values = [e[measure] for e in group]
-            row |= {f"{measure}_min": min(values), f"{measure}_median": statistics.median_low(values), f"{measure}_max": max(values)}
+            row |= {
+                f"{measure}_min": min(values),
+                f"{measure}_median": statistics.median_low(values),
+                f"{measure}_max": max(values),
+            }
         summary.append(row)
     return summary
 

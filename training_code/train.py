@@ -15,7 +15,8 @@ import os
 import random
 import signal
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -23,7 +24,13 @@ from torch.nn.parallel import DistributedDataParallel
 from training_code.lib import job_env, wandb_run
 from training_code.lib.checkpoints import log_event, prepare_folder, resume_if_possible, save_checkpoint
 from training_code.lib.detection_data import (
-    Augmentation, ShardDetectionStream, ShardRef, apply_photometric, build_train_loader, targets_on, verified_split,
+    Augmentation,
+    ShardDetectionStream,
+    ShardRef,
+    apply_photometric,
+    build_train_loader,
+    targets_on,
+    verified_split,
 )
 from training_code.lib.distributed import DistributedContext, all_reduce_sum, distributed_session
 from training_code.lib.model import ARCHITECTURES, DEFAULT_ARCH, build_model, model_config, save_model_file
@@ -50,13 +57,18 @@ def get_args_parser() -> argparse.ArgumentParser:
     # Hyperparameters arrive as `--kebab-case value` pairs, as SageMaker script mode passes them.
     parser = argparse.ArgumentParser(description="Train the ZERO detector on Arrow shards")
     parser.add_argument("--arch", default=DEFAULT_ARCH, choices=ARCHITECTURES)
-    parser.add_argument("--training-set", default=None,
-                        help="the training set's folder inside the `train` channel, when the channel is the shard root of every source (SageMaker)")
+    parser.add_argument(
+        "--training-set",
+        default=None,
+        help="the training set's folder inside the `train` channel, when the channel is the shard root of every source (SageMaker)",
+    )
     parser.add_argument("--width", type=int, default=32, help="fcos_tiny backbone width")
     parser.add_argument("--fpn-channels", type=int, default=64, help="fcos_tiny FPN channels (multiple of 32)")
     parser.add_argument("--min-size", type=int, default=160, help="shorter image side fed to the model")
     parser.add_argument("--max-size", type=int, default=320, help="longer image side cap")
-    parser.add_argument("--max-steps", type=positive_int, default=200, help="optimizer steps in total, including resumed ones")
+    parser.add_argument(
+        "--max-steps", type=positive_int, default=200, help="optimizer steps in total, including resumed ones"
+    )
     parser.add_argument("--batch-size", type=positive_int, default=8, help="images per rank per step")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--weight-decay", type=float, default=0.01)
@@ -67,9 +79,15 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hflip-prob", type=float, default=0.5)
     parser.add_argument("--color-jitter", type=float, default=0.2, help="brightness/contrast factor spread; 0 disables")
     parser.add_argument("--shuffle-buffer", type=int, default=256)
-    parser.add_argument("--max-bad-samples", type=int, default=10, help="undecodable samples tolerated per rank; more fails the job")
-    parser.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank (0: decode in the training process)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: CPUs / local ranks)")
+    parser.add_argument(
+        "--max-bad-samples", type=int, default=10, help="undecodable samples tolerated per rank; more fails the job"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="DataLoader workers per rank (0: decode in the training process)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads per rank (default: CPUs / local ranks)"
+    )
     parser.add_argument("--checkpoint-every", type=positive_int, default=50)
     parser.add_argument("--keep-checkpoints", type=positive_int, default=3)
     parser.add_argument("--log-every", type=positive_int, default=10)
@@ -120,8 +138,13 @@ class ProgressReport:
     """Each training line to the job log; to the run's event log (`send`, rank 0 under Dagster) at most
     every `every_s` seconds, and the last line always."""
 
-    def __init__(self, send: Callable[[str], None] | None, ctx: DistributedContext, every_s: float = PROGRESS_EVENT_EVERY_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        send: Callable[[str], None] | None,
+        ctx: DistributedContext,
+        every_s: float = PROGRESS_EVENT_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._send, self._ctx, self._every_s, self._clock = send, ctx, every_s, clock
         self._last_event = -math.inf
 
@@ -133,8 +156,9 @@ class ProgressReport:
             self._last_event = now
 
 
-def train_step(model, model_without_ddp, optimizer, images, targets, step: int, args, ctx: DistributedContext,
-               stop: StopRequest) -> tuple[float, bool]:
+def train_step(
+    model, model_without_ddp, optimizer, images, targets, step: int, args, ctx: DistributedContext, stop: StopRequest
+) -> tuple[float, bool]:
     """Forward, agree across ranks, backward, clip, update. Returns the sample-weighted mean loss over
     all ranks and whether any rank was asked to stop."""
     images = [image.to(ctx.device, non_blocking=True).float().div_(255) for image in images]
@@ -145,12 +169,16 @@ def train_step(model, model_without_ddp, optimizer, images, targets, step: int, 
     loss = sum(losses.values())
     # One collective per step: the loss weighted by sample count, and whether any rank got SIGTERM, so
     # every rank stops (or fails) at the same step instead of hanging in the next all-reduce.
-    shared = all_reduce_sum(torch.tensor([loss.item() * len(images), len(images), float(stop.requested)], dtype=torch.float64))
+    shared = all_reduce_sum(
+        torch.tensor([loss.item() * len(images), len(images), float(stop.requested)], dtype=torch.float64)
+    )
     mean_loss = shared[0].item() / shared[1].item()
     if not math.isfinite(mean_loss):
         parts = {k: round(v.item(), 4) for k, v in losses.items()}
-        raise NonFiniteLossError(f"step {step + 1}: loss is {mean_loss} (this rank's parts: {parts}); "
-                                 f"lower --lr (now {args.lr}) or check the training shards")
+        raise NonFiniteLossError(
+            f"step {step + 1}: loss is {mean_loss} (this rank's parts: {parts}); "
+            f"lower --lr (now {args.lr}) or check the training shards"
+        )
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if args.clip_grad > 0:
@@ -159,17 +187,25 @@ def train_step(model, model_without_ddp, optimizer, images, targets, step: int, 
     return mean_loss, shared[2].item() > 0
 
 
-def train(args: argparse.Namespace, ctx: DistributedContext, pipes) -> tuple[dict[str, Any], torch.nn.Module, dict[str, Any]]:
+def train(
+    args: argparse.Namespace, ctx: DistributedContext, pipes
+) -> tuple[dict[str, Any], torch.nn.Module, dict[str, Any]]:
     """Run (or finish) training; return the summary, the unwrapped model and its config."""
     started = time.perf_counter()
     torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // ctx.local_world_size))
-    manifest, shards = verified_split(job_env.channel_dir("train"), "train", ctx.rank, ctx.world_size, training_set_dir=args.training_set)
-    config = model_config(args.arch, manifest["categories"], args.width, args.fpn_channels, args.min_size, args.max_size)
+    manifest, shards = verified_split(
+        job_env.channel_dir("train"), "train", ctx.rank, ctx.world_size, training_set_dir=args.training_set
+    )
+    config = model_config(
+        args.arch, manifest["categories"], args.width, args.fpn_channels, args.min_size, args.max_size
+    )
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     # channels_last: oneDNN convolutions run ~25% faster on CPU (measured here), and GPUs prefer it too.
     model_without_ddp = build_model(config).to(ctx.device, memory_format=torch.channels_last)
     optimizer = torch.optim.AdamW(model_without_ddp.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.warmup_steps, args.max_steps, args.final_lr_fraction))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, warmup_cosine(args.warmup_steps, args.max_steps, args.final_lr_fraction)
+    )
     checkpoints = job_env.checkpoint_dir()
     prepare_folder(checkpoints, ctx)
     random.seed(args.seed + ctx.rank)
@@ -178,11 +214,19 @@ def train(args: argparse.Namespace, ctx: DistributedContext, pipes) -> tuple[dic
     start_step = resumed.step
     model = model_without_ddp
     if ctx.is_distributed:
-        model = DistributedDataParallel(model_without_ddp, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+        model = DistributedDataParallel(
+            model_without_ddp, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None
+        )
     dataset = ShardDetectionStream(
-        shards, rank=ctx.rank, world_size=ctx.world_size, seed=args.seed, batch_size=args.batch_size,
-        augmentation=Augmentation(args.hflip_prob, args.color_jitter), shuffle_buffer=args.shuffle_buffer,
-        max_bad_samples=args.max_bad_samples, resume_batches=start_step if resumed.data_continues else 0,
+        shards,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        augmentation=Augmentation(args.hflip_prob, args.color_jitter),
+        shuffle_buffer=args.shuffle_buffer,
+        max_bad_samples=args.max_bad_samples,
+        resume_batches=start_step if resumed.data_continues else 0,
     )
     batches = iter(build_train_loader(dataset, args.batch_size, args.workers, ctx.device))
     # Rank 0 tracks; SageMaker uploads its output data folder (the default offline location) with the job.
@@ -191,38 +235,57 @@ def train(args: argparse.Namespace, ctx: DistributedContext, pipes) -> tuple[dic
     stop = StopRequest()
 
     def checkpoint_state(at_step: int) -> dict[str, Any]:
-        return {"model": model_without_ddp.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "step": at_step, "images_seen": images_seen(at_step), "args": wandb_run.without_tracking(vars(args)), "model_config": config,
-                "categories": config["categories"]}
+        return {
+            "model": model_without_ddp.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "step": at_step,
+            "images_seen": images_seen(at_step),
+            "args": wandb_run.without_tracking(vars(args)),
+            "model_config": config,
+            "categories": config["categories"],
+        }
 
     def images_seen(at_step: int) -> int:  # batches are always full: the stream never runs dry
         return resumed.images_seen + (at_step - start_step) * args.batch_size * ctx.world_size
 
     step, data_wait, recent_losses, window_first_step = start_step, 0.0, [], start_step
-    report_progress = ProgressReport(pipes.log.info if ctx.is_main and isinstance(pipes, job_env.PipesContext) else None, ctx)
+    report_progress = ProgressReport(
+        pipes.log.info if ctx.is_main and isinstance(pipes, job_env.PipesContext) else None, ctx
+    )
     loop_started = window_started = time.perf_counter()
     try:
         while step < args.max_steps:
             waited = time.perf_counter()
             images, targets = next(batches)
             data_wait += time.perf_counter() - waited
-            mean_loss, stop_agreed = train_step(model, model_without_ddp, optimizer, images, targets, step, args, ctx, stop)
+            mean_loss, stop_agreed = train_step(
+                model, model_without_ddp, optimizer, images, targets, step, args, ctx, stop
+            )
             scheduler.step()
             step += 1
-            recent_losses = (recent_losses + [mean_loss])[-args.log_every:]
+            recent_losses = (recent_losses + [mean_loss])[-args.log_every :]
             if step % args.log_every == 0 or step == args.max_steps:
                 now = time.perf_counter()
-                line = {"step": step, "loss": round(mean_loss, 5),
-                        "lr": scheduler.get_last_lr()[0], "data_wait": round(data_wait / (now - loop_started), 4),
-                        "images_per_s": round((step - window_first_step) * args.batch_size * ctx.world_size / (now - window_started), 2)}
+                line = {
+                    "step": step,
+                    "loss": round(mean_loss, 5),
+                    "lr": scheduler.get_last_lr()[0],
+                    "data_wait": round(data_wait / (now - loop_started), 4),
+                    "images_per_s": round(
+                        (step - window_first_step) * args.batch_size * ctx.world_size / (now - window_started), 2
+                    ),
+                }
                 window_started, window_first_step = now, step
                 report_progress(line, last=step == args.max_steps)
                 if tracker is not None:
                     tracker.log({k: v for k, v in line.items() if k != "step"}, step=step)
             if stop_agreed:
                 save_checkpoint(checkpoints, args.keep_checkpoints, checkpoint_state(step), ctx)
-                raise TrainingInterrupted(f"SIGTERM received: saved a checkpoint at step {step} of {args.max_steps}; "
-                                          "the next run with the same ZERO_CHECKPOINT_DIR resumes from it")
+                raise TrainingInterrupted(
+                    f"SIGTERM received: saved a checkpoint at step {step} of {args.max_steps}; "
+                    "the next run with the same ZERO_CHECKPOINT_DIR resumes from it"
+                )
             if step % args.checkpoint_every == 0 or step == args.max_steps:
                 save_checkpoint(checkpoints, args.keep_checkpoints, checkpoint_state(step), ctx)
     finally:
@@ -235,23 +298,29 @@ def train(args: argparse.Namespace, ctx: DistributedContext, pipes) -> tuple[dic
     loop_seconds = time.perf_counter() - loop_started
     steps_run = step - start_step
     # Per-rank throughput figures, averaged over ranks.
-    totals = all_reduce_sum(torch.tensor([data_wait / max(loop_seconds, 1e-9), dataset.bad_samples.value], dtype=torch.float64))
-    return {
-        "steps": step,
-        "resumed_from_step": start_step,
-        "images_seen": images_seen(step),
-        "images_per_s": round(steps_run * args.batch_size * ctx.world_size / loop_seconds, 2) if steps_run else 0.0,
-        "final_loss": round(sum(recent_losses) / len(recent_losses), 5) if recent_losses else None,
-        "wall_s": round(time.perf_counter() - started, 2),
-        "data_wait_fraction": round(totals[0].item() / ctx.world_size, 4),
-        "bad_samples_skipped": int(totals[1].item()),
-        "world_size": ctx.world_size,
-        "arch": args.arch,
-        "train_images": rows_trained_on(shards),
-        "job_name": job_env.job_name(),
-        "device": str(ctx.device),
-        "wandb": tracking,
-    }, model_without_ddp, config
+    totals = all_reduce_sum(
+        torch.tensor([data_wait / max(loop_seconds, 1e-9), dataset.bad_samples.value], dtype=torch.float64)
+    )
+    return (
+        {
+            "steps": step,
+            "resumed_from_step": start_step,
+            "images_seen": images_seen(step),
+            "images_per_s": round(steps_run * args.batch_size * ctx.world_size / loop_seconds, 2) if steps_run else 0.0,
+            "final_loss": round(sum(recent_losses) / len(recent_losses), 5) if recent_losses else None,
+            "wall_s": round(time.perf_counter() - started, 2),
+            "data_wait_fraction": round(totals[0].item() / ctx.world_size, 4),
+            "bad_samples_skipped": int(totals[1].item()),
+            "world_size": ctx.world_size,
+            "arch": args.arch,
+            "train_images": rows_trained_on(shards),
+            "job_name": job_env.job_name(),
+            "device": str(ctx.device),
+            "wandb": tracking,
+        },
+        model_without_ddp,
+        config,
+    )
 
 
 def rows_trained_on(shards: list[ShardRef]) -> int:
@@ -259,7 +328,11 @@ def rows_trained_on(shards: list[ShardRef]) -> int:
     excluded ones (their keys read from the memory-mapped shard; no image is decoded)."""
     rows = 0
     for shard in shards:
-        skipped = sum(key in shard.excluded for key in open_shard(shard.path).column("key").to_pylist()) if shard.excluded else 0
+        skipped = (
+            sum(key in shard.excluded for key in open_shard(shard.path).column("key").to_pylist())
+            if shard.excluded
+            else 0
+        )
         rows += shard.rows - skipped
     return rows
 
@@ -275,9 +348,13 @@ def main(args: argparse.Namespace) -> None:
         summary, model, config = train(args, ctx, pipes)
         if not ctx.is_main:
             return
-        model_path = save_model_file(job_env.model_dir(), model, config, summary["steps"], wandb_run.without_tracking(vars(args)))
+        model_path = save_model_file(
+            job_env.model_dir(), model, config, summary["steps"], wandb_run.without_tracking(vars(args))
+        )
         digest = sha256_file(model_path)
-        summary.update({"model_path": str(model_path), "model_sha256": digest, "checkpoint_dir": str(job_env.checkpoint_dir())})
+        summary.update(
+            {"model_path": str(model_path), "model_sha256": digest, "checkpoint_dir": str(job_env.checkpoint_dir())}
+        )
         summary_path = model_path.with_name("training_summary.json")
         temporary = summary_path.with_name(f".tmp-{summary_path.name}")
         temporary.write_text(json.dumps(summary, indent=2))

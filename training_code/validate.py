@@ -33,9 +33,10 @@ import logging
 import os
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 import PIL
@@ -45,11 +46,21 @@ from training_code.lib import job_env
 from training_code.lib.annotation_files import copy_annotation_files, load_annotations
 from training_code.lib.coco import DEFAULT_MAX_ANNOTATION_BYTES
 from training_code.lib.contact_sheet import (
-    DRAWABLE_REASONS, SHEET_FILE, Thumbnail, contact_sheet_png, quarantine_thumbnails, read_thumbnails, thumbnails_frame,
+    DRAWABLE_REASONS,
+    SHEET_FILE,
+    Thumbnail,
+    contact_sheet_png,
+    quarantine_thumbnails,
+    read_thumbnails,
+    thumbnails_frame,
 )
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.image_checks import (
-    DEFAULT_ALLOWED_FORMATS, DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_PIXELS, ImageVerdict, check_image_file,
+    DEFAULT_ALLOWED_FORMATS,
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_PIXELS,
+    ImageVerdict,
+    check_image_file,
 )
 from training_code.lib.inline_pictures import inline_picture, markdown_metadata
 from training_code.lib.isolated_pool import IsolatedPool, WorkerLost
@@ -73,34 +84,67 @@ MAP_ANNOTATIONS = "annotations"  # map output: the annotation files this host re
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--index", type=Path, required=True, help="folder holding index.parquet (the raw_image_index output)")
     parser.add_argument(
-        "--raw", type=Path, default=None, help="the raw root: <raw>/<source>/... and <raw>/<source>/annotations.json (map: this host's part)"
+        "--index", type=Path, required=True, help="folder holding index.parquet (the raw_image_index output)"
     )
-    parser.add_argument("--out", type=Path, required=True, help="folder for the tables, categories.json and manifest.json")
+    parser.add_argument(
+        "--raw",
+        type=Path,
+        default=None,
+        help="the raw root: <raw>/<source>/... and <raw>/<source>/annotations.json (map: this host's part)",
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder for the tables, categories.json and manifest.json"
+    )
     parser.add_argument("--val-fraction", type=float, default=0.2, help="share of groups (not images) that go to val")
     parser.add_argument("--split-seed", type=int, default=0)
-    parser.add_argument("--max-quarantine-rate", type=float, default=0.5, help="fail when quarantined/images_in is above this")
+    parser.add_argument(
+        "--max-quarantine-rate", type=float, default=0.5, help="fail when quarantined/images_in is above this"
+    )
     parser.add_argument("--min-side", type=int, default=8, help="smallest upright width or height accepted, in pixels")
     parser.add_argument(
-        "--allowed-formats", type=_formats, default=",".join(DEFAULT_ALLOWED_FORMATS), help="Pillow format names, comma-separated"
+        "--allowed-formats",
+        type=_formats,
+        default=",".join(DEFAULT_ALLOWED_FORMATS),
+        help="Pillow format names, comma-separated",
     )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="decode worker processes")
     parser.add_argument(
-        "--timeout-s", type=float, default=20.0, help="decode time limit per file; past it the file is quarantined as timeout"
+        "--timeout-s",
+        type=float,
+        default=20.0,
+        help="decode time limit per file; past it the file is quarantined as timeout",
     )
     parser.add_argument(
-        "--previous", type=Path, default=None,
+        "--previous",
+        type=Path,
+        default=None,
         help="an earlier run's output folder: verdicts of images whose key, etag and size are unchanged are reused",
     )
-    parser.add_argument("--max-image-bytes", type=int, default=DEFAULT_MAX_IMAGE_BYTES,
-                        help="larger image files are quarantined as too_large without being read")
-    parser.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
-                        help="images whose header declares more pixels are quarantined as too_large without being decoded")
-    parser.add_argument("--max-annotation-bytes", type=int, default=DEFAULT_MAX_ANNOTATION_BYTES,
-                        help="a larger annotations.json is not parsed; its source's images are reported without annotations")
-    parser.add_argument("--phase", choices=PHASES, default="all",
-                        help="all: the whole pass on one host; map/reduce: the two stages of a multi-instance pass")
+    parser.add_argument(
+        "--max-image-bytes",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_BYTES,
+        help="larger image files are quarantined as too_large without being read",
+    )
+    parser.add_argument(
+        "--max-pixels",
+        type=int,
+        default=DEFAULT_MAX_PIXELS,
+        help="images whose header declares more pixels are quarantined as too_large without being decoded",
+    )
+    parser.add_argument(
+        "--max-annotation-bytes",
+        type=int,
+        default=DEFAULT_MAX_ANNOTATION_BYTES,
+        help="a larger annotations.json is not parsed; its source's images are reported without annotations",
+    )
+    parser.add_argument(
+        "--phase",
+        choices=PHASES,
+        default="all",
+        help="all: the whole pass on one host; map/reduce: the two stages of a multi-instance pass",
+    )
     parser.add_argument("--decoded", type=Path, default=None, help="reduce: the map stage's output from every host")
     return parser
 
@@ -171,13 +215,24 @@ def decode_all(
     with IsolatedPool(function, workers=workers, timeout_s=args.timeout_s, preload=[check.__module__]) as pool:
         log.info("started %d decode workers in %.1f s", workers, time.monotonic() - started)
         for path, outcome in pool.imap_unordered(keys_at):
-            verdict = _verdict_for_lost(Path(path), outcome, args.max_image_bytes) if isinstance(outcome, WorkerLost) else outcome
+            verdict = (
+                _verdict_for_lost(Path(path), outcome, args.max_image_bytes)
+                if isinstance(outcome, WorkerLost)
+                else outcome
+            )
             verdicts.update({key: verdict for key in keys_at[path]})
             if time.monotonic() - last_log > PROGRESS_EVERY_S:
                 last_log = time.monotonic()
-                log.info("decoded %d/%d files (%.0f files/s)", len(verdicts), len(keys), len(verdicts) / (last_log - started))
-    log.info("decoded %d files in %.1f s with %d workers (%d replaced after a hang, crash or running out of memory)",
-             len(keys_at), time.monotonic() - started, workers, pool.replaced)
+                log.info(
+                    "decoded %d/%d files (%.0f files/s)", len(verdicts), len(keys), len(verdicts) / (last_log - started)
+                )
+    log.info(
+        "decoded %d files in %.1f s with %d workers (%d replaced after a hang, crash or running out of memory)",
+        len(keys_at),
+        time.monotonic() - started,
+        workers,
+        pool.replaced,
+    )
     return verdicts
 
 
@@ -186,9 +241,15 @@ def _verdict_for_lost(path: Path, lost: WorkerLost, max_bytes: int) -> ImageVerd
     try:
         data = read_limited(path, max_bytes)
     except (OSError, Refused) as error:
-        why = f"{error.reason}: {error.detail}" if isinstance(error, Refused) else f"{type(error).__name__}: {error.strerror or error}"
+        why = (
+            f"{error.reason}: {error.detail}"
+            if isinstance(error, Refused)
+            else f"{type(error).__name__}: {error.strerror or error}"
+        )
         return ImageVerdict.unread(lost.reason, f"{lost.detail}; then not hashed: {why}", stage="decode")
-    return ImageVerdict(sha256=sha256_bytes(data), size=len(data), reason=lost.reason, stage="decode", error=lost.detail)
+    return ImageVerdict(
+        sha256=sha256_bytes(data), size=len(data), reason=lost.reason, stage="decode", error=lost.detail
+    )
 
 
 def refuse_unsafe_keys(keys: list[str]) -> tuple[dict[str, ImageVerdict], list[str]]:
@@ -259,14 +320,18 @@ def validate(
     refused, to_decode = refuse_unsafe_keys(to_decode)
     verdicts.update(refused)
     if args.phase == "reduce":
-        annotations, errors = load_annotations(args.decoded / MAP_ANNOTATIONS, set(index["source"]), args.max_annotation_bytes)
+        annotations, errors = load_annotations(
+            args.decoded / MAP_ANNOTATIONS, set(index["source"]), args.max_annotation_bytes
+        )
         verdicts.update(collect_map_verdicts(args.decoded, index[index["key"].isin(to_decode)]))
     else:
         annotations, errors = load_annotations(args.raw, set(index["source"]), args.max_annotation_bytes)
         log.info("decoding %d images, reusing %d verdicts from %s", work["decoded"], work["reused"], args.previous)
         verdicts.update(decode_all(args.raw, to_decode, args, check))
     write_table(verdict_frame(index, verdicts), VERDICTS, args.out / VERDICTS_FILE)
-    outputs = build_outputs(index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction, annotation_errors=errors)
+    outputs = build_outputs(
+        index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction, annotation_errors=errors
+    )
     files = write_outputs(outputs, args.out)
     check_quarantine_rate(outputs.counts, args.max_quarantine_rate, args.out)
     if args.phase == "reduce":  # the raw bytes were on the map hosts, which drew these
@@ -297,8 +362,15 @@ def validate(
 
 def draw_thumbnails(args: argparse.Namespace, quarantine: pd.DataFrame) -> list[Thumbnail]:
     """The contact sheet's thumbnails, drawn from the raw files under the decode pass's own limits."""
-    return quarantine_thumbnails(args.raw, quarantine, max_bytes=args.max_image_bytes, max_pixels=args.max_pixels,
-                                 timeout_s=args.timeout_s, workers=args.workers, via_links=args.phase == "map")
+    return quarantine_thumbnails(
+        args.raw,
+        quarantine,
+        max_bytes=args.max_image_bytes,
+        max_pixels=args.max_pixels,
+        timeout_s=args.timeout_s,
+        workers=args.workers,
+        via_links=args.phase == "map",
+    )
 
 
 def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file) -> dict[str, Any]:
@@ -311,9 +383,13 @@ def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = c
     _, to_decode = refuse_unsafe_keys(to_decode)  # the reduce stage decides those
     # lexists, not is_file: a symlink out of the root is this host's to refuse, without following it.
     here = [key for key in to_decode if os.path.lexists(args.raw / key)]
-    log.info("%s: decoding %d of the %d images to decode; the others went to other hosts", host, len(here), len(to_decode))
+    log.info(
+        "%s: decoding %d of the %d images to decode; the others went to other hosts", host, len(here), len(to_decode)
+    )
     verdicts = decode_all(args.raw, here, args, check)
-    write_table(verdict_frame(index[index["key"].isin(verdicts)], verdicts), VERDICTS, args.out / f"verdicts-{host}.parquet")
+    write_table(
+        verdict_frame(index[index["key"].isin(verdicts)], verdicts), VERDICTS, args.out / f"verdicts-{host}.parquet"
+    )
     # Reused verdicts of files this host received count too: the sheet shows the whole quarantine's first.
     drawable = {key: v for key, v in reused.items() if v.reason in DRAWABLE_REASONS and os.path.lexists(args.raw / key)}
     thumbnails = draw_thumbnails(args, quarantine_rows({**drawable, **verdicts}))
@@ -338,7 +414,9 @@ def collect_map_verdicts(decoded: Path, pending: pd.DataFrame) -> dict[str, Imag
     object went away between the listing and the job) is `unreadable`, as a missing file is on one host."""
     parts = sorted(decoded.glob("verdicts-*.parquet"))
     if not parts:
-        raise FileNotFoundError(f"{decoded} holds no verdicts-<host>.parquet: the map stage wrote nothing; check its job logs")
+        raise FileNotFoundError(
+            f"{decoded} holds no verdicts-<host>.parquet: the map stage wrote nothing; check its job logs"
+        )
     reached = {identity: verdict for part in parts for identity, verdict in read_verdicts(part).items()}
     verdicts, missing = split_reused(pending, reached)
     for key in missing:
@@ -351,11 +429,16 @@ REASON_COLUMNS = {"reason": "reason code", "count": "how many", "meaning": "what
 
 
 def reason_table(by_reason: dict[str, int], meanings: dict[str, str]) -> dict[str, Any]:
-    return job_env.table([{"reason": r, "count": n, "meaning": meaning(r, meanings)} for r, n in by_reason.items()],
-                         columns=REASON_COLUMNS, types={"count": "int"})  # typed even when nothing was rejected
+    return job_env.table(
+        [{"reason": r, "count": n, "meaning": meaning(r, meanings)} for r, n in by_reason.items()],
+        columns=REASON_COLUMNS,
+        types={"count": "int"},
+    )  # typed even when nothing was rejected
 
 
-def report_metadata(manifest: dict[str, Any], wall_s: float, work: dict[str, int], thumbnails: list[Thumbnail]) -> dict[str, Any]:
+def report_metadata(
+    manifest: dict[str, Any], wall_s: float, work: dict[str, int], thumbnails: list[Thumbnail]
+) -> dict[str, Any]:
     counts = manifest["counts"]
     plain = {name: value for name, value in counts.items() if isinstance(value, int)}
     return {
@@ -374,9 +457,14 @@ def report_metadata(manifest: dict[str, Any], wall_s: float, work: dict[str, int
 
 def contact_sheet_entries(thumbnails: list[Thumbnail]) -> dict[str, Any]:
     """One inline picture per quarantined image on the sheet, its reason and key under it."""
-    return {f"quarantined_image_{number}": markdown_metadata(inline_picture(
-        thumbnail.image(), f"{thumbnail.reason}: {thumbnail.key}", f"{thumbnail.reason}: {thumbnail.key}"))
-        for number, thumbnail in enumerate(thumbnails, start=1)}
+    return {
+        f"quarantined_image_{number}": markdown_metadata(
+            inline_picture(
+                thumbnail.image(), f"{thumbnail.reason}: {thumbnail.key}", f"{thumbnail.reason}: {thumbnail.key}"
+            )
+        )
+        for number, thumbnail in enumerate(thumbnails, start=1)
+    }
 
 
 def main(args: argparse.Namespace) -> None:
@@ -391,11 +479,18 @@ def main(args: argparse.Namespace) -> None:
         counts = manifest["counts"]
         log.info(
             "images in %d: accepted %d (train %d, val %d), quarantined %d, duplicates %d; labels accepted %d, rejected %d",
-            counts["images_in"], counts["accepted"], counts["train"], counts["val"], counts["quarantined"],
-            counts["duplicates"], counts["labels_accepted"], counts["labels_rejected"],
+            counts["images_in"],
+            counts["accepted"],
+            counts["train"],
+            counts["val"],
+            counts["quarantined"],
+            counts["duplicates"],
+            counts["labels_accepted"],
+            counts["labels_rejected"],
         )
-        pipes.report_asset_materialization(metadata=report_metadata(manifest, wall_s, work, thumbnails),
-                                           data_version=sha256_bytes(manifest_bytes))
+        pipes.report_asset_materialization(
+            metadata=report_metadata(manifest, wall_s, work, thumbnails), data_version=sha256_bytes(manifest_bytes)
+        )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from training_code.lib import job_env
-from training_code.lib.hashing import sha256_bytes
 from training_code.lib import training_set as ts
+from training_code.lib.hashing import sha256_bytes
 from training_code.lib.shard_format import MANIFEST, verify_shard
 
 log = logging.getLogger("zero.warm")
@@ -30,8 +30,12 @@ log = logging.getLogger("zero.warm")
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Load and verify a shard set on FSx for Lustre")
     parser.add_argument("--batch-files", type=int, default=64, help="files per `lfs hsm_restore` call")
-    parser.add_argument("--training-set", default=None, help="the training set's folder inside the channel (the shard root)")
-    parser.add_argument("--restore-timeout-s", type=float, default=3 * 3600, help="give up waiting for restores after this")
+    parser.add_argument(
+        "--training-set", default=None, help="the training set's folder inside the channel (the shard root)"
+    )
+    parser.add_argument(
+        "--restore-timeout-s", type=float, default=3 * 3600, help="give up waiting for restores after this"
+    )
     return parser
 
 
@@ -50,7 +54,9 @@ def restore_in_batches(paths: list[str], batch_files: int, timeout_s: float) -> 
         if released == 0:
             return len(paths)
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{released} of {len(paths)} shards still released after {timeout_s:.0f}s of hsm_restore")
+            raise TimeoutError(
+                f"{released} of {len(paths)} shards still released after {timeout_s:.0f}s of hsm_restore"
+            )
         log.info("%d of %d shards still loading", released, len(paths))
         time.sleep(10)
 
@@ -65,9 +71,13 @@ def listed_shards(root: Path, training_set: str | None) -> tuple[bytes, list[tup
     manifest_bytes = (folder / ts.MANIFEST).read_bytes()
     manifest = json.loads(manifest_bytes)
     if manifest.get("format") != ts.FORMAT:
-        raise ValueError(f"{folder / ts.MANIFEST} is not a training-set manifest ({ts.FORMAT}); warm the training set again")
+        raise ValueError(
+            f"{folder / ts.MANIFEST} is not a training-set manifest ({ts.FORMAT}); warm the training set again"
+        )
     ts.excluded_keys(folder)  # the excluded rows are there and readable, or this job fails
-    return manifest_bytes, [(root / source["folder"], entry) for source in manifest["sources"] for entry in source["shards"]]
+    return manifest_bytes, [
+        (root / source["folder"], entry) for source in manifest["sources"] for entry in source["shards"]
+    ]
 
 
 def main(args: argparse.Namespace) -> None:
@@ -85,7 +95,9 @@ def main(args: argparse.Namespace) -> None:
         pipes.report_asset_materialization(
             metadata={
                 "dagster/row_count": sum(e["rows"] for _, e in located),
-                "dagster/size_bytes": sum(e["bytes"] for _, e in located) + len(manifest_bytes) + (excluded.stat().st_size if excluded else 0),
+                "dagster/size_bytes": sum(e["bytes"] for _, e in located)
+                + len(manifest_bytes)
+                + (excluded.stat().st_size if excluded else 0),
                 "shards": len(located),
                 "restore_s": round(restored_s, 1),
                 "verify_s": round(time.perf_counter() - started - restored_s, 1),

@@ -47,7 +47,9 @@ def is_temporary(key: str) -> bool:
     return any(part.startswith(".") for part in PurePosixPath(key).parts) or key.endswith((".tmp", ".partial"))
 
 
-def mark_output_complete(uri: str, fingerprint: str, data_version: str | None = None, row_count: int | None = None) -> dict[str, Any]:
+def mark_output_complete(
+    uri: str, fingerprint: str, data_version: str | None = None, row_count: int | None = None
+) -> dict[str, Any]:
     """Prove the output at `uri` complete from its manifest and write the marker, the last write of a
     materialization. Raises `OutputNotComplete` (naming `uri`) when there is no readable manifest, when
     the folder holds nothing else, or when a file the manifest names is missing or differs from it.
@@ -64,14 +66,18 @@ def mark_output_complete(uri: str, fingerprint: str, data_version: str | None = 
     except FileNotFoundError:
         present = {}
     if MANIFEST not in present:
-        raise OutputNotComplete(f"output {uri} has no {MANIFEST}: the job did not finish writing it, so it cannot be marked complete")
+        raise OutputNotComplete(
+            f"output {uri} has no {MANIFEST}: the job did not finish writing it, so it cannot be marked complete"
+        )
     try:
         manifest_bytes = read_bytes(join(uri, MANIFEST))
         named = named_files(json.loads(manifest_bytes), f"{uri}/{MANIFEST}")
     except ValueError as error:
         raise OutputNotComplete(f"output {uri}: its {MANIFEST} is unreadable ({error}); rebuild it") from error
     if len(present) < 2 and not named:
-        raise OutputNotComplete(f"output {uri} holds only its {MANIFEST}, which names no files: an empty output is never complete")
+        raise OutputNotComplete(
+            f"output {uri} holds only its {MANIFEST}, which names no files: an empty output is never complete"
+        )
     files: dict[str, dict[str, Any]] = {}
     for name in sorted(set(present) | set(named)):
         size, expected = present.get(name), named.get(name, {})
@@ -83,14 +89,22 @@ def mark_output_complete(uri: str, fingerprint: str, data_version: str | None = 
         if size <= SMALL_FILE_BYTES:
             facts["sha256"] = digest = sha256_bytes(manifest_bytes if name == MANIFEST else read_bytes(join(uri, name)))
             if expected.get("sha256", digest) != digest:
-                raise OutputNotComplete(f"output {uri}: {name} has sha256 {digest}, {MANIFEST} says {expected['sha256']}")
+                raise OutputNotComplete(
+                    f"output {uri}: {name} has sha256 {digest}, {MANIFEST} says {expected['sha256']}"
+                )
         files[name] = facts
     versions = {fingerprint: data_version}
     earlier = _read_marker(uri)
     if earlier is not None and earlier.get("files") == files:
         versions = {**earlier.get("data_versions", {}), **versions}
-    marker = {"format": MARKER_FORMAT, "fingerprint": fingerprint, "data_versions": versions, "manifest": MANIFEST, "files": files,
-              **({"row_count": row_count} if row_count is not None else {})}
+    marker = {
+        "format": MARKER_FORMAT,
+        "fingerprint": fingerprint,
+        "data_versions": versions,
+        "manifest": MANIFEST,
+        "files": files,
+        **({"row_count": row_count} if row_count is not None else {}),
+    }
     write_bytes_atomic(join(uri, OUTPUT_MARKER), json.dumps(marker, indent=1, sort_keys=True).encode())
     return marker
 
@@ -146,7 +160,9 @@ def decide(context: AssetExecutionContext, inputs: FingerprintInputs) -> CacheDe
     partition = context_partition(context)  # a per-source asset hits only on its own source's outputs
     records = latest_materializations(context.instance, context.asset_key, partition, limit=SEARCH_LIMIT)
     if not records:
-        return CacheDecision(None, f"first materialization of this asset{f' for source {partition}' if partition else ''}")
+        return CacheDecision(
+            None, f"first materialization of this asset{f' for source {partition}' if partition else ''}"
+        )
     for record in records:
         event = record.asset_materialization
         metadata = {k: v.value for k, v in event.metadata.items()}
@@ -154,25 +170,36 @@ def decide(context: AssetExecutionContext, inputs: FingerprintInputs) -> CacheDe
             continue
         uri = str(metadata.get("dagster/uri", ""))
         if not output_is_complete(uri, fingerprint):
-            return CacheDecision(None, f"same inputs as run {record.run_id}, but its output at {uri} is missing or incomplete: rebuilding")
+            return CacheDecision(
+                None,
+                f"same inputs as run {record.run_id}, but its output at {uri} is missing or incomplete: rebuilding",
+            )
         reason = f"same input fingerprint as run {record.run_id}; its output at {uri} is complete"
         reused = {**event.metadata, "cache": "hit", "cache_reason": reason, "reused_run_id": record.run_id}
         version = event.tags.get(DATA_VERSION_TAG) if event.tags else None
-        return CacheDecision(MaterializeResult(metadata=reused, data_version=DataVersion(version) if version else None), reason)
+        return CacheDecision(
+            MaterializeResult(metadata=reused, data_version=DataVersion(version) if version else None), reason
+        )
     latest = {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
     return CacheDecision(None, what_changed(latest.get("fingerprint_inputs") or {}, inputs))
 
 
-def published_hit(uri: str, marker: dict[str, Any] | None, inputs: FingerprintInputs, reason: str,
-                  reused_run_id: str | None = None) -> MaterializeResult | None:
+def published_hit(
+    uri: str, marker: dict[str, Any] | None, inputs: FingerprintInputs, reason: str, reused_run_id: str | None = None
+) -> MaterializeResult | None:
     """A hit on an output another run published under this fingerprint (one this instance may not have
     recorded yet), from its marker alone (`complete_marker`'s answer for `uri`); None unless the marker
     proves it complete with a data version."""
     version = None if marker is None else marker["data_versions"].get(inputs.fingerprint)
     if version is None:
         return None
-    metadata = {"dagster/uri": MetadataValue.path(uri), **standard_metadata(marker), **miss_metadata(inputs, reason), "cache": "hit",
-                **({"reused_run_id": reused_run_id} if reused_run_id else {})}
+    metadata = {
+        "dagster/uri": MetadataValue.path(uri),
+        **standard_metadata(marker),
+        **miss_metadata(inputs, reason),
+        "cache": "hit",
+        **({"reused_run_id": reused_run_id} if reused_run_id else {}),
+    }
     return MaterializeResult(metadata=metadata, data_version=DataVersion(version))
 
 
@@ -199,7 +226,11 @@ def what_changed(before: dict[str, Any], now: FingerprintInputs) -> str:
     keys = sorted(k for k in set(old_config) | set(now.config) if old_config.get(k) != now.config.get(k))
     changes += [f"config {k}: {old_config.get(k)!r} -> {now.config.get(k)!r}" for k in keys]
     old_upstream = before.get("upstream") or {}
-    changes += [f"upstream {a} changed" for a in sorted(set(old_upstream) | set(now.upstream)) if old_upstream.get(a) != now.upstream.get(a)]
+    changes += [
+        f"upstream {a} changed"
+        for a in sorted(set(old_upstream) | set(now.upstream))
+        if old_upstream.get(a) != now.upstream.get(a)
+    ]
     return "changed since the latest materialization: " + ("; ".join(changes) if changes else "output location")
 
 

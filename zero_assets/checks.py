@@ -18,8 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from dagster import (
-    AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, AssetKey, ConfigurableResource, asset_check,
-    build_last_update_freshness_checks, build_sensor_for_freshness_checks,
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetKey,
+    ConfigurableResource,
+    asset_check,
+    build_last_update_freshness_checks,
+    build_sensor_for_freshness_checks,
 )
 from dagster._utils.schedules import cron_string_iterator
 
@@ -52,8 +58,12 @@ def _latest_metadata(context: AssetCheckExecutionContext, asset: str, nth: int =
 def _skipped(context: AssetCheckExecutionContext, why: str) -> AssetCheckResult:
     """Not checked, and said so: a WARN failure (never blocking), with the reason in the metadata."""
     partition = context.run.tags.get(PARTITION_TAG)
-    return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN, description=f"skipped: {why}",
-                            metadata={"skipped": why, **({"source": partition} if partition else {})})
+    return AssetCheckResult(
+        passed=False,
+        severity=AssetCheckSeverity.WARN,
+        description=f"skipped: {why}",
+        metadata={"skipped": why, **({"source": partition} if partition else {})},
+    )
 
 
 def _never_materialized(context: AssetCheckExecutionContext, asset: str) -> AssetCheckResult:
@@ -71,24 +81,38 @@ def recorded_quarantine_limit(metadata: dict[str, Any]) -> "tuple[float, str]":
     return max_quarantine_rate(), "the default (the materialization recorded no config)"
 
 
-@asset_check(asset=validated_images, blocking=True, description="quarantined / images_in stays under the limit the asset ran with")
+@asset_check(
+    asset=validated_images,
+    blocking=True,
+    description="quarantined / images_in stays under the limit the asset ran with",
+)
 def quarantine_rate_under_limit(context: AssetCheckExecutionContext) -> AssetCheckResult:
     metadata = _latest_metadata(context, "validated_images")
     if metadata is None:
         return _never_materialized(context, "validated_images")
     if "quarantined" not in metadata or "images_in" not in metadata:
-        return _skipped(context, "the latest validated_images materialization records no quarantined / images_in counts")
+        return _skipped(
+            context, "the latest validated_images materialization records no quarantined / images_in counts"
+        )
     limit, limit_source = recorded_quarantine_limit(metadata)
     rate = metadata["quarantined"] / max(1, metadata["images_in"])
     return AssetCheckResult(
         passed=rate <= limit,
-        metadata={"quarantine_rate": rate, "limit": limit, "limit_from": limit_source, "quarantined": metadata["quarantined"]},
+        metadata={
+            "quarantine_rate": rate,
+            "limit": limit,
+            "limit_from": limit_source,
+            "quarantined": metadata["quarantined"],
+        },
         description=f"{rate:.1%} of images quarantined (limit {limit:.1%})",
     )
 
 
-@asset_check(asset=arrow_shards, blocking=True,
-             description="every shard matches its manifest: bytes, sha256 and rows locally; bytes from the listing on S3")
+@asset_check(
+    asset=arrow_shards,
+    blocking=True,
+    description="every shard matches its manifest: bytes, sha256 and rows locally; bytes from the listing on S3",
+)
 def shard_manifest_integrity(context: AssetCheckExecutionContext) -> AssetCheckResult:
     metadata = _latest_metadata(context, "arrow_shards")
     if metadata is None:
@@ -97,8 +121,11 @@ def shard_manifest_integrity(context: AssetCheckExecutionContext) -> AssetCheckR
     if is_s3(uri):
         return _check_s3_shards(uri)
     if "://" in uri or not uri:  # fsx:// and the like: not visible from the Dagster process
-        return _skipped(context, f"shards at {uri or '(no uri recorded)'} cannot be read from the Dagster process; "
-                                 "fsx_warm_state verifies each shard it warms")
+        return _skipped(
+            context,
+            f"shards at {uri or '(no uri recorded)'} cannot be read from the Dagster process; "
+            "fsx_warm_state verifies each shard it warms",
+        )
     return _check_local_shards(Path(uri))
 
 
@@ -132,8 +159,11 @@ def _check_s3_shards(uri: str) -> AssetCheckResult:
 
 def _integrity_result(manifest: dict[str, Any], broken: list[str], checked: str) -> AssetCheckResult:
     shards = len(manifest["shards"])
-    return AssetCheckResult(passed=not broken, metadata={"shards": shards, "broken": len(broken), "checked": checked},
-                            description="; ".join(broken) or f"{shards} shards intact ({checked})")
+    return AssetCheckResult(
+        passed=not broken,
+        metadata={"shards": shards, "broken": len(broken), "checked": checked},
+        description="; ".join(broken) or f"{shards} shards intact ({checked})",
+    )
 
 
 @asset_check(asset=map_report, description="mAP does not fall more than the margin below the previous report")
@@ -154,7 +184,7 @@ def map_not_regressed(context: AssetCheckExecutionContext, limits: CheckLimits) 
 
 def cron_period(cron: str) -> datetime.timedelta:
     """The time between two consecutive ticks of `cron` (from now): how old map_report may be at a tick."""
-    ticks = cron_string_iterator(datetime.datetime.now(datetime.timezone.utc).timestamp(), cron, "UTC")
+    ticks = cron_string_iterator(datetime.datetime.now(datetime.UTC).timestamp(), cron, "UTC")
     first = next(ticks)
     return next(ticks) - first
 
@@ -167,10 +197,14 @@ def cron_period(cron: str) -> datetime.timedelta:
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     MAP_REPORT_FRESHNESS = build_last_update_freshness_checks(
-        assets=[map_report], deadline_cron=train_cron(), lower_bound_delta=cron_period(train_cron()),
+        assets=[map_report],
+        deadline_cron=train_cron(),
+        lower_bound_delta=cron_period(train_cron()),
         severity=AssetCheckSeverity.WARN,
     )
-    freshness_sensor = build_sensor_for_freshness_checks(freshness_checks=MAP_REPORT_FRESHNESS, name="map_report_freshness_sensor")
+    freshness_sensor = build_sensor_for_freshness_checks(
+        freshness_checks=MAP_REPORT_FRESHNESS, name="map_report_freshness_sensor"
+    )
 
 
 def limits_from_env() -> CheckLimits:

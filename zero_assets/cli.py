@@ -1,12 +1,12 @@
 """`zero-assets`: what is not a materialization (those are Dagster's job: UI, CLI, sensors).
 
-    zero-assets make-demo-data --out DIR [--images N] [--seed S] [--shuffle-labels]
-    zero-assets sources [--register]   # the raw root's sources (top-level folders); --register adds new ones as partitions
-    zero-assets summary            # the latest materialization of each asset (per source for the per-source ones), from $DAGSTER_HOME
-    zero-assets render-jobs --out DIR   # the SageMaker/FSx requests the graph would send (no AWS calls)
-    zero-assets lineage [CHECKPOINT_URI_OR_RUN_ID]  # which images and shards trained it (default: the latest), which reports scored it
-    zero-assets lineage --image KEY                # which checkpoints an image reached, or why it did not
-    zero-assets gc [--delete] [--grace-hours H]    # lake outputs and job folders no stored materialization names
+zero-assets make-demo-data --out DIR [--images N] [--seed S] [--shuffle-labels]
+zero-assets sources [--register]   # the raw root's sources (top-level folders); --register adds new ones as partitions
+zero-assets summary            # the latest materialization of each asset (per source for the per-source ones), from $DAGSTER_HOME
+zero-assets render-jobs --out DIR   # the SageMaker/FSx requests the graph would send (no AWS calls)
+zero-assets lineage [CHECKPOINT_URI_OR_RUN_ID]  # which images and shards trained it (default: the latest), which reports scored it
+zero-assets lineage --image KEY                # which checkpoints an image reached, or why it did not
+zero-assets gc [--delete] [--grace-hours H]    # lake outputs and job folders no stored materialization names
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ def _sources(args: argparse.Namespace) -> int:
     with DagsterInstance.get() as instance:
         added, refused = register_sources(instance, sources)
     for source in sources:
-        print(f"{source}\t{'added' if source in added else 'refused: ' + refused[source] if source in refused else 'registered'}")
+        print(
+            f"{source}\t{'added' if source in added else 'refused: ' + refused[source] if source in refused else 'registered'}"
+        )
     return 0
 
 
@@ -85,7 +87,9 @@ def _summary(_: argparse.Namespace) -> int:
                 continue
             metadata = records[0].asset_materialization.metadata
             values = ", ".join(f"{k}={_plain(metadata[k].value)}" for k in keys if k in metadata)
-            print(f"{label:<40} {values}\n{'':<40} uri={metadata['dagster/uri'].value if 'dagster/uri' in metadata else '?'}")
+            print(
+                f"{label:<40} {values}\n{'':<40} uri={metadata['dagster/uri'].value if 'dagster/uri' in metadata else '?'}"
+            )
         if asset in per_source and not sources:
             print(f"{asset:<40} no sources registered (zero-assets sources --register)")
             missing = True
@@ -106,9 +110,16 @@ def _render_jobs(args: argparse.Namespace) -> int:
     profile = profile_from_env()
     aws = apply_profile(sagemaker_settings_from_env(env), profile)
     lake = env.get("ZERO_LAKE_URI") or aws.lake_uri()
-    settings = ZeroSettings(raw_uri=env.get("ZERO_RAW_URI", f"{aws.s3_root()}/raw"), lake_uri=lake, backend="sagemaker", sample_images=sample_images(profile))
+    settings = ZeroSettings(
+        raw_uri=env.get("ZERO_RAW_URI", f"{aws.s3_root()}/raw"),
+        lake_uri=lake,
+        backend="sagemaker",
+        sample_images=sample_images(profile),
+    )
     args.out.mkdir(parents=True, exist_ok=True)
-    for asset, _service, operation, params in render_jobs(settings, aws, **({"source": args.source} if args.source else {})):
+    for asset, _service, operation, params in render_jobs(
+        settings, aws, **({"source": args.source} if args.source else {})
+    ):
         path = args.out / f"{asset}.{operation}.json"
         path.write_text(json.dumps(params, indent=1, sort_keys=True) + "\n")
         print(path)
@@ -132,7 +143,9 @@ def _lineage(args: argparse.Namespace) -> int:
         print(f"shard set    {source}: {shards.uri}")
         print(f"validated    {source}: {found.validated_sets[source].uri}")
     for report in found.reports:
-        print(f"scored by    {report.uri}  mAP={_plain(report.metadata.get('mAP'))} mAP@0.5={_plain(report.metadata.get('mAP_50'))}")
+        print(
+            f"scored by    {report.uri}  mAP={_plain(report.metadata.get('mAP'))} mAP@0.5={_plain(report.metadata.get('mAP_50'))}"
+        )
     print(f"trained on   {len(found.train_images)} images (source, key, sha256):")
     for row in found.train_images.itertuples(index=False):
         print(f"  {row.source}\t{row.key}\t{row.sha256}")
@@ -170,17 +183,31 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", type=Path, required=True, help="new or empty folder for the raw root")
     demo.add_argument("--images", type=int, default=240, help="good images to render (bad cases are added on top)")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--shuffle-labels", action="store_true",
-                      help="same images, labels shuffled across images and boxes: a model trained on them should score near zero")
+    demo.add_argument(
+        "--shuffle-labels",
+        action="store_true",
+        help="same images, labels shuffled across images and boxes: a model trained on them should score near zero",
+    )
     demo.set_defaults(handler=_make_demo_data)
-    sources = commands.add_parser("sources", help="list the raw root's sources (top-level folders, one delimiter listing)")
-    sources.add_argument("--register", action="store_true", help="add the sources that are not partitions yet to the instance")
+    sources = commands.add_parser(
+        "sources", help="list the raw root's sources (top-level folders, one delimiter listing)"
+    )
+    sources.add_argument(
+        "--register", action="store_true", help="add the sources that are not partitions yet to the instance"
+    )
     sources.set_defaults(handler=_sources)
-    summary = commands.add_parser("summary", help="print the latest materialization of each asset (per source for the per-source ones)")
+    summary = commands.add_parser(
+        "summary", help="print the latest materialization of each asset (per source for the per-source ones)"
+    )
     summary.set_defaults(handler=_summary)
-    render = commands.add_parser("render-jobs", help="write every SageMaker/FSx request the graph would send, one JSON file each")
+    render = commands.add_parser(
+        "render-jobs", help="write every SageMaker/FSx request the graph would send, one JSON file each"
+    )
     render.add_argument("--out", type=Path, required=True, help="folder for <asset>.<Operation>.json files")
-    render.add_argument("--source", help="the source the per-source jobs are rendered for (default: an example name; no listing is made)")
+    render.add_argument(
+        "--source",
+        help="the source the per-source jobs are rendered for (default: an example name; no listing is made)",
+    )
     render.set_defaults(handler=_render_jobs)
     _add_lineage(commands)
     _add_gc(commands)
@@ -190,13 +217,17 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_lineage(commands) -> None:
     lineage = commands.add_parser("lineage", help="which raw images reached which checkpoint")
     target = lineage.add_mutually_exclusive_group()
-    target.add_argument("checkpoint", nargs="?", help="a trained_checkpoint uri or the run id that wrote it (default: the latest)")
+    target.add_argument(
+        "checkpoint", nargs="?", help="a trained_checkpoint uri or the run id that wrote it (default: the latest)"
+    )
     target.add_argument("--image", help="a raw image key (<source>/<path>): which checkpoints it reached, or why not")
     lineage.set_defaults(handler=_lineage)
 
 
 def _add_gc(commands) -> None:
-    gc = commands.add_parser("gc", help="list (with --delete, remove) lake outputs and job folders no stored materialization names")
+    gc = commands.add_parser(
+        "gc", help="list (with --delete, remove) lake outputs and job folders no stored materialization names"
+    )
     gc.add_argument("--delete", action="store_true", help="remove them (default: a dry run that only lists them)")
     gc.add_argument("--grace-hours", type=float, help="keep anything written this recently, in hours (default: a day)")
     gc.add_argument("--lake", help="the lake to collect (default: ZERO_LAKE_URI, else .zero/lake)")

@@ -51,7 +51,13 @@ class Part:
 # (exposure, focus). The figures below set the difficulty: with them the demo detector (TrainConfig's
 # defaults) scores mAP@0.5 about 0.63 on the demo's val split, tests/test_demo_difficulty.py holds it
 # within [0.5, 0.85].
-FINISHES = ((200, 200, 210), (205, 165, 60), (60, 110, 210), (215, 110, 45), (45, 48, 55))  # CATEGORIES' usual ones first
+FINISHES = (
+    (200, 200, 210),
+    (205, 165, 60),
+    (60, 110, 210),
+    (215, 110, 45),
+    (45, 48, 55),
+)  # CATEGORIES' usual ones first
 FINISH_MATCH = 0.75  # the share of parts in their category's usual finish; the rest take any
 PARTS_PER_SCENE = (1, 6)  # inclusive range of labeled parts
 SIZE_RANGE = (0.1, 0.34)  # part size as a share of the scene's shorter side, drawn log-uniform
@@ -97,7 +103,9 @@ def _draw_part(draw: ImageDraw.ImageDraw, rng: np.random.Generator, category: st
     hole_color = _shade(color, rng.uniform(0.1, 0.45))
     if category == "hex_nut":
         turn = rng.uniform(0, math.pi / 3)
-        hexagon = [(cx + r * math.cos(turn + k * math.pi / 3), cy + r * math.sin(turn + k * math.pi / 3)) for k in range(6)]
+        hexagon = [
+            (cx + r * math.cos(turn + k * math.pi / 3), cy + r * math.sin(turn + k * math.pi / 3)) for k in range(6)
+        ]
         draw.polygon(hexagon, fill=color, outline=edge)
         hole = r * rng.uniform(0.38, 0.55)
         draw.ellipse((cx - hole, cy - hole, cx + hole, cy + hole), fill=hole_color)
@@ -284,7 +292,9 @@ def shuffle_labels(drawn: list[DemoImage], seed: int) -> list[DemoImage]:
     shuffled = []
     for image, donor in zip(drawn, (drawn[i] for i in order)):
         sx, sy = image.scene.width / donor.scene.width, image.scene.height / donor.scene.height
-        parts = [Part(categories.pop(), (b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy)) for b in (p.box for p in donor.parts)]
+        parts = [
+            Part(categories.pop(), (b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy)) for b in (p.box for p in donor.parts)
+        ]
         shuffled.append(DemoImage(image.source, image.name, image.fmt, image.orientation, image.scene, parts))
     return shuffled
 
@@ -312,7 +322,9 @@ def make_demo_raw_root(out: Path, images: int = 240, seed: int = 0, shuffled_lab
         stored = scene.transpose(STORED_FROM_UPRIGHT[orientation]) if orientation != 1 else scene
         blobs[(source, name)] = _encode(stored, image.fmt, orientation)
         image_id = len(coco[source]["images"]) + 1
-        coco[source]["images"].append({"id": image_id, "file_name": name, "width": stored.width, "height": stored.height})
+        coco[source]["images"].append(
+            {"id": image_id, "file_name": name, "width": stored.width, "height": stored.height}
+        )
         for part in image.parts:
             x1, y1, x2, y2 = _box_in_stored_frame(part.box, orientation, scene.size)
             coco[source]["annotations"].append(
@@ -331,8 +343,13 @@ def make_demo_raw_root(out: Path, images: int = 240, seed: int = 0, shuffled_lab
         (out / source / name).write_bytes(data)
     for source in SOURCES:
         (out / source / "annotations.json").write_text(json.dumps(coco[source], indent=1))
-    return {"out": str(out), "images": len(blobs), "sources": list(SOURCES), "planted": planted,
-            "shuffled_labels": shuffled_labels}
+    return {
+        "out": str(out),
+        "images": len(blobs),
+        "sources": list(SOURCES),
+        "planted": planted,
+        "shuffled_labels": shuffled_labels,
+    }
 
 
 def _plant_bad_cases(rng: np.random.Generator, blobs: dict, coco: dict) -> dict[str, str]:
@@ -346,8 +363,14 @@ def _plant_bad_cases(rng: np.random.Generator, blobs: dict, coco: dict) -> dict[
             image_id = len(coco[source]["images"]) + 1
             coco[source]["images"].append({"id": image_id, "file_name": name, "width": width, "height": height})
             coco[source]["annotations"].append(
-                {"id": len(coco[source]["annotations"]) + 1, "image_id": image_id, "category_id": 1,
-                 "bbox": [10.0, 10.0, 50.0, 50.0], "area": 2500.0, "iscrowd": 0}
+                {
+                    "id": len(coco[source]["annotations"]) + 1,
+                    "image_id": image_id,
+                    "category_id": 1,
+                    "bbox": [10.0, 10.0, 50.0, 50.0],
+                    "area": 2500.0,
+                    "iscrowd": 0,
+                }
             )
         planted_key = f"{source}/{name}"
         return planted_key
@@ -373,19 +396,33 @@ def _plant_bad_cases(rng: np.random.Generator, blobs: dict, coco: dict) -> dict[
     # A box that runs off the right edge of an otherwise good image.
     target = coco[c]["images"][1]
     coco[c]["annotations"].append(
-        {"id": len(coco[c]["annotations"]) + 1, "image_id": target["id"], "category_id": 2,
-         "bbox": [target["width"] - 20.0, 5.0, 80.0, 40.0], "area": 3200.0, "iscrowd": 0}
+        {
+            "id": len(coco[c]["annotations"]) + 1,
+            "image_id": target["id"],
+            "category_id": 2,
+            "bbox": [target["width"] - 20.0, 5.0, 80.0, 40.0],
+            "area": 3200.0,
+            "iscrowd": 0,
+        }
     )
     planted["box_outside_image"] = f"{c}/{target['file_name']}"
 
     unlabeled, _ = render_scene(rng, 400, 300)
-    planted["image_without_annotation"] = add_image(c, "lot_900/unlabeled_0001.jpg", _encode(unlabeled, "JPEG", 1), annotate=False)
+    planted["image_without_annotation"] = add_image(
+        c, "lot_900/unlabeled_0001.jpg", _encode(unlabeled, "JPEG", 1), annotate=False
+    )
 
     image_id = len(coco[b]["images"]) + 1
     coco[b]["images"].append({"id": image_id, "file_name": "lot_900/missing_0001.jpg", "width": 320, "height": 240})
     coco[b]["annotations"].append(
-        {"id": len(coco[b]["annotations"]) + 1, "image_id": image_id, "category_id": 3,
-         "bbox": [1.0, 1.0, 30.0, 30.0], "area": 900.0, "iscrowd": 0}
+        {
+            "id": len(coco[b]["annotations"]) + 1,
+            "image_id": image_id,
+            "category_id": 3,
+            "bbox": [1.0, 1.0, 30.0, 30.0],
+            "area": 900.0,
+            "iscrowd": 0,
+        }
     )
     planted["annotation_without_image"] = f"{b}/lot_900/missing_0001.jpg"
     return planted

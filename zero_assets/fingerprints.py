@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ DATA_VERSION_TAG = "dagster/data_version"
 CODE_PACKAGES = ("training_code", "zero_assets")
 
 
-@lru_cache(maxsize=None)
+@cache
 def code_version(*modules: str) -> str:
     """Hash of the source of `modules` (a job script, or the modules an in-process asset runs) and of
     every project module they import, transitively: what an asset declares as its code version.
@@ -56,16 +56,24 @@ def check_job_module(module: str, setting: str) -> None:
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError) as error:  # a parent package is missing or fails to import
-        raise Failure(f"{setting}: module {module!r} cannot be found ({type(error).__name__}: {error}); "
-                      "install its package or put its folder on PYTHONPATH") from error
+        raise Failure(
+            f"{setting}: module {module!r} cannot be found ({type(error).__name__}: {error}); "
+            "install its package or put its folder on PYTHONPATH"
+        ) from error
     if spec is None or spec.origin is None:
-        raise Failure(f"{setting}: module {module!r} cannot be found; install its package or put its folder on PYTHONPATH")
+        raise Failure(
+            f"{setting}: module {module!r} cannot be found; install its package or put its folder on PYTHONPATH"
+        )
     if spec.submodule_search_locations is not None or not spec.origin.endswith(".py"):
-        raise Failure(f"{setting}: {module!r} is {spec.origin}, not a Python module file; name the script's module (package.script)")
+        raise Failure(
+            f"{setting}: {module!r} is {spec.origin}, not a Python module file; name the script's module (package.script)"
+        )
     try:
         current_code_version(module)
     except (ImportError, SyntaxError) as error:
-        raise Failure(f"{setting}: module {module!r} or a module it imports cannot be read ({type(error).__name__}: {error})") from error
+        raise Failure(
+            f"{setting}: module {module!r} or a module it imports cannot be read ({type(error).__name__}: {error})"
+        ) from error
 
 
 def _source(module: str) -> Path:
@@ -118,7 +126,7 @@ class FingerprintInputs:
     upstream: dict[str, str]  # asset -> data version
 
     @classmethod
-    def of(cls, module: str, config: dict[str, Any], upstream: list["UpstreamOutput"]) -> "FingerprintInputs":
+    def of(cls, module: str, config: dict[str, Any], upstream: list[UpstreamOutput]) -> FingerprintInputs:
         return cls(current_code_version(module), config, {u.asset: u.data_version for u in upstream})
 
     def as_metadata(self) -> dict[str, Any]:
@@ -137,7 +145,9 @@ class UpstreamOutput:
     partition: str | None = None  # the source, for a per-source asset
 
 
-def latest_materializations(instance: DagsterInstance, asset: str | AssetKey, partition: str | None = None, limit: int = 1) -> list[EventLogRecord]:
+def latest_materializations(
+    instance: DagsterInstance, asset: str | AssetKey, partition: str | None = None, limit: int = 1
+) -> list[EventLogRecord]:
     """The newest materializations of `asset` (of its `partition` when given), newest first.
 
     A per-source asset is looked up in its own partition only: another source's latest
@@ -189,6 +199,8 @@ def previous_output(context: AssetExecutionContext) -> str | None:
         return None
     uri = records[0].asset_materialization.metadata.get("dagster/uri")
     if uri is None or not exists(join(str(uri.value), "manifest.json")):
-        context.log.info(f"no complete earlier output of {context.asset_key.to_user_string()} to reuse; doing the full pass")
+        context.log.info(
+            f"no complete earlier output of {context.asset_key.to_user_string()} to reuse; doing the full pass"
+        )
         return None
     return str(uri.value)

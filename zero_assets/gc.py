@@ -25,8 +25,8 @@ import os
 import re
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
@@ -38,8 +38,13 @@ from .resources.settings import JOBS_FOLDER
 URI_KEYS = ("dagster/uri", "warm_s3_uri")
 PAGE = 1000  # materializations fetched per query
 # Runs that may still write: their folders are never collected.
-LIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
-                 DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+LIVE_STATUSES = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
 DEFAULT_GRACE_HOURS = 24.0
 
 
@@ -186,7 +191,9 @@ def why_unreferenced(folder: Folder, lake: str, refs: References, kept_runs: set
             return None
         return f"run job folder: its run recorded no stored materialization of {parts[1]} and is not in progress"
     if len(parts) == 3:  # an output's lease and checkpoints
-        if refs.names_path(join(lake, "/".join(parts[1:]))) or any(run.startswith(folder.key + "/") for run in kept_runs):
+        if refs.names_path(join(lake, "/".join(parts[1:]))) or any(
+            run.startswith(folder.key + "/") for run in kept_runs
+        ):
             return None
         return "lease and checkpoints of an output no stored materialization names, no run folder kept"
     name = parts[1]
@@ -200,8 +207,13 @@ def _names_a_run(name: str, run_ids: set[str]) -> bool:
     return any(run_id in name or run_id[:8] in name for run_id in run_ids)
 
 
-def find_unreferenced(instance: DagsterInstance, lake: str, assets: Iterable[str], grace_s: float = DEFAULT_GRACE_HOURS * 3600,
-                      jobs_root: str | None = None) -> list[Verdict]:
+def find_unreferenced(
+    instance: DagsterInstance,
+    lake: str,
+    assets: Iterable[str],
+    grace_s: float = DEFAULT_GRACE_HOURS * 3600,
+    jobs_root: str | None = None,
+) -> list[Verdict]:
     """The unreferenced units of the lake (and of `jobs_root`), each with why, and whether it must stay anyway."""
     refs = references(instance)
     folders = lake_folders(lake, assets, jobs_root)
@@ -228,8 +240,13 @@ def _judge(folders: list[Folder], lake: str, refs: References, grace_s: float) -
     return verdicts
 
 
-def delete_unreferenced(instance: DagsterInstance, lake: str, assets: Iterable[str], grace_s: float = DEFAULT_GRACE_HOURS * 3600,
-                        jobs_root: str | None = None) -> tuple[list[Verdict], list[Folder]]:
+def delete_unreferenced(
+    instance: DagsterInstance,
+    lake: str,
+    assets: Iterable[str],
+    grace_s: float = DEFAULT_GRACE_HOURS * 3600,
+    jobs_root: str | None = None,
+) -> tuple[list[Verdict], list[Folder]]:
     """Judge afresh and remove what is collectable: a run that started, or a write made, since a dry
     run is seen. Returns the verdicts and the folders deleted."""
     verdicts = find_unreferenced(instance, lake, assets, grace_s, jobs_root)
@@ -240,7 +257,9 @@ def delete_unreferenced(instance: DagsterInstance, lake: str, assets: Iterable[s
         if verdict.kept_because is not None:
             continue
         if not any(normalize(folder.uri).startswith(root + "/") for root in roots):
-            raise ValueError(f"refusing to delete {folder.uri}: it is not inside the lake {lake} or the jobs folder {jobs_root}")
+            raise ValueError(
+                f"refusing to delete {folder.uri}: it is not inside the lake {lake} or the jobs folder {jobs_root}"
+            )
         delete_prefix(folder.uri)
         deleted.append(folder)
     return verdicts, deleted
@@ -264,7 +283,11 @@ def report_lines(verdicts: list[Verdict], deleted: list[Folder] | None) -> list[
     total = sum(v.folder.bytes for v in collectable)
     lines.append("")
     if deleted is None:
-        lines.append(f"total: {len(collectable)} unreferenced folders, {total:,} bytes (dry run: nothing deleted; --delete removes them)")
+        lines.append(
+            f"total: {len(collectable)} unreferenced folders, {total:,} bytes (dry run: nothing deleted; --delete removes them)"
+        )
     else:
-        lines.append(f"total: deleted {len(deleted)} unreferenced folders, {sum(f.bytes for f in deleted):,} bytes freed")
+        lines.append(
+            f"total: deleted {len(deleted)} unreferenced folders, {sum(f.bytes for f in deleted):,} bytes freed"
+        )
     return lines

@@ -8,12 +8,20 @@ outputs and manifest are in place; a rebuild withdraws the old marker first.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue
 
 from .cache import (
-    complete_marker, decide, mark_output_complete, miss_metadata, published_hit, reported_row_count, retract_output_marker, standard_metadata,
+    complete_marker,
+    decide,
+    mark_output_complete,
+    miss_metadata,
+    published_hit,
+    reported_row_count,
+    retract_output_marker,
+    standard_metadata,
 )
 from .fingerprints import FingerprintInputs, UpstreamOutput, context_partition
 from .job_request import FanOut, JobRequest, fan_out, materialization_folder
@@ -83,48 +91,80 @@ def launch_job(
         context.log.info(f"cache hit, no job launched: {decision.reason}")
         return decision.hit
     context.log.info(f"cache miss: {decision.reason}")
-    request = build_job_request(context.asset_key.to_user_string(), module=module, config=config, upstream=upstream,
-                                partition=context_partition(context), fingerprint_inputs=fingerprint_inputs, **request_fields)
+    request = build_job_request(
+        context.asset_key.to_user_string(),
+        module=module,
+        config=config,
+        upstream=upstream,
+        partition=context_partition(context),
+        fingerprint_inputs=fingerprint_inputs,
+        **request_fields,
+    )
     output = request.outputs["out"]
     lease_path = materialization_folder(request_fields["settings"].jobs_root(), request) / "lease.json"
 
     def waiting(owner: dict[str, Any]) -> None:
-        context.log.info(f"run {owner.get('run_id')} (pid {owner.get('pid')} on {owner.get('host')}) is building {output}: waiting for it")
+        context.log.info(
+            f"run {owner.get('run_id')} (pid {owner.get('pid')} on {owner.get('host')}) is building {output}: waiting for it"
+        )
 
     with hold_lease(lease_path, context.run.run_id, on_wait=waiting) as lease:
         if lease.took_over:
             context.log.warning(f"took over the lease on {output} from run {lease.took_over}")
         # The run we waited for (or one this instance never recorded) may have published it meanwhile.
-        reason = (f"run {lease.waited_for} built the same inputs while this run waited; its output at {output} is complete"
-                  if lease.waited_for else f"an output of the same input fingerprint is published at {output} and is complete")
+        reason = (
+            f"run {lease.waited_for} built the same inputs while this run waited; its output at {output} is complete"
+            if lease.waited_for
+            else f"an output of the same input fingerprint is published at {output} and is complete"
+        )
         marker = complete_marker(output, request.fingerprint)  # one listing and hashing pass for both questions
         hit = published_hit(output, marker, fingerprint_inputs, reason, lease.waited_for)
         if hit is not None:
             context.log.info(f"cache hit, no job launched: {reason}")
             # What it was built from, as a miss records it (training_set reads the shards' validated set here).
-            return MaterializeResult(metadata={**(hit.metadata or {}), "upstream": upstream_metadata(upstream)}, data_version=hit.data_version)
+            return MaterializeResult(
+                metadata={**(hit.metadata or {}), "upstream": upstream_metadata(upstream)},
+                data_version=hit.data_version,
+            )
         if marker is None:
             retract_output_marker(output)  # nothing may vouch for a set while it is replaced
         result = _run_job(context, jobs, request, spread, decision.reason, fingerprint_inputs, upstream)
         if data_version_of is not None:
             reported = result.data_version.value if result.data_version else None
-            result = MaterializeResult(metadata={**(result.metadata or {}), "job_data_version": reported},
-                                       data_version=DataVersion(data_version_of(output)))
-        marker = mark_output_complete(output, request.fingerprint, result.data_version.value if result.data_version else None,
-                                      reported_row_count(result.metadata))
+            result = MaterializeResult(
+                metadata={**(result.metadata or {}), "job_data_version": reported},
+                data_version=DataVersion(data_version_of(output)),
+            )
+        marker = mark_output_complete(
+            output,
+            request.fingerprint,
+            result.data_version.value if result.data_version else None,
+            reported_row_count(result.metadata),
+        )
     # The size is the marked files' (read once, here, for every job-backed asset); the row count is the job's own.
-    return MaterializeResult(metadata={**(result.metadata or {}), **standard_metadata(marker)}, data_version=result.data_version)
+    return MaterializeResult(
+        metadata={**(result.metadata or {}), **standard_metadata(marker)}, data_version=result.data_version
+    )
 
 
-def _run_job(context: AssetExecutionContext, jobs: JobRunner, request: JobRequest, spread: FanOut | None, reason: str,
-             fingerprint_inputs: FingerprintInputs, upstream: list[UpstreamOutput]) -> MaterializeResult:
+def _run_job(
+    context: AssetExecutionContext,
+    jobs: JobRunner,
+    request: JobRequest,
+    spread: FanOut | None,
+    reason: str,
+    fingerprint_inputs: FingerprintInputs,
+    upstream: list[UpstreamOutput],
+) -> MaterializeResult:
     instances = jobs.instance_count(request.asset) if spread else 1
     map_metadata: dict[str, Any] = {}
     if instances > 1:
         mapped, request = fan_out(request, spread, instances)
         map_invocation, map_run = jobs.run(context, mapped)
         # The map stage reports no materialization; what its launcher knows (job name, instances, time) is kept.
-        map_metadata = {f"map_{key}": value for key, value in {**map_invocation.metadata, **map_run}.items() if key != "backend"}
+        map_metadata = {
+            f"map_{key}": value for key, value in {**map_invocation.metadata, **map_run}.items() if key != "backend"
+        }
     invocation, job_metadata = jobs.run(context, request)
     return job_result(
         invocation,

@@ -84,17 +84,26 @@ def fan_out(request: JobRequest, plan: FanOut, instances: int) -> tuple[JobReque
     whatever the instance count; the map output sits in a `_map` folder beside the asset's output.
     """
     if plan.split_input not in request.inputs:
-        raise ValueError(f"{request.asset}: cannot split input {plan.split_input!r}; its inputs are {sorted(request.inputs)}")
+        raise ValueError(
+            f"{request.asset}: cannot split input {plan.split_input!r}; its inputs are {sorted(request.inputs)}"
+        )
     if instances < 2:
         raise ValueError(f"{request.asset}: a fan-out needs at least 2 instances, got {instances}")
     collected = request.outputs["out"].rstrip("/") + "-map"
     mapped = replace(
-        request, stage="map", instance_count=instances, sharded_inputs=(plan.split_input,),
-        arguments={**request.arguments, "phase": "map"}, outputs={"out": collected},
+        request,
+        stage="map",
+        instance_count=instances,
+        sharded_inputs=(plan.split_input,),
+        arguments={**request.arguments, "phase": "map"},
+        outputs={"out": collected},
     )
     reduce_inputs = {name: uri for name, uri in request.inputs.items() if name != plan.split_input}
     reduced = replace(
-        request, stage="reduce", instance_count=1,
-        inputs={**reduce_inputs, plan.collected_input: collected}, arguments={**request.arguments, "phase": "reduce"},
+        request,
+        stage="reduce",
+        instance_count=1,
+        inputs={**reduce_inputs, plan.collected_input: collected},
+        arguments={**request.arguments, "phase": "reduce"},
     )
     return mapped, reduced

@@ -9,16 +9,31 @@
   automation (training at its cron tick, when the training set changed).
 """
 
-from dagster import AssetSelection, DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, define_asset_job, schedule
+from dagster import (
+    AssetSelection,
+    DefaultScheduleStatus,
+    RunRequest,
+    ScheduleEvaluationContext,
+    define_asset_job,
+    schedule,
+)
 
 from .assets import PER_SOURCE_ASSETS, TAIL_ASSETS
 from .partitions import RAW_SOURCES
 
-whole_graph_job = define_asset_job("zero_whole_graph", selection=AssetSelection.all(), description="raw images to mAP report")
-per_source_job = define_asset_job("zero_per_source", selection=AssetSelection.assets(*PER_SOURCE_ASSETS),
-                                  description="index, validate and shard one source")
-tail_job = define_asset_job("zero_training_tail", selection=AssetSelection.assets(*TAIL_ASSETS),
-                            description="training set, warm state, training and mAP report")
+whole_graph_job = define_asset_job(
+    "zero_whole_graph", selection=AssetSelection.all(), description="raw images to mAP report"
+)
+per_source_job = define_asset_job(
+    "zero_per_source",
+    selection=AssetSelection.assets(*PER_SOURCE_ASSETS),
+    description="index, validate and shard one source",
+)
+tail_job = define_asset_job(
+    "zero_training_tail",
+    selection=AssetSelection.assets(*TAIL_ASSETS),
+    description="training set, warm state, training and mAP report",
+)
 
 
 @schedule(job=per_source_job, cron_schedule="0 3 * * 0", default_status=DefaultScheduleStatus.STOPPED)

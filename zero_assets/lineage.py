@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -40,10 +41,16 @@ class Materialization:
     tags: dict[str, str]
 
     @classmethod
-    def of(cls, record: EventLogRecord) -> "Materialization":
+    def of(cls, record: EventLogRecord) -> Materialization:
         event = record.asset_materialization
-        return cls(event.asset_key.to_user_string(), record.partition_key, record.storage_id, record.run_id,
-                   {k: v.value for k, v in event.metadata.items()}, dict(event.tags or {}))
+        return cls(
+            event.asset_key.to_user_string(),
+            record.partition_key,
+            record.storage_id,
+            record.run_id,
+            {k: v.value for k, v in event.metadata.items()},
+            dict(event.tags or {}),
+        )
 
     @property
     def name(self) -> str:
@@ -72,17 +79,23 @@ class Materialization:
         """The data version and the event storage id of `upstream` that Dagster recorded this materialization read."""
         recorded = self._recorded(upstream)
         if recorded is None:
-            raise LookupError(f"materialization {self.storage_id} of {self.name} (run {self.run_id}) has no Dagster provenance for "
-                              f"its input {upstream} (tag dagster/input_event_pointer/{upstream}); re-materialize it")
+            raise LookupError(
+                f"materialization {self.storage_id} of {self.name} (run {self.run_id}) has no Dagster provenance for "
+                f"its input {upstream} (tag dagster/input_event_pointer/{upstream}); re-materialize it"
+            )
         return recorded
 
 
-def materializations(instance: DagsterInstance, asset: str, partition: str | None = None,
-                     before_storage_id: int | None = None) -> Iterator[Materialization]:
+def materializations(
+    instance: DagsterInstance, asset: str, partition: str | None = None, before_storage_id: int | None = None
+) -> Iterator[Materialization]:
     """Every materialization of `asset` (of one source's partition when given), newest first."""
     cursor = None
-    records_filter = AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[partition] if partition else None,
-                                        before_storage_id=before_storage_id)
+    records_filter = AssetRecordsFilter(
+        asset_key=AssetKey(asset),
+        asset_partitions=[partition] if partition else None,
+        before_storage_id=before_storage_id,
+    )
     while True:
         page = instance.fetch_materializations(records_filter, limit=PAGE, cursor=cursor)
         yield from (Materialization.of(record) for record in page.records)
@@ -94,18 +107,26 @@ def materializations(instance: DagsterInstance, asset: str, partition: str | Non
 def upstream_of(instance: DagsterInstance, found: Materialization, asset: str) -> Materialization:
     """The materialization of the unpartitioned `asset` that `found` was built from: the event Dagster points at."""
     version, pointer = found.read_from(asset)
-    records = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(asset), storage_ids=[pointer]), limit=1).records
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey(asset), storage_ids=[pointer]), limit=1
+    ).records
     if not records:
-        raise LookupError(f"{found.name} (run {found.run_id}) was built from {asset} event {pointer}, which this Dagster instance "
-                          "no longer holds (wiped?)")
+        raise LookupError(
+            f"{found.name} (run {found.run_id}) was built from {asset} event {pointer}, which this Dagster instance "
+            "no longer holds (wiped?)"
+        )
     upstream = Materialization.of(records[0])
     if upstream.data_version != version:
-        raise LookupError(f"{found.name} (run {found.run_id}) read {asset} at data version {version}, but the event it points at "
-                          f"({pointer}) has {upstream.data_version}")
+        raise LookupError(
+            f"{found.name} (run {found.run_id}) read {asset} at data version {version}, but the event it points at "
+            f"({pointer}) has {upstream.data_version}"
+        )
     return upstream
 
 
-def source_upstream_of(instance: DagsterInstance, found: Materialization, asset: str, source: str, uri: str) -> Materialization:
+def source_upstream_of(
+    instance: DagsterInstance, found: Materialization, asset: str, source: str, uri: str
+) -> Materialization:
     """The materialization of `asset` for `source` that `found` was built from, which wrote `uri`.
 
     Dagster's pointer for a partitioned upstream is that asset's newest event when the step started,
@@ -114,8 +135,10 @@ def source_upstream_of(instance: DagsterInstance, found: Materialization, asset:
     upstream = next(materializations(instance, asset, source, before_storage_id=pointer + 1), None)
     if upstream is None or upstream.uri != uri:
         held = upstream.uri if upstream else "none"
-        raise LookupError(f"{found.name} (run {found.run_id}) names {uri} as {asset} of source {source}, but that source's "
-                          f"materialization current at Dagster's pointer {pointer} wrote {held}")
+        raise LookupError(
+            f"{found.name} (run {found.run_id}) names {uri} as {asset} of source {source}, but that source's "
+            f"materialization current at Dagster's pointer {pointer} wrote {held}"
+        )
     return upstream
 
 
@@ -141,8 +164,12 @@ def find_checkpoint(instance: DagsterInstance, checkpoint_uri_or_run_id: str = L
         if checkpoint_uri_or_run_id in (found.uri, found.run_id, LATEST):
             return found
     if checkpoint_uri_or_run_id == LATEST:
-        raise LookupError("no trained_checkpoint materialization in this instance yet: materialize the graph first ($DAGSTER_HOME)")
-    raise LookupError(f"{checkpoint_uri_or_run_id!r} is neither the uri nor the run id of a trained_checkpoint materialization")
+        raise LookupError(
+            "no trained_checkpoint materialization in this instance yet: materialize the graph first ($DAGSTER_HOME)"
+        )
+    raise LookupError(
+        f"{checkpoint_uri_or_run_id!r} is neither the uri nor the run id of a trained_checkpoint materialization"
+    )
 
 
 def _trained_from(instance: DagsterInstance, checkpoint: Materialization) -> tuple[Materialization, Materialization]:
@@ -158,18 +185,26 @@ def checkpoint_lineage(instance: DagsterInstance, checkpoint: Materialization) -
         name = source["source"]
         shards = source_upstream_of(instance, chosen, "arrow_shards", name, source["shards_uri"])
         if shards.data_version != source["data_version"]:
-            raise LookupError(f"{chosen.uri} lists source {name}'s shards at data version {source['data_version']}, "
-                              f"its materialization {shards.storage_id} has {shards.data_version}")
+            raise LookupError(
+                f"{chosen.uri} lists source {name}'s shards at data version {source['data_version']}, "
+                f"its materialization {shards.storage_id} has {shards.data_version}"
+            )
         shard_sets[name] = shards
         validated_sets[name] = source_upstream_of(instance, shards, "validated_images", name, source["validated_uri"])
-    return CheckpointLineage(checkpoint, warm, chosen, shard_sets, validated_sets, _train_images(chosen.uri), _reports(instance, checkpoint))
+    return CheckpointLineage(
+        checkpoint, warm, chosen, shard_sets, validated_sets, _train_images(chosen.uri), _reports(instance, checkpoint)
+    )
 
 
 def _reports(instance: DagsterInstance, checkpoint: Materialization) -> list[Materialization]:
     """The map_report materializations Dagster recorded reading a materialization of this checkpoint (a
     cache hit records the same uri again); a report recorded outside a Dagster step names none."""
-    same = {found.storage_id for found in materializations(instance, "trained_checkpoint") if found.uri == checkpoint.uri}
-    return [report for report in materializations(instance, "map_report") if report.pointer("trained_checkpoint") in same]
+    same = {
+        found.storage_id for found in materializations(instance, "trained_checkpoint") if found.uri == checkpoint.uri
+    }
+    return [
+        report for report in materializations(instance, "map_report") if report.pointer("trained_checkpoint") in same
+    ]
 
 
 @lru_cache(maxsize=32)
@@ -197,8 +232,10 @@ def _trained_rows(training_set_uri: str, source: str) -> pd.DataFrame:
     train = accepted[accepted["split"] == "train"]
     in_shards = sum(shard["rows"] for shard in entry["shards"] if shard["split"] == "train")
     if len(train) != in_shards:
-        raise ValueError(f"{entry['validated_uri']}/accepted.parquet has {len(train)} train rows, but the shard set "
-                         f"{entry['shards_uri']} lists {in_shards}: it was not built from that validated set")
+        raise ValueError(
+            f"{entry['validated_uri']}/accepted.parquet has {len(train)} train rows, but the shard set "
+            f"{entry['shards_uri']} lists {in_shards}: it was not built from that validated set"
+        )
     excluded = _excluded(training_set_uri)
     left_out = set(excluded.loc[excluded["source"] == source, "key"])
     kept = train[~train["key"].isin(left_out)]
@@ -216,7 +253,11 @@ def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
     source = key.partition("/")[0]
     latest = next(materializations(instance, "validated_images", source), None)
     if latest is None:
-        return {"key": key, "status": "not yet processed", "detail": f"validated_images was never materialized for source {source}"}
+        return {
+            "key": key,
+            "status": "not yet processed",
+            "detail": f"validated_images was never materialized for source {source}",
+        }
     fate = _verdict(latest.uri, key)
     chosen = next(materializations(instance, "training_set"), None)
     if fate["status"] == "accepted" and chosen is not None:
@@ -228,8 +269,10 @@ def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
     for checkpoint in materializations(instance, "trained_checkpoint"):
         # only the images it trained on: not the shard-set, validated-set and report walks of checkpoint_lineage
         _, trained_on = _trained_from(instance, checkpoint)
-        if source in {s["source"] for s in _training_set_manifest(trained_on.uri)["sources"]} and \
-                (key == _trained_rows(trained_on.uri, source)["key"]).any():
+        if (
+            source in {s["source"] for s in _training_set_manifest(trained_on.uri)["sources"]}
+            and (key == _trained_rows(trained_on.uri, source)["key"]).any()
+        ):
             fate["checkpoints"].append(checkpoint.uri)
     return fate
 
@@ -244,7 +287,13 @@ def _verdict(validated_uri: str, key: str) -> dict[str, Any]:
         return {"key": key, "status": "accepted", "split": row["split"], "sha256": row["sha256"]}
     if not (quarantined := rows("quarantine.parquet")).empty:
         row = quarantined.iloc[0]
-        return {"key": key, "status": "quarantined", "reason": row["reason"], "stage": row["stage"], "error": row["error"]}
+        return {
+            "key": key,
+            "status": "quarantined",
+            "reason": row["reason"],
+            "stage": row["stage"],
+            "error": row["error"],
+        }
     if not (duplicate := rows("duplicates.parquet")).empty:
         return {"key": key, "status": "duplicate", "duplicate_of": duplicate.iloc[0]["duplicate_of"]}
     return {"key": key, "status": "not yet processed", "detail": f"not in the latest validated set {validated_uri}"}

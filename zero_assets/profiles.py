@@ -14,10 +14,14 @@ PROFILES = ("production", "rehearsal")
 REHEARSAL_SAMPLE_IMAGES = 2000
 
 REHEARSAL_COMPUTE = {
-    "validated_images": JobCompute(instance_type="ml.m5.xlarge", instance_count=2, volume_size_gb=50, max_runtime_s=2 * 3600),
+    "validated_images": JobCompute(
+        instance_type="ml.m5.xlarge", instance_count=2, volume_size_gb=50, max_runtime_s=2 * 3600
+    ),
     "arrow_shards": JobCompute(instance_type="ml.m5.xlarge", volume_size_gb=50, max_runtime_s=2 * 3600),
     "fsx_warm_state": JobCompute(instance_type="ml.m5.large", volume_size_gb=30, max_runtime_s=3600),
-    "trained_checkpoint": JobCompute(instance_type="ml.g4dn.xlarge", instance_count=2, volume_size_gb=50, max_runtime_s=2 * 3600),
+    "trained_checkpoint": JobCompute(
+        instance_type="ml.g4dn.xlarge", instance_count=2, volume_size_gb=50, max_runtime_s=2 * 3600
+    ),
     "map_report": JobCompute(instance_type="ml.g4dn.xlarge", volume_size_gb=50, max_runtime_s=3600),
 }
 

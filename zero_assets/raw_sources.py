@@ -22,7 +22,9 @@ def list_sources(raw_uri: str) -> list[str]:
     if not is_s3(raw_uri):
         root = Path(raw_uri)
         if not root.is_dir():
-            raise FileNotFoundError(f"raw root {raw_uri} does not exist; set ZERO_RAW_URI or run `zero-assets make-demo-data`")
+            raise FileNotFoundError(
+                f"raw root {raw_uri} does not exist; set ZERO_RAW_URI or run `zero-assets make-demo-data`"
+            )
         with os.scandir(root) as entries:
             return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
     bucket, prefix = split_s3(raw_uri)
@@ -31,7 +33,7 @@ def list_sources(raw_uri: str) -> list[str]:
     def listed() -> list[str]:
         folders = []
         for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base, Delimiter="/"):
-            folders += [p["Prefix"][len(base):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+            folders += [p["Prefix"][len(base) :].rstrip("/") for p in page.get("CommonPrefixes", [])]
         return folders
 
     return sorted(s3_call(listed, f"LIST s3://{bucket}/{base} (Delimiter=/)"))

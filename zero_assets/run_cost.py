@@ -55,7 +55,9 @@ class RunCost:
                 self.usd += float(metadata[f"{stage}{COST_USD}"])
                 self.spot_savings_usd += float(metadata.get(f"{stage}{SPOT_SAVINGS_USD}", 0.0))
             else:
-                self.unpriced[f"{where}{' (map)' if stage else ''}"] = str(metadata.get(f"{stage}{COST_NOTE}", "no price recorded"))
+                self.unpriced[f"{where}{' (map)' if stage else ''}"] = str(
+                    metadata.get(f"{stage}{COST_NOTE}", "no price recorded")
+                )
 
     def tags(self) -> dict[str, str]:
         tags = {"jobs": str(self.jobs), "instance_seconds": f"{self.instance_seconds:.0f}"}
@@ -66,9 +68,13 @@ class RunCost:
         notes = []
         if self.unpriced:
             reasons = sorted(set(self.unpriced.values()))
-            notes.append(f"{len(self.unpriced)} of {self.jobs} jobs not priced ({', '.join(sorted(self.unpriced))}): {'; '.join(reasons)}")
+            notes.append(
+                f"{len(self.unpriced)} of {self.jobs} jobs not priced ({', '.join(sorted(self.unpriced))}): {'; '.join(reasons)}"
+            )
         if self.retried_failures:
-            notes.append(f"{self.retried_failures} step attempts failed and were retried: a retry keeps no metadata, so a job behind one is not counted")
+            notes.append(
+                f"{self.retried_failures} step attempts failed and were retried: a retry keeps no metadata, so a job behind one is not counted"
+            )
         if notes:
             tags["cost_note"] = " | ".join(notes)[:4000]
         return {f"{TAG_PREFIX}{key}": value for key, value in tags.items()}
@@ -83,7 +89,9 @@ def run_cost(entries: Iterable[EventLogEntry]) -> RunCost:
             continue
         if event.event_type == DagsterEventType.ASSET_MATERIALIZATION:
             materialization = event.step_materialization_data.materialization
-            where = materialization.asset_key.to_user_string() + (f"[{materialization.partition}]" if materialization.partition else "")
+            where = materialization.asset_key.to_user_string() + (
+                f"[{materialization.partition}]" if materialization.partition else ""
+            )
             total.add(where, {key: value.value for key, value in materialization.metadata.items()})
         elif event.event_type == DagsterEventType.STEP_FAILURE:
             failure = event.step_failure_data.user_failure_data
@@ -103,12 +111,18 @@ def tag_run_cost(context: RunStatusSensorContext) -> None:
 
 
 def _cost_sensor(status: DagsterRunStatus) -> SensorDefinition:
-    @run_status_sensor(run_status=status, name=f"run_cost_on_{status.value.lower()}", default_status=DefaultSensorStatus.RUNNING,
-                       description=f"tags each {status.value.lower()} run with what its jobs cost (zero/estimated_cost_usd, zero/instance_seconds)")
+    @run_status_sensor(
+        run_status=status,
+        name=f"run_cost_on_{status.value.lower()}",
+        default_status=DefaultSensorStatus.RUNNING,
+        description=f"tags each {status.value.lower()} run with what its jobs cost (zero/estimated_cost_usd, zero/instance_seconds)",
+    )
     def cost_sensor(context: RunStatusSensorContext) -> None:
         tag_run_cost(context)
 
     return cost_sensor
 
 
-run_cost_sensors = [_cost_sensor(status) for status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)]
+run_cost_sensors = [
+    _cost_sensor(status) for status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+]

@@ -35,7 +35,9 @@ def detect(settings: ZeroSettings, cursor: dict | None, context: SensorEvaluatio
     """The detector the settings call for; one that does not match the cursor's kind starts afresh."""
     store = context.instance.run_storage  # the key-value store beside the cursor (see change_detection.tick_state)
     if settings.raw_events_queue_url:
-        return detect_from_queue(settings.raw_events_queue_url, settings.raw_uri, cursor, store, budget_s=QUEUE_BUDGET_S, wait_s=QUEUE_WAIT_S)
+        return detect_from_queue(
+            settings.raw_events_queue_url, settings.raw_uri, cursor, store, budget_s=QUEUE_BUDGET_S, wait_s=QUEUE_WAIT_S
+        )
     if settings.raw_inventory_manifest_uri:
         return detect_from_inventory(settings.raw_inventory_manifest_uri, settings.raw_uri, cursor, store)
     return detect_from_listing(settings.raw_uri, cursor, store)
@@ -52,19 +54,29 @@ def sensor_result(context: SensorEvaluationContext, detection: Detection) -> Sen
         return SensorResult(skip_reason=f"no changed sources: {detection.summary}", cursor=cursor)
     sources = sorted(detection.changed)
     added = new_sources(context, sources)
-    observations = [AssetObservation(asset_key=RAW_DATA, partition=s, tags={"dagster/data_version": detection.changed[s]}) for s in sources]
+    observations = [
+        AssetObservation(asset_key=RAW_DATA, partition=s, tags={"dagster/data_version": detection.changed[s]})
+        for s in sources
+    ]
     runs = [
         RunRequest(
             run_key=f"{s}:{detection.changed[s]}:{detection.change_number}",
             partition_key=s,
             asset_selection=[RAW_IMAGE_INDEX],
-            tags={"zero/raw_version": detection.changed[s], "zero/trigger": "new source" if s in added else "source changed"},
+            tags={
+                "zero/raw_version": detection.changed[s],
+                "zero/trigger": "new source" if s in added else "source changed",
+            },
         )
         for s in sources
     ]
     context.log.info(f"{detection.summary}; changed: {_some(sources)}; new partitions: {_some(added)}")
-    return SensorResult(run_requests=runs, dynamic_partitions_requests=[RAW_SOURCES.build_add_request(added)] if added else [],
-                        asset_events=observations, cursor=cursor)
+    return SensorResult(
+        run_requests=runs,
+        dynamic_partitions_requests=[RAW_SOURCES.build_add_request(added)] if added else [],
+        asset_events=observations,
+        cursor=cursor,
+    )
 
 
 def _some(names: list[str], shown: int = 20) -> str:
@@ -72,8 +84,11 @@ def _some(names: list[str], shown: int = 20) -> str:
     return f"{len(names)} ({', '.join(names[:shown])}{', ...' if len(names) > shown else ''})"
 
 
-@sensor(target=[RAW_IMAGE_INDEX], minimum_interval_seconds=TICK_INTERVAL_S,
-        description="registers new raw sources and indexes each source whose images or annotations.json changed")
+@sensor(
+    target=[RAW_IMAGE_INDEX],
+    minimum_interval_seconds=TICK_INTERVAL_S,
+    description="registers new raw sources and indexes each source whose images or annotations.json changed",
+)
 def new_raw_data_sensor(context: SensorEvaluationContext, settings: ZeroSettings):
     cursor = json.loads(context.cursor) if context.cursor else None
     detection = detect(settings, cursor, context)

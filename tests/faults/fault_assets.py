@@ -9,14 +9,31 @@ from zero_assets.resources.settings import ZeroSettings
 
 @asset
 def fault_output(context: AssetExecutionContext, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
-    return launch_job(context, jobs=jobs, settings=settings, kind="processing", module="fault_job",
-                      config={"kb": 64}, upstream=[], inputs={})
+    return launch_job(
+        context,
+        jobs=jobs,
+        settings=settings,
+        kind="processing",
+        module="fault_job",
+        config={"kb": 64},
+        upstream=[],
+        inputs={},
+    )
 
 
 @asset
 def fault_training(context: AssetExecutionContext, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
-    return launch_job(context, jobs=jobs, settings=settings, kind="training", module="fault_job",
-                      config={"kb": 16}, upstream=[], inputs={}, processes_per_host=2)
+    return launch_job(
+        context,
+        jobs=jobs,
+        settings=settings,
+        kind="training",
+        module="fault_job",
+        config={"kb": 16},
+        upstream=[],
+        inputs={},
+        processes_per_host=2,
+    )
 
 
 FAULT_ASSETS = [fault_output, fault_training]

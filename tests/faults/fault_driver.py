@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from dagster import DagsterInstance, materialize
+from fault_assets import FAULT_ASSETS
 
 import zero_assets.job_launch as job_launch
-from fault_assets import FAULT_ASSETS
 from zero_assets.assets import ALL_ASSETS, PER_SOURCE_ASSETS, SOURCE_SPECS
 from zero_assets.partitions import RAW_SOURCES
 from zero_assets.resources import LocalJobRunner, ZeroSettings
@@ -32,7 +32,9 @@ def main() -> None:
     for flag in ("--home", "--raw", "--state", "--select"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--pause-before-marker", action="store_true")
-    parser.add_argument("--source", help="the partition of the per-source assets (default: the raw root's first folder)")
+    parser.add_argument(
+        "--source", help="the partition of the per-source assets (default: the raw root's first folder)"
+    )
     args = parser.parse_args()
     state = Path(args.state)
     if args.pause_before_marker:
@@ -48,19 +50,30 @@ def main() -> None:
     settings = ZeroSettings(raw_uri=args.raw, lake_uri=str(state / "lake"), fsx_mount=str(state / "fsx"))
     selection = args.select.split(",")
     per_source = {key.to_user_string() for asset in PER_SOURCE_ASSETS for key in asset.keys}
-    source = args.source or sorted(p.name for p in Path(args.raw).iterdir() if p.is_dir())[0] if per_source & set(selection) else None
+    source = (
+        args.source or sorted(p.name for p in Path(args.raw).iterdir() if p.is_dir())[0]
+        if per_source & set(selection)
+        else None
+    )
     with DagsterInstance.from_config(args.home) as instance:
         if source:
             instance.add_dynamic_partitions(RAW_SOURCES.name, [source])
-        result = materialize([*SOURCE_SPECS, *ALL_ASSETS, *FAULT_ASSETS], selection=selection, instance=instance, raise_on_error=False,
-                             partition_key=source,
-                             resources={"settings": settings, "jobs": LocalJobRunner(settings=settings)})
+        result = materialize(
+            [*SOURCE_SPECS, *ALL_ASSETS, *FAULT_ASSETS],
+            selection=selection,
+            instance=instance,
+            raise_on_error=False,
+            partition_key=source,
+            resources={"settings": settings, "jobs": LocalJobRunner(settings=settings)},
+        )
         assets = {}
         for name in selection:
             for event in result.asset_materializations_for_node(name):
                 meta = {k: v.value for k, v in event.metadata.items()}
                 assets[name] = {key: str(meta.get(key)) for key in ("cache", "cache_reason", "dagster/uri", "job_name")}
-        print("RESULT " + json.dumps({"success": result.success, "run_id": result.run_id, "assets": assets}), flush=True)
+        print(
+            "RESULT " + json.dumps({"success": result.success, "run_id": result.run_id, "assets": assets}), flush=True
+        )
     sys.exit(0 if result.success else 1)
 
 

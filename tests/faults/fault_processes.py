@@ -33,11 +33,28 @@ class Lab:
 
     def start(self, select: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         """One Dagster process materializing `select` (see fault_driver.py); its output is read with `finish`."""
-        environment = {**os.environ, **(env or {}), "DAGSTER_HOME": str(self.home),
-                       "PYTHONPATH": os.pathsep.join([str(FAULTS), str(REPO), os.environ.get("PYTHONPATH", "")])}
-        command = [sys.executable, str(FAULTS / "fault_driver.py"), "--home", str(self.home), "--raw", str(self.raw),
-                   "--state", str(self.state), "--select", select, *extra]
-        return subprocess.Popen(command, cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        environment = {
+            **os.environ,
+            **(env or {}),
+            "DAGSTER_HOME": str(self.home),
+            "PYTHONPATH": os.pathsep.join([str(FAULTS), str(REPO), os.environ.get("PYTHONPATH", "")]),
+        }
+        command = [
+            sys.executable,
+            str(FAULTS / "fault_driver.py"),
+            "--home",
+            str(self.home),
+            "--raw",
+            str(self.raw),
+            "--state",
+            str(self.state),
+            "--select",
+            select,
+            *extra,
+        ]
+        return subprocess.Popen(
+            command, cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
 
     def run(self, select: str, *extra: str, env: dict[str, str] | None = None, timeout: float = 180) -> dict:
         return finish(self.start(select, *extra, env=env), timeout)
@@ -54,7 +71,7 @@ def finish(process: subprocess.Popen, timeout: float = 180) -> dict:
     """Wait for a Dagster process; its RESULT line (or {"success": False, "killed": True} when it was killed)."""
     output, _ = process.communicate(timeout=timeout)
     lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    result = json.loads(lines[-1][len("RESULT "):]) if lines else {"success": False, "killed": process.returncode < 0}
+    result = json.loads(lines[-1][len("RESULT ") :]) if lines else {"success": False, "killed": process.returncode < 0}
     result["log"] = output
     return result
 
@@ -72,7 +89,11 @@ def wait_for(find, timeout: float = 120, what: str = "the condition"):
 
 def paused_pids(lake: Path, asset: str, point: str) -> list[int]:
     """Pids of job processes of `asset` paused at `point` (see fault_job.py)."""
-    return [int(p.read_text()) for p in lake.glob(f"_jobs/{asset}/*/runs/*/*/opt/ml/output/paused-{point}*") if p.read_text()]
+    return [
+        int(p.read_text())
+        for p in lake.glob(f"_jobs/{asset}/*/runs/*/*/opt/ml/output/paused-{point}*")
+        if p.read_text()
+    ]
 
 
 def wait_gone(pids: list[int], timeout: float) -> list[int]:

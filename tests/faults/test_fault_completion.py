@@ -141,8 +141,12 @@ def test_job_killed_while_writing_or_after_its_manifest_then_rerun(tmp_path, tin
 def test_dagster_killed_after_publishing_before_the_marker_then_rerun(tmp_path, tiny_raw_root):
     lab = make_lab(tmp_path, tiny_raw_root)
     first = lab.start("fault_output", "--pause-before-marker")
-    pid = int(wait_for(lambda: (lab.state / "paused-before-marker").is_file() and (lab.state / "paused-before-marker").read_text(),
-                       what="publish before the marker"))
+    pid = int(
+        wait_for(
+            lambda: (lab.state / "paused-before-marker").is_file() and (lab.state / "paused-before-marker").read_text(),
+            what="publish before the marker",
+        )
+    )
     assert (output_folder(lab) / "manifest.json").is_file(), "the output is published, manifest included"
     os.kill(pid, signal.SIGKILL)
     first.wait(timeout=30)

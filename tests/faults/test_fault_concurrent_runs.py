@@ -40,7 +40,7 @@ class Tail:
         self.process.wait(timeout=timeout)
         self._reader.join(timeout=10)
         lines = [line for line in self.text.splitlines() if line.startswith("RESULT ")]
-        result = json.loads(lines[-1][len("RESULT "):]) if lines else {"success": False}
+        result = json.loads(lines[-1][len("RESULT ") :]) if lines else {"success": False}
         result["log"] = self.text
         return result
 
@@ -139,7 +139,9 @@ def test_a_checkpoint_folder_has_one_writer_until_it_dies(tmp_path):
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    writer = subprocess.Popen([sys.executable, "-c", HOLD_CHECKPOINTS, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", HOLD_CHECKPOINTS, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert writer.stdout.readline().strip() == "locked"
         with pytest.raises(CheckpointFolderBusy, match=f"pid {writer.pid}"):
@@ -170,8 +172,9 @@ def test_a_killed_writers_forked_workers_do_not_keep_its_checkpoint_folder(tmp_p
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    writer = subprocess.Popen([sys.executable, "-c", HOLD_CHECKPOINTS_WITH_A_WORKER, str(folder)], cwd=REPO,
-                              stdout=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", HOLD_CHECKPOINTS_WITH_A_WORKER, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     worker_pid = int(writer.stdout.readline())
     try:
         writer.kill()

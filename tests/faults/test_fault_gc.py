@@ -47,7 +47,9 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
 
 def _gc(home: Path, lake: Path, *args: str) -> str:
     env = {**os.environ, "DAGSTER_HOME": str(home)}
-    done = subprocess.run([str(ZERO_ASSETS), "gc", "--lake", str(lake), *args], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(ZERO_ASSETS), "gc", "--lake", str(lake), *args], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -67,18 +69,26 @@ def built(tmp_path_factory, tiny_raw_root):
     home.mkdir()
     resources = make_resources(tiny_raw_root, tmp / "state")
     with DagsterInstance.from_config(str(home)) as instance:
-        assert materialize_source(SOURCE, assets=[raw_image_index], resources=resources, instance=instance,
-                                  run_config=_index_config("")).success
-        assert materialize_source(SOURCE, assets=[raw_image_index, validated_images], resources=resources, instance=instance,
-                                  run_config=_index_config("^[^/]+/lot_\\d+")).success
+        assert materialize_source(
+            SOURCE, assets=[raw_image_index], resources=resources, instance=instance, run_config=_index_config("")
+        ).success
+        assert materialize_source(
+            SOURCE,
+            assets=[raw_image_index, validated_images],
+            resources=resources,
+            instance=instance,
+            run_config=_index_config("^[^/]+/lot_\\d+"),
+        ).success
     return {"home": home, "lake": tmp / "state" / "lake", "tmp": tmp}
 
 
 def _referenced_uris(home: Path) -> list[str]:
     with DagsterInstance.from_config(str(home)) as instance:
-        return [str(r.asset_materialization.metadata["dagster/uri"].value)
-                for key in (AssetKey("raw_image_index"), AssetKey("validated_images"))
-                for r in instance.fetch_materializations(key, limit=100).records]
+        return [
+            str(r.asset_materialization.metadata["dagster/uri"].value)
+            for key in (AssetKey("raw_image_index"), AssetKey("validated_images"))
+            for r in instance.fetch_materializations(key, limit=100).records
+        ]
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -90,7 +100,9 @@ def _write(path: Path, data: bytes) -> Path:
 def _run_without_validated_images(home: Path) -> str:
     with DagsterInstance.from_config(str(home)) as instance:
         index_runs = {r.run_id for r in instance.fetch_materializations(AssetKey("raw_image_index"), limit=100).records}
-        validated_runs = {r.run_id for r in instance.fetch_materializations(AssetKey("validated_images"), limit=100).records}
+        validated_runs = {
+            r.run_id for r in instance.fetch_materializations(AssetKey("validated_images"), limit=100).records
+        }
     (run_id,) = index_runs - validated_runs
     return run_id
 
@@ -117,7 +129,10 @@ def test_gc_lists_exactly_the_orphans_and_deletes_only_them(built):
     _write(orphan_outputs_jobs / "lease.json", b"{}")
     # The failed run is a real one that recorded raw_image_index but no validated_images.
     failed_run = lake / "_jobs" / "validated_images" / validated_fp / "runs" / _run_without_validated_images(home)
-    staged = _write(failed_run / "zero-validated-images" / "opt" / "ml" / "processing" / "output" / "out" / "part.parquet", b"p" * 50)
+    staged = _write(
+        failed_run / "zero-validated-images" / "opt" / "ml" / "processing" / "output" / "out" / "part.parquet",
+        b"p" * 50,
+    )
     (staged.parent.parent / "index").symlink_to(referenced[0], target_is_directory=True)
     old_layout = lake / "_jobs" / "zero-validated-images-00000000bbbbbbbb"
     _write(old_layout / "opt" / "ml" / "output" / "job.log", b"old\n")
@@ -132,7 +147,17 @@ def test_gc_lists_exactly_the_orphans_and_deletes_only_them(built):
         live = DagsterRun(job_name="zero_whole_graph", status=DagsterRunStatus.STARTED)
         instance.add_run(live)
     live_jobs = lake / "_jobs" / "validated_images" / "1111111111111111"
-    _write(live_jobs / "runs" / live.run_id / "zero-validated-images-1111111111111111" / "opt" / "ml" / "config" / "x.json", b"{}")
+    _write(
+        live_jobs
+        / "runs"
+        / live.run_id
+        / "zero-validated-images-1111111111111111"
+        / "opt"
+        / "ml"
+        / "config"
+        / "x.json",
+        b"{}",
+    )
     _write(live_jobs / "lease.json", b"{}")
     _age(live_jobs, 2 * DAY)
     # Not outputs: left alone whatever the instance says.
@@ -164,8 +189,13 @@ def test_gc_lists_exactly_the_orphans_and_deletes_only_them(built):
 def test_gc_refuses_an_instance_that_holds_nothing(built, tmp_path):
     empty_home = tmp_path / "empty_home"
     empty_home.mkdir()
-    done = subprocess.run([str(ZERO_ASSETS), "gc", "--lake", str(built["lake"]), "--delete"],
-                          env={**os.environ, "DAGSTER_HOME": str(empty_home)}, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(ZERO_ASSETS), "gc", "--lake", str(built["lake"]), "--delete"],
+        env={**os.environ, "DAGSTER_HOME": str(empty_home)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "holds no materializations" in done.stderr, done.stderr
     assert all(Path(uri).is_dir() for uri in _referenced_uris(built["home"]))
 
@@ -177,13 +207,22 @@ def test_gc_on_an_s3_lake_deletes_a_prefix_and_not_its_siblings(tmp_path, tiny_r
         s3.client().create_bucket(Bucket="lake")
         lake = "s3://lake/zero"
         settings = ZeroSettings(raw_uri=str(tiny_raw_root), lake_uri=lake)
-        assert materialize_source(SOURCE, assets=[raw_image_index], resources={"settings": settings, "jobs": LocalJobRunner(settings=settings)}, instance=instance).success
-        uri = instance.get_latest_materialization_event(AssetKey("raw_image_index")).asset_materialization.metadata["dagster/uri"].value
+        assert materialize_source(
+            SOURCE,
+            assets=[raw_image_index],
+            resources={"settings": settings, "jobs": LocalJobRunner(settings=settings)},
+            instance=instance,
+        ).success
+        uri = (
+            instance.get_latest_materialization_event(AssetKey("raw_image_index"))
+            .asset_materialization.metadata["dagster/uri"]
+            .value
+        )
         kept_keys = _keys(s3, uri)
         # `<fingerprint>-map` shares the referenced output's key prefix: deleting one must not touch the other.
         orphan = f"{uri}-map"
         for name in ("part-0.parquet", "sub/part-1.parquet"):
-            s3.client().put_object(Bucket="lake", Key=f"{orphan[len('s3://lake/'):]}/{name}", Body=b"m" * 100)
+            s3.client().put_object(Bucket="lake", Key=f"{orphan[len('s3://lake/') :]}/{name}", Body=b"m" * 100)
 
         # Job folders of an s3:// lake are on this machine: a run that recorded nothing left one.
         jobs = tmp_path / "jobs"
@@ -192,8 +231,13 @@ def test_gc_on_an_s3_lake_deletes_a_prefix_and_not_its_siblings(tmp_path, tiny_r
         _age(jobs, 2 * DAY)
 
         verdicts = find_unreferenced(instance, lake, ["raw_image_index"], grace_s=0, jobs_root=str(jobs))
-        assert [(v.folder.uri, v.folder.bytes, v.kept_because) for v in verdicts] == [  # run folders before the folder above
-            (str(orphan_run), 4, None), (orphan, 200, None), (str(orphan_run.parent.parent), 0, None)]
+        assert [
+            (v.folder.uri, v.folder.bytes, v.kept_because) for v in verdicts
+        ] == [  # run folders before the folder above
+            (str(orphan_run), 4, None),
+            (orphan, 200, None),
+            (str(orphan_run.parent.parent), 0, None),
+        ]
         assert _keys(s3, orphan) and orphan_run.exists(), "a dry run deletes nothing"
         _, deleted = delete_unreferenced(instance, lake, ["raw_image_index"], grace_s=0, jobs_root=str(jobs))
         assert [f.uri for f in deleted] == [str(orphan_run), orphan, str(orphan_run.parent.parent)]
@@ -201,13 +245,13 @@ def test_gc_on_an_s3_lake_deletes_a_prefix_and_not_its_siblings(tmp_path, tiny_r
         assert list(jobs.iterdir()) == [jobs / "raw_image_index"] and not any((jobs / "raw_image_index").iterdir())
 
         # The other way round: deleting a prefix leaves the `-map` sibling that extends its name.
-        s3.client().put_object(Bucket="lake", Key=f"{orphan[len('s3://lake/'):]}/part-0.parquet", Body=b"m")
+        s3.client().put_object(Bucket="lake", Key=f"{orphan[len('s3://lake/') :]}/part-0.parquet", Body=b"m")
         delete_prefix(uri)
-        assert _keys(s3, uri) == [] and _keys(s3, orphan) == [f"{orphan[len('s3://lake/'):]}/part-0.parquet"]
+        assert _keys(s3, uri) == [] and _keys(s3, orphan) == [f"{orphan[len('s3://lake/') :]}/part-0.parquet"]
 
 
 def _keys(s3: LocalS3Server, uri: str) -> list[str]:
-    prefix = uri[len("s3://lake/"):] + "/"
+    prefix = uri[len("s3://lake/") :] + "/"
     pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket="lake", Prefix=prefix)
     return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
 
@@ -215,8 +259,10 @@ def _keys(s3: LocalS3Server, uri: str) -> list[str]:
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640)])
 def test_atomic_writes_honour_the_umask(tmp_path, umask, mode):
     target = tmp_path / "out" / "manifest.json"
-    script = ("import os, sys; os.umask(int(sys.argv[2], 8)); from training_code.lib.storage import write_bytes_atomic; "
-              "write_bytes_atomic(sys.argv[1], b'{}')")
+    script = (
+        "import os, sys; os.umask(int(sys.argv[2], 8)); from training_code.lib.storage import write_bytes_atomic; "
+        "write_bytes_atomic(sys.argv[1], b'{}')"
+    )
     subprocess.run([sys.executable, "-c", script, str(target), oct(umask)[2:]], check=True, timeout=60)
     assert stat.S_IMODE(target.stat().st_mode) == mode
     assert [p.name for p in target.parent.iterdir()] == ["manifest.json"], "no temporary file left beside it"
@@ -227,4 +273,6 @@ def test_materialized_outputs_honour_the_umask(built):
     os.umask(mask)
     files = [path for uri in _referenced_uris(built["home"]) for path in Path(uri).rglob("*") if path.is_file()]
     assert any(path.name == "_output.json" for path in files)
-    assert {str(path): oct(stat.S_IMODE(path.stat().st_mode)) for path in files} == {str(path): oct(0o666 & ~mask) for path in files}
+    assert {str(path): oct(stat.S_IMODE(path.stat().st_mode)) for path in files} == {
+        str(path): oct(0o666 & ~mask) for path in files
+    }

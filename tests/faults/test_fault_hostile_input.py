@@ -29,20 +29,19 @@ from urllib.parse import quote_plus
 import numpy as np
 import pandas as pd
 import pytest
-from dagster import instance_for_test, materialize
+from conftest import make_resources
+from dagster import instance_for_test
+from graph_runs import materialize_source
 from PIL import Image
+from process_tree import PEAK_RSS
+from raw_index_reference import build_raw_index
 
 from training_code.lib.storage import download_prefix
 from training_code.lib.tables import RAW_INDEX, write_table
 from zero_assets.assets.raw_image_index import raw_image_index
 from zero_assets.assets.validated_images import validated_images
-from zero_assets.resources import LocalJobRunner
-
-from conftest import make_resources
-from graph_runs import materialize_source
-from process_tree import PEAK_RSS
-from raw_index_reference import build_raw_index
 from zero_assets.raw_sources import list_sources
+from zero_assets.resources import LocalJobRunner
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hostile-secret: AWS_SECRET_ACCESS_KEY=do-not-quote"  # the first bytes are what a message would quote
@@ -71,7 +70,11 @@ REJECTED = {
     ("cam/annotations.json", "bad_id", "images[7]"),
     ("cam/annotations.json", "unknown_image", "annotations[3]"),
 }
-UNUSABLE_COCO = {"list_coco": "the top level is a JSON list", "deep_coco": "nested too deeply", "big_coco": "above the limit of"}
+UNUSABLE_COCO = {
+    "list_coco": "the top level is a JSON list",
+    "deep_coco": "nested too deeply",
+    "big_coco": "above the limit of",
+}
 
 
 def jpeg(seed: int) -> bytes:
@@ -114,8 +117,11 @@ def build_hostile_root(base: Path) -> dict:
     coco = {
         "categories": [{"id": 1, "name": "part"}, {"name": "a category without id"}],
         "images": [
-            {"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}, {"id": 3, "file_name": "c.jpg"},
-            {"id": 4, "file_name": "copy_of_b.jpg"}, {"id": 5, "file_name": "inside_link.jpg"},
+            {"id": 1, "file_name": "a.jpg"},
+            {"id": 2, "file_name": "b.jpg"},
+            {"id": 3, "file_name": "c.jpg"},
+            {"id": 4, "file_name": "copy_of_b.jpg"},
+            {"id": 5, "file_name": "inside_link.jpg"},
             "an image entry that is not an object",
             {"id": 6, "file_name": "../../outside/target.jpg"},
             {"id": "7", "file_name": "c.jpg"},
@@ -128,11 +134,15 @@ def build_hostile_root(base: Path) -> dict:
         ],
     }
     (raw / "cam" / "annotations.json").write_text(json.dumps(coco))
-    for n, (source, document) in enumerate({
-        "list_coco": b"[1, 2, 3]",
-        "deep_coco": b'{"images": ' + b"[" * 100_000 + b"]" * 100_000 + b', "annotations": [], "categories": []}',
-        "big_coco": json.dumps({"images": [], "annotations": [], "categories": [], "padding": "x" * (2 * ANNOTATION_LIMIT)}).encode(),
-    }.items()):
+    for n, (source, document) in enumerate(
+        {
+            "list_coco": b"[1, 2, 3]",
+            "deep_coco": b'{"images": ' + b"[" * 100_000 + b"]" * 100_000 + b', "annotations": [], "categories": []}',
+            "big_coco": json.dumps(
+                {"images": [], "annotations": [], "categories": [], "padding": "x" * (2 * ANNOTATION_LIMIT)}
+            ).encode(),
+        }.items()
+    ):
         (raw / source).mkdir()
         (raw / source / "good.jpg").write_bytes(jpeg(100 + n))
         (raw / source / "annotations.json").write_bytes(document)
@@ -156,7 +166,10 @@ def snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
 
 
 def read_tables(out: Path) -> dict[str, pd.DataFrame]:
-    return {name: pd.read_parquet(out / f"{name}.parquet") for name in ("accepted", "quarantine", "duplicates", "rejected_labels", "unmatched")}
+    return {
+        name: pd.read_parquet(out / f"{name}.parquet")
+        for name in ("accepted", "quarantine", "duplicates", "rejected_labels", "unmatched")
+    }
 
 
 def assert_one_verdict_each(out: Path, target_sha256: str) -> dict:
@@ -168,7 +181,10 @@ def assert_one_verdict_each(out: Path, target_sha256: str) -> dict:
     assert SECRET not in " ".join(quarantine["error"]) and "hostile-secret" not in " ".join(quarantine["error"])
     assert set(tables["accepted"]["key"]) == ACCEPTED
     assert tables["duplicates"].set_index("key")["duplicate_of"].to_dict() == DUPLICATES
-    rejected = {(key, reason, detail) for key, reason, detail in zip(*(tables["rejected_labels"][c] for c in ("key", "reason", "detail")))}
+    rejected = {
+        (key, reason, detail)
+        for key, reason, detail in zip(*(tables["rejected_labels"][c] for c in ("key", "reason", "detail")))
+    }
     for key, reason, text in REJECTED:
         assert [row for row in rejected if row[:2] == (key, reason) and text in row[2]], (key, reason, text, rejected)
     assert len(rejected) == len(REJECTED)
@@ -203,10 +219,27 @@ def test_local_root_each_hostile_entry_costs_one_verdict_in_bounded_memory(hosti
     assert not [key for key in index.frame["key"] if "pipe" in key or "hidden" in key or "lot_link" in key]
     assert set(index.unsafe_keys) == {key for key, reason in QUARANTINED.items() if reason == "unsafe_key"}
     out = tmp_path / "out"
-    job = [sys.executable, "-m", "training_code.validate", "--index", str(tmp_path / "index"), "--raw", str(raw),
-           "--out", str(out), "--workers", "2", "--max-annotation-bytes", str(ANNOTATION_LIMIT)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {"ZERO_OPT_ML": str(tmp_path / "opt_ml")}
-    result = subprocess.run([sys.executable, "-c", PEAK_RSS, *job], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    job = [
+        sys.executable,
+        "-m",
+        "training_code.validate",
+        "--index",
+        str(tmp_path / "index"),
+        "--raw",
+        str(raw),
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+        "--max-annotation-bytes",
+        str(ANNOTATION_LIMIT),
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {
+        "ZERO_OPT_ML": str(tmp_path / "opt_ml")
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS, *job], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     peak_mb = int(result.stdout.split("peak_rss_kb")[1].split()[0]) / 1024
     print(f"peak memory of the job and its workers: {peak_mb:.0f} MB")
@@ -220,7 +253,9 @@ def combined_output(outs: list[Path], folder: Path) -> Path:
     """The per-source validated outputs as one: their tables concatenated, their counts summed."""
     folder.mkdir()
     for name in ("accepted", "quarantine", "duplicates", "rejected_labels", "unmatched"):
-        pd.concat([pd.read_parquet(out / f"{name}.parquet") for out in outs], ignore_index=True).to_parquet(folder / f"{name}.parquet")
+        pd.concat([pd.read_parquet(out / f"{name}.parquet") for out in outs], ignore_index=True).to_parquet(
+            folder / f"{name}.parquet"
+        )
     counts: dict = {}
     for out in outs:
         for key, value in json.loads((out / "manifest.json").read_text())["counts"].items():
@@ -238,26 +273,45 @@ def test_assets_on_two_hosts_give_the_same_verdicts(hostile, tmp_path):
     resources = make_resources(raw, tmp_path / "state")
     resources["jobs"] = LocalJobRunner(settings=resources["settings"], instances={"validated_images": 2})
     # One source (cam) holds nearly every hostile file: more than half of it is quarantined, by design.
-    run_config = {"ops": {"validated_images": {"config": {"max_annotation_bytes": ANNOTATION_LIMIT, "max_quarantine_rate": 0.9}}}}
+    run_config = {
+        "ops": {"validated_images": {"config": {"max_annotation_bytes": ANNOTATION_LIMIT, "max_quarantine_rate": 0.9}}}
+    }
     (tmp_path / "dagster").mkdir()
     with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        results = [materialize_source(source, instance=instance, resources=resources, run_config=run_config,
-                                      assets=[raw_image_index, validated_images]) for source in list_sources(str(raw))]
+        results = [
+            materialize_source(
+                source,
+                instance=instance,
+                resources=resources,
+                run_config=run_config,
+                assets=[raw_image_index, validated_images],
+            )
+            for source in list_sources(str(raw))
+        ]
     assert all(result.success for result in results)
     indexed = [result.asset_materializations_for_node("raw_image_index")[0].metadata for result in results]
     assert sum(m["unsafe_keys"].value for m in indexed) == 3
     assert sum(m["annotation_entries_rejected"].value for m in indexed) == len(REJECTED) - 1  # bad_number is a bbox
     errors = {source for m in indexed for source in m["annotation_errors_json"].value}
     assert errors == {"list_coco", "deep_coco"}  # big_coco is under the index's 1 GiB
-    outs = [Path(result.asset_materializations_for_node("validated_images")[0].metadata["dagster/uri"].value) for result in results]
+    outs = [
+        Path(result.asset_materializations_for_node("validated_images")[0].metadata["dagster/uri"].value)
+        for result in results
+    ]
     assert_one_verdict_each(combined_output(outs, tmp_path / "out"), hostile["target_sha256"])
     for out in outs:  # the target's bytes are in no per-source output either
         for path in out.rglob("*"):
             assert not path.is_file() or hostile["target_sha256"].encode() not in path.read_bytes(), path
     assert snapshot(raw, hostile["outside"]) == before
     lake = tmp_path / "state" / "lake"
-    written = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(tmp_path / "state")
-               and not p.is_relative_to(tmp_path / "dagster") and not p.is_relative_to(tmp_path / "out")]
+    written = [
+        p
+        for p in tmp_path.rglob("*")
+        if p.is_file()
+        and not p.is_relative_to(tmp_path / "state")
+        and not p.is_relative_to(tmp_path / "dagster")
+        and not p.is_relative_to(tmp_path / "out")
+    ]
     assert not written, f"written outside the state folder: {written[:5]}"
     assert lake.is_dir()
 
@@ -269,9 +323,16 @@ def _inventory(client, keys: dict[str, bytes]) -> str:
     for key, body in keys.items():
         rows.write(f'"zero-hostile","{quote_plus(key, safe="/")}","{len(body)}","{hashlib.md5(body).hexdigest()}"\n')
     client.create_bucket(Bucket="zero-inventory")
-    client.put_object(Bucket="zero-inventory", Key="daily/data/part-0.csv.gz", Body=gzip.compress(rows.getvalue().encode()))
-    manifest = {"sourceBucket": "zero-hostile", "destinationBucket": "arn:aws:s3:::zero-inventory", "fileFormat": "CSV",
-                "fileSchema": "Bucket, Key, Size, ETag", "files": [{"key": "daily/data/part-0.csv.gz"}]}
+    client.put_object(
+        Bucket="zero-inventory", Key="daily/data/part-0.csv.gz", Body=gzip.compress(rows.getvalue().encode())
+    )
+    manifest = {
+        "sourceBucket": "zero-hostile",
+        "destinationBucket": "arn:aws:s3:::zero-inventory",
+        "fileFormat": "CSV",
+        "fileSchema": "Bucket, Key, Size, ETag",
+        "files": [{"key": "daily/data/part-0.csv.gz"}],
+    }
     client.put_object(Bucket="zero-inventory", Key="daily/manifest.json", Body=json.dumps(manifest).encode())
     return "s3://zero-inventory/daily/manifest.json"
 
@@ -281,36 +342,78 @@ def test_s3_keys_are_never_read_as_another_objects_bytes(s3_server, tmp_path, mo
         monkeypatch.setenv(name, value)
     client = s3_server.client()
     client.create_bucket(Bucket="zero-hostile")
-    stored = {"raw/cam/a.jpg": jpeg(1), "raw/cam/b.jpg": jpeg(2), "raw/cam/new\nline.jpg": jpeg(3), "raw/": b"", "raw/cam/": b""}
-    coco = {"categories": [{"id": 1, "name": "part"}], "annotations": [],
-            "images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}]}
+    stored = {
+        "raw/cam/a.jpg": jpeg(1),
+        "raw/cam/b.jpg": jpeg(2),
+        "raw/cam/new\nline.jpg": jpeg(3),
+        "raw/": b"",
+        "raw/cam/": b"",
+    }
+    coco = {
+        "categories": [{"id": 1, "name": "part"}],
+        "annotations": [],
+        "images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}],
+    }
     stored["raw/cam/annotations.json"] = json.dumps(coco).encode()
     for key, body in stored.items():
         client.put_object(Bucket="zero-hostile", Key=key, Body=body)
 
     listed = build_raw_index("s3://zero-hostile/raw")
-    assert sorted(listed.frame["key"]) == ["cam/a.jpg", "cam/b.jpg", "cam/new\\x0aline.jpg"], "folder markers are not objects"
+    assert sorted(listed.frame["key"]) == ["cam/a.jpg", "cam/b.jpg", "cam/new\\x0aline.jpg"], (
+        "folder markers are not objects"
+    )
 
     # Real S3 keeps these as objects of their own; each must get its own verdict, never a.jpg's bytes.
-    only_listed = {"raw/cam/./a.jpg": jpeg(7), "raw/cam//a.jpg": jpeg(8), "raw/cam/../escape.jpg": jpeg(9), "raw//absolute.jpg": jpeg(10)}
-    index = build_raw_index("s3://zero-hostile/raw", inventory_manifest_uri=_inventory(client, {**stored, **only_listed}))
+    only_listed = {
+        "raw/cam/./a.jpg": jpeg(7),
+        "raw/cam//a.jpg": jpeg(8),
+        "raw/cam/../escape.jpg": jpeg(9),
+        "raw//absolute.jpg": jpeg(10),
+    }
+    index = build_raw_index(
+        "s3://zero-hostile/raw", inventory_manifest_uri=_inventory(client, {**stored, **only_listed})
+    )
     write_table(index.frame, RAW_INDEX, tmp_path / "index" / "index.parquet")
     local = tmp_path / "work" / "raw"  # as the local runner lays out an s3:// input
     download_prefix("s3://zero-hostile/raw", local)
     out = tmp_path / "work" / "out"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {"ZERO_OPT_ML": str(tmp_path / "work" / "opt_ml")}
-    command = [sys.executable, "-m", "training_code.validate", "--index", str(tmp_path / "index"), "--raw", str(local), "--out", str(out), "--workers", "1",
-               "--max-quarantine-rate", "0.9"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {
+        "ZERO_OPT_ML": str(tmp_path / "work" / "opt_ml")
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "training_code.validate",
+        "--index",
+        str(tmp_path / "index"),
+        "--raw",
+        str(local),
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--max-quarantine-rate",
+        "0.9",
+    ]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     tables = read_tables(out)
     reasons = tables["quarantine"].set_index("key")["reason"].to_dict()
-    assert reasons == {"cam/./a.jpg": "unsafe_key", "cam//a.jpg": "unsafe_key", "cam/../escape.jpg": "unsafe_key",
-                       "/absolute.jpg": "unsafe_key", "cam/new\\x0aline.jpg": "unsafe_key"}
+    assert reasons == {
+        "cam/./a.jpg": "unsafe_key",
+        "cam//a.jpg": "unsafe_key",
+        "cam/../escape.jpg": "unsafe_key",
+        "/absolute.jpg": "unsafe_key",
+        "cam/new\\x0aline.jpg": "unsafe_key",
+    }
     accepted = tables["accepted"].set_index("key")["sha256"].to_dict()
-    assert accepted == {"cam/a.jpg": hashlib.sha256(jpeg(1)).hexdigest(), "cam/b.jpg": hashlib.sha256(jpeg(2)).hexdigest()}
+    assert accepted == {
+        "cam/a.jpg": hashlib.sha256(jpeg(1)).hexdigest(),
+        "cam/b.jpg": hashlib.sha256(jpeg(2)).hexdigest(),
+    }
     assert sorted(p.relative_to(tmp_path / "work").as_posix() for p in (tmp_path / "work").rglob("*.jpg")) == [
-        "raw/cam/a.jpg", "raw/cam/b.jpg"
+        "raw/cam/a.jpg",
+        "raw/cam/b.jpg",
     ], "an unsafe key was downloaded, or landed outside its folder"
     assert not list(tmp_path.rglob("escape.jpg")) and not list(tmp_path.rglob("absolute.jpg"))
 
@@ -326,16 +429,42 @@ def test_a_symlink_swapped_in_after_validation_fails_the_shard_job_unread(tmp_pa
         coco["images"].append({"id": n, "file_name": name})
     (raw / "cam" / "annotations.json").write_text(json.dumps(coco))
     index_hostile_root(raw, tmp_path / "index")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {"ZERO_OPT_ML": str(tmp_path / "opt_ml")}
-    validate = [sys.executable, "-m", "training_code.validate", "--index", str(tmp_path / "index"), "--raw", str(raw),
-                "--out", str(tmp_path / "validated"), "--workers", "1"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {
+        "ZERO_OPT_ML": str(tmp_path / "opt_ml")
+    }
+    validate = [
+        sys.executable,
+        "-m",
+        "training_code.validate",
+        "--index",
+        str(tmp_path / "index"),
+        "--raw",
+        str(raw),
+        "--out",
+        str(tmp_path / "validated"),
+        "--workers",
+        "1",
+    ]
     assert subprocess.run(validate, cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 0
     (raw / "cam" / "b.jpg").unlink()
     (raw / "cam" / "b.jpg").symlink_to(outside / "target.jpg")  # after validation accepted cam/b.jpg
-    shard = [sys.executable, "-m", "training_code.shard", "--validated", str(tmp_path / "validated"), "--raw", str(raw),
-             "--out", str(tmp_path / "shards"), "--workers", "1"]
+    shard = [
+        sys.executable,
+        "-m",
+        "training_code.shard",
+        "--validated",
+        str(tmp_path / "validated"),
+        "--raw",
+        str(raw),
+        "--out",
+        str(tmp_path / "shards"),
+        "--workers",
+        "1",
+    ]
     result = subprocess.run(shard, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0 and "cam/b.jpg" in result.stderr and "outside_root" in result.stderr, result.stderr[-2000:]
+    assert result.returncode != 0 and "cam/b.jpg" in result.stderr and "outside_root" in result.stderr, result.stderr[
+        -2000:
+    ]
     assert not (tmp_path / "shards" / "manifest.json").exists()
     target = (outside / "target.jpg").read_bytes()
     for path in tmp_path.rglob("*"):

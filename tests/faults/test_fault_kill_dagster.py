@@ -18,12 +18,19 @@ from process_tree import alive, descendants
 
 from zero_assets.cache import OUTPUT_MARKER, output_is_complete
 
-SECRETS = {"DAGSTER_PG_PASSWORD": "pg-secret", "WANDB_API_KEY": "wandb-secret", "SECRET": "random-secret",
-           "AWS_SECRET_ACCESS_KEY": "aws-secret", "ZERO_API_TOKEN": "zero-secret"}
+SECRETS = {
+    "DAGSTER_PG_PASSWORD": "pg-secret",
+    "WANDB_API_KEY": "wandb-secret",
+    "SECRET": "random-secret",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret",
+    "ZERO_API_TOKEN": "zero-secret",
+}
 
 
 @pytest.mark.parametrize("asset, processes", [("fault_output", 1), ("fault_training", 3)])
-def test_kill_9_of_dagster_kills_the_job_and_its_children_then_a_rerun_completes(tmp_path, tiny_raw_root, asset, processes):
+def test_kill_9_of_dagster_kills_the_job_and_its_children_then_a_rerun_completes(
+    tmp_path, tiny_raw_root, asset, processes
+):
     lab = make_lab(tmp_path, tiny_raw_root)
     dagster = lab.start(asset, env={"ZERO_FAULT_PAUSE_AT": "writing"})
     ranks = 2 if asset == "fault_training" else 1
@@ -52,4 +59,6 @@ def test_kill_9_of_dagster_kills_the_job_and_its_children_then_a_rerun_completes
     seen = set(json.loads(seen_file.read_text()))
     assert not seen & set(SECRETS), f"secrets of the Dagster process reached the job: {sorted(seen & set(SECRETS))}"
     assert {"PATH", "HOME", "ZERO_OPT_ML", "PYTHONPATH", "DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES"} <= seen
-    assert "DAGSTER_HOME" not in seen and all(not name.startswith("AWS_") for name in seen), "no S3 input: no AWS settings"
+    assert "DAGSTER_HOME" not in seen and all(not name.startswith("AWS_") for name in seen), (
+        "no S3 input: no AWS settings"
+    )

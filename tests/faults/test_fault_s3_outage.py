@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, materialize
+from dagster import AssetKey
 from graph_runs import materialize_source
 
 from training_code.lib import storage
@@ -33,8 +33,10 @@ from zero_assets.resources import LocalJobRunner, ZeroSettings
 BUCKET = "zero-faults"
 SOURCE = "line_a_camera"
 OUTAGE_S = 20.0
-SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-             b"<Message>Please reduce your request rate.</Message><RequestId>fault-proxy</RequestId></Error>")
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message><RequestId>fault-proxy</RequestId></Error>"
+)
 
 
 class FaultProxy:
@@ -165,7 +167,11 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(SLOW_DOWN)
             return
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("transfer-encoding", "connection", "content-length")}
+        headers = {
+            k: v
+            for k, v in self.headers.items()
+            if k.lower() not in ("transfer-encoding", "connection", "content-length")
+        }
         headers["Content-Length"] = str(len(body))
         upstream = http.client.HTTPConnection(*self.fault_proxy.upstream, timeout=60)
         try:
@@ -271,7 +277,9 @@ def test_an_outage_in_the_middle_of_a_run_is_ridden_out(proxy, tiny_raw_root, in
     proxy.outage_on(_third_published_file(), OUTAGE_S)
 
     started = time.monotonic()
-    result = materialize_source(SOURCE, instance=instance, resources=_resources(root, tmp_path), assets=[raw_image_index, validated_images])
+    result = materialize_source(
+        SOURCE, instance=instance, resources=_resources(root, tmp_path), assets=[raw_image_index, validated_images]
+    )
     assert result.success
     assert proxy.outage_started is not None and proxy.refused > 0, "the outage happened during the run"
     assert proxy.outage_ended - proxy.outage_started == OUTAGE_S and time.monotonic() - started > OUTAGE_S
@@ -279,7 +287,9 @@ def test_an_outage_in_the_middle_of_a_run_is_ridden_out(proxy, tiny_raw_root, in
     assert output_is_complete(uri, fingerprint), "every file the manifest names is there, marker last"
 
 
-def test_an_outage_past_the_retry_window_names_the_endpoint_and_the_rerun_completes(proxy, tiny_raw_root, instance, tmp_path, monkeypatch):
+def test_an_outage_past_the_retry_window_names_the_endpoint_and_the_rerun_completes(
+    proxy, tiny_raw_root, instance, tmp_path, monkeypatch
+):
     root = f"s3://{BUCKET}/{tmp_path.name}"
     storage.publish_folder(tiny_raw_root, f"{root}/raw")
     resources = _resources(root, tmp_path)
@@ -287,7 +297,9 @@ def test_an_outage_past_the_retry_window_names_the_endpoint_and_the_rerun_comple
     monkeypatch.setenv("ZERO_AWS_MAX_ATTEMPTS", "2")
     proxy.outage_on(_third_published_file(), 12.0)
 
-    failed = materialize_source(SOURCE, instance=instance, resources=resources, raise_on_error=False, assets=[raw_image_index, validated_images])
+    failed = materialize_source(
+        SOURCE, instance=instance, resources=resources, raise_on_error=False, assets=[raw_image_index, validated_images]
+    )
     assert not failed.success and proxy.refused > 0
     message = failed.get_step_failure_events()[0].step_failure_data.error.to_string()  # with the errors it wraps
     assert proxy.endpoint_url in message and f"{root}/lake/validated_images/{SOURCE}/" in message, message
@@ -295,8 +307,9 @@ def test_an_outage_past_the_retry_window_names_the_endpoint_and_the_rerun_comple
     while proxy.in_outage():
         time.sleep(0.2)
     published = {o.key for o in storage.list_objects(f"{root}/lake/validated_images")}
-    assert published and not any(k.endswith(("_output.json", "manifest.json")) for k in published), \
+    assert published and not any(k.endswith(("_output.json", "manifest.json")) for k in published), (
         f"cut off mid-publication, without manifest or marker: {sorted(published)}"
+    )
     monkeypatch.delenv("ZERO_AWS_RETRY_WINDOW_S")
     monkeypatch.delenv("ZERO_AWS_MAX_ATTEMPTS")
     rerun = materialize_source(SOURCE, instance=instance, resources=resources, assets=[validated_images])

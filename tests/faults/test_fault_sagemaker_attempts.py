@@ -21,8 +21,8 @@ import sys
 
 import pytest
 from dagster import AssetKey, asset, materialize
-
 from sagemaker_fakes import FakeSageMaker, ThrottledLogs, fake_aws, fake_settings
+
 from zero_assets.cache import mark_output_complete
 from zero_assets.job_request import JobRequest
 from zero_assets.resources import SageMakerJobRunner, ZeroSettings, sagemaker_runner
@@ -72,16 +72,28 @@ def backend(moto_endpoint, tmp_path, monkeypatch):
 def make_runner(backend, messages: str = "s3") -> SageMakerJobRunner:
     root = f"s3://{BUCKET}/{backend['prefix']}"
     aws = fake_settings(
-        bucket=BUCKET, prefix=backend["prefix"], map_report=JobCompute(instance_type="ml.m5.large"), poll_interval_s=0.2, messages=messages,
+        bucket=BUCKET,
+        prefix=backend["prefix"],
+        map_report=JobCompute(instance_type="ml.m5.large"),
+        poll_interval_s=0.2,
+        messages=messages,
     )
-    return SageMakerJobRunner(settings=ZeroSettings(raw_uri=f"{root}/raw", lake_uri=f"{root}/lake", backend="sagemaker"), aws=aws)
+    return SageMakerJobRunner(
+        settings=ZeroSettings(raw_uri=f"{root}/raw", lake_uri=f"{root}/lake", backend="sagemaker"), aws=aws
+    )
 
 
 def request_for(backend) -> JobRequest:
     root = f"s3://{BUCKET}/{backend['prefix']}"
     fingerprint = backend["fingerprint"]
-    return JobRequest(asset="map_report", kind="processing", module="zero_attempt_jobs.job", fingerprint=fingerprint,
-                      inputs={"raw": f"{root}/raw"}, outputs={"out": f"{root}/lake/map_report/{fingerprint[:16]}"})
+    return JobRequest(
+        asset="map_report",
+        kind="processing",
+        module="zero_attempt_jobs.job",
+        fingerprint=fingerprint,
+        inputs={"raw": f"{root}/raw"},
+        outputs={"out": f"{root}/lake/map_report/{fingerprint[:16]}"},
+    )
 
 
 def run_job(runner: SageMakerJobRunner, request: JobRequest, instance) -> dict:
@@ -105,7 +117,9 @@ def test_completed_attempt_with_missing_output_is_not_reused(backend, instance):
     runner, request = make_runner(backend), request_for(backend)
     attempt = lambda n: job_name("map_report", request.fingerprint, n)  # noqa: E731
     first = run_job(runner, request, instance)
-    assert first["job"] == attempt(1) and json.loads(first["inputs"]) == ["a.txt", "b/c.txt"], "the input is raw/, not raw-old/"
+    assert first["job"] == attempt(1) and json.loads(first["inputs"]) == ["a.txt", "b/c.txt"], (
+        "the input is raw/, not raw-old/"
+    )
     out_key = f"{backend['prefix']}/lake/map_report/{request.fingerprint[:16]}/result.txt"
     backend["s3"].delete_object(Bucket=BUCKET, Key=out_key)  # the rebuild is asked for because the output is gone
 
@@ -122,10 +136,14 @@ def test_completed_attempt_whose_messages_are_gone_counts_as_failed(backend, ins
     mark_output_complete(request.outputs["out"], request.fingerprint)  # complete: the attempt qualifies for reuse
     s3 = backend["s3"]
     messages = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{backend['prefix']}/pipes/{attempt(1)}/messages/")["Contents"]
-    s3.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": m["Key"]} for m in messages]})  # expired by the lifecycle rule
+    s3.delete_objects(
+        Bucket=BUCKET, Delete={"Objects": [{"Key": m["Key"]} for m in messages]}
+    )  # expired by the lifecycle rule
 
     again = run_job(runner, request, instance)
-    assert launched(backend["fake"]) == [attempt(1), attempt(2)], "the reattached attempt had no report: the next one ran"
+    assert launched(backend["fake"]) == [attempt(1), attempt(2)], (
+        "the reattached attempt had no report: the next one ran"
+    )
     assert again["job"] == attempt(2) and json.loads(again["inputs"]) == ["a.txt", "b/c.txt"]
 
 
@@ -133,12 +151,21 @@ def test_stopping_attempt_is_waited_for_before_the_next_starts(backend, instance
     runner, request = make_runner(backend), request_for(backend)
     attempt = lambda n: job_name("map_report", request.fingerprint, n)  # noqa: E731
     fake = backend["fake"]
-    _, stopping = build_job_params(request, runner.aws, job_name=attempt(1), code=backend["package"], environment={}, lake_uri=runner.settings.lake_uri)
+    _, stopping = build_job_params(
+        request,
+        runner.aws,
+        job_name=attempt(1),
+        code=backend["package"],
+        environment={},
+        lake_uri=runner.settings.lake_uri,
+    )
     fake.add_stopping_job("processing", stopping, polls=4)
 
     assert run_job(runner, request, instance)["job"] == attempt(2)
     assert launched(fake) == [attempt(2)]
-    assert fake.seen_at_create[attempt(2)][attempt(1)] == "Stopped", "attempt 2 was created only after attempt 1 had stopped"
+    assert fake.seen_at_create[attempt(2)][attempt(1)] == "Stopped", (
+        "attempt 2 was created only after attempt 1 had stopped"
+    )
     assert fake.calls.count(("Describeprocessing", attempt(1))) >= 5, "polled while it was Stopping"
 
 
@@ -149,7 +176,9 @@ def test_throttled_cloudwatch_does_not_fail_the_run(backend, instance):
     attempt = lambda n: job_name("map_report", request.fingerprint, n)  # noqa: E731
 
     reported = run_job(runner, request, instance)
-    assert reported["job"] == attempt(1) and json.loads(reported["inputs"]) == ["a.txt", "b/c.txt"], "the report came through"
+    assert reported["job"] == attempt(1) and json.loads(reported["inputs"]) == ["a.txt", "b/c.txt"], (
+        "the report came through"
+    )
     assert throttled.refused >= 4, f"CloudWatch refused {throttled.refused} of {throttled.reads} reads"
     assert launched(backend["fake"]) == [attempt(1)]
 
@@ -164,11 +193,15 @@ def test_throttled_sagemaker_describe_does_not_fail_the_run(backend, instance):
 
 
 def test_job_backed_assets_carry_a_retry_policy_on_sagemaker():
-    probe = ("from zero_assets.assets import ALL_ASSETS; "
-             "print({a.key.to_user_string(): a.op.retry_policy.max_retries if a.op.retry_policy else 0 for a in ALL_ASSETS})")
+    probe = (
+        "from zero_assets.assets import ALL_ASSETS; "
+        "print({a.key.to_user_string(): a.op.retry_policy.max_retries if a.op.retry_policy else 0 for a in ALL_ASSETS})"
+    )
     env = {**os.environ, "ZERO_BACKEND": "sagemaker"}
     env.pop("ZERO_JOB_RETRIES", None)
-    found = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout
+    found = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True, cwd=REPO_ROOT
+    ).stdout
     retries = eval(found)  # noqa: S307 - our own probe's printed dict
     assert retries.pop("raw_image_index") == 0 and retries.pop("training_set") == 0  # no job behind them
     assert set(retries.values()) == {2}, retries

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from dagster._core.storage.tags import RUN_KEY_TAG
-
 from sensor_ticks import SensorDaemon
+
 from zero_assets.resources import ZeroSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,8 +51,14 @@ def package_copy(tmp_path) -> Path:
 
 def _materialize_index(code: Path, raw: Path, lake: Path, home: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code), "DAGSTER_HOME": str(home)}
-    done = subprocess.run([sys.executable, "-c", MATERIALIZE_INDEX, str(raw), str(lake)], cwd=code, env=env,
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [sys.executable, "-c", MATERIALIZE_INDEX, str(raw), str(lake)],
+        cwd=code,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["package"].startswith(str(code)), "the subprocess must run the copied (edited) code"
@@ -64,16 +70,24 @@ def test_editing_the_index_code_changes_its_folder_and_data_version(package_copy
     home.mkdir()
     first = _materialize_index(package_copy, tiny_raw_root, lake, home)
     again = _materialize_index(package_copy, tiny_raw_root, lake, home)
-    assert (again["cache"], again["dagster/uri"], again["data_version"]) == ("hit", first["dagster/uri"], first["data_version"])
+    assert (again["cache"], again["dagster/uri"], again["data_version"]) == (
+        "hit",
+        first["dagster/uri"],
+        first["data_version"],
+    )
 
     # A comment is enough: the code version is derived from the source files, not typed by hand.
     raw_index = package_copy / "training_code" / "lib" / "raw_index.py"  # what both the asset and the index job run
     raw_index.write_text(raw_index.read_text() + "\n# reviewed: no behaviour change\n")
     edited = _materialize_index(package_copy, tiny_raw_root, lake, home)
     assert edited["cache"] == "miss"
-    assert edited["dagster/uri"] != first["dagster/uri"], "an index built by other code must not share the old output folder"
+    assert edited["dagster/uri"] != first["dagster/uri"], (
+        "an index built by other code must not share the old output folder"
+    )
     assert edited["data_version"] != first["data_version"], "downstream must see the index as changed"
-    assert (Path(edited["dagster/uri"]) / "index.parquet").is_file() and (Path(first["dagster/uri"]) / "index.parquet").is_file()
+    assert (Path(edited["dagster/uri"]) / "index.parquet").is_file() and (
+        Path(first["dagster/uri"]) / "index.parquet"
+    ).is_file()
 
 
 @pytest.fixture
@@ -83,11 +97,15 @@ def raw_root(tiny_raw_root, tmp_path) -> Path:
     return root
 
 
-def test_every_change_launches_one_run_per_changed_source_and_a_return_to_an_earlier_state_is_not_dropped(instance, raw_root):
+def test_every_change_launches_one_run_per_changed_source_and_a_return_to_an_earlier_state_is_not_dropped(
+    instance, raw_root
+):
     # SensorDaemon (tests/sensor_ticks.py) drops a request whose run key this sensor used before, as the daemon does.
     daemon = SensorDaemon(instance, ZeroSettings(raw_uri=str(raw_root)))
     first, launched = daemon.tick()
-    assert sorted(r.partition_key for r in launched) == ["line_a_camera", "line_b_camera", "warehouse_scanner"], "one run per source"
+    assert sorted(r.partition_key for r in launched) == ["line_a_camera", "line_b_camera", "warehouse_scanner"], (
+        "one run per source"
+    )
     first_versions = {r.partition_key: r.tags["zero/raw_version"] for r in launched}
     assert daemon.tick()[1] == [] and daemon.tick()[0].skip_message, "an unchanged root launches nothing"
 
@@ -99,8 +117,12 @@ def test_every_change_launches_one_run_per_changed_source_and_a_return_to_an_ear
 
     added.unlink()  # back to the first state: its version was seen before
     _, launched = daemon.tick()
-    assert [r.partition_key for r in launched] == ["warehouse_scanner"], "removing the image is a change too; Dagster must not drop its run"
-    assert launched[0].tags["zero/raw_version"] == first_versions["warehouse_scanner"], "the same state has the same data version"
+    assert [r.partition_key for r in launched] == ["warehouse_scanner"], (
+        "removing the image is a change too; Dagster must not drop its run"
+    )
+    assert launched[0].tags["zero/raw_version"] == first_versions["warehouse_scanner"], (
+        "the same state has the same data version"
+    )
 
     annotations = raw_root / "line_b_camera" / "annotations.json"
     coco = json.loads(annotations.read_text())

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import torch
 
+from own_trainer.detector import load_detector
 from training_code.lib import job_env
 from training_code.lib.coco_eval import score_detections
 from training_code.lib.detection_data import iter_eval_samples, verified_split
 from training_code.lib.hashing import sha256_file
 from training_code.lib.output_manifest import write_output_manifest
-
-from own_trainer.detector import load_detector
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -43,16 +42,39 @@ def evaluate(args: argparse.Namespace) -> dict:
             images.append({"id": image_id, "file_name": sample.key, "width": sample.width, "height": sample.height})
             for box, label in zip(sample.boxes.tolist(), sample.labels.tolist()):
                 w, h = box[2] - box[0], box[3] - box[1]
-                annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": int(label),
-                                    "bbox": [box[0], box[1], w, h], "area": w * h, "iscrowd": 0})
+                annotations.append(
+                    {
+                        "id": len(annotations) + 1,
+                        "image_id": image_id,
+                        "category_id": int(label),
+                        "bbox": [box[0], box[1], w, h],
+                        "area": w * h,
+                        "iscrowd": 0,
+                    }
+                )
             (output,) = model([sample.image.float().div(255)])
-            for box, label, score in zip(output["boxes"].tolist(), output["labels"].tolist(), output["scores"].tolist()):
+            for box, label, score in zip(
+                output["boxes"].tolist(), output["labels"].tolist(), output["scores"].tolist()
+            ):
                 if label >= 1 and score >= args.score_threshold and box[2] > box[0] and box[3] > box[1]:
-                    predictions.append({"image_id": image_id, "category_id": int(label), "score": score,
-                                        "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]]})
-    scores = score_detections(predictions, {"images": images, "annotations": annotations, "categories": manifest["categories"]})
-    metrics = {"mAP": scores["mAP"], "mAP_50": scores["mAP_50"], "val_images": len(images), "predictions": len(predictions),
-               "model_step": payload["step"]}
+                    predictions.append(
+                        {
+                            "image_id": image_id,
+                            "category_id": int(label),
+                            "score": score,
+                            "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]],
+                        }
+                    )
+    scores = score_detections(
+        predictions, {"images": images, "annotations": annotations, "categories": manifest["categories"]}
+    )
+    metrics = {
+        "mAP": scores["mAP"],
+        "mAP_50": scores["mAP_50"],
+        "val_images": len(images),
+        "predictions": len(predictions),
+        "model_step": payload["step"],
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "metrics.json").write_text(json.dumps(metrics))
     write_output_manifest(args.out, ["metrics.json"], format="own-ssdlite-eval/1")  # last: the report is complete

@@ -14,12 +14,11 @@ import random
 
 import torch
 
+from own_trainer.detector import MODEL_FILE, build_detector, save_atomic
 from training_code.lib import job_env
 from training_code.lib.detection_data import iter_eval_samples, verified_split
 from training_code.lib.hashing import sha256_file
 from training_code.lib.output_manifest import write_output_manifest
-
-from own_trainer.detector import MODEL_FILE, build_detector, save_atomic
 
 CHECKPOINT = "ssd-last.pt"
 
@@ -63,16 +62,27 @@ def train(args: argparse.Namespace) -> dict:
         optimizer.step()
         step += 1
         if step % args.checkpoint_every == 0 or step == args.max_steps:
-            save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, checkpoint_path)
+            save_atomic(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, checkpoint_path
+            )
     model_path = job_env.model_dir() / MODEL_FILE
-    save_atomic({"model": model.state_dict(), "num_classes": num_classes, "categories": manifest["categories"], "step": step}, model_path)
+    save_atomic(
+        {"model": model.state_dict(), "num_classes": num_classes, "categories": manifest["categories"], "step": step},
+        model_path,
+    )
     write_output_manifest(model_path.parent, [MODEL_FILE], format="own-ssdlite/1")  # last: the output is complete
-    return {"steps": step, "final_loss": None if loss is None else round(loss.item(), 4), "dagster/row_count": len(samples),
-            "model_sha256": sha256_file(model_path)}
+    return {
+        "steps": step,
+        "final_loss": None if loss is None else round(loss.item(), 4),
+        "dagster/row_count": len(samples),
+        "model_sha256": sha256_file(model_path),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
-    args, _ = get_args_parser().parse_known_args(argv)  # the graph passes every TrainConfig field; this trainer uses some
+    args, _ = get_args_parser().parse_known_args(
+        argv
+    )  # the graph passes every TrainConfig field; this trainer uses some
     with job_env.pipes_session() as pipes:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise SystemExit("own_trainer.train_ssd trains in one process: set trained_checkpoint's `processes` to 1")

@@ -19,7 +19,9 @@ from .storage import is_s3, join, key_problem, s3_call, s3_client, split_s3, wri
 
 log = logging.getLogger("zero.validate")
 
-REFUSED_ANNOTATIONS = "refused.txt"  # beside a passed-on file: why a map host did not read that source's annotations.json
+REFUSED_ANNOTATIONS = (
+    "refused.txt"  # beside a passed-on file: why a map host did not read that source's annotations.json
+)
 
 
 def load_annotations(
@@ -45,10 +47,12 @@ def load_annotations(
             log.warning("source %r has no %s: all its images are reported as image_without_annotation", source, key)
             continue
         try:
-            parsed[source] = parse_annotations(source, read_limited(locate(raw, key, via_links), max_bytes), key, max_bytes)
+            parsed[source] = parse_annotations(
+                source, read_limited(locate(raw, key, via_links), max_bytes), key, max_bytes
+            )
         except (AnnotationError, Refused, OSError) as error:
             errors[source] = annotation_error(key, error)
-    for source, error in sorted(errors.items()):
+    for _source, error in sorted(errors.items()):
         log.error("%s; its images are reported as image_without_annotation, the other sources go on", error)
     return parsed, errors
 
@@ -70,7 +74,9 @@ def copy_annotation_files(raw: Path, dest: Path, max_bytes: int) -> int:
         if key_problem(key):
             continue  # its images are unsafe_key verdicts; nothing may be written under that name
         try:
-            write_bytes_atomic(dest / source / ANNOTATIONS_FILE, read_limited(locate(raw, key, via_links=True), max_bytes))
+            write_bytes_atomic(
+                dest / source / ANNOTATIONS_FILE, read_limited(locate(raw, key, via_links=True), max_bytes)
+            )
         except (Refused, OSError) as error:
             write_bytes_atomic(dest / source / REFUSED_ANNOTATIONS, annotation_error(key, error).encode())
     return len(sources)
@@ -92,20 +98,31 @@ def count_source_annotations(raw_uri: str, source: str, max_bytes: int) -> Annot
     the root. The counts dict grows with the source's annotated images (about 100-150 bytes each)."""
     key = f"{source}/{ANNOTATIONS_FILE}"
     where = join(raw_uri, key)
-    size, etag, raw = _read_s3_annotations(raw_uri, key, max_bytes) if is_s3(raw_uri) else _read_local_annotations(Path(raw_uri), key, max_bytes)
+    size, etag, raw = (
+        _read_s3_annotations(raw_uri, key, max_bytes)
+        if is_s3(raw_uri)
+        else _read_local_annotations(Path(raw_uri), key, max_bytes)
+    )
     if size is None:
         return AnnotationCounts({}, 0, None, None)
     identity = (size, etag)
     if isinstance(raw, Refused):
         return AnnotationCounts({}, 0, f"{where}: {raw.reason}: {raw.detail}", identity)
     if raw is None:
-        return AnnotationCounts({}, 0, f"{where}: {size} bytes, above the annotation file limit of {max_bytes}; raise the limit or split the source", identity)
+        return AnnotationCounts(
+            {},
+            0,
+            f"{where}: {size} bytes, above the annotation file limit of {max_bytes}; raise the limit or split the source",
+            identity,
+        )
     try:
         parsed = parse_annotations(source, raw, where, max_bytes, keep=INDEX_FIELDS)
     except AnnotationError as error:
         return AnnotationCounts({}, 0, str(error), identity)
     del raw
-    return AnnotationCounts({name: len(anns) for name, anns in parsed.by_file.items()}, len(parsed.rejected), None, identity)
+    return AnnotationCounts(
+        {name: len(anns) for name, anns in parsed.by_file.items()}, len(parsed.rejected), None, identity
+    )
 
 
 def _read_local_annotations(raw: Path, key: str, max_bytes: int) -> tuple[int | None, str, bytes | Refused | None]:

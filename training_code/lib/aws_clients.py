@@ -39,10 +39,26 @@ FIRST_DELAY_S, MAX_DELAY_S = 0.5, 8.0
 
 # ClientError codes that mean "try again later", whatever the service.
 RETRYABLE_CODES = {
-    "SlowDown", "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled", "RequestLimitExceeded",
-    "TooManyRequestsException", "ProvisionedThroughputExceededException", "RequestThrottledException", "LimitExceededException",
-    "ServiceUnavailable", "ServiceUnavailableException", "InternalError", "InternalFailure", "InternalServerError",
-    "RequestTimeout", "RequestTimeoutException", "PriorRequestNotComplete", "BandwidthLimitExceeded", "EC2ThrottledException",
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottled",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
+    "ProvisionedThroughputExceededException",
+    "RequestThrottledException",
+    "LimitExceededException",
+    "ServiceUnavailable",
+    "ServiceUnavailableException",
+    "InternalError",
+    "InternalFailure",
+    "InternalServerError",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "PriorRequestNotComplete",
+    "BandwidthLimitExceeded",
+    "EC2ThrottledException",
 }
 
 _lock = threading.Lock()
@@ -99,11 +115,21 @@ def _credentials_key(access_key: str | None, secret_key: str | None) -> str:
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 
-def client(service: str, *, region: str | None = None, endpoint_url: str | None = None,
-           access_key: str | None = None, secret_key: str | None = None, max_attempts: int | None = None):
+def client(
+    service: str,
+    *,
+    region: str | None = None,
+    endpoint_url: str | None = None,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+    max_attempts: int | None = None,
+):
     """The process's shared boto3 client for `service` (thread-safe to use from many threads)."""
     credentials = _credentials_key(access_key, secret_key)
-    attempts, timeouts = os.environ.get("ZERO_AWS_MAX_ATTEMPTS"), (os.environ.get("ZERO_AWS_CONNECT_TIMEOUT_S"), os.environ.get("ZERO_AWS_READ_TIMEOUT_S"))
+    attempts, timeouts = (
+        os.environ.get("ZERO_AWS_MAX_ATTEMPTS"),
+        (os.environ.get("ZERO_AWS_CONNECT_TIMEOUT_S"), os.environ.get("ZERO_AWS_READ_TIMEOUT_S")),
+    )
     key = (os.getpid(), service, region, endpoint_url or None, credentials, max_attempts or attempts, timeouts)
     found = _clients.get(key)
     if found is not None:
@@ -117,7 +143,13 @@ def client(service: str, *, region: str | None = None, endpoint_url: str | None 
             session_key = (os.getpid(), credentials)
             session = _sessions.get(session_key) or _sessions.setdefault(session_key, boto3.session.Session())
             explicit = {"aws_access_key_id": access_key, "aws_secret_access_key": secret_key} if access_key else {}
-            found = session.client(service, region_name=region, endpoint_url=endpoint_url or None, config=client_config(service, max_attempts), **explicit)
+            found = session.client(
+                service,
+                region_name=region,
+                endpoint_url=endpoint_url or None,
+                config=client_config(service, max_attempts),
+                **explicit,
+            )
             _clients[key] = found
     return found
 
@@ -147,7 +179,18 @@ def is_retryable(error: BaseException) -> bool:
             code = item.response.get("Error", {}).get("Code", "")
             status = item.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
             return code in RETRYABLE_CODES or status >= 500 or status == 429
-        if isinstance(item, (ConnectionError, HTTPClientError, IncompleteReadError, Urllib3Error, socket.timeout, ConnectionResetError, BrokenPipeError)):
+        if isinstance(
+            item,
+            (
+                ConnectionError,
+                HTTPClientError,
+                IncompleteReadError,
+                Urllib3Error,
+                socket.timeout,
+                ConnectionResetError,
+                BrokenPipeError,
+            ),
+        ):
             return True
     return False
 

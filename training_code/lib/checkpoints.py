@@ -72,8 +72,10 @@ def lock_for_writing(folder: Path) -> None:
         handle.seek(0)
         holder = handle.read().strip() or "unknown"
         handle.close()
-        raise CheckpointFolderBusy(f"{folder} is being written by another training job ({holder}); two writers would "
-                                   "interleave checkpoints. Wait for it to end, or point ZERO_CHECKPOINT_DIR elsewhere") from None
+        raise CheckpointFolderBusy(
+            f"{folder} is being written by another training job ({holder}); two writers would "
+            "interleave checkpoints. Wait for it to end, or point ZERO_CHECKPOINT_DIR elsewhere"
+        ) from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()} job {job_name()}\n")
@@ -112,8 +114,9 @@ class ResumePoint:
     data_continues: bool = True  # the stream can pick up exactly where it stopped (same ranks and batch size)
 
 
-def resume_if_possible(folder: Path, model, optimizer, scheduler, config: dict[str, Any], batch_size: int,
-                       ctx: DistributedContext) -> ResumePoint:
+def resume_if_possible(
+    folder: Path, model, optimizer, scheduler, config: dict[str, Any], batch_size: int, ctx: DistributedContext
+) -> ResumePoint:
     """Load the newest checkpoint rank 0 sees (every rank loads the same file) and say where training resumes."""
     found = list_checkpoints(folder) if ctx.is_main else []
     path = broadcast_from_main(str(found[-1][1]) if found else None)
@@ -133,8 +136,14 @@ def resume_if_possible(folder: Path, model, optimizer, scheduler, config: dict[s
     if same_layout:  # every rank continues its own random stream
         restore_rng(state["rng"][ctx.rank])
     elif ctx.is_main:
-        log.warning("%s was written by %d processes with batch %d, this job has %d with batch %d: weights and optimizer "
-                    "resume exactly, the sample order starts afresh", path, written_by, state["args"]["batch_size"],
-                    ctx.world_size, batch_size)
+        log.warning(
+            "%s was written by %d processes with batch %d, this job has %d with batch %d: weights and optimizer "
+            "resume exactly, the sample order starts afresh",
+            path,
+            written_by,
+            state["args"]["batch_size"],
+            ctx.world_size,
+            batch_size,
+        )
     log_event(ctx, "resumed", step=state["step"], path=path)
     return ResumePoint(int(state["step"]), int(state["images_seen"]), same_layout)

@@ -14,8 +14,9 @@ by the annotations file and naming the entry, and the rest of the file is used.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from .labels import HugeInteger, annotation_id, is_int, short
 from .storage import key_problem
@@ -49,7 +50,11 @@ class SourceAnnotations:
 
 
 def parse_annotations(
-    source: str, raw: bytes, where: str, max_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES, keep: Iterable[str] | None = None
+    source: str,
+    raw: bytes,
+    where: str,
+    max_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES,
+    keep: Iterable[str] | None = None,
 ) -> SourceAnnotations:
     """Parse one COCO file; `where` names it in errors. `keep`: the only object fields to hold on to."""
     document = load_document(raw, where, max_bytes, keep)
@@ -58,7 +63,14 @@ def parse_annotations(
 
     def reject(entry: Any, place: str, reason: str, detail: str) -> None:
         parsed.rejected.append(
-            {"key": file_key, "annotation_id": annotation_id(entry), "category": "", "bbox": [], "reason": reason, "detail": f"{place}: {detail}"}
+            {
+                "key": file_key,
+                "annotation_id": annotation_id(entry),
+                "category": "",
+                "bbox": [],
+                "reason": reason,
+                "detail": f"{place}: {detail}",
+            }
         )
 
     for n, entry in enumerate(document["categories"]):
@@ -108,23 +120,35 @@ def parse_annotations(
     return parsed
 
 
-def load_document(raw: bytes, where: str, max_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES, keep: Iterable[str] | None = None) -> dict[str, Any]:
+def load_document(
+    raw: bytes, where: str, max_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES, keep: Iterable[str] | None = None
+) -> dict[str, Any]:
     """The parsed COCO object, size-checked before parsing; any failure is an AnnotationError naming `where`."""
     if len(raw) > max_bytes:
-        raise AnnotationError(f"{where}: {len(raw)} bytes, above the annotation file limit of {max_bytes}; raise the limit or split the source")
+        raise AnnotationError(
+            f"{where}: {len(raw)} bytes, above the annotation file limit of {max_bytes}; raise the limit or split the source"
+        )
     kept = frozenset(keep) if keep is not None else None
     hook = (lambda obj: {k: v for k, v in obj.items() if k in kept}) if kept is not None else None
     try:
         document = json.loads(raw, object_hook=hook, parse_int=_parse_int)
     except RecursionError:
-        raise AnnotationError(f"{where}: nested too deeply to be COCO (arrays or objects inside each other past Python's recursion limit)") from None
+        raise AnnotationError(
+            f"{where}: nested too deeply to be COCO (arrays or objects inside each other past Python's recursion limit)"
+        ) from None
     except ValueError as error:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not UTF-8/16/32
-        raise AnnotationError(f"{where}: not valid JSON ({type(error).__name__}: {short(str(error))}); fix or remove the file") from None
+        raise AnnotationError(
+            f"{where}: not valid JSON ({type(error).__name__}: {short(str(error))}); fix or remove the file"
+        ) from None
     if not isinstance(document, dict):
-        raise AnnotationError(f"{where}: the top level is a JSON {type(document).__name__}, not an object with {', '.join(SECTIONS)}")
+        raise AnnotationError(
+            f"{where}: the top level is a JSON {type(document).__name__}, not an object with {', '.join(SECTIONS)}"
+        )
     for section in SECTIONS:
         if not isinstance(document.get(section), list):
-            raise AnnotationError(f"{where}: field {section!r} is {'missing' if section not in document else 'not a list'}")
+            raise AnnotationError(
+                f"{where}: field {section!r} is {'missing' if section not in document else 'not a list'}"
+            )
     return document
 
 

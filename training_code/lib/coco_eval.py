@@ -57,7 +57,9 @@ def validate_predictions(predictions: Any, ground_truth: dict[str, Any]) -> None
         if entry["image_id"] not in image_ids:
             raise ValueError(f"{where}: image_id {entry['image_id']!r} is not an image of the ground truth")
         if entry["category_id"] not in category_ids:
-            raise ValueError(f"{where}: category_id {entry['category_id']!r} is not a ground-truth category {sorted(category_ids)}")
+            raise ValueError(
+                f"{where}: category_id {entry['category_id']!r} is not a ground-truth category {sorted(category_ids)}"
+            )
         score = entry["score"]
         if not _is_number(score) or not math.isfinite(score):
             raise ValueError(f"{where}: score {score!r} is not a finite number")
@@ -67,7 +69,9 @@ def validate_predictions(predictions: Any, ground_truth: dict[str, Any]) -> None
         if not all(math.isfinite(v) for v in bbox):
             raise ValueError(f"{where}: bbox {list(bbox)} has a non-finite value")
         if bbox[2] <= 0 or bbox[3] <= 0:
-            raise ValueError(f"{where}: bbox {list(bbox)} has width or height <= 0 (inverted or degenerate box; COCO boxes are [x, y, w, h])")
+            raise ValueError(
+                f"{where}: bbox {list(bbox)} has width or height <= 0 (inverted or degenerate box; COCO boxes are [x, y, w, h])"
+            )
 
 
 def validate_ground_truth(ground_truth: Any) -> None:
@@ -96,8 +100,12 @@ def score_detections(predictions: list[dict[str, Any]], ground_truth: dict[str, 
         return {
             **{name: 0.0 for name in SUMMARY_NAMES.values()},
             "per_class": [{"category": c["name"], "category_id": c["id"], "ap": 0.0, "ap_50": 0.0} for c in categories],
-            "pr_curve": {"iou": 0.5, "recall": recall, "mean": [0.0] * len(recall),
-                         "per_class": {c["name"]: [0.0] * len(recall) if c["id"] in with_truth else None for c in categories}},
+            "pr_curve": {
+                "iou": 0.5,
+                "recall": recall,
+                "mean": [0.0] * len(recall),
+                "per_class": {c["name"]: [0.0] * len(recall) if c["id"] in with_truth else None for c in categories},
+            },
         }
     quiet = logging.getLogger("zero.coco_eval").debug
     # One-level copies, not deep copies (half the time on 50k predictions): the library adds keys
@@ -124,11 +132,17 @@ def _pr_curve(evaluator: COCOeval_faster, categories: list[dict[str, Any]]) -> d
     iou_50 = int(np.argmin(np.abs(np.asarray(params.iouThrs) - 0.5)))
     at_50 = precision[iou_50, :, :, params.areaRngLbl.index("all"), params.maxDets.index(100)]  # [recall, class]
     names = {c["id"]: c["name"] for c in categories}
-    per_class = {names[category_id]: (at_50[:, column].round(4).tolist() if (at_50[:, column] > -1).all() else None)
-                 for column, category_id in enumerate(params.catIds)}
+    per_class = {
+        names[category_id]: (at_50[:, column].round(4).tolist() if (at_50[:, column] > -1).all() else None)
+        for column, category_id in enumerate(params.catIds)
+    }
     defined = at_50[:, (at_50 > -1).all(axis=0)]
-    return {"iou": 0.5, "recall": np.asarray(params.recThrs).round(2).tolist(),
-            "mean": defined.mean(axis=1).round(4).tolist() if defined.size else None, "per_class": per_class}
+    return {
+        "iou": 0.5,
+        "recall": np.asarray(params.recThrs).round(2).tolist(),
+        "mean": defined.mean(axis=1).round(4).tolist() if defined.size else None,
+        "per_class": per_class,
+    }
 
 
 def _per_class_ap(evaluator: COCOeval_faster, categories: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -143,7 +157,14 @@ def _per_class_ap(evaluator: COCOeval_faster, categories: list[dict[str, Any]]) 
     for column, category_id in enumerate(params.catIds):
         per_iou = precision[:, :, column, area_all, max_dets]
         name = next(c["name"] for c in categories if c["id"] == category_id)
-        rows.append({"category": name, "category_id": int(category_id), "ap": _mean_defined(per_iou), "ap_50": _mean_defined(per_iou[iou_50])})
+        rows.append(
+            {
+                "category": name,
+                "category_id": int(category_id),
+                "ap": _mean_defined(per_iou),
+                "ap_50": _mean_defined(per_iou[iou_50]),
+            }
+        )
     return rows
 
 

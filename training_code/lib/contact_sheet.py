@@ -73,8 +73,16 @@ def thumbnail_png(item: tuple[str, str], max_bytes: int, max_pixels: int, side: 
     return buffer.getvalue()
 
 
-def quarantine_thumbnails(raw: Path, quarantine: pd.DataFrame, *, max_bytes: int, max_pixels: int, timeout_s: float,
-                          workers: int = 1, via_links: bool = False) -> list[Thumbnail]:
+def quarantine_thumbnails(
+    raw: Path,
+    quarantine: pd.DataFrame,
+    *,
+    max_bytes: int,
+    max_pixels: int,
+    timeout_s: float,
+    workers: int = 1,
+    via_links: bool = False,
+) -> list[Thumbnail]:
     """Thumbnails of the first drawable rows of `quarantine` (key, sha256, reason), by key.
 
     `raw` and `via_links` are as for `raw_files.locate` (a map host's part of the raw input is links)."""
@@ -89,7 +97,9 @@ def quarantine_thumbnails(raw: Path, quarantine: pd.DataFrame, *, max_bytes: int
         return []
     function = partial(thumbnail_png, max_bytes=max_bytes, max_pixels=max_pixels)
     drawn = []
-    with IsolatedPool(function, workers=max(1, min(workers, len(items))), timeout_s=timeout_s, preload=[__name__]) as pool:
+    with IsolatedPool(
+        function, workers=max(1, min(workers, len(items))), timeout_s=timeout_s, preload=[__name__]
+    ) as pool:
         for item, png in pool.imap_unordered(items):
             if png is not None and not isinstance(png, WorkerLost):
                 drawn.append(Thumbnail(*items[item], png))
@@ -98,15 +108,25 @@ def quarantine_thumbnails(raw: Path, quarantine: pd.DataFrame, *, max_bytes: int
 
 def thumbnails_frame(thumbnails: list[Thumbnail]) -> pd.DataFrame:
     """For a map host to hand its thumbnails to the reduce stage."""
-    return pd.DataFrame({"key": [t.key for t in thumbnails], "reason": [t.reason for t in thumbnails],
-                         "png": [t.png for t in thumbnails]}, columns=["key", "reason", "png"])
+    return pd.DataFrame(
+        {
+            "key": [t.key for t in thumbnails],
+            "reason": [t.reason for t in thumbnails],
+            "png": [t.png for t in thumbnails],
+        },
+        columns=["key", "reason", "png"],
+    )
 
 
 def read_thumbnails(paths: list[Path], quarantine: pd.DataFrame) -> list[Thumbnail]:
     """The map hosts' thumbnails of rows the final quarantine holds with the same reason, first by key."""
     reasons = dict(zip(quarantine["key"], quarantine["reason"]))
-    found = [Thumbnail(row.key, row.reason, bytes(row.png)) for path in paths
-             for row in pd.read_parquet(path).itertuples(index=False) if reasons.get(row.key) == row.reason]
+    found = [
+        Thumbnail(row.key, row.reason, bytes(row.png))
+        for path in paths
+        for row in pd.read_parquet(path).itertuples(index=False)
+        if reasons.get(row.key) == row.reason
+    ]
     return sorted(found, key=lambda thumbnail: thumbnail.key)[:MAX_THUMBNAILS]
 
 
@@ -132,4 +152,4 @@ def contact_sheet_png(thumbnails: list[Thumbnail]) -> bytes:
 
 def _fit(text: str, chars: int) -> str:
     text = "".join(char if char.isprintable() and char.isascii() else "?" for char in text)  # the default font is ASCII
-    return text if len(text) <= chars else "..." + text[-(chars - 3):]
+    return text if len(text) <= chars else "..." + text[-(chars - 3) :]

@@ -13,9 +13,10 @@ import multiprocessing
 import random
 import signal
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from PIL import Image
@@ -58,8 +59,9 @@ class TooManyBadSamplesError(RuntimeError):
     pass
 
 
-def verified_split(folder: Path, split: str, rank: int = 0, world_size: int = 1,
-                   training_set_dir: str | None = None) -> tuple[dict[str, Any], list[ShardRef]]:
+def verified_split(
+    folder: Path, split: str, rank: int = 0, world_size: int = 1, training_set_dir: str | None = None
+) -> tuple[dict[str, Any], list[ShardRef]]:
     """The manifest and the split's shards, after checking them against the manifest.
 
     `folder` holds a shard set, or a training set (one shard set per source and the training-set
@@ -76,26 +78,40 @@ def verified_split(folder: Path, split: str, rank: int = 0, world_size: int = 1,
     if training_set_dir is not None:
         inner = Path(training_set_dir)
         if inner.is_absolute() or ".." in inner.parts:
-            raise ValueError(f"training set {training_set_dir!r} must be a folder inside the channel {folder}, without '..'")
+            raise ValueError(
+                f"training set {training_set_dir!r} must be a folder inside the channel {folder}, without '..'"
+            )
         folder = shards_root / inner
     chosen = training_set.read_training_set(folder)
     if chosen is None and training_set_dir is not None:  # never fall back to a shard set there
-        raise FileNotFoundError(f"{folder}/{training_set.MANIFEST}: no training-set manifest there; warm the training set again")
+        raise FileNotFoundError(
+            f"{folder}/{training_set.MANIFEST}: no training-set manifest there; warm the training set again"
+        )
     if chosen is None:
         manifest = shard_format.read_manifest(folder)
-        located = [(Path(folder), entry, None, frozenset(), "") for entry in shard_format.shards_for_split(manifest, split)]
+        located = [
+            (Path(folder), entry, None, frozenset(), "") for entry in shard_format.shards_for_split(manifest, split)
+        ]
     else:
         manifest, excluded = chosen, training_set.excluded_keys(folder)
         located = [
-            (shards_root / source["folder"], entry, training_set.label_map(source["categories"], chosen["categories"]),
-             excluded.get(source["source"], frozenset()), source["source"])
-            for source in chosen["sources"] for entry in shard_format.shards_for_split(source, split)
+            (
+                shards_root / source["folder"],
+                entry,
+                training_set.label_map(source["categories"], chosen["categories"]),
+                excluded.get(source["source"], frozenset()),
+                source["source"],
+            )
+            for source in chosen["sources"]
+            for entry in shard_format.shards_for_split(source, split)
         ]
     if not located:
         raise FileNotFoundError(f"{folder}/{shard_format.MANIFEST} lists no shards for split {split!r}")
     for index, (where, entry, _, _, _) in enumerate(located):
         shard_format.verify_shard(where, entry, check_sha256=index % world_size == rank)
-    return manifest, [ShardRef(where / e["file"], int(e["rows"]), labels, skip, source) for where, e, labels, skip, source in located]
+    return manifest, [
+        ShardRef(where / e["file"], int(e["rows"]), labels, skip, source) for where, e, labels, skip, source in located
+    ]
 
 
 class ShardRows:
@@ -111,7 +127,9 @@ class ShardRows:
         return {"image": self.images[row].as_py(), **{name: self.labels[name][row] for name in _LABEL_COLUMNS}}
 
 
-def decode_sample(rows: ShardRows, row: int, min_box_side: float = 0.0, label_map: dict[int, int] | None = None) -> tuple[Image.Image, dict[str, torch.Tensor], str]:
+def decode_sample(
+    rows: ShardRows, row: int, min_box_side: float = 0.0, label_map: dict[int, int] | None = None
+) -> tuple[Image.Image, dict[str, torch.Tensor], str]:
     """One row as (upright RGB picture, {"boxes" [N,4] float32 xyxy, "labels" [N] int64}, key).
 
     The picture stays a PIL image so a flip happens in Pillow before the one copy into a tensor: flipping
@@ -134,7 +152,10 @@ def decode_sample(rows: ShardRows, row: int, min_box_side: float = 0.0, label_ma
     if min_box_side > 0:
         kept = [i for i, (x1, y1, x2, y2) in enumerate(boxes) if x2 - x1 >= min_box_side and y2 - y1 >= min_box_side]
         boxes, labels = [boxes[i] for i in kept], [labels[i] for i in kept]
-    target = {"boxes": torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4), "labels": torch.tensor(labels, dtype=torch.int64)}
+    target = {
+        "boxes": torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4),
+        "labels": torch.tensor(labels, dtype=torch.int64),
+    }
     return picture, target, record["key"]
 
 
@@ -153,7 +174,10 @@ def augment(picture: Image.Image, target: dict[str, torch.Tensor], settings: Aug
         picture = F.horizontal_flip(picture)
         target = {**target, "boxes": F.horizontal_flip(boxes).as_subclass(torch.Tensor)}
     spread = settings.color_jitter
-    return picture, {**target, "photometric": [1 - spread + 2 * spread * brightness, 1 - spread + 2 * spread * contrast]}
+    return picture, {
+        **target,
+        "photometric": [1 - spread + 2 * spread * brightness, 1 - spread + 2 * spread * contrast],
+    }
 
 
 def apply_photometric(images: list[torch.Tensor], targets: list[dict[str, Any]]) -> list[torch.Tensor]:
@@ -200,15 +224,25 @@ class ShardDetectionStream(IterableDataset):
         # rank whatever the worker count, and the trainer can report how many samples were skipped.
         self.bad_samples = multiprocessing.Value("i", 0)
         if sum(s.rows for s in shards) < world_size:
-            raise ValueError(f"the training shards hold {sum(s.rows for s in shards)} rows, fewer than the {world_size} ranks; "
-                             "every rank needs rows of its own")
+            raise ValueError(
+                f"the training shards hold {sum(s.rows for s in shards)} rows, fewer than the {world_size} ranks; "
+                "every rank needs rows of its own"
+            )
 
     def rank_order(self) -> Iterator[tuple[int, int, int, int]]:
         """(epoch, position in the epoch, shard index, row) of this rank's stream, endlessly; reads no shard."""
         rows, sources = [s.rows for s in self.shards], [s.source for s in self.shards]
         for epoch in itertools.count():
-            pairs = read_order.rank_epoch(rows, sources, seed=self.seed, epoch=epoch, rank=self.rank, world_size=self.world_size,
-                                          open_shards=self.open_shards, shuffle_buffer=self.shuffle_buffer)
+            pairs = read_order.rank_epoch(
+                rows,
+                sources,
+                seed=self.seed,
+                epoch=epoch,
+                rank=self.rank,
+                world_size=self.world_size,
+                open_shards=self.open_shards,
+                shuffle_buffer=self.shuffle_buffer,
+            )
             for position, (shard, row) in enumerate(pairs):
                 yield epoch, position, shard, row
 
@@ -227,8 +261,10 @@ class ShardDetectionStream(IterableDataset):
         for epoch, position, shard, row in self.rank_order():
             if epoch != current_epoch:
                 if not mine_this_epoch:  # a worker dealt nothing would spin forever: the job would hang, not fail
-                    raise ValueError(f"rank {self.rank}: epoch {current_epoch} held fewer rows than its {workers} DataLoader "
-                                     f"workers, so worker {worker} got none; use fewer --workers")
+                    raise ValueError(
+                        f"rank {self.rank}: epoch {current_epoch} held fewer rows than its {workers} DataLoader "
+                        f"workers, so worker {worker} got none; use fewer --workers"
+                    )
                 current_epoch, mine_this_epoch = epoch, 0
             if position % workers != worker:
                 continue
@@ -245,12 +281,16 @@ class ShardDetectionStream(IterableDataset):
             if self.shards[shard].excluded and tables[shard].labels["key"][row] in self.shards[shard].excluded:
                 continue  # left out of the training set (a duplicate of another source's image, or over the cap)
             try:
-                picture, target, _key = decode_sample(tables[shard], row, min_box_side=1.0, label_map=self.shards[shard].label_map)
+                picture, target, _key = decode_sample(
+                    tables[shard], row, min_box_side=1.0, label_map=self.shards[shard].label_map
+                )
             except BadSampleError as error:
                 with self.bad_samples.get_lock():
                     self.bad_samples.value += 1
                     bad_samples = self.bad_samples.value
-                log.warning("skipping %s row %d: %s (%d bad so far)", self.shards[shard].path.name, row, error, bad_samples)
+                log.warning(
+                    "skipping %s row %d: %s (%d bad so far)", self.shards[shard].path.name, row, error, bad_samples
+                )
                 if bad_samples > self.max_bad_samples:
                     raise TooManyBadSamplesError(
                         f"{bad_samples} undecodable samples on rank {self.rank}, more than --max-bad-samples "
@@ -264,7 +304,9 @@ class ShardDetectionStream(IterableDataset):
             yield F.pil_to_tensor(picture), target
 
 
-def collate_detection(batch: list[tuple[torch.Tensor, dict[str, Any]]]) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
+def collate_detection(
+    batch: list[tuple[torch.Tensor, dict[str, Any]]],
+) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
     """Images and targets as lists (detection targets have a different box count per image), shaped for
     the trip from a DataLoader worker to the training process.
 
@@ -273,7 +315,10 @@ def collate_detection(batch: list[tuple[torch.Tensor, dict[str, Any]]]) -> tuple
     tensors, about a twentieth of the decode). So the images travel in one shared buffer per batch and
     the targets' few numbers as plain lists; `targets_on` makes them tensors on the training device."""
     images, targets = zip(*batch)
-    lists = [{name: value.tolist() if isinstance(value, torch.Tensor) else value for name, value in target.items()} for target in targets]
+    lists = [
+        {name: value.tolist() if isinstance(value, torch.Tensor) else value for name, value in target.items()}
+        for target in targets
+    ]
     return _in_one_buffer(list(images)), lists
 
 
@@ -288,13 +333,21 @@ def _in_one_buffer(images: list[torch.Tensor]) -> list[torch.Tensor]:
     if get_worker_info() is not None:
         out = flat[0].new(flat[0]._typed_storage()._new_shared(sum(sizes), device=flat[0].device))
     buffer = torch.cat(flat, out=out)
-    return [part.view(h, w, c).permute(2, 0, 1) for part, (c, h, w) in zip(buffer.split(sizes), (image.shape for image in images))]
+    return [
+        part.view(h, w, c).permute(2, 0, 1)
+        for part, (c, h, w) in zip(buffer.split(sizes), (image.shape for image in images))
+    ]
 
 
 def targets_on(targets: list[dict[str, Any]], device: torch.device) -> list[dict[str, torch.Tensor]]:
     """The collated targets as the model's tensors on `device` (boxes [N, 4] float32 xyxy, labels [N] int64)."""
-    return [{"boxes": torch.tensor(target["boxes"], dtype=torch.float32, device=device).reshape(-1, 4),
-             "labels": torch.tensor(target["labels"], dtype=torch.int64, device=device)} for target in targets]
+    return [
+        {
+            "boxes": torch.tensor(target["boxes"], dtype=torch.float32, device=device).reshape(-1, 4),
+            "labels": torch.tensor(target["labels"], dtype=torch.int64, device=device),
+        }
+        for target in targets
+    ]
 
 
 def _ignore_sigterm(worker_id: int) -> None:
@@ -303,7 +356,9 @@ def _ignore_sigterm(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def build_train_loader(dataset: ShardDetectionStream, batch_size: int, workers: int, device: torch.device) -> DataLoader:
+def build_train_loader(
+    dataset: ShardDetectionStream, batch_size: int, workers: int, device: torch.device
+) -> DataLoader:
     # File-system sharing avoids running out of file descriptors when workers pass many tensors.
     torch.multiprocessing.set_sharing_strategy("file_system")
     return DataLoader(
@@ -340,4 +395,6 @@ def iter_eval_samples(shards: list[ShardRef]) -> Iterator[EvalSample]:
                 picture, target, key = decode_sample(table, row, label_map=shard.label_map)
             except BadSampleError as error:
                 raise BadSampleError(f"{shard.path} row {row}: {error}") from error
-            yield EvalSample(key, picture.width, picture.height, F.pil_to_tensor(picture), target["boxes"], target["labels"])
+            yield EvalSample(
+                key, picture.width, picture.height, F.pil_to_tensor(picture), target["boxes"], target["labels"]
+            )

@@ -15,10 +15,10 @@ from __future__ import annotations
 import io
 import re
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
@@ -79,14 +79,17 @@ class ImageVerdict:
         return self.reason is None
 
     @classmethod
-    def unread(cls, reason: str, error: str, stage: str = "read") -> "ImageVerdict":
+    def unread(cls, reason: str, error: str, stage: str = "read") -> ImageVerdict:
         """A verdict reached without the file's bytes: no hash, no size."""
         return cls(sha256=None, size=0, reason=reason, stage=stage, error=error)
 
 
 def check_image_file(
-    path: Path, allowed_formats: tuple[str, ...], min_side: int,
-    max_bytes: int = DEFAULT_MAX_IMAGE_BYTES, max_pixels: int = DEFAULT_MAX_PIXELS,
+    path: Path,
+    allowed_formats: tuple[str, ...],
+    min_side: int,
+    max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> ImageVerdict:
     """Read `path` (read-only; located by `raw_files.locate`) and judge its bytes. A file that cannot
     or may not be read is a `read` verdict, never a crash, and a file past `max_bytes` is not read."""
@@ -102,7 +105,9 @@ def check_image_file(
     return check_image_bytes(data, allowed_formats, min_side, max_pixels)
 
 
-def check_image_bytes(data: bytes, allowed_formats: tuple[str, ...], min_side: int, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageVerdict:
+def check_image_bytes(
+    data: bytes, allowed_formats: tuple[str, ...], min_side: int, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> ImageVerdict:
     digest = sha256_bytes(data)
     if not data:
         return ImageVerdict(sha256=digest, size=0, reason="empty", stage="read", error="the file has zero bytes")
@@ -141,7 +146,10 @@ def _judge(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side:
         if header_format not in allowed_formats:
             return quarantine("format_not_allowed", f"content is {header_format}; allowed: {','.join(allowed_formats)}")
         if width * height > max_pixels:
-            return quarantine("too_large", f"header says {width}x{height} = {width * height} pixels, above the limit of {max_pixels}; not decoded")
+            return quarantine(
+                "too_large",
+                f"header says {width}x{height} = {width * height} pixels, above the limit of {max_pixels}; not decoded",
+            )
         if header_format in _STRICT_FORMATS:
             verdict = _strict_jpeg(data, digest, min_side, quarantine)
             if verdict is not None:
@@ -171,7 +179,15 @@ def _strict_jpeg(data: bytes, digest: str, min_side: int, quarantine) -> ImageVe
     # exif_transpose, on the same EXIF and XMP, as a full-size decode, for a fraction of the pixels.
     image = Image.fromarray(small)
     image.info = info
-    return _upright_verdict(image, digest, len(data), original_mode=mode, min_side=min_side, image_format=image_format, stored_size=stored_size)
+    return _upright_verdict(
+        image,
+        digest,
+        len(data),
+        original_mode=mode,
+        min_side=min_side,
+        image_format=image_format,
+        stored_size=stored_size,
+    )
 
 
 def _decode(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side: int, quarantine) -> ImageVerdict:
@@ -180,7 +196,9 @@ def _decode(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side
     try:
         with Image.open(io.BytesIO(data)) as image:
             if image.format not in allowed_formats:
-                return quarantine("format_not_allowed", f"content is {image.format}; allowed: {','.join(allowed_formats)}")
+                return quarantine(
+                    "format_not_allowed", f"content is {image.format}; allowed: {','.join(allowed_formats)}"
+                )
             image.verify()
     except UnidentifiedImageError:
         return quarantine(*_diagnose_unidentified(data))
@@ -202,7 +220,13 @@ def _decode(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side
 
 
 def _upright_verdict(
-    image: Image.Image, digest: str, size: int, original_mode: str, min_side: int, image_format: str, stored_size: tuple[int, int]
+    image: Image.Image,
+    digest: str,
+    size: int,
+    original_mode: str,
+    min_side: int,
+    image_format: str,
+    stored_size: tuple[int, int],
 ) -> ImageVerdict:
     """Apply EXIF orientation exactly as training will read the image, then check the upright size
     (the stored frame's, `stored_size`, with its sides swapped where the orientation turns it)."""
@@ -218,10 +242,18 @@ def _upright_verdict(
     orientation = int(tag) if tag in _ORIENTATIONS else 1
     width, height = stored_size[::-1] if orientation in _SWAPS_SIDES else stored_size
     verdict = ImageVerdict(
-        sha256=digest, size=size, format=image_format, mode=original_mode, width=width, height=height, orientation=orientation
+        sha256=digest,
+        size=size,
+        format=image_format,
+        mode=original_mode,
+        width=width,
+        height=height,
+        orientation=orientation,
     )
     if width < min_side or height < min_side:
-        return replace(verdict, reason="too_small", error=f"upright size {width}x{height} is under --min-side {min_side}")
+        return replace(
+            verdict, reason="too_small", error=f"upright size {width}x{height} is under --min-side {min_side}"
+        )
     return verdict
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import io
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from PIL import Image, features
 
@@ -29,6 +29,7 @@ def _webp(method: int = 4, **options) -> Callable[[Image.Image], bytes]:
         buffer = io.BytesIO()
         image.save(buffer, "WEBP", method=method, **options)
         return buffer.getvalue()
+
     return encode
 
 
@@ -89,7 +90,9 @@ def inline_picture(picture: Picture, alt: str, caption: str = "") -> str:
             text = f"![{alt_text}](data:{mime};base64,{base64.b64encode(encode(image)).decode()}){tail}"
             if len(text) < INLINE_LIMIT:
                 return text
-    raise ValueError(f"no thumbnail of {alt!r} fits a Markdown entry of {INLINE_LIMIT} characters, even {WIDTHS[-1]} pixels wide")
+    raise ValueError(
+        f"no thumbnail of {alt!r} fits a Markdown entry of {INLINE_LIMIT} characters, even {WIDTHS[-1]} pixels wide"
+    )
 
 
 def markdown_metadata(text: str) -> dict[str, str]:

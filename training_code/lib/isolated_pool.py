@@ -16,10 +16,11 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from types import ModuleType
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 log = logging.getLogger("zero.pool")
 
@@ -74,7 +75,9 @@ class _Worker:
         try:
             status, _ = self.conn.recv()
         except EOFError:
-            raise RuntimeError(f"a worker process died while starting ({self.death_detail()}); its traceback is on stderr above") from None
+            raise RuntimeError(
+                f"a worker process died while starting ({self.death_detail()}); its traceback is on stderr above"
+            ) from None
         if status != "ready":
             raise RuntimeError(f"worker sent {status!r} before 'ready'")
 
@@ -121,7 +124,9 @@ class IsolatedPool:
     imported there is imported by each worker instead: correct, only slower.
     """
 
-    def __init__(self, function: Callable[[Any], Any], workers: int, timeout_s: float, preload: Sequence[str] = ()) -> None:
+    def __init__(
+        self, function: Callable[[Any], Any], workers: int, timeout_s: float, preload: Sequence[str] = ()
+    ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         if timeout_s <= 0:
@@ -133,7 +138,7 @@ class IsolatedPool:
         self._pool: list[_Worker] = []
         self.replaced = 0
 
-    def __enter__(self) -> "IsolatedPool":
+    def __enter__(self) -> IsolatedPool:
         self._pool = [_Worker(self._context, self.function) for _ in range(self.workers)]
         for worker in self._pool:
             worker.wait_ready()
@@ -187,7 +192,9 @@ class IsolatedPool:
             return WorkerLost("crash", detail)
         if status == "out_of_memory":
             worker.kill()
-            return WorkerLost("too_large", "MemoryError while decoding: it needs more memory than a worker has; worker replaced")
+            return WorkerLost(
+                "too_large", "MemoryError while decoding: it needs more memory than a worker has; worker replaced"
+            )
         if status == "raised":
             raise TaskRaised(f"{worker.item!r}: the worker function raised (a bug, not a bad input):\n{payload}")
         return payload

@@ -13,9 +13,10 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from dagster_pipes import (
     PipesContext,
@@ -51,7 +52,9 @@ def checkpoint_dir() -> Path:
 
 
 def job_name() -> str:
-    return os.environ.get("ZERO_JOB_NAME") or json.loads(os.environ.get("SM_TRAINING_ENV", "{}")).get("job_name", "local")
+    return os.environ.get("ZERO_JOB_NAME") or json.loads(os.environ.get("SM_TRAINING_ENV", "{}")).get(
+        "job_name", "local"
+    )
 
 
 def is_rank_zero() -> bool:
@@ -64,7 +67,9 @@ class _LogOnlyReporter:
     def __init__(self) -> None:
         self.log = log
 
-    def report_asset_materialization(self, metadata: dict[str, Any] | None = None, data_version: str | None = None, **_: Any) -> None:
+    def report_asset_materialization(
+        self, metadata: dict[str, Any] | None = None, data_version: str | None = None, **_: Any
+    ) -> None:
         if is_rank_zero():
             print(json.dumps({"event": "materialization", "data_version": data_version, "metadata": _plain(metadata)}))
 
@@ -74,7 +79,9 @@ class _LogOnlyReporter:
 
 
 def _plain(metadata: dict[str, Any] | None) -> dict[str, Any]:
-    return {k: (v.get("raw_value") if isinstance(v, dict) and "raw_value" in v else v) for k, v in (metadata or {}).items()}
+    return {
+        k: (v.get("raw_value") if isinstance(v, dict) and "raw_value" in v else v) for k, v in (metadata or {}).items()
+    }
 
 
 @contextmanager
@@ -106,7 +113,9 @@ def _pipes_io(params: PipesEnvVarParamsLoader) -> dict[str, Any]:
     if "bucket" in params.load_context_params():
         io["context_loader"] = PipesS3ContextLoader(s3_client())
     if "bucket" in params.load_messages_params():
-        io["message_writer"] = PipesS3MessageWriter(s3_client(), interval=float(os.environ.get("ZERO_PIPES_FLUSH_S", "10")))
+        io["message_writer"] = PipesS3MessageWriter(
+            s3_client(), interval=float(os.environ.get("ZERO_PIPES_FLUSH_S", "10"))
+        )
     return io
 
 
@@ -132,7 +141,9 @@ def _configure_logging() -> None:
     """Log to stderr only: SageMaker ships it to CloudWatch, the local runner copies it to `output/job.log`
     (and both to the Dagster step's stdout); a file of our own would hold every line twice."""
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True
+    )
 
 
 def write_failure_reason(error: BaseException) -> None:
@@ -151,7 +162,9 @@ def write_failure_reason(error: BaseException) -> None:
 _COLUMN_TYPES = ((bool, "bool"), (int, "int"), (float, "float"))
 
 
-def table(rows: list[dict[str, Any]], columns: dict[str, str] | None = None, types: dict[str, str] | None = None) -> dict[str, Any]:
+def table(
+    rows: list[dict[str, Any]], columns: dict[str, str] | None = None, types: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Pipes metadata value for a typed table (Dagster's TableMetadataValue), drawn as a table in the UI.
 
     `columns` maps each column to a description; by default the columns of the first row. Column types
@@ -165,13 +178,24 @@ def table(rows: list[dict[str, Any]], columns: dict[str, str] | None = None, typ
             return types[name]
         values = [row.get(name) for row in rows if row.get(name) is not None]
         for python_type, dagster_type in _COLUMN_TYPES:
-            if values and all(isinstance(v, python_type) and (python_type is bool or not isinstance(v, bool)) for v in values):
+            if values and all(
+                isinstance(v, python_type) and (python_type is bool or not isinstance(v, bool)) for v in values
+            ):
                 return dagster_type
         return "string"
 
-    schema = [{"name": name, "type": column_type(name), **({"description": columns[name]} if columns and columns[name] else {})}
-              for name in names]
-    return {"type": "table", "raw_value": {"schema": schema, "records": [{name: row.get(name) for name in names} for row in rows]}}
+    schema = [
+        {
+            "name": name,
+            "type": column_type(name),
+            **({"description": columns[name]} if columns and columns[name] else {}),
+        }
+        for name in names
+    ]
+    return {
+        "type": "table",
+        "raw_value": {"schema": schema, "records": [{name: row.get(name) for name in names} for row in rows]},
+    }
 
 
 __all__ = [

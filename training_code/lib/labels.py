@@ -27,7 +27,9 @@ def stored_size(upright_width: int, upright_height: int, orientation: int) -> tu
     return upright_size(upright_width, upright_height, orientation)  # swapping is its own inverse
 
 
-def point_to_upright(x: float, y: float, orientation: int, stored_width: int, stored_height: int) -> tuple[float, float]:
+def point_to_upright(
+    x: float, y: float, orientation: int, stored_width: int, stored_height: int
+) -> tuple[float, float]:
     """Where the stored-frame point (x, y) lands after the transpose exif_transpose applies."""
     w, h = stored_width, stored_height
     if orientation == 1:
@@ -49,7 +51,9 @@ def point_to_upright(x: float, y: float, orientation: int, stored_width: int, st
     raise ValueError(f"EXIF orientation must be 1..8, got {orientation!r}")
 
 
-def box_to_upright(box: tuple[float, float, float, float], orientation: int, stored_width: int, stored_height: int) -> list[float]:
+def box_to_upright(
+    box: tuple[float, float, float, float], orientation: int, stored_width: int, stored_height: int
+) -> list[float]:
     """Map a stored-frame `x1, y1, x2, y2` box to the upright frame (corners mapped, then re-sorted)."""
     x1, y1, x2, y2 = box
     ax, ay = point_to_upright(x1, y1, orientation, stored_width, stored_height)
@@ -81,7 +85,12 @@ class ImageLabels:
 
 
 def check_labels(
-    key: str, annotations: list[dict[str, Any]], categories: dict[int, str], orientation: int, upright_width: int, upright_height: int
+    key: str,
+    annotations: list[dict[str, Any]],
+    categories: dict[int, str],
+    orientation: int,
+    upright_width: int,
+    upright_height: int,
 ) -> ImageLabels:
     """Accept or reject each annotation of the image `key` (see `tables.LABEL_REASONS`)."""
     width, height = stored_size(upright_width, upright_height, orientation)
@@ -125,14 +134,18 @@ def _judge_box(
     if not all(math.isfinite(v) for v in (x, y, w, h)):
         return Rejection("non_finite", f"bbox {short(bbox)} holds NaN or infinity")
     if category_id not in categories:
-        return Rejection("unknown_category", f"category_id {short(category_id)} is not in this source's categories {short(sorted(categories))}")
+        return Rejection(
+            "unknown_category",
+            f"category_id {short(category_id)} is not in this source's categories {short(sorted(categories))}",
+        )
     if w <= 0 or h <= 0:
         return Rejection("degenerate", f"bbox {short(bbox)} has width or height <= 0")
     x1, y1, x2, y2 = x, y, x + w, y + h
     tol = EDGE_TOLERANCE_PX
     if x1 < -tol or y1 < -tol or x2 > width + tol or y2 > height + tol:
         return Rejection(
-            "outside_image", f"box {x1:g},{y1:g},{x2:g},{y2:g} runs more than {tol:g} px outside the stored image {width}x{height}"
+            "outside_image",
+            f"box {x1:g},{y1:g},{x2:g},{y2:g} runs more than {tol:g} px outside the stored image {width}x{height}",
         )
     clipped = (min(max(x1, 0.0), width), min(max(y1, 0.0), height), min(max(x2, 0.0), width), min(max(y2, 0.0), height))
     if clipped[2] <= clipped[0] or clipped[3] <= clipped[1]:

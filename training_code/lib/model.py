@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -147,7 +148,13 @@ def atomic_torch_save(payload: dict[str, Any], path: Path) -> None:
 def save_model_file(folder: Path, model: nn.Module, config: dict[str, Any], step: int, args: dict[str, Any]) -> Path:
     """The job's final artifact: weights plus everything needed to rebuild and label them."""
     path = Path(folder) / MODEL_FILE
-    payload = {"model": model.state_dict(), "model_config": config, "categories": config["categories"], "step": step, "args": args}
+    payload = {
+        "model": model.state_dict(),
+        "model_config": config,
+        "categories": config["categories"],
+        "step": step,
+        "args": args,
+    }
     atomic_torch_save(payload, path)
     return path
 
@@ -158,11 +165,15 @@ def load_model_file(path: Path, device: torch.device) -> tuple[nn.Module, dict[s
     if path.is_dir():
         path = path / MODEL_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"no model file at {path}: pass the training job's model folder (it holds {MODEL_FILE})")
+        raise FileNotFoundError(
+            f"no model file at {path}: pass the training job's model folder (it holds {MODEL_FILE})"
+        )
     payload = torch.load(path, map_location="cpu", weights_only=True)
     for field in ("model", "model_config"):
         if field not in payload:
-            raise ValueError(f"{path}: field {field!r} is missing; is this a model file written by training_code.train?")
+            raise ValueError(
+                f"{path}: field {field!r} is missing; is this a model file written by training_code.train?"
+            )
     model = build_model(payload["model_config"])
     model.load_state_dict(payload["model"])
     return model.to(device).eval(), payload

@@ -41,7 +41,9 @@ def named_files(manifest: dict[str, Any], where: str) -> dict[str, dict[str, Any
         named[safe_relative_key(entry["file"])] = {k: entry[k] for k in ("bytes", "sha256") if k in entry}
     for name, facts in named.items():
         if not isinstance(facts.get("bytes", 0), int) or not isinstance(facts.get("sha256", ""), str):
-            raise ValueError(f"{where}: entry {name!r} has a `bytes` that is not an integer or a `sha256` that is not a string")
+            raise ValueError(
+                f"{where}: entry {name!r} has a `bytes` that is not an integer or a `sha256` that is not a string"
+            )
     return named
 
 
@@ -49,7 +51,9 @@ def write_output_manifest(folder: Path, files: list[str], **fields: Any) -> byte
     """Write `folder/manifest.json` last: each of `files` (relative names) with its size and sha256,
     plus `fields`. Returns the bytes written."""
     folder = Path(folder)
-    listed = {name: {"bytes": (folder / name).stat().st_size, "sha256": sha256_file(folder / name)} for name in sorted(files)}
+    listed = {
+        name: {"bytes": (folder / name).stat().st_size, "sha256": sha256_file(folder / name)} for name in sorted(files)
+    }
     data = json.dumps({**fields, "files": listed}, indent=1, sort_keys=True).encode()
     write_bytes_atomic(folder / MANIFEST, data)
     return data

@@ -42,7 +42,9 @@ def locate(raw: Path, key: str, via_links: bool = False) -> Path:
     real_root = os.path.realpath(root)
     real = os.path.realpath(os.path.join(real_root, key))
     if os.path.commonpath([real, real_root]) != real_root:
-        raise Refused("outside_root", "a symlink on its path leads out of the raw root; not followed, the target was not opened")
+        raise Refused(
+            "outside_root", "a symlink on its path leads out of the raw root; not followed, the target was not opened"
+        )
     return Path(real)
 
 

@@ -20,8 +20,9 @@ import hashlib
 import json
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -43,8 +44,16 @@ BATCH_ROWS = 50_000  # rows per record batch (and Parquet row group)
 EXAMPLES = 20  # keys kept per kind of reported entry; the counts are complete
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".mpo")
 COLUMNS = ("source", "key", "size", "etag", "group", "annotation_count")
-ARROW_SCHEMA = pa.schema([("source", pa.string()), ("key", pa.string()), ("size", pa.int64()), ("etag", pa.string()),
-                          ("group", pa.string()), ("annotation_count", pa.int64())])
+ARROW_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),
+        ("key", pa.string()),
+        ("size", pa.int64()),
+        ("etag", pa.string()),
+        ("group", pa.string()),
+        ("annotation_count", pa.int64()),
+    ]
+)
 HASH_COLUMN = "group_hash"  # only in the scratch copy the rehearsal sample is cut from
 # Every key `key_problem` refuses, once escaped by printable_key, matches this (a backslash, a '.',
 # '..' or empty segment, a leading '/'); most safe keys do not.
@@ -53,8 +62,13 @@ _json_string = json.encoder.encode_basestring_ascii  # what json.dumps writes fo
 
 
 def write_source_index(
-    raw_uri: str, source: str, out_dir_or_uri: str | Path, *, group_pattern: str = "",
-    max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES, inventory_manifest_uri: str | None = None,
+    raw_uri: str,
+    source: str,
+    out_dir_or_uri: str | Path,
+    *,
+    group_pattern: str = "",
+    max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES,
+    inventory_manifest_uri: str | None = None,
     sample_images: int | None = None,
 ) -> dict[str, Any]:
     """Write `<out>/index.parquet` then `<out>/manifest.json` for `<raw_uri>/<source>/` (listed, or read
@@ -97,16 +111,24 @@ def write_source_index(
         "annotation_entries_rejected": annotations.rejected_entries,
         "annotation_error": annotations.error,
         "has_annotations": annotations.identity is not None,
-        "examples": {"unsafe_keys": writer.unsafe_examples, "ignored_files": listing.ignored_examples,
-                     "annotations_without_image": missing[:EXAMPLES]},
+        "examples": {
+            "unsafe_keys": writer.unsafe_examples,
+            "ignored_files": listing.ignored_examples,
+            "annotations_without_image": missing[:EXAMPLES],
+        },
         "files": files,
     }
     write_bytes_atomic(join(out_dir_or_uri, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
     return {**manifest, "uri": str(out_dir_or_uri)}
 
 
-def source_listing_fingerprint(raw_uri: str, source: str, *, max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES,
-                               inventory_manifest_uri: str | None = None) -> str:
+def source_listing_fingerprint(
+    raw_uri: str,
+    source: str,
+    *,
+    max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES,
+    inventory_manifest_uri: str | None = None,
+) -> str:
     """The `listing_fingerprint` write_source_index would record for `<raw_uri>/<source>/`, from one
     streamed pass over that source's listing (nothing written, no list of keys kept): what the asset
     needs before it decides whether a job must build the index at all."""
@@ -139,14 +161,19 @@ class _ListingPass:
 
     def _hash_entry(self, key: str, size: int, etag: str) -> None:
         # json.dumps([key, size, etag], separators=(",", ":")), a few times faster
-        self._hash.update(f'{"" if self._first else ","}[{_json_string(key)},{int(size)},{_json_string(etag)}]'.encode())
+        self._hash.update(
+            f"{'' if self._first else ','}[{_json_string(key)},{int(size)},{_json_string(etag)}]".encode()
+        )
         self._first = False
 
     def fingerprint(self) -> str:
         final = self._hash.copy()
         if self.annotations.identity is not None:
             size, etag = self.annotations.identity
-            final.update((b"" if self._first else b",") + json.dumps([f"{self.source}/{ANNOTATIONS_FILE}", size, etag], separators=(",", ":")).encode())
+            final.update(
+                (b"" if self._first else b",")
+                + json.dumps([f"{self.source}/{ANNOTATIONS_FILE}", size, etag], separators=(",", ":")).encode()
+            )
         final.update(b"]")
         return final.hexdigest()
 
@@ -201,7 +228,7 @@ class _IndexWriter:
         self.unsafe_examples: list[str] = []
         self.groups = GroupCounts()
 
-    def __enter__(self) -> "_IndexWriter":
+    def __enter__(self) -> _IndexWriter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -213,15 +240,22 @@ class _IndexWriter:
         self.images += len(frame)
         self.bytes += int(frame["size"].sum())
         self.without_annotation += int((frame["annotation_count"] == 0).sum())
-        candidates = frame["key"][frame["key"].str.contains(MAYBE_UNSAFE)]  # key_problem itself only where it may say yes
+        candidates = frame["key"][
+            frame["key"].str.contains(MAYBE_UNSAFE)
+        ]  # key_problem itself only where it may say yes
         unsafe = [key for key in candidates if key_problem(key)]
         self.unsafe += len(unsafe)
         self.unsafe_examples += unsafe[: EXAMPLES - len(self.unsafe_examples)]
         self.groups.add(hashes)
 
     def counts(self) -> dict[str, int]:
-        return {"images": self.images, "bytes": self.bytes, "groups": len(self.groups),
-                "images_without_annotation": self.without_annotation, "unsafe_keys": self.unsafe}
+        return {
+            "images": self.images,
+            "bytes": self.bytes,
+            "groups": len(self.groups),
+            "images_without_annotation": self.without_annotation,
+            "unsafe_keys": self.unsafe,
+        }
 
 
 def _write_all_with_hashes(batches: Iterator[tuple[pd.DataFrame, np.ndarray]], path: Path) -> GroupCounts:

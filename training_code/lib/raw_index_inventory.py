@@ -15,9 +15,10 @@ import heapq
 import itertools
 import json
 import tempfile
+from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 from urllib.parse import unquote_plus
 
 import pyarrow as pa
@@ -41,14 +42,20 @@ def read_inventory_manifest(manifest_uri: str, raw_uri: str) -> dict[str, Any]:
     manifest = json.loads(read_bytes(manifest_uri))
     bucket, _ = split_s3(raw_uri)
     if manifest.get("sourceBucket") != bucket:
-        raise ValueError(f"{manifest_uri}: inventory of bucket {manifest.get('sourceBucket')!r}, but the raw root is in {bucket!r}")
+        raise ValueError(
+            f"{manifest_uri}: inventory of bucket {manifest.get('sourceBucket')!r}, but the raw root is in {bucket!r}"
+        )
     file_format = manifest.get("fileFormat")
     if file_format not in ("CSV", "Parquet"):
-        raise ValueError(f"{manifest_uri}: fileFormat {file_format!r} is not supported; configure the report as CSV or Parquet")
+        raise ValueError(
+            f"{manifest_uri}: fileFormat {file_format!r} is not supported; configure the report as CSV or Parquet"
+        )
     if file_format == "CSV":
         fields = [name.strip() for name in manifest.get("fileSchema", "").split(",")]
         if missing := [f for f in REQUIRED_FIELDS if f not in fields]:
-            raise ValueError(f"{manifest_uri}: the report lacks the fields {missing}; add Size and ETag to the inventory configuration")
+            raise ValueError(
+                f"{manifest_uri}: the report lacks the fields {missing}; add Size and ETag to the inventory configuration"
+            )
     return manifest
 
 
@@ -69,7 +76,7 @@ def inventory_objects(manifest_uri: str, raw_uri: str, under: str = "") -> Itera
             for keys, sizes, etags in _blocks(local, manifest):
                 for key, size, etag in zip(keys, sizes, etags):
                     if key.startswith(wanted) and not key.endswith("/"):
-                        pending.append((key[len(base):], int(size), str(etag).strip('"')))
+                        pending.append((key[len(base) :], int(size), str(etag).strip('"')))
                 if len(pending) >= RUN_ROWS:
                     runs.append(_spill(pending, Path(scratch) / f"run-{len(runs)}.arrow"))
                     pending = []
@@ -83,8 +90,10 @@ def inventory_objects(manifest_uri: str, raw_uri: str, under: str = "") -> Itera
         del pending
         merged = itertools.count()
         while len(runs) > MERGE_FAN_IN:
-            runs = [_write_run(_merge(runs[start : start + MERGE_FAN_IN]), Path(scratch) / f"merged-{next(merged)}.arrow")
-                    for start in range(0, len(runs), MERGE_FAN_IN)]
+            runs = [
+                _write_run(_merge(runs[start : start + MERGE_FAN_IN]), Path(scratch) / f"merged-{next(merged)}.arrow")
+                for start in range(0, len(runs), MERGE_FAN_IN)
+            ]
         for row in _merge(runs):
             yield ObjectInfo(*row)
 
@@ -105,8 +114,12 @@ def _blocks(local: Path, manifest: dict[str, Any]) -> Iterator[tuple[list[str], 
     reader = pa_csv.open_csv(
         local,  # the .gz name makes pyarrow decompress as it reads
         read_options=pa_csv.ReadOptions(column_names=fields, block_size=CSV_BLOCK_BYTES),
-        convert_options=pa_csv.ConvertOptions(column_types={f: pa.string() for f in fields}, include_columns=list(REQUIRED_FIELDS),
-                                               strings_can_be_null=False, quoted_strings_can_be_null=False),
+        convert_options=pa_csv.ConvertOptions(
+            column_types={f: pa.string() for f in fields},
+            include_columns=list(REQUIRED_FIELDS),
+            strings_can_be_null=False,
+            quoted_strings_can_be_null=False,
+        ),
     )
     for batch in reader:
         batch = batch.filter(pc.equal(batch.column("Bucket"), bucket))
@@ -124,7 +137,11 @@ def _write_run(rows: Iterable[tuple[str, int, str]], path: Path) -> Path:
     rows = iter(rows)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, RUN_SCHEMA) as writer:
         while chunk := list(itertools.islice(rows, RUN_BATCH_ROWS)):
-            writer.write_batch(pa.record_batch([[r[0] for r in chunk], [r[1] for r in chunk], [r[2] for r in chunk]], schema=RUN_SCHEMA))
+            writer.write_batch(
+                pa.record_batch(
+                    [[r[0] for r in chunk], [r[1] for r in chunk], [r[2] for r in chunk]], schema=RUN_SCHEMA
+                )
+            )
     return path
 
 

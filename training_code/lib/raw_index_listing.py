@@ -10,8 +10,8 @@ UTF-8 keys), so a listing and an inventory of the same objects stream the same s
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from .raw_index_inventory import inventory_objects
 from .storage import ObjectInfo, is_s3, key_problem, local_object_info, s3_call, s3_client, split_s3
@@ -23,7 +23,9 @@ def check_source(source: str) -> str:
     """`source` when it names one folder of the raw root; a ValueError saying why otherwise."""
     problem = key_problem(source) or ("a '/' (a source is one top-level folder)" if "/" in source else None)
     if problem:
-        raise ValueError(f"source {source!r} has {problem}; a source is the name of one top-level folder of the raw root")
+        raise ValueError(
+            f"source {source!r} has {problem}; a source is the name of one top-level folder of the raw root"
+        )
     return source
 
 
@@ -43,7 +45,9 @@ def _walk_local(raw: Path, source: str) -> Iterator[ObjectInfo]:
     with a '/' after folder names, which orders the walk exactly as the full keys sort."""
     top = raw / source
     if top.is_symlink() or not top.is_dir():
-        raise FileNotFoundError(f"{top} is not a folder of the raw root {raw} (a symlinked source folder is not followed)")
+        raise FileNotFoundError(
+            f"{top} is not a folder of the raw root {raw} (a symlinked source folder is not followed)"
+        )
     real_root = os.path.realpath(raw)
     stack = [iter(_sorted_entries(str(top), f"{source}/"))]
     while stack:
@@ -72,12 +76,20 @@ def _list_s3_source(raw_uri: str, source: str) -> Iterator[ObjectInfo]:
     page_prefix = f"{base}{source}/"
     client, after = s3_client(), ""
     while True:
-        request = {"Bucket": bucket, "Prefix": page_prefix, "MaxKeys": S3_PAGE_KEYS, **({"StartAfter": after} if after else {})}
-        page = s3_call(lambda: client.list_objects_v2(**request), f"LIST s3://{bucket}/{page_prefix} after {after!r}")
+        request = {
+            "Bucket": bucket,
+            "Prefix": page_prefix,
+            "MaxKeys": S3_PAGE_KEYS,
+            **({"StartAfter": after} if after else {}),
+        }
+        page = s3_call(
+            lambda request=request: client.list_objects_v2(**request),
+            f"LIST s3://{bucket}/{page_prefix} after {after!r}",
+        )
         contents = page.get("Contents", [])
         for listed in contents:
             if not (listed["Key"].endswith("/") and int(listed["Size"]) == 0):  # a folder marker, not an object
-                yield ObjectInfo(listed["Key"][len(base):], int(listed["Size"]), listed["ETag"].strip('"'))
+                yield ObjectInfo(listed["Key"][len(base) :], int(listed["Size"]), listed["ETag"].strip('"'))
         if not page.get("IsTruncated") or not contents:
             return
         after = contents[-1]["Key"]

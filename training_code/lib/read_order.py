@@ -18,8 +18,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import TypeVar
 
 _PRIME = 1_000_003
 T = TypeVar("T")
@@ -141,8 +142,17 @@ def shuffled(pairs: Iterable[tuple[int, int]], buffer_size: int, rng: random.Ran
     yield from buffer
 
 
-def rank_epoch(rows: Sequence[int], sources: Sequence[str], *, seed: int, epoch: int, rank: int, world_size: int,
-               open_shards: int, shuffle_buffer: int) -> Iterator[tuple[int, int]]:
+def rank_epoch(
+    rows: Sequence[int],
+    sources: Sequence[str],
+    *,
+    seed: int,
+    epoch: int,
+    rank: int,
+    world_size: int,
+    open_shards: int,
+    shuffle_buffer: int,
+) -> Iterator[tuple[int, int]]:
     """(shard index, row) pairs rank `rank` reads in `epoch`."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not within world size {world_size}")

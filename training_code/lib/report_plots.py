@@ -15,8 +15,18 @@ from PIL import Image, ImageDraw
 
 PLOT_SIZE = (480, 340)
 MARGIN = (48, 16, 16, 40)  # left, top, right, bottom: room for the axis labels
-CLASS_COLOURS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
-                 (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
+CLASS_COLOURS = [
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+]
 TRUTH_COLOUR, PREDICTION_COLOUR = (40, 220, 60), (240, 40, 40)
 THUMBNAIL_ASPECT = 0.7  # height / width of the thumbnail plot
 
@@ -78,7 +88,11 @@ def draw_pr_thumbnail(curve: dict[str, Any], width: int) -> Image.Image:
     recall = curve["recall"]
     for index, precision in enumerate(curve["per_class"].values()):
         if precision is not None:
-            draw.line([point(r, p) for r, p in zip(recall, precision)], fill=CLASS_COLOURS[index % len(CLASS_COLOURS)], width=1)
+            draw.line(
+                [point(r, p) for r, p in zip(recall, precision)],
+                fill=CLASS_COLOURS[index % len(CLASS_COLOURS)],
+                width=1,
+            )
     if curve["mean"] is not None:
         draw.line([point(r, p) for r, p in zip(recall, curve["mean"])], fill="black", width=2)
     return image
@@ -89,7 +103,9 @@ def draw_sample(sample: SamplePicture, width: int, enlarge: bool = False) -> Ima
     more), boxes drawn after scaling so they stay visible: ground truth in green, predictions in red."""
     tile = Image.fromarray(sample.image.permute(1, 2, 0).contiguous().numpy())
     scale = width / tile.width if enlarge else min(1.0, width / tile.width)
-    tile = tile.resize((max(1, round(tile.width * scale)), max(1, round(tile.height * scale))), Image.Resampling.LANCZOS)
+    tile = tile.resize(
+        (max(1, round(tile.width * scale)), max(1, round(tile.height * scale))), Image.Resampling.LANCZOS
+    )
     draw = ImageDraw.Draw(tile)
     for boxes, colour in ((sample.truth, TRUTH_COLOUR), (sample.predicted, PREDICTION_COLOUR)):
         for box in boxes:
@@ -113,4 +129,3 @@ def save_png(image: Image.Image, path: Path) -> Path:
     image.save(temporary, "PNG", optimize=True)
     temporary.replace(path)
     return path
-

@@ -58,7 +58,9 @@ LABEL_SCHEMA = pa.schema([f for f in SHARD_SCHEMA if f.name != "image"])
 
 def shard_schema(categories: list[dict[str, Any]]) -> pa.Schema:
     """SHARD_SCHEMA with the `datasets` features of a shard set whose manifest lists `categories`."""
-    return SHARD_SCHEMA.with_metadata({**BOXES_NOTE, "huggingface": shard_hf.schema_metadata(shard_hf.class_names(categories))})
+    return SHARD_SCHEMA.with_metadata(
+        {**BOXES_NOTE, "huggingface": shard_hf.schema_metadata(shard_hf.class_names(categories))}
+    )
 
 
 class ShardIntegrityError(RuntimeError):
@@ -126,7 +128,13 @@ def reusable_manifest(previous: Path | None, categories: list[dict[str, Any]]) -
         return None
     _, manifest = _manifest_json(previous)
     if manifest.get("format") != FORMAT or manifest.get("categories") != categories:
-        log.info("earlier shard set %s has format %s and categories %s, now %s and %s: every row is packed again",
-                 previous, manifest.get("format"), manifest.get("categories"), FORMAT, categories)
+        log.info(
+            "earlier shard set %s has format %s and categories %s, now %s and %s: every row is packed again",
+            previous,
+            manifest.get("format"),
+            manifest.get("categories"),
+            FORMAT,
+            categories,
+        )
         return None
     return manifest

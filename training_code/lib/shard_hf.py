@@ -38,7 +38,9 @@ def class_names(categories: list[dict[str, Any]]) -> list[str]:
     """The ClassLabel names for a manifest's categories: index i names category id i, 0 the background."""
     by_id = {int(c["id"]): str(c["name"]) for c in categories}
     if sorted(by_id) != list(range(1, len(by_id) + 1)) or len(by_id) != len(categories):
-        raise ValueError(f"category ids must be 1..K, each once, to name a ClassLabel; got {sorted(c['id'] for c in categories)}")
+        raise ValueError(
+            f"category ids must be 1..K, each once, to name a ClassLabel; got {sorted(c['id'] for c in categories)}"
+        )
     names = [BACKGROUND] + [by_id[i] for i in range(1, len(by_id) + 1)]
     if len(set(names)) != len(names):
         raise ValueError(f"category names must be distinct and not {BACKGROUND!r}; got {names[1:]}")
@@ -74,7 +76,9 @@ def schema_metadata(names: list[str]) -> bytes:
     return json.dumps({"info": {"features": features(names)}}).encode()
 
 
-def write_dataset_dict(folder: Path, entries: list[dict[str, Any]], categories: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def write_dataset_dict(
+    folder: Path, entries: list[dict[str, Any]], categories: list[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
     """Write the `load_from_disk` files for the splits that have shards; returns name -> {bytes, sha256}
     for the manifest, so an output is complete only with them. Written before the manifest, like the shards."""
     folder = Path(folder)
@@ -85,15 +89,31 @@ def write_dataset_dict(folder: Path, entries: list[dict[str, Any]], categories: 
         shards = [e for e in entries if e["split"] == split]
         # A content fingerprint: `datasets` names the cache files of map()/filter() results after it.
         fingerprint = hashlib.sha256("".join(e["sha256"] for e in shards).encode()).hexdigest()[:16]
-        written[f"{split}/{STATE}"] = json.dumps({
-            "_data_files": [{"filename": f"../{e['file']}"} for e in shards],
-            "_fingerprint": fingerprint, "_format_columns": None, "_format_kwargs": {}, "_format_type": None,
-            "_output_all_columns": False, "_split": split,
-        }, indent=1).encode()
-        written[f"{split}/{INFO}"] = json.dumps({
-            "features": features(names),
-            "splits": {split: {"name": split, "num_examples": sum(e["rows"] for e in shards), "num_bytes": sum(e["bytes"] for e in shards)}},
-        }, indent=1).encode()
+        written[f"{split}/{STATE}"] = json.dumps(
+            {
+                "_data_files": [{"filename": f"../{e['file']}"} for e in shards],
+                "_fingerprint": fingerprint,
+                "_format_columns": None,
+                "_format_kwargs": {},
+                "_format_type": None,
+                "_output_all_columns": False,
+                "_split": split,
+            },
+            indent=1,
+        ).encode()
+        written[f"{split}/{INFO}"] = json.dumps(
+            {
+                "features": features(names),
+                "splits": {
+                    split: {
+                        "name": split,
+                        "num_examples": sum(e["rows"] for e in shards),
+                        "num_bytes": sum(e["bytes"] for e in shards),
+                    }
+                },
+            },
+            indent=1,
+        ).encode()
     for name, data in written.items():
         write_bytes_atomic(folder / name, data)
     return {name: {"bytes": len(data), "sha256": sha256_bytes(data)} for name, data in written.items()}

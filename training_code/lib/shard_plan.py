@@ -42,7 +42,10 @@ class ShardPlan:
 
 
 def plan_shards(
-    expected: dict[str, tuple[str, dict[str, Any]]], config: dict[str, Any], previous: Path | None, previous_manifest: dict[str, Any] | None,
+    expected: dict[str, tuple[str, dict[str, Any]]],
+    config: dict[str, Any],
+    previous: Path | None,
+    previous_manifest: dict[str, Any] | None,
     groups: dict[str, tuple[str, str]],
 ) -> ShardPlan:
     """`expected` maps key -> (split, shard_labels row) for the current validated set; `groups` key -> (source, group)."""
@@ -57,7 +60,9 @@ def plan_shards(
         plan.kept.append(entry)
     splits = sorted({split for split, _ in expected.values()})
     for split in splits:
-        plan.to_pack[split] = pack_order([k for k, (s, _) in expected.items() if s == split and k not in claimed], groups)
+        plan.to_pack[split] = pack_order(
+            [k for k, (s, _) in expected.items() if s == split and k not in claimed], groups
+        )
     for entry in previous_manifest["shards"] if reusable else []:
         match = _INDEX.match(entry["file"])
         if match:
@@ -77,7 +82,9 @@ def pack_order(keys: list[str], groups: dict[str, tuple[str, str]], seed: int = 
     for (source, group), group_keys in members.items():
         phase = _unit(seed, "group", source, group)
         group_keys.sort(key=lambda key: _unit(seed, "key", key))
-        placed += [((index + phase) / len(group_keys), _unit(seed, "key", key), key) for index, key in enumerate(group_keys)]
+        placed += [
+            ((index + phase) / len(group_keys), _unit(seed, "key", key), key) for index, key in enumerate(group_keys)
+        ]
     return [key for *_, key in sorted(placed)]
 
 
@@ -92,13 +99,19 @@ def _same_config(manifest: dict[str, Any], config: dict[str, Any]) -> bool:
         log.info("earlier shard set has config %s, now %s: every row is packed again", manifest.get("config"), config)
         return False
     if manifest.get("pack_order") != PACK_ORDER:
-        log.info("earlier shard set was packed in order %s, now %s: every row is packed again", manifest.get("pack_order"), PACK_ORDER)
+        log.info(
+            "earlier shard set was packed in order %s, now %s: every row is packed again",
+            manifest.get("pack_order"),
+            PACK_ORDER,
+        )
         return False
     return True
 
 
-def _why_not_reusable(path: Path, entry: dict[str, Any], expected: dict[str, tuple[str, dict[str, Any]]], claimed: set[str]) -> str:
-    """"" when the shard can be carried over (its keys are then added to `claimed`), else the reason."""
+def _why_not_reusable(
+    path: Path, entry: dict[str, Any], expected: dict[str, tuple[str, dict[str, Any]]], claimed: set[str]
+) -> str:
+    """ "" when the shard can be carried over (its keys are then added to `claimed`), else the reason."""
     if not path.is_file() or path.stat().st_size != entry["bytes"]:
         return "missing or not the size its manifest records"
     # Memory-mapped: the image column is never read, only the label columns are compared.

@@ -36,7 +36,9 @@ class Encoding:
         if self.mode not in ENCODINGS:
             raise ValueError(f"--image-encoding must be one of {ENCODINGS}, got {self.mode!r}")
         if self.max_side < 1 or not 1 <= self.jpeg_quality <= 100:
-            raise ValueError(f"--max-side must be >= 1 and --jpeg-quality within 1..100; got {self.max_side}, {self.jpeg_quality}")
+            raise ValueError(
+                f"--max-side must be >= 1 and --jpeg-quality within 1..100; got {self.max_side}, {self.jpeg_quality}"
+            )
 
     def config(self) -> dict[str, Any]:
         """The settings that decide the stored bytes (part of the shard manifest and of the fingerprint)."""

@@ -28,7 +28,9 @@ class ShardWriter:
     """`with ShardWriter(out, "train", target_bytes, categories=manifest_categories) as writer: writer.write(row)`;
     then `writer.entries`. A row holds every SHARD_SCHEMA column, `image` as the bytes to store."""
 
-    def __init__(self, out_dir: Path, split: str, target_bytes: int, *, categories: list[dict[str, Any]], first_index: int = 0) -> None:
+    def __init__(
+        self, out_dir: Path, split: str, target_bytes: int, *, categories: list[dict[str, Any]], first_index: int = 0
+    ) -> None:
         if target_bytes <= 0:
             raise ValueError(f"target shard size must be positive, got {target_bytes}")
         self.out_dir, self.split, self.target_bytes = Path(out_dir), split, target_bytes
@@ -42,7 +44,7 @@ class ShardWriter:
         self._rows = 0
         self._name = ""
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         return self
 
@@ -56,7 +58,9 @@ class ShardWriter:
     def write(self, row: dict[str, Any]) -> None:
         # The schema's fields are nullable for `datasets`' sake, so Arrow would store a missing value as null.
         if missing := [name for name in _COLUMNS if row.get(name) is None]:
-            raise ValueError(f"shard row {row.get('key')!r}: column {missing[0]!r} is missing or None; every shard column needs a value")
+            raise ValueError(
+                f"shard row {row.get('key')!r}: column {missing[0]!r} is missing or None; every shard column needs a value"
+            )
         self._pending.append(row)
         self._pending_bytes += len(row["image"])
         # Roll over by the row, not by the batch, so a shard ends close to the target whatever the batch size.
@@ -98,7 +102,9 @@ class ShardWriter:
         digest = self._hasher.finish(size)
         final = self.out_dir / self._name
         os.replace(self._tmp_path(), final)
-        self.entries.append({"split": self.split, "file": self._name, "rows": self._rows, "bytes": size, "sha256": digest})
+        self.entries.append(
+            {"split": self.split, "file": self._name, "rows": self._rows, "bytes": size, "sha256": digest}
+        )
         self._stream = self._sink = None
 
     def _abort(self) -> None:

@@ -12,7 +12,7 @@ import pandas as pd
 
 
 def split_of_group(group: str, seed: int, val_fraction: float) -> str:
-    """"val" when the group's hash point falls under `val_fraction`, else "train"."""
+    """ "val" when the group's hash point falls under `val_fraction`, else "train"."""
     point = int(hashlib.sha256(f"{seed}:{group}".encode()).hexdigest()[:8], 16) / 2**32
     return "val" if point < val_fraction else "train"
 

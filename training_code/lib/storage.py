@@ -11,10 +11,10 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 MANIFEST_NAMES = ("manifest.json",)
 LISTING_THREADS = 16  # concurrent LIST requests; S3 serves thousands per second per prefix
@@ -225,7 +225,9 @@ def read_bytes(uri: str | os.PathLike) -> bytes:
 def exists(uri: str | os.PathLike) -> bool:
     if is_s3(uri):
         bucket, key = split_s3(str(uri))
-        response = s3_call(lambda: s3_client().list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1), f"LIST s3://{bucket}/{key}")
+        response = s3_call(
+            lambda: s3_client().list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1), f"LIST s3://{bucket}/{key}"
+        )
         return response.get("KeyCount", 0) > 0
     return Path(uri).exists()
 
@@ -242,10 +244,14 @@ def delete_prefix(uri: str | os.PathLike) -> None:
         keys = [o["Key"] for o in _s3_objects_under(bucket, prefix)]
         for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1,000 keys
             batch = [{"Key": key} for key in keys[start : start + 1000]]
-            errors = s3_call(lambda: s3_client().delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True}),
-                             f"DELETE {len(batch)} objects under s3://{bucket}/{prefix}/").get("Errors", [])
+            errors = s3_call(
+                lambda batch=batch: s3_client().delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True}),
+                f"DELETE {len(batch)} objects under s3://{bucket}/{prefix}/",
+            ).get("Errors", [])
             if errors:
-                raise OSError(f"could not delete {len(errors)} objects under {uri}, first {errors[0].get('Key')}: {errors[0].get('Message')}")
+                raise OSError(
+                    f"could not delete {len(errors)} objects under {uri}, first {errors[0].get('Key')}: {errors[0].get('Message')}"
+                )
         return
     path = Path(uri)
     if path.is_symlink() or path.is_file():
@@ -270,8 +276,11 @@ def newest_write(uri: str | os.PathLike) -> float | None:
 
 def _s3_objects_under(bucket: str, prefix: str) -> list[dict]:
     """The raw ListObjectsV2 entries under `prefix/` (the whole bucket for an empty prefix)."""
+
     def listed() -> list[dict]:
-        pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
+        pages = (
+            s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
+        )
         return [o for page in pages for o in page.get("Contents", [])]
 
     return s3_call(listed, f"LIST s3://{bucket}/{prefix}/")
@@ -364,4 +373,3 @@ def fetch_file(uri: str, dest: Path) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-

@@ -14,18 +14,37 @@ import pandera.pandas as pa
 from .storage import write_bytes_atomic
 
 REASONS = (
-    "empty", "unidentified", "truncated", "checksum", "bomb", "timeout", "crash",
-    "unsupported", "format_not_allowed", "too_small", "exif", "decode_error",
+    "empty",
+    "unidentified",
+    "truncated",
+    "checksum",
+    "bomb",
+    "timeout",
+    "crash",
+    "unsupported",
+    "format_not_allowed",
+    "too_small",
+    "exif",
+    "decode_error",
     "corrupt_data",  # a JPEG whose compressed data libjpeg-turbo reports corrupt (Pillow decodes it silently)
     "unreadable",  # listed in the index but could not be read (vanished, permissions): stage "read"
     # Decided before a byte is read (see training_code/lib/raw_files.py): stage "read".
-    "unsafe_key", "outside_root", "too_large",
+    "unsafe_key",
+    "outside_root",
+    "too_large",
 )
 LABEL_REASONS = (
-    "outside_image", "degenerate", "non_finite", "unknown_category", "malformed",
+    "outside_image",
+    "degenerate",
+    "non_finite",
+    "unknown_category",
+    "malformed",
     "bad_number",  # a bbox value that is no usable number (an integer too large for a float, a bool)
     # Entries of annotations.json itself, keyed by that file (see training_code/lib/coco.py):
-    "not_an_object", "bad_id", "bad_file_name", "unknown_image",
+    "not_an_object",
+    "bad_id",
+    "bad_file_name",
+    "unknown_image",
 )
 SPLITS = ("train", "val")
 
@@ -148,4 +167,6 @@ def read_table(path: Path, schema: pa.DataFrameSchema) -> pd.DataFrame:
 
 def empty_frame(schema: pa.DataFrameSchema) -> pd.DataFrame:
     """A zero-row frame with the schema's columns, for tables that have nothing to report."""
-    return pd.DataFrame({name: pd.Series(dtype=str(col.dtype) if col.dtype else object) for name, col in schema.columns.items()})
+    return pd.DataFrame(
+        {name: pd.Series(dtype=str(col.dtype) if col.dtype else object) for name, col in schema.columns.items()}
+    )

@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -29,7 +30,9 @@ DUPLICATE_RULE = "an exact duplicate (same sha256) in several sources is kept in
 EXCLUDED_SCHEMA = pa.schema([("source", pa.string()), ("key", pa.string()), ("reason", pa.string())])
 
 
-def choose_rows(accepted: dict[str, list[tuple[str, str]]], max_images_per_source: int | None) -> list[tuple[str, str, str]]:
+def choose_rows(
+    accepted: dict[str, list[tuple[str, str]]], max_images_per_source: int | None
+) -> list[tuple[str, str, str]]:
     """The excluded (source, key, reason) rows, given each source's accepted (key, sha256) rows."""
     excluded: list[tuple[str, str, str]] = []
     kept_in: dict[str, str] = {}  # sha256 -> the source that keeps it
@@ -43,7 +46,10 @@ def choose_rows(accepted: dict[str, list[tuple[str, str]]], max_images_per_sourc
                 kept.append(key)
         if max_images_per_source is not None and len(kept) > max_images_per_source:
             by_hash = sorted(kept, key=lambda key: hashlib.sha256(key.encode()).hexdigest())
-            excluded += [(source, key, f"over the cap of {max_images_per_source} images per source") for key in sorted(by_hash[max_images_per_source:])]
+            excluded += [
+                (source, key, f"over the cap of {max_images_per_source} images per source")
+                for key in sorted(by_hash[max_images_per_source:])
+            ]
     return excluded
 
 
@@ -72,7 +78,9 @@ def excluded_keys(folder: Path) -> dict[str, frozenset[str]]:
     """source -> the keys training and evaluation skip."""
     path = Path(folder) / EXCLUDED
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: the training set names its excluded rows in {EXCLUDED}, which is missing; warm the training set again")
+        raise FileNotFoundError(
+            f"{path}: the training set names its excluded rows in {EXCLUDED}, which is missing; warm the training set again"
+        )
     by_source: dict[str, set[str]] = {}
     for row in pq.read_table(path).to_pylist():
         by_source.setdefault(row["source"], set()).add(row["key"])

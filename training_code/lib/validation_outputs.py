@@ -59,7 +59,13 @@ def build_outputs(
             decodable.append(row)
         else:
             quarantine_rows.append(
-                {"key": row.key, "sha256": verdict.sha256, "stage": verdict.stage, "reason": verdict.reason, "error": verdict.error}
+                {
+                    "key": row.key,
+                    "sha256": verdict.sha256,
+                    "stage": verdict.stage,
+                    "reason": verdict.reason,
+                    "error": verdict.error,
+                }
             )
     decodable_keys = pd.Series([row.key for row in decodable], dtype=object)
     duplicates = find_exact_duplicates(decodable_keys, decodable_keys.map(lambda key: verdicts[key].sha256))
@@ -74,15 +80,29 @@ def build_outputs(
         parsed = annotations.get(row.source)
         file_annotations = parsed.annotations_for(_file_name(row.source, row.key)) if parsed else []
         labels = check_labels(
-            row.key, file_annotations, parsed.categories if parsed else {}, verdict.orientation, verdict.width, verdict.height
+            row.key,
+            file_annotations,
+            parsed.categories if parsed else {},
+            verdict.orientation,
+            verdict.width,
+            verdict.height,
         )
         rejected_rows += labels.rejected
         accepted_rows.append(
             {
-                "source": row.source, "key": row.key, "sha256": verdict.sha256, "size": verdict.size,
-                "format": verdict.format, "mode": verdict.mode, "width": verdict.width, "height": verdict.height,
-                "orientation": verdict.orientation, "group": row.group, "split": "",
-                "boxes": labels.boxes, "category_names": labels.category_names,
+                "source": row.source,
+                "key": row.key,
+                "sha256": verdict.sha256,
+                "size": verdict.size,
+                "format": verdict.format,
+                "mode": verdict.mode,
+                "width": verdict.width,
+                "height": verdict.height,
+                "orientation": verdict.orientation,
+                "group": row.group,
+                "split": "",
+                "boxes": labels.boxes,
+                "category_names": labels.category_names,
             }
         )
     accepted = _frame(accepted_rows, ACCEPTED)
@@ -109,11 +129,25 @@ def unmatched_rows(
     for source, key in zip(index["source"], index["key"]):
         parsed = annotations.get(source)
         if source in annotation_errors:
-            rows.append({"kind": "image_without_annotation", "key": key, "detail": f"annotations.json unusable: {annotation_errors[source]}"})
+            rows.append(
+                {
+                    "kind": "image_without_annotation",
+                    "key": key,
+                    "detail": f"annotations.json unusable: {annotation_errors[source]}",
+                }
+            )
         elif parsed is None:
-            rows.append({"kind": "image_without_annotation", "key": key, "detail": f"source {source!r} has no annotations.json"})
+            rows.append(
+                {"kind": "image_without_annotation", "key": key, "detail": f"source {source!r} has no annotations.json"}
+            )
         elif _file_name(source, key) not in parsed.image_entries:
-            rows.append({"kind": "image_without_annotation", "key": key, "detail": f"no image entry in {source}/annotations.json"})
+            rows.append(
+                {
+                    "kind": "image_without_annotation",
+                    "key": key,
+                    "detail": f"no image entry in {source}/annotations.json",
+                }
+            )
     for source, parsed in sorted(annotations.items()):
         if parsed is None:
             continue
@@ -121,8 +155,11 @@ def unmatched_rows(
         for file_name in annotated_files_without_image(parsed, listed):
             count = len(parsed.annotations_for(file_name))
             rows.append(
-                {"kind": "annotation_without_image", "key": f"{source}/{file_name}",
-                 "detail": f"{count} annotation(s) in {source}/annotations.json for a file the index does not list"}
+                {
+                    "kind": "annotation_without_image",
+                    "key": f"{source}/{file_name}",
+                    "detail": f"{count} annotation(s) in {source}/annotations.json for a file the index does not list",
+                }
             )
     return rows
 

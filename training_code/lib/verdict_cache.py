@@ -35,7 +35,9 @@ def verdict_frame(index: pd.DataFrame, verdicts: dict[str, ImageVerdict]) -> pd.
         rows.append({"key": key, "etag": etag, "listed_size": int(listed_size), **fields})
     frame = pd.DataFrame(rows, columns=list(VERDICTS.columns))
     if not rows:  # a host given no image of a small source: empty, with the schema's column types
-        frame = frame.astype({name: str(column.dtype) for name, column in VERDICTS.columns.items() if column.dtype is not None})
+        frame = frame.astype(
+            {name: str(column.dtype) for name, column in VERDICTS.columns.items() if column.dtype is not None}
+        )
     return frame
 
 
@@ -48,7 +50,9 @@ def load_reusable(previous: Path, decode_settings: dict[str, Any]) -> dict[tuple
     manifest = json.loads(manifest_path.read_text())
     earlier = manifest.get("decode_settings")
     if earlier != decode_settings:
-        log.info("decode settings changed since %s (%s -> %s): every image is decoded", previous, earlier, decode_settings)
+        log.info(
+            "decode settings changed since %s (%s -> %s): every image is decoded", previous, earlier, decode_settings
+        )
         return {}
     reusable = read_verdicts(previous / VERDICTS_FILE)
     return {identity: verdict for identity, verdict in reusable.items() if verdict.reason not in NEVER_REUSED}
@@ -59,13 +63,23 @@ def read_verdicts(path: Path) -> dict[tuple[str, str, int], ImageVerdict]:
     verdicts = {}
     for row in read_table(path, VERDICTS).itertuples(index=False):
         verdicts[(row.key, row.etag, int(row.listed_size))] = ImageVerdict(
-            sha256=row.sha256 or None, size=int(row.size), reason=row.reason or None, stage=row.stage, error=row.error,
-            format=row.format, mode=row.mode, width=int(row.width), height=int(row.height), orientation=int(row.orientation),
+            sha256=row.sha256 or None,
+            size=int(row.size),
+            reason=row.reason or None,
+            stage=row.stage,
+            error=row.error,
+            format=row.format,
+            mode=row.mode,
+            width=int(row.width),
+            height=int(row.height),
+            orientation=int(row.orientation),
         )
     return verdicts
 
 
-def split_reused(index: pd.DataFrame, reusable: dict[tuple[str, str, int], ImageVerdict]) -> tuple[dict[str, ImageVerdict], list[str]]:
+def split_reused(
+    index: pd.DataFrame, reusable: dict[tuple[str, str, int], ImageVerdict]
+) -> tuple[dict[str, ImageVerdict], list[str]]:
     """The verdicts reused for this index, and the keys that must be decoded (new or changed)."""
     reused, to_decode = {}, []
     for key, etag, listed_size in zip(index["key"], index["etag"], index["size"]):

@@ -34,12 +34,20 @@ def add_arguments(parser: argparse.ArgumentParser, *, follows_training: bool = F
     server left unset are filled from the checkpoint's training run (see `follow_training`)."""
     group = parser.add_argument_group("Weights & Biases")
     default_mode = AS_TRAINING if follows_training else "offline"
-    group.add_argument("--wandb-mode", default=default_mode, choices=(AS_TRAINING, *MODES) if follows_training else MODES,
-                       help="offline: the run is written under WANDB_DIR or the job's output data folder, for `wandb sync`")
+    group.add_argument(
+        "--wandb-mode",
+        default=default_mode,
+        choices=(AS_TRAINING, *MODES) if follows_training else MODES,
+        help="offline: the run is written under WANDB_DIR or the job's output data folder, for `wandb sync`",
+    )
     group.add_argument("--wandb-project", default=None if follows_training else "zero")
     group.add_argument("--wandb-entity", default=None, help="team or user (default: the API key's default entity)")
-    group.add_argument("--wandb-group", default=None, help="runs of one checkpoint lineage: its training and its evaluations")
-    group.add_argument("--wandb-base-url", default=None, help="W&B server for online mode (key: see ZERO_WANDB_SECRET_ARN)")
+    group.add_argument(
+        "--wandb-group", default=None, help="runs of one checkpoint lineage: its training and its evaluations"
+    )
+    group.add_argument(
+        "--wandb-base-url", default=None, help="W&B server for online mode (key: see ZERO_WANDB_SECRET_ARN)"
+    )
 
 
 def missing_server(args: argparse.Namespace) -> str | None:
@@ -66,7 +74,9 @@ def follow_training(args: argparse.Namespace, model_dir: Path) -> None:
     for name in ("mode", "project", "entity", "group", "base_url"):
         if getattr(args, f"wandb_{name}") is None:
             setattr(args, f"wandb_{name}", recorded.get(name))
-    args.wandb_mode = args.wandb_mode or "disabled"  # a checkpoint that records no tracking (made by hand) is not tracked
+    args.wandb_mode = (
+        args.wandb_mode or "disabled"
+    )  # a checkpoint that records no tracking (made by hand) is not tracked
     args.wandb_project = args.wandb_project or "zero"
 
 
@@ -76,15 +86,23 @@ def api_key_from_secret(arn: str) -> str:
 
     parts = arn.split(":")
     if len(parts) < 7 or parts[2] != "secretsmanager":
-        raise ValueError(f"{SECRET_ARN_VARIABLE}={arn!r} is not a Secrets Manager secret ARN (arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME)")
+        raise ValueError(
+            f"{SECRET_ARN_VARIABLE}={arn!r} is not a Secrets Manager secret ARN (arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME)"
+        )
     secrets = client("secretsmanager", region=parts[3])
-    answer = retry_call(lambda: secrets.get_secret_value(SecretId=arn), what=f"GetSecretValue {parts[-1]}", endpoint=endpoint_of(secrets))
+    answer = retry_call(
+        lambda: secrets.get_secret_value(SecretId=arn),
+        what=f"GetSecretValue {parts[-1]}",
+        endpoint=endpoint_of(secrets),
+    )
     text = (answer.get("SecretString") or "").strip()
     if text.startswith("{"):
         document = json.loads(text)
         text = next((str(document[key]).strip() for key in SECRET_KEYS if document.get(key)), "")
     if not text:
-        raise ValueError(f"secret {arn} holds no W&B API key: store the key as plain text, or JSON with one of {SECRET_KEYS}")
+        raise ValueError(
+            f"secret {arn} holds no W&B API key: store the key as plain text, or JSON with one of {SECRET_KEYS}"
+        )
     return text
 
 
@@ -98,22 +116,38 @@ def start(args: argparse.Namespace, *, job_type: str, config: dict[str, Any], of
     default_dir = offline_dir or Path(os.environ.get("SM_OUTPUT_DATA_DIR", job_env.opt_ml() / "output" / "data"))
     run_dir = Path(os.environ.get("WANDB_DIR") or default_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    options: dict[str, Any] = {"console": "off", "silent": True}  # stdout/stderr carry structured lines and Pipes messages
+    options: dict[str, Any] = {
+        "console": "off",
+        "silent": True,
+    }  # stdout/stderr carry structured lines and Pipes messages
     if args.wandb_mode == "online":
         options["base_url"] = args.wandb_base_url
         arn = os.environ.get(SECRET_ARN_VARIABLE)
         if arn:
             options["api_key"] = api_key_from_secret(arn)  # in memory only: never an environment variable or a file
-    return wandb.init(mode=args.wandb_mode, project=args.wandb_project, entity=args.wandb_entity or None, group=args.wandb_group or None,
-                      job_type=job_type, name=f"{job_env.job_name()}-{job_type}", dir=str(run_dir),
-                      config={**without_tracking(vars(args)), **config}, settings=wandb.Settings(**options))
+    return wandb.init(
+        mode=args.wandb_mode,
+        project=args.wandb_project,
+        entity=args.wandb_entity or None,
+        group=args.wandb_group or None,
+        job_type=job_type,
+        name=f"{job_env.job_name()}-{job_type}",
+        dir=str(run_dir),
+        config={**without_tracking(vars(args)), **config},
+        settings=wandb.Settings(**options),
+    )
 
 
 def recorded(args: argparse.Namespace, run) -> dict[str, Any]:
     """The job's tracking settings and, when a run was made, its id and location. Training writes this
     into training_summary.json, for its evaluations to follow (see `follow_training`)."""
-    found = {"mode": args.wandb_mode, "project": args.wandb_project, "entity": args.wandb_entity, "group": args.wandb_group,
-             "base_url": args.wandb_base_url}
+    found = {
+        "mode": args.wandb_mode,
+        "project": args.wandb_project,
+        "entity": args.wandb_entity,
+        "group": args.wandb_group,
+        "base_url": args.wandb_base_url,
+    }
     if run is not None:
         found.update(run_id=run.id, location=location_of(run, args.wandb_mode))
     return found
@@ -131,8 +165,13 @@ def report_metadata(tracking: dict[str, Any]) -> dict[str, Any]:
     metadata: dict[str, Any] = {"wandb_mode": tracking["mode"]}
     if "location" in tracking:
         kind = "url" if tracking["mode"] == "online" else "path"
-        metadata.update({"wandb_run": {"type": kind, "raw_value": tracking["location"]}, "wandb_project": tracking["project"],
-                         "wandb_group": tracking["group"] or ""})
+        metadata.update(
+            {
+                "wandb_run": {"type": kind, "raw_value": tracking["location"]},
+                "wandb_project": tracking["project"],
+                "wandb_group": tracking["group"] or "",
+            }
+        )
         if tracking["entity"]:
             metadata["wandb_entity"] = tracking["entity"]
     return metadata

@@ -11,29 +11,42 @@ from ..automation import PER_SOURCE
 from ..fingerprints import code_version, previous_output, upstream_output
 from ..job_launch import launch_job
 from ..metadata import arrow_table_schema
-from ..resources.job_runner import JobRunner
 from ..partitions import RAW_SOURCES
+from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings, source_uri
-from .validated_images import validated_images
 from .job_retry import JOB_RETRY_POLICY
-
+from .validated_images import validated_images
 
 # The job script: its code version (the script and what it imports) is the asset's, in the UI and the cache alike.
 SHARD_MODULE = "training_code.shard"
 
 
 class ShardConfig(Config):
-    target_shard_bytes: int = Field(1_000_000_000, description="Start a new shard file once the current one reaches about this many bytes.")
+    target_shard_bytes: int = Field(
+        1_000_000_000, description="Start a new shard file once the current one reaches about this many bytes."
+    )
     # Preprocessing, part of the fingerprint. Augmentation is never done here.
     image_encoding: Literal["original", "resize"] = Field(
-        "original", description="original: store each image's bytes as they are; resize: scale the longest side to max_side and re-encode as JPEG.")
+        "original",
+        description="original: store each image's bytes as they are; resize: scale the longest side to max_side and re-encode as JPEG.",
+    )
     max_side: int = Field(1024, description="Longest side in pixels after resizing (image_encoding=resize only).")
     jpeg_quality: int = Field(90, description="JPEG quality 1-95 of re-encoded images (image_encoding=resize only).")
 
 
-@asset(code_version=code_version(SHARD_MODULE), deps=[validated_images], partitions_def=RAW_SOURCES, automation_condition=PER_SOURCE, group_name="zero", kinds={"arrow"}, retry_policy=JOB_RETRY_POLICY,
-       metadata={"dagster/column_schema": arrow_table_schema(SHARD_SCHEMA)})
-def arrow_shards(context: AssetExecutionContext, config: ShardConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
+@asset(
+    code_version=code_version(SHARD_MODULE),
+    deps=[validated_images],
+    partitions_def=RAW_SOURCES,
+    automation_condition=PER_SOURCE,
+    group_name="zero",
+    kinds={"arrow"},
+    retry_policy=JOB_RETRY_POLICY,
+    metadata={"dagster/column_schema": arrow_table_schema(SHARD_SCHEMA)},
+)
+def arrow_shards(
+    context: AssetExecutionContext, config: ShardConfig, settings: ZeroSettings, jobs: JobRunner
+) -> MaterializeResult:
     """Arrow IPC shards (`<split>-<n>.arrow`) and `manifest.json` with rows, bytes and sha256 per shard.
 
     `dagster/row_count` is the rows of every shard (train and val); the shard list is in the manifest,
@@ -50,5 +63,9 @@ def arrow_shards(context: AssetExecutionContext, config: ShardConfig, settings: 
         config=config.model_dump(),
         upstream=[validated],
         input_folders={"raw": context.partition_key},
-        inputs={"validated": validated.uri, "raw": source_uri(settings, context.partition_key), **({"previous": previous} if previous else {})},
+        inputs={
+            "validated": validated.uri,
+            "raw": source_uri(settings, context.partition_key),
+            **({"previous": previous} if previous else {}),
+        },
     )

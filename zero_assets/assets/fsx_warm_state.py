@@ -2,20 +2,26 @@
 
 from dagster import AssetExecutionContext, MaterializeResult, asset
 
+from ..automation import FOLLOW
 from ..cache import decide, mark_output_complete, miss_metadata, output_is_checkable, reported_row_count
 from ..fingerprints import FingerprintInputs, code_version, upstream_output
 from ..metadata import upstream_metadata
 from ..resources.job_runner import JobRunner
-from ..automation import FOLLOW
 from .job_retry import JOB_RETRY_POLICY
 from .training_set import training_set
-
 
 # The code that warms and verifies: its code version is the asset's, in the UI and the cache alike.
 WARM_MODULE = "zero_assets.warm_state"
 
 
-@asset(code_version=code_version(WARM_MODULE), deps=[training_set], automation_condition=FOLLOW, group_name="zero", kinds={"filesystem"}, retry_policy=JOB_RETRY_POLICY)
+@asset(
+    code_version=code_version(WARM_MODULE),
+    deps=[training_set],
+    automation_condition=FOLLOW,
+    group_name="zero",
+    kinds={"filesystem"},
+    retry_policy=JOB_RETRY_POLICY,
+)
 def fsx_warm_state(context: AssetExecutionContext, jobs: JobRunner) -> MaterializeResult:
     """The training set's shards where the trainer reads them (a folder locally; FSx for Lustre or S3 on
     SageMaker), verified complete, with the training-set manifest written last.

@@ -21,7 +21,9 @@ def job_retry_policy() -> RetryPolicy | None:
     default = SAGEMAKER_RETRIES if os.environ.get("ZERO_BACKEND", "local") == "sagemaker" else 0
     configured = os.environ.get("ZERO_JOB_RETRIES") or str(default)
     if not configured.isdigit():
-        raise ValueError(f"ZERO_JOB_RETRIES={configured!r} is not a whole number of step retries; set it to 0 or more, or unset it")
+        raise ValueError(
+            f"ZERO_JOB_RETRIES={configured!r} is not a whole number of step retries; set it to 0 or more, or unset it"
+        )
     retries = int(configured)
     return RetryPolicy(max_retries=retries, delay=FIRST_DELAY_S, backoff=Backoff.EXPONENTIAL) if retries > 0 else None
 

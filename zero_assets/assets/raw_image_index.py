@@ -22,7 +22,14 @@ from training_code.lib.raw_index import INDEX_FILE, MANIFEST, source_listing_fin
 from training_code.lib.storage import copy_file_atomic, join, read_bytes, write_bytes_atomic
 from training_code.lib.tables import RAW_INDEX
 
-from ..cache import decide, mark_output_complete, miss_metadata, output_is_complete, retract_output_marker, standard_metadata
+from ..cache import (
+    decide,
+    mark_output_complete,
+    miss_metadata,
+    output_is_complete,
+    retract_output_marker,
+    standard_metadata,
+)
 from ..fingerprints import FingerprintInputs, UpstreamOutput, code_version, latest_materializations
 from ..job_launch import launch_job
 from ..metadata import table_schema
@@ -39,18 +46,36 @@ INDEX_MODULE = "training_code.index"
 
 class RawIndexConfig(Config):
     inventory_manifest_uri: str = Field(
-        "", description="An S3 Inventory report's manifest.json (s3://...) to index from instead of listing the bucket; empty: list it.")
-    group_pattern: str = Field("", description=(
-        "How images are grouped for the train/val split: empty means the folder an image sits in; otherwise a regex over "
-        "the key whose match (or first group) names the group, e.g. ^[^/]+/lot_\\d+"))
-    job_above_images: int = Field(1_000_000, description=(
-        "A source whose previous index held more images than this is indexed by a Processing job (training_code.index) "
-        "instead of in the Dagster process; 0: always a job."))
+        "",
+        description="An S3 Inventory report's manifest.json (s3://...) to index from instead of listing the bucket; empty: list it.",
+    )
+    group_pattern: str = Field(
+        "",
+        description=(
+            "How images are grouped for the train/val split: empty means the folder an image sits in; otherwise a regex over "
+            "the key whose match (or first group) names the group, e.g. ^[^/]+/lot_\\d+"
+        ),
+    )
+    job_above_images: int = Field(
+        1_000_000,
+        description=(
+            "A source whose previous index held more images than this is indexed by a Processing job (training_code.index) "
+            "instead of in the Dagster process; 0: always a job."
+        ),
+    )
 
 
-@asset(code_version=code_version(INDEX_MODULE), deps=[raw_data], partitions_def=RAW_SOURCES, group_name="zero", kinds={"parquet"},
-       metadata={"dagster/column_schema": table_schema(RAW_INDEX)})
-def raw_image_index(context: AssetExecutionContext, config: RawIndexConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
+@asset(
+    code_version=code_version(INDEX_MODULE),
+    deps=[raw_data],
+    partitions_def=RAW_SOURCES,
+    group_name="zero",
+    kinds={"parquet"},
+    metadata={"dagster/column_schema": table_schema(RAW_INDEX)},
+)
+def raw_image_index(
+    context: AssetExecutionContext, config: RawIndexConfig, settings: ZeroSettings, jobs: JobRunner
+) -> MaterializeResult:
     """Index of every image of one source (the raw root's folder `<source>/`): key, size, etag, group, annotation count."""
     source = context.partition_key
     # What downstream sees: the listing (key, size, etag; never image bytes), the code that reads it, the
@@ -85,16 +110,28 @@ def _previous_images(context: AssetExecutionContext, source: str) -> int | None:
     return None if images is None else int(images.value)
 
 
-def _index_in_process(context: AssetExecutionContext, settings: ZeroSettings, source: str, config: RawIndexConfig,
-                      arguments: dict[str, Any]) -> MaterializeResult:
+def _index_in_process(
+    context: AssetExecutionContext,
+    settings: ZeroSettings,
+    source: str,
+    config: RawIndexConfig,
+    arguments: dict[str, Any],
+) -> MaterializeResult:
     """Written to a local staging folder first: the listing fingerprint, and so the output folder and
     the cache decision, is known only once the listing has streamed by. One listing pass."""
     with tempfile.TemporaryDirectory(prefix="zero-index-staging-") as staging:
-        manifest = write_source_index(settings.raw_uri, source, staging, group_pattern=config.group_pattern,
-                                      inventory_manifest_uri=config.inventory_manifest_uri or None,
-                                      sample_images=settings.sample_images or None)
+        manifest = write_source_index(
+            settings.raw_uri,
+            source,
+            staging,
+            group_pattern=config.group_pattern,
+            inventory_manifest_uri=config.inventory_manifest_uri or None,
+            sample_images=settings.sample_images or None,
+        )
         _refuse_empty(settings, manifest)
-        inputs = FingerprintInputs.of(INDEX_MODULE, arguments, [_listing(settings, source, manifest["listing_fingerprint"])])
+        inputs = FingerprintInputs.of(
+            INDEX_MODULE, arguments, [_listing(settings, source, manifest["listing_fingerprint"])]
+        )
         decision = decide(context, inputs)
         if decision.hit is not None:
             context.log.info(f"cache hit, index not rewritten: {decision.reason}")
@@ -109,39 +146,68 @@ def _index_in_process(context: AssetExecutionContext, settings: ZeroSettings, so
     marker = mark_output_complete(out, inputs.fingerprint, data_version, row_count=manifest["images"])
     _log_problems(context, manifest)
     return MaterializeResult(
-        metadata={"dagster/uri": MetadataValue.path(out), **standard_metadata(marker), "indexed_by": "dagster process",
-                  **_metadata(settings, manifest, inputs), **miss_metadata(inputs, decision.reason)},
+        metadata={
+            "dagster/uri": MetadataValue.path(out),
+            **standard_metadata(marker),
+            "indexed_by": "dagster process",
+            **_metadata(settings, manifest, inputs),
+            **miss_metadata(inputs, decision.reason),
+        },
         data_version=DataVersion(data_version),
     )
 
 
-def _index_as_job(context: AssetExecutionContext, settings: ZeroSettings, jobs: JobRunner, source: str, config: RawIndexConfig,
-                  arguments: dict[str, Any], previous: int) -> MaterializeResult:
+def _index_as_job(
+    context: AssetExecutionContext,
+    settings: ZeroSettings,
+    jobs: JobRunner,
+    source: str,
+    config: RawIndexConfig,
+    arguments: dict[str, Any],
+    previous: int,
+) -> MaterializeResult:
     """A streamed fingerprint pass over the source's listing here (one source, never the lake), then the
     job writes the index under the fingerprint's folder; a hit launches nothing."""
-    context.log.info(f"source {source!r} held {previous} images last time (> job_above_images {config.job_above_images}): "
-                     "indexing it as a Processing job")
-    listing_fingerprint = source_listing_fingerprint(settings.raw_uri, source, inventory_manifest_uri=config.inventory_manifest_uri or None)
+    context.log.info(
+        f"source {source!r} held {previous} images last time (> job_above_images {config.job_above_images}): "
+        "indexing it as a Processing job"
+    )
+    listing_fingerprint = source_listing_fingerprint(
+        settings.raw_uri, source, inventory_manifest_uri=config.inventory_manifest_uri or None
+    )
     upstream = [_listing(settings, source, listing_fingerprint)]
     inputs = FingerprintInputs.of(INDEX_MODULE, arguments, upstream)
     out = settings.asset_uri("raw_image_index", inputs.fingerprint[:16], source)
     manifest = functools.cache(lambda: json.loads(read_bytes(join(out, MANIFEST))))  # read once, after the job
     # The job reports the sha256 of its manifest; the asset's version is the index fingerprint on both
     # paths (it moves with the code too), and the output is marked with it once.
-    result = launch_job(context, jobs=jobs, settings=settings, kind="processing", module=INDEX_MODULE, config=arguments,
-                        upstream=upstream, inputs={}, data_version_of=lambda _out: _index_fingerprint(manifest(), inputs))
+    result = launch_job(
+        context,
+        jobs=jobs,
+        settings=settings,
+        kind="processing",
+        module=INDEX_MODULE,
+        config=arguments,
+        upstream=upstream,
+        inputs={},
+        data_version_of=lambda _out: _index_fingerprint(manifest(), inputs),
+    )
     if result.metadata and result.metadata.get("cache") == "hit":
         return result
     _refuse_empty(settings, manifest())
     _log_problems(context, manifest())
-    return MaterializeResult(metadata={**(result.metadata or {}), "indexed_by": "job", **_metadata(settings, manifest(), inputs)},
-                             data_version=result.data_version)
+    return MaterializeResult(
+        metadata={**(result.metadata or {}), "indexed_by": "job", **_metadata(settings, manifest(), inputs)},
+        data_version=result.data_version,
+    )
 
 
 def _refuse_empty(settings: ZeroSettings, manifest: dict[str, Any]) -> None:
     if manifest["images"] == 0:
-        raise Failure(f"no images found under {settings.raw_uri}/{manifest['source']}/; check the source name (`zero-assets sources`), "
-                      "set ZERO_RAW_URI or run `zero-assets make-demo-data`")
+        raise Failure(
+            f"no images found under {settings.raw_uri}/{manifest['source']}/; check the source name (`zero-assets sources`), "
+            "set ZERO_RAW_URI or run `zero-assets make-demo-data`"
+        )
 
 
 def _log_problems(context: AssetExecutionContext, manifest: dict[str, Any]) -> None:
@@ -149,12 +215,16 @@ def _log_problems(context: AssetExecutionContext, manifest: dict[str, Any]) -> N
     for key in manifest["examples"]["annotations_without_image"]:
         context.log.warning(f"annotation for a missing image: {key}")
     if manifest["annotations_without_image"] > len(manifest["examples"]["annotations_without_image"]):
-        context.log.warning(f"source {source!r}: {manifest['annotations_without_image']} annotated files missing in all (examples above)")
+        context.log.warning(
+            f"source {source!r}: {manifest['annotations_without_image']} annotated files missing in all (examples above)"
+        )
     if manifest["annotation_error"]:  # the images are indexed without annotations; validation reports them
         context.log.error(f"source {source!r}: {manifest['annotation_error']}")
     if sample := manifest.get("sample_images"):
-        context.log.info(f"rehearsal sample: {manifest['images']} of {manifest['listed_images']} images "
-                         f"in {manifest['groups']} groups (sample_images={sample})")
+        context.log.info(
+            f"rehearsal sample: {manifest['images']} of {manifest['listed_images']} images "
+            f"in {manifest['groups']} groups (sample_images={sample})"
+        )
 
 
 def _metadata(settings: ZeroSettings, manifest: dict[str, Any], inputs: FingerprintInputs) -> dict[str, Any]:
@@ -173,7 +243,9 @@ def _metadata(settings: ZeroSettings, manifest: dict[str, Any], inputs: Fingerpr
         # Hostile entries, each decided by validated_images (README "Bad input").
         "unsafe_keys": manifest["unsafe_keys"],
         "annotation_entries_rejected": manifest["annotation_entries_rejected"],
-        "annotation_errors_json": MetadataValue.json({source: manifest["annotation_error"]} if manifest["annotation_error"] else {}),
+        "annotation_errors_json": MetadataValue.json(
+            {source: manifest["annotation_error"]} if manifest["annotation_error"] else {}
+        ),
         "sources_without_annotations_json": MetadataValue.json([] if manifest["has_annotations"] else [source]),
         "examples_json": MetadataValue.json(manifest["examples"]),
         "listing_fingerprint": manifest["listing_fingerprint"],
@@ -183,4 +255,6 @@ def _metadata(settings: ZeroSettings, manifest: dict[str, Any], inputs: Fingerpr
 
 def _index_fingerprint(manifest: dict[str, Any], inputs: FingerprintInputs) -> str:
     """What downstream sees of the index: the listing, the code that reads it, the grouping and the sample."""
-    return sha256_json([manifest["listing_fingerprint"], inputs.code, manifest["group_pattern"], manifest["sample_images"]])
+    return sha256_json(
+        [manifest["listing_fingerprint"], inputs.code, manifest["group_pattern"], manifest["sample_images"]]
+    )

@@ -5,12 +5,12 @@ from typing import Literal
 from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 from pydantic import Field
 
+from ..automation import TRAINING
 from ..fingerprints import FingerprintInputs, check_job_module, code_version, upstream_output
-from ..job_request import MODULE_NAME_PATTERN
 from ..job_launch import launch_job
+from ..job_request import MODULE_NAME_PATTERN
 from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings
-from ..automation import TRAINING
 from .fsx_warm_state import fsx_warm_state
 from .job_retry import JOB_RETRY_POLICY
 
@@ -24,14 +24,23 @@ TRAIN_MODULE = "training_code.train"
 
 class TrainConfig(Config):
     module: str = Field(
-        TRAIN_MODULE, pattern=MODULE_NAME_PATTERN,
+        TRAIN_MODULE,
+        pattern=MODULE_NAME_PATTERN,
         description="Training script, run as `torchrun -m <module>` (SageMaker: its file as the entry point): the default, or your own "
-                    "module keeping the README's contract (\"Your own trainer\"). The cache fingerprints its code; the UI's code version stays the default's.")
+        "module keeping the README's contract (\"Your own trainer\"). The cache fingerprints its code; the UI's code version stays the default's.",
+    )
     # training_code.lib.model.ARCHITECTURES, spelled out so the Dagster process need not import torch
     # (tests/test_checks.py holds the two equal).
-    arch: Literal["fcos_tiny", "fcos_resnet50_fpn", "retinanet_resnet50_fpn_v2", "fasterrcnn_mobilenet_v3_large_fpn",
-                  "fasterrcnn_resnet50_fpn_v2"] = Field(
-        "fcos_tiny", description="Detector: fcos_tiny (small, CPU-friendly) or a torchvision builder, initialised from scratch.")
+    arch: Literal[
+        "fcos_tiny",
+        "fcos_resnet50_fpn",
+        "retinanet_resnet50_fpn_v2",
+        "fasterrcnn_mobilenet_v3_large_fpn",
+        "fasterrcnn_resnet50_fpn_v2",
+    ] = Field(
+        "fcos_tiny",
+        description="Detector: fcos_tiny (small, CPU-friendly) or a torchvision builder, initialised from scratch.",
+    )
     width: int = Field(32, description="Channel width of fcos_tiny's backbone and FPN (a multiple of 32).")
     min_size: int = Field(160, description="Images are resized so the shorter side is at least this many pixels.")
     max_size: int = Field(320, description="... and the longer side at most this many pixels.")
@@ -43,13 +52,20 @@ class TrainConfig(Config):
     processes: int = Field(2, description="torchrun --nproc_per_node: one per GPU; on CPU, one per core.")
     # Where the run is tracked, never what it computes: these reach the script but not the cache fingerprint (see `tracking`).
     wandb_mode: Literal["offline", "online", "disabled"] = Field(
-        "offline", description="W&B: offline writes the run under the job's output data folder (or WANDB_DIR) for `wandb sync`, its folder in "
-                               "the metadata; online sends it to wandb_base_url, its URL in the metadata (key: README, 'Weights & Biases').")
+        "offline",
+        description="W&B: offline writes the run under the job's output data folder (or WANDB_DIR) for `wandb sync`, its folder in "
+        "the metadata; online sends it to wandb_base_url, its URL in the metadata (key: README, 'Weights & Biases').",
+    )
     wandb_project: str = Field("zero", description="W&B project of the training run and of its evaluations.")
     wandb_entity: str = Field("", description="W&B team or user; empty: the API key's default entity.")
-    wandb_group: str = Field("", description="W&B group of the training run and of every evaluation of its checkpoint; empty: "
-                                             "checkpoint-<fingerprint16>, the name of the checkpoint's output and checkpoint folders.")
-    wandb_base_url: str = Field("https://api.wandb.ai", description="W&B server for online mode (your own server, or W&B's cloud).")
+    wandb_group: str = Field(
+        "",
+        description="W&B group of the training run and of every evaluation of its checkpoint; empty: "
+        "checkpoint-<fingerprint16>, the name of the checkpoint's output and checkpoint folders.",
+    )
+    wandb_base_url: str = Field(
+        "https://api.wandb.ai", description="W&B server for online mode (your own server, or W&B's cloud)."
+    )
 
     def hyperparameters(self) -> dict:
         """What the training script receives as `--key value` and the fingerprint covers: every field but how and
@@ -61,7 +77,10 @@ class TrainConfig(Config):
         not the Dagster run's: every attempt and resume of one checkpoint (same fingerprint, same
         checkpoint folder) and every evaluation of it (which reads the group from training_summary.json)
         land in one group, and a change of hyperparameters, code or data starts a new one."""
-        chosen = {**self.model_dump(include=WANDB_FIELDS), "wandb_group": self.wandb_group or f"checkpoint-{fingerprint[:16]}"}
+        chosen = {
+            **self.model_dump(include=WANDB_FIELDS),
+            "wandb_group": self.wandb_group or f"checkpoint-{fingerprint[:16]}",
+        }
         if self.wandb_mode != "online":
             chosen.pop("wandb_base_url")  # named only where metrics would leave the machine
         return {key: value for key, value in chosen.items() if value != ""}
@@ -70,13 +89,25 @@ class TrainConfig(Config):
 WANDB_FIELDS = {"wandb_mode", "wandb_project", "wandb_entity", "wandb_group", "wandb_base_url"}
 
 
-@asset(code_version=code_version(TRAIN_MODULE), deps=[fsx_warm_state], automation_condition=TRAINING, pool=TRAINING_POOL, group_name="zero", kinds={"pytorch"}, retry_policy=JOB_RETRY_POLICY)
-def trained_checkpoint(context: AssetExecutionContext, config: TrainConfig, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
+@asset(
+    code_version=code_version(TRAIN_MODULE),
+    deps=[fsx_warm_state],
+    automation_condition=TRAINING,
+    pool=TRAINING_POOL,
+    group_name="zero",
+    kinds={"pytorch"},
+    retry_policy=JOB_RETRY_POLICY,
+)
+def trained_checkpoint(
+    context: AssetExecutionContext, config: TrainConfig, settings: ZeroSettings, jobs: JobRunner
+) -> MaterializeResult:
     """`model.pt` (weights, model config, categories, step) trained under torchrun on the warm shards."""
     check_job_module(config.module, "trained_checkpoint config field `module`")
     warm = upstream_output(context, "fsx_warm_state")
     hyperparameters = config.hyperparameters()
-    tracking = config.tracking(FingerprintInputs.of(config.module, hyperparameters, [warm]).fingerprint)  # launch_job's fingerprint
+    tracking = config.tracking(
+        FingerprintInputs.of(config.module, hyperparameters, [warm]).fingerprint
+    )  # launch_job's fingerprint
     return launch_job(
         context,
         jobs=jobs,

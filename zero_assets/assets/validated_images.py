@@ -7,17 +7,16 @@ from training_code.lib.contact_sheet import SHEET_FILE
 from training_code.lib.tables import ACCEPTED
 
 from ..automation import PER_SOURCE
-from ..limits import MAX_QUARANTINE_RATE_VAR, max_quarantine_rate
 from ..fingerprints import code_version, previous_output, upstream_output
 from ..job_launch import launch_job
 from ..job_request import FanOut
+from ..limits import MAX_QUARANTINE_RATE_VAR, max_quarantine_rate
 from ..metadata import table_schema
-from ..resources.job_runner import JobRunner
 from ..partitions import RAW_SOURCES
+from ..resources.job_runner import JobRunner
 from ..resources.settings import ZeroSettings, source_uri
-from .raw_image_index import raw_image_index
 from .job_retry import JOB_RETRY_POLICY
-
+from .raw_image_index import raw_image_index
 
 # The job script: its code version (the script and what it imports) is the asset's, in the UI and the cache alike.
 VALIDATE_MODULE = "training_code.validate"
@@ -32,19 +31,36 @@ class ValidationConfig(Config):
     split_seed: int = Field(0, description="Seed of the group-wise train/val split.")
     # The one quarantine limit: the validator fails the run past it, and quarantine_rate_under_limit
     # judges each materialization by the value recorded in its config (zero_assets/limits.py).
-    max_quarantine_rate: float = Field(max_quarantine_rate(), description=(
-        f"Fail when more than this share of the source's images is quarantined; default from {MAX_QUARANTINE_RATE_VAR} "
-        "when the code location loads. The asset check judges by the same value."))
+    max_quarantine_rate: float = Field(
+        max_quarantine_rate(),
+        description=(
+            f"Fail when more than this share of the source's images is quarantined; default from {MAX_QUARANTINE_RATE_VAR} "
+            "when the code location loads. The asset check judges by the same value."
+        ),
+    )
     min_side: int = Field(8, description="Images narrower or shorter than this many pixels are quarantined.")
     timeout_s: float = Field(20.0, description="Per-file decode limit in seconds; slower files are quarantined.")
     # Past these an image is quarantined as too_large before it is read or decoded (README "Bad input").
     max_image_bytes: int = Field(128 << 20, description="Files larger than this many bytes are quarantined unread.")
     max_pixels: int = Field(1_000_000_000, description="Images with more pixels than this are quarantined undecoded.")
-    max_annotation_bytes: int = Field(1 << 30, description=(
-        "A larger annotations.json is not parsed: its source loses its labels, reported as a label rejection."))
+    max_annotation_bytes: int = Field(
+        1 << 30,
+        description=(
+            "A larger annotations.json is not parsed: its source loses its labels, reported as a label rejection."
+        ),
+    )
 
 
-@asset(code_version=code_version(VALIDATE_MODULE), deps=[raw_image_index], partitions_def=RAW_SOURCES, automation_condition=PER_SOURCE, group_name="zero", kinds={"parquet"}, metadata={"dagster/column_schema": table_schema(ACCEPTED)}, retry_policy=JOB_RETRY_POLICY)
+@asset(
+    code_version=code_version(VALIDATE_MODULE),
+    deps=[raw_image_index],
+    partitions_def=RAW_SOURCES,
+    automation_condition=PER_SOURCE,
+    group_name="zero",
+    kinds={"parquet"},
+    metadata={"dagster/column_schema": table_schema(ACCEPTED)},
+    retry_policy=JOB_RETRY_POLICY,
+)
 def validated_images(
     context: AssetExecutionContext, config: ValidationConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> MaterializeResult:
@@ -61,7 +77,11 @@ def validated_images(
         module=VALIDATE_MODULE,
         config=config.model_dump(),
         upstream=[index],
-        inputs={"index": index.uri, "raw": source_uri(settings, context.partition_key), **({"previous": previous} if previous else {})},
+        inputs={
+            "index": index.uri,
+            "raw": source_uri(settings, context.partition_key),
+            **({"previous": previous} if previous else {}),
+        },
         input_folders={"raw": context.partition_key},
         spread=VALIDATION_SPREAD,
     )

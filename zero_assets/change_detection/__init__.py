@@ -19,4 +19,6 @@ class Detection:
     cursor: dict  # the detector's next cursor (JSON, a few counters); holds its "kind" and tick number
     summary: str  # what was looked at, for the tick's log and skip reason
     problems: list[str] = field(default_factory=list)  # malformed messages, keys that name no source
-    change_number: int = 0  # counts ticks that found changes: part of run keys, so a return to an earlier state still runs
+    change_number: int = (
+        0  # counts ticks that found changes: part of run keys, so a return to an earlier state still runs
+    )

@@ -57,8 +57,12 @@ def detect_from_inventory(location: str, raw_uri: str, cursor: dict | None, stor
         raise ValueError(f"{manifest_uri} is not an S3 Inventory manifest (not a JSON object)") from None
     previous = cursor if cursor and cursor.get("kind") == KIND and cursor.get("raw") == raw_uri else {}
     if (previous.get("created"), previous.get("checksum")) == (created, checksum):
-        return Detection({}, previous, f"no new inventory report ({manifest_uri}, created {created}, already diffed)",
-                         change_number=previous.get("changes", 0))
+        return Detection(
+            {},
+            previous,
+            f"no new inventory report ({manifest_uri}, created {created}, already diffed)",
+            change_number=previous.get("changes", 0),
+        )
     state, tick = TickState(store, f"{KIND} {raw_uri}"), previous.get("tick", 0)
     accumulator = SourceDigests.of(inventory_objects(manifest_uri, raw_uri))
     digests = accumulator.digests()
@@ -66,7 +70,17 @@ def detect_from_inventory(location: str, raw_uri: str, cursor: dict | None, stor
     changed = changed_sources(before, digests)
     state.write(tick + 1, digests)
     change_number = previous.get("changes", 0) + (1 if changed else 0)
-    cursor = {"kind": KIND, "raw": raw_uri, "manifest": manifest_uri, "created": created, "checksum": checksum,
-              "tick": tick + 1, "changes": change_number, "sources": len(digests)}
-    summary = f"diffed inventory report {manifest_uri} (created {created}): {accumulator.keys} keys in {len(digests)} sources"
+    cursor = {
+        "kind": KIND,
+        "raw": raw_uri,
+        "manifest": manifest_uri,
+        "created": created,
+        "checksum": checksum,
+        "tick": tick + 1,
+        "changes": change_number,
+        "sources": len(digests),
+    }
+    summary = (
+        f"diffed inventory report {manifest_uri} (created {created}): {accumulator.keys} keys in {len(digests)} sources"
+    )
     return Detection(changed, cursor, summary, problems + accumulator.problem_lines(), change_number)

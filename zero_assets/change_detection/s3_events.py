@@ -64,7 +64,12 @@ def _parse_record(record, index: int) -> ObjectEvent | None:
     s3 = record.get("s3")
     bucket = s3.get("bucket") if isinstance(s3, dict) else None
     obj = s3.get("object") if isinstance(s3, dict) else None
-    if not isinstance(bucket, dict) or not isinstance(obj, dict) or not isinstance(bucket.get("name"), str) or not isinstance(obj.get("key"), str):
+    if (
+        not isinstance(bucket, dict)
+        or not isinstance(obj, dict)
+        or not isinstance(bucket.get("name"), str)
+        or not isinstance(obj.get("key"), str)
+    ):
         raise MalformedMessage(f"Records[{index}] ({name}) lacks s3.bucket.name or s3.object.key")
     size = obj.get("size", 0)
     return ObjectEvent(

@@ -9,7 +9,7 @@ row while a report is read, and one short digest a source in the cursor.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -30,7 +30,7 @@ class SourceDigests:
         self.keys = 0  # every key seen, read by the index or not: for the tick's summary
 
     @classmethod
-    def of(cls, objects: Iterable[ObjectInfo]) -> "SourceDigests":
+    def of(cls, objects: Iterable[ObjectInfo]) -> SourceDigests:
         """The digests of a whole listing or inventory report, read once as a stream."""
         accumulator = cls()
         for obj in objects:

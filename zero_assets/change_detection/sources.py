@@ -59,9 +59,13 @@ class SourceFilter:
             return source
         self.refused += 1
         if len(self.problems) < MAX_PROBLEMS:
-            self.problems.append(f"{printable_key(key)}: its top-level folder cannot be a source ({problem}); not indexed")
+            self.problems.append(
+                f"{printable_key(key)}: its top-level folder cannot be a source ({problem}); not indexed"
+            )
         return None
 
     def problem_lines(self) -> list[str]:
         more = self.refused - len(self.problems)
-        return self.problems + ([f"... and {more} more keys whose top-level folder cannot be a source"] if more > 0 else [])
+        return self.problems + (
+            [f"... and {more} more keys whose top-level folder cannot be a source"] if more > 0 else []
+        )

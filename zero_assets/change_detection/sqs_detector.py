@@ -35,14 +35,29 @@ MAX_MESSAGES_PER_TICK = 1000  # about 100 receive calls; bounds the receipts kep
 VISIBILITY_TIMEOUT_S = 900  # longer than several tick intervals: received messages stay hidden until deleted
 
 
-def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, *, budget_s: float, wait_s: float | None = None,
-                      max_messages: int = MAX_MESSAGES_PER_TICK, visibility_timeout_s: int = VISIBILITY_TIMEOUT_S) -> Detection:
+def detect_from_queue(
+    queue_url: str,
+    raw_uri: str,
+    cursor: dict | None,
+    store,
+    *,
+    budget_s: float,
+    wait_s: float | None = None,
+    max_messages: int = MAX_MESSAGES_PER_TICK,
+    visibility_timeout_s: int = VISIBILITY_TIMEOUT_S,
+) -> Detection:
     """`store` keeps the receipts between ticks (`get_cursor_values` / `set_cursor_values`: the instance's run storage)."""
     if not raw_uri.startswith("s3://"):
-        raise ValueError(f"ZERO_RAW_EVENTS_QUEUE_URL is set but the raw root {raw_uri} is not an s3:// URI; S3 events name bucket keys")
+        raise ValueError(
+            f"ZERO_RAW_EVENTS_QUEUE_URL is set but the raw root {raw_uri} is not an s3:// URI; S3 events name bucket keys"
+        )
     bucket, prefix = split_s3(raw_uri)
     base = f"{prefix}/" if prefix else ""
-    previous = cursor if cursor and cursor.get("kind") == KIND and cursor.get("queue") == queue_url and cursor.get("raw") == raw_uri else {}
+    previous = (
+        cursor
+        if cursor and cursor.get("kind") == KIND and cursor.get("queue") == queue_url and cursor.get("raw") == raw_uri
+        else {}
+    )
     tick = previous.get("tick", 0)
     problems: list[str] = []
 
@@ -50,7 +65,13 @@ def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, 
     if receipts_read := pending.read(tick):
         problems += delete(queue_url, receipts_read)  # the tick that read them was committed
 
-    messages = receive(queue_url, budget_s=budget_s, wait_s=wait_s, max_messages=max_messages, visibility_timeout_s=visibility_timeout_s)
+    messages = receive(
+        queue_url,
+        budget_s=budget_s,
+        wait_s=wait_s,
+        max_messages=max_messages,
+        visibility_timeout_s=visibility_timeout_s,
+    )
     events_by_source: dict[str, list] = defaultdict(list)
     receipts, malformed, events, sources = [], 0, 0, SourceFilter()
     for message in messages:
@@ -59,7 +80,9 @@ def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, 
         except MalformedMessage as error:
             malformed += 1
             if malformed <= MAX_PROBLEMS:
-                problems.append(f"message {message.message_id} on {queue_url} skipped: {error}; left on the queue for its dead-letter queue")
+                problems.append(
+                    f"message {message.message_id} on {queue_url} skipped: {error}; left on the queue for its dead-letter queue"
+                )
             continue
         receipts.append(message.receipt)
         for event in object_events:
@@ -70,7 +93,9 @@ def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, 
             if source is None:
                 continue
             events += 1
-            events_by_source[source].append([printable_key(relative), event.event, event.sequencer, event.etag, event.size])
+            events_by_source[source].append(
+                [printable_key(relative), event.event, event.sequencer, event.etag, event.size]
+            )
 
     if malformed > MAX_PROBLEMS:
         problems.append(f"... and {malformed - MAX_PROBLEMS} more malformed messages")
@@ -78,7 +103,14 @@ def detect_from_queue(queue_url: str, raw_uri: str, cursor: dict | None, store, 
     pending.write(tick + 1, receipts)
     changed = {source: sha256_json(sorted(rows))[:DIGEST_CHARS] for source, rows in events_by_source.items()}
     change_number = previous.get("changes", 0) + (1 if changed else 0)
-    new_cursor = {"kind": KIND, "queue": queue_url, "raw": raw_uri, "tick": tick + 1, "changes": change_number,
-                  "events": previous.get("events", 0) + events, "malformed": previous.get("malformed", 0) + malformed}
+    new_cursor = {
+        "kind": KIND,
+        "queue": queue_url,
+        "raw": raw_uri,
+        "tick": tick + 1,
+        "changes": change_number,
+        "events": previous.get("events", 0) + events,
+        "malformed": previous.get("malformed", 0) + malformed,
+    }
     summary = f"{len(messages)} messages from {queue_url}: {events} object events in {len(changed)} sources"
     return Detection(changed, new_cursor, summary, problems, change_number)

@@ -30,10 +30,14 @@ class Message:
 def sqs_client(queue_url: str):
     """The shared SQS client for `queue_url`: its region from the URL when it is AWS's, else the environment's."""
     match = _REGION_IN_URL.match(queue_url)
-    return client("sqs", region=match.group(1) if match else None, endpoint_url=os.environ.get("ZERO_SQS_ENDPOINT_URL") or None)
+    return client(
+        "sqs", region=match.group(1) if match else None, endpoint_url=os.environ.get("ZERO_SQS_ENDPOINT_URL") or None
+    )
 
 
-def receive(queue_url: str, *, budget_s: float, max_messages: int, visibility_timeout_s: int, wait_s: float | None = None) -> list[Message]:
+def receive(
+    queue_url: str, *, budget_s: float, max_messages: int, visibility_timeout_s: int, wait_s: float | None = None
+) -> list[Message]:
     """Up to `max_messages` messages, within about `budget_s` seconds, the first receive waiting up to
     `wait_s` (default: the budget) for one to arrive. Each message stays invisible to other receivers
     for `visibility_timeout_s`; one not deleted by then is delivered again."""
@@ -43,8 +47,11 @@ def receive(queue_url: str, *, budget_s: float, max_messages: int, visibility_ti
     wait = int(min(LONG_POLL_MAX_S, max(0.0, budget_s if wait_s is None else min(wait_s, budget_s))))
     while len(messages) < max_messages:
         answer = sqs.receive_message(
-            QueueUrl=queue_url, MaxNumberOfMessages=min(BATCH, max_messages - len(messages)),
-            WaitTimeSeconds=wait, VisibilityTimeout=visibility_timeout_s, AttributeNames=["All"],
+            QueueUrl=queue_url,
+            MaxNumberOfMessages=min(BATCH, max_messages - len(messages)),
+            WaitTimeSeconds=wait,
+            VisibilityTimeout=visibility_timeout_s,
+            AttributeNames=["All"],
         )
         batch = answer.get("Messages", [])
         messages += [Message(m["MessageId"], m["ReceiptHandle"], m.get("Body", "")) for m in batch]
@@ -63,5 +70,7 @@ def delete(queue_url: str, receipts: list[str]) -> list[str]:
     for start in range(0, len(receipts), BATCH):
         entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts[start : start + BATCH])]
         answer = sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
-        failures += [f"{queue_url}: delete failed ({f.get('Code')}: {f.get('Message', '')})" for f in answer.get("Failed", [])]
+        failures += [
+            f"{queue_url}: delete failed ({f.get('Code')}: {f.get('Message', '')})" for f in answer.get("Failed", [])
+        ]
     return failures

@@ -23,6 +23,8 @@ def resources_from_env() -> dict[str, ZeroSettings | JobRunner]:
     aws = apply_profile(sagemaker_settings_from_env(), profile)
     prefix = os.environ.get("ZERO_SM_PREFIX", "zero").strip("/")
     # Read from the environment, not `aws`: its fields are EnvVar bindings until Dagster resolves them.
-    lake = f"s3://{os.environ['ZERO_SM_BUCKET']}/{prefix}/lake" if prefix else f"s3://{os.environ['ZERO_SM_BUCKET']}/lake"
+    lake = (
+        f"s3://{os.environ['ZERO_SM_BUCKET']}/{prefix}/lake" if prefix else f"s3://{os.environ['ZERO_SM_BUCKET']}/lake"
+    )
     settings = settings_from_env(lake_uri=lake, **overrides)
     return {"settings": settings, "jobs": SageMakerJobRunner(settings=settings, aws=aws)}

@@ -25,8 +25,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Mapping, Sequence
+from typing import IO
 
 from dagster import (
     AssetExecutionContext,
@@ -44,15 +45,53 @@ STOP_GRACE_S = 30.0  # a stopped job gets this long after SIGTERM to save a chec
 
 # What a job may see of the Dagster process's environment: the system basics, Python, the numeric
 # and distributed runtimes, and this project's own settings. Nothing whose name says it is a secret.
-ALLOWED_NAMES = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "TMPDIR", "TEMP", "TMP", "LANG", "LANGUAGE",
-                 "VIRTUAL_ENV", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "CUDA_VISIBLE_DEVICES", "HF_HOME",
-                 "HF_DATASETS_CACHE", "HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "WANDB_MODE", "WANDB_DIR", "WANDB_SILENT"}
-ALLOWED_PREFIXES = ("LC_", "PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "TORCH", "NCCL_", "GLOO_", "CUDA_", "NVIDIA_", "ZERO_")
+ALLOWED_NAMES = {
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TERM",
+    "TZ",
+    "TMPDIR",
+    "TEMP",
+    "TMP",
+    "LANG",
+    "LANGUAGE",
+    "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "CUDA_VISIBLE_DEVICES",
+    "HF_HOME",
+    "HF_DATASETS_CACHE",
+    "HF_DATASETS_OFFLINE",
+    "HF_HUB_OFFLINE",
+    "WANDB_MODE",
+    "WANDB_DIR",
+    "WANDB_SILENT",
+}
+ALLOWED_PREFIXES = (
+    "LC_",
+    "PYTHON",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "KMP_",
+    "TORCH",
+    "NCCL_",
+    "GLOO_",
+    "CUDA_",
+    "NVIDIA_",
+    "ZERO_",
+)
 AWS_PREFIXES = ("AWS_",)  # only for jobs that read or write s3:// themselves
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|CREDENTIAL|PRIVATE", re.IGNORECASE)
 
 
-def job_environment(extra: Mapping[str, str], *, s3_access: bool, source: Mapping[str, str] | None = None) -> dict[str, str]:
+def job_environment(
+    extra: Mapping[str, str], *, s3_access: bool, source: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The allow-listed part of `source` (default: this process's environment), then `extra`.
 
     With `s3_access`, the AWS_* variables (credentials included) pass too: the job needs them."""
@@ -87,7 +126,9 @@ class JobProcess(subprocess.Popen):
             log_file.close()
             raise
         self.log = log
-        self.copy = threading.Thread(target=copy_output, args=(self.stdout, log_file, prefix), name=f"job-output-{self.pid}", daemon=True)
+        self.copy = threading.Thread(
+            target=copy_output, args=(self.stdout, log_file, prefix), name=f"job-output-{self.pid}", daemon=True
+        )
         self.copy.start()
 
 
@@ -111,7 +152,9 @@ def copy_output(pipe: IO[bytes], log_file: IO[bytes], prefix: str) -> None:
                     log_file.flush()
                 except OSError as error:
                     to_log = False
-                    log.warning("job output: writing %s failed (%s); its lines go on to stdout only", log_file.name, error)
+                    log.warning(
+                        "job output: writing %s failed (%s); its lines go on to stdout only", log_file.name, error
+                    )
             if to_stdout:
                 text = line.decode("utf-8", errors="replace").rstrip("\r\n")
                 try:
@@ -120,16 +163,27 @@ def copy_output(pipe: IO[bytes], log_file: IO[bytes], prefix: str) -> None:
                         sys.stdout.flush()
                 except (OSError, ValueError) as error:
                     to_stdout = False
-                    log.warning("job output: writing stdout failed (%s); its lines go on to %s only", error, log_file.name)
+                    log.warning(
+                        "job output: writing stdout failed (%s); its lines go on to %s only", error, log_file.name
+                    )
 
 
-def start_job_process(command: Sequence[str], env: Mapping[str, str], cwd: str, log: Path, prefix: str = "") -> JobProcess:
+def start_job_process(
+    command: Sequence[str], env: Mapping[str, str], cwd: str, log: Path, prefix: str = ""
+) -> JobProcess:
     """A job process in its own process group that the kernel kills when this process dies (Linux),
     its output copied to `log` and to this process's stdout (see `JobProcess`)."""
     prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
     parent = os.getpid()
-    return JobProcess(command, log=log, prefix=prefix, cwd=cwd, env=dict(env), process_group=0,
-                      preexec_fn=lambda: _die_with_parent(parent, prctl))
+    return JobProcess(
+        command,
+        log=log,
+        prefix=prefix,
+        cwd=cwd,
+        env=dict(env),
+        process_group=0,
+        preexec_fn=lambda: _die_with_parent(parent, prctl),
+    )
 
 
 OUTPUT_DRAIN_S = 10.0  # how long the copy may take to reach the end of the output once the group is gone
@@ -161,19 +215,28 @@ def stop_job_process(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -
     end_process_group(process)
 
 
-def run_with_pipes(context: AssetExecutionContext, command: Sequence[str], env: Mapping[str, str], cwd: str, log: Path,
-                   prefix: str = "") -> PipesClientCompletedInvocation:
+def run_with_pipes(
+    context: AssetExecutionContext,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    log: Path,
+    prefix: str = "",
+) -> PipesClientCompletedInvocation:
     """Run the job through Dagster Pipes; raises `DagsterPipesExecutionError` when it exits non-zero.
 
     Its output goes to `log` and the step's stdout (see `JobProcess`). A terminated Dagster run stops
     the job (SIGTERM, then SIGKILL); however the job ends, nothing it started outlives it."""
-    with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
-                            message_reader=PipesTempFileMessageReader()) as session:
+    with open_pipes_session(
+        context=context, context_injector=PipesTempFileContextInjector(), message_reader=PipesTempFileMessageReader()
+    ) as session:
         process = start_job_process(command, {**env, **session.get_bootstrap_env_vars()}, cwd, log, prefix)
         try:
             process.wait()
         except DagsterExecutionInterruptedError:
-            context.log.info(f"run interrupted: stopping job process {process.pid} (SIGTERM, SIGKILL after {STOP_GRACE_S:.0f} s)")
+            context.log.info(
+                f"run interrupted: stopping job process {process.pid} (SIGTERM, SIGKILL after {STOP_GRACE_S:.0f} s)"
+            )
             stop_job_process(process)
             raise
         finally:

@@ -32,7 +32,14 @@ from dagster import (
 )
 from dagster._core.errors import DagsterPipesExecutionError  # not exported by dagster
 
-from training_code.lib.storage import MANIFEST_NAMES, download_prefix, is_s3, list_objects, publish_folder, safe_relative_key
+from training_code.lib.storage import (
+    MANIFEST_NAMES,
+    download_prefix,
+    is_s3,
+    list_objects,
+    publish_folder,
+    safe_relative_key,
+)
 
 from ..fingerprints import UpstreamOutput
 from ..job_request import RUNS_FOLDER, JobRequest, materialization_folder
@@ -56,29 +63,46 @@ class LocalJobRunner(JobRunner):
     def instance_count(self, asset: str) -> int:
         return self.instances.get(asset, 1)
 
-    def run(self, context: AssetExecutionContext, request: JobRequest) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
+    def run(
+        self, context: AssetExecutionContext, request: JobRequest
+    ) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
         run_dir = self.run_folder(request, context.run.run_id)
         hosts = [f"algo-{i + 1}" for i in range(request.instance_count)]
         if len(hosts) > 1 and request.kind != "processing":
-            raise ValueError(f"{request.asset}: the local backend runs multi-instance jobs for Processing only; training uses processes_per_host")
+            raise ValueError(
+                f"{request.asset}: the local backend runs multi-instance jobs for Processing only; training uses processes_per_host"
+            )
         # One host keeps the plain layout; several get one `/opt/ml` each, as separate instances would.
         layouts = {host: (run_dir / "hosts" / host if len(hosts) > 1 else run_dir) / "opt" / "ml" for host in hosts}
         # A split input is listed once; each host gets its part (see `sharded_part`).
-        split_keys = {name: [obj.key for obj in list_objects(request.inputs[name])] for name in request.sharded_inputs} if len(hosts) > 1 else {}
+        split_keys = (
+            {name: [obj.key for obj in list_objects(request.inputs[name])] for name in request.sharded_inputs}
+            if len(hosts) > 1
+            else {}
+        )
         paths = {
-            host: self._lay_out(opt_ml, request, {name: sharded_part(keys, index, len(hosts)) for name, keys in split_keys.items()})
+            host: self._lay_out(
+                opt_ml, request, {name: sharded_part(keys, index, len(hosts)) for name, keys in split_keys.items()}
+            )
             for index, (host, opt_ml) in enumerate(layouts.items())
         }
         first, others = hosts[0], hosts[1:]
-        context.log.info(f"launching local {request.kind} job {request.job_name} on {len(hosts)} host(s): "
-                         f"{' '.join(self._command(request, paths[first]))}")
+        context.log.info(
+            f"launching local {request.kind} job {request.job_name} on {len(hosts)} host(s): "
+            f"{' '.join(self._command(request, paths[first]))}"
+        )
         started = time.perf_counter()
         # Hosts after the first run beside it without Pipes: only the first host reports, as on SageMaker.
         siblings = {host: self._start_sibling(layouts[host], request, paths[host], host, hosts) for host in others}
         try:
-            invocation = run_with_pipes(context, self._command(request, paths[first]),
-                                        self._environment(layouts[first], request, paths[first], first, hosts), str(REPO_ROOT),
-                                        _job_log(layouts[first]), _line_prefix(first, hosts))
+            invocation = run_with_pipes(
+                context,
+                self._command(request, paths[first]),
+                self._environment(layouts[first], request, paths[first], first, hosts),
+                str(REPO_ROOT),
+                _job_log(layouts[first]),
+                _line_prefix(first, hosts),
+            )
             exit_codes = {host: process.wait() for host, process in siblings.items()}
         except DagsterPipesExecutionError as error:
             raise _job_failure(request, layouts[first], first) from error
@@ -89,7 +113,10 @@ class LocalJobRunner(JobRunner):
             if code != 0:
                 raise _job_failure(request, layouts[host], host)
         wall = time.perf_counter() - started
-        for name, destination in request.outputs.items():  # every host uploads its own files to one destination, as S3 outputs do
+        for (
+            name,
+            destination,
+        ) in request.outputs.items():  # every host uploads its own files to one destination, as S3 outputs do
             publish_output([paths[host][name] for host in hosts], destination, run_dir / "replaced")
         return invocation, {
             "job_name": request.job_name,
@@ -105,9 +132,16 @@ class LocalJobRunner(JobRunner):
         """This run's folder for the job: no other run reads or writes it."""
         return materialization_folder(self.settings.jobs_root(), request) / RUNS_FOLDER / run_id / request.job_name
 
-    def _start_sibling(self, opt_ml: Path, request: JobRequest, paths: dict[str, Path], host: str, hosts: list[str]) -> subprocess.Popen:
-        return start_job_process(self._command(request, paths), self._environment(opt_ml, request, paths, host, hosts), str(REPO_ROOT),
-                                 _job_log(opt_ml), _line_prefix(host, hosts))
+    def _start_sibling(
+        self, opt_ml: Path, request: JobRequest, paths: dict[str, Path], host: str, hosts: list[str]
+    ) -> subprocess.Popen:
+        return start_job_process(
+            self._command(request, paths),
+            self._environment(opt_ml, request, paths, host, hosts),
+            str(REPO_ROOT),
+            _job_log(opt_ml),
+            _line_prefix(host, hosts),
+        )
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
         """Copy the training set's shards (one shard set per chosen source) into the folder standing in
@@ -164,7 +198,9 @@ class LocalJobRunner(JobRunner):
             path.mkdir(parents=True, exist_ok=True)
         return {**inputs, **outputs}
 
-    def _environment(self, opt_ml: Path, request: JobRequest, paths: dict[str, Path], host: str, hosts: list[str]) -> dict[str, str]:
+    def _environment(
+        self, opt_ml: Path, request: JobRequest, paths: dict[str, Path], host: str, hosts: list[str]
+    ) -> dict[str, str]:
         resources = json.dumps({"current_host": host, "hosts": hosts})
         (opt_ml / "input" / "config" / "hyperparameters.json").write_text(json.dumps(request.arguments))
         # Training containers read input/config/resourceconfig.json, Processing containers config/resourceconfig.json.
@@ -200,7 +236,13 @@ class LocalJobRunner(JobRunner):
 
     def _command(self, request: JobRequest, paths: dict[str, Path]) -> list[str]:
         if request.kind == "training":
-            launcher = [self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={request.processes_per_host}"]
+            launcher = [
+                self.python,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={request.processes_per_host}",
+            ]
             return [*launcher, "-m", request.module, *request.argument_list()]
         io_arguments = [token for name, path in paths.items() for token in (f"--{name}", str(path))]
         return [self.python, "-m", request.module, *io_arguments, *request.argument_list()]
@@ -251,13 +293,21 @@ def publish_output(staged: list[Path], destination: str, replaced: Path) -> None
 def _job_failure(request: JobRequest, opt_ml: Path, host: str) -> Failure:
     return Failure(
         description=f"job {request.job_name} failed on {host}: {_failure_reason(opt_ml)}",
-        metadata={"job_name": request.job_name, "host": host, "log_tail": MetadataValue.md(f"```\n{_log_tail(opt_ml)}\n```")},
+        metadata={
+            "job_name": request.job_name,
+            "host": host,
+            "log_tail": MetadataValue.md(f"```\n{_log_tail(opt_ml)}\n```"),
+        },
     )
 
 
 def _failure_reason(opt_ml: Path) -> str:
     failure = opt_ml / "output" / "failure"
-    return failure.read_text().strip() if failure.is_file() else "the script exited non-zero without writing a failure reason"
+    return (
+        failure.read_text().strip()
+        if failure.is_file()
+        else "the script exited non-zero without writing a failure reason"
+    )
 
 
 def _job_log(opt_ml: Path) -> Path:

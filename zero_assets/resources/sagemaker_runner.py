@@ -26,14 +26,14 @@ from training_code.lib.storage import exists, fetch_file, list_objects, publish_
 from ..cache import output_is_complete
 from ..fingerprints import UpstreamOutput
 from ..job_request import JobRequest
+from ..sagemaker.code_package import build_code_package, upload_code_package
 from ..sagemaker.fsx import shards_on_fsx
 from ..sagemaker.fsx_warm import ensure_association, import_metadata, verify_on_s3, warm_job_request
-from ..sagemaker.training_set_channel import write_channel_training_set
-from ..sagemaker.code_package import build_code_package, upload_code_package
 from ..sagemaker.names import job_name
 from ..sagemaker.pipes_client import PipesSageMakerClient
 from ..sagemaker.requests import build_job_params, model_artifact_uri
 from ..sagemaker.stage_outputs import outputs_as_recorded, record_outputs
+from ..sagemaker.training_set_channel import write_channel_training_set
 from .job_runner import JobRunner
 from .sagemaker_settings import SageMakerSettings
 from .settings import ZeroSettings
@@ -52,7 +52,9 @@ def make_aws_clients(region: str) -> AwsClients:
     from training_code.lib.aws_clients import client
     from training_code.lib.storage import s3_client
 
-    return AwsClients(client("sagemaker", region=region), client("logs", region=region), s3_client(), client("fsx", region=region))
+    return AwsClients(
+        client("sagemaker", region=region), client("logs", region=region), s3_client(), client("fsx", region=region)
+    )
 
 
 class SageMakerJobRunner(JobRunner):
@@ -75,21 +77,30 @@ class SageMakerJobRunner(JobRunner):
             message_poll_interval=min(10.0, self.aws.poll_interval_s),
         )
 
-    def run(self, context: AssetExecutionContext, request: JobRequest) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
+    def run(
+        self, context: AssetExecutionContext, request: JobRequest
+    ) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
         clients = self.clients()
         package = build_code_package(modules=(request.module,))  # a module outside training_code brings its package
         upload_code_package(package, self.aws.s3_root(), clients.s3)
         pipes = self.pipes_client(clients)
         started = time.perf_counter()
         name, params, invocation = pipes.run_attempts(
-            context=context, kind=request.kind,
+            context=context,
+            kind=request.kind,
             name_for_attempt=lambda attempt: job_name(request.label, request.fingerprint, attempt),
-            params_for=lambda name: build_job_params(request, self.aws, job_name=name, code=package, environment={}, lake_uri=self.settings.lake_uri)[1],
+            params_for=lambda name: build_job_params(
+                request, self.aws, job_name=name, code=package, environment={}, lake_uri=self.settings.lake_uri
+            )[1],
             output_ready=lambda name, job: self.output_ready(request, name),
         )
         if request.stage == "map":
             record_outputs(self.aws.s3_root(), name, request.outputs)
-        extra: dict[str, Any] = {"backend": "sagemaker", "job_wall_s": round(time.perf_counter() - started, 2), "code_package": package.digest}
+        extra: dict[str, Any] = {
+            "backend": "sagemaker",
+            "job_wall_s": round(time.perf_counter() - started, 2),
+            "code_package": package.digest,
+        }
         if request.kind == "training":
             model_tar = model_artifact_uri(self.aws, name)
             for destination in request.outputs.values():
@@ -116,13 +127,22 @@ class SageMakerJobRunner(JobRunner):
         the root holding every chosen source's shard sets, the training-set manifest written last."""
         channel, manifest = write_channel_training_set(shards.uri, self.settings.lake_uri, shards.data_version)
         warm_uri, shard_uris = channel.uri, [source["shards_uri"] for source in manifest["sources"]]
-        base = {"backend": "sagemaker", "shards_uri": MetadataValue.path(shards.uri),  # the asset adds the cache decision
-                "training_set_folder": channel.folder, "sources": MetadataValue.json([s["source"] for s in manifest["sources"]])}
+        base = {
+            "backend": "sagemaker",
+            "shards_uri": MetadataValue.path(shards.uri),  # the asset adds the cache decision
+            "training_set_folder": channel.folder,
+            "sources": MetadataValue.json([s["source"] for s in manifest["sources"]]),
+        }
         if not self.aws.fsx_enabled():
             counts = [verify_on_s3(uri) for uri in shard_uris]
-            metadata = {"dagster/uri": MetadataValue.path(warm_uri), **_s3_warm_size(warm_uri, counts), "shards": sum(c["shards"] for c in counts),
-                        "file_system": "none: training reads S3 in FastFile mode",
-                        "verified": "every shard of every manifest present on S3 with its size", **base}
+            metadata = {
+                "dagster/uri": MetadataValue.path(warm_uri),
+                **_s3_warm_size(warm_uri, counts),
+                "shards": sum(c["shards"] for c in counts),
+                "file_system": "none: training reads S3 in FastFile mode",
+                "verified": "every shard of every manifest present on S3 with its size",
+                **base,
+            }
             return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
         fs_id, mount = self.aws.fsx_file_system_id, self.aws.fsx_mount_name
         lake = self.settings.lake_uri
@@ -134,9 +154,17 @@ class SageMakerJobRunner(JobRunner):
         invocation, extra = self.run(context, warm_job_request(shards, location, self.settings))
         reported = invocation.get_materialize_result()
         # gc keeps what a materialization names: the S3 side of the warm folder, not only its fsx:// name.
-        metadata = {**(reported.metadata or {}), **extra, **base, "dagster/uri": MetadataValue.path(location.uri), "warm_s3_uri": MetadataValue.path(warm_uri),
-                    "file_system_id": fs_id, "mount_path": location.directory_path, "association_id": association,
-                    "import_task_ids": MetadataValue.json(import_tasks)}
+        metadata = {
+            **(reported.metadata or {}),
+            **extra,
+            **base,
+            "dagster/uri": MetadataValue.path(location.uri),
+            "warm_s3_uri": MetadataValue.path(warm_uri),
+            "file_system_id": fs_id,
+            "mount_path": location.directory_path,
+            "association_id": association,
+            "import_task_ids": MetadataValue.json(import_tasks),
+        }
         return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
 
 
@@ -144,8 +172,11 @@ def _s3_warm_size(warm_uri: str, counts: list[dict]) -> dict[str, int]:
     """What the trainer reads from S3, as the FSx warm job (training_code.warm) counts it on the file
     system: rows of every shard; bytes of every shard plus the manifest and excluded rows at `warm_uri`."""
     listed = {o.key: o.size for o in list_objects(warm_uri)}
-    return {"dagster/row_count": sum(c["rows"] for c in counts),
-            "dagster/size_bytes": sum(c["bytes"] for c in counts) + sum(listed.get(name, 0) for name in (ts.MANIFEST, ts.EXCLUDED))}
+    return {
+        "dagster/row_count": sum(c["rows"] for c in counts),
+        "dagster/size_bytes": sum(c["bytes"] for c in counts)
+        + sum(listed.get(name, 0) for name in (ts.MANIFEST, ts.EXCLUDED)),
+    }
 
 
 def unpack_model_artifact(model_tar_uri: str, destination: str) -> None:

@@ -28,7 +28,9 @@ DEFAULT_COMPUTE = {
     "validated_images": JobCompute(instance_type="ml.c5.4xlarge", volume_size_gb=500),
     "arrow_shards": JobCompute(instance_type="ml.c5.4xlarge", volume_size_gb=500),
     "fsx_warm_state": JobCompute(instance_type="ml.m5.xlarge", volume_size_gb=30, max_runtime_s=6 * 3600),
-    "trained_checkpoint": JobCompute(instance_type="ml.p4d.24xlarge", instance_count=2, volume_size_gb=200, max_runtime_s=5 * 24 * 3600),
+    "trained_checkpoint": JobCompute(
+        instance_type="ml.p4d.24xlarge", instance_count=2, volume_size_gb=200, max_runtime_s=5 * 24 * 3600
+    ),
     "map_report": JobCompute(instance_type="ml.g5.2xlarge", volume_size_gb=100, max_runtime_s=6 * 3600),
 }
 
@@ -136,7 +138,11 @@ def _parsed_fields(env) -> dict:
         fields["tags"] = {k.strip(): v.strip() for k, v in pairs}
     for asset in JOB_ASSETS:  # ZERO_SM_TRAINED_CHECKPOINT_INSTANCE_TYPE=ml.p5.48xlarge, ..._INSTANCE_COUNT=4
         var = f"ZERO_SM_{asset.upper()}"
-        changes = {k: env[f"{var}_{k.upper()}"] for k in ("instance_type", "instance_count") if env.get(f"{var}_{k.upper()}")}
+        changes = {
+            k: env[f"{var}_{k.upper()}"] for k in ("instance_type", "instance_count") if env.get(f"{var}_{k.upper()}")
+        }
         if changes:
-            fields[asset] = DEFAULT_COMPUTE[asset].model_copy(update={k: (int(v) if k == "instance_count" else v) for k, v in changes.items()})
+            fields[asset] = DEFAULT_COMPUTE[asset].model_copy(
+                update={k: (int(v) if k == "instance_count" else v) for k, v in changes.items()}
+            )
     return fields

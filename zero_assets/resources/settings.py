@@ -69,8 +69,14 @@ def source_uri(settings: ZeroSettings, source: str) -> str:
 
 def settings_from_env(**overrides) -> ZeroSettings:
     """Settings bound to the environment variables that are set; defaults (or `overrides`) for the rest."""
-    fields = {"raw_uri": "ZERO_RAW_URI", "lake_uri": "ZERO_LAKE_URI", "backend": "ZERO_BACKEND", "fsx_mount": "ZERO_FSX_MOUNT",
-              "raw_events_queue_url": "ZERO_RAW_EVENTS_QUEUE_URL", "raw_inventory_manifest_uri": "ZERO_RAW_INVENTORY_MANIFEST_URI"}
+    fields = {
+        "raw_uri": "ZERO_RAW_URI",
+        "lake_uri": "ZERO_LAKE_URI",
+        "backend": "ZERO_BACKEND",
+        "fsx_mount": "ZERO_FSX_MOUNT",
+        "raw_events_queue_url": "ZERO_RAW_EVENTS_QUEUE_URL",
+        "raw_inventory_manifest_uri": "ZERO_RAW_INVENTORY_MANIFEST_URI",
+    }
     backend = os.environ.get("ZERO_BACKEND", "local")
     if backend not in BACKENDS:
         raise ValueError(f"ZERO_BACKEND={backend!r} is not a backend this version runs; use one of {BACKENDS}")

@@ -23,7 +23,18 @@ from ..resources.settings import REPO_ROOT
 PACKAGE_DIRS = ("training_code",)
 # What the scripts import beyond the container's Python and torch; pinned like requirements.lock.
 # wandb: training and evaluation track to W&B unless their wandb_mode is disabled (offline by default).
-JOB_REQUIREMENTS = ("dagster-pipes", "pyarrow", "pandas", "pandera", "pillow", "simplejpeg", "faster-coco-eval", "boto3", "datasets", "wandb")
+JOB_REQUIREMENTS = (
+    "dagster-pipes",
+    "pyarrow",
+    "pandas",
+    "pandera",
+    "pillow",
+    "simplejpeg",
+    "faster-coco-eval",
+    "boto3",
+    "datasets",
+    "wandb",
+)
 TARBALL = "sourcedir.tar.gz"
 MARKER = "PACKAGE_COMPLETE"
 
@@ -53,7 +64,9 @@ class CodePackage:
         return gzip.compress(raw.getvalue(), mtime=0)
 
 
-def build_code_package(root: Path = REPO_ROOT, package_dirs: tuple[str, ...] = PACKAGE_DIRS, modules: tuple[str, ...] = ()) -> CodePackage:
+def build_code_package(
+    root: Path = REPO_ROOT, package_dirs: tuple[str, ...] = PACKAGE_DIRS, modules: tuple[str, ...] = ()
+) -> CodePackage:
     """`package_dirs` under `root`, plus the top-level package of each of `modules` (the job scripts) that
     is not one of them, wherever it is imported from: all at the archive's root, which is on PYTHONPATH."""
     files: dict[str, bytes] = {}
@@ -77,15 +90,22 @@ def module_package_files(module: str) -> dict[str, bytes]:
     top = module.split(".")[0]
     spec = importlib.util.find_spec(top)
     if spec is None or spec.origin is None and not spec.submodule_search_locations:
-        raise ValueError(f"job module {module!r}: its package {top!r} cannot be found to package it for SageMaker; "
-                         "install it or put its folder on PYTHONPATH where the Dagster process runs")
+        raise ValueError(
+            f"job module {module!r}: its package {top!r} cannot be found to package it for SageMaker; "
+            "install it or put its folder on PYTHONPATH where the Dagster process runs"
+        )
     if spec.submodule_search_locations is None:
         return {f"{top}.py": Path(spec.origin).read_bytes()}
     folders = [Path(folder) for folder in spec.submodule_search_locations]
     if len(folders) != 1:
-        raise ValueError(f"job module {module!r}: package {top!r} is spread over {[str(f) for f in folders]}; "
-                         "SageMaker's code package takes one folder per package: merge them or give the trainer its own package")
-    found = {f"{top}/{path.relative_to(folders[0]).as_posix()}": path.read_bytes() for path in sorted(folders[0].rglob("*.py"))}
+        raise ValueError(
+            f"job module {module!r}: package {top!r} is spread over {[str(f) for f in folders]}; "
+            "SageMaker's code package takes one folder per package: merge them or give the trainer its own package"
+        )
+    found = {
+        f"{top}/{path.relative_to(folders[0]).as_posix()}": path.read_bytes()
+        for path in sorted(folders[0].rglob("*.py"))
+    }
     if not found:
         raise ValueError(f"job module {module!r}: no Python files under {folders[0]} to package")
     return found
@@ -111,12 +131,20 @@ def upload_code_package(package: CodePackage, s3_root: str, s3_client) -> str:
     bucket, prefix = split_s3(package.prefix(s3_root))
     marker = f"{prefix}/{MARKER}"
     endpoint = endpoint_of(s3_client)
-    found = retry_call(lambda: s3_client.list_objects_v2(Bucket=bucket, Prefix=marker, MaxKeys=1), what=f"LIST s3://{bucket}/{marker}", endpoint=endpoint)
+    found = retry_call(
+        lambda: s3_client.list_objects_v2(Bucket=bucket, Prefix=marker, MaxKeys=1),
+        what=f"LIST s3://{bucket}/{marker}",
+        endpoint=endpoint,
+    )
     if found.get("KeyCount", 0):
         return package.prefix(s3_root)
 
     def put(key: str, body: bytes) -> None:
-        retry_call(lambda: s3_client.put_object(Bucket=bucket, Key=key, Body=body), what=f"PUT s3://{bucket}/{key}", endpoint=endpoint)
+        retry_call(
+            lambda: s3_client.put_object(Bucket=bucket, Key=key, Body=body),
+            what=f"PUT s3://{bucket}/{key}",
+            endpoint=endpoint,
+        )
 
     for name, content in sorted(package.files.items()):
         put(f"{prefix}/files/{name}", content)

@@ -47,8 +47,10 @@ def shards_on_fsx(shards_uri: str, lake_uri: str, file_system_id: str, mount_nam
     """Where an `arrow_shards` output of the lake appears on the linked file system."""
     linked = linked_s3_prefix(lake_uri)
     if not shards_uri.startswith(linked):
-        raise ValueError(f"shard set {shards_uri} is not under the linked prefix {linked}; was it written by another lake?")
-    return FsxLocation(file_system_id, mount_name, f"{LINKED_PATH}/{shards_uri[len(linked):].strip('/')}")
+        raise ValueError(
+            f"shard set {shards_uri} is not under the linked prefix {linked}; was it written by another lake?"
+        )
+    return FsxLocation(file_system_id, mount_name, f"{LINKED_PATH}/{shards_uri[len(linked) :].strip('/')}")
 
 
 def s3_behind_fsx(uri: str, lake_uri: str) -> str:

@@ -29,7 +29,9 @@ def verify_on_s3(shards_uri: str) -> dict:
     sizes = {obj.key: obj.size for obj in list_objects(shards_uri)}
     wrong = [e["file"] for e in entries if sizes.get(e["file"]) != e["bytes"]]
     if wrong:
-        raise RuntimeError(f"{len(wrong)} shards under {shards_uri} are missing or differ in size from {MANIFEST}: {wrong[:5]}")
+        raise RuntimeError(
+            f"{len(wrong)} shards under {shards_uri} are missing or differ in size from {MANIFEST}: {wrong[:5]}"
+        )
     return {"shards": len(entries), "bytes": sum(e["bytes"] for e in entries), "rows": sum(e["rows"] for e in entries)}
 
 
@@ -50,14 +52,20 @@ IMPORT_PATHS_PER_TASK = 100  # CreateDataRepositoryTask takes at most 100 paths
 
 def import_task_params(file_system_id: str, paths: list[str]) -> dict:
     """CreateDataRepositoryTask: import the metadata of the files under `paths` from S3."""
-    return {"Type": "IMPORT_METADATA_FROM_REPOSITORY", "FileSystemId": file_system_id,
-            "Paths": [path.lstrip("/") for path in paths], "Report": {"Enabled": False}}
+    return {
+        "Type": "IMPORT_METADATA_FROM_REPOSITORY",
+        "FileSystemId": file_system_id,
+        "Paths": [path.lstrip("/") for path in paths],
+        "Report": {"Enabled": False},
+    }
 
 
 def ensure_association(fsx, file_system_id: str, lake_uri: str, log) -> str:
     """The data repository association linking `<lake>/arrow_shards/` to `/arrow_shards`; created when missing."""
     repository = linked_s3_prefix(lake_uri)
-    pages = fsx.get_paginator("describe_data_repository_associations").paginate(Filters=[{"Name": "file-system-id", "Values": [file_system_id]}])
+    pages = fsx.get_paginator("describe_data_repository_associations").paginate(
+        Filters=[{"Name": "file-system-id", "Values": [file_system_id]}]
+    )
     for page in pages:
         for association in page["Associations"]:
             if association["FileSystemPath"] == LINKED_PATH:
@@ -79,17 +87,23 @@ def _wait_available(fsx, association_id: str, log) -> str:
         if association["Lifecycle"] == "AVAILABLE":
             return association_id
         if association["Lifecycle"] in ("FAILED", "MISCONFIGURED", "DELETING"):
-            raise RuntimeError(f"data repository association {association_id} is {association['Lifecycle']}: {association.get('FailureDetails')}")
+            raise RuntimeError(
+                f"data repository association {association_id} is {association['Lifecycle']}: {association.get('FailureDetails')}"
+            )
         if time.monotonic() > deadline:
-            raise TimeoutError(f"data repository association {association_id} not AVAILABLE after {ASSOCIATION_TIMEOUT_S}s")
+            raise TimeoutError(
+                f"data repository association {association_id} not AVAILABLE after {ASSOCIATION_TIMEOUT_S}s"
+            )
         log.info(f"data repository association {association_id}: {association['Lifecycle']}")
         time.sleep(15)
 
 
 def import_metadata(fsx, file_system_id: str, paths: list[str], log) -> list[str]:
     """IMPORT_METADATA_FROM_REPOSITORY tasks on `paths` (100 a task), each waited for until it succeeds."""
-    return [_import_batch(fsx, file_system_id, paths[start : start + IMPORT_PATHS_PER_TASK], log)
-            for start in range(0, len(paths), IMPORT_PATHS_PER_TASK)]
+    return [
+        _import_batch(fsx, file_system_id, paths[start : start + IMPORT_PATHS_PER_TASK], log)
+        for start in range(0, len(paths), IMPORT_PATHS_PER_TASK)
+    ]
 
 
 def _import_batch(fsx, file_system_id: str, paths: list[str], log) -> str:
@@ -100,7 +114,9 @@ def _import_batch(fsx, file_system_id: str, paths: list[str], log) -> str:
         if task["Lifecycle"] == "SUCCEEDED":
             return task["TaskId"]
         if task["Lifecycle"] in ("FAILED", "CANCELED"):
-            raise RuntimeError(f"metadata import {task['TaskId']} on {file_system_id}:{paths} {task['Lifecycle']}: {task.get('FailureDetails')}")
+            raise RuntimeError(
+                f"metadata import {task['TaskId']} on {file_system_id}:{paths} {task['Lifecycle']}: {task.get('FailureDetails')}"
+            )
         if time.monotonic() > deadline:
             raise TimeoutError(f"metadata import {task['TaskId']} still {task['Lifecycle']} after {IMPORT_TIMEOUT_S}s")
         log.info(f"metadata import {task['TaskId']}: {task['Lifecycle']}")
@@ -113,6 +129,13 @@ def warm_job_request(shards: UpstreamOutput, location: FsxLocation, settings: Ze
     from ..job_launch import build_job_request
 
     return build_job_request(
-        "fsx_warm_state", settings=settings, kind="training", module=WARM_MODULE, config=WARM_CONFIG,
-        upstream=[shards], inputs={"shards": location.uri}, launcher="python", fsx_access="rw",  # lfs hsm_restore writes
+        "fsx_warm_state",
+        settings=settings,
+        kind="training",
+        module=WARM_MODULE,
+        config=WARM_CONFIG,
+        upstream=[shards],
+        inputs={"shards": location.uri},
+        launcher="python",
+        fsx_access="rw",  # lfs hsm_restore writes
     )

@@ -69,17 +69,25 @@ def _read_table(path: Path, named: str) -> dict[tuple[str, str], Price]:
     try:
         table = json.loads(path.read_text())
     except (OSError, ValueError) as error:
-        raise ValueError(f"price table {named}: cannot read it as JSON ({error}); fix the file or unset {PRICE_TABLE_ENV}") from error
-    missing = [key for key in ("source", "as_of", "usd_per_instance_hour") if not isinstance(table, dict) or key not in table]
+        raise ValueError(
+            f"price table {named}: cannot read it as JSON ({error}); fix the file or unset {PRICE_TABLE_ENV}"
+        ) from error
+    missing = [
+        key for key in ("source", "as_of", "usd_per_instance_hour") if not isinstance(table, dict) or key not in table
+    ]
     if missing:
-        raise ValueError(f"price table {named}: missing {missing}; every table names where its prices come from (source) and when (as_of), "
-                         f"see {BUILT_IN_NAME} for the format")
+        raise ValueError(
+            f"price table {named}: missing {missing}; every table names where its prices come from (source) and when (as_of), "
+            f"see {BUILT_IN_NAME} for the format"
+        )
     source = f"{named} ({table['source']}, as of {table['as_of']})"
     prices = {}
     for region, types in table["usd_per_instance_hour"].items():
         for instance_type, usd in (types or {}).items():
             if isinstance(usd, bool) or not isinstance(usd, (int, float)) or usd < 0:
-                raise ValueError(f"price table {named}: usd_per_instance_hour.{region}.{instance_type} is {usd!r}, not a price (a number >= 0)")
+                raise ValueError(
+                    f"price table {named}: usd_per_instance_hour.{region}.{instance_type} is {usd!r}, not a price (a number >= 0)"
+                )
             prices[(region, instance_type)] = Price(float(usd), source)
     return prices
 
@@ -92,7 +100,13 @@ def usage_of(kind: Literal["training", "processing"], job: dict[str, Any]) -> Jo
         spot = bool(job.get("EnableManagedSpotTraining"))
         if ran is None and not spot:
             ran = billable  # on demand, billable time is the time the instances ran
-        return JobUsage(resources.get("InstanceType", "?"), resources.get("InstanceCount", 1), ran, billable if billable is not None else ran, spot)
+        return JobUsage(
+            resources.get("InstanceType", "?"),
+            resources.get("InstanceCount", 1),
+            ran,
+            billable if billable is not None else ran,
+            spot,
+        )
     resources = job.get("ProcessingResources", {}).get("ClusterConfig", {})
     start, end = job.get("ProcessingStartTime"), job.get("ProcessingEndTime")
     ran = (end - start).total_seconds() if start and end else None
@@ -104,16 +118,30 @@ def cost_metadata(usage: JobUsage, region: str, prices: PriceTable) -> dict[str,
     count = usage.instance_count
     metadata: dict[str, Any] = {"instance_type": usage.instance_type, "instance_count": count, "region": region}
     if usage.seconds_per_instance is None:
-        return {**metadata, COST_NOTE: "SageMaker reported no run time for this job (it never started): nothing to count"}
+        return {
+            **metadata,
+            COST_NOTE: "SageMaker reported no run time for this job (it never started): nothing to count",
+        }
     instance_seconds = round(usage.seconds_per_instance * count, 2)
     billable = round((usage.billable_seconds_per_instance or 0.0) * count, 2)
-    metadata |= {INSTANCE_SECONDS: instance_seconds, "billable_instance_seconds": billable, "managed_spot": usage.managed_spot}
+    metadata |= {
+        INSTANCE_SECONDS: instance_seconds,
+        "billable_instance_seconds": billable,
+        "managed_spot": usage.managed_spot,
+    }
     price = prices.price(region, usage.instance_type)
     if price is None:
-        return {**metadata, COST_NOTE: f"no price for {usage.instance_type} in {region} in the price table ({', '.join(prices.files)}): "
-                                       f"add it to a file named by {PRICE_TABLE_ENV} for an estimate"}
+        return {
+            **metadata,
+            COST_NOTE: f"no price for {usage.instance_type} in {region} in the price table ({', '.join(prices.files)}): "
+            f"add it to a file named by {PRICE_TABLE_ENV} for an estimate",
+        }
     per_second = price.usd_per_instance_hour / 3600
-    metadata |= {"on_demand_usd_per_instance_hour": price.usd_per_instance_hour, COST_USD: round(billable * per_second, 4), "price_source": price.source}
+    metadata |= {
+        "on_demand_usd_per_instance_hour": price.usd_per_instance_hour,
+        COST_USD: round(billable * per_second, 4),
+        "price_source": price.source,
+    }
     if usage.managed_spot and instance_seconds > 0:
         paid_share = billable / instance_seconds  # SageMaker's own savings formula: 1 - Billable / TrainingTime
         metadata |= {
@@ -124,7 +152,9 @@ def cost_metadata(usage: JobUsage, region: str, prices: PriceTable) -> dict[str,
     return metadata
 
 
-def job_cost(kind: Literal["training", "processing"], job: dict[str, Any], region: str, prices: PriceTable) -> dict[str, Any]:
+def job_cost(
+    kind: Literal["training", "processing"], job: dict[str, Any], region: str, prices: PriceTable
+) -> dict[str, Any]:
     return cost_metadata(usage_of(kind, job), region, prices)
 
 

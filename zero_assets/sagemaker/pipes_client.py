@@ -33,8 +33,8 @@ from training_code.lib.aws_clients import Backoff, endpoint_of, is_retryable, re
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import s3_client as storage_s3_client
 
-from .job_logs import JobLogTail, write_lines
 from .job_cost import job_cost, price_table
+from .job_logs import JobLogTail, write_lines
 from .names import attempt_of
 from .pipes_io import JobKeyedS3ContextInjector, message_reader_for
 from .requests import check_environment
@@ -53,8 +53,22 @@ class _JobApi:
 
 
 API = {
-    "training": _JobApi("create_training_job", "describe_training_job", "stop_training_job", "TrainingJobName", "TrainingJobStatus", "/aws/sagemaker/TrainingJobs"),
-    "processing": _JobApi("create_processing_job", "describe_processing_job", "stop_processing_job", "ProcessingJobName", "ProcessingJobStatus", "/aws/sagemaker/ProcessingJobs"),
+    "training": _JobApi(
+        "create_training_job",
+        "describe_training_job",
+        "stop_training_job",
+        "TrainingJobName",
+        "TrainingJobStatus",
+        "/aws/sagemaker/TrainingJobs",
+    ),
+    "processing": _JobApi(
+        "create_processing_job",
+        "describe_processing_job",
+        "stop_processing_job",
+        "ProcessingJobName",
+        "ProcessingJobStatus",
+        "/aws/sagemaker/ProcessingJobs",
+    ),
 }
 TERMINAL = ("Completed", "Failed", "Stopped")
 REATTACHABLE = ("InProgress", "Completed")  # Stopping ends as Stopped: the next attempt takes over
@@ -104,7 +118,9 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         self._context_injector = context_injector
         self._message_reader = message_reader
         if pipes_uri is None and (context_injector is None or message_reader is None):
-            raise ValueError("PipesSageMakerClient needs pipes_uri (s3://bucket/prefix) unless both context_injector and message_reader are given")
+            raise ValueError(
+                "PipesSageMakerClient needs pipes_uri (s3://bucket/prefix) unless both context_injector and message_reader are given"
+            )
         self._pipes_uri = pipes_uri
         self._messages = messages
         self.forward_termination = forward_termination
@@ -112,7 +128,9 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         self.message_poll_interval = message_poll_interval
         self.log_tail_lines = log_tail_lines
         self.log_target = log_target
-        self._prices = price_table()  # read before any job launches: a bad ZERO_SM_PRICE_TABLE fails here, not after the job
+        self._prices = (
+            price_table()
+        )  # read before any job launches: a bad ZERO_SM_PRICE_TABLE fails here, not after the job
 
     @classmethod
     def _is_dagster_maintained(cls) -> bool:
@@ -125,17 +143,27 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
             return getattr(self._client, api.describe)(**{api.name_key: job_name})
         except ClientError as error:
             message = error.response.get("Error", {}).get("Message", "").lower()
-            if error.response.get("Error", {}).get("Code") == "ValidationException" and ("not found" in message or "could not find" in message):
+            if error.response.get("Error", {}).get("Code") == "ValidationException" and (
+                "not found" in message or "could not find" in message
+            ):
                 return None
             raise
 
     def describe_patiently(self, kind: Kind, job_name: str) -> Optional[dict[str, Any]]:
         """`describe`, retried through throttling and outages for up to the AWS retry window."""
-        return retry_call(lambda: self.describe(kind, job_name), what=f"Describe {kind} job {job_name}", endpoint=endpoint_of(self._client))
+        return retry_call(
+            lambda: self.describe(kind, job_name),
+            what=f"Describe {kind} job {job_name}",
+            endpoint=endpoint_of(self._client),
+        )
 
     def resolve_job_name(
-        self, context, kind: Kind, name_for_attempt: Callable[[int], str],
-        output_ready: Optional[Callable[[str, dict], bool]] = None, first_attempt: int = 1,
+        self,
+        context,
+        kind: Kind,
+        name_for_attempt: Callable[[int], str],
+        output_ready: Optional[Callable[[str, dict], bool]] = None,
+        first_attempt: int = 1,
     ) -> str:
         """The first attempt's name, from `first_attempt` on, that is free, running, or `Completed`
         with `output_ready(name, job)` (never reused without it). A `Stopping` attempt is waited for
@@ -152,14 +180,23 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
             if status == "Completed":
                 if output_ready is not None and output_ready(name, job):
                     return name
-                context.log.warning(f"[pipes] attempt {attempt} ({name}) Completed, but its output is missing or incomplete: "
-                                    f"not reused; trying attempt {attempt + 1}")
+                context.log.warning(
+                    f"[pipes] attempt {attempt} ({name}) Completed, but its output is missing or incomplete: "
+                    f"not reused; trying attempt {attempt + 1}"
+                )
                 continue
             context.log.info(f"[pipes] attempt {attempt} ({name}) ended {status}; trying attempt {attempt + 1}")
-        raise Failure(f"{MAX_ATTEMPTS} attempts of this materialization have ended without success; change its inputs or investigate {name}")
+        raise Failure(
+            f"{MAX_ATTEMPTS} attempts of this materialization have ended without success; change its inputs or investigate {name}"
+        )
 
     def run_attempts(
-        self, *, context, kind: Kind, name_for_attempt: Callable[[int], str], params_for: Callable[[str], dict[str, Any]],
+        self,
+        *,
+        context,
+        kind: Kind,
+        name_for_attempt: Callable[[int], str],
+        params_for: Callable[[str], dict[str, Any]],
         output_ready: Callable[[str, dict], bool],
     ) -> tuple[str, dict[str, Any], PipesClientCompletedInvocation]:
         """Run the materialization's job: reattach, reuse, or launch the next attempt (see `resolve_job_name`).
@@ -194,17 +231,26 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         name = params[api.name_key]
         existing = self.describe_patiently(kind, name)
         if existing is not None and existing[api.status_key] not in REATTACHABLE:
-            raise Failure(f"SageMaker {kind} job {name} already ended {existing[api.status_key]}; use resolve_job_name for a fresh attempt")
+            raise Failure(
+                f"SageMaker {kind} job {name} already ended {existing[api.status_key]}; use resolve_job_name for a fresh attempt"
+            )
         injector, reader = self._pipes_io(name)
         logs = JobLogTail(self._logs, api.log_group, name, keep_lines=self.log_tail_lines)
-        with open_pipes_session(context=context, message_reader=reader, context_injector=injector, extras=extras) as session:
+        with open_pipes_session(
+            context=context, message_reader=reader, context_injector=injector, extras=extras
+        ) as session:
             if existing is None:
                 environment = {**params.get("Environment", {}), **session.get_bootstrap_env_vars()}
                 check_environment(environment, kind)
-                tags = [*params.get("Tags", []), *({"Key": k, "Value": v[:256]} for k, v in session.default_remote_invocation_info.items())]
+                tags = [
+                    *params.get("Tags", []),
+                    *({"Key": k, "Value": v[:256]} for k, v in session.default_remote_invocation_info.items()),
+                ]
                 self._create(context, kind, {**params, "Environment": environment, "Tags": tags})
             else:
-                context.log.info(f"[pipes] reattached to SageMaker {kind} job {name} ({existing[api.status_key]}), launched by an earlier run")
+                context.log.info(
+                    f"[pipes] reattached to SageMaker {kind} job {name} ({existing[api.status_key]}), launched by an earlier run"
+                )
             try:
                 job, history = self._wait_for_completion(context, kind, name, logs, session, reader)
             except DagsterExecutionInterruptedError:
@@ -214,8 +260,11 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
                 raise
             if job[api.status_key] != "Completed":
                 # A job someone stopped, or one that ran out of time, would end the same way again.
-                raise Failure(description=failure_description(kind, job, logs.last_lines), metadata=self._extract_dagster_metadata(kind, job, history),
-                              allow_retries=job[api.status_key] != "Stopped")
+                raise Failure(
+                    description=failure_description(kind, job, logs.last_lines),
+                    metadata=self._extract_dagster_metadata(kind, job, history),
+                    allow_retries=job[api.status_key] != "Stopped",
+                )
             self._await_report(context, session, reader, name)
         if existing is not None and not session.message_handler.received_closed_message:
             raise ReportUnreadable(
@@ -252,21 +301,34 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         if backoff is None:
             return
         deadline = time.monotonic() + REPORT_WAIT_S
-        while not session.message_handler.received_closed_message and time.monotonic() < deadline and (
-            not backoff.ready() or backoff.quiet_for() < REPORT_GRACE_S + self.message_poll_interval
+        while (
+            not session.message_handler.received_closed_message
+            and time.monotonic() < deadline
+            and (not backoff.ready() or backoff.quiet_for() < REPORT_GRACE_S + self.message_poll_interval)
         ):
             time.sleep(0.5)
         if not session.message_handler.received_closed_message and backoff.failures:
-            context.log.warning(f"[pipes] {name}: the message store refused {backoff.failures} reads; the report may be incomplete")
+            context.log.warning(
+                f"[pipes] {name}: the message store refused {backoff.failures} reads; the report may be incomplete"
+            )
 
     def _pipes_io(self, job_name: str):
-        injector = self._context_injector or JobKeyedS3ContextInjector(pipes_uri=self._pipes_uri, job_name=job_name, client=self._s3)
+        injector = self._context_injector or JobKeyedS3ContextInjector(
+            pipes_uri=self._pipes_uri, job_name=job_name, client=self._s3
+        )
         reader = self._message_reader or message_reader_for(
-            self._messages, pipes_uri=self._pipes_uri, job_name=job_name, s3_client=self._s3, logs_client=self._logs, interval=self.message_poll_interval
+            self._messages,
+            pipes_uri=self._pipes_uri,
+            job_name=job_name,
+            s3_client=self._s3,
+            logs_client=self._logs,
+            interval=self.message_poll_interval,
         )
         return injector, reader
 
-    def _wait_for_completion(self, context, kind: Kind, name: str, logs: JobLogTail, session, reader) -> tuple[dict, list[str]]:
+    def _wait_for_completion(
+        self, context, kind: Kind, name: str, logs: JobLogTail, session, reader
+    ) -> tuple[dict, list[str]]:
         status_key = API[kind].status_key
         history: list[str] = []
         reported_stream = False
@@ -279,7 +341,9 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
                 if not is_retryable(error):
                     raise
                 delay = refused.failed()
-                context.log.warning(f"[pipes] describing {name} failed ({error}); the job keeps running, asking again in {delay:.0f}s")
+                context.log.warning(
+                    f"[pipes] describing {name} failed ({error}); the job keeps running, asking again in {delay:.0f}s"
+                )
                 time.sleep(delay)
                 continue
             refused.succeeded()
@@ -291,14 +355,23 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
             if isinstance(reader, PipesCloudWatchMessageReader) and not reported_stream:
                 reported_stream = self._report_message_stream(logs, session, API[kind].log_group)
             if job[status_key] in TERMINAL:
-                self._forward_logs(context, name, logs, logs.final_poll(), announced)  # lines CloudWatch delivered after the last poll
+                self._forward_logs(
+                    context, name, logs, logs.final_poll(), announced
+                )  # lines CloudWatch delivered after the last poll
                 # CloudWatch messages are read only once their stream is known: a throttled lookup is tried again.
                 deadline = time.monotonic() + 120
-                while isinstance(reader, PipesCloudWatchMessageReader) and not reported_stream and logs.refused_lately() and time.monotonic() < deadline:
+                while (
+                    isinstance(reader, PipesCloudWatchMessageReader)
+                    and not reported_stream
+                    and logs.refused_lately()
+                    and time.monotonic() < deadline
+                ):
                     time.sleep(0.5)
                     reported_stream = self._report_message_stream(logs, session, API[kind].log_group)
                 if logs.throttled:
-                    context.log.info(f"[pipes] CloudWatch Logs refused {logs.throttled} reads of {name}'s logs; each was backed off and read again")
+                    context.log.info(
+                        f"[pipes] CloudWatch Logs refused {logs.throttled} reads of {name}'s logs; each was backed off and read again"
+                    )
                 return job, history
             time.sleep(self.poll_interval)
 
@@ -307,8 +380,10 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         for days of training); one event per host, the first time its stream is read, says where its
         lines are. Returns how many hosts have been announced."""
         for host in logs.hosts[announced:]:
-            context.log.info(f"[pipes] {name}: host {host}'s log (CloudWatch stream {name}/{host}) is copied to this step's stdout, "
-                             f"each line after [{host}]")
+            context.log.info(
+                f"[pipes] {name}: host {host}'s log (CloudWatch stream {name}/{host}) is copied to this step's stdout, "
+                f"each line after [{host}]"
+            )
         write_lines(lines, self.log_target)
         return len(logs.hosts)
 
@@ -336,7 +411,9 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         return {
             "job_name": name,
             "job_status": job[API[kind].status_key],
-            "console_url": MetadataValue.url(f"https://{region}.console.aws.amazon.com/sagemaker/home?region={region}#/{section}/{name}"),
+            "console_url": MetadataValue.url(
+                f"https://{region}.console.aws.amazon.com/sagemaker/home?region={region}#/{section}/{name}"
+            ),
             "logs_url": MetadataValue.url(
                 f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#logsV2:log-groups/log-group/"
                 f"{API[kind].log_group.replace('/', '$252F')}$3FlogStreamNameFilter$3D{name}"
@@ -350,10 +427,17 @@ def failure_description(kind: Kind, job: dict, last_lines) -> str:
     api = API[kind]
     status = job[api.status_key]
     # Processing jobs put the script's own words in ExitMessage (`/opt/ml/output/message`), training in FailureReason.
-    reason = " | ".join(filter(None, [job.get("FailureReason"), job.get("ExitMessage")])) or "(SageMaker gave no FailureReason)"
+    reason = (
+        " | ".join(filter(None, [job.get("FailureReason"), job.get("ExitMessage")]))
+        or "(SageMaker gave no FailureReason)"
+    )
     secondary = job.get("SecondaryStatus", "")
     if status == "Stopped":
         limit = next((s for s in LIMIT_STOPS if s in f"{secondary} {reason}"), None)
-        reason = f"stopped by SageMaker: {limit}; raise max_runtime_s (or max_wait_s for spot)" if limit else "stopped before completing (StopJob was called)"
+        reason = (
+            f"stopped by SageMaker: {limit}; raise max_runtime_s (or max_wait_s for spot)"
+            if limit
+            else "stopped before completing (StopJob was called)"
+        )
     tail = "\n".join(last_lines) or "(no log lines reached CloudWatch)"
     return f"SageMaker {kind} job {job[api.name_key]} {status}: {reason}\nlast log lines:\n{tail}"

@@ -60,7 +60,11 @@ class JobKeyedS3ContextInjector(PipesS3ContextInjector):
         import json
 
         body, key = json.dumps(context).encode(), self._params["key"]
-        retry_call(lambda: self.client.put_object(Bucket=self.bucket, Key=key, Body=body), what=f"PUT s3://{self.bucket}/{key}", endpoint=endpoint_of(self.client))
+        retry_call(
+            lambda: self.client.put_object(Bucket=self.bucket, Key=key, Body=body),
+            what=f"PUT s3://{self.bucket}/{key}",
+            endpoint=endpoint_of(self.client),
+        )
         yield dict(self._params)
         # Left in place: a job still starting (or one a later run reattaches to) may not have read it yet;
         # it is small, and the bucket's lifecycle rule on the pipes prefix expires it.

@@ -38,8 +38,9 @@ Lookup = Callable[[str], Optional[UpstreamOutput]]
 EXAMPLE_SOURCE = "example_source"
 
 
-def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup = lambda asset: None,
-                source: str = EXAMPLE_SOURCE) -> list[tuple[str, str, str, dict[str, Any]]]:
+def render_jobs(
+    settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup = lambda asset: None, source: str = EXAMPLE_SOURCE
+) -> list[tuple[str, str, str, dict[str, Any]]]:
     """(label, service, operation, parameters) for every AWS call that launches work, in graph order; the
     label is the asset, with `-map` / `-reduce` for the two jobs of a validation spread over instances."""
     code = build_code_package()
@@ -47,26 +48,51 @@ def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup =
 
     def upstream(asset: str, partition: str | None = None) -> UpstreamOutput:
         found = lookup(asset)
-        return found or UpstreamOutput(asset, settings.asset_uri(asset, sha256_json(asset)[:16], partition), f"unmaterialized-{asset}", partition)
+        return found or UpstreamOutput(
+            asset, settings.asset_uri(asset, sha256_json(asset)[:16], partition), f"unmaterialized-{asset}", partition
+        )
 
     def add(request: JobRequest) -> None:
         name = job_name(request.label, request.fingerprint, 1)
         environment = bootstrap_environment(f"{aws.s3_root()}/pipes", name, aws.messages)
-        operation, params = build_job_params(request, aws, job_name=name, code=code, environment=environment, lake_uri=settings.lake_uri)
+        operation, params = build_job_params(
+            request, aws, job_name=name, code=code, environment=environment, lake_uri=settings.lake_uri
+        )
         rendered.append((request.label, "sagemaker", operation, params))
 
-    raw_uri, raw_folders = source_uri(settings, source), {"raw": source}  # the source's raw folder only, at its place in the layout
+    raw_uri, raw_folders = (
+        source_uri(settings, source),
+        {"raw": source},
+    )  # the source's raw folder only, at its place in the layout
     index = upstream("raw_image_index", source)
-    validation = build_job_request("validated_images", settings=settings, kind="processing", module="training_code.validate",
-                                   config=ValidationConfig().model_dump(), upstream=[index], partition=source,
-                                   inputs={"index": index.uri, "raw": raw_uri}, input_folders=raw_folders)
+    validation = build_job_request(
+        "validated_images",
+        settings=settings,
+        kind="processing",
+        module="training_code.validate",
+        config=ValidationConfig().model_dump(),
+        upstream=[index],
+        partition=source,
+        inputs={"index": index.uri, "raw": raw_uri},
+        input_folders=raw_folders,
+    )
     instances = aws.compute("validated_images").instance_count
     for request in fan_out(validation, VALIDATION_SPREAD, instances) if instances > 1 else [validation]:
         add(request)
     validated = upstream("validated_images", source)
-    add(build_job_request("arrow_shards", settings=settings, kind="processing", module="training_code.shard", partition=source,
-                          config=ShardConfig().model_dump(), upstream=[validated], inputs={"validated": validated.uri, "raw": raw_uri},
-                          input_folders=raw_folders))
+    add(
+        build_job_request(
+            "arrow_shards",
+            settings=settings,
+            kind="processing",
+            module="training_code.shard",
+            partition=source,
+            config=ShardConfig().model_dump(),
+            upstream=[validated],
+            inputs={"validated": validated.uri, "raw": raw_uri},
+            input_folders=raw_folders,
+        )
+    )
     shards = upstream("arrow_shards", source)
     # The training set's jobs read the shard root, whatever the number of sources; its folder there is named by its data version.
     chosen = upstream("training_set")
@@ -75,18 +101,39 @@ def render_jobs(settings: ZeroSettings, aws: SageMakerSettings, lookup: Lookup =
         fs_id, mount = aws.fsx_file_system_id, aws.fsx_mount_name
         location = shards_on_fsx(warm_uri, settings.lake_uri, fs_id, mount)
         paths = [shards_on_fsx(shards.uri, settings.lake_uri, fs_id, mount).path, location.path]
-        rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryAssociation", association_params(fs_id, settings.lake_uri)))
+        rendered.append(
+            ("fsx_warm_state", "fsx", "CreateDataRepositoryAssociation", association_params(fs_id, settings.lake_uri))
+        )
         rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryTask", import_task_params(fs_id, paths)))
         add(warm_job_request(chosen, location, settings))
         warm_uri = location.uri
     warm = UpstreamOutput("fsx_warm_state", warm_uri, chosen.data_version)
     train = TrainConfig()
-    add(build_job_request("trained_checkpoint", settings=settings, kind="training", module=train.module,
-                          config=train.hyperparameters(), upstream=[warm], inputs={"train": warm.uri}, processes_per_host=train.processes,
-                          tracking=train.tracking(FingerprintInputs.of(train.module, train.hyperparameters(), [warm]).fingerprint)))
+    add(
+        build_job_request(
+            "trained_checkpoint",
+            settings=settings,
+            kind="training",
+            module=train.module,
+            config=train.hyperparameters(),
+            upstream=[warm],
+            inputs={"train": warm.uri},
+            processes_per_host=train.processes,
+            tracking=train.tracking(FingerprintInputs.of(train.module, train.hyperparameters(), [warm]).fingerprint),
+        )
+    )
     checkpoint = upstream("trained_checkpoint")
     evaluation = EvalConfig()
-    add(build_job_request("map_report", settings=settings, kind="processing", module=evaluation.module,
-                          config=evaluation.arguments(), tracking=evaluation.tracking(), upstream=[checkpoint, warm],
-                          inputs={"model": checkpoint.uri, "shards": warm.uri}))
+    add(
+        build_job_request(
+            "map_report",
+            settings=settings,
+            kind="processing",
+            module=evaluation.module,
+            config=evaluation.arguments(),
+            tracking=evaluation.tracking(),
+            upstream=[checkpoint, warm],
+            inputs={"model": checkpoint.uri, "shards": warm.uri},
+        )
+    )
     return rendered

@@ -56,8 +56,10 @@ def check_environment(environment: dict[str, str], kind: str) -> None:
     entries, key_max, value_max = ENV_LIMITS[kind]
     leaked = [name for name in FORBIDDEN_ENVIRONMENT if name in environment]
     if leaked:
-        raise ValueError(f"{kind} job environment holds {leaked}: a key in Environment is readable by whoever may describe the job; "
-                         f"store it in Secrets Manager and set ZERO_SM_WANDB_SECRET_ARN instead")
+        raise ValueError(
+            f"{kind} job environment holds {leaked}: a key in Environment is readable by whoever may describe the job; "
+            f"store it in Secrets Manager and set ZERO_SM_WANDB_SECRET_ARN instead"
+        )
     if len(environment) > entries:
         raise ValueError(f"{kind} job environment has {len(environment)} entries; SageMaker allows {entries}")
     for key, value in environment.items():
@@ -68,18 +70,27 @@ def check_environment(environment: dict[str, str], kind: str) -> None:
             )
 
 
-def _training_params(request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict) -> dict:
+def _training_params(
+    request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict
+) -> dict:
     compute = settings.compute(request.asset)
     root = settings.s3_root()
     # A training set is read through the shard root that holds every source's shard sets, told its folder there.
     training_sets = {name: found for name, uri in request.inputs.items() if (found := split_training_set(uri))}
     if len(training_sets) > 1:
-        raise ValueError(f"{request.asset} has {len(training_sets)} training-set inputs ({sorted(training_sets)}); a job reads one")
-    channels = [_training_channel(name, training_sets[name].root if name in training_sets else uri, settings, request.fsx_access)
-                for name, uri in request.inputs.items()]
+        raise ValueError(
+            f"{request.asset} has {len(training_sets)} training-set inputs ({sorted(training_sets)}); a job reads one"
+        )
+    channels = [
+        _training_channel(
+            name, training_sets[name].root if name in training_sets else uri, settings, request.fsx_access
+        )
+        for name, uri in request.inputs.items()
+    ]
     input_mode = "File" if any("FileSystemDataSource" in c["DataSource"] for c in channels) else "FastFile"
     hyperparameters = {key.replace("_", "-"): str(value) for key, value in request.arguments.items()}
-    hyperparameters.update({TRAINING_SET_ARGUMENT: found.folder for found in training_sets.values()})
+    for found in training_sets.values():  # at most one: the training set a job reads
+        hyperparameters[TRAINING_SET_ARGUMENT] = found.folder
     hyperparameters.update(
         {
             # The PyTorch container's toolkit: fetch the code, install requirements.txt, run the
@@ -99,12 +110,19 @@ def _training_params(request: JobRequest, settings: SageMakerSettings, job_name:
         "HyperParameters": hyperparameters,
         "OutputDataConfig": _with_kms({"S3OutputPath": training_output_path(settings)}, settings),
         "ResourceConfig": _with_volume_kms(
-            {"InstanceType": compute.instance_type, "InstanceCount": compute.instance_count, "VolumeSizeInGB": compute.volume_size_gb},
+            {
+                "InstanceType": compute.instance_type,
+                "InstanceCount": compute.instance_count,
+                "VolumeSizeInGB": compute.volume_size_gb,
+            },
             settings,
         ),
         "StoppingCondition": {"MaxRuntimeInSeconds": compute.max_runtime_s},
         # Synced down at start like an input: a prefix, so another fingerprint's folder is never pulled in.
-        "CheckpointConfig": {"S3Uri": as_prefix(settings.checkpoint_uri(request.asset, request.fingerprint)), "LocalPath": CHECKPOINT_LOCAL},
+        "CheckpointConfig": {
+            "S3Uri": as_prefix(settings.checkpoint_uri(request.asset, request.fingerprint)),
+            "LocalPath": CHECKPOINT_LOCAL,
+        },
         "Environment": {**env, "ZERO_JOB_NAME": job_name, "PYTHONPATH": "/opt/ml/code"},
     }
     if channels:  # SageMaker rejects an empty list
@@ -122,7 +140,9 @@ def _training_channel(name: str, uri: str, settings: SageMakerSettings, access: 
     if is_fsx(uri):
         location = parse_fsx_uri(uri)
         if settings.vpc_config() is None:
-            raise ValueError(f"input {name!r} is on FSx ({uri}); FSx needs ZERO_SM_SUBNETS and ZERO_SM_SECURITY_GROUP_IDS")
+            raise ValueError(
+                f"input {name!r} is on FSx ({uri}); FSx needs ZERO_SM_SUBNETS and ZERO_SM_SECURITY_GROUP_IDS"
+            )
         source = {
             "FileSystemDataSource": {
                 "FileSystemId": location.file_system_id,
@@ -133,11 +153,15 @@ def _training_channel(name: str, uri: str, settings: SageMakerSettings, access: 
         }
         return {"ChannelName": name, "DataSource": source, "InputMode": "File"}
     _require_s3(name, uri)
-    source = {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": as_prefix(uri), "S3DataDistributionType": "FullyReplicated"}}
+    source = {
+        "S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": as_prefix(uri), "S3DataDistributionType": "FullyReplicated"}
+    }
     return {"ChannelName": name, "DataSource": source, "InputMode": "FastFile"}
 
 
-def _processing_params(request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict, lake: str) -> dict:
+def _processing_params(
+    request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict, lake: str
+) -> dict:
     compute = settings.compute(request.asset)
     # A staged job (see job_request.fan_out) carries its own count: the map on every instance, the reduce on one.
     instances = request.instance_count if request.stage else compute.instance_count
@@ -148,7 +172,9 @@ def _processing_params(request: JobRequest, settings: SageMakerSettings, job_nam
             f"set the {request.asset} instance count to 1"
         )
     if CODE_INPUT in request.inputs:
-        raise ValueError(f"input name {CODE_INPUT!r} of {request.asset} is reserved for the code package; rename the input")
+        raise ValueError(
+            f"input name {CODE_INPUT!r} of {request.asset} is reserved for the code package; rename the input"
+        )
     inputs = [_processing_input(CODE_INPUT, code.files_uri(settings.s3_root()), sharded=False)]
     io_arguments: list[str] = []
     for name, uri in request.inputs.items():
@@ -171,16 +197,26 @@ def _processing_params(request: JobRequest, settings: SageMakerSettings, job_nam
     arguments = io_arguments + request.argument_list()
     too_long = [a for a in arguments if len(a) > 256]
     if too_long:
-        raise ValueError(f"container arguments longer than SageMaker's 256 characters: {[a[:40] + '...' for a in too_long]}")
+        raise ValueError(
+            f"container arguments longer than SageMaker's 256 characters: {[a[:40] + '...' for a in too_long]}"
+        )
     params: dict[str, Any] = {
         "ProcessingJobName": job_name,
         "RoleArn": settings.role_arn,
-        "AppSpecification": {"ImageUri": settings.processing_image_uri, "ContainerEntrypoint": ["python3", "-m", request.module], "ContainerArguments": arguments},
+        "AppSpecification": {
+            "ImageUri": settings.processing_image_uri,
+            "ContainerEntrypoint": ["python3", "-m", request.module],
+            "ContainerArguments": arguments,
+        },
         "ProcessingInputs": inputs,
         "ProcessingOutputConfig": _with_kms({"Outputs": outputs}, settings),
         "ProcessingResources": {
             "ClusterConfig": _with_volume_kms(
-                {"InstanceCount": instances, "InstanceType": compute.instance_type, "VolumeSizeInGB": compute.volume_size_gb},
+                {
+                    "InstanceCount": instances,
+                    "InstanceType": compute.instance_type,
+                    "VolumeSizeInGB": compute.volume_size_gb,
+                },
                 settings,
             )
         },
@@ -229,8 +265,13 @@ def _manifest_file_input(name: str, file_list_uri: str) -> dict:
     it), each landing under the input folder at its key relative to the prefix."""
     return {
         "InputName": name,
-        "S3Input": {"S3Uri": file_list_uri, "LocalPath": f"{PROCESSING_ROOT}/input/{name}", "S3DataType": "ManifestFile",
-                    "S3InputMode": "File", "S3DataDistributionType": "FullyReplicated"},
+        "S3Input": {
+            "S3Uri": file_list_uri,
+            "LocalPath": f"{PROCESSING_ROOT}/input/{name}",
+            "S3DataType": "ManifestFile",
+            "S3InputMode": "File",
+            "S3DataDistributionType": "FullyReplicated",
+        },
     }
 
 
@@ -240,7 +281,9 @@ def module_path(module: str) -> str:
 
 def _require_s3(name: str, uri: str) -> None:
     if not uri.startswith("s3://"):
-        raise ValueError(f"job input/output {name!r} is {uri!r}; SageMaker jobs read and write s3:// URIs (set ZERO_LAKE_URI/ZERO_RAW_URI to S3)")
+        raise ValueError(
+            f"job input/output {name!r} is {uri!r}; SageMaker jobs read and write s3:// URIs (set ZERO_LAKE_URI/ZERO_RAW_URI to S3)"
+        )
 
 
 def _with_kms(config: dict, settings: SageMakerSettings) -> dict:

@@ -21,8 +21,13 @@ def record_outputs(s3_root: str, job_name: str, outputs: dict[str, str]) -> None
     files = {name: {o.key: o.size for o in list_objects(uri)} for name, uri in outputs.items()}
     empty = [name for name, listed in files.items() if not listed]
     if empty:
-        raise RuntimeError(f"SageMaker job {job_name} Completed but uploaded nothing to {[outputs[n] for n in empty]}; check its logs")
-    write_bytes_atomic(record_uri(s3_root, job_name), json.dumps({"job_name": job_name, "outputs": outputs, "files": files}, indent=1).encode())
+        raise RuntimeError(
+            f"SageMaker job {job_name} Completed but uploaded nothing to {[outputs[n] for n in empty]}; check its logs"
+        )
+    write_bytes_atomic(
+        record_uri(s3_root, job_name),
+        json.dumps({"job_name": job_name, "outputs": outputs, "files": files}, indent=1).encode(),
+    )
 
 
 def outputs_as_recorded(s3_root: str, job_name: str, outputs: dict[str, str]) -> bool:

@@ -51,7 +51,9 @@ def channel_training_set(lake_uri: str, data_version: str) -> ChannelTrainingSet
     return ChannelTrainingSet(linked_s3_prefix(lake_uri), f"{TRAINING_SETS}/{data_version[:16]}")
 
 
-def write_channel_training_set(training_set_uri: str, lake_uri: str, data_version: str) -> tuple[ChannelTrainingSet, dict]:
+def write_channel_training_set(
+    training_set_uri: str, lake_uri: str, data_version: str
+) -> tuple[ChannelTrainingSet, dict]:
     """Write the training set at its `channel_training_set` folder: excluded rows, the file list for
     Processing jobs, and the manifest last, its source folders relative to the shard root.
     Returns where it is on S3 and the manifest."""
@@ -60,9 +62,11 @@ def write_channel_training_set(training_set_uri: str, lake_uri: str, data_versio
     manifest = json.loads(read_bytes(join(training_set_uri, ts.MANIFEST)))
     for source in manifest["sources"]:
         if not source["shards_uri"].startswith(root):
-            raise ValueError(f"source {source['source']}'s shard set {source['shards_uri']} is not under the shard root {root}; "
-                             "was it written by another lake? Re-materialize its arrow_shards with this ZERO_LAKE_URI")
-        source["folder"] = source["shards_uri"][len(root):].strip("/")
+            raise ValueError(
+                f"source {source['source']}'s shard set {source['shards_uri']} is not under the shard root {root}; "
+                "was it written by another lake? Re-materialize its arrow_shards with this ZERO_LAKE_URI"
+            )
+        source["folder"] = source["shards_uri"][len(root) :].strip("/")
     files = [f"{channel.folder}/{ts.EXCLUDED}", f"{channel.folder}/{ts.MANIFEST}"]
     files += [f"{source['folder']}/{entry['file']}" for source in manifest["sources"] for entry in source["shards"]]
     write_bytes_atomic(join(channel.uri, ts.EXCLUDED), read_bytes(join(training_set_uri, ts.EXCLUDED)))
