@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote_plus
 
-from zero_assets.local_s3 import LocalS3Server
+from tests.local_s3 import LocalS3Server
 
 from .report import BenchResult
 

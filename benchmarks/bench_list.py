@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from unittest import mock
 
+from tests.local_s3 import LocalS3Server
 from training_code.lib.raw_index import write_source_index
-from zero_assets.local_s3 import LocalS3Server
 
 from .images import best_of_interleaved
 from .report import BenchResult

@@ -13,11 +13,12 @@ from pathlib import Path
 
 from dagster import instance_for_test, materialize
 
-from zero_assets.assets import PER_SOURCE_ASSETS, SOURCE_SPECS, TAIL_ASSETS
-from zero_assets.demo_data import make_demo_raw_root
-from zero_assets.partitions import RAW_SOURCES
-from zero_assets.raw_sources import list_sources
-from zero_assets.resources import LocalJobRunner, ZeroSettings
+from zero_assets.backends.local.runner import LocalJobRunner
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs.assets import PER_SOURCE_ASSETS, SOURCE_SPECS, TAIL_ASSETS
+from zero_assets.defs.change_detection.raw_sources import list_sources
+from zero_assets.defs.partitions import RAW_SOURCES
+from zero_assets.ops.demo_data import make_demo_raw_root
 
 from .report import BenchResult
 

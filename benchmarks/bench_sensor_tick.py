@@ -41,12 +41,12 @@ from dagster import DagsterRun, RunsFilter, build_sensor_context, instance_for_t
 from dagster._core.storage.tags import PARTITION_NAME_TAG, RUN_KEY_TAG, SENSOR_NAME_TAG
 from moto.server import ThreadedMotoServer
 
+from tests.local_s3 import LocalS3Server
 from training_code.lib.aws_clients import client
-from zero_assets import sensors
-from zero_assets.change_detection.inventory_diff import detect_from_inventory
-from zero_assets.local_s3 import LocalS3Server
-from zero_assets.partitions import RAW_SOURCES
-from zero_assets.resources import ZeroSettings
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs import sensors
+from zero_assets.defs.change_detection.inventory_diff import detect_from_inventory
+from zero_assets.defs.partitions import RAW_SOURCES
 
 from .report import BenchResult
 

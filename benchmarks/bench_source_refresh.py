@@ -16,9 +16,10 @@ from pathlib import Path
 
 from dagster import instance_for_test, materialize
 
-from zero_assets.assets import PER_SOURCE_ASSETS, SOURCE_SPECS, TAIL_ASSETS, training_set
-from zero_assets.partitions import RAW_SOURCES
-from zero_assets.resources import LocalJobRunner, ZeroSettings
+from zero_assets.backends.local.runner import LocalJobRunner
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs.assets import PER_SOURCE_ASSETS, SOURCE_SPECS, TAIL_ASSETS, training_set
+from zero_assets.defs.partitions import RAW_SOURCES
 
 from .images import photo_jpeg, unique_copy
 from .report import BenchResult

@@ -9,7 +9,7 @@ import pandas as pd
 
 from training_code.lib.raw_index import INDEX_FILE, write_source_index
 from training_code.lib.tables import RAW_INDEX, write_table
-from zero_assets.raw_sources import list_sources
+from zero_assets.defs.change_detection.raw_sources import list_sources
 
 
 def index_folder(raw: Path, work: Path, out: Path) -> Path:

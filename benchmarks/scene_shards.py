@@ -15,7 +15,7 @@ from training_code.lib.raw_index_groups import group_of
 from training_code.lib.shard_format import FORMAT, MANIFEST
 from training_code.lib.shard_writer import ShardWriter
 from training_code.lib.split import split_of_group
-from zero_assets.demo_data import CATEGORIES, IMAGE_SIZES, demo_images, render_scene, shuffle_labels
+from zero_assets.ops.demo_data import CATEGORIES, IMAGE_SIZES, demo_images, render_scene, shuffle_labels
 
 CATEGORY_LIST = [{"id": i + 1, "name": name} for i, name in enumerate(CATEGORIES)]
 

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 from dagster import instance_for_test
 
-from zero_assets.demo_data import make_demo_raw_root
-from zero_assets.local_s3 import LocalS3Server
-from zero_assets.resources import LocalJobRunner, ZeroSettings
+from tests.local_s3 import LocalS3Server
+from zero_assets.backends.local.runner import LocalJobRunner
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.ops.demo_data import make_demo_raw_root
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from dagster import materialize
 
-from zero_assets.assets import PER_SOURCE_ASSETS, SOURCE_SPECS, TAIL_ASSETS
-from zero_assets.partitions import RAW_SOURCES
+from zero_assets.defs.assets import PER_SOURCE_ASSETS, SOURCE_SPECS, TAIL_ASSETS
+from zero_assets.defs.partitions import RAW_SOURCES
 
 
 def sources_of(raw_root: Path) -> list[str]:

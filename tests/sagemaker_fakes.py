@@ -46,10 +46,10 @@ from botocore.validate import validate_parameters
 
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import split_s3
-from zero_assets.resources.local_runner import sharded_part
-from zero_assets.resources.sagemaker_settings import SageMakerSettings
-from zero_assets.resources.settings import REPO_ROOT
-from zero_assets.sagemaker.code_package import CodePackage, build_code_package
+from zero_assets.backends.local.runner import sharded_part
+from zero_assets.backends.sagemaker.code_package import CodePackage, build_code_package
+from zero_assets.backends.sagemaker.settings import SageMakerSettings
+from zero_assets.core.settings import REPO_ROOT
 
 _MODEL = botocore.session.get_session().get_service_model("sagemaker")
 

@@ -15,8 +15,8 @@ from urllib.parse import quote_plus
 from dagster import AssetKey, AssetSpec, DagsterRun, Definitions, RunsFilter, asset, build_sensor_context
 from dagster._core.storage.tags import PARTITION_NAME_TAG, RUN_KEY_TAG, SENSOR_NAME_TAG
 
-from zero_assets.partitions import RAW_SOURCES
-from zero_assets.sensors import new_raw_data_sensor
+from zero_assets.defs.partitions import RAW_SOURCES
+from zero_assets.defs.sensors import new_raw_data_sensor
 
 
 @asset(name="raw_image_index", partitions_def=RAW_SOURCES, deps=["raw_data"])

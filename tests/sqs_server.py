@@ -8,8 +8,8 @@ from unittest import mock
 
 from moto.server import ThreadedMotoServer
 
+from tests.local_s3 import LocalS3Server
 from training_code.lib.aws_clients import client
-from zero_assets.local_s3 import LocalS3Server
 
 # The local S3 server's credentials: moto accepts any, and `weed` started while other credentials are
 # in the environment takes them as its own and refuses the local S3 server's client.

@@ -12,9 +12,9 @@ import pytest
 from dagster import AssetCheckEvaluation, AssetKey, AssetMaterialization, evaluate_automation_conditions
 from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
 
-from zero_assets.automation import DEFAULT_TRAIN_CRON, train_cron
 from zero_assets.definitions import defs
-from zero_assets.partitions import RAW_SOURCES
+from zero_assets.defs.automation import DEFAULT_TRAIN_CRON, train_cron
+from zero_assets.defs.partitions import RAW_SOURCES
 
 PER_SOURCE = ("raw_image_index", "validated_images", "arrow_shards")
 TAIL = ("training_set", "fsx_warm_state", "trained_checkpoint", "map_report")

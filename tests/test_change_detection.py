@@ -15,11 +15,11 @@ import pytest
 from sensor_ticks import s3_message, s3_record
 from sqs_server import queue_counts, sqs
 
-from zero_assets.change_detection.inventory_diff import current_manifest, detect_from_inventory
-from zero_assets.change_detection.listing_digest import detect_from_listing
-from zero_assets.change_detection.s3_events import MalformedMessage, parse_body
-from zero_assets.change_detection.sources import partition_problem, source_of
-from zero_assets.change_detection.sqs_detector import detect_from_queue
+from zero_assets.defs.change_detection.inventory_diff import current_manifest, detect_from_inventory
+from zero_assets.defs.change_detection.listing_digest import detect_from_listing
+from zero_assets.defs.change_detection.s3_events import MalformedMessage, parse_body
+from zero_assets.defs.change_detection.sources import partition_problem, source_of
+from zero_assets.defs.change_detection.sqs_detector import detect_from_queue
 
 RAW = "s3://zero-raw/plant"
 
@@ -285,7 +285,7 @@ def test_local_listing_reports_only_the_source_that_changed(tiny_raw_root, tmp_p
 def test_the_sensor_without_a_queue_diffs_inventory_reports(s3_env, instance):
     from sensor_ticks import SensorDaemon
 
-    from zero_assets.resources import ZeroSettings
+    from zero_assets.core.settings import ZeroSettings
 
     client = s3_env.client()
     rows = [(f"plant/{source}/lot_0/{i}.jpg", 10, f"e{i}") for source in ("cam_a", "cam_b") for i in range(2)]

@@ -22,15 +22,20 @@ from dagster import (
 )
 
 from tests.conftest import make_resources
-from zero_assets.assets import SOURCE_SPECS, arrow_shards, map_report, raw_image_index, validated_images
-from zero_assets.assets.arrow_shards import ShardConfig
-from zero_assets.assets.map_report import EvalConfig
-from zero_assets.assets.raw_image_index import RawIndexConfig
-from zero_assets.assets.trained_checkpoint import TrainConfig
-from zero_assets.assets.training_set import TrainingSetConfig
-from zero_assets.assets.validated_images import ValidationConfig
-from zero_assets.checks import CheckLimits, map_not_regressed, quarantine_rate_under_limit, shard_manifest_integrity
-from zero_assets.partitions import RAW_SOURCES
+from zero_assets.defs.assets import SOURCE_SPECS, arrow_shards, map_report, raw_image_index, validated_images
+from zero_assets.defs.assets.arrow_shards import ShardConfig
+from zero_assets.defs.assets.map_report import EvalConfig
+from zero_assets.defs.assets.raw_image_index import RawIndexConfig
+from zero_assets.defs.assets.trained_checkpoint import TrainConfig
+from zero_assets.defs.assets.training_set import TrainingSetConfig
+from zero_assets.defs.assets.validated_images import ValidationConfig
+from zero_assets.defs.checks import (
+    CheckLimits,
+    map_not_regressed,
+    quarantine_rate_under_limit,
+    shard_manifest_integrity,
+)
+from zero_assets.defs.partitions import RAW_SOURCES
 
 SOURCE = "line_a_camera"  # holds the planted corrupt files
 ASSETS = [*SOURCE_SPECS, raw_image_index, validated_images, arrow_shards]
@@ -134,7 +139,7 @@ def test_one_quarantine_limit_for_the_asset_and_its_check(healthy, resources, in
 def test_the_limit_default_comes_from_the_environment():
     """ZERO_MAX_QUARANTINE_RATE sets the asset config's default, which the launchpad shows."""
     code = (
-        "from zero_assets.assets.validated_images import ValidationConfig as C; "
+        "from zero_assets.defs.assets.validated_images import ValidationConfig as C; "
         "print(C.to_config_schema().as_field().config_type.fields['max_quarantine_rate'].default_value)"
     )
 
@@ -234,8 +239,8 @@ def test_every_config_field_is_described_and_closed_choices_are_enums():
 
 def test_map_report_freshness_follows_the_training_cron(instance, resources):
     """Stale until a report exists since the previous training tick; fresh once one is recorded."""
-    from zero_assets.automation import train_cron
-    from zero_assets.checks import MAP_REPORT_FRESHNESS
+    from zero_assets.defs.automation import train_cron
+    from zero_assets.defs.checks import MAP_REPORT_FRESHNESS
 
     (freshness,) = MAP_REPORT_FRESHNESS
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from dagster._serdes import serialize_value
 from graph_runs import materialize_source, sources_of
 
+from zero_assets.core.fingerprints import code_version
 from zero_assets.definitions import defs
-from zero_assets.fingerprints import code_version
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,7 +34,7 @@ PER_SOURCE = ["raw_image_index", "validated_images", "arrow_shards"]
 
 def fingerprint_code(asset: str) -> str:
     module, constant = CODE_OF[asset]
-    modules = getattr(importlib.import_module(f"zero_assets.assets.{module}"), constant)
+    modules = getattr(importlib.import_module(f"zero_assets.defs.assets.{module}"), constant)
     return code_version(*((modules,) if isinstance(modules, str) else modules))
 
 

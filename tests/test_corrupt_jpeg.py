@@ -29,7 +29,7 @@ from benchmarks.images import photo_jpeg
 from training_code.lib import jpeg_strict
 from training_code.lib.image_checks import DEFAULT_ALLOWED_FORMATS, check_image_file
 from training_code.validate import get_args_parser, validate
-from zero_assets.sagemaker.code_package import build_code_package
+from zero_assets.backends.sagemaker.code_package import build_code_package
 
 DAMAGED_PER_PHOTO = 12
 

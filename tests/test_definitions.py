@@ -49,7 +49,7 @@ def test_dagster_cli_validates_the_code_location():
 
 
 def test_unknown_backend_is_rejected_with_the_variable_name(monkeypatch):
-    from zero_assets.resources.settings import settings_from_env
+    from zero_assets.core.settings import settings_from_env
 
     monkeypatch.setenv("ZERO_BACKEND", "kubernetes")
     try:

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from benchmarks.scene_shards import write_demo_shards
-from zero_assets.assets.trained_checkpoint import TrainConfig
-from zero_assets.demo_data import CATEGORIES, demo_images
+from zero_assets.defs.assets.trained_checkpoint import TrainConfig
+from zero_assets.ops.demo_data import CATEGORIES, demo_images
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))

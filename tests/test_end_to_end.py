@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from graph_runs import materialize_graph
 
-from zero_assets.assets import PER_SOURCE_ASSETS, TAIL_ASSETS
+from zero_assets.defs.assets import PER_SOURCE_ASSETS, TAIL_ASSETS
 
 FAST_TRAINING = {"ops": {"trained_checkpoint": {"config": {"max_steps": 12, "checkpoint_every": 6, "batch_size": 4}}}}
 
@@ -81,7 +81,7 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
 
 
 def _check_lineage(instance, meta, sources, planted):
-    from zero_assets.lineage import checkpoint_lineage, find_checkpoint, image_fate
+    from zero_assets.ops.lineage import checkpoint_lineage, find_checkpoint, image_fate
 
     checkpoint_uri = meta["trained_checkpoint"]["dagster/uri"]
     found = checkpoint_lineage(instance, find_checkpoint(instance, checkpoint_uri))

@@ -15,14 +15,14 @@ from conftest import make_resources
 from dagster import asset, instance_for_test, materialize
 from graph_runs import materialize_source
 
-from zero_assets.assets.raw_image_index import raw_image_index
-from zero_assets.assets.validated_images import VALIDATION_SPREAD, validated_images
-from zero_assets.job_request import JobRequest, fan_out
-from zero_assets.resources import LocalJobRunner, ZeroSettings
-from zero_assets.resources.local_runner import sharded_part
-from zero_assets.resources.sagemaker_settings import sagemaker_settings_from_env
-from zero_assets.sagemaker.code_package import build_code_package
-from zero_assets.sagemaker.requests import build_job_params
+from zero_assets.backends.local.runner import LocalJobRunner, sharded_part
+from zero_assets.backends.sagemaker.code_package import build_code_package
+from zero_assets.backends.sagemaker.job_params import build_job_params
+from zero_assets.backends.sagemaker.settings import sagemaker_settings_from_env
+from zero_assets.core.job_request import JobRequest, fan_out
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs.assets.raw_image_index import raw_image_index
+from zero_assets.defs.assets.validated_images import VALIDATION_SPREAD, validated_images
 
 SOURCE = "line_a_camera"
 

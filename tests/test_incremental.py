@@ -7,10 +7,10 @@ from conftest import make_resources
 from graph_runs import materialize_source
 
 from training_code.lib.shard_format import read_manifest, verify_shard
-from zero_assets.assets.arrow_shards import arrow_shards
-from zero_assets.assets.raw_image_index import raw_image_index
-from zero_assets.assets.validated_images import validated_images
-from zero_assets.demo_data import make_demo_raw_root
+from zero_assets.defs.assets.arrow_shards import arrow_shards
+from zero_assets.defs.assets.raw_image_index import raw_image_index
+from zero_assets.defs.assets.validated_images import validated_images
+from zero_assets.ops.demo_data import make_demo_raw_root
 
 DATA_ASSETS = [raw_image_index, validated_images, arrow_shards]
 SOURCE = "line_a_camera"

@@ -20,16 +20,16 @@ from dagster import (
 from graph_runs import materialize_source, sources_of
 from sagemaker_fakes import fake_aws, fake_settings
 
-from zero_assets.assets import raw_image_index, validated_images
-from zero_assets.job_request import JobRequest
-from zero_assets.resources import LocalJobRunner
-from zero_assets.resources.sagemaker_settings import JobCompute
-from zero_assets.run_cost import run_cost_sensors
-from zero_assets.sagemaker.code_package import upload_code_package
-from zero_assets.sagemaker.job_cost import BUILT_IN_PRICES, PRICE_TABLE_ENV, job_cost, price_table
-from zero_assets.sagemaker.names import job_name
-from zero_assets.sagemaker.pipes_client import PipesSageMakerClient
-from zero_assets.sagemaker.requests import build_job_params
+from zero_assets.backends.job_cost import BUILT_IN_PRICES, PRICE_TABLE_ENV, job_cost, price_table
+from zero_assets.backends.local.runner import LocalJobRunner
+from zero_assets.backends.sagemaker.code_package import upload_code_package
+from zero_assets.backends.sagemaker.job_params import build_job_params
+from zero_assets.backends.sagemaker.names import job_name
+from zero_assets.backends.sagemaker.pipes_client import PipesSageMakerClient
+from zero_assets.backends.sagemaker.settings import JobCompute
+from zero_assets.core.job_request import JobRequest
+from zero_assets.defs.assets import raw_image_index, validated_images
+from zero_assets.defs.run_cost import run_cost_sensors
 
 BUCKET = "zero-cost"
 FINGERPRINT = "fedcba9876543210" * 4
@@ -138,7 +138,7 @@ def test_training_and_processing_with_the_same_instances_and_seconds_cost_the_sa
         assert metadata["managed_spot"] is False and "spot_savings_usd" not in metadata
         assert (
             metadata["price_source"].startswith(
-                "zero_assets/sagemaker/prices.json (https://aws.amazon.com/sagemaker/pricing/"
+                "zero_assets/backends/sagemaker/prices.json (https://aws.amazon.com/sagemaker/pricing/"
             )
             and "as of" in metadata["price_source"]
         )

@@ -20,14 +20,15 @@ import pytest
 from dagster import DagsterEventType, asset, materialize
 from sagemaker_fakes import fake_aws, fake_settings, job_package
 
-from zero_assets.job_request import JobRequest
-from zero_assets.resources import LocalJobRunner, ZeroSettings
-from zero_assets.resources.local_process import end_process_group, start_job_process
-from zero_assets.resources.sagemaker_settings import JobCompute
-from zero_assets.sagemaker.code_package import upload_code_package
-from zero_assets.sagemaker.names import job_name
-from zero_assets.sagemaker.pipes_client import PipesSageMakerClient
-from zero_assets.sagemaker.requests import build_job_params
+from zero_assets.backends.local.process import end_process_group, start_job_process
+from zero_assets.backends.local.runner import LocalJobRunner
+from zero_assets.backends.sagemaker.code_package import upload_code_package
+from zero_assets.backends.sagemaker.job_params import build_job_params
+from zero_assets.backends.sagemaker.names import job_name
+from zero_assets.backends.sagemaker.pipes_client import PipesSageMakerClient
+from zero_assets.backends.sagemaker.settings import JobCompute
+from zero_assets.core.job_request import JobRequest
+from zero_assets.core.settings import ZeroSettings
 
 BUCKET = "zero-logs"
 FINGERPRINT = "fedcba9876543210" * 4

@@ -27,9 +27,9 @@ from sagemaker_fakes import FakeSageMaker, fake_settings, moto_server
 
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import join, publish_folder, read_bytes
-from zero_assets.resources import SageMakerJobRunner, ZeroSettings, sagemaker_runner
-from zero_assets.resources.sagemaker_runner import AwsClients
-from zero_assets.resources.settings import REPO_ROOT
+from zero_assets.backends.sagemaker import runner as sagemaker_runner
+from zero_assets.backends.sagemaker.runner import AwsClients, SageMakerJobRunner
+from zero_assets.core.settings import REPO_ROOT, ZeroSettings
 
 BUCKET = "zero-lineage"
 FILE_SYSTEM, MOUNT = "fs-0123456789abcdef0", "lustre1"

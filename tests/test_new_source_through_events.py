@@ -13,9 +13,10 @@ from dagster import AssetKey, evaluate_automation_conditions, materialize
 from sensor_ticks import SensorDaemon, s3_message, s3_record
 from sqs_server import sqs
 
-from zero_assets.assets import ALL_ASSETS, SOURCE_SPECS
+from zero_assets.backends.local.runner import LocalJobRunner
+from zero_assets.core.settings import ZeroSettings
 from zero_assets.definitions import defs
-from zero_assets.resources import LocalJobRunner, ZeroSettings
+from zero_assets.defs.assets import ALL_ASSETS, SOURCE_SPECS
 
 BUCKET, PREFIX = "zero-raw", "plant"
 PER_SOURCE = ("raw_image_index", "validated_images", "arrow_shards")
@@ -105,7 +106,7 @@ def test_a_new_source_on_the_queue_becomes_a_partition_and_is_materialized_alone
         fsx_mount=str(tmp_path / "fsx"),
         raw_events_queue_url=queue_url,
     )
-    monkeypatch.setattr("zero_assets.sensors.QUEUE_WAIT_S", 1.0)
+    monkeypatch.setattr("zero_assets.defs.sensors.QUEUE_WAIT_S", 1.0)
     daemon = Daemon(instance, settings)
 
     _announce(queue_url, _upload_source(client, tiny_raw_root, OLD))

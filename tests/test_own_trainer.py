@@ -14,10 +14,10 @@ import pytest
 import torch
 from graph_runs import materialize_graph, materialize_tail
 
-from zero_assets.assets import map_report, trained_checkpoint
-from zero_assets.fingerprints import code_version, current_code_version
-from zero_assets.sagemaker.code_package import build_code_package
-from zero_assets.sagemaker.requests import module_path
+from zero_assets.backends.sagemaker.code_package import build_code_package
+from zero_assets.backends.sagemaker.job_params import module_path
+from zero_assets.core.fingerprints import code_version, current_code_version
+from zero_assets.defs.assets import map_report, trained_checkpoint
 
 OWN_TRAINER = Path(__file__).parent / "own_trainer"
 TRAIN, EVALUATE = "own_trainer.train_ssd", "own_trainer.evaluate_ssd"

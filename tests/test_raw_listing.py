@@ -507,7 +507,7 @@ def test_index_in_process_and_as_a_job_give_the_same_index_and_data_version(
     from graph_runs import materialize_source
 
     from training_code.lib.raw_index import source_listing_fingerprint
-    from zero_assets.assets import raw_image_index
+    from zero_assets.defs.assets import raw_image_index
 
     def run(job_above_images: int):
         config = {"ops": {"raw_image_index": {"config": {"job_above_images": job_above_images}}}}

@@ -4,8 +4,9 @@ import pandas as pd
 from graph_runs import materialize_source
 
 from training_code.lib.raw_index import write_source_index
-from zero_assets.assets import raw_image_index
-from zero_assets.resources import LocalJobRunner, ZeroSettings
+from zero_assets.backends.local.runner import LocalJobRunner
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs.assets import raw_image_index
 
 SOURCE = "line_a_camera"
 

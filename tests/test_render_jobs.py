@@ -8,7 +8,7 @@ import botocore.session
 import pytest
 from botocore.validate import validate_parameters
 
-from zero_assets.cli import main
+from zero_assets.ops.cli import main
 
 BASE_ENV = {
     "ZERO_SM_REGION": "us-east-1",

@@ -11,12 +11,12 @@ from dagster._core.errors import DagsterExecutionInterruptedError
 from sagemaker_fakes import FakeSageMaker, fake_aws, fake_settings
 from test_job_logs_captured import captured_stdout
 
-from zero_assets.job_request import JobRequest
-from zero_assets.resources.sagemaker_settings import JobCompute
-from zero_assets.sagemaker.code_package import upload_code_package
-from zero_assets.sagemaker.names import job_name
-from zero_assets.sagemaker.pipes_client import PipesSageMakerClient
-from zero_assets.sagemaker.requests import build_job_params
+from zero_assets.backends.sagemaker.code_package import upload_code_package
+from zero_assets.backends.sagemaker.job_params import build_job_params
+from zero_assets.backends.sagemaker.names import job_name
+from zero_assets.backends.sagemaker.pipes_client import PipesSageMakerClient
+from zero_assets.backends.sagemaker.settings import JobCompute
+from zero_assets.core.job_request import JobRequest
 
 BUCKET = "zero-test"
 FINGERPRINT = "0123456789abcdef" * 4

@@ -11,18 +11,18 @@ from dagster import AssetKey
 from graph_runs import materialize_source, materialize_tail
 from sagemaker_fakes import FakeSageMaker, fake_settings, moto_server
 
+from tests.local_s3 import LocalS3Server
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.detection_data import iter_eval_samples, verified_split
 from training_code.lib.shard_format import open_shard, verify_shard
 from training_code.lib.storage import publish_folder
 from training_code.warm import listed_shards
-from zero_assets.assets import raw_image_index, validated_images
-from zero_assets.local_s3 import LocalS3Server
-from zero_assets.resources import SageMakerJobRunner, ZeroSettings, sagemaker_runner
-from zero_assets.resources.sagemaker_runner import AwsClients
-from zero_assets.resources.sagemaker_settings import JobCompute
-from zero_assets.resources.settings import REPO_ROOT
-from zero_assets.sagemaker.code_package import MARKER, build_code_package
+from zero_assets.backends.sagemaker import runner as sagemaker_runner
+from zero_assets.backends.sagemaker.code_package import MARKER, build_code_package
+from zero_assets.backends.sagemaker.runner import AwsClients, SageMakerJobRunner
+from zero_assets.backends.sagemaker.settings import JobCompute
+from zero_assets.core.settings import REPO_ROOT, ZeroSettings
+from zero_assets.defs.assets import raw_image_index, validated_images
 
 SOURCE = "line_a_camera"
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from zero_assets.resources.backend import resources_from_env
-from zero_assets.resources.local_runner import LocalJobRunner
-from zero_assets.resources.sagemaker_runner import SageMakerJobRunner
-from zero_assets.sagemaker.fsx import parse_fsx_uri, s3_behind_fsx, shards_on_fsx
-from zero_assets.sagemaker.names import VALID_NAME, attempt_of, job_name
-from zero_assets.sagemaker.pipes_client import failure_description
-from zero_assets.sagemaker.requests import check_environment
+from zero_assets.backends.from_env import resources_from_env
+from zero_assets.backends.local.runner import LocalJobRunner
+from zero_assets.backends.sagemaker.fsx import parse_fsx_uri, s3_behind_fsx, shards_on_fsx
+from zero_assets.backends.sagemaker.job_params import check_environment
+from zero_assets.backends.sagemaker.names import VALID_NAME, attempt_of, job_name
+from zero_assets.backends.sagemaker.pipes_client import failure_description
+from zero_assets.backends.sagemaker.runner import SageMakerJobRunner
 
 FP = "a1b2c3d4e5f60718293a4b5c6d7e8f90" * 2
 
@@ -77,8 +77,8 @@ def test_backend_is_chosen_from_the_environment(monkeypatch):
 
 
 def test_multi_instance_processing_without_split_input_is_refused():
-    from zero_assets.job_request import JobRequest
-    from zero_assets.sagemaker.requests import _processing_params
+    from zero_assets.backends.sagemaker.job_params import _processing_params
+    from zero_assets.core.job_request import JobRequest
 
     class Compute:
         instance_count, instance_type, volume_size_gb, max_runtime_s = 2, "ml.m5.xlarge", 50, 3600

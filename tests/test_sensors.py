@@ -13,7 +13,7 @@ from dagster._core.storage.tags import PARTITION_NAME_TAG
 from sensor_ticks import SensorDaemon, s3_message, s3_record
 from sqs_server import queue_counts, sqs
 
-from zero_assets.resources import ZeroSettings
+from zero_assets.core.settings import ZeroSettings
 
 RAW = "s3://zero-raw/plant"
 
@@ -33,7 +33,7 @@ class Bucket:
 
 @pytest.fixture
 def queue_daemon(instance, queue, monkeypatch):
-    monkeypatch.setattr("zero_assets.sensors.QUEUE_WAIT_S", 1.0)  # an empty queue's tick waits 1 s, not 5
+    monkeypatch.setattr("zero_assets.defs.sensors.QUEUE_WAIT_S", 1.0)  # an empty queue's tick waits 1 s, not 5
     return SensorDaemon(instance, ZeroSettings(raw_uri=RAW, raw_events_queue_url=queue)), Bucket(queue)
 
 

@@ -19,10 +19,10 @@ from graph_runs import materialize_graph, materialize_source, materialize_tail
 
 from training_code.lib import training_set as ts
 from training_code.lib.shard_format import SHARD_SCHEMA, open_shard
-from zero_assets.assets import PER_SOURCE_ASSETS, TAIL_ASSETS
-from zero_assets.cache import OUTPUT_MARKER
+from zero_assets.core.output_marker import OUTPUT_MARKER
 from zero_assets.definitions import defs
-from zero_assets.fingerprints import latest_materializations
+from zero_assets.defs.assets import PER_SOURCE_ASSETS, TAIL_ASSETS
+from zero_assets.launch.upstream import latest_materializations
 
 SOURCES = ["line_a_camera", "line_b_camera"]
 FAST_TRAINING = {

@@ -4,7 +4,7 @@ import pytest
 from raw_index_reference import build_raw_index
 
 from training_code.lib import storage
-from zero_assets.demo_data import make_demo_raw_root
+from zero_assets.ops.demo_data import make_demo_raw_root
 
 
 def _upload_tree(client, bucket, root, prefix):

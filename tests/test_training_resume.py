@@ -13,7 +13,7 @@ from dagster import materialize
 from graph_runs import materialize_source, materialize_tail, sources_of
 from process_tree import children_of, command_line
 
-from zero_assets.assets import ALL_ASSETS, SOURCE_SPECS, fsx_warm_state, training_set
+from zero_assets.defs.assets import ALL_ASSETS, SOURCE_SPECS, fsx_warm_state, training_set
 
 ALL = [*SOURCE_SPECS, *ALL_ASSETS]
 MAX_STEPS = 60

@@ -13,8 +13,8 @@ from graph_runs import materialize_source, materialize_tail
 from training_code.lib.detection_data import iter_eval_samples, verified_split
 from training_code.lib.shard_format import open_shard
 from training_code.lib.training_set import choose_rows
-from zero_assets.assets import training_set
-from zero_assets.warm_state import warm_training_set
+from zero_assets.backends.local.warm_state import warm_training_set
+from zero_assets.defs.assets import training_set
 
 
 def test_duplicates_stay_in_the_source_that_sorts_first_and_the_cap_keeps_the_lowest_key_hashes():

@@ -27,7 +27,7 @@ from training_code.lib.split import assign_splits, find_exact_duplicates, split_
 from training_code.lib.storage import list_objects
 from training_code.lib.tables import RAW_INDEX, write_table
 from training_code.validate import MANIFEST, get_args_parser, validate
-from zero_assets.demo_data import _box_in_stored_frame, make_demo_raw_root
+from zero_assets.ops.demo_data import _box_in_stored_frame, make_demo_raw_root
 
 REPO = Path(__file__).resolve().parents[1]
 TABLES = ("accepted", "quarantine", "duplicates", "rejected_labels", "unmatched")

@@ -22,12 +22,12 @@ from test_render_jobs import BASE_ENV, render
 from wandb.proto import wandb_internal_pb2
 
 from training_code.lib import wandb_run
-from zero_assets.assets import trained_checkpoint
-from zero_assets.assets.trained_checkpoint import TRAIN_MODULE, TrainConfig
-from zero_assets.fingerprints import FingerprintInputs, UpstreamOutput
-from zero_assets.job_launch import build_job_request
-from zero_assets.sagemaker.code_package import build_code_package
-from zero_assets.sagemaker.requests import check_environment
+from zero_assets.backends.sagemaker.code_package import build_code_package
+from zero_assets.backends.sagemaker.job_params import check_environment
+from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput
+from zero_assets.core.job_request import build_job_request
+from zero_assets.defs.assets import trained_checkpoint
+from zero_assets.defs.assets.trained_checkpoint import TRAIN_MODULE, TrainConfig
 
 KEY = "wandb-key-that-must-never-be-written-0123456789"
 BLOCK = 32 * 1024

@@ -178,7 +178,7 @@ def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     pr_curve, samples = draw_pr_curve(metrics["pr_curve"]), draw_samples(pictures)
     save_png(pr_curve, args.out / "pr_curve.png")
     save_png(samples, args.out / "sample_predictions.png")
-    # Written last: what proves the report complete (see zero_assets/cache.py).
+    # Written last: what proves the report complete (see zero_assets/core/output_marker.py).
     write_output_manifest(
         args.out,
         ["ground_truth.json", "predictions.json", "metrics.json", "pr_curve.png", "sample_predictions.png"],

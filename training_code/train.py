@@ -359,7 +359,7 @@ def main(args: argparse.Namespace) -> None:
         temporary = summary_path.with_name(f".tmp-{summary_path.name}")
         temporary.write_text(json.dumps(summary, indent=2))
         os.replace(temporary, summary_path)
-        # Written last: what proves the model folder complete (see zero_assets/cache.py).
+        # Written last: what proves the model folder complete (see zero_assets/core/output_marker.py).
         write_output_manifest(model_path.parent, [model_path.name, summary_path.name], format="zero-model/1")
         log_event(ctx, "done", **summary)
         pipes.report_asset_materialization(metadata=report_metadata(summary), data_version=digest)

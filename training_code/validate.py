@@ -18,7 +18,7 @@ The raw root is untrusted: an unsafe key, a symlink out of the root or a file pa
 costs that file one verdict (`unsafe_key`, `outside_root`, `too_large`) and is never read or decoded;
 an annotations file that cannot be used costs its source its labels, named in the unmatched table.
 
-On several instances the pass is two jobs (zero_assets/job_request.py `fan_out`): `--phase map` on
+On several instances the pass is two jobs (zero_assets/core/job_request.py `fan_out`): `--phase map` on
 every instance decodes the images of this host's part of the raw input (split by S3 key) and writes
 `verdicts-<host>.parquet`, the thumbnails of its quarantined files (`thumbnails-<host>.parquet`) and
 the annotation files it received; `--phase reduce` on one instance reads them all from --decoded and

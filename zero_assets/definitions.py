@@ -2,12 +2,12 @@
 
 from dagster import Definitions
 
-from .assets import ALL_ASSETS, SOURCE_SPECS
-from .checks import ALL_CHECKS, freshness_sensor, limits_from_env
-from .jobs import ALL_JOBS, weekly_full_refresh
-from .resources.backend import resources_from_env
-from .run_cost import run_cost_sensors
-from .sensors import new_raw_data_sensor
+from zero_assets.backends.from_env import resources_from_env
+from zero_assets.defs.assets import ALL_ASSETS, SOURCE_SPECS
+from zero_assets.defs.checks import ALL_CHECKS, freshness_sensor, limits_from_env
+from zero_assets.defs.jobs import ALL_JOBS, weekly_full_refresh
+from zero_assets.defs.run_cost import run_cost_sensors
+from zero_assets.defs.sensors import new_raw_data_sensor
 
 defs = Definitions(
     assets=[*SOURCE_SPECS, *ALL_ASSETS],

@@ -2,9 +2,9 @@
 
 from dagster import AssetExecutionContext, MaterializeResult, asset
 
-from zero_assets.job_launch import launch_job
-from zero_assets.resources.job_runner import JobRunner
-from zero_assets.resources.settings import ZeroSettings
+from zero_assets.backends.job_runner import JobRunner
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.launch.materialize import launch_job
 
 
 @asset

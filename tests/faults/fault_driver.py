@@ -21,10 +21,11 @@ from pathlib import Path
 from dagster import DagsterInstance, materialize
 from fault_assets import FAULT_ASSETS
 
-import zero_assets.job_launch as job_launch
-from zero_assets.assets import ALL_ASSETS, PER_SOURCE_ASSETS, SOURCE_SPECS
-from zero_assets.partitions import RAW_SOURCES
-from zero_assets.resources import LocalJobRunner, ZeroSettings
+import zero_assets.launch.materialize as job_launch
+from zero_assets.backends.local.runner import LocalJobRunner
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs.assets import ALL_ASSETS, PER_SOURCE_ASSETS, SOURCE_SPECS
+from zero_assets.defs.partitions import RAW_SOURCES
 
 
 def main() -> None:

@@ -18,11 +18,12 @@ from conftest import make_resources
 from dagster import AssetKey, DagsterInstance, DagsterRun, DagsterRunStatus
 from graph_runs import materialize_source
 
+from tests.local_s3 import LocalS3Server
 from training_code.lib.storage import delete_prefix
-from zero_assets.assets import raw_image_index, validated_images
-from zero_assets.gc import delete_unreferenced, find_unreferenced
-from zero_assets.local_s3 import LocalS3Server
-from zero_assets.resources import LocalJobRunner, ZeroSettings
+from zero_assets.backends.local.runner import LocalJobRunner
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs.assets import raw_image_index, validated_images
+from zero_assets.ops.garbage import delete_unreferenced, find_unreferenced
 
 ZERO_ASSETS = Path(sys.executable).with_name("zero-assets")
 SOURCE = "line_a_camera"  # the per-source assets' outputs sit under <lake>/<asset>/<source>/

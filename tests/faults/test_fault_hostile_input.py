@@ -38,10 +38,10 @@ from raw_index_reference import build_raw_index
 
 from training_code.lib.storage import download_prefix
 from training_code.lib.tables import RAW_INDEX, write_table
-from zero_assets.assets.raw_image_index import raw_image_index
-from zero_assets.assets.validated_images import validated_images
-from zero_assets.raw_sources import list_sources
-from zero_assets.resources import LocalJobRunner
+from zero_assets.backends.local.runner import LocalJobRunner
+from zero_assets.defs.assets.raw_image_index import raw_image_index
+from zero_assets.defs.assets.validated_images import validated_images
+from zero_assets.defs.change_detection.raw_sources import list_sources
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hostile-secret: AWS_SECRET_ACCESS_KEY=do-not-quote"  # the first bytes are what a message would quote

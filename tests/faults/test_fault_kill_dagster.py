@@ -16,7 +16,7 @@ import pytest
 from fault_processes import make_lab, paused_pids, wait_for, wait_gone
 from process_tree import alive, descendants
 
-from zero_assets.cache import OUTPUT_MARKER, output_is_complete
+from zero_assets.core.output_marker import OUTPUT_MARKER, output_is_complete
 
 SECRETS = {
     "DAGSTER_PG_PASSWORD": "pg-secret",

@@ -24,11 +24,12 @@ import pytest
 from dagster import AssetKey
 from graph_runs import materialize_source
 
+from tests.local_s3 import LocalS3Server
 from training_code.lib import storage
-from zero_assets.assets import raw_image_index, validated_images
-from zero_assets.cache import output_is_complete
-from zero_assets.local_s3 import LocalS3Server
-from zero_assets.resources import LocalJobRunner, ZeroSettings
+from zero_assets.backends.local.runner import LocalJobRunner
+from zero_assets.core.output_marker import output_is_complete
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs.assets import raw_image_index, validated_images
 
 BUCKET = "zero-faults"
 SOURCE = "line_a_camera"

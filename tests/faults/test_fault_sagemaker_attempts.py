@@ -23,14 +23,14 @@ import pytest
 from dagster import AssetKey, asset, materialize
 from sagemaker_fakes import FakeSageMaker, ThrottledLogs, fake_aws, fake_settings
 
-from zero_assets.cache import mark_output_complete
-from zero_assets.job_request import JobRequest
-from zero_assets.resources import SageMakerJobRunner, ZeroSettings, sagemaker_runner
-from zero_assets.resources.sagemaker_runner import AwsClients
-from zero_assets.resources.sagemaker_settings import JobCompute
-from zero_assets.resources.settings import REPO_ROOT
-from zero_assets.sagemaker.names import job_name
-from zero_assets.sagemaker.requests import build_job_params
+from zero_assets.backends.sagemaker import runner as sagemaker_runner
+from zero_assets.backends.sagemaker.job_params import build_job_params
+from zero_assets.backends.sagemaker.names import job_name
+from zero_assets.backends.sagemaker.runner import AwsClients, SageMakerJobRunner
+from zero_assets.backends.sagemaker.settings import JobCompute
+from zero_assets.core.job_request import JobRequest
+from zero_assets.core.output_marker import mark_output_complete
+from zero_assets.core.settings import REPO_ROOT, ZeroSettings
 
 BUCKET = "zero-attempts"
 JOB = '''
@@ -194,7 +194,7 @@ def test_throttled_sagemaker_describe_does_not_fail_the_run(backend, instance):
 
 def test_job_backed_assets_carry_a_retry_policy_on_sagemaker():
     probe = (
-        "from zero_assets.assets import ALL_ASSETS; "
+        "from zero_assets.defs.assets import ALL_ASSETS; "
         "print({a.key.to_user_string(): a.op.retry_policy.max_retries if a.op.retry_policy else 0 for a in ALL_ASSETS})"
     )
     env = {**os.environ, "ZERO_BACKEND": "sagemaker"}

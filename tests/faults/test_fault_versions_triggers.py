@@ -16,7 +16,7 @@ import pytest
 from dagster._core.storage.tags import RUN_KEY_TAG
 from sensor_ticks import SensorDaemon
 
-from zero_assets.resources import ZeroSettings
+from zero_assets.core.settings import ZeroSettings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,8 +24,9 @@ MATERIALIZE_INDEX = """
 import json, sys
 import zero_assets
 from dagster import AssetKey, DagsterInstance, materialize
-from zero_assets.assets.raw_image_index import raw_image_index
-from zero_assets.resources import LocalJobRunner, ZeroSettings
+from zero_assets.defs.assets.raw_image_index import raw_image_index
+from zero_assets.backends.local.runner import LocalJobRunner
+from zero_assets.core.settings import ZeroSettings
 
 raw, lake = sys.argv[1:3]
 source = "line_a_camera"  # the index is per source: one partition is enough to see the code version

@@ -1,0 +1,326 @@
+"""Run job scripts on this machine with SageMaker's container contract, through Dagster Pipes.
+
+Each run of a job gets its own folder, `<jobs root>/<asset>/<fingerprint[:16]>/runs/<run id>/<job name>/`,
+with the `/opt/ml` layout: inputs linked (or, for `s3://` inputs, downloaded as File mode would)
+under the paths SageMaker uses, outputs staged under it, `SM_*` variables set, training launched
+under `torchrun`. Two runs never share a folder, so neither can delete the other's work. When the
+script succeeds its staged outputs are moved to their destinations with the manifest last (copied,
+then removed, across file systems), as SageMaker uploads a job's outputs when it completes: no second
+copy stays behind. The job process runs in an allow-listed environment and dies with this process
+(see `local_process`).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dagster import (
+    AssetExecutionContext,
+    DataVersion,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    PipesClientCompletedInvocation,
+)
+from dagster._core.errors import DagsterPipesExecutionError  # not exported by dagster
+
+from training_code.lib.storage import (
+    MANIFEST_NAMES,
+    download_prefix,
+    is_s3,
+    list_objects,
+    publish_folder,
+    safe_relative_key,
+)
+from zero_assets.backends.job_cost import local_cost
+from zero_assets.backends.job_runner import JobRunner
+from zero_assets.backends.local.process import end_process_group, job_environment, run_with_pipes, start_job_process
+from zero_assets.backends.local.warm_state import warm_training_set
+from zero_assets.core.fingerprints import UpstreamOutput
+from zero_assets.core.job_request import RUNS_FOLDER, JobRequest, materialization_folder
+from zero_assets.core.settings import REPO_ROOT, ZeroSettings
+
+LOG_TAIL_LINES = 30
+
+
+class LocalJobRunner(JobRunner):
+    """The embedded default backend: the job scripts as subprocesses of the Dagster run."""
+
+    settings: ZeroSettings
+    python: str = sys.executable
+
+    instances: dict[str, int] = {}  # asset -> hosts its Processing job spreads over (a fan-out), as on SageMaker
+
+    def instance_count(self, asset: str) -> int:
+        return self.instances.get(asset, 1)
+
+    def run(
+        self, context: AssetExecutionContext, request: JobRequest
+    ) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
+        run_dir = self.run_folder(request, context.run.run_id)
+        hosts = [f"algo-{i + 1}" for i in range(request.instance_count)]
+        if len(hosts) > 1 and request.kind != "processing":
+            raise ValueError(
+                f"{request.asset}: the local backend runs multi-instance jobs for Processing only; training uses processes_per_host"
+            )
+        # One host keeps the plain layout; several get one `/opt/ml` each, as separate instances would.
+        layouts = {host: (run_dir / "hosts" / host if len(hosts) > 1 else run_dir) / "opt" / "ml" for host in hosts}
+        # A split input is listed once; each host gets its part (see `sharded_part`).
+        split_keys = (
+            {name: [obj.key for obj in list_objects(request.inputs[name])] for name in request.sharded_inputs}
+            if len(hosts) > 1
+            else {}
+        )
+        paths = {
+            host: self._lay_out(
+                opt_ml, request, {name: sharded_part(keys, index, len(hosts)) for name, keys in split_keys.items()}
+            )
+            for index, (host, opt_ml) in enumerate(layouts.items())
+        }
+        first, others = hosts[0], hosts[1:]
+        context.log.info(
+            f"launching local {request.kind} job {request.job_name} on {len(hosts)} host(s): "
+            f"{' '.join(self._command(request, paths[first]))}"
+        )
+        started = time.perf_counter()
+        # Hosts after the first run beside it without Pipes: only the first host reports, as on SageMaker.
+        siblings = {host: self._start_sibling(layouts[host], request, paths[host], host, hosts) for host in others}
+        try:
+            invocation = run_with_pipes(
+                context,
+                self._command(request, paths[first]),
+                self._environment(layouts[first], request, paths[first], first, hosts),
+                str(REPO_ROOT),
+                _job_log(layouts[first]),
+                _line_prefix(first, hosts),
+            )
+            exit_codes = {host: process.wait() for host, process in siblings.items()}
+        except DagsterPipesExecutionError as error:
+            raise _job_failure(request, layouts[first], first) from error
+        finally:  # the first host failed or the run was terminated: no host (nor what it started) outlives the job
+            for process in siblings.values():
+                end_process_group(process)
+        for host, code in exit_codes.items():
+            if code != 0:
+                raise _job_failure(request, layouts[host], host)
+        wall = time.perf_counter() - started
+        for (
+            name,
+            destination,
+        ) in request.outputs.items():  # every host uploads its own files to one destination, as S3 outputs do
+            publish_output([paths[host][name] for host in hosts], destination, run_dir / "replaced")
+        return invocation, {
+            "job_name": request.job_name,
+            "backend": "local",
+            "instance_type": f"local ({os.cpu_count()} cpu)",
+            "instance_count": request.instance_count,
+            "job_wall_s": round(wall, 2),
+            **local_cost(wall, len(hosts)),  # instance-seconds as SageMaker's are counted; no price
+            "job_logs": MetadataValue.path(str(layouts[first] / "output" / "job.log")),
+        }
+
+    def run_folder(self, request: JobRequest, run_id: str) -> Path:
+        """This run's folder for the job: no other run reads or writes it."""
+        return materialization_folder(self.settings.jobs_root(), request) / RUNS_FOLDER / run_id / request.job_name
+
+    def _start_sibling(
+        self, opt_ml: Path, request: JobRequest, paths: dict[str, Path], host: str, hosts: list[str]
+    ) -> subprocess.Popen:
+        return start_job_process(
+            self._command(request, paths),
+            self._environment(opt_ml, request, paths, host, hosts),
+            str(REPO_ROOT),
+            _job_log(opt_ml),
+            _line_prefix(host, hosts),
+        )
+
+    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
+        """Copy the training set's shards (one shard set per chosen source) into the folder standing in
+        for the FSx mount, each verified there."""
+        mount = self.settings.warm_mount()
+        result = warm_training_set(shards.uri, mount, key=shards.data_version[:16])
+        context.log.info(f"{result.copied} shards copied, {result.already_warm} already warm under {result.path}")
+        return MaterializeResult(
+            metadata={
+                "dagster/uri": MetadataValue.path(str(result.path)),
+                "mount": MetadataValue.path(str(mount)),
+                "dagster/row_count": result.rows,  # the warm shards' rows
+                "dagster/size_bytes": result.bytes,  # the warm shards, the excluded rows and the manifest
+                "shards": result.shards,
+                "copied": result.copied,
+                "already_warm": result.already_warm,
+                "verified": "size, sha256 and row count of every shard",
+                "backend": "local",
+            },
+            # Same shards, same version: warming identical bytes must not make training stale.
+            data_version=DataVersion(shards.data_version),
+        )
+
+    def _lay_out(self, opt_ml: Path, request: JobRequest, parts: dict[str, list[str]]) -> dict[str, Path]:
+        """Create the `/opt/ml` layout afresh in this run's folder (an earlier attempt of the same run may have left one).
+
+        An input named in `parts` gets only those keys: this host's part of a split input."""
+        for stale in ("input", "processing", "model", "output", "config"):
+            shutil.rmtree(opt_ml / stale, ignore_errors=True)
+        if request.kind == "training":
+            inputs = {name: opt_ml / "input" / "data" / name for name in request.inputs}
+            outputs = {name: opt_ml / "model" for name in request.outputs}
+        else:
+            inputs = {name: opt_ml / "processing" / "input" / name for name in request.inputs}
+            outputs = {name: opt_ml / "processing" / "output" / name for name in request.outputs}
+        for name, uri in request.inputs.items():
+            folder = request.input_folders.get(name)
+            target = inputs[name] / folder if folder else inputs[name]
+            inputs[name].parent.mkdir(parents=True, exist_ok=True)
+            if is_s3(uri):
+                download_prefix(uri, target, parts.get(name))
+            elif name in parts:
+                for key in parts[name]:
+                    (target / key).parent.mkdir(parents=True, exist_ok=True)
+                    (target / key).symlink_to(Path(uri).resolve() / safe_relative_key(key))
+            else:
+                if folder:  # one link to the folder's root keeps the layout the script resolves keys in
+                    target, uri = inputs[name], uri.rstrip("/")[: -len(folder)]
+                source = Path(uri).resolve()
+                if not source.exists():
+                    raise FileNotFoundError(f"input {name!r} of job {request.job_name} does not exist: {source}")
+                target.symlink_to(source, target_is_directory=source.is_dir())
+        for path in [*outputs.values(), opt_ml / "output", opt_ml / "input" / "config"]:
+            path.mkdir(parents=True, exist_ok=True)
+        return {**inputs, **outputs}
+
+    def _environment(
+        self, opt_ml: Path, request: JobRequest, paths: dict[str, Path], host: str, hosts: list[str]
+    ) -> dict[str, str]:
+        resources = json.dumps({"current_host": host, "hosts": hosts})
+        (opt_ml / "input" / "config" / "hyperparameters.json").write_text(json.dumps(request.arguments))
+        # Training containers read input/config/resourceconfig.json, Processing containers config/resourceconfig.json.
+        (opt_ml / "input" / "config" / "resourceconfig.json").write_text(resources)
+        (opt_ml / "config").mkdir(exist_ok=True)
+        (opt_ml / "config" / "resourceconfig.json").write_text(resources)
+        env = {
+            "ZERO_OPT_ML": str(opt_ml),
+            "ZERO_JOB_NAME": request.job_name,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+            "SM_CURRENT_HOST": host,
+            "SM_HOSTS": json.dumps(hosts),
+            "SM_NUM_CPUS": str(os.cpu_count()),
+            "SM_NUM_GPUS": "0",
+            "SM_OUTPUT_DATA_DIR": str(opt_ml / "output" / "data"),
+            "SM_HPS": json.dumps(request.arguments),
+            "SM_TRAINING_ENV": json.dumps({"job_name": request.job_name, "hosts": hosts}),
+        }
+        if request.kind == "training":
+            env["SM_MODEL_DIR"] = str(paths[next(iter(request.outputs))])
+            env["ZERO_CHECKPOINT_DIR"] = self.checkpoint_uri(request)
+            env["SM_CHANNELS"] = json.dumps(sorted(request.inputs))
+            env.update({f"SM_CHANNEL_{name.upper()}": str(paths[name]) for name in request.inputs})
+        if request.arguments.get("wandb_mode") == "online" and os.environ.get("WANDB_API_KEY"):
+            # The one secret a job may get, and only the job that sends metrics to W&B (see README, 'Weights & Biases').
+            env["WANDB_API_KEY"] = os.environ["WANDB_API_KEY"]
+        return job_environment(env, s3_access=request.reads_s3())
+
+    def checkpoint_uri(self, request: JobRequest) -> str:
+        """Checkpoints are kept per output (asset and fingerprint), across runs, so a rerun resumes them.
+        One writer at a time: the run holding the output's lease (see `job_launch`)."""
+        return str(materialization_folder(self.settings.jobs_root(), request) / "checkpoints")
+
+    def _command(self, request: JobRequest, paths: dict[str, Path]) -> list[str]:
+        if request.kind == "training":
+            launcher = [
+                self.python,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={request.processes_per_host}",
+            ]
+            return [*launcher, "-m", request.module, *request.argument_list()]
+        io_arguments = [token for name, path in paths.items() for token in (f"--{name}", str(path))]
+        return [self.python, "-m", request.module, *io_arguments, *request.argument_list()]
+
+
+def sharded_part(keys: list[str], host_index: int, hosts: int) -> list[str]:
+    """The keys one host receives of an input split by S3 key: every `hosts`-th of the sorted keys.
+
+    SageMaker promises each instance about 1/N of the objects, not which ones; the job scripts rely
+    only on the parts being disjoint and together complete, which this keeps."""
+    return keys[host_index::hosts]
+
+
+def publish_output(staged: list[Path], destination: str, replaced: Path) -> None:
+    """Move the staged output folders' files to `destination`, manifests last, leaving no copy behind.
+
+    A local destination that already exists (an earlier attempt that never got its marker) is first
+    moved aside to `replaced`, under this run's folder, and deleted once the new files are in place.
+    Files move by rename on one file system; elsewhere (or to S3) they are copied, then the staged
+    folder is removed."""
+    if is_s3(destination):
+        for folder in staged:
+            publish_folder(folder, destination)
+            shutil.rmtree(folder)
+        return
+    target = Path(destination)
+    if target.exists():
+        shutil.rmtree(replaced, ignore_errors=True)
+        replaced.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(target, replaced)
+    target.mkdir(parents=True, exist_ok=True)
+    for folder in staged:
+        files = sorted((p for p in folder.rglob("*") if p.is_file()), key=lambda p: (p.name in MANIFEST_NAMES, str(p)))
+        for path in files:
+            moved = target / path.relative_to(folder)
+            moved.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.replace(path, moved)
+            except OSError as error:
+                if error.errno != errno.EXDEV:
+                    raise
+                publish_folder(folder, destination)  # another file system: copy what is left, manifests last
+                break
+        shutil.rmtree(folder)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+def _job_failure(request: JobRequest, opt_ml: Path, host: str) -> Failure:
+    return Failure(
+        description=f"job {request.job_name} failed on {host}: {_failure_reason(opt_ml)}",
+        metadata={
+            "job_name": request.job_name,
+            "host": host,
+            "log_tail": MetadataValue.md(f"```\n{_log_tail(opt_ml)}\n```"),
+        },
+    )
+
+
+def _failure_reason(opt_ml: Path) -> str:
+    failure = opt_ml / "output" / "failure"
+    return (
+        failure.read_text().strip()
+        if failure.is_file()
+        else "the script exited non-zero without writing a failure reason"
+    )
+
+
+def _job_log(opt_ml: Path) -> Path:
+    """Everything the host's job process writes (stdout and stderr), as CloudWatch keeps it on SageMaker."""
+    return opt_ml / "output" / "job.log"
+
+
+def _line_prefix(host: str, hosts: list[str]) -> str:
+    """In the step's stdout, a multi-host job's lines say their host; a single host's stay as written."""
+    return f"[{host}] " if len(hosts) > 1 else ""
+
+
+def _log_tail(opt_ml: Path) -> str:
+    log = _job_log(opt_ml)
+    if not log.is_file():
+        return "(no job log written)"
+    return "\n".join(log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])

@@ -1,0 +1,116 @@
+"""Tail a SageMaker job's CloudWatch log streams (`<log group>/<job name>/<host>-<n>`).
+
+Every stream of the job is followed from its start (one per instance), new lines returned on each
+`poll()`, and the last lines kept so a failure can quote them. A throttled or failing CloudWatch
+never ends the wait for the job: the tail backs off, keeps its place in every stream, and catches
+up once CloudWatch answers again. `write_lines` forwards them to the Dagster step's stdout, each
+host's lines marked with the host, not as one Dagster event per line.
+
+dagster-aws's `PipesCloudWatchLogReader` forwards one stream the same way, but it follows a single
+stream named up front, and gives up (its thread ends, the rest of the log is lost) after ten
+throttled reads in a row; a training job logs for days on several hosts.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from collections.abc import Iterable
+from functools import partial
+from typing import IO, Optional
+
+from training_code.lib.aws_clients import Backoff
+from zero_assets.backends.sagemaker.guarded_read import guarded_read
+
+PIPES_MESSAGE_MARK = '"__dagster_pipes_version"'  # a Pipes message, read by the message reader, not a log line
+
+
+class JobLogTail:
+    def __init__(self, client, log_group: str, job_name: str, keep_lines: int = 30) -> None:
+        self._client = client
+        self._group = log_group
+        self._prefix = f"{job_name}/"
+        self._tokens: dict[str, str] = {}
+        self._backoff = Backoff(first_s=1.0, max_s=20.0)
+        self._where = f"CloudWatch Logs {log_group} for {self._prefix}*"
+        self.last_lines: deque[str] = deque(maxlen=keep_lines)
+        self.hosts: list[str] = []  # the hosts whose streams were read, in the order they appeared
+
+    @property
+    def throttled(self) -> int:
+        """How many polls CloudWatch refused (throttling, 5xx, connection errors) so far."""
+        return self._backoff.failures
+
+    def refused_lately(self, within_s: float = 10.0) -> bool:
+        """Backing off now, or refused within the last `within_s` seconds."""
+        return not self._backoff.ready() or self._backoff.quiet_for() < within_s
+
+    def streams(self) -> list[str]:
+        return guarded_read(self._backoff, self._streams, [], self._where)
+
+    def _streams(self) -> list[str]:
+        try:
+            paginator = self._client.get_paginator("describe_log_streams")
+            pages = paginator.paginate(logGroupName=self._group, logStreamNamePrefix=self._prefix)
+            return sorted(s["logStreamName"] for page in pages for s in page.get("logStreams", []))
+        except self._client.exceptions.ResourceNotFoundException:
+            return []  # the log group appears with the first job that logs in this account and region
+
+    def poll(self) -> list[tuple[str, str]]:
+        """New (host, line) pairs since the last poll, Pipes messages left out; [] while backing off."""
+        lines: list[tuple[str, str]] = []
+        for stream in self.streams():
+            host = stream[len(self._prefix) :]
+            if host not in self.hosts:
+                self.hosts.append(host)
+            messages: list[str] = []
+            # A refused read keeps what was read (the token moved past it); the stream resumes there.
+            read_to_end = guarded_read(self._backoff, partial(self._new_messages, stream, messages), False, self._where)
+            for message in messages:
+                for line in message.splitlines():
+                    if line and PIPES_MESSAGE_MARK not in line:
+                        lines.append((host, line))
+                        self.last_lines.append(f"[{host}] {line}")
+            if not read_to_end:
+                break
+        return lines
+
+    def _new_messages(self, stream: str, messages: list[str]) -> bool:
+        """Append the stream's new messages to `messages`, page by page (a failure keeps the pages read);
+        True once the stream's end for now is reached."""
+        while True:
+            request = {"logGroupName": self._group, "logStreamName": stream, "startFromHead": True}
+            if stream in self._tokens:
+                request["nextToken"] = self._tokens[stream]
+            response = self._client.get_log_events(**request)
+            messages += [event["message"] for event in response.get("events", [])]
+            token = response.get("nextForwardToken")
+            # The same token back means the end of the stream for now.
+            if token is None or token == self._tokens.get(stream):
+                return True
+            self._tokens[stream] = token
+            if not response.get("events"):
+                return True
+
+    def final_poll(self, max_wait_s: float = 60.0) -> list[tuple[str, str]]:
+        """The lines CloudWatch delivered after the last poll, waiting out a back-off (at most `max_wait_s`)."""
+        waited = 0.0
+        while not self._backoff.ready() and waited < max_wait_s:
+            time.sleep(0.5)
+            waited += 0.5
+        return self.poll()
+
+
+def write_lines(lines: Iterable[tuple[str, str]], target: Optional[IO[str]] = None) -> int:
+    """Write (host, line) pairs to `target` (default: this process's stdout at the time of the call, which
+    Dagster captures as the step's stdout), each line after `[host] ` so every host's stream can be read
+    (or grepped) on its own. Returns how many lines were written."""
+    stream = target or sys.stdout
+    written = 0
+    for host, line in lines:
+        stream.write(f"[{host}] {line}\n")
+        written += 1
+    if written:
+        stream.flush()
+    return written

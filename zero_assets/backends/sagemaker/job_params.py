@@ -1,0 +1,293 @@
+"""Turn a `JobRequest` into the exact CreateTrainingJob / CreateProcessingJob parameters.
+
+Pure functions of the request and the settings (no AWS calls), so `render-jobs` writes what the
+runner sends. SageMaker's limits are checked here, naming the entry at fault, rather than left to
+a ValidationException after the Dagster run has started.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from training_code.lib.wandb_run import SECRET_ARN_VARIABLE
+from zero_assets.backends.sagemaker.code_package import CodePackage
+from zero_assets.backends.sagemaker.fsx import is_fsx, parse_fsx_uri, s3_behind_fsx
+from zero_assets.backends.sagemaker.settings import SageMakerSettings
+from zero_assets.backends.sagemaker.training_set_channel import FILE_LIST, split_training_set
+from zero_assets.core.job_request import JobRequest
+
+OPERATIONS = {"training": "CreateTrainingJob", "processing": "CreateProcessingJob"}
+# SageMaker's limits on Environment: entries, key and value lengths (Training, Processing).
+ENV_LIMITS = {"training": (100, 512, 512), "processing": (100, 256, 256)}
+PROCESSING_ROOT = "/opt/ml/processing"
+CODE_INPUT = "code"
+CHECKPOINT_LOCAL = "/opt/ml/checkpoints"
+TRAINING_SET_ARGUMENT = "training-set"  # the training set's folder inside the input that holds it
+# Never in a request: Environment is shown by DescribeTrainingJob and the console to anyone who may describe jobs.
+FORBIDDEN_ENVIRONMENT = ("WANDB_API_KEY",)
+
+
+def build_job_params(
+    request: JobRequest,
+    settings: SageMakerSettings,
+    *,
+    job_name: str,
+    code: CodePackage,
+    environment: dict[str, str],
+    lake_uri: str | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """(operation, parameters) for one job; `environment` holds the Pipes bootstrap variables."""
+    lake = lake_uri or settings.lake_uri()
+    if request.kind == "training":
+        params = _training_params(request, settings, job_name, code, environment)
+    else:
+        params = _processing_params(request, settings, job_name, code, environment, lake)
+    all_tags = {**settings.tags, "zero:asset": request.asset, "zero:fingerprint": request.fingerprint[:16]}
+    params["Tags"] = [{"Key": key, "Value": str(value)[:256]} for key, value in all_tags.items()]
+    if settings.wandb_secret_arn and "wandb_mode" in request.arguments:  # a job that tracks to W&B
+        # The job reads the W&B API key from this secret at start (training_code.lib.wandb_run): only the reference travels.
+        params["Environment"][SECRET_ARN_VARIABLE] = settings.wandb_secret_arn
+    check_environment(params["Environment"], request.kind)
+    return OPERATIONS[request.kind], params
+
+
+def check_environment(environment: dict[str, str], kind: str) -> None:
+    entries, key_max, value_max = ENV_LIMITS[kind]
+    leaked = [name for name in FORBIDDEN_ENVIRONMENT if name in environment]
+    if leaked:
+        raise ValueError(
+            f"{kind} job environment holds {leaked}: a key in Environment is readable by whoever may describe the job; "
+            f"store it in Secrets Manager and set ZERO_SM_WANDB_SECRET_ARN instead"
+        )
+    if len(environment) > entries:
+        raise ValueError(f"{kind} job environment has {len(environment)} entries; SageMaker allows {entries}")
+    for key, value in environment.items():
+        if len(key) > key_max or len(value) > value_max:
+            raise ValueError(
+                f"{kind} job environment entry {key!r} is {len(value)} characters; SageMaker allows {value_max} "
+                f"(keys {key_max}). Pass large values through S3 (Pipes context) or as arguments instead."
+            )
+
+
+def _training_params(
+    request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict
+) -> dict:
+    compute = settings.compute(request.asset)
+    root = settings.s3_root()
+    # A training set is read through the shard root that holds every source's shard sets, told its folder there.
+    training_sets = {name: found for name, uri in request.inputs.items() if (found := split_training_set(uri))}
+    if len(training_sets) > 1:
+        raise ValueError(
+            f"{request.asset} has {len(training_sets)} training-set inputs ({sorted(training_sets)}); a job reads one"
+        )
+    channels = [
+        _training_channel(
+            name, training_sets[name].root if name in training_sets else uri, settings, request.fsx_access
+        )
+        for name, uri in request.inputs.items()
+    ]
+    input_mode = "File" if any("FileSystemDataSource" in c["DataSource"] for c in channels) else "FastFile"
+    hyperparameters = {key.replace("_", "-"): str(value) for key, value in request.arguments.items()}
+    for found in training_sets.values():  # at most one: the training set a job reads
+        hyperparameters[TRAINING_SET_ARGUMENT] = found.folder
+    hyperparameters.update(
+        {
+            # The PyTorch container's toolkit: fetch the code, install requirements.txt, run the
+            # program under torchrun with one process per GPU on every instance.
+            "sagemaker_program": module_path(request.module),
+            "sagemaker_submit_directory": code.tarball_uri(root),
+            "sagemaker_region": settings.region,
+            "sagemaker_container_log_level": "20",
+        }
+    )
+    if request.launcher == "torchrun":
+        hyperparameters["sagemaker_torch_distributed_enabled"] = "true"
+    params: dict[str, Any] = {
+        "TrainingJobName": job_name,
+        "RoleArn": settings.role_arn,
+        "AlgorithmSpecification": {"TrainingImage": settings.training_image_uri, "TrainingInputMode": input_mode},
+        "HyperParameters": hyperparameters,
+        "OutputDataConfig": _with_kms({"S3OutputPath": training_output_path(settings)}, settings),
+        "ResourceConfig": _with_volume_kms(
+            {
+                "InstanceType": compute.instance_type,
+                "InstanceCount": compute.instance_count,
+                "VolumeSizeInGB": compute.volume_size_gb,
+            },
+            settings,
+        ),
+        "StoppingCondition": {"MaxRuntimeInSeconds": compute.max_runtime_s},
+        # Synced down at start like an input: a prefix, so another fingerprint's folder is never pulled in.
+        "CheckpointConfig": {
+            "S3Uri": as_prefix(settings.checkpoint_uri(request.asset, request.fingerprint)),
+            "LocalPath": CHECKPOINT_LOCAL,
+        },
+        "Environment": {**env, "ZERO_JOB_NAME": job_name, "PYTHONPATH": "/opt/ml/code"},
+    }
+    if channels:  # SageMaker rejects an empty list
+        params["InputDataConfig"] = channels
+    if settings.use_spot:
+        params["EnableManagedSpotTraining"] = True
+        params["StoppingCondition"]["MaxWaitTimeInSeconds"] = max(settings.max_wait_s, compute.max_runtime_s)
+    vpc = settings.vpc_config()
+    if vpc:
+        params["VpcConfig"] = vpc
+    return params
+
+
+def _training_channel(name: str, uri: str, settings: SageMakerSettings, access: str) -> dict:
+    if is_fsx(uri):
+        location = parse_fsx_uri(uri)
+        if settings.vpc_config() is None:
+            raise ValueError(
+                f"input {name!r} is on FSx ({uri}); FSx needs ZERO_SM_SUBNETS and ZERO_SM_SECURITY_GROUP_IDS"
+            )
+        source = {
+            "FileSystemDataSource": {
+                "FileSystemId": location.file_system_id,
+                "FileSystemAccessMode": access,
+                "FileSystemType": "FSxLustre",
+                "DirectoryPath": location.directory_path,
+            }
+        }
+        return {"ChannelName": name, "DataSource": source, "InputMode": "File"}
+    _require_s3(name, uri)
+    source = {
+        "S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": as_prefix(uri), "S3DataDistributionType": "FullyReplicated"}
+    }
+    return {"ChannelName": name, "DataSource": source, "InputMode": "FastFile"}
+
+
+def _processing_params(
+    request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict, lake: str
+) -> dict:
+    compute = settings.compute(request.asset)
+    # A staged job (see job_request.fan_out) carries its own count: the map on every instance, the reduce on one.
+    instances = request.instance_count if request.stage else compute.instance_count
+    if instances > 1 and not request.sharded_inputs:
+        # Every instance would process the whole input and upload to the same output prefix.
+        raise ValueError(
+            f"{request.asset}: instance_count={instances}, but its job splits no input across instances; "
+            f"set the {request.asset} instance count to 1"
+        )
+    if CODE_INPUT in request.inputs:
+        raise ValueError(
+            f"input name {CODE_INPUT!r} of {request.asset} is reserved for the code package; rename the input"
+        )
+    inputs = [_processing_input(CODE_INPUT, code.files_uri(settings.s3_root()), sharded=False)]
+    io_arguments: list[str] = []
+    for name, uri in request.inputs.items():
+        s3_uri = s3_behind_fsx(uri, lake) if is_fsx(uri) else uri
+        _require_s3(name, s3_uri)
+        found = split_training_set(s3_uri)
+        if found is not None:  # exactly the training set's files, at their paths below the shard root
+            inputs.append(_manifest_file_input(name, f"{found.uri}/{FILE_LIST}"))
+            io_arguments += [f"--{name}", f"{PROCESSING_ROOT}/input/{name}", f"--{TRAINING_SET_ARGUMENT}", found.folder]
+            continue
+        sharded = name in request.sharded_inputs and instances > 1
+        inputs.append(_processing_input(name, s3_uri, sharded=sharded, folder=request.input_folders.get(name)))
+        io_arguments += [f"--{name}", f"{PROCESSING_ROOT}/input/{name}"]
+    outputs = []
+    for name, uri in request.outputs.items():
+        _require_s3(name, uri)
+        local = f"{PROCESSING_ROOT}/output/{name}"
+        outputs.append({"OutputName": name, "S3Output": {"S3Uri": uri, "LocalPath": local, "S3UploadMode": "EndOfJob"}})
+        io_arguments += [f"--{name}", local]
+    arguments = io_arguments + request.argument_list()
+    too_long = [a for a in arguments if len(a) > 256]
+    if too_long:
+        raise ValueError(
+            f"container arguments longer than SageMaker's 256 characters: {[a[:40] + '...' for a in too_long]}"
+        )
+    params: dict[str, Any] = {
+        "ProcessingJobName": job_name,
+        "RoleArn": settings.role_arn,
+        "AppSpecification": {
+            "ImageUri": settings.processing_image_uri,
+            "ContainerEntrypoint": ["python3", "-m", request.module],
+            "ContainerArguments": arguments,
+        },
+        "ProcessingInputs": inputs,
+        "ProcessingOutputConfig": _with_kms({"Outputs": outputs}, settings),
+        "ProcessingResources": {
+            "ClusterConfig": _with_volume_kms(
+                {
+                    "InstanceCount": instances,
+                    "InstanceType": compute.instance_type,
+                    "VolumeSizeInGB": compute.volume_size_gb,
+                },
+                settings,
+            )
+        },
+        "StoppingCondition": {"MaxRuntimeInSeconds": compute.max_runtime_s},
+        "Environment": {**env, "ZERO_JOB_NAME": job_name, "PYTHONPATH": f"{PROCESSING_ROOT}/input/{CODE_INPUT}"},
+    }
+    vpc = settings.vpc_config()
+    if vpc:
+        params["NetworkConfig"] = {"VpcConfig": vpc}
+    return params
+
+
+def training_output_path(settings: SageMakerSettings) -> str:
+    """A training job's OutputDataConfig: SageMaker writes `<this><job name>/output/model.tar.gz`."""
+    return f"{settings.s3_root()}/jobs/"
+
+
+def model_artifact_uri(settings: SageMakerSettings, job_name: str) -> str:
+    return f"{training_output_path(settings)}{job_name}/output/model.tar.gz"
+
+
+def as_prefix(uri: str) -> str:
+    """`s3://b/raw/`: SageMaker downloads every key that starts with the URI as written, so without
+    the `/` `s3://b/raw` would also pull `raw-old/...`, and a fingerprint's folder its `-map` sibling."""
+    return uri.rstrip("/") + "/"
+
+
+def _processing_input(name: str, uri: str, *, sharded: bool, folder: str | None = None) -> dict:
+    """One ProcessingInput; with `folder`, its objects land under `<input>/<folder>/` (one source's raw
+    folder keeps the raw layout the script reads, and only that source is downloaded)."""
+    return {
+        "InputName": name,
+        "S3Input": {
+            "S3Uri": as_prefix(uri),
+            "LocalPath": f"{PROCESSING_ROOT}/input/{name}" + (f"/{folder}" if folder else ""),
+            "S3DataType": "S3Prefix",
+            "S3InputMode": "File",
+            # Sharded: each instance receives a disjoint part of the objects under the prefix.
+            "S3DataDistributionType": "ShardedByS3Key" if sharded else "FullyReplicated",
+        },
+    }
+
+
+def _manifest_file_input(name: str, file_list_uri: str) -> dict:
+    """A ProcessingInput of the objects a SageMaker manifest file names (a prefix, then keys relative to
+    it), each landing under the input folder at its key relative to the prefix."""
+    return {
+        "InputName": name,
+        "S3Input": {
+            "S3Uri": file_list_uri,
+            "LocalPath": f"{PROCESSING_ROOT}/input/{name}",
+            "S3DataType": "ManifestFile",
+            "S3InputMode": "File",
+            "S3DataDistributionType": "FullyReplicated",
+        },
+    }
+
+
+def module_path(module: str) -> str:
+    return module.replace(".", "/") + ".py"
+
+
+def _require_s3(name: str, uri: str) -> None:
+    if not uri.startswith("s3://"):
+        raise ValueError(
+            f"job input/output {name!r} is {uri!r}; SageMaker jobs read and write s3:// URIs (set ZERO_LAKE_URI/ZERO_RAW_URI to S3)"
+        )
+
+
+def _with_kms(config: dict, settings: SageMakerSettings) -> dict:
+    return {**config, "KmsKeyId": settings.kms_key_id} if settings.kms_key_id else config
+
+
+def _with_volume_kms(config: dict, settings: SageMakerSettings) -> dict:
+    return {**config, "VolumeKmsKeyId": settings.kms_key_id} if settings.kms_key_id else config

@@ -1,0 +1,442 @@
+"""`PipesSageMakerClient`: SageMaker Training and Processing jobs as Dagster Pipes invocations.
+
+Shaped like dagster-aws's ECS and Glue clients. What it adds for SageMaker: jobs are found again by
+their deterministic name (a restarted run reattaches instead of launching twice), a job that ends
+`Stopped` (for example on MaxRuntimeExceeded, which boto3's waiter counts as done) is a failure,
+and failures carry the job name, FailureReason and the last log lines. Throttled or failing AWS
+reads while the job runs are waited out, never taken for the job's end; a reattached job whose
+Pipes report cannot be read raises `ReportUnreadable` (see `attempts` for what comes next).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, Any, Literal, Optional
+
+from botocore.exceptions import ClientError
+from dagster import (
+    DagsterExecutionInterruptedError,
+    Failure,
+    MetadataValue,
+    PipesClient,
+    PipesClientCompletedInvocation,
+    PipesContextInjector,
+    PipesMessageReader,
+    open_pipes_session,
+)
+from dagster._core.definitions.resource_annotation import TreatAsResourceParam  # not exported by dagster
+from dagster_aws.pipes import PipesCloudWatchMessageReader
+
+from training_code.lib.aws_clients import Backoff, endpoint_of, is_retryable, retry_call
+from training_code.lib.aws_clients import client as aws_client
+from training_code.lib.storage import s3_client as storage_s3_client
+from zero_assets.backends.job_cost import job_cost, price_table
+from zero_assets.backends.sagemaker.job_logs import JobLogTail, write_lines
+from zero_assets.backends.sagemaker.job_params import check_environment
+from zero_assets.backends.sagemaker.names import attempt_of
+from zero_assets.backends.sagemaker.pipes_io import JobKeyedS3ContextInjector, message_reader_for
+
+Kind = Literal["training", "processing"]
+
+
+@dataclass(frozen=True)
+class _JobApi:
+    create: str
+    describe: str
+    stop: str
+    name_key: str
+    status_key: str
+    log_group: str
+
+
+API = {
+    "training": _JobApi(
+        "create_training_job",
+        "describe_training_job",
+        "stop_training_job",
+        "TrainingJobName",
+        "TrainingJobStatus",
+        "/aws/sagemaker/TrainingJobs",
+    ),
+    "processing": _JobApi(
+        "create_processing_job",
+        "describe_processing_job",
+        "stop_processing_job",
+        "ProcessingJobName",
+        "ProcessingJobStatus",
+        "/aws/sagemaker/ProcessingJobs",
+    ),
+}
+TERMINAL = ("Completed", "Failed", "Stopped")
+REATTACHABLE = ("InProgress", "Completed")  # Stopping ends as Stopped: the next attempt takes over
+LIMIT_STOPS = ("MaxRuntimeExceeded", "MaxWaitTimeExceeded")
+MAX_ATTEMPTS = 50
+REPORT_GRACE_S = 5.0  # after the job ends: how long past a reader's last refused read to wait for the report
+REPORT_WAIT_S = 600.0  # and how long at most, while the message store keeps refusing reads
+
+
+class ReportUnreadable(Exception):
+    """A reattached job ended without a Pipes report this client could read (its messages expired or
+    were deleted): what it produced cannot be vouched for, so the attempt counts as failed."""
+
+
+class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
+    """A Pipes client for SageMaker Training and Processing jobs.
+
+    Args:
+        client: boto3 SageMaker client. logs_client: boto3 CloudWatch Logs client (job logs, messages).
+        s3_client: boto3 S3 client for the default context injector and message reader.
+        pipes_uri: `s3://bucket/prefix` for contexts and messages, keyed by job name (the default
+            injector and reader; required unless both are given).
+        messages: where the default reader reads: "s3" (reattach-safe) or "cloudwatch".
+        forward_termination: stop the job when the Dagster run is terminated.
+        log_target: where the job's CloudWatch lines go, each after `[host] ` (default: this process's
+            stdout, which Dagster captures as the step's stdout). Status changes stay Dagster events.
+    """
+
+    def __init__(
+        self,
+        client=None,
+        logs_client=None,
+        s3_client=None,
+        context_injector: Optional[PipesContextInjector] = None,
+        message_reader: Optional[PipesMessageReader] = None,
+        pipes_uri: Optional[str] = None,
+        messages: Literal["s3", "cloudwatch"] = "s3",
+        forward_termination: bool = True,
+        poll_interval: float = 15.0,
+        message_poll_interval: float = 10.0,
+        log_tail_lines: int = 30,
+        log_target: Optional[IO[str]] = None,
+    ):
+        self._client = client or aws_client("sagemaker")
+        self._logs = logs_client or aws_client("logs")
+        self._s3 = s3_client or storage_s3_client()  # honours ZERO_S3_ENDPOINT_URL like every other S3 access
+        self._context_injector = context_injector
+        self._message_reader = message_reader
+        if pipes_uri is None and (context_injector is None or message_reader is None):
+            raise ValueError(
+                "PipesSageMakerClient needs pipes_uri (s3://bucket/prefix) unless both context_injector and message_reader are given"
+            )
+        self._pipes_uri = pipes_uri
+        self._messages = messages
+        self.forward_termination = forward_termination
+        self.poll_interval = poll_interval
+        self.message_poll_interval = message_poll_interval
+        self.log_tail_lines = log_tail_lines
+        self.log_target = log_target
+        self._prices = (
+            price_table()
+        )  # read before any job launches: a bad ZERO_SM_PRICE_TABLE fails here, not after the job
+
+    @classmethod
+    def _is_dagster_maintained(cls) -> bool:
+        return False
+
+    def describe(self, kind: Kind, job_name: str) -> Optional[dict[str, Any]]:
+        """The job's description, or None when no job has that name."""
+        api = API[kind]
+        try:
+            return getattr(self._client, api.describe)(**{api.name_key: job_name})
+        except ClientError as error:
+            message = error.response.get("Error", {}).get("Message", "").lower()
+            if error.response.get("Error", {}).get("Code") == "ValidationException" and (
+                "not found" in message or "could not find" in message
+            ):
+                return None
+            raise
+
+    def describe_patiently(self, kind: Kind, job_name: str) -> Optional[dict[str, Any]]:
+        """`describe`, retried through throttling and outages for up to the AWS retry window."""
+        return retry_call(
+            lambda: self.describe(kind, job_name),
+            what=f"Describe {kind} job {job_name}",
+            endpoint=endpoint_of(self._client),
+        )
+
+    def resolve_job_name(
+        self,
+        context,
+        kind: Kind,
+        name_for_attempt: Callable[[int], str],
+        output_ready: Optional[Callable[[str, dict], bool]] = None,
+        first_attempt: int = 1,
+    ) -> str:
+        """The first attempt's name, from `first_attempt` on, that is free, running, or `Completed`
+        with `output_ready(name, job)` (never reused without it). A `Stopping` attempt is waited for
+        until it has stopped, so two attempts never write one output or checkpoint prefix at once."""
+        status_key = API[kind].status_key
+        for attempt in range(first_attempt, MAX_ATTEMPTS + 1):
+            name = name_for_attempt(attempt)
+            job = self.describe_patiently(kind, name)
+            if job is not None and job[status_key] == "Stopping":
+                job = self.wait_until_ended(context, kind, name)
+            status = None if job is None else job[status_key]
+            if status in (None, "InProgress"):
+                return name
+            if status == "Completed":
+                if output_ready is not None and output_ready(name, job):
+                    return name
+                context.log.warning(
+                    f"[pipes] attempt {attempt} ({name}) Completed, but its output is missing or incomplete: "
+                    f"not reused; trying attempt {attempt + 1}"
+                )
+                continue
+            context.log.info(f"[pipes] attempt {attempt} ({name}) ended {status}; trying attempt {attempt + 1}")
+        raise Failure(
+            f"{MAX_ATTEMPTS} attempts of this materialization have ended without success; change its inputs or investigate {name}"
+        )
+
+    def run_attempts(
+        self,
+        *,
+        context,
+        kind: Kind,
+        name_for_attempt: Callable[[int], str],
+        params_for: Callable[[str], dict[str, Any]],
+        output_ready: Callable[[str, dict], bool],
+    ) -> tuple[str, dict[str, Any], PipesClientCompletedInvocation]:
+        """Run the materialization's job: reattach, reuse, or launch the next attempt (see `resolve_job_name`).
+        A reattached attempt whose report cannot be read counts as failed and the one after it is launched.
+        Returns the attempt's name, its parameters and the invocation."""
+        first_attempt = 1
+        while True:
+            name = self.resolve_job_name(context, kind, name_for_attempt, output_ready, first_attempt)
+            params = params_for(name)
+            try:
+                return name, params, self.run(context=context, kind=kind, params=params)
+            except ReportUnreadable as unreadable:
+                context.log.warning(f"[pipes] {unreadable}: launching the next attempt")
+                first_attempt = attempt_of(name) + 1
+
+    def wait_until_ended(self, context, kind: Kind, name: str) -> dict[str, Any]:
+        """Poll a `Stopping` job until it is Stopped, Failed or Completed; its uploads end only then."""
+        status_key = API[kind].status_key
+        context.log.info(f"[pipes] {name} is Stopping: waiting for it to stop before the next attempt starts")
+        while True:
+            job = self.describe_patiently(kind, name)
+            if job[status_key] in TERMINAL:
+                context.log.info(f"[pipes] {name} has ended {job[status_key]}")
+                return job
+            time.sleep(self.poll_interval)
+
+    def run(  # type: ignore[override]
+        self, *, context, kind: Kind, params: dict[str, Any], extras: Optional[dict[str, Any]] = None
+    ) -> PipesClientCompletedInvocation:
+        """Launch the job described by `params` (Create*Job parameters), or reattach to it, and wait."""
+        api = API[kind]
+        name = params[api.name_key]
+        existing = self.describe_patiently(kind, name)
+        if existing is not None and existing[api.status_key] not in REATTACHABLE:
+            raise Failure(
+                f"SageMaker {kind} job {name} already ended {existing[api.status_key]}; use resolve_job_name for a fresh attempt"
+            )
+        injector, reader = self._pipes_io(name)
+        logs = JobLogTail(self._logs, api.log_group, name, keep_lines=self.log_tail_lines)
+        with open_pipes_session(
+            context=context, message_reader=reader, context_injector=injector, extras=extras
+        ) as session:
+            if existing is None:
+                environment = {**params.get("Environment", {}), **session.get_bootstrap_env_vars()}
+                check_environment(environment, kind)
+                tags = [
+                    *params.get("Tags", []),
+                    *({"Key": k, "Value": v[:256]} for k, v in session.default_remote_invocation_info.items()),
+                ]
+                self._create(context, kind, {**params, "Environment": environment, "Tags": tags})
+            else:
+                context.log.info(
+                    f"[pipes] reattached to SageMaker {kind} job {name} ({existing[api.status_key]}), launched by an earlier run"
+                )
+            try:
+                job, history = self._wait_for_completion(context, kind, name, logs, session, reader)
+            except DagsterExecutionInterruptedError:
+                if self.forward_termination:
+                    context.log.warning(f"[pipes] Dagster run interrupted: stopping SageMaker {kind} job {name}")
+                    self._terminate(context, kind, name)
+                raise
+            if job[api.status_key] != "Completed":
+                # A job someone stopped, or one that ran out of time, would end the same way again.
+                raise Failure(
+                    description=failure_description(kind, job, logs.last_lines),
+                    metadata=self._extract_dagster_metadata(kind, job, history),
+                    allow_retries=job[api.status_key] != "Stopped",
+                )
+            self._await_report(context, session, reader, name)
+        if existing is not None and not session.message_handler.received_closed_message:
+            raise ReportUnreadable(
+                f"SageMaker {kind} job {name} ended Completed, but its Pipes report could not be read "
+                f"({'no message at all' if not session.message_handler.received_opened_message else 'no closing message'}): "
+                "its messages expired or were deleted; the attempt counts as failed"
+            )
+        return PipesClientCompletedInvocation(session, metadata=self._extract_dagster_metadata(kind, job, history))
+
+    def _create(self, context, kind: Kind, params: dict[str, Any]) -> None:
+        """Create*Job, retried through throttling; a retry that finds the job created by the try before it is a success."""
+        api = API[kind]
+        name = params[api.name_key]
+        tries = 0
+
+        def create() -> None:
+            nonlocal tries
+            tries += 1
+            try:
+                getattr(self._client, api.create)(**params)
+            except ClientError as error:
+                # A try whose answer was lost may have created the job: the retry finds the name taken by it.
+                if tries > 1 and error.response.get("Error", {}).get("Code") == "ResourceInUse":
+                    return
+                raise
+
+        retry_call(create, what=f"{api.create} {name}", endpoint=endpoint_of(self._client))
+        context.log.info(f"[pipes] launched SageMaker {kind} job {name}")
+
+    def _await_report(self, context, session, reader, name: str) -> None:
+        """The job has ended: while the message reader is backing off from refused reads, wait for the
+        closing message rather than leave the session with part of the report (for at most REPORT_WAIT_S)."""
+        backoff: Optional[Backoff] = getattr(reader, "backoff", None)
+        if backoff is None:
+            return
+        deadline = time.monotonic() + REPORT_WAIT_S
+        while (
+            not session.message_handler.received_closed_message
+            and time.monotonic() < deadline
+            and (not backoff.ready() or backoff.quiet_for() < REPORT_GRACE_S + self.message_poll_interval)
+        ):
+            time.sleep(0.5)
+        if not session.message_handler.received_closed_message and backoff.failures:
+            context.log.warning(
+                f"[pipes] {name}: the message store refused {backoff.failures} reads; the report may be incomplete"
+            )
+
+    def _pipes_io(self, job_name: str):
+        injector = self._context_injector or JobKeyedS3ContextInjector(
+            pipes_uri=self._pipes_uri, job_name=job_name, client=self._s3
+        )
+        reader = self._message_reader or message_reader_for(
+            self._messages,
+            pipes_uri=self._pipes_uri,
+            job_name=job_name,
+            s3_client=self._s3,
+            logs_client=self._logs,
+            interval=self.message_poll_interval,
+        )
+        return injector, reader
+
+    def _wait_for_completion(
+        self, context, kind: Kind, name: str, logs: JobLogTail, session, reader
+    ) -> tuple[dict, list[str]]:
+        status_key = API[kind].status_key
+        history: list[str] = []
+        reported_stream = False
+        announced = 0  # hosts whose log stream an event has pointed at
+        refused = Backoff(first_s=self.poll_interval, max_s=max(60.0, self.poll_interval))
+        while True:
+            try:
+                job = self.describe(kind, name)
+            except Exception as error:  # noqa: BLE001 - only transient errors are waited out
+                if not is_retryable(error):
+                    raise
+                delay = refused.failed()
+                context.log.warning(
+                    f"[pipes] describing {name} failed ({error}); the job keeps running, asking again in {delay:.0f}s"
+                )
+                time.sleep(delay)
+                continue
+            refused.succeeded()
+            status = "/".join(filter(None, [job[status_key], job.get("SecondaryStatus")]))
+            if not history or history[-1] != status:
+                history.append(status)
+                context.log.info(f"[pipes] {name}: {status}")
+            announced = self._forward_logs(context, name, logs, logs.poll(), announced)
+            if isinstance(reader, PipesCloudWatchMessageReader) and not reported_stream:
+                reported_stream = self._report_message_stream(logs, session, API[kind].log_group)
+            if job[status_key] in TERMINAL:
+                self._forward_logs(
+                    context, name, logs, logs.final_poll(), announced
+                )  # lines CloudWatch delivered after the last poll
+                # CloudWatch messages are read only once their stream is known: a throttled lookup is tried again.
+                deadline = time.monotonic() + 120
+                while (
+                    isinstance(reader, PipesCloudWatchMessageReader)
+                    and not reported_stream
+                    and logs.refused_lately()
+                    and time.monotonic() < deadline
+                ):
+                    time.sleep(0.5)
+                    reported_stream = self._report_message_stream(logs, session, API[kind].log_group)
+                if logs.throttled:
+                    context.log.info(
+                        f"[pipes] CloudWatch Logs refused {logs.throttled} reads of {name}'s logs; each was backed off and read again"
+                    )
+                return job, history
+            time.sleep(self.poll_interval)
+
+    def _forward_logs(self, context, name: str, logs: JobLogTail, lines: list[tuple[str, str]], announced: int) -> int:
+        """The job's lines go to the step's stdout (one Dagster event per line would flood the event log
+        for days of training); one event per host, the first time its stream is read, says where its
+        lines are. Returns how many hosts have been announced."""
+        for host in logs.hosts[announced:]:
+            context.log.info(
+                f"[pipes] {name}: host {host}'s log (CloudWatch stream {name}/{host}) is copied to this step's stdout, "
+                f"each line after [{host}]"
+            )
+        write_lines(lines, self.log_target)
+        return len(logs.hosts)
+
+    @staticmethod
+    def _report_message_stream(logs: JobLogTail, session, log_group: str) -> bool:
+        """CloudWatch messages: point the reader at the first host's stream (rank 0 writes them) once it exists."""
+        streams = logs.streams()
+        if not streams:
+            return False
+        session.report_launched({"extras": {"log_group": log_group, "log_stream": streams[0]}})
+        return True
+
+    def _terminate(self, context, kind: Kind, name: str) -> None:
+        api = API[kind]
+        try:
+            getattr(self._client, api.stop)(**{api.name_key: name})
+        except ClientError as error:  # already ending: nothing to stop, but say so
+            context.log.warning(f"[pipes] could not stop SageMaker {kind} job {name}: {error}")
+
+    def _extract_dagster_metadata(self, kind: Kind, job: dict, history: list[str]) -> dict[str, Any]:
+        name = job[API[kind].name_key]
+        region = self._client.meta.region_name
+        section = "jobs" if kind == "training" else "processing-jobs"
+        transitions = [t["Status"] for t in job.get("SecondaryStatusTransitions", [])] if kind == "training" else []
+        return {
+            "job_name": name,
+            "job_status": job[API[kind].status_key],
+            "console_url": MetadataValue.url(
+                f"https://{region}.console.aws.amazon.com/sagemaker/home?region={region}#/{section}/{name}"
+            ),
+            "logs_url": MetadataValue.url(
+                f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#logsV2:log-groups/log-group/"
+                f"{API[kind].log_group.replace('/', '$252F')}$3FlogStreamNameFilter$3D{name}"
+            ),
+            **job_cost(kind, job, region, self._prices),  # instances, instance-seconds, spot savings, estimated USD
+            "status_history": MetadataValue.json(transitions or history),
+        }
+
+
+def failure_description(kind: Kind, job: dict, last_lines) -> str:
+    api = API[kind]
+    status = job[api.status_key]
+    # Processing jobs put the script's own words in ExitMessage (`/opt/ml/output/message`), training in FailureReason.
+    reason = (
+        " | ".join(filter(None, [job.get("FailureReason"), job.get("ExitMessage")]))
+        or "(SageMaker gave no FailureReason)"
+    )
+    secondary = job.get("SecondaryStatus", "")
+    if status == "Stopped":
+        limit = next((s for s in LIMIT_STOPS if s in f"{secondary} {reason}"), None)
+        reason = (
+            f"stopped by SageMaker: {limit}; raise max_runtime_s (or max_wait_s for spot)"
+            if limit
+            else "stopped before completing (StopJob was called)"
+        )
+    tail = "\n".join(last_lines) or "(no log lines reached CloudWatch)"
+    return f"SageMaker {kind} job {job[api.name_key]} {status}: {reason}\nlast log lines:\n{tail}"

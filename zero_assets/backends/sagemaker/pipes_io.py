@@ -1,0 +1,115 @@
+"""Pipes context and message locations on S3, keyed by the job name instead of a random string.
+
+SageMaker caps environment values (512 characters for Training, 256 for Processing), so the
+context goes to S3 and only its address travels in the environment. Keying both the context and
+the messages by the job name makes them findable again: a restarted Dagster run that reattaches
+to a running job reads the messages that job is writing, from the first one.
+
+Both readers back off while S3 or CloudWatch throttles or fails and try again, from the chunk or
+token they reached: a refused read never ends the reader, so no message is lost to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Literal
+
+from dagster._core.pipes.client import PipesParams
+from dagster_aws.pipes import PipesCloudWatchMessageReader, PipesS3ContextInjector, PipesS3MessageReader
+from dagster_pipes import PipesBlobStoreMessageWriter, PipesDefaultMessageWriter, encode_param
+
+from training_code.lib.aws_clients import Backoff, endpoint_of, retry_call
+from training_code.lib.storage import split_s3
+from zero_assets.backends.sagemaker.guarded_read import guarded_read
+
+
+def context_params(pipes_uri: str, job_name: str) -> dict:
+    bucket, prefix = split_s3(pipes_uri)
+    return {"bucket": bucket, "key": f"{prefix}/{job_name}/context.json".lstrip("/")}
+
+
+def message_params(pipes_uri: str, job_name: str, messages: Literal["s3", "cloudwatch"]) -> dict:
+    if messages == "cloudwatch":
+        return {PipesDefaultMessageWriter.STDIO_KEY: PipesDefaultMessageWriter.STDOUT}
+    bucket, prefix = split_s3(pipes_uri)
+    return {
+        "bucket": bucket,
+        "key_prefix": f"{prefix}/{job_name}/messages".lstrip("/"),
+        PipesBlobStoreMessageWriter.INCLUDE_STDIO_IN_MESSAGES_KEY: False,
+    }
+
+
+def bootstrap_environment(pipes_uri: str, job_name: str, messages: Literal["s3", "cloudwatch"]) -> dict[str, str]:
+    """The two variables a Pipes session gives a job, computed without one (for `render-jobs`)."""
+    return {
+        "DAGSTER_PIPES_CONTEXT": encode_param(context_params(pipes_uri, job_name)),
+        "DAGSTER_PIPES_MESSAGES": encode_param(message_params(pipes_uri, job_name, messages)),
+    }
+
+
+class JobKeyedS3ContextInjector(PipesS3ContextInjector):
+    def __init__(self, *, pipes_uri: str, job_name: str, client) -> None:
+        self._params = context_params(pipes_uri, job_name)
+        super().__init__(bucket=self._params["bucket"], client=client)
+
+    @contextmanager
+    def inject_context(self, context) -> Iterator[PipesParams]:
+        import json
+
+        body, key = json.dumps(context).encode(), self._params["key"]
+        retry_call(
+            lambda: self.client.put_object(Bucket=self.bucket, Key=key, Body=body),
+            what=f"PUT s3://{self.bucket}/{key}",
+            endpoint=endpoint_of(self.client),
+        )
+        yield dict(self._params)
+        # Left in place: a job still starting (or one a later run reattaches to) may not have read it yet;
+        # it is small, and the bucket's lifecycle rule on the pipes prefix expires it.
+
+
+class JobKeyedS3MessageReader(PipesS3MessageReader):
+    def __init__(self, *, pipes_uri: str, job_name: str, client, interval: float = 10) -> None:
+        self._params = message_params(pipes_uri, job_name, "s3")
+        super().__init__(bucket=self._params["bucket"], client=client, interval=interval)
+        self.backoff = Backoff(first_s=1.0, max_s=20.0)
+        self._where = f"Pipes messages at s3://{self._params['bucket']}/{self._params['key_prefix']}"
+
+    @contextmanager
+    def get_params(self) -> Iterator[PipesParams]:
+        yield dict(self._params)
+
+    def messages_are_readable(self, params: PipesParams) -> bool:
+        return guarded_read(self.backoff, partial(super().messages_are_readable, params), False, self._where)
+
+    def download_messages_chunk(self, index: int, params: PipesParams) -> str | None:
+        # The base class takes a missing chunk (or any ClientError, throttling included) as "not written
+        # yet" and asks again; connection and body-read errors must not end the reader either.
+        return guarded_read(self.backoff, partial(super().download_messages_chunk, index, params), None, self._where)
+
+
+class BackoffCloudWatchMessageReader(PipesCloudWatchMessageReader):
+    """dagster-aws's CloudWatch reader gives up after 10 throttled reads and its thread dies; this
+    one backs off and reads again from the same token."""
+
+    def __init__(self, *, client) -> None:
+        super().__init__(client=client)
+        self.backoff = Backoff(first_s=1.0, max_s=20.0)
+
+    def messages_are_readable(self, params: PipesParams) -> bool:
+        return guarded_read(self.backoff, partial(super().messages_are_readable, params), False, self._where())
+
+    def download_messages(self, cursor, params: PipesParams):
+        return guarded_read(self.backoff, partial(super().download_messages, cursor, params), None, self._where())
+
+    def _where(self) -> str:
+        return f"Pipes messages at CloudWatch {self.log_group}/{self.log_stream}"
+
+
+def message_reader_for(messages: str, *, pipes_uri: str, job_name: str, s3_client, logs_client, interval: float):
+    if messages == "s3":
+        return JobKeyedS3MessageReader(pipes_uri=pipes_uri, job_name=job_name, client=s3_client, interval=interval)
+    if messages == "cloudwatch":
+        return BackoffCloudWatchMessageReader(client=logs_client)
+    raise ValueError(f"messages={messages!r}: use 's3' or 'cloudwatch'")

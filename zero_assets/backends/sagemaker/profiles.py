@@ -1,0 +1,48 @@
+"""Run profiles (`ZERO_PROFILE`): `production` uses the configured compute; `rehearsal` proves the
+graph end to end on AWS for little money: a small sample of the index, cheap instances, and two
+instances for training and for validation, so multi-node training and the split validation pass
+(map on every instance, reduce on one) are exercised before the expensive run.
+"""
+
+from __future__ import annotations
+
+import os
+
+from zero_assets.backends.sagemaker.settings import JobCompute, SageMakerSettings
+
+PROFILES = ("production", "rehearsal")
+REHEARSAL_SAMPLE_IMAGES = 2000
+
+REHEARSAL_COMPUTE = {
+    "validated_images": JobCompute(
+        instance_type="ml.m5.xlarge", instance_count=2, volume_size_gb=50, max_runtime_s=2 * 3600
+    ),
+    "arrow_shards": JobCompute(instance_type="ml.m5.xlarge", volume_size_gb=50, max_runtime_s=2 * 3600),
+    "fsx_warm_state": JobCompute(instance_type="ml.m5.large", volume_size_gb=30, max_runtime_s=3600),
+    "trained_checkpoint": JobCompute(
+        instance_type="ml.g4dn.xlarge", instance_count=2, volume_size_gb=50, max_runtime_s=2 * 3600
+    ),
+    "map_report": JobCompute(instance_type="ml.g4dn.xlarge", volume_size_gb=50, max_runtime_s=3600),
+}
+
+
+def profile_from_env() -> str:
+    profile = os.environ.get("ZERO_PROFILE", "production")
+    if profile not in PROFILES:
+        raise ValueError(f"ZERO_PROFILE={profile!r} is not a profile; use one of {PROFILES}")
+    return profile
+
+
+def apply_profile(settings: SageMakerSettings, profile: str) -> SageMakerSettings:
+    """The settings a profile runs with (production: unchanged)."""
+    if profile == "production":
+        return settings
+    if profile == "rehearsal":
+        # Spot capacity waits would make a rehearsal slow to answer; it is short and cheap anyway.
+        return settings.model_copy(update={**REHEARSAL_COMPUTE, "use_spot": False})
+    raise ValueError(f"profile {profile!r} is not one of {PROFILES}")
+
+
+def sample_images(profile: str) -> int | None:
+    """How many images of the raw index a profile runs on (None: all of them)."""
+    return REHEARSAL_SAMPLE_IMAGES if profile == "rehearsal" else None

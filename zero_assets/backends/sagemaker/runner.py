@@ -1,0 +1,189 @@
+"""Run job scripts as SageMaker Training and Processing jobs, through `PipesSageMakerClient`.
+
+The code is packaged and uploaded once per content hash; the job name comes from asset,
+fingerprint and attempt; a training job's `model.tar.gz` is unpacked to the asset's output
+prefix (manifest last), so downstream jobs read files exactly as they do on the local backend.
+
+Attempts: a running attempt is reattached, a `Stopping` one waited for, a `Completed` one reused
+only when its output is complete, and a reattached one whose Pipes report is gone counts as failed;
+in every other case the next attempt is launched.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue, PipesClientCompletedInvocation
+
+from training_code.lib import training_set as ts
+from training_code.lib.storage import exists, fetch_file, list_objects, publish_folder
+from zero_assets.backends.job_runner import JobRunner
+from zero_assets.backends.sagemaker.code_package import build_code_package, upload_code_package
+from zero_assets.backends.sagemaker.fsx import shards_on_fsx
+from zero_assets.backends.sagemaker.fsx_warm import ensure_association, import_metadata, verify_on_s3, warm_job_request
+from zero_assets.backends.sagemaker.job_params import build_job_params, model_artifact_uri
+from zero_assets.backends.sagemaker.names import job_name
+from zero_assets.backends.sagemaker.pipes_client import PipesSageMakerClient
+from zero_assets.backends.sagemaker.settings import SageMakerSettings
+from zero_assets.backends.sagemaker.stage_outputs import outputs_as_recorded, record_outputs
+from zero_assets.backends.sagemaker.training_set_channel import write_channel_training_set
+from zero_assets.core.fingerprints import UpstreamOutput
+from zero_assets.core.job_request import JobRequest
+from zero_assets.core.output_marker import output_is_complete
+from zero_assets.core.settings import ZeroSettings
+
+
+@dataclass(frozen=True)
+class AwsClients:
+    sagemaker: Any
+    logs: Any
+    s3: Any
+    fsx: Any
+
+
+def make_aws_clients(region: str) -> AwsClients:
+    """The process's shared clients under the one client policy (tests replace this function with stand-ins)."""
+    from training_code.lib.aws_clients import client
+    from training_code.lib.storage import s3_client
+
+    return AwsClients(
+        client("sagemaker", region=region), client("logs", region=region), s3_client(), client("fsx", region=region)
+    )
+
+
+class SageMakerJobRunner(JobRunner):
+    """The AWS backend: every job-backed materialization is one SageMaker job."""
+
+    settings: ZeroSettings
+    aws: SageMakerSettings
+
+    def clients(self) -> AwsClients:
+        return make_aws_clients(self.aws.region)
+
+    def pipes_client(self, clients: AwsClients) -> PipesSageMakerClient:
+        return PipesSageMakerClient(
+            client=clients.sagemaker,
+            logs_client=clients.logs,
+            s3_client=clients.s3,
+            pipes_uri=f"{self.aws.s3_root()}/pipes",
+            messages=self.aws.messages,
+            poll_interval=self.aws.poll_interval_s,
+            message_poll_interval=min(10.0, self.aws.poll_interval_s),
+        )
+
+    def run(
+        self, context: AssetExecutionContext, request: JobRequest
+    ) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
+        clients = self.clients()
+        package = build_code_package(modules=(request.module,))  # a module outside training_code brings its package
+        upload_code_package(package, self.aws.s3_root(), clients.s3)
+        pipes = self.pipes_client(clients)
+        started = time.perf_counter()
+        name, params, invocation = pipes.run_attempts(
+            context=context,
+            kind=request.kind,
+            name_for_attempt=lambda attempt: job_name(request.label, request.fingerprint, attempt),
+            params_for=lambda name: build_job_params(
+                request, self.aws, job_name=name, code=package, environment={}, lake_uri=self.settings.lake_uri
+            )[1],
+            output_ready=lambda name, job: self.output_ready(request, name),
+        )
+        if request.stage == "map":
+            record_outputs(self.aws.s3_root(), name, request.outputs)
+        extra: dict[str, Any] = {
+            "backend": "sagemaker",
+            "job_wall_s": round(time.perf_counter() - started, 2),
+            "code_package": package.digest,
+        }
+        if request.kind == "training":
+            model_tar = model_artifact_uri(self.aws, name)
+            for destination in request.outputs.values():
+                unpack_model_artifact(model_tar, destination)
+            extra["checkpoint_uri"] = params["CheckpointConfig"]["S3Uri"]
+            extra["model_artifact"] = model_tar
+        return invocation, extra
+
+    def output_ready(self, request: JobRequest, name: str) -> bool:
+        """Whether the `Completed` attempt `name` left a complete output behind, so it may be reused."""
+        if request.kind == "training":
+            return exists(model_artifact_uri(self.aws, name))  # unpacked again, manifest last, into the asset's output
+        if request.stage == "map":
+            return outputs_as_recorded(self.aws.s3_root(), name, request.outputs)
+        return all(output_is_complete(uri, request.fingerprint) for uri in request.outputs.values())
+
+    def instance_count(self, asset: str) -> int:
+        return self.aws.compute(asset).instance_count
+
+    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
+        """FSx configured: link, import, load and verify on the file system; else verify on S3.
+
+        A training set is laid out under the shard root (see training_set_channel): the jobs' input is
+        the root holding every chosen source's shard sets, the training-set manifest written last."""
+        channel, manifest = write_channel_training_set(shards.uri, self.settings.lake_uri, shards.data_version)
+        warm_uri, shard_uris = channel.uri, [source["shards_uri"] for source in manifest["sources"]]
+        base = {
+            "backend": "sagemaker",
+            "shards_uri": MetadataValue.path(shards.uri),  # the asset adds the cache decision
+            "training_set_folder": channel.folder,
+            "sources": MetadataValue.json([s["source"] for s in manifest["sources"]]),
+        }
+        if not self.aws.fsx_enabled():
+            counts = [verify_on_s3(uri) for uri in shard_uris]
+            metadata = {
+                "dagster/uri": MetadataValue.path(warm_uri),
+                **_s3_warm_size(warm_uri, counts),
+                "shards": sum(c["shards"] for c in counts),
+                "file_system": "none: training reads S3 in FastFile mode",
+                "verified": "every shard of every manifest present on S3 with its size",
+                **base,
+            }
+            return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
+        fs_id, mount = self.aws.fsx_file_system_id, self.aws.fsx_mount_name
+        lake = self.settings.lake_uri
+        location = shards_on_fsx(warm_uri, lake, fs_id, mount)
+        fsx = self.clients().fsx
+        association = ensure_association(fsx, fs_id, lake, context.log)
+        paths = [shards_on_fsx(uri, lake, fs_id, mount).path for uri in shard_uris] + [location.path]
+        import_tasks = import_metadata(fsx, fs_id, paths, context.log)
+        invocation, extra = self.run(context, warm_job_request(shards, location, self.settings))
+        reported = invocation.get_materialize_result()
+        # gc keeps what a materialization names: the S3 side of the warm folder, not only its fsx:// name.
+        metadata = {
+            **(reported.metadata or {}),
+            **extra,
+            **base,
+            "dagster/uri": MetadataValue.path(location.uri),
+            "warm_s3_uri": MetadataValue.path(warm_uri),
+            "file_system_id": fs_id,
+            "mount_path": location.directory_path,
+            "association_id": association,
+            "import_task_ids": MetadataValue.json(import_tasks),
+        }
+        return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
+
+
+def _s3_warm_size(warm_uri: str, counts: list[dict]) -> dict[str, int]:
+    """What the trainer reads from S3, as the FSx warm job (training_code.warm) counts it on the file
+    system: rows of every shard; bytes of every shard plus the manifest and excluded rows at `warm_uri`."""
+    listed = {o.key: o.size for o in list_objects(warm_uri)}
+    return {
+        "dagster/row_count": sum(c["rows"] for c in counts),
+        "dagster/size_bytes": sum(c["bytes"] for c in counts)
+        + sum(listed.get(name, 0) for name in (ts.MANIFEST, ts.EXCLUDED)),
+    }
+
+
+def unpack_model_artifact(model_tar_uri: str, destination: str) -> None:
+    """SageMaker tars `/opt/ml/model`; downstream jobs read plain files, so unpack it (manifest last)."""
+    with tempfile.TemporaryDirectory(prefix="zero-model-") as tmp:
+        archive = Path(tmp) / "model.tar.gz"
+        fetch_file(model_tar_uri, archive)
+        unpacked = Path(tmp) / "model"
+        with tarfile.open(archive) as tar:
+            tar.extractall(unpacked, filter="data")  # rejects absolute paths and links out of the folder
+        publish_folder(unpacked, destination)

@@ -1,0 +1,142 @@
+"""The output marker, `_output.json`: the proof that an output is complete, written last.
+
+It is derived from the job's own `manifest.json`: every file the manifest names, with its size, and
+the sha256 of every small file (manifests, tables, metrics), so a same-size edit in place is noticed.
+Large files (shards) are checked by size from the listing; their sha256 is in the manifest, which
+their readers verify. No Dagster here: the launch (`zero_assets.launch`) decides with it, the
+backends check a reused job's output with it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import PurePosixPath
+from typing import Any
+
+from training_code.lib.hashing import sha256_bytes
+from training_code.lib.output_manifest import MANIFEST, named_files
+from training_code.lib.storage import delete_file, is_s3, join, list_objects, read_bytes, write_bytes_atomic
+
+OUTPUT_MARKER = "_output.json"  # written last, after the job's own manifest
+
+
+MARKER_FORMAT = "zero-output/2"
+
+
+SMALL_FILE_BYTES = 16 << 20  # files up to this size are hashed when marked and when checked
+
+
+class OutputNotComplete(ValueError):
+    """An output cannot be marked complete: no readable manifest, nothing in it, or files that disagree with it."""
+
+
+def is_temporary(key: str) -> bool:
+    """Names an atomic writer uses before its rename (`.name.XXXX.tmp`, `.tmp-name`), and hidden files: never outputs."""
+    return any(part.startswith(".") for part in PurePosixPath(key).parts) or key.endswith((".tmp", ".partial"))
+
+
+def mark_output_complete(
+    uri: str, fingerprint: str, data_version: str | None = None, row_count: int | None = None
+) -> dict[str, Any]:
+    """Prove the output at `uri` complete from its manifest and write the marker, the last write of a
+    materialization. Raises `OutputNotComplete` (naming `uri`) when there is no readable manifest, when
+    the folder holds nothing else, or when a file the manifest names is missing or differs from it.
+
+    The marker lists every file the manifest names and every other non-temporary file present, with
+    sizes and small files' sha256, and the fingerprints (with their data versions) it vouches for: an
+    earlier marker over exactly the same files keeps its fingerprints, so two materializations that
+    share one output (the SageMaker warm state reads the shard set in place) do not unmark each other.
+    `row_count` (the output's rows, as its materialization reports them) is kept for a hit that finds
+    the output through the marker alone (`published_hit`), so it reports the same standard keys.
+    """
+    try:
+        present = {o.key: o.size for o in list_objects(uri) if o.key != OUTPUT_MARKER and not is_temporary(o.key)}
+    except FileNotFoundError:
+        present = {}
+    if MANIFEST not in present:
+        raise OutputNotComplete(
+            f"output {uri} has no {MANIFEST}: the job did not finish writing it, so it cannot be marked complete"
+        )
+    try:
+        manifest_bytes = read_bytes(join(uri, MANIFEST))
+        named = named_files(json.loads(manifest_bytes), f"{uri}/{MANIFEST}")
+    except ValueError as error:
+        raise OutputNotComplete(f"output {uri}: its {MANIFEST} is unreadable ({error}); rebuild it") from error
+    if len(present) < 2 and not named:
+        raise OutputNotComplete(
+            f"output {uri} holds only its {MANIFEST}, which names no files: an empty output is never complete"
+        )
+    files: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(present) | set(named)):
+        size, expected = present.get(name), named.get(name, {})
+        if size is None:
+            raise OutputNotComplete(f"output {uri}: {name} is named by {MANIFEST} but missing")
+        if "bytes" in expected and expected["bytes"] != size:
+            raise OutputNotComplete(f"output {uri}: {name} has {size} bytes, {MANIFEST} says {expected['bytes']}")
+        facts: dict[str, Any] = {"bytes": size}
+        if size <= SMALL_FILE_BYTES:
+            facts["sha256"] = digest = sha256_bytes(manifest_bytes if name == MANIFEST else read_bytes(join(uri, name)))
+            if expected.get("sha256", digest) != digest:
+                raise OutputNotComplete(
+                    f"output {uri}: {name} has sha256 {digest}, {MANIFEST} says {expected['sha256']}"
+                )
+        files[name] = facts
+    versions = {fingerprint: data_version}
+    earlier = _read_marker(uri)
+    if earlier is not None and earlier.get("files") == files:
+        versions = {**earlier.get("data_versions", {}), **versions}
+    marker = {
+        "format": MARKER_FORMAT,
+        "fingerprint": fingerprint,
+        "data_versions": versions,
+        "manifest": MANIFEST,
+        "files": files,
+        **({"row_count": row_count} if row_count is not None else {}),
+    }
+    write_bytes_atomic(join(uri, OUTPUT_MARKER), json.dumps(marker, indent=1, sort_keys=True).encode())
+    return marker
+
+
+def retract_output_marker(uri: str) -> None:
+    """Withdraw an output's marker before it is rebuilt, so nothing vouches for a half-replaced set."""
+    if not output_is_checkable(uri):
+        return
+    delete_file(join(uri, OUTPUT_MARKER))
+
+
+def output_is_checkable(uri: str) -> bool:
+    """Local paths and s3:// are; fsx:// locations are not visible from the Dagster process."""
+    return "://" not in uri or is_s3(uri)
+
+
+def output_is_complete(uri: str, fingerprint: str) -> bool:
+    """Whether the marker at `uri` vouches for `fingerprint` and the output still matches it: every
+    listed file present with its size, every small file with its sha256. Reads no large file."""
+    return complete_marker(uri, fingerprint) is not None
+
+
+def complete_marker(uri: str, fingerprint: str) -> dict[str, Any] | None:
+    """The marker at `uri` when it vouches for `fingerprint` and the output still matches it, else None."""
+    if not output_is_checkable(uri):
+        return None  # rebuild rather than trust what cannot be checked
+    marker = _read_marker(uri)
+    if marker is None or marker.get("format") != MARKER_FORMAT or fingerprint not in marker.get("data_versions", {}):
+        return None
+    files = marker.get("files")
+    if not isinstance(files, dict) or MANIFEST not in files:
+        return None
+    present = {o.key: o.size for o in list_objects(uri)}
+    for name, facts in files.items():
+        if present.get(name) != facts.get("bytes"):
+            return None
+        if "sha256" in facts and sha256_bytes(read_bytes(join(uri, name))) != facts["sha256"]:
+            return None
+    return marker
+
+
+def _read_marker(uri: str) -> dict[str, Any] | None:
+    try:
+        marker = json.loads(read_bytes(join(uri, OUTPUT_MARKER)))
+    except (FileNotFoundError, ValueError):  # storage reports S3's "no such key" as FileNotFoundError
+        return None
+    return marker if isinstance(marker, dict) else None

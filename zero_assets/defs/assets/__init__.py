@@ -1,0 +1,16 @@
+"""The lineage graph, raw images to a scored checkpoint: per-source assets (partitioned by source),
+then the training set and the unpartitioned training tail."""
+
+from zero_assets.defs.assets.arrow_shards import arrow_shards
+from zero_assets.defs.assets.fsx_warm_state import fsx_warm_state
+from zero_assets.defs.assets.map_report import map_report
+from zero_assets.defs.assets.raw_data import raw_data
+from zero_assets.defs.assets.raw_image_index import raw_image_index
+from zero_assets.defs.assets.trained_checkpoint import trained_checkpoint
+from zero_assets.defs.assets.training_set import training_set
+from zero_assets.defs.assets.validated_images import validated_images
+
+PER_SOURCE_ASSETS = [raw_image_index, validated_images, arrow_shards]
+TAIL_ASSETS = [training_set, fsx_warm_state, trained_checkpoint, map_report]
+ALL_ASSETS = [*PER_SOURCE_ASSETS, *TAIL_ASSETS]  # materializable; raw_data is external (SOURCE_SPECS)
+SOURCE_SPECS = [raw_data]

@@ -1,0 +1,89 @@
+"""`map_report`: COCO metrics of the checkpoint on the val shards, run as a Processing job."""
+
+from typing import Literal
+
+from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
+from pydantic import Field
+
+from training_code.lib.storage import exists
+from zero_assets.backends.job_runner import JobRunner
+from zero_assets.core.fingerprints import check_job_module, code_version
+from zero_assets.core.job_request import MODULE_NAME_PATTERN
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs.assets.fsx_warm_state import fsx_warm_state
+from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
+from zero_assets.defs.assets.trained_checkpoint import trained_checkpoint
+from zero_assets.defs.automation import AFTER_CHECKPOINT
+from zero_assets.launch.materialize import launch_job
+from zero_assets.launch.upstream import upstream_output
+
+# The default job script. Its code version is the asset's in the UI; the cache fingerprints the module
+# the config names (see `EvalConfig.module`), so a team's own evaluator is tracked there.
+EVALUATE_MODULE = "training_code.evaluate"
+
+
+class EvalConfig(Config):
+    module: str = Field(
+        EVALUATE_MODULE,
+        pattern=MODULE_NAME_PATTERN,
+        description="Evaluation script, run as `python -m <module> --model DIR --shards DIR --out DIR ...`: the default, or your own module "
+        'keeping the README\'s contract ("Your own trainer"), paired with the trainer whose model folder it reads.',
+    )
+    # The splits validated_images assigns; evaluating on train only measures fit, never generalisation.
+    split: Literal["val", "train"] = Field(
+        "val", description="Which split of the shards to evaluate on: val (held-out groups) or train."
+    )
+    score_threshold: float = Field(
+        0.0,
+        description="Drop detections scoring below this. 0 keeps every detection: COCO mAP integrates over the score ranking.",
+    )
+    # Project, entity, group and server always follow the checkpoint's training run (its training_summary.json).
+    wandb_mode: Literal["as_training", "offline", "online", "disabled"] = Field(
+        "as_training",
+        description="W&B mode of the evaluation run, logged in the checkpoint's project and group; as_training: the training run's mode.",
+    )
+
+    def arguments(self) -> dict:
+        """What the evaluation script receives as `--key value` (beside --model, --shards, --out) and the fingerprint
+        covers: every field but the module (counted as code) and where to track."""
+        return self.model_dump(exclude={"module", "wandb_mode"})
+
+    def tracking(self) -> dict:
+        """The W&B arguments: outside the fingerprint, as the training's (see TrainConfig.tracking)."""
+        return {"wandb_mode": self.wandb_mode}
+
+
+@asset(
+    code_version=code_version(EVALUATE_MODULE),
+    deps=[trained_checkpoint, fsx_warm_state],
+    automation_condition=AFTER_CHECKPOINT,
+    group_name="zero",
+    kinds={"json"},
+    retry_policy=JOB_RETRY_POLICY,
+)
+def map_report(
+    context: AssetExecutionContext, config: EvalConfig, settings: ZeroSettings, jobs: JobRunner
+) -> MaterializeResult:
+    """mAP, mAP@0.5, mAP@0.75 and per-class AP of the checkpoint on the held-out split."""
+    check_job_module(config.module, "map_report config field `module`")
+    checkpoint = upstream_output(context, "trained_checkpoint")
+    shards = upstream_output(context, "fsx_warm_state")
+    result = launch_job(
+        context,
+        jobs=jobs,
+        settings=settings,
+        kind="processing",
+        module=config.module,
+        config=config.arguments(),
+        tracking=config.tracking(),
+        upstream=[checkpoint, shards],
+        inputs={"model": checkpoint.uri, "shards": shards.uri},
+    )
+    # The default job draws these beside metrics.json; the paths are where they were published (an own evaluator may draw none).
+    out = str(result.metadata["dagster/uri"].value).rstrip("/")
+    pictures = {
+        f"{name}_png": MetadataValue.path(f"{out}/{name}.png")
+        for name in ("pr_curve", "sample_predictions")
+        if exists(f"{out}/{name}.png")
+    }
+    return MaterializeResult(metadata={**result.metadata, **pictures}, data_version=result.data_version)

@@ -1,0 +1,254 @@
+"""`raw_image_index`: one row per raw image of one source, built from its listing alone (no image bytes read).
+
+The index is `training_code.lib.raw_index.write_source_index`: one source listed as a stream into
+Parquet in record batches, manifest last. A source is indexed in this process, or, when its previous
+index held more than `job_above_images` images, as the Processing job `training_code.index` through
+the JobRunner. Both give the same output folder (`<lake>/raw_image_index/<source>/<fingerprint16>/`),
+the same files and the same data version: the index fingerprint (listing fingerprint, code version,
+group pattern, sample), so an edit to the index code makes everything downstream stale.
+"""
+
+import functools
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from pydantic import Field
+
+from training_code.lib.hashing import sha256_json
+from training_code.lib.raw_index import INDEX_FILE, MANIFEST, source_listing_fingerprint, write_source_index
+from training_code.lib.storage import copy_file_atomic, join, read_bytes, write_bytes_atomic
+from training_code.lib.tables import RAW_INDEX
+from zero_assets.backends.job_runner import JobRunner
+from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version
+from zero_assets.core.output_marker import mark_output_complete, output_is_complete, retract_output_marker
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs.assets.raw_data import raw_data
+from zero_assets.defs.partitions import RAW_SOURCES
+from zero_assets.launch.cache import decide, miss_metadata, standard_metadata
+from zero_assets.launch.materialize import launch_job
+from zero_assets.launch.metadata import table_schema
+from zero_assets.launch.upstream import latest_materializations
+
+# The code that decides what the index holds: the job script and everything it imports (the listing,
+# the annotation parsing, the table schema). The in-process path runs the same code, so both paths
+# share one input fingerprint; an edit to it rebuilds the index and makes everything downstream stale.
+INDEX_MODULE = "training_code.index"
+
+
+class RawIndexConfig(Config):
+    inventory_manifest_uri: str = Field(
+        "",
+        description="An S3 Inventory report's manifest.json (s3://...) to index from instead of listing the bucket; empty: list it.",
+    )
+    group_pattern: str = Field(
+        "",
+        description=(
+            "How images are grouped for the train/val split: empty means the folder an image sits in; otherwise a regex over "
+            "the key whose match (or first group) names the group, e.g. ^[^/]+/lot_\\d+"
+        ),
+    )
+    job_above_images: int = Field(
+        1_000_000,
+        description=(
+            "A source whose previous index held more images than this is indexed by a Processing job (training_code.index) "
+            "instead of in the Dagster process; 0: always a job."
+        ),
+    )
+
+
+@asset(
+    code_version=code_version(INDEX_MODULE),
+    deps=[raw_data],
+    partitions_def=RAW_SOURCES,
+    group_name="zero",
+    kinds={"parquet"},
+    metadata={"dagster/column_schema": table_schema(RAW_INDEX)},
+)
+def raw_image_index(
+    context: AssetExecutionContext, config: RawIndexConfig, settings: ZeroSettings, jobs: JobRunner
+) -> MaterializeResult:
+    """Index of every image of one source (the raw root's folder `<source>/`): key, size, etag, group, annotation count."""
+    source = context.partition_key
+    # What downstream sees: the listing (key, size, etag; never image bytes), the code that reads it, the
+    # grouping and the sample. The job's arguments are exactly this config, so both paths fingerprint alike.
+    arguments = _job_arguments(settings, source, config)
+    previous = _previous_images(context, source)
+    if previous is not None and previous > config.job_above_images:
+        return _index_as_job(context, settings, jobs, source, config, arguments, previous)
+    return _index_in_process(context, settings, source, config, arguments)
+
+
+def _job_arguments(settings: ZeroSettings, source: str, config: RawIndexConfig) -> dict[str, Any]:
+    arguments: dict[str, Any] = {"raw": settings.raw_uri, "source": source, "group_pattern": config.group_pattern}
+    if config.inventory_manifest_uri:
+        arguments["inventory_manifest"] = config.inventory_manifest_uri
+    if settings.sample_images:  # the rehearsal profile: a small, stable sample of whole groups
+        arguments["sample_images"] = settings.sample_images
+    return arguments
+
+
+def _listing(settings: ZeroSettings, source: str, listing_fingerprint: str) -> UpstreamOutput:
+    return UpstreamOutput("raw_listing", join(settings.raw_uri, source), listing_fingerprint, source)
+
+
+def _previous_images(context: AssetExecutionContext, source: str) -> int | None:
+    """The image count of this source's previous index: what decides where the next one runs."""
+    records = latest_materializations(context.instance, context.asset_key, source)
+    if not records:
+        return None
+    metadata = records[0].asset_materialization.metadata
+    images = metadata.get("dagster/row_count", metadata.get("images"))  # `images` before the standard key
+    return None if images is None else int(images.value)
+
+
+def _index_in_process(
+    context: AssetExecutionContext,
+    settings: ZeroSettings,
+    source: str,
+    config: RawIndexConfig,
+    arguments: dict[str, Any],
+) -> MaterializeResult:
+    """Written to a local staging folder first: the listing fingerprint, and so the output folder and
+    the cache decision, is known only once the listing has streamed by. One listing pass."""
+    with tempfile.TemporaryDirectory(prefix="zero-index-staging-") as staging:
+        manifest = write_source_index(
+            settings.raw_uri,
+            source,
+            staging,
+            group_pattern=config.group_pattern,
+            inventory_manifest_uri=config.inventory_manifest_uri or None,
+            sample_images=settings.sample_images or None,
+        )
+        _refuse_empty(settings, manifest)
+        inputs = FingerprintInputs.of(
+            INDEX_MODULE, arguments, [_listing(settings, source, manifest["listing_fingerprint"])]
+        )
+        decision = decide(context, inputs)
+        if decision.hit is not None:
+            context.log.info(f"cache hit, index not rewritten: {decision.reason}")
+            return decision.hit
+        out = settings.asset_uri("raw_image_index", inputs.fingerprint[:16], source)
+        manifest_bytes = Path(staging, MANIFEST).read_bytes()
+        if not output_is_complete(out, inputs.fingerprint):
+            retract_output_marker(out)  # nothing may vouch for the folder while its files are replaced
+        copy_file_atomic(Path(staging, INDEX_FILE), join(out, INDEX_FILE))
+        write_bytes_atomic(join(out, MANIFEST), manifest_bytes)  # last: it vouches for the index
+    data_version = _index_fingerprint(manifest, inputs)
+    marker = mark_output_complete(out, inputs.fingerprint, data_version, row_count=manifest["images"])
+    _log_problems(context, manifest)
+    return MaterializeResult(
+        metadata={
+            "dagster/uri": MetadataValue.path(out),
+            **standard_metadata(marker),
+            "indexed_by": "dagster process",
+            **_metadata(settings, manifest, inputs),
+            **miss_metadata(inputs, decision.reason),
+        },
+        data_version=DataVersion(data_version),
+    )
+
+
+def _index_as_job(
+    context: AssetExecutionContext,
+    settings: ZeroSettings,
+    jobs: JobRunner,
+    source: str,
+    config: RawIndexConfig,
+    arguments: dict[str, Any],
+    previous: int,
+) -> MaterializeResult:
+    """A streamed fingerprint pass over the source's listing here (one source, never the lake), then the
+    job writes the index under the fingerprint's folder; a hit launches nothing."""
+    context.log.info(
+        f"source {source!r} held {previous} images last time (> job_above_images {config.job_above_images}): "
+        "indexing it as a Processing job"
+    )
+    listing_fingerprint = source_listing_fingerprint(
+        settings.raw_uri, source, inventory_manifest_uri=config.inventory_manifest_uri or None
+    )
+    upstream = [_listing(settings, source, listing_fingerprint)]
+    inputs = FingerprintInputs.of(INDEX_MODULE, arguments, upstream)
+    out = settings.asset_uri("raw_image_index", inputs.fingerprint[:16], source)
+    manifest = functools.cache(lambda: json.loads(read_bytes(join(out, MANIFEST))))  # read once, after the job
+    # The job reports the sha256 of its manifest; the asset's version is the index fingerprint on both
+    # paths (it moves with the code too), and the output is marked with it once.
+    result = launch_job(
+        context,
+        jobs=jobs,
+        settings=settings,
+        kind="processing",
+        module=INDEX_MODULE,
+        config=arguments,
+        upstream=upstream,
+        inputs={},
+        data_version_of=lambda _out: _index_fingerprint(manifest(), inputs),
+    )
+    if result.metadata and result.metadata.get("cache") == "hit":
+        return result
+    _refuse_empty(settings, manifest())
+    _log_problems(context, manifest())
+    return MaterializeResult(
+        metadata={**(result.metadata or {}), "indexed_by": "job", **_metadata(settings, manifest(), inputs)},
+        data_version=result.data_version,
+    )
+
+
+def _refuse_empty(settings: ZeroSettings, manifest: dict[str, Any]) -> None:
+    if manifest["images"] == 0:
+        raise Failure(
+            f"no images found under {settings.raw_uri}/{manifest['source']}/; check the source name (`zero-assets sources`), "
+            "set ZERO_RAW_URI or run `zero-assets make-demo-data`"
+        )
+
+
+def _log_problems(context: AssetExecutionContext, manifest: dict[str, Any]) -> None:
+    source = manifest["source"]
+    for key in manifest["examples"]["annotations_without_image"]:
+        context.log.warning(f"annotation for a missing image: {key}")
+    if manifest["annotations_without_image"] > len(manifest["examples"]["annotations_without_image"]):
+        context.log.warning(
+            f"source {source!r}: {manifest['annotations_without_image']} annotated files missing in all (examples above)"
+        )
+    if manifest["annotation_error"]:  # the images are indexed without annotations; validation reports them
+        context.log.error(f"source {source!r}: {manifest['annotation_error']}")
+    if sample := manifest.get("sample_images"):
+        context.log.info(
+            f"rehearsal sample: {manifest['images']} of {manifest['listed_images']} images "
+            f"in {manifest['groups']} groups (sample_images={sample})"
+        )
+
+
+def _metadata(settings: ZeroSettings, manifest: dict[str, Any], inputs: FingerprintInputs) -> dict[str, Any]:
+    """The index's rows (one per image listed) are `dagster/row_count`; `image_bytes` is what those
+    images weigh in the raw root (the index's own size is `dagster/size_bytes`)."""
+    source = manifest["source"]
+    return {
+        "raw_uri": MetadataValue.path(settings.raw_uri),
+        "source": source,
+        "dagster/row_count": manifest["images"],
+        "image_bytes": manifest["bytes"],
+        "groups": manifest["groups"],
+        "images_without_annotation": manifest["images_without_annotation"],
+        "annotations_without_image": manifest["annotations_without_image"],
+        "ignored_files": manifest["ignored_files"],
+        # Hostile entries, each decided by validated_images (README "Bad input").
+        "unsafe_keys": manifest["unsafe_keys"],
+        "annotation_entries_rejected": manifest["annotation_entries_rejected"],
+        "annotation_errors_json": MetadataValue.json(
+            {source: manifest["annotation_error"]} if manifest["annotation_error"] else {}
+        ),
+        "sources_without_annotations_json": MetadataValue.json([] if manifest["has_annotations"] else [source]),
+        "examples_json": MetadataValue.json(manifest["examples"]),
+        "listing_fingerprint": manifest["listing_fingerprint"],
+        "index_fingerprint": _index_fingerprint(manifest, inputs),
+    }
+
+
+def _index_fingerprint(manifest: dict[str, Any], inputs: FingerprintInputs) -> str:
+    """What downstream sees of the index: the listing, the code that reads it, the grouping and the sample."""
+    return sha256_json(
+        [manifest["listing_fingerprint"], inputs.code, manifest["group_pattern"], manifest["sample_images"]]
+    )

@@ -1,0 +1,123 @@
+"""`trained_checkpoint`: the detector trained from scratch on the warm shards, run as a Training job."""
+
+from typing import Literal
+
+from dagster import AssetExecutionContext, Config, MaterializeResult, asset
+from pydantic import Field
+
+from zero_assets.backends.job_runner import JobRunner
+from zero_assets.core.fingerprints import FingerprintInputs, check_job_module, code_version
+from zero_assets.core.job_request import MODULE_NAME_PATTERN
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs.assets.fsx_warm_state import fsx_warm_state
+from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
+from zero_assets.defs.automation import TRAINING
+from zero_assets.launch.materialize import launch_job
+from zero_assets.launch.upstream import upstream_output
+
+TRAINING_POOL = "training"  # how many train at once: the pool's limit in the instance config (dagster.yaml)
+
+
+# The default job script. Its code version is the asset's in the UI; the cache fingerprints the module
+# the config names (see `TrainConfig.module`), so a team's own trainer is tracked there.
+TRAIN_MODULE = "training_code.train"
+
+
+class TrainConfig(Config):
+    module: str = Field(
+        TRAIN_MODULE,
+        pattern=MODULE_NAME_PATTERN,
+        description="Training script, run as `torchrun -m <module>` (SageMaker: its file as the entry point): the default, or your own "
+        "module keeping the README's contract (\"Your own trainer\"). The cache fingerprints its code; the UI's code version stays the default's.",
+    )
+    # training_code.lib.model.ARCHITECTURES, spelled out so the Dagster process need not import torch
+    # (tests/test_checks.py holds the two equal).
+    arch: Literal[
+        "fcos_tiny",
+        "fcos_resnet50_fpn",
+        "retinanet_resnet50_fpn_v2",
+        "fasterrcnn_mobilenet_v3_large_fpn",
+        "fasterrcnn_resnet50_fpn_v2",
+    ] = Field(
+        "fcos_tiny",
+        description="Detector: fcos_tiny (small, CPU-friendly) or a torchvision builder, initialised from scratch.",
+    )
+    width: int = Field(32, description="Channel width of fcos_tiny's backbone and FPN (a multiple of 32).")
+    min_size: int = Field(160, description="Images are resized so the shorter side is at least this many pixels.")
+    max_size: int = Field(320, description="... and the longer side at most this many pixels.")
+    max_steps: int = Field(200, description="Optimizer steps to train for.")
+    batch_size: int = Field(8, description="Images per step per process.")
+    lr: float = Field(2e-3, description="Learning rate.")
+    seed: int = Field(0, description="Seed of weight initialisation and data order.")
+    checkpoint_every: int = Field(50, description="Save a resumable checkpoint every this many steps.")
+    processes: int = Field(2, description="torchrun --nproc_per_node: one per GPU; on CPU, one per core.")
+    # Where the run is tracked, never what it computes: these reach the script but not the cache fingerprint (see `tracking`).
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline",
+        description="W&B: offline writes the run under the job's output data folder (or WANDB_DIR) for `wandb sync`, its folder in "
+        "the metadata; online sends it to wandb_base_url, its URL in the metadata (key: README, 'Weights & Biases').",
+    )
+    wandb_project: str = Field("zero", description="W&B project of the training run and of its evaluations.")
+    wandb_entity: str = Field("", description="W&B team or user; empty: the API key's default entity.")
+    wandb_group: str = Field(
+        "",
+        description="W&B group of the training run and of every evaluation of its checkpoint; empty: "
+        "checkpoint-<fingerprint16>, the name of the checkpoint's output and checkpoint folders.",
+    )
+    wandb_base_url: str = Field(
+        "https://api.wandb.ai", description="W&B server for online mode (your own server, or W&B's cloud)."
+    )
+
+    def hyperparameters(self) -> dict:
+        """What the training script receives as `--key value` and the fingerprint covers: every field but how and
+        what to launch (the module counts as code, not config) and where to track."""
+        return self.model_dump(exclude={"processes", "module", *WANDB_FIELDS})
+
+    def tracking(self, fingerprint: str) -> dict:
+        """The W&B arguments of the job with input `fingerprint`. The default group is the fingerprint's,
+        not the Dagster run's: every attempt and resume of one checkpoint (same fingerprint, same
+        checkpoint folder) and every evaluation of it (which reads the group from training_summary.json)
+        land in one group, and a change of hyperparameters, code or data starts a new one."""
+        chosen = {
+            **self.model_dump(include=WANDB_FIELDS),
+            "wandb_group": self.wandb_group or f"checkpoint-{fingerprint[:16]}",
+        }
+        if self.wandb_mode != "online":
+            chosen.pop("wandb_base_url")  # named only where metrics would leave the machine
+        return {key: value for key, value in chosen.items() if value != ""}
+
+
+WANDB_FIELDS = {"wandb_mode", "wandb_project", "wandb_entity", "wandb_group", "wandb_base_url"}
+
+
+@asset(
+    code_version=code_version(TRAIN_MODULE),
+    deps=[fsx_warm_state],
+    automation_condition=TRAINING,
+    pool=TRAINING_POOL,
+    group_name="zero",
+    kinds={"pytorch"},
+    retry_policy=JOB_RETRY_POLICY,
+)
+def trained_checkpoint(
+    context: AssetExecutionContext, config: TrainConfig, settings: ZeroSettings, jobs: JobRunner
+) -> MaterializeResult:
+    """`model.pt` (weights, model config, categories, step) trained under torchrun on the warm shards."""
+    check_job_module(config.module, "trained_checkpoint config field `module`")
+    warm = upstream_output(context, "fsx_warm_state")
+    hyperparameters = config.hyperparameters()
+    tracking = config.tracking(
+        FingerprintInputs.of(config.module, hyperparameters, [warm]).fingerprint
+    )  # launch_job's fingerprint
+    return launch_job(
+        context,
+        jobs=jobs,
+        settings=settings,
+        kind="training",
+        module=config.module,
+        config=hyperparameters,
+        tracking=tracking,
+        upstream=[warm],
+        inputs={"train": warm.uri},
+        processes_per_host=config.processes,
+    )

@@ -1,0 +1,115 @@
+"""Change detection from the raw bucket's S3 Event Notifications, read from an SQS queue.
+
+No listing: a tick costs in proportion to the events that arrived, whatever the lake's size. Events
+for other buckets, keys outside the raw prefix and files the index does not read are dropped. A
+source's version token is the digest of its events in this tick (key, event, S3 sequencer, etag):
+distinct for every change, and the same when the same events are delivered again.
+
+At least once: a message is deleted only after the tick that reported it was committed. Its receipt
+is kept with the tick's number (`TickState`: the cursor holds only the number, so it stays small);
+the next tick deletes those receipts when its cursor carries that number, i.e. when Dagster committed
+the tick that read them. A tick whose result was lost never deletes: its messages come back after
+the visibility timeout and are reported again, which costs at most one run that the cache answers,
+never a missed change.
+
+A message that is not an S3 event is reported and left on the queue: the queue's redrive policy
+moves it to its dead-letter queue after `maxReceiveCount` receives (configure one).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from training_code.lib.hashing import sha256_json
+from training_code.lib.storage import printable_key, split_s3
+from zero_assets.defs.change_detection import Detection
+from zero_assets.defs.change_detection.s3_events import MalformedMessage, parse_body
+from zero_assets.defs.change_detection.source_digests import DIGEST_CHARS
+from zero_assets.defs.change_detection.sources import MAX_PROBLEMS, SourceFilter
+from zero_assets.defs.change_detection.sqs_queue import delete, receive
+from zero_assets.defs.change_detection.tick_state import TickState
+
+KIND = "sqs"
+MAX_MESSAGES_PER_TICK = 1000  # about 100 receive calls; bounds the receipts kept between ticks
+VISIBILITY_TIMEOUT_S = 900  # longer than several tick intervals: received messages stay hidden until deleted
+
+
+def detect_from_queue(
+    queue_url: str,
+    raw_uri: str,
+    cursor: dict | None,
+    store,
+    *,
+    budget_s: float,
+    wait_s: float | None = None,
+    max_messages: int = MAX_MESSAGES_PER_TICK,
+    visibility_timeout_s: int = VISIBILITY_TIMEOUT_S,
+) -> Detection:
+    """`store` keeps the receipts between ticks (`get_cursor_values` / `set_cursor_values`: the instance's run storage)."""
+    if not raw_uri.startswith("s3://"):
+        raise ValueError(
+            f"ZERO_RAW_EVENTS_QUEUE_URL is set but the raw root {raw_uri} is not an s3:// URI; S3 events name bucket keys"
+        )
+    bucket, prefix = split_s3(raw_uri)
+    base = f"{prefix}/" if prefix else ""
+    previous = (
+        cursor
+        if cursor and cursor.get("kind") == KIND and cursor.get("queue") == queue_url and cursor.get("raw") == raw_uri
+        else {}
+    )
+    tick = previous.get("tick", 0)
+    problems: list[str] = []
+
+    pending = TickState(store, f"sqs-receipts {queue_url}")
+    if receipts_read := pending.read(tick):
+        problems += delete(queue_url, receipts_read)  # the tick that read them was committed
+
+    messages = receive(
+        queue_url,
+        budget_s=budget_s,
+        wait_s=wait_s,
+        max_messages=max_messages,
+        visibility_timeout_s=visibility_timeout_s,
+    )
+    events_by_source: dict[str, list] = defaultdict(list)
+    receipts, malformed, events, sources = [], 0, 0, SourceFilter()
+    for message in messages:
+        try:
+            object_events = parse_body(message.body)
+        except MalformedMessage as error:
+            malformed += 1
+            if malformed <= MAX_PROBLEMS:
+                problems.append(
+                    f"message {message.message_id} on {queue_url} skipped: {error}; left on the queue for its dead-letter queue"
+                )
+            continue
+        receipts.append(message.receipt)
+        for event in object_events:
+            if event.bucket != bucket or not event.key.startswith(base):
+                continue
+            relative = event.key[len(base) :]
+            source = sources.source(relative)
+            if source is None:
+                continue
+            events += 1
+            events_by_source[source].append(
+                [printable_key(relative), event.event, event.sequencer, event.etag, event.size]
+            )
+
+    if malformed > MAX_PROBLEMS:
+        problems.append(f"... and {malformed - MAX_PROBLEMS} more malformed messages")
+    problems += sources.problem_lines()
+    pending.write(tick + 1, receipts)
+    changed = {source: sha256_json(sorted(rows))[:DIGEST_CHARS] for source, rows in events_by_source.items()}
+    change_number = previous.get("changes", 0) + (1 if changed else 0)
+    new_cursor = {
+        "kind": KIND,
+        "queue": queue_url,
+        "raw": raw_uri,
+        "tick": tick + 1,
+        "changes": change_number,
+        "events": previous.get("events", 0) + events,
+        "malformed": previous.get("malformed", 0) + malformed,
+    }
+    summary = f"{len(messages)} messages from {queue_url}: {events} object events in {len(changed)} sources"
+    return Detection(changed, new_cursor, summary, problems, change_number)

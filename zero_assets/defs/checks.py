@@ -1,0 +1,213 @@
+"""Asset checks: the quarantine rate and the shard manifest block downstream work; mAP is watched, and
+`map_report` must have been refreshed since the previous training tick.
+
+A check says what it checked: one that cannot check (its asset never materialized for this source,
+shards it cannot see from here) fails with WARN severity and `skipped` in its metadata, never a silent
+pass, and never a crash. WARN does not block downstream work; a real mismatch is an ERROR and does.
+
+The quarantine limit is one number (zero_assets/defs/limits.py): `validated_images` reads it as its config
+default, and `quarantine_rate_under_limit` judges each materialization by the limit recorded in that
+materialization's config. `ZERO_MAP_REGRESSION_MARGIN` reaches `map_not_regressed` through the
+`CheckLimits` resource.
+"""
+
+import datetime
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetKey,
+    ConfigurableResource,
+    asset_check,
+    build_last_update_freshness_checks,
+    build_sensor_for_freshness_checks,
+)
+from dagster._utils.schedules import cron_string_iterator
+
+from training_code.lib.shard_format import FORMAT, MANIFEST, ShardIntegrityError, read_manifest, verify_shard
+from training_code.lib.storage import is_s3, join, list_objects, read_bytes
+from zero_assets.defs.assets import arrow_shards, map_report, validated_images
+from zero_assets.defs.automation import train_cron
+from zero_assets.defs.limits import max_quarantine_rate, rate_from_env
+from zero_assets.launch.upstream import latest_materializations
+
+PARTITION_TAG = "dagster/partition"
+DEFAULT_MAP_REGRESSION_MARGIN = 0.02  # how far mAP may fall below the previous report
+
+
+class CheckLimits(ConfigurableResource):
+    map_regression_margin: float = DEFAULT_MAP_REGRESSION_MARGIN
+
+
+def _latest_metadata(context: AssetCheckExecutionContext, asset: str, nth: int = 0) -> "dict | None":
+    """The metadata of the asset's latest materialization (nth before it); for a per-source asset, of
+    the source this run materialized (the check runs in the same run as its asset)."""
+    partition = context.run.tags.get(PARTITION_TAG)
+    records = latest_materializations(context.instance, AssetKey(asset), partition, limit=nth + 1)
+    if len(records) <= nth:
+        return None
+    return {k: v.value for k, v in records[nth].asset_materialization.metadata.items()}
+
+
+def _skipped(context: AssetCheckExecutionContext, why: str) -> AssetCheckResult:
+    """Not checked, and said so: a WARN failure (never blocking), with the reason in the metadata."""
+    partition = context.run.tags.get(PARTITION_TAG)
+    return AssetCheckResult(
+        passed=False,
+        severity=AssetCheckSeverity.WARN,
+        description=f"skipped: {why}",
+        metadata={"skipped": why, **({"source": partition} if partition else {})},
+    )
+
+
+def _never_materialized(context: AssetCheckExecutionContext, asset: str) -> AssetCheckResult:
+    partition = context.run.tags.get(PARTITION_TAG)
+    where = f" for source {partition}" if partition else ""
+    return _skipped(context, f"{asset} has no materialization{where} yet; materialize it first, then run the check")
+
+
+def recorded_quarantine_limit(metadata: dict[str, Any]) -> "tuple[float, str]":
+    """The limit this materialization ran under (its config, as the fingerprint recorded it), and where
+    it came from; an older record without it is judged by today's default and says so."""
+    config = (metadata.get("fingerprint_inputs") or {}).get("config") or {}
+    if "max_quarantine_rate" in config:
+        return float(config["max_quarantine_rate"]), "the materialization's config"
+    return max_quarantine_rate(), "the default (the materialization recorded no config)"
+
+
+@asset_check(
+    asset=validated_images,
+    blocking=True,
+    description="quarantined / images_in stays under the limit the asset ran with",
+)
+def quarantine_rate_under_limit(context: AssetCheckExecutionContext) -> AssetCheckResult:
+    metadata = _latest_metadata(context, "validated_images")
+    if metadata is None:
+        return _never_materialized(context, "validated_images")
+    if "quarantined" not in metadata or "images_in" not in metadata:
+        return _skipped(
+            context, "the latest validated_images materialization records no quarantined / images_in counts"
+        )
+    limit, limit_source = recorded_quarantine_limit(metadata)
+    rate = metadata["quarantined"] / max(1, metadata["images_in"])
+    return AssetCheckResult(
+        passed=rate <= limit,
+        metadata={
+            "quarantine_rate": rate,
+            "limit": limit,
+            "limit_from": limit_source,
+            "quarantined": metadata["quarantined"],
+        },
+        description=f"{rate:.1%} of images quarantined (limit {limit:.1%})",
+    )
+
+
+@asset_check(
+    asset=arrow_shards,
+    blocking=True,
+    description="every shard matches its manifest: bytes, sha256 and rows locally; bytes from the listing on S3",
+)
+def shard_manifest_integrity(context: AssetCheckExecutionContext) -> AssetCheckResult:
+    metadata = _latest_metadata(context, "arrow_shards")
+    if metadata is None:
+        return _never_materialized(context, "arrow_shards")
+    uri = str(metadata.get("dagster/uri", ""))
+    if is_s3(uri):
+        return _check_s3_shards(uri)
+    if "://" in uri or not uri:  # fsx:// and the like: not visible from the Dagster process
+        return _skipped(
+            context,
+            f"shards at {uri or '(no uri recorded)'} cannot be read from the Dagster process; "
+            "fsx_warm_state verifies each shard it warms",
+        )
+    return _check_local_shards(Path(uri))
+
+
+def _check_local_shards(folder: Path) -> AssetCheckResult:
+    manifest = read_manifest(folder)
+    broken = []
+    for entry in manifest["shards"]:
+        try:
+            verify_shard(folder, entry)
+        except ShardIntegrityError as error:
+            broken.append(str(error))
+    return _integrity_result(manifest, broken, checked="bytes, sha256, rows")
+
+
+def _check_s3_shards(uri: str) -> AssetCheckResult:
+    """Sizes from one listing against the manifest: catches missing and truncated shards without
+    downloading them; contents are hashed where they are read (fsx_warm_state, the jobs)."""
+    manifest = json.loads(read_bytes(join(uri, MANIFEST)))
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{join(uri, MANIFEST)}: format {manifest.get('format')!r} is not {FORMAT!r}")
+    sizes = {o.key: o.size for o in list_objects(uri)}
+    broken = []
+    for entry in manifest["shards"]:
+        size = sizes.get(entry["file"])
+        if size is None:
+            broken.append(f"{join(uri, entry['file'])}: listed in the manifest but missing")
+        elif size != entry["bytes"]:
+            broken.append(f"{join(uri, entry['file'])}: {size} bytes in the listing, manifest says {entry['bytes']}")
+    return _integrity_result(manifest, broken, checked="bytes (from the S3 listing)")
+
+
+def _integrity_result(manifest: dict[str, Any], broken: list[str], checked: str) -> AssetCheckResult:
+    shards = len(manifest["shards"])
+    return AssetCheckResult(
+        passed=not broken,
+        metadata={"shards": shards, "broken": len(broken), "checked": checked},
+        description="; ".join(broken) or f"{shards} shards intact ({checked})",
+    )
+
+
+@asset_check(asset=map_report, description="mAP does not fall more than the margin below the previous report")
+def map_not_regressed(context: AssetCheckExecutionContext, limits: CheckLimits) -> AssetCheckResult:
+    current, previous = _latest_metadata(context, "map_report"), _latest_metadata(context, "map_report", nth=1)
+    if current is None:
+        return _never_materialized(context, "map_report")
+    if previous is None or previous.get("dagster/uri") == current.get("dagster/uri"):
+        return AssetCheckResult(passed=True, description="no earlier, different report to compare with")
+    drop = previous["mAP"] - current["mAP"]
+    return AssetCheckResult(
+        passed=drop <= limits.map_regression_margin,
+        severity=AssetCheckSeverity.WARN,
+        metadata={"mAP": current["mAP"], "previous_mAP": previous["mAP"], "margin": limits.map_regression_margin},
+        description=f"mAP {current['mAP']:.4f} vs previous {previous['mAP']:.4f} (allowed drop {limits.map_regression_margin})",
+    )
+
+
+def cron_period(cron: str) -> datetime.timedelta:
+    """The time between two consecutive ticks of `cron` (from now): how old map_report may be at a tick."""
+    ticks = cron_string_iterator(datetime.datetime.now(datetime.UTC).timestamp(), cron, "UTC")
+    first = next(ticks)
+    return next(ticks) - first
+
+
+# At each training tick, map_report must have materialized since the previous tick: training (and so
+# evaluation) runs at most once per tick, and a WARN here says the model on record was not refreshed
+# in the last interval (no new training data, or training failed). Evaluated by the sensor below.
+# Built as an asset check (Dagster marks these builders superseded by FreshnessPolicy): it then shows
+# with the other checks, runs in a plain `materialize`, and needs no change to the asset's decorator.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    MAP_REPORT_FRESHNESS = build_last_update_freshness_checks(
+        assets=[map_report],
+        deadline_cron=train_cron(),
+        lower_bound_delta=cron_period(train_cron()),
+        severity=AssetCheckSeverity.WARN,
+    )
+    freshness_sensor = build_sensor_for_freshness_checks(
+        freshness_checks=MAP_REPORT_FRESHNESS, name="map_report_freshness_sensor"
+    )
+
+
+def limits_from_env() -> CheckLimits:
+    return CheckLimits(map_regression_margin=rate_from_env("ZERO_MAP_REGRESSION_MARGIN", DEFAULT_MAP_REGRESSION_MARGIN))
+
+
+ALL_CHECKS = [quarantine_rate_under_limit, shard_manifest_integrity, map_not_regressed, *MAP_REPORT_FRESHNESS]

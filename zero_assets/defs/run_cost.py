@@ -1,0 +1,128 @@
+"""A run's cost, totalled when it ends and written on the run as tags the UI shows (Runs list, run page).
+
+`run_cost_sensors` are run status sensors (succeeded, failed, canceled). Each adds up the cost metadata
+(see `sagemaker/job_cost.py`) of the run's materializations, the map stage of a fanned-out job
+(`map_` keys) included, cache hits excluded, and of its steps that failed for good (a `Failure` carries its job's cost);
+then tags the run: `zero/jobs`, `zero/instance_seconds`, `zero/estimated_cost_usd` when at least one
+job has a price, `zero/spot_savings_usd` when spot saved something, and `zero/cost_note` when some job
+has no price (why) or its cost could not be counted. A step failure that Dagster retried keeps no
+metadata, so a job behind it is not in the total; the note says how many retries there were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster import (
+    DagsterEventType,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    EventLogEntry,
+    RunStatusSensorContext,
+    SensorDefinition,
+    run_status_sensor,
+)
+
+from zero_assets.backends.job_cost import COST_NOTE, COST_USD, INSTANCE_SECONDS, SPOT_SAVINGS_USD
+
+TAG_PREFIX = "zero/"
+STAGES = ("", "map_")  # a fanned-out materialization carries its map job's cost under map_ keys
+COUNTED = {DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_UP_FOR_RETRY}
+
+
+@dataclass
+class RunCost:
+    jobs: int = 0
+    instance_seconds: float = 0.0
+    usd: float = 0.0
+    priced: int = 0
+    spot_savings_usd: float = 0.0
+    unpriced: dict[str, str] = field(default_factory=dict)  # step or asset -> why it has no price
+    retried_failures: int = 0
+
+    def add(self, where: str, metadata: Mapping[str, Any]) -> None:
+        if metadata.get("cache") == "hit":
+            return  # a cache hit repeats the metadata of the run that paid for the job; this run launched none
+        for stage in STAGES:
+            if f"{stage}{INSTANCE_SECONDS}" not in metadata and f"{stage}{COST_NOTE}" not in metadata:
+                continue  # no job behind this stage (a cache hit, or a materialization no job made)
+            self.jobs += 1
+            self.instance_seconds += float(metadata.get(f"{stage}{INSTANCE_SECONDS}", 0.0))
+            if f"{stage}{COST_USD}" in metadata:
+                self.priced += 1
+                self.usd += float(metadata[f"{stage}{COST_USD}"])
+                self.spot_savings_usd += float(metadata.get(f"{stage}{SPOT_SAVINGS_USD}", 0.0))
+            else:
+                self.unpriced[f"{where}{' (map)' if stage else ''}"] = str(
+                    metadata.get(f"{stage}{COST_NOTE}", "no price recorded")
+                )
+
+    def tags(self) -> dict[str, str]:
+        tags = {"jobs": str(self.jobs), "instance_seconds": f"{self.instance_seconds:.0f}"}
+        if self.priced or not self.jobs:
+            tags["estimated_cost_usd"] = f"{self.usd:.2f}"
+        if self.spot_savings_usd > 0:
+            tags["spot_savings_usd"] = f"{self.spot_savings_usd:.2f}"
+        notes = []
+        if self.unpriced:
+            reasons = sorted(set(self.unpriced.values()))
+            notes.append(
+                f"{len(self.unpriced)} of {self.jobs} jobs not priced ({', '.join(sorted(self.unpriced))}): {'; '.join(reasons)}"
+            )
+        if self.retried_failures:
+            notes.append(
+                f"{self.retried_failures} step attempts failed and were retried: a retry keeps no metadata, so a job behind one is not counted"
+            )
+        if notes:
+            tags["cost_note"] = " | ".join(notes)[:4000]
+        return {f"{TAG_PREFIX}{key}": value for key, value in tags.items()}
+
+
+def run_cost(entries: Iterable[EventLogEntry]) -> RunCost:
+    """The cost of the jobs behind these events of one run."""
+    total = RunCost()
+    for entry in entries:
+        event = entry.dagster_event
+        if event is None:
+            continue
+        if event.event_type == DagsterEventType.ASSET_MATERIALIZATION:
+            materialization = event.step_materialization_data.materialization
+            where = materialization.asset_key.to_user_string() + (
+                f"[{materialization.partition}]" if materialization.partition else ""
+            )
+            total.add(where, {key: value.value for key, value in materialization.metadata.items()})
+        elif event.event_type == DagsterEventType.STEP_FAILURE:
+            failure = event.step_failure_data.user_failure_data
+            if failure is not None:
+                total.add(event.step_key or "?", {key: value.value for key, value in failure.metadata.items()})
+        elif event.event_type == DagsterEventType.STEP_UP_FOR_RETRY:
+            total.retried_failures += 1
+    return total
+
+
+def tag_run_cost(context: RunStatusSensorContext) -> None:
+    run_id = context.dagster_run.run_id
+    total = run_cost(context.instance.all_logs(run_id, of_type=COUNTED))
+    tags = total.tags()
+    context.instance.add_run_tags(run_id, tags)
+    context.log.info(f"run {run_id}: {tags}")
+
+
+def _cost_sensor(status: DagsterRunStatus) -> SensorDefinition:
+    @run_status_sensor(
+        run_status=status,
+        name=f"run_cost_on_{status.value.lower()}",
+        default_status=DefaultSensorStatus.RUNNING,
+        description=f"tags each {status.value.lower()} run with what its jobs cost (zero/estimated_cost_usd, zero/instance_seconds)",
+    )
+    def cost_sensor(context: RunStatusSensorContext) -> None:
+        tag_run_cost(context)
+
+    return cost_sensor
+
+
+run_cost_sensors = [
+    _cost_sensor(status) for status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+]

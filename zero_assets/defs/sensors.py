@@ -1,0 +1,97 @@
+"""React to the raw root: register new sources as partitions, observe `raw_data` per changed source, and
+request one `raw_image_index` run per changed source; the other per-source assets follow by automation.
+
+What changed comes from a detector in `change_detection`, chosen by settings: the raw bucket's S3
+Event Notifications on an SQS queue (`ZERO_RAW_EVENTS_QUEUE_URL`), else S3 Inventory reports diffed
+per source (`ZERO_RAW_INVENTORY_MANIFEST_URI`), else a per-source listing digest (local roots). None of
+them lists the lake on S3, and the cursor never grows with the number of keys.
+
+Run keys are `<source>:<version token>:<change number>`: a root that returns to an earlier state gets
+a new number, so Dagster does not drop its run as seen before; a retried tick starts from the same
+cursor and repeats its keys, so a change never runs twice.
+"""
+
+from __future__ import annotations
+
+import json
+
+from dagster import AssetKey, AssetObservation, RunRequest, SensorEvaluationContext, SensorResult, sensor
+
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs.change_detection import Detection
+from zero_assets.defs.change_detection.inventory_diff import detect_from_inventory
+from zero_assets.defs.change_detection.listing_digest import detect_from_listing
+from zero_assets.defs.change_detection.sqs_detector import detect_from_queue
+from zero_assets.defs.partitions import RAW_SOURCES
+
+RAW_DATA = AssetKey("raw_data")
+RAW_IMAGE_INDEX = AssetKey("raw_image_index")
+TICK_INTERVAL_S = 60
+QUEUE_BUDGET_S = 20.0  # time a tick may spend receiving: well inside Dagster's 60 s sensor timeout
+QUEUE_WAIT_S = 5.0  # long poll of a tick's first receive: an empty queue costs one request a tick, not a busy loop
+
+
+def detect(settings: ZeroSettings, cursor: dict | None, context: SensorEvaluationContext) -> Detection:
+    """The detector the settings call for; one that does not match the cursor's kind starts afresh."""
+    store = context.instance.run_storage  # the key-value store beside the cursor (see change_detection.tick_state)
+    if settings.raw_events_queue_url:
+        return detect_from_queue(
+            settings.raw_events_queue_url, settings.raw_uri, cursor, store, budget_s=QUEUE_BUDGET_S, wait_s=QUEUE_WAIT_S
+        )
+    if settings.raw_inventory_manifest_uri:
+        return detect_from_inventory(settings.raw_inventory_manifest_uri, settings.raw_uri, cursor, store)
+    return detect_from_listing(settings.raw_uri, cursor, store)
+
+
+def new_sources(context: SensorEvaluationContext, sources: list[str]) -> list[str]:
+    """The changed sources that are not partitions yet: one lookup per changed source, not a read of them all."""
+    return [s for s in sources if not context.instance.has_dynamic_partition(RAW_SOURCES.name, s)]
+
+
+def sensor_result(context: SensorEvaluationContext, detection: Detection) -> SensorResult:
+    cursor = json.dumps(detection.cursor, sort_keys=True)
+    if not detection.changed:
+        return SensorResult(skip_reason=f"no changed sources: {detection.summary}", cursor=cursor)
+    sources = sorted(detection.changed)
+    added = new_sources(context, sources)
+    observations = [
+        AssetObservation(asset_key=RAW_DATA, partition=s, tags={"dagster/data_version": detection.changed[s]})
+        for s in sources
+    ]
+    runs = [
+        RunRequest(
+            run_key=f"{s}:{detection.changed[s]}:{detection.change_number}",
+            partition_key=s,
+            asset_selection=[RAW_IMAGE_INDEX],
+            tags={
+                "zero/raw_version": detection.changed[s],
+                "zero/trigger": "new source" if s in added else "source changed",
+            },
+        )
+        for s in sources
+    ]
+    context.log.info(f"{detection.summary}; changed: {_some(sources)}; new partitions: {_some(added)}")
+    return SensorResult(
+        run_requests=runs,
+        dynamic_partitions_requests=[RAW_SOURCES.build_add_request(added)] if added else [],
+        asset_events=observations,
+        cursor=cursor,
+    )
+
+
+def _some(names: list[str], shown: int = 20) -> str:
+    """A bounded list for a log line: a first inventory diff may change thousands of sources."""
+    return f"{len(names)} ({', '.join(names[:shown])}{', ...' if len(names) > shown else ''})"
+
+
+@sensor(
+    target=[RAW_IMAGE_INDEX],
+    minimum_interval_seconds=TICK_INTERVAL_S,
+    description="registers new raw sources and indexes each source whose images or annotations.json changed",
+)
+def new_raw_data_sensor(context: SensorEvaluationContext, settings: ZeroSettings):
+    cursor = json.loads(context.cursor) if context.cursor else None
+    detection = detect(settings, cursor, context)
+    for problem in detection.problems:  # hostile keys and bad messages cost a line each, never the tick
+        context.log.warning(problem)
+    return sensor_result(context, detection)

@@ -1,0 +1,121 @@
+"""Skip work whose inputs did not change, after proving that the earlier output is complete.
+
+A materialization records its input fingerprint and the parts it was built from (code version,
+config, upstream data versions). Its output is proven complete by a marker, `_output.json`, written
+last and derived from the job's own `manifest.json`: every file the manifest names, with its size,
+and the sha256 of every small file (manifests, tables, metrics), so a same-size edit in place is
+noticed. Large files (shards) are checked by size from the listing; their sha256 is in the manifest,
+which their readers verify. Asked to materialize again, an asset looks for an earlier
+materialization with the same fingerprint whose output the marker still proves complete; if there is
+one, no job is launched and the earlier output and data version are reported as a `cache: hit`; if
+not, the metadata says what changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue
+
+from zero_assets.core.fingerprints import DATA_VERSION_TAG, FingerprintInputs
+from zero_assets.core.output_marker import output_is_complete
+from zero_assets.launch.upstream import context_partition, latest_materializations
+
+SEARCH_LIMIT = 100  # earlier materializations examined for a matching fingerprint
+
+
+@dataclass(frozen=True)
+class CacheDecision:
+    hit: MaterializeResult | None
+    reason: str
+
+
+def decide(context: AssetExecutionContext, inputs: FingerprintInputs) -> CacheDecision:
+    """A hit (the earlier result to report again) or a miss with the reason, in words."""
+    fingerprint = inputs.fingerprint
+    partition = context_partition(context)  # a per-source asset hits only on its own source's outputs
+    records = latest_materializations(context.instance, context.asset_key, partition, limit=SEARCH_LIMIT)
+    if not records:
+        return CacheDecision(
+            None, f"first materialization of this asset{f' for source {partition}' if partition else ''}"
+        )
+    for record in records:
+        event = record.asset_materialization
+        metadata = {k: v.value for k, v in event.metadata.items()}
+        if metadata.get("fingerprint") != fingerprint:
+            continue
+        uri = str(metadata.get("dagster/uri", ""))
+        if not output_is_complete(uri, fingerprint):
+            return CacheDecision(
+                None,
+                f"same inputs as run {record.run_id}, but its output at {uri} is missing or incomplete: rebuilding",
+            )
+        reason = f"same input fingerprint as run {record.run_id}; its output at {uri} is complete"
+        reused = {**event.metadata, "cache": "hit", "cache_reason": reason, "reused_run_id": record.run_id}
+        version = event.tags.get(DATA_VERSION_TAG) if event.tags else None
+        return CacheDecision(
+            MaterializeResult(metadata=reused, data_version=DataVersion(version) if version else None), reason
+        )
+    latest = {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
+    return CacheDecision(None, what_changed(latest.get("fingerprint_inputs") or {}, inputs))
+
+
+def published_hit(
+    uri: str, marker: dict[str, Any] | None, inputs: FingerprintInputs, reason: str, reused_run_id: str | None = None
+) -> MaterializeResult | None:
+    """A hit on an output another run published under this fingerprint (one this instance may not have
+    recorded yet), from its marker alone (`complete_marker`'s answer for `uri`); None unless the marker
+    proves it complete with a data version."""
+    version = None if marker is None else marker["data_versions"].get(inputs.fingerprint)
+    if version is None:
+        return None
+    metadata = {
+        "dagster/uri": MetadataValue.path(uri),
+        **standard_metadata(marker),
+        **miss_metadata(inputs, reason),
+        "cache": "hit",
+        **({"reused_run_id": reused_run_id} if reused_run_id else {}),
+    }
+    return MaterializeResult(metadata=metadata, data_version=DataVersion(version))
+
+
+def standard_metadata(marker: dict[str, Any]) -> dict[str, Any]:
+    """Dagster's standard size and row count of a marked output: `dagster/size_bytes` is every file the
+    marker lists (all of the output but the marker itself); `dagster/row_count` when it records one."""
+    metadata: dict[str, Any] = {"dagster/size_bytes": sum(int(facts["bytes"]) for facts in marker["files"].values())}
+    if marker.get("row_count") is not None:
+        metadata["dagster/row_count"] = int(marker["row_count"])
+    return metadata
+
+
+def reported_row_count(metadata: Any) -> int | None:
+    """The `dagster/row_count` a materialization's metadata carries (a plain int or an IntMetadataValue), or None."""
+    value = (metadata or {}).get("dagster/row_count")
+    return None if value is None else int(getattr(value, "value", value))
+
+
+def what_changed(before: dict[str, Any], now: FingerprintInputs) -> str:
+    changes = []
+    if before.get("code") != now.code:
+        changes.append(f"code version {before.get('code')} -> {now.code}")
+    old_config = before.get("config") or {}
+    keys = sorted(k for k in set(old_config) | set(now.config) if old_config.get(k) != now.config.get(k))
+    changes += [f"config {k}: {old_config.get(k)!r} -> {now.config.get(k)!r}" for k in keys]
+    old_upstream = before.get("upstream") or {}
+    changes += [
+        f"upstream {a} changed"
+        for a in sorted(set(old_upstream) | set(now.upstream))
+        if old_upstream.get(a) != now.upstream.get(a)
+    ]
+    return "changed since the latest materialization: " + ("; ".join(changes) if changes else "output location")
+
+
+def miss_metadata(inputs: FingerprintInputs, reason: str) -> dict[str, Any]:
+    return {
+        "cache": "miss",
+        "cache_reason": reason,
+        "fingerprint": inputs.fingerprint,
+        "fingerprint_inputs": MetadataValue.json(inputs.as_metadata()),
+        "code_version": inputs.code,
+    }

@@ -1,0 +1,247 @@
+"""`zero-assets`: what is not a materialization (those are Dagster's job: UI, CLI, sensors).
+
+zero-assets make-demo-data --out DIR [--images N] [--seed S] [--shuffle-labels]
+zero-assets sources [--register]   # the raw root's sources (top-level folders); --register adds new ones as partitions
+zero-assets summary            # the latest materialization of each asset (per source for the per-source ones), from $DAGSTER_HOME
+zero-assets render-jobs --out DIR   # the SageMaker/FSx requests the graph would send (no AWS calls)
+zero-assets lineage [CHECKPOINT_URI_OR_RUN_ID]  # which images and shards trained it (default: the latest), which reports scored it
+zero-assets lineage --image KEY                # which checkpoints an image reached, or why it did not
+zero-assets gc [--delete] [--grace-hours H]    # lake outputs and job folders no stored materialization names
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from zero_assets.ops.demo_data import make_demo_raw_root
+
+SUMMARY_KEYS = {
+    "raw_image_index": ("dagster/row_count", "images_without_annotation", "annotations_without_image"),
+    "validated_images": ("images_in", "accepted", "quarantined", "duplicates", "labels_rejected", "train", "val"),
+    "arrow_shards": ("shards", "dagster/size_bytes", "train_rows", "val_rows"),
+    "training_set": ("dagster/row_count", "duplicates_across_sources", "over_cap", "shards"),
+    "fsx_warm_state": ("shards", "dagster/size_bytes", "copied", "already_warm"),
+    "trained_checkpoint": ("steps", "images_per_s", "final_loss", "world_size", "job_wall_s"),
+    "map_report": ("mAP", "mAP_50", "mAP_75", "val_images"),
+}
+
+
+def _make_demo_data(args: argparse.Namespace) -> int:
+    summary = make_demo_raw_root(args.out, images=args.images, seed=args.seed, shuffled_labels=args.shuffle_labels)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def _setting(field: str, variable: str) -> str:
+    """A setting's value as the assets read it: the environment variable when set, else the default.
+    (`settings_from_env` binds set variables as EnvVar, which only a resource may resolve.)"""
+    from zero_assets.core.settings import ZeroSettings
+
+    return os.environ.get(variable) or getattr(ZeroSettings(), field)
+
+
+def _sources(args: argparse.Namespace) -> int:
+    from zero_assets.defs.change_detection.raw_sources import list_sources, register_sources
+
+    raw_uri = _setting("raw_uri", "ZERO_RAW_URI")
+    sources = list_sources(raw_uri)
+    if not args.register:
+        if sources:
+            print("\n".join(sources))
+        else:  # stdout stays a plain list (scripts loop over it); the note goes to stderr
+            print(f"no sources (top-level folders) under {raw_uri}", file=sys.stderr)
+        return 0
+    from dagster import DagsterInstance
+
+    with DagsterInstance.get() as instance:
+        added, refused = register_sources(instance, sources)
+    for source in sources:
+        print(
+            f"{source}\t{'added' if source in added else 'refused: ' + refused[source] if source in refused else 'registered'}"
+        )
+    return 0
+
+
+def _summary(_: argparse.Namespace) -> int:
+    from dagster import AssetKey, DagsterInstance
+
+    from zero_assets.defs.assets import PER_SOURCE_ASSETS
+    from zero_assets.defs.partitions import RAW_SOURCES
+    from zero_assets.launch.upstream import latest_materializations
+
+    per_source = {key.to_user_string() for asset in PER_SOURCE_ASSETS for key in asset.keys}
+    instance = DagsterInstance.get()
+    sources = instance.get_dynamic_partitions(RAW_SOURCES.name)
+    missing = False
+    for asset, keys in SUMMARY_KEYS.items():
+        for source in sorted(sources) if asset in per_source else [None]:
+            label = f"{asset}[{source}]" if source else asset
+            records = latest_materializations(instance, AssetKey(asset), source)
+            if not records or records[0].asset_materialization is None:
+                print(f"{label:<40} not materialized")
+                missing = True
+                continue
+            metadata = records[0].asset_materialization.metadata
+            values = ", ".join(f"{k}={_plain(metadata[k].value)}" for k in keys if k in metadata)
+            print(
+                f"{label:<40} {values}\n{'':<40} uri={metadata['dagster/uri'].value if 'dagster/uri' in metadata else '?'}"
+            )
+        if asset in per_source and not sources:
+            print(f"{asset:<40} no sources registered (zero-assets sources --register)")
+            missing = True
+    final = instance.get_latest_materialization_event(AssetKey("map_report"))
+    if final is not None and final.asset_materialization is not None:
+        metrics = final.asset_materialization.metadata
+        print(f"\nfinal mAP@[.5:.95] = {_plain(metrics['mAP'].value)}   mAP@0.5 = {_plain(metrics['mAP_50'].value)}")
+    return 1 if missing else 0
+
+
+def _render_jobs(args: argparse.Namespace) -> int:
+    from zero_assets.backends.sagemaker.profiles import apply_profile, profile_from_env, sample_images
+    from zero_assets.backends.sagemaker.settings import sagemaker_settings_from_env
+    from zero_assets.core.settings import ZeroSettings
+    from zero_assets.ops.job_plan import render_jobs
+
+    env = dict(os.environ)
+    profile = profile_from_env()
+    aws = apply_profile(sagemaker_settings_from_env(env), profile)
+    lake = env.get("ZERO_LAKE_URI") or aws.lake_uri()
+    settings = ZeroSettings(
+        raw_uri=env.get("ZERO_RAW_URI", f"{aws.s3_root()}/raw"),
+        lake_uri=lake,
+        backend="sagemaker",
+        sample_images=sample_images(profile),
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    for asset, _service, operation, params in render_jobs(
+        settings, aws, **({"source": args.source} if args.source else {})
+    ):
+        path = args.out / f"{asset}.{operation}.json"
+        path.write_text(json.dumps(params, indent=1, sort_keys=True) + "\n")
+        print(path)
+    return 0
+
+
+def _lineage(args: argparse.Namespace) -> int:
+    from dagster import DagsterInstance
+
+    from zero_assets.ops.lineage import LATEST, checkpoint_lineage, find_checkpoint, image_fate
+
+    with DagsterInstance.get() as instance:
+        if args.image:
+            print(json.dumps(image_fate(instance, args.image), indent=1, default=str))
+            return 0
+        found = checkpoint_lineage(instance, find_checkpoint(instance, args.checkpoint or LATEST))
+    print(f"checkpoint   {found.checkpoint.uri}  (run {found.checkpoint.run_id})")
+    print(f"warm shards  {found.warm.uri}" + (f"  (S3 side {found.warm_s3_uri})" if found.warm_s3_uri else ""))
+    print(f"training set {found.training_set.uri}")
+    for source, shards in sorted(found.shard_sets.items()):
+        print(f"shard set    {source}: {shards.uri}")
+        print(f"validated    {source}: {found.validated_sets[source].uri}")
+    for report in found.reports:
+        print(
+            f"scored by    {report.uri}  mAP={_plain(report.metadata.get('mAP'))} mAP@0.5={_plain(report.metadata.get('mAP_50'))}"
+        )
+    print(f"trained on   {len(found.train_images)} images (source, key, sha256):")
+    for row in found.train_images.itertuples(index=False):
+        print(f"  {row.source}\t{row.key}\t{row.sha256}")
+    return 0
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from dagster import DagsterInstance
+
+    from zero_assets.core.settings import ZeroSettings
+    from zero_assets.defs.assets import ALL_ASSETS
+    from zero_assets.ops.garbage import DEFAULT_GRACE_HOURS, delete_unreferenced, find_unreferenced, report_lines
+
+    lake = args.lake or _setting("lake_uri", "ZERO_LAKE_URI")
+    jobs_root = str(ZeroSettings(lake_uri=lake).jobs_root())  # `<lake>/_jobs`; on this machine for an s3:// lake
+    assets = [key.to_user_string() for asset in ALL_ASSETS for key in asset.keys]
+    grace_s = (DEFAULT_GRACE_HOURS if args.grace_hours is None else args.grace_hours) * 3600
+    with DagsterInstance.get() as instance:
+        if args.delete:
+            verdicts, deleted = delete_unreferenced(instance, lake, assets, grace_s, jobs_root)
+        else:
+            verdicts, deleted = find_unreferenced(instance, lake, assets, grace_s, jobs_root), None
+    print("\n".join(report_lines(verdicts, deleted)))
+    return 0
+
+
+def _plain(value: object) -> object:
+    return round(value, 4) if isinstance(value, float) else value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zero-assets", description="zero_assets command line")
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("make-demo-data", help="write the deterministic demo raw root")
+    demo.add_argument("--out", type=Path, required=True, help="new or empty folder for the raw root")
+    demo.add_argument("--images", type=int, default=240, help="good images to render (bad cases are added on top)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--shuffle-labels",
+        action="store_true",
+        help="same images, labels shuffled across images and boxes: a model trained on them should score near zero",
+    )
+    demo.set_defaults(handler=_make_demo_data)
+    sources = commands.add_parser(
+        "sources", help="list the raw root's sources (top-level folders, one delimiter listing)"
+    )
+    sources.add_argument(
+        "--register", action="store_true", help="add the sources that are not partitions yet to the instance"
+    )
+    sources.set_defaults(handler=_sources)
+    summary = commands.add_parser(
+        "summary", help="print the latest materialization of each asset (per source for the per-source ones)"
+    )
+    summary.set_defaults(handler=_summary)
+    render = commands.add_parser(
+        "render-jobs", help="write every SageMaker/FSx request the graph would send, one JSON file each"
+    )
+    render.add_argument("--out", type=Path, required=True, help="folder for <asset>.<Operation>.json files")
+    render.add_argument(
+        "--source",
+        help="the source the per-source jobs are rendered for (default: an example name; no listing is made)",
+    )
+    render.set_defaults(handler=_render_jobs)
+    _add_lineage(commands)
+    _add_gc(commands)
+    return parser
+
+
+def _add_lineage(commands) -> None:
+    lineage = commands.add_parser("lineage", help="which raw images reached which checkpoint")
+    target = lineage.add_mutually_exclusive_group()
+    target.add_argument(
+        "checkpoint", nargs="?", help="a trained_checkpoint uri or the run id that wrote it (default: the latest)"
+    )
+    target.add_argument("--image", help="a raw image key (<source>/<path>): which checkpoints it reached, or why not")
+    lineage.set_defaults(handler=_lineage)
+
+
+def _add_gc(commands) -> None:
+    gc = commands.add_parser(
+        "gc", help="list (with --delete, remove) lake outputs and job folders no stored materialization names"
+    )
+    gc.add_argument("--delete", action="store_true", help="remove them (default: a dry run that only lists them)")
+    gc.add_argument("--grace-hours", type=float, help="keep anything written this recently, in hours (default: a day)")
+    gc.add_argument("--lake", help="the lake to collect (default: ZERO_LAKE_URI, else .zero/lake)")
+    gc.set_defaults(handler=_gc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (FileExistsError, FileNotFoundError, LookupError, ValueError) as error:
+        print(f"zero-assets {args.command}: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""`zero-assets gc`: the lake outputs and job folders that nothing the instance holds refers to.
+
+What the lake holds, and when each part is referenced (kept):
+- `<asset>/<fingerprint16>/` (`<asset>/<source>/<fingerprint16>/` for the per-source assets), an
+  output: a materialization the instance still holds names it (its
+  `dagster/uri` (or `warm_s3_uri`, the S3 side of an FSx warm folder) is the folder, inside it or above it). Every stored materialization counts,
+  not only the latest: the cache reuses an older output when its inputs come back (a reverted
+  config), and lineage reads the outputs of older checkpoints. Wiping an asset's history frees them.
+- `_jobs/<asset>/<fingerprint16>/runs/<run id>/`, one run's job folder: that run recorded a stored
+  materialization, or is still in progress or queued, or a stored materialization's metadata (its
+  job log) points inside it.
+- `_jobs/<asset>/<fingerprint16>/` itself (the output's lease and training checkpoints): its output is
+  referenced, or one of its run folders is kept. It goes only with all of its runs.
+- `_jobs/<job name>/` (the layout before per-run folders): named by a stored materialization's job
+  name or a path in its metadata, or holding the id of a run in progress.
+An s3:// lake keeps its job folders on this machine (`.zero/jobs`): they are judged the same way.
+Unreferenced folders are kept all the same when written since the oldest run in progress started or
+within the grace period: a run publishes its output before it records the materialization. Only
+this project's asset folders and the job folders are looked at; nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+from training_code.lib.storage import delete_prefix, is_s3, join, list_objects, newest_write
+from zero_assets.core.job_request import RUNS_FOLDER
+from zero_assets.core.settings import JOBS_FOLDER
+
+URI_KEYS = ("dagster/uri", "warm_s3_uri")
+PAGE = 1000  # materializations fetched per query
+# Runs that may still write: their folders are never collected.
+LIVE_STATUSES = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
+DEFAULT_GRACE_HOURS = 24.0
+
+
+@dataclass(frozen=True)
+class Folder:
+    """One collectable unit of the lake, with what the listing says about it."""
+
+    key: str  # relative to the lake
+    kind: str  # "output", "run" (one run's job folder), "jobs" (an output's lease and checkpoints, or an older job folder)
+    uri: str
+    bytes: int  # of the files that belong to this unit alone (a "jobs" folder's runs are units of their own)
+
+    @property
+    def parts(self) -> list[str]:
+        return self.key.split("/")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    folder: Folder
+    why: str  # why it is unreferenced
+    kept_because: str | None  # set when it is unreferenced but must stay (a run may still be writing it)
+
+
+@dataclass
+class References:
+    """What the instance's stored materializations and live runs name."""
+
+    paths: set[str]  # normalized uris and path metadata
+    names: set[str]  # text metadata (job names)
+    run_ids: dict[str, set[str]]  # asset -> the runs that recorded a stored materialization of it
+    live_run_ids: set[str]
+    oldest_live: tuple[float, str] | None  # (start in epoch seconds, run id) of the oldest run in progress
+
+    def all_run_ids(self) -> set[str]:
+        return set().union(*self.run_ids.values())
+
+    def names_path(self, uri: str) -> bool:
+        here = normalize(uri)
+        return any(path == here or path.startswith(here + "/") or here.startswith(path + "/") for path in self.paths)
+
+    def cutoff(self, grace_s: float) -> tuple[float, str]:
+        """Folders written at or after this time may belong to a run still writing; and why."""
+        graced = time.time() - grace_s
+        if self.oldest_live is not None and self.oldest_live[0] < graced:
+            return self.oldest_live[0], f"written since run {self.oldest_live[1]} (still in progress) started"
+        return graced, f"written within the grace period ({grace_s / 3600:g} h)"
+
+
+_FINGERPRINT = re.compile(r"[0-9a-f]{16}")
+
+
+def unit_of(key: str, assets: set[str]) -> tuple[str, str] | None:
+    """(unit key, kind) that a listed file belongs to, None for files gc never touches."""
+    parts = key.split("/")
+    if parts[0] in assets and len(parts) >= 3:
+        # A per-source asset's outputs sit one folder deeper, under the source's folder.
+        depth = 2 if _FINGERPRINT.fullmatch(parts[1]) else 3
+        return ("/".join(parts[:depth]), "output") if len(parts) > depth else None
+    if parts[0] != JOBS_FOLDER or len(parts) < 3:
+        return None  # anything else in the lake is not ours to judge
+    if parts[1] not in assets:
+        return "/".join(parts[:2]), "jobs"  # the older one-folder-per-job layout
+    if len(parts) >= 6 and parts[3] == RUNS_FOLDER:
+        return "/".join(parts[:5]), "run"
+    return ("/".join(parts[:3]), "jobs") if len(parts) >= 4 else None
+
+
+def lake_folders(lake: str, assets: Iterable[str], jobs_root: str | None = None) -> list[Folder]:
+    """Every collectable unit in the lake, run folders before the folder above them.
+
+    `jobs_root`: where job folders are when not at `<lake>/_jobs` (an s3:// lake keeps them on this
+    machine); its units are keyed `_jobs/...` all the same."""
+    assets = set(assets)
+    roots = {"": lake}
+    separate_jobs = jobs_root is not None and normalize(jobs_root) != normalize(join(lake, JOBS_FOLDER))
+    units: dict[tuple[str, str], int] = defaultdict(int)  # (key, kind) -> bytes
+    for key, size in _listed(lake):
+        unit = unit_of(key, assets)
+        if unit is not None and not (separate_jobs and unit[1] != "output"):
+            units[unit] += size
+    if separate_jobs:
+        roots[JOBS_FOLDER] = jobs_root
+        for key, size in _listed(jobs_root):
+            unit = unit_of(f"{JOBS_FOLDER}/{key}", assets)
+            if unit is not None:
+                units[unit] += size
+    for key, kind in list(units):  # a run folder implies the folder above it, even with nothing else in it
+        if kind == "run":
+            units.setdefault(("/".join(key.split("/")[:3]), "jobs"), 0)
+    order = sorted(units, key=lambda unit: (unit[1] == "jobs", unit[0]))
+    return [Folder(key, kind, _uri(key, roots), units[key, kind]) for key, kind in order]
+
+
+def _listed(root: str) -> list[tuple[str, int]]:
+    return [(obj.key, obj.size) for obj in list_objects(root)] if is_s3(root) or os.path.isdir(root) else []
+
+
+def _uri(key: str, roots: dict[str, str]) -> str:
+    top, _, rest = key.partition("/")
+    return join(roots[top], rest) if top in roots else join(roots[""], key)
+
+
+def references(instance: DagsterInstance) -> References:
+    paths, names, run_ids = set(), set(), defaultdict(set)
+    for key in instance.get_asset_keys():
+        cursor = None
+        while True:
+            result = instance.fetch_materializations(key, limit=PAGE, cursor=cursor)
+            for record in result.records:
+                run_ids[key.to_user_string()].add(record.run_id)
+                for name, entry in record.asset_materialization.metadata.items():
+                    value = entry.value
+                    if not isinstance(value, str) or not value:
+                        continue
+                    if name in URI_KEYS or value.startswith(("/", "s3://")):  # any path it records: a job log, a mount
+                        paths.add(normalize(value))
+                    else:
+                        names.add(value)  # a job name among them
+            if not result.has_more:
+                break
+            cursor = result.cursor
+    live = instance.get_run_records(filters=RunsFilter(statuses=LIVE_STATUSES))
+    starts = [(record.start_time or record.create_timestamp.timestamp(), record.dagster_run.run_id) for record in live]
+    return References(paths, names, run_ids, {run_id for _, run_id in starts}, min(starts, default=None))
+
+
+def normalize(uri: str) -> str:
+    """One spelling per location: no trailing `/` on S3, an absolute real path locally."""
+    return uri.rstrip("/") if is_s3(uri) else os.path.realpath(uri)
+
+
+def why_unreferenced(folder: Folder, lake: str, refs: References, kept_runs: set[str]) -> str | None:
+    """None when something refers to the folder; else why nothing does, in words.
+
+    `kept_runs`: the keys of the run folders that stay (a "jobs" folder stays with any of them)."""
+    if refs.names_path(folder.uri):
+        return None
+    parts = folder.parts
+    if folder.kind == "output":
+        return "output: no stored materialization names it"
+    if folder.kind == "run":  # `_jobs/<asset>/<fingerprint16>/runs/<run id>`
+        if parts[4] in refs.run_ids.get(parts[1], set()) or parts[4] in refs.live_run_ids:
+            return None
+        return f"run job folder: its run recorded no stored materialization of {parts[1]} and is not in progress"
+    if len(parts) == 3:  # an output's lease and checkpoints
+        if refs.names_path(join(lake, "/".join(parts[1:]))) or any(
+            run.startswith(folder.key + "/") for run in kept_runs
+        ):
+            return None
+        return "lease and checkpoints of an output no stored materialization names, no run folder kept"
+    name = parts[1]
+    if name in refs.names or _names_a_run(name, refs.all_run_ids() | refs.live_run_ids):
+        return None
+    return "job folder: no stored materialization or run in progress names it or its run"
+
+
+def _names_a_run(name: str, run_ids: set[str]) -> bool:
+    # A folder may carry the whole run id or its first 8 characters (Dagster's short id).
+    return any(run_id in name or run_id[:8] in name for run_id in run_ids)
+
+
+def find_unreferenced(
+    instance: DagsterInstance,
+    lake: str,
+    assets: Iterable[str],
+    grace_s: float = DEFAULT_GRACE_HOURS * 3600,
+    jobs_root: str | None = None,
+) -> list[Verdict]:
+    """The unreferenced units of the lake (and of `jobs_root`), each with why, and whether it must stay anyway."""
+    refs = references(instance)
+    folders = lake_folders(lake, assets, jobs_root)
+    if folders and not refs.all_run_ids() and not refs.live_run_ids:
+        raise LookupError(
+            f"the Dagster instance holds no materializations and no runs in progress, so all {len(folders)} folders of "
+            f"{lake} would count as unreferenced. Point DAGSTER_HOME at the instance that built this lake (`source "
+            ".venv/bin/activate` sets the repo's); to drop a lake whose history is gone, delete the folder yourself."
+        )
+    return _judge(folders, lake, refs, grace_s)
+
+
+def _judge(folders: list[Folder], lake: str, refs: References, grace_s: float) -> list[Verdict]:
+    cutoff, recent = refs.cutoff(grace_s)
+    verdicts, kept_runs = [], set()
+    for folder in folders:  # run folders come first: a "jobs" folder above them needs their verdicts
+        why = why_unreferenced(folder, lake, refs, kept_runs)
+        written = newest_write(folder.uri) if why is not None else None
+        kept = f"last {recent}, {_age(written)} ago" if written is not None and written >= cutoff else None
+        if folder.kind == "run" and (why is None or kept is not None):
+            kept_runs.add(folder.key)
+        if why is not None:
+            verdicts.append(Verdict(folder, why, kept))
+    return verdicts
+
+
+def delete_unreferenced(
+    instance: DagsterInstance,
+    lake: str,
+    assets: Iterable[str],
+    grace_s: float = DEFAULT_GRACE_HOURS * 3600,
+    jobs_root: str | None = None,
+) -> tuple[list[Verdict], list[Folder]]:
+    """Judge afresh and remove what is collectable: a run that started, or a write made, since a dry
+    run is seen. Returns the verdicts and the folders deleted."""
+    verdicts = find_unreferenced(instance, lake, assets, grace_s, jobs_root)
+    roots = [normalize(root) for root in (lake, jobs_root) if root is not None]
+    deleted = []
+    for verdict in verdicts:  # runs first, then the folders above them
+        folder = verdict.folder
+        if verdict.kept_because is not None:
+            continue
+        if not any(normalize(folder.uri).startswith(root + "/") for root in roots):
+            raise ValueError(
+                f"refusing to delete {folder.uri}: it is not inside the lake {lake} or the jobs folder {jobs_root}"
+            )
+        delete_prefix(folder.uri)
+        deleted.append(folder)
+    return verdicts, deleted
+
+
+def _age(epoch_s: float) -> str:
+    seconds = max(0.0, time.time() - epoch_s)
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds:.0f} s"
+
+
+def report_lines(verdicts: list[Verdict], deleted: list[Folder] | None) -> list[str]:
+    """The table (path, bytes, why unreferenced), then what stays anyway, then a total."""
+    collectable = [v for v in verdicts if v.kept_because is None]
+    width = max([len(v.folder.uri) for v in collectable] + [4])
+    lines = [f"{'path':<{width}}  {'bytes':>14}  why unreferenced"]
+    lines += [f"{v.folder.uri:<{width}}  {v.folder.bytes:>14,}  {v.why}" for v in collectable]
+    kept = [v for v in verdicts if v.kept_because is not None]
+    if kept:
+        lines.append("")
+        lines += [f"kept: {v.folder.uri} ({v.folder.bytes:,} bytes): {v.why}; {v.kept_because}" for v in kept]
+    total = sum(v.folder.bytes for v in collectable)
+    lines.append("")
+    if deleted is None:
+        lines.append(
+            f"total: {len(collectable)} unreferenced folders, {total:,} bytes (dry run: nothing deleted; --delete removes them)"
+        )
+    else:
+        lines.append(
+            f"total: deleted {len(deleted)} unreferenced folders, {sum(f.bytes for f in deleted):,} bytes freed"
+        )
+    return lines
