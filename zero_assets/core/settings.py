@@ -8,6 +8,7 @@ SageMaker backend the lake defaults to `s3://$ZERO_SM_BUCKET/$ZERO_SM_PREFIX/lak
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
@@ -18,6 +19,15 @@ from training_code.lib.storage import is_s3, join
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE = REPO_ROOT / ".zero"
 BACKENDS = ("local", "sagemaker")
+
+
+def zero_env(name: str, environ: Mapping[str, str] | None = None) -> str:
+    """The one reader of the project's `ZERO_*` environment variables: the value of `name` with
+    surrounding blanks stripped, or "" when it is unset or empty. `environ` stands in for the process
+    environment (tests, `render-jobs`)."""
+    if not name.startswith("ZERO_"):
+        raise ValueError(f"{name!r} is not a zero_assets setting (they are named ZERO_*)")
+    return (os.environ if environ is None else environ).get(name, "").strip()
 JOBS_FOLDER = "_jobs"  # a local lake's job folders: `<lake>/_jobs`
 
 
