@@ -12,7 +12,7 @@ endif
 export DAGSTER_HOME
 ZERO_RAW_URI ?= $(CURDIR)/.zero/raw
 
-.PHONY: demo test bench venv
+.PHONY: demo test lint bench venv
 
 venv: $(VENV)/.installed $(VENV)/.activate-hook
 
@@ -49,6 +49,11 @@ demo: venv $(HOME_CONFIG)
 
 test: venv $(HOME_CONFIG)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# What CI checks before the tests: ruff's lint rules and its formatting (config in pyproject.toml).
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # Speed: each benchmark prints `BENCH <name> ratio=<x> goal=<y>` against a baseline from the same run.
 bench: venv
