@@ -34,8 +34,10 @@ class JobLogTail:
         self._tokens: dict[str, str] = {}
         self._backoff = Backoff(first_s=1.0, max_s=20.0)
         self._where = f"CloudWatch Logs {log_group} for {self._prefix}*"
+        self._job_name = job_name
         self.last_lines: deque[str] = deque(maxlen=keep_lines)
         self.hosts: list[str] = []  # the hosts whose streams were read, in the order they appeared
+        self._announced = 0  # hosts whose log stream an event has pointed at
 
     @property
     def throttled(self) -> int:
@@ -100,6 +102,18 @@ class JobLogTail:
             time.sleep(0.5)
             waited += 0.5
         return self.poll()
+
+    def forward(self, log, lines: Iterable[tuple[str, str]], target: Optional[IO[str]] = None) -> None:
+        """Write the job's lines to `target` (see `write_lines`): one Dagster event per line would flood
+        the event log for days of training. One event on `log` per host, the first time its stream is
+        read, says where its lines are."""
+        for host in self.hosts[self._announced :]:
+            log.info(
+                f"[pipes] {self._job_name}: host {host}'s log (CloudWatch stream {self._job_name}/{host}) "
+                f"is copied to this step's stdout, each line after [{host}]"
+            )
+        self._announced = len(self.hosts)
+        write_lines(lines, target)
 
 
 def write_lines(lines: Iterable[tuple[str, str]], target: Optional[IO[str]] = None) -> int:

@@ -5,13 +5,13 @@ their deterministic name (a restarted run reattaches instead of launching twice)
 `Stopped` (for example on MaxRuntimeExceeded, which boto3's waiter counts as done) is a failure,
 and failures carry the job name, FailureReason and the last log lines. Throttled or failing AWS
 reads while the job runs are waited out, never taken for the job's end; a reattached job whose
-Pipes report cannot be read raises `ReportUnreadable` (see `attempts` for what comes next).
+Pipes report cannot be read raises `ReportUnreadable`. Which attempt to run (reattach, wait, reuse,
+or the next name) is `attempts.JobAttempts`, which this client is.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, Literal, Optional
 
@@ -33,10 +33,16 @@ from training_code.lib.aws_clients import Backoff, endpoint_of, is_retryable, re
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import s3_client as storage_s3_client
 from zero_assets.backends.job_cost import job_cost, price_table
-from zero_assets.backends.sagemaker.job_logs import JobLogTail, write_lines
+from zero_assets.backends.sagemaker.attempts import TERMINAL, JobAttempts, ReportUnreadable
+from zero_assets.backends.sagemaker.job_logs import JobLogTail
 from zero_assets.backends.sagemaker.job_params import check_environment
-from zero_assets.backends.sagemaker.names import attempt_of
-from zero_assets.backends.sagemaker.pipes_io import JobKeyedS3ContextInjector, message_reader_for
+from zero_assets.backends.sagemaker.pipes_io import (
+    JobKeyedS3ContextInjector,
+    await_message_stream,
+    await_report,
+    message_reader_for,
+    report_message_stream,
+)
 
 Kind = Literal["training", "processing"]
 
@@ -69,20 +75,11 @@ API = {
         "/aws/sagemaker/ProcessingJobs",
     ),
 }
-TERMINAL = ("Completed", "Failed", "Stopped")
 REATTACHABLE = ("InProgress", "Completed")  # Stopping ends as Stopped: the next attempt takes over
 LIMIT_STOPS = ("MaxRuntimeExceeded", "MaxWaitTimeExceeded")
-MAX_ATTEMPTS = 50
-REPORT_GRACE_S = 5.0  # after the job ends: how long past a reader's last refused read to wait for the report
-REPORT_WAIT_S = 600.0  # and how long at most, while the message store keeps refusing reads
 
 
-class ReportUnreadable(Exception):
-    """A reattached job ended without a Pipes report this client could read (its messages expired or
-    were deleted): what it produced cannot be vouched for, so the attempt counts as failed."""
-
-
-class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
+class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
     """A Pipes client for SageMaker Training and Processing jobs.
 
     Args:
@@ -118,7 +115,8 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         self._message_reader = message_reader
         if pipes_uri is None and (context_injector is None or message_reader is None):
             raise ValueError(
-                "PipesSageMakerClient needs pipes_uri (s3://bucket/prefix) unless both context_injector and message_reader are given"
+                "PipesSageMakerClient needs pipes_uri (s3://bucket/prefix) "
+                "unless both context_injector and message_reader are given"
             )
         self._pipes_uri = pipes_uri
         self._messages = messages
@@ -127,9 +125,8 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         self.message_poll_interval = message_poll_interval
         self.log_tail_lines = log_tail_lines
         self.log_target = log_target
-        self._prices = (
-            price_table()
-        )  # read before any job launches: a bad ZERO_SM_PRICE_TABLE fails here, not after the job
+        # Read before any job launches: a bad ZERO_SM_PRICE_TABLE fails here, not after the job.
+        self._prices = price_table()
 
     @classmethod
     def _is_dagster_maintained(cls) -> bool:
@@ -156,71 +153,8 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
             endpoint=endpoint_of(self._client),
         )
 
-    def resolve_job_name(
-        self,
-        context,
-        kind: Kind,
-        name_for_attempt: Callable[[int], str],
-        output_ready: Optional[Callable[[str, dict], bool]] = None,
-        first_attempt: int = 1,
-    ) -> str:
-        """The first attempt's name, from `first_attempt` on, that is free, running, or `Completed`
-        with `output_ready(name, job)` (never reused without it). A `Stopping` attempt is waited for
-        until it has stopped, so two attempts never write one output or checkpoint prefix at once."""
-        status_key = API[kind].status_key
-        for attempt in range(first_attempt, MAX_ATTEMPTS + 1):
-            name = name_for_attempt(attempt)
-            job = self.describe_patiently(kind, name)
-            if job is not None and job[status_key] == "Stopping":
-                job = self.wait_until_ended(context, kind, name)
-            status = None if job is None else job[status_key]
-            if status in (None, "InProgress"):
-                return name
-            if status == "Completed":
-                if output_ready is not None and output_ready(name, job):
-                    return name
-                context.log.warning(
-                    f"[pipes] attempt {attempt} ({name}) Completed, but its output is missing or incomplete: "
-                    f"not reused; trying attempt {attempt + 1}"
-                )
-                continue
-            context.log.info(f"[pipes] attempt {attempt} ({name}) ended {status}; trying attempt {attempt + 1}")
-        raise Failure(
-            f"{MAX_ATTEMPTS} attempts of this materialization have ended without success; change its inputs or investigate {name}"
-        )
-
-    def run_attempts(
-        self,
-        *,
-        context,
-        kind: Kind,
-        name_for_attempt: Callable[[int], str],
-        params_for: Callable[[str], dict[str, Any]],
-        output_ready: Callable[[str, dict], bool],
-    ) -> tuple[str, dict[str, Any], PipesClientCompletedInvocation]:
-        """Run the materialization's job: reattach, reuse, or launch the next attempt (see `resolve_job_name`).
-        A reattached attempt whose report cannot be read counts as failed and the one after it is launched.
-        Returns the attempt's name, its parameters and the invocation."""
-        first_attempt = 1
-        while True:
-            name = self.resolve_job_name(context, kind, name_for_attempt, output_ready, first_attempt)
-            params = params_for(name)
-            try:
-                return name, params, self.run(context=context, kind=kind, params=params)
-            except ReportUnreadable as unreadable:
-                context.log.warning(f"[pipes] {unreadable}: launching the next attempt")
-                first_attempt = attempt_of(name) + 1
-
-    def wait_until_ended(self, context, kind: Kind, name: str) -> dict[str, Any]:
-        """Poll a `Stopping` job until it is Stopped, Failed or Completed; its uploads end only then."""
-        status_key = API[kind].status_key
-        context.log.info(f"[pipes] {name} is Stopping: waiting for it to stop before the next attempt starts")
-        while True:
-            job = self.describe_patiently(kind, name)
-            if job[status_key] in TERMINAL:
-                context.log.info(f"[pipes] {name} has ended {job[status_key]}")
-                return job
-            time.sleep(self.poll_interval)
+    def job_status(self, kind: Kind, job: dict[str, Any]) -> str:
+        return job[API[kind].status_key]
 
     def run(  # type: ignore[override]
         self, *, context, kind: Kind, params: dict[str, Any], extras: Optional[dict[str, Any]] = None
@@ -231,7 +165,8 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         existing = self.describe_patiently(kind, name)
         if existing is not None and existing[api.status_key] not in REATTACHABLE:
             raise Failure(
-                f"SageMaker {kind} job {name} already ended {existing[api.status_key]}; use resolve_job_name for a fresh attempt"
+                f"SageMaker {kind} job {name} already ended {existing[api.status_key]}; "
+                "use resolve_job_name for a fresh attempt"
             )
         injector, reader = self._pipes_io(name)
         logs = JobLogTail(self._logs, api.log_group, name, keep_lines=self.log_tail_lines)
@@ -248,7 +183,8 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
                 self._create(context, kind, {**params, "Environment": environment, "Tags": tags})
             else:
                 context.log.info(
-                    f"[pipes] reattached to SageMaker {kind} job {name} ({existing[api.status_key]}), launched by an earlier run"
+                    f"[pipes] reattached to SageMaker {kind} job {name} ({existing[api.status_key]}), "
+                    "launched by an earlier run"
                 )
             try:
                 job, history = self._wait_for_completion(context, kind, name, logs, session, reader)
@@ -264,17 +200,19 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
                     metadata=self._extract_dagster_metadata(kind, job, history),
                     allow_retries=job[api.status_key] != "Stopped",
                 )
-            self._await_report(context, session, reader, name)
-        if existing is not None and not session.message_handler.received_closed_message:
+            await_report(context.log, session, reader, name, self.message_poll_interval)
+        handler = session.message_handler
+        if existing is not None and not handler.received_closed_message:
+            missing = "no closing message" if handler.received_opened_message else "no message at all"
             raise ReportUnreadable(
-                f"SageMaker {kind} job {name} ended Completed, but its Pipes report could not be read "
-                f"({'no message at all' if not session.message_handler.received_opened_message else 'no closing message'}): "
+                f"SageMaker {kind} job {name} ended Completed, but its Pipes report could not be read ({missing}): "
                 "its messages expired or were deleted; the attempt counts as failed"
             )
         return PipesClientCompletedInvocation(session, metadata=self._extract_dagster_metadata(kind, job, history))
 
     def _create(self, context, kind: Kind, params: dict[str, Any]) -> None:
-        """Create*Job, retried through throttling; a retry that finds the job created by the try before it is a success."""
+        """Create*Job, retried through throttling; a retry that finds the job created by the try before
+        it is a success."""
         api = API[kind]
         name = params[api.name_key]
         tries = 0
@@ -293,24 +231,6 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
         retry_call(create, what=f"{api.create} {name}", endpoint=endpoint_of(self._client))
         context.log.info(f"[pipes] launched SageMaker {kind} job {name}")
 
-    def _await_report(self, context, session, reader, name: str) -> None:
-        """The job has ended: while the message reader is backing off from refused reads, wait for the
-        closing message rather than leave the session with part of the report (for at most REPORT_WAIT_S)."""
-        backoff: Optional[Backoff] = getattr(reader, "backoff", None)
-        if backoff is None:
-            return
-        deadline = time.monotonic() + REPORT_WAIT_S
-        while (
-            not session.message_handler.received_closed_message
-            and time.monotonic() < deadline
-            and (not backoff.ready() or backoff.quiet_for() < REPORT_GRACE_S + self.message_poll_interval)
-        ):
-            time.sleep(0.5)
-        if not session.message_handler.received_closed_message and backoff.failures:
-            context.log.warning(
-                f"[pipes] {name}: the message store refused {backoff.failures} reads; the report may be incomplete"
-            )
-
     def _pipes_io(self, job_name: str):
         injector = self._context_injector or JobKeyedS3ContextInjector(
             pipes_uri=self._pipes_uri, job_name=job_name, client=self._s3
@@ -328,10 +248,10 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
     def _wait_for_completion(
         self, context, kind: Kind, name: str, logs: JobLogTail, session, reader
     ) -> tuple[dict, list[str]]:
-        status_key = API[kind].status_key
+        status_key, log_group = API[kind].status_key, API[kind].log_group
         history: list[str] = []
+        reads_cloudwatch = isinstance(reader, PipesCloudWatchMessageReader)
         reported_stream = False
-        announced = 0  # hosts whose log stream an event has pointed at
         refused = Backoff(first_s=self.poll_interval, max_s=max(60.0, self.poll_interval))
         while True:
             try:
@@ -350,50 +270,20 @@ class PipesSageMakerClient(PipesClient, TreatAsResourceParam):
             if not history or history[-1] != status:
                 history.append(status)
                 context.log.info(f"[pipes] {name}: {status}")
-            announced = self._forward_logs(context, name, logs, logs.poll(), announced)
-            if isinstance(reader, PipesCloudWatchMessageReader) and not reported_stream:
-                reported_stream = self._report_message_stream(logs, session, API[kind].log_group)
+            logs.forward(context.log, logs.poll(), self.log_target)
+            if reads_cloudwatch and not reported_stream:
+                reported_stream = report_message_stream(logs, session, log_group)
             if job[status_key] in TERMINAL:
-                self._forward_logs(
-                    context, name, logs, logs.final_poll(), announced
-                )  # lines CloudWatch delivered after the last poll
-                # CloudWatch messages are read only once their stream is known: a throttled lookup is tried again.
-                deadline = time.monotonic() + 120
-                while (
-                    isinstance(reader, PipesCloudWatchMessageReader)
-                    and not reported_stream
-                    and logs.refused_lately()
-                    and time.monotonic() < deadline
-                ):
-                    time.sleep(0.5)
-                    reported_stream = self._report_message_stream(logs, session, API[kind].log_group)
+                logs.forward(context.log, logs.final_poll(), self.log_target)  # what arrived after the last poll
+                if reads_cloudwatch and not reported_stream:
+                    await_message_stream(logs, session, log_group, within_s=120)
                 if logs.throttled:
                     context.log.info(
-                        f"[pipes] CloudWatch Logs refused {logs.throttled} reads of {name}'s logs; each was backed off and read again"
+                        f"[pipes] CloudWatch Logs refused {logs.throttled} reads of {name}'s logs; "
+                        "each was backed off and read again"
                     )
                 return job, history
             time.sleep(self.poll_interval)
-
-    def _forward_logs(self, context, name: str, logs: JobLogTail, lines: list[tuple[str, str]], announced: int) -> int:
-        """The job's lines go to the step's stdout (one Dagster event per line would flood the event log
-        for days of training); one event per host, the first time its stream is read, says where its
-        lines are. Returns how many hosts have been announced."""
-        for host in logs.hosts[announced:]:
-            context.log.info(
-                f"[pipes] {name}: host {host}'s log (CloudWatch stream {name}/{host}) is copied to this step's stdout, "
-                f"each line after [{host}]"
-            )
-        write_lines(lines, self.log_target)
-        return len(logs.hosts)
-
-    @staticmethod
-    def _report_message_stream(logs: JobLogTail, session, log_group: str) -> bool:
-        """CloudWatch messages: point the reader at the first host's stream (rank 0 writes them) once it exists."""
-        streams = logs.streams()
-        if not streams:
-            return False
-        session.report_launched({"extras": {"log_group": log_group, "log_stream": streams[0]}})
-        return True
 
     def _terminate(self, context, kind: Kind, name: str) -> None:
         api = API[kind]

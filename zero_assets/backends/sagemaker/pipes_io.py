@@ -11,10 +11,11 @@ token they reached: a refused read never ends the reader, so no message is lost 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
-from typing import Literal
+from typing import Literal, Optional
 
 from dagster._core.pipes.client import PipesParams
 from dagster_aws.pipes import PipesCloudWatchMessageReader, PipesS3ContextInjector, PipesS3MessageReader
@@ -23,6 +24,9 @@ from dagster_pipes import PipesBlobStoreMessageWriter, PipesDefaultMessageWriter
 from training_code.lib.aws_clients import Backoff, endpoint_of, retry_call
 from training_code.lib.storage import split_s3
 from zero_assets.backends.sagemaker.guarded_read import guarded_read
+
+REPORT_GRACE_S = 5.0  # after the job ends: how long past a reader's last refused read to wait for the report
+REPORT_WAIT_S = 600.0  # and how long at most, while the message store keeps refusing reads
 
 
 def context_params(pipes_uri: str, job_name: str) -> dict:
@@ -105,6 +109,45 @@ class BackoffCloudWatchMessageReader(PipesCloudWatchMessageReader):
 
     def _where(self) -> str:
         return f"Pipes messages at CloudWatch {self.log_group}/{self.log_stream}"
+
+
+def await_report(log, session, reader, name: str, poll_interval: float) -> None:
+    """The job has ended: while the message reader is backing off from refused reads, wait for the
+    closing message rather than leave the session with part of the report (for at most REPORT_WAIT_S;
+    `poll_interval` is the reader's)."""
+    backoff: Optional[Backoff] = getattr(reader, "backoff", None)
+    if backoff is None:
+        return
+    deadline = time.monotonic() + REPORT_WAIT_S
+    while (
+        not session.message_handler.received_closed_message
+        and time.monotonic() < deadline
+        and (not backoff.ready() or backoff.quiet_for() < REPORT_GRACE_S + poll_interval)
+    ):
+        time.sleep(0.5)
+    if not session.message_handler.received_closed_message and backoff.failures:
+        log.warning(f"[pipes] {name}: the message store refused {backoff.failures} reads; the report may be incomplete")
+
+
+def report_message_stream(logs, session, log_group: str) -> bool:
+    """CloudWatch messages: point the reader at the first host's stream (rank 0 writes them) once it
+    exists in `logs` (a `job_logs.JobLogTail`). Returns whether it did."""
+    streams = logs.streams()
+    if not streams:
+        return False
+    session.report_launched({"extras": {"log_group": log_group, "log_stream": streams[0]}})
+    return True
+
+
+def await_message_stream(logs, session, log_group: str, within_s: float) -> bool:
+    """The job has ended and its message stream is still unknown: CloudWatch messages are read only once
+    it is, so a lookup CloudWatch refused is tried again (for at most `within_s`)."""
+    deadline = time.monotonic() + within_s
+    while logs.refused_lately() and time.monotonic() < deadline:
+        time.sleep(0.5)
+        if report_message_stream(logs, session, log_group):
+            return True
+    return False
 
 
 def message_reader_for(messages: str, *, pipes_uri: str, job_name: str, s3_client, logs_client, interval: float):
