@@ -13,7 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from training_code.validate import get_args_parser, validate
+from training_code.lib.validation_pass import validate
+from training_code.validate import get_args_parser
 
 from .images import photo_jpeg, unique_copy
 from .raw_index_inputs import index_folder

@@ -14,7 +14,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from training_code.validate import get_args_parser, validate
+from training_code.lib.validation_pass import validate
+from training_code.validate import get_args_parser
 
 from .bare_workers import bare_check
 from .images import best_of_interleaved, photo_set

@@ -9,7 +9,7 @@ import pandas as pd
 
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.tables import ACCEPTED, write_table
-from training_code.validate import MANIFEST_FORMAT
+from training_code.lib.validation_pass import MANIFEST_FORMAT
 
 
 def validated_folder(photos: list[tuple[Path, int, int]], raw: Path, out: Path) -> Path:

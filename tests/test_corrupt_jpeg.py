@@ -28,7 +28,8 @@ from test_validate_job import build_index
 from benchmarks.images import photo_jpeg
 from training_code.lib import jpeg_strict
 from training_code.lib.image_checks import DEFAULT_ALLOWED_FORMATS, check_image_file
-from training_code.validate import get_args_parser, validate
+from training_code.lib.validation_pass import validate
+from training_code.validate import get_args_parser
 from zero_assets.backends.sagemaker.code_package import build_code_package
 
 DAMAGED_PER_PHOTO = 12

@@ -26,7 +26,8 @@ from training_code.lib.reason_meanings import IMAGE_REASONS, LABEL_REASONS
 from training_code.lib.split import assign_splits, find_exact_duplicates, split_of_group
 from training_code.lib.storage import list_objects
 from training_code.lib.tables import RAW_INDEX, write_table
-from training_code.validate import MANIFEST, get_args_parser, validate
+from training_code.lib.validation_pass import MANIFEST, validate
+from training_code.validate import get_args_parser
 from zero_assets.ops.demo_data import _box_in_stored_frame, make_demo_raw_root
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,6 +23,8 @@ every instance decodes the images of this host's part of the raw input (split by
 `verdicts-<host>.parquet`, the thumbnails of its quarantined files (`thumbnails-<host>.parquet`) and
 the annotation files it received; `--phase reduce` on one instance reads them all from --decoded and
 decides as the single-host pass does, so both write the same manifest.
+
+This file is the command line and the report to Dagster; the phases are `lib/validation_pass.py`.
 """
 
 from __future__ import annotations
@@ -32,54 +34,23 @@ import json
 import logging
 import os
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-import PIL
-import simplejpeg
-
 from training_code.lib import job_env
-from training_code.lib.annotation_files import copy_annotation_files, load_annotations
 from training_code.lib.coco import DEFAULT_MAX_ANNOTATION_BYTES
-from training_code.lib.contact_sheet import (
-    DRAWABLE_REASONS,
-    SHEET_FILE,
-    Thumbnail,
-    contact_sheet_png,
-    quarantine_thumbnails,
-    read_thumbnails,
-    thumbnails_frame,
-)
+from training_code.lib.contact_sheet import Thumbnail
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.image_checks import (
     DEFAULT_ALLOWED_FORMATS,
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_PIXELS,
-    ImageVerdict,
-    check_image_file,
 )
 from training_code.lib.inline_pictures import inline_picture, markdown_metadata
-from training_code.lib.isolated_pool import IsolatedPool, WorkerLost
-from training_code.lib.raw_files import Refused, locate, read_limited
 from training_code.lib.reason_meanings import IMAGE_REASONS, LABEL_REASONS, meaning
-from training_code.lib.storage import key_problem, write_bytes_atomic
-from training_code.lib.tables import RAW_INDEX, VERDICTS, read_table, write_table
-from training_code.lib.validation_outputs import build_outputs, write_outputs
-from training_code.lib.verdict_cache import VERDICTS_FILE, load_reusable, read_verdicts, split_reused, verdict_frame
+from training_code.lib.validation_pass import PHASES, decode_part, validate
 
 log = logging.getLogger("zero.validate")
-
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "zero-validated/1"
-# Bump when a change here or in image_checks/labels could change a verdict, so cached verdicts are redone.
-VALIDATOR_VERSION = "validate-4"  # 4: JPEGs decoded strictly (corrupt_data)
-PROGRESS_EVERY_S = 10.0
-PHASES = ("all", "map", "reduce")
-MAP_ANNOTATIONS = "annotations"  # map output: the annotation files this host received, by source
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -156,275 +127,6 @@ def _formats(text: str) -> tuple[str, ...]:
     return formats
 
 
-def check_args(args: argparse.Namespace) -> None:
-    """Fail before any work on settings that cannot be right."""
-    problems = [
-        f"--{name} {value} must be {rule}"
-        for name, value, ok, rule in [
-            ("val-fraction", args.val_fraction, 0 <= args.val_fraction <= 1, "within [0, 1]"),
-            ("max-quarantine-rate", args.max_quarantine_rate, 0 <= args.max_quarantine_rate <= 1, "within [0, 1]"),
-            ("min-side", args.min_side, args.min_side >= 1, "at least 1"),
-            ("workers", args.workers, args.workers >= 1, "at least 1"),
-            ("timeout-s", args.timeout_s, args.timeout_s > 0, "positive"),
-            ("max-image-bytes", args.max_image_bytes, args.max_image_bytes >= 1, "at least 1"),
-            ("max-pixels", args.max_pixels, args.max_pixels >= 1, "at least 1"),
-            ("max-annotation-bytes", args.max_annotation_bytes, args.max_annotation_bytes >= 1, "at least 1"),
-        ]
-        if not ok
-    ]
-    if args.phase == "reduce" and args.decoded is None:
-        problems.append("--phase reduce needs --decoded (the map stage's output)")
-    if args.phase != "reduce" and args.raw is None:
-        problems.append(f"--phase {args.phase} needs --raw (the raw root)")
-    if problems:
-        raise ValueError("; ".join(problems))
-
-
-def load_index(index_dir: Path) -> pd.DataFrame:
-    index = read_table(index_dir / "index.parquet", RAW_INDEX).sort_values("key", kind="stable").reset_index(drop=True)
-    if index.empty:
-        raise ValueError(f"{index_dir / 'index.parquet'} lists no images; check the raw root the index was built from")
-    for source, key in zip(index["source"], index["key"]):
-        # Unsafe keys stay (each gets its unsafe_key verdict); a key outside its source is a broken index.
-        if not key.startswith(f"{source}/"):
-            raise ValueError(f"{index_dir / 'index.parquet'}: key {key!r} is not under its source folder {source!r}/")
-    return index
-
-
-def decode_all(
-    raw: Path, keys: list[str], args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file
-) -> dict[str, ImageVerdict]:
-    """A verdict per key, decoded in isolated workers. `check` is injectable so tests can hang or crash one.
-
-    Each key is located first (`raw_files.locate`): one that is unsafe or leads out of the raw root
-    gets its verdict here and is never opened. Keys that are the same file (a symlink inside the
-    root) are decoded once."""
-    limits = {"max_bytes": args.max_image_bytes, "max_pixels": args.max_pixels}
-    function = partial(check, allowed_formats=args.allowed_formats, min_side=args.min_side, **limits)
-    verdicts: dict[str, ImageVerdict] = {}
-    keys_at: dict[str, list[str]] = defaultdict(list)  # located path -> keys
-    for key in keys:
-        try:
-            keys_at[str(locate(raw, key, via_links=args.phase == "map"))].append(key)
-        except Refused as refused:
-            verdicts[key] = ImageVerdict.unread(refused.reason, refused.detail)
-    if not keys_at:
-        return verdicts
-    started = last_log = time.monotonic()
-    workers = max(1, min(args.workers, len(keys_at)))
-    with IsolatedPool(function, workers=workers, timeout_s=args.timeout_s, preload=[check.__module__]) as pool:
-        log.info("started %d decode workers in %.1f s", workers, time.monotonic() - started)
-        for path, outcome in pool.imap_unordered(keys_at):
-            verdict = (
-                _verdict_for_lost(Path(path), outcome, args.max_image_bytes)
-                if isinstance(outcome, WorkerLost)
-                else outcome
-            )
-            verdicts.update({key: verdict for key in keys_at[path]})
-            if time.monotonic() - last_log > PROGRESS_EVERY_S:
-                last_log = time.monotonic()
-                log.info(
-                    "decoded %d/%d files (%.0f files/s)", len(verdicts), len(keys), len(verdicts) / (last_log - started)
-                )
-    log.info(
-        "decoded %d files in %.1f s with %d workers (%d replaced after a hang, crash or running out of memory)",
-        len(keys_at),
-        time.monotonic() - started,
-        workers,
-        pool.replaced,
-    )
-    return verdicts
-
-
-def _verdict_for_lost(path: Path, lost: WorkerLost, max_bytes: int) -> ImageVerdict:
-    """The decoder hung or crashed: hash the bytes here (reading is safe; decoding was not)."""
-    try:
-        data = read_limited(path, max_bytes)
-    except (OSError, Refused) as error:
-        why = (
-            f"{error.reason}: {error.detail}"
-            if isinstance(error, Refused)
-            else f"{type(error).__name__}: {error.strerror or error}"
-        )
-        return ImageVerdict.unread(lost.reason, f"{lost.detail}; then not hashed: {why}", stage="decode")
-    return ImageVerdict(
-        sha256=sha256_bytes(data), size=len(data), reason=lost.reason, stage="decode", error=lost.detail
-    )
-
-
-def refuse_unsafe_keys(keys: list[str]) -> tuple[dict[str, ImageVerdict], list[str]]:
-    """`unsafe_key` verdicts for keys no file may be read for, and the other keys. No I/O: the reduce
-    stage decides these itself, since no map host can receive them."""
-    refused, others = {}, []
-    for key in keys:
-        if problem := key_problem(key):
-            refused[key] = ImageVerdict.unread("unsafe_key", f"the key has {problem}; not read")
-        else:
-            others.append(key)
-    return refused, others
-
-
-def run_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The knobs that decide the output. Paths and --workers are left out: the same data validated
-    in another folder or with more workers must give the same manifest, hence the same data version."""
-    return {
-        "val_fraction": args.val_fraction,
-        "split_seed": args.split_seed,
-        "max_quarantine_rate": args.max_quarantine_rate,
-        "min_side": args.min_side,
-        "allowed_formats": list(args.allowed_formats),
-        "timeout_s": args.timeout_s,
-        "max_image_bytes": args.max_image_bytes,
-        "max_pixels": args.max_pixels,
-        "max_annotation_bytes": args.max_annotation_bytes,
-    }
-
-
-def decode_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """Everything that can change an image's verdict; a cached verdict is reused only when all match."""
-    return {
-        "validator_version": VALIDATOR_VERSION,
-        "pillow_version": PIL.__version__,
-        "simplejpeg_version": simplejpeg.__version__,  # the strict JPEG decoder (training_code/lib/jpeg_strict.py)
-        "min_side": args.min_side,
-        "allowed_formats": list(args.allowed_formats),
-        "timeout_s": args.timeout_s,
-        "max_image_bytes": args.max_image_bytes,
-        "max_pixels": args.max_pixels,
-    }
-
-
-def check_quarantine_rate(counts: dict[str, Any], max_rate: float, out: Path) -> None:
-    rate = counts["quarantined"] / counts["images_in"]
-    if rate > max_rate:
-        top = Counter(counts["quarantined_by_reason"]).most_common(3)
-        message = (
-            f"validation failed: {counts['quarantined']} of {counts['images_in']} images quarantined ({rate:.1%}), "
-            f"above --max-quarantine-rate {max_rate:.1%}; top reasons: {', '.join(f'{r} {n}' for r, n in top)}. "
-            f"The tables are in {out} (no manifest.json was written); fix the raw data or raise the threshold."
-        )
-        log.error(message)
-        raise SystemExit(message)
-
-
-def validate(
-    args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file
-) -> tuple[dict[str, Any], bytes, dict[str, int], list[Thumbnail]]:
-    """Run the whole pass (or its reduce stage); returns the manifest, its exact bytes, how many
-    images were decoded or reused, and the thumbnails on the quarantine's contact sheet."""
-    check_args(args)
-    (args.out / MANIFEST).unlink(missing_ok=True)  # a manifest from an earlier run must not vouch for these tables
-    index = load_index(args.index)
-    verdicts, to_decode = reused_and_to_decode(args, index)
-    work = {"decoded": len(to_decode), "reused": len(verdicts)}
-    refused, to_decode = refuse_unsafe_keys(to_decode)
-    verdicts.update(refused)
-    if args.phase == "reduce":
-        annotations, errors = load_annotations(
-            args.decoded / MAP_ANNOTATIONS, set(index["source"]), args.max_annotation_bytes
-        )
-        verdicts.update(collect_map_verdicts(args.decoded, index[index["key"].isin(to_decode)]))
-    else:
-        annotations, errors = load_annotations(args.raw, set(index["source"]), args.max_annotation_bytes)
-        log.info("decoding %d images, reusing %d verdicts from %s", work["decoded"], work["reused"], args.previous)
-        verdicts.update(decode_all(args.raw, to_decode, args, check))
-    write_table(verdict_frame(index, verdicts), VERDICTS, args.out / VERDICTS_FILE)
-    outputs = build_outputs(
-        index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction, annotation_errors=errors
-    )
-    files = write_outputs(outputs, args.out)
-    check_quarantine_rate(outputs.counts, args.max_quarantine_rate, args.out)
-    if args.phase == "reduce":  # the raw bytes were on the map hosts, which drew these
-        thumbnails = read_thumbnails(sorted(args.decoded.glob("thumbnails-*.parquet")), outputs.quarantine)
-    else:
-        thumbnails = draw_thumbnails(args, outputs.quarantine)
-    if thumbnails:
-        sheet = contact_sheet_png(thumbnails)
-        write_bytes_atomic(args.out / SHEET_FILE, sheet)
-        files[SHEET_FILE] = sha256_bytes(sheet)
-    else:
-        (args.out / SHEET_FILE).unlink(missing_ok=True)  # an earlier run's sheet would show other files
-    # Only what was decided goes in: no paths, times, hosts or input hashes, so a rebuild that reaches
-    # the same verdicts writes the same bytes and downstream assets stay fresh.
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "validator_version": VALIDATOR_VERSION,
-        "pillow_version": PIL.__version__,
-        "counts": outputs.counts,
-        "files": files,
-        "config": run_config(args),
-        "decode_settings": decode_settings(args),
-    }
-    manifest_bytes = json.dumps(manifest, indent=1, sort_keys=True).encode()
-    write_bytes_atomic(args.out / MANIFEST, manifest_bytes)
-    return manifest, manifest_bytes, work, thumbnails
-
-
-def draw_thumbnails(args: argparse.Namespace, quarantine: pd.DataFrame) -> list[Thumbnail]:
-    """The contact sheet's thumbnails, drawn from the raw files under the decode pass's own limits."""
-    return quarantine_thumbnails(
-        args.raw,
-        quarantine,
-        max_bytes=args.max_image_bytes,
-        max_pixels=args.max_pixels,
-        timeout_s=args.timeout_s,
-        workers=args.workers,
-        via_links=args.phase == "map",
-    )
-
-
-def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file) -> dict[str, Any]:
-    """The map stage on one host: decode the images of the index (new or changed ones, with
-    --previous) that this host received, and pass on the annotation files it received."""
-    check_args(args)
-    host = job_env.current_host()
-    index = load_index(args.index)
-    reused, to_decode = reused_and_to_decode(args, index)
-    _, to_decode = refuse_unsafe_keys(to_decode)  # the reduce stage decides those
-    # lexists, not is_file: a symlink out of the root is this host's to refuse, without following it.
-    here = [key for key in to_decode if os.path.lexists(args.raw / key)]
-    log.info(
-        "%s: decoding %d of the %d images to decode; the others went to other hosts", host, len(here), len(to_decode)
-    )
-    verdicts = decode_all(args.raw, here, args, check)
-    write_table(
-        verdict_frame(index[index["key"].isin(verdicts)], verdicts), VERDICTS, args.out / f"verdicts-{host}.parquet"
-    )
-    # Reused verdicts of files this host received count too: the sheet shows the whole quarantine's first.
-    drawable = {key: v for key, v in reused.items() if v.reason in DRAWABLE_REASONS and os.path.lexists(args.raw / key)}
-    thumbnails = draw_thumbnails(args, quarantine_rows({**drawable, **verdicts}))
-    write_bytes_atomic(args.out / f"thumbnails-{host}.parquet", thumbnails_frame(thumbnails).to_parquet(index=False))
-    copied = copy_annotation_files(args.raw, args.out / MAP_ANNOTATIONS, args.max_annotation_bytes)
-    return {"host": host, "decoded": len(verdicts), "annotation_files": copied}
-
-
-def quarantine_rows(verdicts: dict[str, ImageVerdict]) -> pd.DataFrame:
-    """key, sha256 and reason of the quarantined verdicts, as the quarantine table has them."""
-    rows = [(key, v.sha256, v.reason) for key, v in verdicts.items() if not v.accepted]
-    return pd.DataFrame(rows, columns=["key", "sha256", "reason"])
-
-
-def reused_and_to_decode(args: argparse.Namespace, index: pd.DataFrame) -> tuple[dict[str, ImageVerdict], list[str]]:
-    """Verdicts reusable from --previous, and the keys that must be decoded (all of them without it)."""
-    return split_reused(index, load_reusable(args.previous, decode_settings(args)) if args.previous else {})
-
-
-def collect_map_verdicts(decoded: Path, pending: pd.DataFrame) -> dict[str, ImageVerdict]:
-    """The verdicts the map hosts reached for the index rows in `pending`. A key no host received (its
-    object went away between the listing and the job) is `unreadable`, as a missing file is on one host."""
-    parts = sorted(decoded.glob("verdicts-*.parquet"))
-    if not parts:
-        raise FileNotFoundError(
-            f"{decoded} holds no verdicts-<host>.parquet: the map stage wrote nothing; check its job logs"
-        )
-    reached = {identity: verdict for part in parts for identity, verdict in read_verdicts(part).items()}
-    verdicts, missing = split_reused(pending, reached)
-    for key in missing:
-        verdicts[key] = ImageVerdict.unread("unreadable", "no host of the map stage received this object")
-    log.info("collected %d verdicts from %d map hosts", len(verdicts), len(parts))
-    return verdicts
-
-
 REASON_COLUMNS = {"reason": "reason code", "count": "how many", "meaning": "what the code means"}
 
 
@@ -478,7 +180,8 @@ def main(args: argparse.Namespace) -> None:
         wall_s = time.perf_counter() - started
         counts = manifest["counts"]
         log.info(
-            "images in %d: accepted %d (train %d, val %d), quarantined %d, duplicates %d; labels accepted %d, rejected %d",
+            "images in %d: accepted %d (train %d, val %d), quarantined %d, duplicates %d; "
+            "labels accepted %d, rejected %d",
             counts["images_in"],
             counts["accepted"],
             counts["train"],
