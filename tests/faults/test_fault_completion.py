@@ -92,7 +92,7 @@ def test_a_same_size_edit_in_place_is_noticed(tmp_path, name):
 
 
 def test_a_large_file_is_checked_by_size_without_being_read(tmp_path, monkeypatch):
-    monkeypatch.setattr("zero_assets.launch.cache.SMALL_FILE_BYTES", 1024)
+    monkeypatch.setattr("zero_assets.core.output_marker.SMALL_FILE_BYTES", 1024)
     output = finished_output(tmp_path / "out")
     marker = mark_output_complete(str(output), FP)
     assert "sha256" not in marker["files"]["shard-00000.arrow"] and "sha256" in marker["files"]["table.json"]
