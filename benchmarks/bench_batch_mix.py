@@ -1,4 +1,5 @@
-"""`batch_mix`: how far a training batch's sources are from the training set's, the project's reading order over a full random permutation.
+"""`batch_mix`: how far a training batch's sources are from the training set's, the project's reading order
+over a full random permutation.
 
 A training set of 20 equal sources (lots of 20 images each) is packed by the shard job into shards of
 about 1,000 rows per source, and read through the training-set manifest as the trainer reads it. The
@@ -23,7 +24,8 @@ from pathlib import Path
 from PIL import Image
 
 from training_code.lib import training_set
-from training_code.lib.detection_data import ShardDetectionStream, ShardRef, verified_split
+from training_code.lib.detection_data import ShardDetectionStream
+from training_code.lib.detection_samples import ShardRef, verified_split
 from training_code.lib.hashing import sha256_bytes
 from training_code.shard import build_shards
 

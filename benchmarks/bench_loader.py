@@ -2,8 +2,8 @@
 
 Both sides are DataLoaders with the same worker count, batch size and collation over the same rows; the
 bare side only turns each row's bytes into a uint8 tensor. Our side also pays, in the consuming process,
-for making the targets tensors (`targets_on`), which the collation leaves to the training step. The ratio is what reading targets, EXIF, augmentation and the stride/shuffle order
-cost on top of decoding. Goal: >= 0.85.
+for making the targets tensors (`targets_on`), which the collation leaves to the training step. The
+ratio is what reading targets, EXIF, augmentation and the stride/shuffle order cost on top of decoding. Goal: >= 0.85.
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ from training_code.lib import shard_format
 from training_code.lib.detection_data import (
     Augmentation,
     ShardDetectionStream,
-    ShardRef,
     build_train_loader,
     collate_detection,
     targets_on,
-    verified_split,
 )
+from training_code.lib.detection_samples import ShardRef, verified_split
 
 ROWS = 240
 WORKERS = 2

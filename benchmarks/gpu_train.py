@@ -24,10 +24,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.scene_shards import CATEGORY_LIST, scene_row, write_shard_set
-from training_code.lib.detection_data import Augmentation, ShardDetectionStream, build_train_loader, verified_split
+from training_code.lib.detection_data import Augmentation, ShardDetectionStream, build_train_loader
+from training_code.lib.detection_samples import verified_split
 from training_code.lib.distributed import all_reduce_sum, barrier, distributed_session
 from training_code.lib.model import ARCHITECTURES, build_model, model_config
-from training_code.train import StopRequest, train_step
+from training_code.lib.train_step import StopRequest, train_step
 
 GOAL_BUSY = 0.9
 

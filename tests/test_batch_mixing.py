@@ -15,13 +15,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from training_code.lib.detection_data import (
-    ShardDetectionStream,
-    ShardRef,
-    build_train_loader,
-    collate_detection,
-    verified_split,
-)
+from training_code.lib.detection_data import ShardDetectionStream, build_train_loader, collate_detection
+from training_code.lib.detection_samples import ShardRef, verified_split
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.storage import write_bytes_atomic
 from training_code.lib.tables import ACCEPTED, write_table

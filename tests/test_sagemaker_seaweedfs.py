@@ -13,7 +13,7 @@ from sagemaker_fakes import FakeSageMaker, fake_settings, moto_server
 
 from tests.local_s3 import LocalS3Server
 from training_code.lib.aws_clients import client as aws_client
-from training_code.lib.detection_data import iter_eval_samples, verified_split
+from training_code.lib.detection_samples import iter_eval_samples, verified_split
 from training_code.lib.shard_format import open_shard, verify_shard
 from training_code.lib.storage import publish_folder
 from training_code.warm import listed_shards

@@ -24,8 +24,8 @@ from training_code.lib.detection_data import (
     build_train_loader,
     collate_detection,
     targets_on,
-    verified_split,
 )
+from training_code.lib.detection_samples import verified_split
 from training_code.lib.model import build_model, model_config
 from training_code.lib.shard_format import FORMAT, MANIFEST, ShardIntegrityError
 from training_code.lib.shard_writer import ShardWriter

@@ -10,7 +10,7 @@ import pytest
 from conftest import make_resources
 from graph_runs import materialize_source, materialize_tail
 
-from training_code.lib.detection_data import iter_eval_samples, verified_split
+from training_code.lib.detection_samples import iter_eval_samples, verified_split
 from training_code.lib.shard_format import open_shard
 from training_code.lib.training_set import choose_rows
 from zero_assets.backends.local.warm_state import warm_training_set

@@ -23,7 +23,7 @@ import torch
 
 from training_code.lib import job_env, wandb_run
 from training_code.lib.coco_eval import score_detections
-from training_code.lib.detection_data import EvalSample, iter_eval_samples, verified_split
+from training_code.lib.detection_samples import EvalSample, iter_eval_samples, verified_split
 from training_code.lib.inline_pictures import inline_picture, markdown_metadata
 from training_code.lib.model import load_model_file
 from training_code.lib.output_manifest import write_output_manifest
@@ -203,7 +203,10 @@ def inline_pictures(curve: dict[str, Any], pictures: list[SamplePicture]) -> dic
         )
     }  # a short caption leaves room for a wider plot
     for number, picture in enumerate(pictures, start=1):
-        caption = f"{picture.key}: {len(picture.truth)} true (green), {len(picture.predicted)} predicted at score {PICTURE_MIN_SCORE}+ (red)"
+        caption = (
+            f"{picture.key}: {len(picture.truth)} true (green), "
+            f"{len(picture.predicted)} predicted at score {PICTURE_MIN_SCORE}+ (red)"
+        )
         entries[f"sample_prediction_{number}"] = markdown_metadata(
             inline_picture(
                 lambda width, picture=picture: draw_sample(picture, width), f"sample {number}: {picture.key}", caption

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import random
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,23 +22,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from training_code.lib import job_env, wandb_run
 from training_code.lib.checkpoints import log_event, prepare_folder, resume_if_possible, save_checkpoint
-from training_code.lib.detection_data import (
-    Augmentation,
-    ShardDetectionStream,
-    ShardRef,
-    apply_photometric,
-    build_train_loader,
-    targets_on,
-    verified_split,
-)
+from training_code.lib.detection_data import Augmentation, ShardDetectionStream, build_train_loader
+from training_code.lib.detection_samples import ShardRef, verified_split
 from training_code.lib.distributed import DistributedContext, all_reduce_sum, distributed_session
 from training_code.lib.model import ARCHITECTURES, DEFAULT_ARCH, build_model, model_config, save_model_file
 from training_code.lib.output_manifest import write_output_manifest
 from training_code.lib.shard_format import open_shard, sha256_file
-
-
-class NonFiniteLossError(RuntimeError):
-    pass
+from training_code.lib.train_step import StopRequest, train_step
 
 
 class TrainingInterrupted(RuntimeError):
@@ -60,7 +49,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--training-set",
         default=None,
-        help="the training set's folder inside the `train` channel, when the channel is the shard root of every source (SageMaker)",
+        help="the training set's folder inside the `train` channel, "
+        "when the channel is the shard root of every source (SageMaker)",
     )
     parser.add_argument("--width", type=int, default=32, help="fcos_tiny backbone width")
     parser.add_argument("--fpn-channels", type=int, default=64, help="fcos_tiny FPN channels (multiple of 32)")
@@ -115,20 +105,6 @@ def warmup_cosine(warmup_steps: int, max_steps: int, final_fraction: float):
     return factor
 
 
-class StopRequest:
-    """SIGTERM (SageMaker stop, spot reclaim, torchrun teardown) becomes a flag the loop checks each step."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
-
-    def restore(self) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
-
-
 # Every training line goes to the job log (the step's captured stdout); the run's event log gets one at
 # most this often, and the last: days of training must not become one Dagster event per log line.
 PROGRESS_EVENT_EVERY_S = 60.0
@@ -154,37 +130,6 @@ class ProgressReport:
         if self._send is not None and (last or now - self._last_event >= self._every_s):
             self._send(json.dumps({"job": job_env.job_name(), "event": "train", **line}))
             self._last_event = now
-
-
-def train_step(
-    model, model_without_ddp, optimizer, images, targets, step: int, args, ctx: DistributedContext, stop: StopRequest
-) -> tuple[float, bool]:
-    """Forward, agree across ranks, backward, clip, update. Returns the sample-weighted mean loss over
-    all ranks and whether any rank was asked to stop."""
-    images = [image.to(ctx.device, non_blocking=True).float().div_(255) for image in images]
-    images = apply_photometric(images, targets)
-    targets = targets_on(targets, ctx.device)
-    with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=ctx.device.type == "cuda"):
-        losses = model(images, targets)
-    loss = sum(losses.values())
-    # One collective per step: the loss weighted by sample count, and whether any rank got SIGTERM, so
-    # every rank stops (or fails) at the same step instead of hanging in the next all-reduce.
-    shared = all_reduce_sum(
-        torch.tensor([loss.item() * len(images), len(images), float(stop.requested)], dtype=torch.float64)
-    )
-    mean_loss = shared[0].item() / shared[1].item()
-    if not math.isfinite(mean_loss):
-        parts = {k: round(v.item(), 4) for k, v in losses.items()}
-        raise NonFiniteLossError(
-            f"step {step + 1}: loss is {mean_loss} (this rank's parts: {parts}); "
-            f"lower --lr (now {args.lr}) or check the training shards"
-        )
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if args.clip_grad > 0:
-        torch.nn.utils.clip_grad_norm_(model_without_ddp.parameters(), args.clip_grad)
-    optimizer.step()
-    return mean_loss, shared[2].item() > 0
 
 
 def train(
@@ -298,9 +243,9 @@ def train(
     loop_seconds = time.perf_counter() - loop_started
     steps_run = step - start_step
     # Per-rank throughput figures, averaged over ranks.
-    totals = all_reduce_sum(
+    data_wait_fractions, bad_samples = all_reduce_sum(
         torch.tensor([data_wait / max(loop_seconds, 1e-9), dataset.bad_samples.value], dtype=torch.float64)
-    )
+    ).tolist()
     return (
         {
             "steps": step,
@@ -309,8 +254,8 @@ def train(
             "images_per_s": round(steps_run * args.batch_size * ctx.world_size / loop_seconds, 2) if steps_run else 0.0,
             "final_loss": round(sum(recent_losses) / len(recent_losses), 5) if recent_losses else None,
             "wall_s": round(time.perf_counter() - started, 2),
-            "data_wait_fraction": round(totals[0].item() / ctx.world_size, 4),
-            "bad_samples_skipped": int(totals[1].item()),
+            "data_wait_fraction": round(data_wait_fractions / ctx.world_size, 4),
+            "bad_samples_skipped": int(bad_samples),
             "world_size": ctx.world_size,
             "arch": args.arch,
             "train_images": rows_trained_on(shards),

@@ -16,7 +16,7 @@ import torch
 from own_trainer.detector import load_detector
 from training_code.lib import job_env
 from training_code.lib.coco_eval import score_detections
-from training_code.lib.detection_data import iter_eval_samples, verified_split
+from training_code.lib.detection_samples import iter_eval_samples, verified_split
 from training_code.lib.hashing import sha256_file
 from training_code.lib.output_manifest import write_output_manifest
 
