@@ -15,7 +15,8 @@ from training_code.lib.raw_index_groups import group_of
 from training_code.lib.shard_format import FORMAT, MANIFEST
 from training_code.lib.shard_writer import ShardWriter
 from training_code.lib.split import split_of_group
-from zero_assets.ops.demo_data import CATEGORIES, IMAGE_SIZES, demo_images, render_scene, shuffle_labels
+from zero_assets.ops.demo_data import IMAGE_SIZES, demo_images, shuffle_labels
+from zero_assets.ops.demo_scenes import CATEGORIES, render_scene
 
 CATEGORY_LIST = [{"id": i + 1, "name": name} for i, name in enumerate(CATEGORIES)]
 
@@ -61,7 +62,8 @@ def _scenes(rng: np.random.Generator, split: str, rows: int) -> Iterator[dict]:
 
 
 def write_shard_set(folder: Path, rows_by_split: dict[str, Iterable[dict]], shard_bytes: int) -> Path:
-    """Each split's rows into shards plus the manifest under `folder`, as the shard job lays them out; returns `folder`."""
+    """Each split's rows into shards plus the manifest under `folder`, as the shard job lays them out;
+    returns `folder`."""
     entries = []
     for split, rows in rows_by_split.items():
         with ShardWriter(folder, split, shard_bytes, categories=CATEGORY_LIST) as writer:

@@ -20,7 +20,8 @@ import pytest
 
 from benchmarks.scene_shards import write_demo_shards
 from zero_assets.defs.assets.trained_checkpoint import TrainConfig
-from zero_assets.ops.demo_data import CATEGORIES, demo_images
+from zero_assets.ops.demo_data import demo_images
+from zero_assets.ops.demo_scenes import CATEGORIES
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -97,7 +98,8 @@ def test_the_demo_detector_scores_well_short_of_perfect(tmp_path):
     metrics = train_and_score(tmp_path, shuffled_labels=False)
     low, high = DEMO_BAND
     assert low <= metrics["mAP_50"] <= high, (
-        f"demo mAP@0.5 {metrics['mAP_50']:.3f} (mAP {metrics['mAP']:.3f}; per class AP@0.5: {per_class(metrics)}) is outside "
+        f"demo mAP@0.5 {metrics['mAP_50']:.3f} (mAP {metrics['mAP']:.3f}; "
+        f"per class AP@0.5: {per_class(metrics)}) is outside "
         f"[{low}, {high}]: too easy and a regression cannot show; too hard and the demo shows nothing learned"
     )
 
@@ -106,7 +108,8 @@ def test_the_demo_detector_scores_well_short_of_perfect(tmp_path):
 def test_a_detector_trained_on_shuffled_labels_scores_near_zero(tmp_path):
     metrics = train_and_score(tmp_path, shuffled_labels=True)
     assert metrics["mAP_50"] < SHUFFLED_CEILING, (
-        f"shuffled labels scored mAP@0.5 {metrics['mAP_50']:.3f} (per class: {per_class(metrics)}): the scenes leak their labels "
+        f"shuffled labels scored mAP@0.5 {metrics['mAP_50']:.3f} (per class: {per_class(metrics)}): "
+        "the scenes leak their labels "
         "(the boxes or classes can be guessed without the annotations)"
     )
 

@@ -46,7 +46,7 @@ from training_code.lib.tables import LABEL_REASONS as LABEL_CODES
 from training_code.lib.tables import REASONS
 from zero_assets.defs.assets.raw_image_index import raw_image_index
 from zero_assets.defs.assets.validated_images import validated_images
-from zero_assets.ops.demo_data import _png_with_bad_crc
+from zero_assets.ops.demo_bad_files import _png_with_bad_crc
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_URI = re.compile(r"^!\[[^\n]*\]\(data:image/(webp|png|jpeg);base64,([A-Za-z0-9+/=]+)\)")
@@ -265,7 +265,8 @@ def test_the_evaluation_reaches_dagster_through_pipes_with_typed_tables_and_inli
 
 
 def test_validated_images_shows_its_contact_sheet_and_typed_tables_in_dagster(tiny_demo, instance, tmp_path):
-    """Through the asset and the local runner: the demo's line_a_camera quarantines a PNG with a bad CRC, which still decodes."""
+    """Through the asset and the local runner: the demo's line_a_camera quarantines a PNG with a bad CRC,
+    which still decodes."""
     resources = make_resources(Path(tiny_demo["out"]), tmp_path / "state")
     result = materialize_source(
         "line_a_camera", instance=instance, resources=resources, assets=[raw_image_index, validated_images]
