@@ -1,4 +1,5 @@
-"""`eval`: our COCO scoring time over pycocotools' on the same predictions, every one of the 12 metrics equal within 1e-4.
+"""`eval`: our COCO scoring time over pycocotools' on the same predictions, every one of the 12 metrics
+equal within 1e-4.
 
 A fixed, realistic set: 500 images, up to 8 objects each over 10 classes and three size ranges, 100
 detections per image mixing localised hits, duplicates, wrong classes and background boxes. Our time

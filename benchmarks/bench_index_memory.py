@@ -45,7 +45,8 @@ started = time.perf_counter()
 manifest = write_source_index(raw, source, out, inventory_manifest_uri=inventory)
 wall = time.perf_counter() - started
 status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
-print(json.dumps({"images": manifest["images"], "groups": manifest["groups"], "annotated": manifest["images"] - manifest["images_without_annotation"],
+annotated = manifest["images"] - manifest["images_without_annotation"]
+print(json.dumps({"images": manifest["images"], "groups": manifest["groups"], "annotated": annotated,
                   "wall_s": wall, "peak_kb": int(status["VmHWM"].split()[0])}))
 """
 
@@ -162,7 +163,8 @@ def run() -> list[BenchResult]:
     for name, (images, with_annotations) in expected.items():
         if (runs[name]["images"], runs[name]["annotated"]) != (images, with_annotations):
             raise AssertionError(
-                f"{name}: indexed {runs[name]['images']} images ({runs[name]['annotated']} annotated), expected {images} ({with_annotations})"
+                f"{name}: indexed {runs[name]['images']} images ({runs[name]['annotated']} annotated), "
+                f"expected {images} ({with_annotations})"
             )
     # What the annotation counts add per annotated image: the 200k annotated run over the 20k one.
     per_image_kb = (annotated["peak_kb"] - small["peak_kb"]) / (ANNOTATED - SMALL)

@@ -19,4 +19,5 @@ class BenchResult:
 
     def line(self) -> str:
         extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.details.items())
-        return f"BENCH {self.name} ratio={self.ratio:.3f} goal={self.goal} {'met' if self.met else 'MISSED'} {extra}".rstrip()
+        verdict = "met" if self.met else "MISSED"
+        return f"BENCH {self.name} ratio={self.ratio:.3f} goal={self.goal} {verdict} {extra}".rstrip()

@@ -117,7 +117,10 @@ def _count(raw_uri: str, source: str, obj: ObjectInfo, max_bytes: int) -> Annota
     key = f"{source}/{ANNOTATIONS_FILE}"
     where = join(raw_uri, key)
     if obj.size > max_bytes:  # decided from the listing, before a byte is fetched
-        return f"{where}: {obj.size} bytes, above the annotation file limit of {max_bytes}; raise the limit or split the source"
+        return (
+            f"{where}: {obj.size} bytes, above the annotation file limit of {max_bytes}; "
+            "raise the limit or split the source"
+        )
     try:
         # Locally the file is read only if it lies inside the root (a symlink out of it is refused).
         data = read_bytes(where) if is_s3(raw_uri) else read_limited(locate(Path(raw_uri), key), max_bytes)

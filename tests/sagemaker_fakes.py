@@ -181,7 +181,8 @@ class FakeSageMaker:
             else job["ended"]
         )
         if kind == "training":
-            # Per instance, as SageMaker reports them: TrainingTimeInSeconds ran, BillableTimeInSeconds billed (less under spot).
+            # Per instance, as SageMaker reports them: TrainingTimeInSeconds ran, BillableTimeInSeconds
+            # billed (less under spot).
             ran = int(((ended or datetime.now(UTC)) - started).total_seconds())
             spot = params.get("EnableManagedSpotTraining", False)
             return {

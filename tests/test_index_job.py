@@ -63,6 +63,9 @@ def test_index_job_fails_naming_the_source_and_leaves_no_manifest(tiny_raw_root,
 
 
 def test_index_job_does_not_import_dagster_or_zero_assets():
-    code = "import sys, training_code.index; print(sorted(m for m in sys.modules if m.split('.')[0] in ('dagster', 'zero_assets')))"
+    code = (
+        "import sys, training_code.index; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dagster', 'zero_assets')))"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -113,7 +113,8 @@ def cloudwatch():
 
 
 def _lineage(instance, s3_server, *args: str) -> subprocess.CompletedProcess:
-    """`zero-assets lineage ARGS` as a user runs it: the console script, this instance as DAGSTER_HOME, the S3 endpoint."""
+    """`zero-assets lineage ARGS` as a user runs it: the console script, this instance as DAGSTER_HOME,
+    the S3 endpoint."""
     env = {**os.environ, **s3_server.env(), "DAGSTER_HOME": instance.root_directory}
     command = [str(Path(sys.executable).parent / "zero-assets"), "lineage", *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
@@ -125,7 +126,8 @@ def _answered(instance, s3_server, *args: str) -> str:
     return result.stdout
 
 
-@pytest.mark.slow  # every job of two sources' graph on the SageMaker fakes (about 80 s on an idle machine), then six commands
+# Every job of two sources' graph on the SageMaker fakes (about 80 s on an idle machine), then six commands.
+@pytest.mark.slow
 def test_lineage_answers_for_a_checkpoint_and_an_image_on_an_s3_lake_warmed_on_fsx(
     s3_env, cloudwatch, tiny_demo, tiny_raw_root, instance, tmp_path, monkeypatch
 ):

@@ -34,7 +34,8 @@ def test_every_shell_block_is_run_here_or_says_why_not():
     blocks = shell_blocks()
     unmarked = [b.line for b in blocks if b.marker is None]
     assert not unmarked, (
-        f"README.md shell blocks at lines {unmarked} need `<!-- readme-test: NAME -->` or `<!-- not run locally: WHY -->`"
+        f"README.md shell blocks at lines {unmarked} need `<!-- readme-test: NAME -->` "
+        "or `<!-- not run locally: WHY -->`"
     )
     named = [b.name for b in blocks if b.marker == "readme-test"]
     assert sorted(named) == sorted(RUN_HERE), (

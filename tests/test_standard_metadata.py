@@ -163,7 +163,8 @@ def test_cache_hits_carry_the_standard_keys_of_the_miss(graph, tiny_raw_root):
             assert values["cache"] == "hit", (label, values.get("cache_reason"))
             assert "reused_run_id" not in values, "a hit found through the marker, not this instance's records"
             assert {k: values.get(k) for k in STANDARD} == {k: built[label][k] for k in STANDARD}, label
-            # ... and what it was built from, as the miss recorded it (training_set reads the shards' validated set there)
+            # ... and what it was built from, as the miss recorded it (training_set reads the shards'
+            # validated set there)
             assert values["upstream"] == built[label]["upstream"], label
 
 

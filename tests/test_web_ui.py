@@ -154,7 +154,8 @@ def _assert_standard_metadata(url: str) -> None:
 
 
 def _assert_tables_and_pictures(page, url: str, home: Path) -> None:
-    """The latest materialization's metadata as the asset's events page draws it: tables as <table>, pictures as <img>."""
+    """The latest materialization's metadata as the asset's events page draws it: tables as <table>,
+    pictures as <img>."""
     for asset, partition, table_header in (("map_report", None, "AP@0.5"), ("validated_images", SOURCES[0], "reason")):
         page.goto(
             f"{url}/assets/{asset}?view=events" + (f"&partition={partition}" if partition else ""),

@@ -1,6 +1,8 @@
 """A job script for the fault tests: writes its output in stages and can stop at a chosen point.
 
-python -m fault_job --out DIR [--kb 64]          (a Processing job; under torchrun as a Training job it writes SM_MODEL_DIR)
+python -m fault_job --out DIR [--kb 64]
+
+(a Processing job; under torchrun as a Training job it writes SM_MODEL_DIR)
 
 `ZERO_FAULT_PAUSE_AT=writing|manifest` makes it sleep there (after part of the output, or after the
 manifest) once it has written its pid to `<opt_ml>/output/paused-<point>` (`-rank<N>` per rank

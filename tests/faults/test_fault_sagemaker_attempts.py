@@ -34,7 +34,9 @@ from zero_assets.core.settings import REPO_ROOT, ZeroSettings
 
 BUCKET = "zero-attempts"
 JOB = '''
-"""python -m zero_attempt_jobs.job --raw DIR --out DIR: reports the files it was given, writes one file and a manifest."""
+"""python -m zero_attempt_jobs.job --raw DIR --out DIR
+
+Reports the files it was given, writes one file and a manifest."""
 import argparse, json, logging
 from pathlib import Path
 from training_code.lib import job_env
@@ -49,7 +51,8 @@ with job_env.pipes_session() as pipes:
     files = sorted(p.relative_to(args.raw).as_posix() for p in args.raw.rglob("*") if p.is_file())
     (args.out / "result.txt").write_text(job_env.job_name())
     write_output_manifest(args.out, ["result.txt"])
-    pipes.report_asset_materialization(metadata={"inputs": json.dumps(files), "job": job_env.job_name()}, data_version="v1")
+    metadata = {"inputs": json.dumps(files), "job": job_env.job_name()}
+    pipes.report_asset_materialization(metadata=metadata, data_version="v1")
 '''
 
 

@@ -34,7 +34,13 @@ with DagsterInstance.get() as instance:
     settings = ZeroSettings(raw_uri=raw, lake_uri=lake)
     if not instance.has_dynamic_partition("raw_sources", source):
         instance.add_dynamic_partitions("raw_sources", [source])
-    materialize([raw_image_index], instance=instance, resources={"settings": settings, "jobs": LocalJobRunner(settings=settings)}, partition_key=source, raise_on_error=True)
+    materialize(
+        [raw_image_index],
+        instance=instance,
+        resources={"settings": settings, "jobs": LocalJobRunner(settings=settings)},
+        partition_key=source,
+        raise_on_error=True,
+    )
     event = instance.get_latest_materialization_event(AssetKey("raw_image_index")).asset_materialization
 print(json.dumps({"package": zero_assets.__file__, "dagster/uri": event.metadata["dagster/uri"].value,
                   "cache": event.metadata["cache"].value, "data_version": event.tags["dagster/data_version"]}))

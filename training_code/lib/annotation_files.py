@@ -112,7 +112,8 @@ def count_source_annotations(raw_uri: str, source: str, max_bytes: int) -> Annot
         return AnnotationCounts(
             {},
             0,
-            f"{where}: {size} bytes, above the annotation file limit of {max_bytes}; raise the limit or split the source",
+            f"{where}: {size} bytes, above the annotation file limit of {max_bytes}; "
+            "raise the limit or split the source",
             identity,
         )
     try:

@@ -61,7 +61,8 @@ def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
 
 
 def lock_for_writing(folder: Path) -> None:
-    """Hold the folder's writer lock for the rest of this process; `CheckpointFolderBusy` when another process holds it."""
+    """Hold the folder's writer lock for the rest of this process; `CheckpointFolderBusy` when another
+    process holds it."""
     folder = Path(folder).resolve()
     if folder in _held_locks:
         return

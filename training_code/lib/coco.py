@@ -126,7 +126,8 @@ def load_document(
     """The parsed COCO object, size-checked before parsing; any failure is an AnnotationError naming `where`."""
     if len(raw) > max_bytes:
         raise AnnotationError(
-            f"{where}: {len(raw)} bytes, above the annotation file limit of {max_bytes}; raise the limit or split the source"
+            f"{where}: {len(raw)} bytes, above the annotation file limit of {max_bytes}; "
+            "raise the limit or split the source"
         )
     kept = frozenset(keep) if keep is not None else None
     hook = (lambda obj: {k: v for k, v in obj.items() if k in kept}) if kept is not None else None

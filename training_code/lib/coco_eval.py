@@ -70,7 +70,8 @@ def validate_predictions(predictions: Any, ground_truth: dict[str, Any]) -> None
             raise ValueError(f"{where}: bbox {list(bbox)} has a non-finite value")
         if bbox[2] <= 0 or bbox[3] <= 0:
             raise ValueError(
-                f"{where}: bbox {list(bbox)} has width or height <= 0 (inverted or degenerate box; COCO boxes are [x, y, w, h])"
+                f"{where}: bbox {list(bbox)} has width or height <= 0 "
+                "(inverted or degenerate box; COCO boxes are [x, y, w, h])"
             )
 
 

@@ -53,7 +53,8 @@ def encodings(image: Image.Image) -> list[tuple[str, Callable[[Image.Image], byt
         return [("image/png", _palette_png), ("image/jpeg", _jpeg)]
     lossy = [("image/webp", _webp(quality=quality)) for quality in (70, 45, 25)]
     drawing = image.getcolors(64) is not None
-    # Lossless at method 6 (the smallest, quick on a drawing this small); lossy at 4: 6 is several times slower for little.
+    # Lossless at method 6 (the smallest, quick on a drawing this small); lossy at 4: 6 is several times
+    # slower for little.
     return [("image/webp", _webp(method=6, lossless=True, quality=100)), *lossy] if drawing else lossy
 
 

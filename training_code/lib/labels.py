@@ -125,7 +125,8 @@ def _judge_box(
     if not is_int(category_id) or not _is_number_list(bbox, 4):
         return Rejection(
             "malformed",
-            f"needs an integer 'category_id' and 'bbox' as 4 numbers; got category_id={short(category_id)}, bbox={short(bbox)}",
+            f"needs an integer 'category_id' and 'bbox' as 4 numbers; "
+            f"got category_id={short(category_id)}, bbox={short(bbox)}",
         )
     try:
         x, y, w, h = (float(v) for v in bbox)

@@ -54,7 +54,8 @@ def read_inventory_manifest(manifest_uri: str, raw_uri: str) -> dict[str, Any]:
         fields = [name.strip() for name in manifest.get("fileSchema", "").split(",")]
         if missing := [f for f in REQUIRED_FIELDS if f not in fields]:
             raise ValueError(
-                f"{manifest_uri}: the report lacks the fields {missing}; add Size and ETag to the inventory configuration"
+                f"{manifest_uri}: the report lacks the fields {missing}; "
+                "add Size and ETag to the inventory configuration"
             )
     return manifest
 

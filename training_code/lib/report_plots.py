@@ -1,4 +1,5 @@
-"""The evaluation report's pictures, drawn with Pillow: a precision-recall plot and sample predictions against ground truth.
+"""The evaluation report's pictures, drawn with Pillow: a precision-recall plot and sample predictions
+against ground truth.
 
 Each comes full size (a file in the report's output) and as a thumbnail drawn for a given width, which
 `inline_pictures.inline_picture` fits into a Markdown entry the Dagster UI draws in place.

@@ -48,7 +48,8 @@ def plan_shards(
     previous_manifest: dict[str, Any] | None,
     groups: dict[str, tuple[str, str]],
 ) -> ShardPlan:
-    """`expected` maps key -> (split, shard_labels row) for the current validated set; `groups` key -> (source, group)."""
+    """`expected` maps key -> (split, shard_labels row) for the current validated set; `groups` key ->
+    (source, group)."""
     plan = ShardPlan()
     claimed: set[str] = set()
     reusable = previous_manifest is not None and _same_config(previous_manifest, config)

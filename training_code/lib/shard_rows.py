@@ -26,7 +26,8 @@ class ChangedAfterValidation(RuntimeError):
 
 @dataclass(frozen=True)
 class Encoding:
-    """How image bytes are stored: `original` keeps the file's bytes; `resize` caps the longest side and re-encodes JPEG."""
+    """How image bytes are stored: `original` keeps the file's bytes; `resize` caps the longest side and
+    re-encodes JPEG."""
 
     mode: str = "original"
     max_side: int = 1024

@@ -59,7 +59,8 @@ class ShardWriter:
         # The schema's fields are nullable for `datasets`' sake, so Arrow would store a missing value as null.
         if missing := [name for name in _COLUMNS if row.get(name) is None]:
             raise ValueError(
-                f"shard row {row.get('key')!r}: column {missing[0]!r} is missing or None; every shard column needs a value"
+                f"shard row {row.get('key')!r}: column {missing[0]!r} is missing or None; "
+                "every shard column needs a value"
             )
         self._pending.append(row)
         self._pending_bytes += len(row["image"])

@@ -26,7 +26,10 @@ import pyarrow.parquet as pq
 FORMAT = "zero-training-set/1"
 MANIFEST = "manifest.json"
 EXCLUDED = "excluded.parquet"
-DUPLICATE_RULE = "an exact duplicate (same sha256) in several sources is kept in the source whose name sorts first, excluded from the others"
+DUPLICATE_RULE = (
+    "an exact duplicate (same sha256) in several sources is kept in the source whose name sorts first, "
+    "excluded from the others"
+)
 EXCLUDED_SCHEMA = pa.schema([("source", pa.string()), ("key", pa.string()), ("reason", pa.string())])
 
 
@@ -79,7 +82,8 @@ def excluded_keys(folder: Path) -> dict[str, frozenset[str]]:
     path = Path(folder) / EXCLUDED
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path}: the training set names its excluded rows in {EXCLUDED}, which is missing; warm the training set again"
+            f"{path}: the training set names its excluded rows in {EXCLUDED}, which is missing; "
+            "warm the training set again"
         )
     by_source: dict[str, set[str]] = {}
     for row in pq.read_table(path).to_pylist():

@@ -4,7 +4,8 @@ A verdict is reused only when the key, the listing's etag and size, and every se
 change a verdict (validator version, Pillow version, min side, allowed formats, time limit) are the
 same as when it was reached. `unreadable` verdicts are never reused: a file that could not be read
 may be readable now; nor are verdicts reached without reading (`unsafe_key`, `outside_root`), which
-cost nothing to reach again and depend on more than the key's own etag. Labels, duplicates and splits are always recomputed (no decoding needed).
+cost nothing to reach again and depend on more than the key's own etag. Labels, duplicates and splits
+are always recomputed (no decoding needed).
 """
 
 from __future__ import annotations

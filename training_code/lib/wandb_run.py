@@ -87,7 +87,8 @@ def api_key_from_secret(arn: str) -> str:
     parts = arn.split(":")
     if len(parts) < 7 or parts[2] != "secretsmanager":
         raise ValueError(
-            f"{SECRET_ARN_VARIABLE}={arn!r} is not a Secrets Manager secret ARN (arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME)"
+            f"{SECRET_ARN_VARIABLE}={arn!r} is not a Secrets Manager secret ARN "
+            "(arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME)"
         )
     secrets = client("secretsmanager", region=parts[3])
     answer = retry_call(
@@ -161,7 +162,8 @@ def location_of(run, mode: str) -> str:
 
 
 def report_metadata(tracking: dict[str, Any]) -> dict[str, Any]:
-    """Pipes metadata from `recorded`: where the run is (a URL or a path, shown as such), its mode, project and group."""
+    """Pipes metadata from `recorded`: where the run is (a URL or a path, shown as such), its mode,
+    project and group."""
     metadata: dict[str, Any] = {"wandb_mode": tracking["mode"]}
     if "location" in tracking:
         kind = "url" if tracking["mode"] == "online" else "path"
