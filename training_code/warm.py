@@ -3,10 +3,11 @@
 
 Load a shard set's file contents from S3 into FSx for Lustre ahead of training and prove each shard
 is complete. With `--training-set`, the channel is the shard root and every listed shard of every
-source of the training set in that folder is loaded and verified. The file system already lists the files (the data repository association imported
-their metadata); `lfs hsm_restore` asks Lustre to fetch the contents of a batch of files in
-parallel, then every shard is verified against the manifest (size, sha256, rows), which also reads
-any file whose restore had not finished. Reports through Dagster Pipes.
+source of the training set in that folder is loaded and verified. The file system already lists
+the files (the data repository association imported their metadata); `lfs hsm_restore` asks Lustre
+to fetch the contents of a batch of files in parallel, then every shard is verified against the
+manifest (size, sha256, rows), which also reads any file whose restore had not finished. Reports
+through Dagster Pipes.
 """
 
 from __future__ import annotations

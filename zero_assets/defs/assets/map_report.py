@@ -26,8 +26,11 @@ class EvalConfig(Config):
     module: str = Field(
         EVALUATE_MODULE,
         pattern=MODULE_NAME_PATTERN,
-        description="Evaluation script, run as `python -m <module> --model DIR --shards DIR --out DIR ...`: the default, or your own module "
-        'keeping the README\'s contract ("Your own trainer"), paired with the trainer whose model folder it reads.',
+        description=(
+            "Evaluation script, run as `python -m <module> --model DIR --shards DIR --out DIR ...`: the default, "
+            'or your own module keeping the README\'s contract ("Your own trainer"), paired with the trainer whose '
+            "model folder it reads."
+        ),
     )
     # The splits validated_images assigns; evaluating on train only measures fit, never generalisation.
     split: Literal["val", "train"] = Field(
@@ -35,12 +38,17 @@ class EvalConfig(Config):
     )
     score_threshold: float = Field(
         0.0,
-        description="Drop detections scoring below this. 0 keeps every detection: COCO mAP integrates over the score ranking.",
+        description=(
+            "Drop detections scoring below this. 0 keeps every detection: COCO mAP integrates over the score ranking."
+        ),
     )
     # Project, entity, group and server always follow the checkpoint's training run (its training_summary.json).
     wandb_mode: Literal["as_training", "offline", "online", "disabled"] = Field(
         "as_training",
-        description="W&B mode of the evaluation run, logged in the checkpoint's project and group; as_training: the training run's mode.",
+        description=(
+            "W&B mode of the evaluation run, logged in the checkpoint's project and group; "
+            "as_training: the training run's mode."
+        ),
     )
 
     def arguments(self) -> dict:
@@ -79,7 +87,8 @@ def map_report(
         upstream=[checkpoint, shards],
         inputs={"model": checkpoint.uri, "shards": shards.uri},
     )
-    # The default job draws these beside metrics.json; the paths are where they were published (an own evaluator may draw none).
+    # The default job draws these beside metrics.json; the paths are where they were published (an own
+    # evaluator may draw none).
     out = str(result.metadata["dagster/uri"].value).rstrip("/")
     pictures = {
         f"{name}_png": MetadataValue.path(f"{out}/{name}.png")

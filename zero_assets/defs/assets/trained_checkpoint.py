@@ -27,8 +27,11 @@ class TrainConfig(Config):
     module: str = Field(
         TRAIN_MODULE,
         pattern=MODULE_NAME_PATTERN,
-        description="Training script, run as `torchrun -m <module>` (SageMaker: its file as the entry point): the default, or your own "
-        "module keeping the README's contract (\"Your own trainer\"). The cache fingerprints its code; the UI's code version stays the default's.",
+        description=(
+            "Training script, run as `torchrun -m <module>` (SageMaker: its file as the entry point): the default, "
+            'or your own module keeping the README\'s contract ("Your own trainer"). The cache fingerprints its '
+            "code; the UI's code version stays the default's."
+        ),
     )
     # training_code.lib.model.ARCHITECTURES, spelled out so the Dagster process need not import torch
     # (tests/test_checks.py holds the two equal).
@@ -51,11 +54,15 @@ class TrainConfig(Config):
     seed: int = Field(0, description="Seed of weight initialisation and data order.")
     checkpoint_every: int = Field(50, description="Save a resumable checkpoint every this many steps.")
     processes: int = Field(2, description="torchrun --nproc_per_node: one per GPU; on CPU, one per core.")
-    # Where the run is tracked, never what it computes: these reach the script but not the cache fingerprint (see `tracking`).
+    # Where the run is tracked, never what it computes: these reach the script but not the cache fingerprint
+    # (see `tracking`).
     wandb_mode: Literal["offline", "online", "disabled"] = Field(
         "offline",
-        description="W&B: offline writes the run under the job's output data folder (or WANDB_DIR) for `wandb sync`, its folder in "
-        "the metadata; online sends it to wandb_base_url, its URL in the metadata (key: README, 'Weights & Biases').",
+        description=(
+            "W&B: offline writes the run under the job's output data folder (or WANDB_DIR) for `wandb sync`, "
+            "its folder in the metadata; online sends it to wandb_base_url, its URL in the metadata "
+            "(key: README, 'Weights & Biases')."
+        ),
     )
     wandb_project: str = Field("zero", description="W&B project of the training run and of its evaluations.")
     wandb_entity: str = Field("", description="W&B team or user; empty: the API key's default entity.")
