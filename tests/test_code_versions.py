@@ -12,10 +12,12 @@ import textwrap
 from pathlib import Path
 
 from dagster._serdes import serialize_value
-from graph_runs import materialize_source, sources_of
+from graph_runs import materialize_source, materialize_tail, sources_of
 
 from zero_assets.core.fingerprints import code_version
 from zero_assets.definitions import defs
+from zero_assets.defs.assets import fsx_warm_state, training_set
+from zero_assets.launch.upstream import latest_materializations
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,7 +27,7 @@ CODE_OF = {
     "validated_images": ("validated_images", "VALIDATE_MODULE"),
     "arrow_shards": ("arrow_shards", "SHARD_MODULE"),
     "training_set": ("training_set", "TRAINING_SET_CODE"),
-    "fsx_warm_state": ("fsx_warm_state", "WARM_MODULE"),
+    "fsx_warm_state": ("fsx_warm_state", "WARM_CODE"),
     "trained_checkpoint": ("trained_checkpoint", "TRAIN_MODULE"),
     "map_report": ("map_report", "EVALUATE_MODULE"),
 }
@@ -122,3 +124,68 @@ def test_editing_a_job_script_makes_its_asset_and_downstream_stale(instance, res
     # new dependency data version") only once validated_images is rebuilt with different data. Should
     # Dagster start propagating it, this fails and the README sentence needs revisiting.
     assert stale["arrow_shards"]["status"] == "FRESH" and stale["arrow_shards"]["root_causes"] == [], stale
+
+
+# Run in a fresh interpreter on the package at sys.argv[1], as a redeployed code location would: the
+# declared code version of fsx_warm_state, then one materialization of it against the test's instance.
+REWARM = textwrap.dedent("""
+    import json, sys
+    from dagster import AssetKey, DagsterInstance, materialize
+    from dagster._serdes import deserialize_value
+    import zero_assets
+    from zero_assets.backends.local.runner import LocalJobRunner
+    from zero_assets.core.settings import ZeroSettings
+    from zero_assets.defs.assets import ALL_ASSETS, SOURCE_SPECS
+    from zero_assets.definitions import defs
+    assert zero_assets.__file__.startswith(sys.argv[1]), zero_assets.__file__
+    declared = defs.resolve_asset_graph().get(AssetKey("fsx_warm_state")).code_version
+    settings = ZeroSettings(**json.loads(sys.argv[3]))
+    with DagsterInstance.from_ref(deserialize_value(sys.argv[2])) as instance:
+        result = materialize([*SOURCE_SPECS, *ALL_ASSETS], selection=["fsx_warm_state"], instance=instance,
+                             resources={"settings": settings, "jobs": LocalJobRunner(settings=settings)})
+    [event] = result.asset_materializations_for_node("fsx_warm_state")
+    print(json.dumps({"declared": declared, "recorded": event.tags["dagster/code_version"],
+                      **{k: event.metadata[k].value for k in ("cache", "cache_reason", "code_version")}}))
+""")
+
+
+def rewarm(package_root: Path, instance, settings) -> dict:
+    places = json.dumps({"raw_uri": settings.raw_uri, "lake_uri": settings.lake_uri, "fsx_mount": settings.fsx_mount})
+    done = subprocess.run(
+        [sys.executable, "-c", REWARM, str(package_root), serialize_value(instance.get_ref()), places],
+        cwd=package_root,
+        env={**os.environ, "PYTHONPATH": str(package_root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_editing_the_warm_job_script_misses_the_warm_state_on_the_local_backend_too(
+    instance, resources, tiny_raw_root, tmp_path
+):
+    """training_code/warm.py is what fsx_warm_state runs on SageMaker (and its verification is the one
+    the local warm step shares): an edit to it is a new declared code version and a cache miss naming it."""
+    source = sources_of(tiny_raw_root)[0]
+    assert materialize_source(source, instance=instance, resources=resources).success
+    assert materialize_tail(instance=instance, resources=resources, assets=[training_set, fsx_warm_state]).success
+    [record] = latest_materializations(instance, "fsx_warm_state")
+    warmed = record.asset_materialization
+    assert warmed.tags["dagster/code_version"] == fingerprint_code("fsx_warm_state")
+
+    deployed = tmp_path / "deployed"
+    for package in ("zero_assets", "training_code"):
+        shutil.copytree(REPO / package, deployed / package, ignore=shutil.ignore_patterns("__pycache__"))
+    settings = resources["settings"]
+    unchanged = rewarm(deployed, instance, settings)  # the copy alone changes nothing: same files, same version
+    assert unchanged["declared"] == warmed.tags["dagster/code_version"] and unchanged["cache"] == "hit", unchanged
+
+    script = deployed / "training_code" / "warm.py"
+    script.write_text(script.read_text() + "WARM_SCRIPT_EDITED = True\n")
+    edited = rewarm(deployed, instance, settings)
+    before, after = warmed.tags["dagster/code_version"], edited["declared"]
+    assert after != before, "the declared code version follows training_code/warm.py"
+    assert edited["cache"] == "miss" and f"code version {before} -> {after}" in edited["cache_reason"], edited
+    assert edited["recorded"] == edited["code_version"] == after, "Dagster and the cache record one version"

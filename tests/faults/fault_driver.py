@@ -1,14 +1,17 @@
 """One Dagster process for the fault tests: materialize a selection against a real instance on disk.
 
-python tests/faults/fault_driver.py --home DAGSTER_HOME --raw DIR --state DIR --select a,b [--source S] [--pause-before-marker]
+python tests/faults/fault_driver.py --home DAGSTER_HOME --raw DIR --state DIR --select a,b [--source S]
+    [--pause-before-marker | --hold-before-marker]
 
 A selection of per-source assets runs for one source (`--source`, default the raw root's first folder),
 registered as a partition first.
 
 Prints one JSON line, `RESULT {...}`, with success and each materialized asset's cache decision and
-uri. `--pause-before-marker` makes it stop (sleep) after a job's output is published and before its
+uri. `--pause-before-marker` makes it stop (sleep) after an output is published and before its
 completion marker is written, having written its pid to `<state>/paused-before-marker`: the point
-a test kills it at.
+a test kills it at. `--hold-before-marker` stops at the same point, with its pid in
+`<state>/held-before-marker`, until `<state>/release` exists, then goes on: a run held inside the
+output's lease for as long as a test needs, whatever the asset (job-backed or in-process).
 """
 
 import argparse
@@ -21,7 +24,7 @@ from pathlib import Path
 from dagster import DagsterInstance, materialize
 from fault_assets import FAULT_ASSETS
 
-import zero_assets.launch.materialize as job_launch
+import zero_assets.launch.once as once
 from zero_assets.backends.local.runner import LocalJobRunner
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets import ALL_ASSETS, PER_SOURCE_ASSETS, SOURCE_SPECS
@@ -33,20 +36,26 @@ def main() -> None:
     for flag in ("--home", "--raw", "--state", "--select"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--pause-before-marker", action="store_true")
+    parser.add_argument("--hold-before-marker", action="store_true")
     parser.add_argument(
         "--source", help="the partition of the per-source assets (default: the raw root's first folder)"
     )
     args = parser.parse_args()
     state = Path(args.state)
-    if args.pause_before_marker:
-        mark = job_launch.mark_output_complete
+    if args.pause_before_marker or args.hold_before_marker:
+        mark = once.mark_output_complete
 
         def paused_mark(*a, **k):
-            (state / "paused-before-marker").write_text(str(os.getpid()))
-            time.sleep(600)
+            if args.pause_before_marker:
+                (state / "paused-before-marker").write_text(str(os.getpid()))
+                time.sleep(600)
+            else:
+                (state / "held-before-marker").write_text(str(os.getpid()))
+                while not (state / "release").exists():
+                    time.sleep(0.1)
             return mark(*a, **k)
 
-        job_launch.mark_output_complete = paused_mark
+        once.mark_output_complete = paused_mark  # every asset's marker is written by the one protocol
     (state / "fsx").mkdir(parents=True, exist_ok=True)
     settings = ZeroSettings(raw_uri=args.raw, lake_uri=str(state / "lake"), fsx_mount=str(state / "fsx"))
     selection = args.select.split(",")

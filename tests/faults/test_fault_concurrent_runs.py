@@ -183,3 +183,42 @@ def test_a_killed_writers_forked_workers_do_not_keep_its_checkpoint_folder(tmp_p
         lock_for_writing(folder)  # and yet the folder is free for the rerun
     finally:
         os.kill(worker_pid, signal.SIGKILL)
+
+
+def output_files(folder: Path) -> dict[str, int]:
+    """Every file of an output with its mtime: what a second build would rewrite."""
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("asset", "prepare"),
+    [("raw_image_index", None), ("training_set", "raw_image_index,validated_images,arrow_shards")],
+)
+def test_two_runs_of_an_in_process_asset_with_the_same_inputs_build_it_once(tmp_path, tiny_raw_root, asset, prepare):
+    """The in-process assets follow the same protocol as the job-backed ones: the first run holds the
+    output's lease while it builds, the second waits on it, then reports a hit on what the first published."""
+    lab = make_lab(tmp_path, tiny_raw_root)
+    if prepare:
+        assert lab.run(prepare)["success"]
+    held = lab.state / "held-before-marker"
+    first = Tail(lab.start(asset, "--hold-before-marker"))  # its output published, its marker not yet written
+    try:
+        wait_for(held.is_file, what=f"the first run holding {asset}'s lease before its marker")
+        second = Tail(lab.start(asset))
+        wait_for(lambda: "waiting for it" in second.text, what="the second run waiting on the lease")
+        [out] = {p.parent for p in lab.lake.glob(f"{asset}/**/manifest.json")}
+        published = output_files(out)
+    finally:
+        (lab.state / "release").touch()
+    one, two = first.result(), second.result()
+
+    assert one["success"] and two["success"], (one["log"][-2000:], two["log"][-2000:])
+    built, reused = one["assets"][asset], two["assets"][asset]
+    assert built["cache"] == "miss" and reused["cache"] == "hit", (built, reused)
+    assert f"run {one['run_id']} built the same inputs while this run waited" in reused["cache_reason"]
+    assert reused["dagster/uri"] == built["dagster/uri"] == str(out)
+    after = output_files(out)
+    assert {name: after[name] for name in published} == published, "the second run rewrote none of the output"
+    assert set(after) - set(published) == {OUTPUT_MARKER}, "the first run's marker, written once it was released"
+    assert output_is_complete(str(out), json.loads((out / OUTPUT_MARKER).read_text())["fingerprint"])
+    assert not list(lab.lake.glob(f"_jobs/{asset}/*/lease.json")), "the lease is released"

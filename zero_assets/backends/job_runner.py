@@ -1,31 +1,57 @@
-"""The one interface every backend implements: run a `JobRequest`, return the Pipes result and metadata."""
+"""The one interface every backend implements: run a `JobRequest`, warm a training set; plain results back.
+
+A runner knows `JobRequest` and `UpstreamOutput`, never an asset: the assets turn what it returns into
+their materializations.
+"""
 
 from __future__ import annotations
 
+from abc import abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from dagster import AssetExecutionContext, ConfigurableResource, MaterializeResult, PipesClientCompletedInvocation
+from dagster import AssetExecutionContext, ConfigurableResource, PipesClientCompletedInvocation
 
 from zero_assets.core.fingerprints import UpstreamOutput
 from zero_assets.core.job_request import JobRequest
 
 
+@dataclass(frozen=True)
+class WarmedShards:
+    """What a backend's warm step left where the trainer reads: plain values, no Dagster metadata."""
+
+    location: str  # what training reads: a folder, an s3:// prefix or an fsx:// location (`warm_location`)
+    rows: int  # rows of every warm shard
+    bytes: int  # what the trainer reads there: every shard, the training-set manifest and its excluded rows
+    shards: int
+    copied: int | None = None  # shards copied this time; None where the backend copies nothing itself
+    already_warm: int | None = None  # shards found intact and left alone; None where it copies nothing
+    paths: Mapping[str, str] = field(default_factory=dict)  # other places worth a link: name -> path or URI
+    # What else the backend knows, for the record: plain values (ids, folders, what was verified), and the
+    # warm job's own report (its metadata as Dagster Pipes delivered it) where one ran.
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
 class JobRunner(ConfigurableResource):
     """Base of `LocalJobRunner` and `SageMakerJobRunner`; asset code depends on this alone."""
 
+    @abstractmethod
     def run(
         self, context: AssetExecutionContext, request: JobRequest
     ) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
-        raise TypeError(
-            f"{type(self).__name__} does not run jobs; configure LocalJobRunner or SageMakerJobRunner as the `jobs` resource"
-        )
+        """Run the request's job to completion: the Pipes invocation (the script's report) and what the
+        launcher knows of the run (job name, backend, instances, time, cost, logs)."""
 
+    @abstractmethod
     def instance_count(self, asset: str) -> int:
         """Instances the asset's Processing job may spread over (see `job_request.fan_out`)."""
-        return 1
 
-    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
-        """Make the training set `shards` readable by the trainer, verified; its `dagster/uri` is what training reads."""
-        raise TypeError(
-            f"{type(self).__name__} does not warm shards; configure LocalJobRunner or SageMakerJobRunner as `jobs`"
-        )
+    @abstractmethod
+    def warm_location(self, shards: UpstreamOutput) -> str:
+        """Where `warm_shards` makes the training set `shards` readable; known before warming, so a run
+        that waited for another one warming it finds that work there."""
+
+    @abstractmethod
+    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> WarmedShards:
+        """Make the training set `shards` readable by the trainer at `warm_location(shards)`, verified."""

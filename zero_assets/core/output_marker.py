@@ -36,7 +36,11 @@ def is_temporary(key: str) -> bool:
 
 
 def mark_output_complete(
-    uri: str, fingerprint: str, data_version: str | None = None, row_count: int | None = None
+    uri: str,
+    fingerprint: str,
+    data_version: str | None = None,
+    row_count: int | None = None,
+    size_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Prove the output at `uri` complete from its manifest and write the marker, the last write of a
     materialization. Raises `OutputNotComplete` (naming `uri`) when there is no readable manifest, when
@@ -47,7 +51,8 @@ def mark_output_complete(
     earlier marker over exactly the same files keeps its fingerprints, so two materializations that
     share one output (the SageMaker warm state reads the shard set in place) do not unmark each other.
     `row_count` (the output's rows, as its materialization reports them) is kept for a hit that finds
-    the output through the marker alone (`published_hit`), so it reports the same standard keys.
+    the output through the marker alone (`published_hit`), so it reports the same standard keys;
+    `size_bytes` likewise, for an output whose readers also read files kept elsewhere (the warm state).
     """
     try:
         present = {o.key: o.size for o in list_objects(uri) if o.key != OUTPUT_MARKER and not is_temporary(o.key)}
@@ -92,6 +97,7 @@ def mark_output_complete(
         "manifest": MANIFEST,
         "files": files,
         **({"row_count": row_count} if row_count is not None else {}),
+        **({"size_bytes": size_bytes} if size_bytes is not None else {}),
     }
     write_bytes_atomic(join(uri, OUTPUT_MARKER), json.dumps(marker, indent=1, sort_keys=True).encode())
     return marker

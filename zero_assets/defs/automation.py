@@ -14,14 +14,17 @@ The cost of a stage decides how eagerly it follows its inputs:
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 
 from dagster import AssetSelection, AutomationCondition
 
+from zero_assets.core.settings import zero_env
+
 DEFAULT_TRAIN_CRON = "0 3 * * *"
 
-# validated_images, arrow_shards: follow their own source's partition of the parent.
-PER_SOURCE = AutomationCondition.eager()
+# Follow the parent once it is updated: validated_images and arrow_shards their own source's partition of
+# it, fsx_warm_state the training set.
+EAGER = AutomationCondition.eager()
 
 # training_set reads whichever sources have shards: a source that is missing or failing must not hold
 # the others back, so this is `eager()` without its "no dependency missing" clause.
@@ -32,8 +35,6 @@ TRAINING_SET = (
     & ~AutomationCondition.in_progress()
 ).with_label("eager over the sources that have shards, once their blocking checks passed")
 
-FOLLOW = AutomationCondition.eager()  # fsx_warm_state after the training set
-
 # map_report scores a new checkpoint; a new warm state alone (training not run yet) is not a reason.
 AFTER_CHECKPOINT = (
     AutomationCondition.any_deps_updated().ignore(AssetSelection.assets("fsx_warm_state")).since_last_handled()
@@ -43,9 +44,9 @@ AFTER_CHECKPOINT = (
 ).with_label("after a new checkpoint")
 
 
-def train_cron(environ: dict[str, str] | None = None) -> str:
-    env = os.environ if environ is None else environ
-    return env.get("ZERO_TRAIN_CRON") or DEFAULT_TRAIN_CRON
+def train_cron(environ: Mapping[str, str] | None = None) -> str:
+    """`ZERO_TRAIN_CRON` (of `environ`, else the process environment), or the default when it is unset."""
+    return zero_env("ZERO_TRAIN_CRON", environ) or DEFAULT_TRAIN_CRON
 
 
 def training_condition(cron: str) -> AutomationCondition:

@@ -31,8 +31,9 @@ class CacheDecision:
     reason: str
 
 
-def decide(context: AssetExecutionContext, inputs: FingerprintInputs) -> CacheDecision:
-    """A hit (the earlier result to report again) or a miss with the reason, in words."""
+def cache_decision(context: AssetExecutionContext, inputs: FingerprintInputs) -> CacheDecision:
+    """The cache's decision for `inputs`, from this instance's earlier materializations: a hit (the
+    earlier result to report again) or a miss with the reason, in words."""
     fingerprint = inputs.fingerprint
     partition = context_partition(context)  # a per-source asset hits only on its own source's outputs
     records = latest_materializations(context.instance, context.asset_key, partition, limit=SEARCH_LIMIT)
@@ -82,8 +83,10 @@ def published_hit(
 
 def standard_metadata(marker: dict[str, Any]) -> dict[str, Any]:
     """Dagster's standard size and row count of a marked output: `dagster/size_bytes` is every file the
-    marker lists (all of the output but the marker itself); `dagster/row_count` when it records one."""
-    metadata: dict[str, Any] = {"dagster/size_bytes": sum(int(facts["bytes"]) for facts in marker["files"].values())}
+    marker lists (all of the output but the marker itself), unless it records the size its build
+    counted (`reported_size_bytes`); `dagster/row_count` when it records one."""
+    listed = sum(int(facts["bytes"]) for facts in marker["files"].values())
+    metadata: dict[str, Any] = {"dagster/size_bytes": int(marker.get("size_bytes", listed))}
     if marker.get("row_count") is not None:
         metadata["dagster/row_count"] = int(marker["row_count"])
     return metadata
@@ -91,7 +94,16 @@ def standard_metadata(marker: dict[str, Any]) -> dict[str, Any]:
 
 def reported_row_count(metadata: Any) -> int | None:
     """The `dagster/row_count` a materialization's metadata carries (a plain int or an IntMetadataValue), or None."""
-    value = (metadata or {}).get("dagster/row_count")
+    return _reported_int(metadata, "dagster/row_count")
+
+
+def reported_size_bytes(metadata: Any) -> int | None:
+    """The `dagster/size_bytes` a build counted itself (the warm state: shards kept elsewhere too), or None."""
+    return _reported_int(metadata, "dagster/size_bytes")
+
+
+def _reported_int(metadata: Any, key: str) -> int | None:
+    value = (metadata or {}).get(key)
     return None if value is None else int(getattr(value, "value", value))
 
 

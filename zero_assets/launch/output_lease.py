@@ -24,6 +24,7 @@ from typing import Any
 
 from training_code.lib.storage import write_bytes_atomic
 
+LEASE_FILE = "lease.json"
 HEARTBEAT_S = 2.0
 STALE_AFTER_S = 60.0  # a live owner renews every HEARTBEAT_S; this long without one means it is gone
 POLL_S = 0.5
@@ -35,6 +36,13 @@ class Lease:
     token: str
     waited_for: str | None  # the run id this run waited for, when it had to wait
     took_over: str | None  # the run id whose lease was taken over because it was gone
+
+
+def output_lease_path(jobs_root: Path, asset: str, fingerprint: str) -> Path:
+    """The lease of one output: `<jobs root>/<asset>/<fingerprint[:16]>/lease.json`, in the folder that
+    also holds the output's job folders and checkpoints (`core.job_request.materialization_folder`),
+    on this machine even for an s3:// lake. In-process assets, which have no job folders, lease there too."""
+    return Path(jobs_root) / asset / fingerprint[:16] / LEASE_FILE
 
 
 def _process_start(pid: int) -> str | None:

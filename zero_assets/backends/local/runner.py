@@ -22,14 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dagster import (
-    AssetExecutionContext,
-    DataVersion,
-    Failure,
-    MaterializeResult,
-    MetadataValue,
-    PipesClientCompletedInvocation,
-)
+from dagster import AssetExecutionContext, Failure, MetadataValue, PipesClientCompletedInvocation
 from dagster._core.errors import DagsterPipesExecutionError  # not exported by dagster
 
 from training_code.lib.storage import (
@@ -41,7 +34,7 @@ from training_code.lib.storage import (
     safe_relative_key,
 )
 from zero_assets.backends.job_cost import local_cost
-from zero_assets.backends.job_runner import JobRunner
+from zero_assets.backends.job_runner import JobRunner, WarmedShards
 from zero_assets.backends.local.process import end_process_group, job_environment, run_with_pipes, start_job_process
 from zero_assets.backends.local.warm_state import warm_training_set
 from zero_assets.core.fingerprints import UpstreamOutput
@@ -69,7 +62,8 @@ class LocalJobRunner(JobRunner):
         hosts = [f"algo-{i + 1}" for i in range(request.instance_count)]
         if len(hosts) > 1 and request.kind != "processing":
             raise ValueError(
-                f"{request.asset}: the local backend runs multi-instance jobs for Processing only; training uses processes_per_host"
+                f"{request.asset}: the local backend runs multi-instance jobs for Processing only; "
+                "training uses processes_per_host"
             )
         # One host keeps the plain layout; several get one `/opt/ml` each, as separate instances would.
         layouts = {host: (run_dir / "hosts" / host if len(hosts) > 1 else run_dir) / "opt" / "ml" for host in hosts}
@@ -142,30 +136,30 @@ class LocalJobRunner(JobRunner):
             _line_prefix(host, hosts),
         )
 
-    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
+    def warm_location(self, shards: UpstreamOutput) -> str:
+        """`<warm mount>/<data version[:16]>`: one folder per training set in the folder standing in for FSx."""
+        return str(self.settings.warm_mount() / shards.data_version[:16])
+
+    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> WarmedShards:
         """Copy the training set's shards (one shard set per chosen source) into the folder standing in
         for the FSx mount, each verified there."""
-        mount = self.settings.warm_mount()
-        result = warm_training_set(shards.uri, mount, key=shards.data_version[:16])
-        context.log.info(f"{result.copied} shards copied, {result.already_warm} already warm under {result.path}")
-        return MaterializeResult(
-            metadata={
-                "dagster/uri": MetadataValue.path(str(result.path)),
-                "mount": MetadataValue.path(str(mount)),
-                "dagster/row_count": result.rows,  # the warm shards' rows
-                "dagster/size_bytes": result.bytes,  # the warm shards, the excluded rows and the manifest
-                "shards": result.shards,
-                "copied": result.copied,
-                "already_warm": result.already_warm,
-                "verified": "size, sha256 and row count of every shard",
-                "backend": "local",
-            },
-            # Same shards, same version: warming identical bytes must not make training stale.
-            data_version=DataVersion(shards.data_version),
+        target = Path(self.warm_location(shards))
+        warmed = warm_training_set(shards.uri, target.parent, key=target.name)
+        context.log.info(f"{warmed.copied} shards copied, {warmed.already_warm} already warm under {warmed.path}")
+        return WarmedShards(
+            location=str(warmed.path),
+            rows=warmed.rows,
+            bytes=warmed.bytes,  # the warm shards, the excluded rows and the manifest
+            shards=warmed.shards,
+            copied=warmed.copied,
+            already_warm=warmed.already_warm,
+            paths={"mount": str(target.parent)},
+            details={"verified": "size, sha256 and row count of every shard", "backend": "local"},
         )
 
     def _lay_out(self, opt_ml: Path, request: JobRequest, parts: dict[str, list[str]]) -> dict[str, Path]:
-        """Create the `/opt/ml` layout afresh in this run's folder (an earlier attempt of the same run may have left one).
+        """Create the `/opt/ml` layout afresh in this run's folder (an earlier attempt of the same run may
+        have left one).
 
         An input named in `parts` gets only those keys: this host's part of a split input."""
         for stale in ("input", "processing", "model", "output", "config"):
@@ -230,7 +224,7 @@ class LocalJobRunner(JobRunner):
 
     def checkpoint_uri(self, request: JobRequest) -> str:
         """Checkpoints are kept per output (asset and fingerprint), across runs, so a rerun resumes them.
-        One writer at a time: the run holding the output's lease (see `job_launch`)."""
+        One writer at a time: the run holding the output's lease (see `launch.once`)."""
         return str(materialization_folder(self.settings.jobs_root(), request) / "checkpoints")
 
     def _command(self, request: JobRequest, paths: dict[str, Path]) -> list[str]:

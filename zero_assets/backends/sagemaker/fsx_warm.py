@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 
+from training_code.lib import training_set as ts
 from training_code.lib.shard_format import MANIFEST
 from training_code.lib.storage import join, list_objects, read_bytes
 from zero_assets.backends.sagemaker.fsx import LINKED_PATH, FsxLocation, linked_s3_prefix
@@ -32,6 +33,19 @@ def verify_on_s3(shards_uri: str) -> dict:
             f"{len(wrong)} shards under {shards_uri} are missing or differ in size from {MANIFEST}: {wrong[:5]}"
         )
     return {"shards": len(entries), "bytes": sum(e["bytes"] for e in entries), "rows": sum(e["rows"] for e in entries)}
+
+
+def counted_on_s3(channel_uri: str, shard_uris: list[str]) -> dict:
+    """Without FSx (training reads S3 in FastFile mode): every shard set verified on S3 (`verify_on_s3`),
+    counted as the FSx warm job (training_code.warm) counts it on the file system: rows and shards of
+    every shard set; bytes of every shard plus the manifest and excluded rows at `channel_uri`."""
+    counts = [verify_on_s3(uri) for uri in shard_uris]
+    listed = {o.key: o.size for o in list_objects(channel_uri)}
+    return {
+        "rows": sum(c["rows"] for c in counts),
+        "bytes": sum(c["bytes"] for c in counts) + sum(listed.get(name, 0) for name in (ts.MANIFEST, ts.EXCLUDED)),
+        "shards": sum(c["shards"] for c in counts),
+    }
 
 
 def association_params(file_system_id: str, lake_uri: str) -> dict:
@@ -70,7 +84,8 @@ def ensure_association(fsx, file_system_id: str, lake_uri: str, log) -> str:
             if association["FileSystemPath"] == LINKED_PATH:
                 if association["DataRepositoryPath"].rstrip("/") != repository.rstrip("/"):
                     raise RuntimeError(
-                        f"{file_system_id}:{LINKED_PATH} is linked to {association['DataRepositoryPath']}, not {repository}; "
+                        f"{file_system_id}:{LINKED_PATH} is linked to {association['DataRepositoryPath']}, "
+                        f"not {repository}; "
                         "delete that association or use another file system"
                     )
                 return _wait_available(fsx, association["AssociationId"], log)
@@ -87,7 +102,8 @@ def _wait_available(fsx, association_id: str, log) -> str:
             return association_id
         if association["Lifecycle"] in ("FAILED", "MISCONFIGURED", "DELETING"):
             raise RuntimeError(
-                f"data repository association {association_id} is {association['Lifecycle']}: {association.get('FailureDetails')}"
+                f"data repository association {association_id} is {association['Lifecycle']}: "
+                f"{association.get('FailureDetails')}"
             )
         if time.monotonic() > deadline:
             raise TimeoutError(
@@ -114,7 +130,8 @@ def _import_batch(fsx, file_system_id: str, paths: list[str], log) -> str:
             return task["TaskId"]
         if task["Lifecycle"] in ("FAILED", "CANCELED"):
             raise RuntimeError(
-                f"metadata import {task['TaskId']} on {file_system_id}:{paths} {task['Lifecycle']}: {task.get('FailureDetails')}"
+                f"metadata import {task['TaskId']} on {file_system_id}:{paths} {task['Lifecycle']}: "
+                f"{task.get('FailureDetails')}"
             )
         if time.monotonic() > deadline:
             raise TimeoutError(f"metadata import {task['TaskId']} still {task['Lifecycle']} after {IMPORT_TIMEOUT_S}s")

@@ -18,20 +18,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue, PipesClientCompletedInvocation
+from dagster import AssetExecutionContext, PipesClientCompletedInvocation
 
-from training_code.lib import training_set as ts
-from training_code.lib.storage import exists, fetch_file, list_objects, publish_folder
-from zero_assets.backends.job_runner import JobRunner
+from training_code.lib.storage import exists, fetch_file, publish_folder
+from zero_assets.backends.job_runner import JobRunner, WarmedShards
 from zero_assets.backends.sagemaker.code_package import build_code_package, upload_code_package
 from zero_assets.backends.sagemaker.fsx import shards_on_fsx
-from zero_assets.backends.sagemaker.fsx_warm import ensure_association, import_metadata, verify_on_s3, warm_job_request
+from zero_assets.backends.sagemaker.fsx_warm import (
+    counted_on_s3,
+    ensure_association,
+    import_metadata,
+    warm_job_request,
+)
 from zero_assets.backends.sagemaker.job_params import build_job_params, model_artifact_uri
 from zero_assets.backends.sagemaker.names import job_name
 from zero_assets.backends.sagemaker.pipes_client import PipesSageMakerClient
 from zero_assets.backends.sagemaker.settings import SageMakerSettings
 from zero_assets.backends.sagemaker.stage_outputs import outputs_as_recorded, record_outputs
-from zero_assets.backends.sagemaker.training_set_channel import write_channel_training_set
+from zero_assets.backends.sagemaker.training_set_channel import channel_training_set, write_channel_training_set
 from zero_assets.core.fingerprints import UpstreamOutput
 from zero_assets.core.job_request import JobRequest
 from zero_assets.core.output_marker import output_is_complete
@@ -119,7 +123,14 @@ class SageMakerJobRunner(JobRunner):
     def instance_count(self, asset: str) -> int:
         return self.aws.compute(asset).instance_count
 
-    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> MaterializeResult:
+    def warm_location(self, shards: UpstreamOutput) -> str:
+        """The training set's folder under the shard root (see training_set_channel), on FSx when it is configured."""
+        warm_uri = channel_training_set(self.settings.lake_uri, shards.data_version).uri
+        if not self.aws.fsx_enabled():
+            return warm_uri
+        return shards_on_fsx(warm_uri, self.settings.lake_uri, self.aws.fsx_file_system_id, self.aws.fsx_mount_name).uri
+
+    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> WarmedShards:
         """FSx configured: link, import, load and verify on the file system; else verify on S3.
 
         A training set is laid out under the shard root (see training_set_channel): the jobs' input is
@@ -128,21 +139,20 @@ class SageMakerJobRunner(JobRunner):
         warm_uri, shard_uris = channel.uri, [source["shards_uri"] for source in manifest["sources"]]
         base = {
             "backend": "sagemaker",
-            "shards_uri": MetadataValue.path(shards.uri),  # the asset adds the cache decision
             "training_set_folder": channel.folder,
-            "sources": MetadataValue.json([s["source"] for s in manifest["sources"]]),
+            "sources": [s["source"] for s in manifest["sources"]],
         }
         if not self.aws.fsx_enabled():
-            counts = [verify_on_s3(uri) for uri in shard_uris]
-            metadata = {
-                "dagster/uri": MetadataValue.path(warm_uri),
-                **_s3_warm_size(warm_uri, counts),
-                "shards": sum(c["shards"] for c in counts),
-                "file_system": "none: training reads S3 in FastFile mode",
-                "verified": "every shard of every manifest present on S3 with its size",
-                **base,
-            }
-            return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
+            return WarmedShards(
+                location=warm_uri,
+                **counted_on_s3(warm_uri, shard_uris),
+                paths={"shards_uri": shards.uri},
+                details={
+                    "file_system": "none: training reads S3 in FastFile mode",
+                    "verified": "every shard of every manifest present on S3 with its size",
+                    **base,
+                },
+            )
         fs_id, mount = self.aws.fsx_file_system_id, self.aws.fsx_mount_name
         lake = self.settings.lake_uri
         location = shards_on_fsx(warm_uri, lake, fs_id, mount)
@@ -150,32 +160,37 @@ class SageMakerJobRunner(JobRunner):
         association = ensure_association(fsx, fs_id, lake, context.log)
         paths = [shards_on_fsx(uri, lake, fs_id, mount).path for uri in shard_uris] + [location.path]
         import_tasks = import_metadata(fsx, fs_id, paths, context.log)
-        invocation, extra = self.run(context, warm_job_request(shards, location, self.settings))
-        reported = invocation.get_materialize_result()
-        # gc keeps what a materialization names: the S3 side of the warm folder, not only its fsx:// name.
-        metadata = {
-            **(reported.metadata or {}),
-            **extra,
-            **base,
-            "dagster/uri": MetadataValue.path(location.uri),
-            "warm_s3_uri": MetadataValue.path(warm_uri),
-            "file_system_id": fs_id,
-            "mount_path": location.directory_path,
-            "association_id": association,
-            "import_task_ids": MetadataValue.json(import_tasks),
-        }
-        return MaterializeResult(metadata=metadata, data_version=DataVersion(shards.data_version))
+        request = warm_job_request(shards, location, self.settings)
+        invocation, extra = self.run(context, request)
+        report = dict(invocation.get_materialize_result().metadata or {})
+        counts = {key: _reported_count(report, name, request) for key, name in WARM_JOB_COUNTS.items()}
+        return WarmedShards(
+            location=location.uri,
+            **counts,
+            # gc keeps what a materialization names: the S3 side of the warm folder, not only its fsx:// name.
+            paths={"shards_uri": shards.uri, "warm_s3_uri": warm_uri},
+            details={
+                **report,
+                **extra,
+                **base,
+                "file_system_id": fs_id,
+                "mount_path": location.directory_path,
+                "association_id": association,
+                "import_task_ids": import_tasks,
+            },
+        )
 
 
-def _s3_warm_size(warm_uri: str, counts: list[dict]) -> dict[str, int]:
-    """What the trainer reads from S3, as the FSx warm job (training_code.warm) counts it on the file
-    system: rows of every shard; bytes of every shard plus the manifest and excluded rows at `warm_uri`."""
-    listed = {o.key: o.size for o in list_objects(warm_uri)}
-    return {
-        "dagster/row_count": sum(c["rows"] for c in counts),
-        "dagster/size_bytes": sum(c["bytes"] for c in counts)
-        + sum(listed.get(name, 0) for name in (ts.MANIFEST, ts.EXCLUDED)),
-    }
+# WarmedShards' counts, from the metadata keys the warm job (training_code.warm) reports them under.
+WARM_JOB_COUNTS = {"rows": "dagster/row_count", "bytes": "dagster/size_bytes", "shards": "shards"}
+
+
+def _reported_count(report: dict[str, Any], key: str, request: JobRequest) -> int:
+    """A count the warm job reported (a plain int or Dagster's IntMetadataValue); it must be there."""
+    if key not in report:
+        raise RuntimeError(f"the warm job {request.job_name} ({request.module}) reported no {key!r} in its metadata")
+    value = report.pop(key)
+    return int(getattr(value, "value", value))
 
 
 def unpack_model_artifact(model_tar_uri: str, destination: str) -> None:

@@ -11,7 +11,7 @@ from zero_assets.core.fingerprints import code_version
 from zero_assets.core.settings import ZeroSettings, source_uri
 from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.assets.validated_images import validated_images
-from zero_assets.defs.automation import PER_SOURCE
+from zero_assets.defs.automation import EAGER
 from zero_assets.defs.partitions import RAW_SOURCES
 from zero_assets.launch.materialize import launch_job
 from zero_assets.launch.metadata import arrow_table_schema
@@ -28,7 +28,10 @@ class ShardConfig(Config):
     # Preprocessing, part of the fingerprint. Augmentation is never done here.
     image_encoding: Literal["original", "resize"] = Field(
         "original",
-        description="original: store each image's bytes as they are; resize: scale the longest side to max_side and re-encode as JPEG.",
+        description=(
+            "original: store each image's bytes as they are; resize: scale the longest side to max_side "
+            "and re-encode as JPEG."
+        ),
     )
     max_side: int = Field(1024, description="Longest side in pixels after resizing (image_encoding=resize only).")
     jpeg_quality: int = Field(90, description="JPEG quality 1-95 of re-encoded images (image_encoding=resize only).")
@@ -38,7 +41,7 @@ class ShardConfig(Config):
     code_version=code_version(SHARD_MODULE),
     deps=[validated_images],
     partitions_def=RAW_SOURCES,
-    automation_condition=PER_SOURCE,
+    automation_condition=EAGER,
     group_name="zero",
     kinds={"arrow"},
     retry_policy=JOB_RETRY_POLICY,

@@ -1,30 +1,40 @@
 """`fsx_warm_state`: the shards on the file system the trainer reads, every one verified there."""
 
-from dagster import AssetExecutionContext, MaterializeResult, asset
+from typing import Any
 
-from zero_assets.backends.job_runner import JobRunner
-from zero_assets.core.fingerprints import FingerprintInputs, code_version
-from zero_assets.core.output_marker import mark_output_complete, output_is_checkable
+from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue, asset
+
+from zero_assets.backends.job_runner import JobRunner, WarmedShards
+from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version, current_code_version
+from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.assets.training_set import training_set
-from zero_assets.defs.automation import FOLLOW
-from zero_assets.launch.cache import decide, miss_metadata, reported_row_count
+from zero_assets.defs.automation import EAGER
 from zero_assets.launch.metadata import upstream_metadata
+from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import upstream_output
 
-# The code that warms and verifies: its code version is the asset's, in the UI and the cache alike.
-WARM_MODULE = "zero_assets.backends.local.warm_state"
+# The code that warms and verifies, on either backend: the local copy and verify; on SageMaker the
+# training set's channel layout, the FSx link and import or the check on S3, and the warm job script.
+# Dagster reads the declared code version once, whichever backend the resources then choose, so it
+# covers both: an edit to any of these is a new code version, in the UI and the cache alike.
+WARM_CODE = (
+    "zero_assets.backends.local.warm_state",
+    "zero_assets.backends.sagemaker.training_set_channel",
+    "zero_assets.backends.sagemaker.fsx_warm",
+    "training_code.warm",
+)
 
 
 @asset(
-    code_version=code_version(WARM_MODULE),
+    code_version=code_version(*WARM_CODE),
     deps=[training_set],
-    automation_condition=FOLLOW,
+    automation_condition=EAGER,
     group_name="zero",
     kinds={"filesystem"},
     retry_policy=JOB_RETRY_POLICY,
 )
-def fsx_warm_state(context: AssetExecutionContext, jobs: JobRunner) -> MaterializeResult:
+def fsx_warm_state(context: AssetExecutionContext, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
     """The training set's shards where the trainer reads them (a folder locally; FSx for Lustre or S3 on
     SageMaker), verified complete, with the training-set manifest written last.
 
@@ -33,15 +43,35 @@ def fsx_warm_state(context: AssetExecutionContext, jobs: JobRunner) -> Materiali
     reads there (every shard, the training-set manifest and its excluded rows), as the backend counted them.
     """
     shards = upstream_output(context, "training_set")
-    inputs = FingerprintInputs.of(WARM_MODULE, {"backend": type(jobs).__name__}, [shards])
-    decision = decide(context, inputs)
-    if decision.hit is not None:
-        context.log.info(f"cache hit, shards already warm: {decision.reason}")
-        return decision.hit
-    warmed = jobs.warm_shards(context, shards)
-    location = warmed.metadata["dagster/uri"]
-    uri = str(getattr(location, "value", location))  # a path metadata value locally, a plain string on AWS
-    if output_is_checkable(uri):
-        mark_output_complete(uri, inputs.fingerprint, row_count=reported_row_count(warmed.metadata))
-    metadata = {**warmed.metadata, "upstream": upstream_metadata([shards]), **miss_metadata(inputs, decision.reason)}
-    return MaterializeResult(metadata=metadata, data_version=warmed.data_version)
+    # As a launch does: the code as it is now (the warm job is packaged from the files when it runs).
+    code = current_code_version(*WARM_CODE)
+    inputs = FingerprintInputs(code, {"backend": type(jobs).__name__}, {shards.asset: shards.data_version})
+    return materialize_once(
+        context,
+        inputs=inputs,
+        output=jobs.warm_location(shards),
+        jobs_root=settings.jobs_root(),
+        build=lambda: warm_materialization(jobs.warm_shards(context, shards), shards),
+        known={"upstream": upstream_metadata([shards])},
+        skipped="shards already warm",
+    )
+
+
+def warm_materialization(warmed: WarmedShards, shards: UpstreamOutput) -> MaterializeResult:
+    """The backend's plain result as the asset's metadata; the data version is the training set's, so
+    warming identical bytes again must not make training stale."""
+    copies: dict[str, Any] = (
+        {"copied": warmed.copied, "already_warm": warmed.already_warm} if warmed.copied is not None else {}
+    )
+    return MaterializeResult(
+        metadata={
+            **{name: MetadataValue.path(where) for name, where in warmed.paths.items()},
+            "dagster/row_count": warmed.rows,
+            "dagster/size_bytes": warmed.bytes,
+            "shards": warmed.shards,
+            **copies,
+            **warmed.details,
+            "upstream": upstream_metadata([shards]),
+        },
+        data_version=DataVersion(shards.data_version),
+    )

@@ -23,13 +23,12 @@ from training_code.lib.storage import copy_file_atomic, join, read_bytes, write_
 from training_code.lib.tables import RAW_INDEX
 from zero_assets.backends.job_runner import JobRunner
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version
-from zero_assets.core.output_marker import mark_output_complete, output_is_complete, retract_output_marker
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.raw_data import raw_data
 from zero_assets.defs.partitions import RAW_SOURCES
-from zero_assets.launch.cache import decide, miss_metadata, standard_metadata
 from zero_assets.launch.materialize import launch_job
 from zero_assets.launch.metadata import table_schema
+from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import latest_materializations
 
 # The code that decides what the index holds: the job script and everything it imports (the listing,
@@ -41,20 +40,23 @@ INDEX_MODULE = "training_code.index"
 class RawIndexConfig(Config):
     inventory_manifest_uri: str = Field(
         "",
-        description="An S3 Inventory report's manifest.json (s3://...) to index from instead of listing the bucket; empty: list it.",
+        description=(
+            "An S3 Inventory report's manifest.json (s3://...) to index from instead of listing the bucket; "
+            "empty: list it."
+        ),
     )
     group_pattern: str = Field(
         "",
         description=(
-            "How images are grouped for the train/val split: empty means the folder an image sits in; otherwise a regex over "
-            "the key whose match (or first group) names the group, e.g. ^[^/]+/lot_\\d+"
+            "How images are grouped for the train/val split: empty means the folder an image sits in; otherwise "
+            "a regex over the key whose match (or first group) names the group, e.g. ^[^/]+/lot_\\d+"
         ),
     )
     job_above_images: int = Field(
         1_000_000,
         description=(
-            "A source whose previous index held more images than this is indexed by a Processing job (training_code.index) "
-            "instead of in the Dagster process; 0: always a job."
+            "A source whose previous index held more images than this is indexed by a Processing job "
+            "(training_code.index) instead of in the Dagster process; 0: always a job."
         ),
     )
 
@@ -70,7 +72,8 @@ class RawIndexConfig(Config):
 def raw_image_index(
     context: AssetExecutionContext, config: RawIndexConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> MaterializeResult:
-    """Index of every image of one source (the raw root's folder `<source>/`): key, size, etag, group, annotation count."""
+    """Index of every image of one source (the raw root's folder `<source>/`): key, size, etag, group,
+    annotation count."""
     source = context.partition_key
     # What downstream sees: the listing (key, size, etag; never image bytes), the code that reads it, the
     # grouping and the sample. The job's arguments are exactly this config, so both paths fingerprint alike.
@@ -126,29 +129,28 @@ def _index_in_process(
         inputs = FingerprintInputs.of(
             INDEX_MODULE, arguments, [_listing(settings, source, manifest["listing_fingerprint"])]
         )
-        decision = decide(context, inputs)
-        if decision.hit is not None:
-            context.log.info(f"cache hit, index not rewritten: {decision.reason}")
-            return decision.hit
         out = settings.asset_uri("raw_image_index", inputs.fingerprint[:16], source)
-        manifest_bytes = Path(staging, MANIFEST).read_bytes()
-        if not output_is_complete(out, inputs.fingerprint):
-            retract_output_marker(out)  # nothing may vouch for the folder while its files are replaced
-        copy_file_atomic(Path(staging, INDEX_FILE), join(out, INDEX_FILE))
-        write_bytes_atomic(join(out, MANIFEST), manifest_bytes)  # last: it vouches for the index
-    data_version = _index_fingerprint(manifest, inputs)
-    marker = mark_output_complete(out, inputs.fingerprint, data_version, row_count=manifest["images"])
-    _log_problems(context, manifest)
-    return MaterializeResult(
-        metadata={
-            "dagster/uri": MetadataValue.path(out),
-            **standard_metadata(marker),
-            "indexed_by": "dagster process",
-            **_metadata(settings, manifest, inputs),
-            **miss_metadata(inputs, decision.reason),
-        },
-        data_version=DataVersion(data_version),
-    )
+
+        def publish() -> MaterializeResult:
+            copy_file_atomic(Path(staging, INDEX_FILE), join(out, INDEX_FILE))
+            write_bytes_atomic(
+                join(out, MANIFEST), Path(staging, MANIFEST).read_bytes()
+            )  # last: it vouches for the index
+            _log_problems(context, manifest)
+            return MaterializeResult(
+                metadata={"indexed_by": "dagster process", **_metadata(settings, manifest, inputs)},
+                data_version=DataVersion(_index_fingerprint(manifest, inputs)),
+            )
+
+        return materialize_once(
+            context,
+            inputs=inputs,
+            output=out,
+            jobs_root=settings.jobs_root(),
+            build=publish,
+            known=_metadata(settings, manifest, inputs),
+            skipped="index not rewritten",
+        )
 
 
 def _index_as_job(
@@ -199,7 +201,8 @@ def _index_as_job(
 def _refuse_empty(settings: ZeroSettings, manifest: dict[str, Any]) -> None:
     if manifest["images"] == 0:
         raise Failure(
-            f"no images found under {settings.raw_uri}/{manifest['source']}/; check the source name (`zero-assets sources`), "
+            f"no images found under {settings.raw_uri}/{manifest['source']}/; check the source name "
+            "(`zero-assets sources`), "
             "set ZERO_RAW_URI or run `zero-assets make-demo-data`"
         )
 
@@ -210,7 +213,8 @@ def _log_problems(context: AssetExecutionContext, manifest: dict[str, Any]) -> N
         context.log.warning(f"annotation for a missing image: {key}")
     if manifest["annotations_without_image"] > len(manifest["examples"]["annotations_without_image"]):
         context.log.warning(
-            f"source {source!r}: {manifest['annotations_without_image']} annotated files missing in all (examples above)"
+            f"source {source!r}: {manifest['annotations_without_image']} annotated files missing in all "
+            "(examples above)"
         )
     if manifest["annotation_error"]:  # the images are indexed without annotations; validation reports them
         context.log.error(f"source {source!r}: {manifest['annotation_error']}")

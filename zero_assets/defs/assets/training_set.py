@@ -36,13 +36,12 @@ from training_code.lib.shard_format import MANIFEST as SHARD_MANIFEST
 from training_code.lib.shard_format import SHARD_SCHEMA
 from training_code.lib.storage import join, read_bytes, write_bytes_atomic
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version
-from zero_assets.core.output_marker import mark_output_complete
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.arrow_shards import arrow_shards
 from zero_assets.defs.automation import TRAINING_SET
 from zero_assets.defs.partitions import RAW_SOURCES
-from zero_assets.launch.cache import decide, miss_metadata, standard_metadata
 from zero_assets.launch.metadata import arrow_table_schema
+from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import latest_materializations, output_of
 
 TRAINING_SET_CODE = ("zero_assets.defs.assets.training_set",)
@@ -81,7 +80,8 @@ def chosen_shards(context: AssetExecutionContext, sources: list[str]) -> list[tu
         chosen.append((output_of(records[0], "arrow_shards", source), _recorded_validated_uri(records[0])))
     if not chosen:
         raise Failure(
-            "no source has shards yet: materialize raw_image_index, validated_images and arrow_shards for a source first"
+            "no source has shards yet: materialize raw_image_index, validated_images and arrow_shards "
+            "for a source first"
         )
     return chosen
 
@@ -107,14 +107,25 @@ def training_set(
 ) -> MaterializeResult:
     """The chosen sources' latest shard sets, with cross-source duplicates and the cap resolved."""
     chosen_with_validated = chosen_shards(context, config.sources)
+    upstream = {f"arrow_shards[{shards.partition}]": shards.data_version for shards, _ in chosen_with_validated}
+    inputs = FingerprintInputs(code_version(*TRAINING_SET_CODE), config.model_dump(), upstream)
+    out = settings.asset_uri("training_set", inputs.fingerprint[:16])
+    return materialize_once(
+        context,
+        inputs=inputs,
+        output=out,
+        jobs_root=settings.jobs_root(),
+        build=lambda: write_training_set(out, chosen_with_validated, config, inputs.code),
+        skipped="training set not rewritten",
+    )
+
+
+def write_training_set(
+    out: str, chosen_with_validated: list[tuple[UpstreamOutput, str | None]], config: TrainingSetConfig, code: str
+) -> MaterializeResult:
+    """Resolve the chosen shard sets into the training set at `out`: excluded rows, then the manifest."""
     chosen = [shards for shards, _ in chosen_with_validated]
-    code = code_version(*TRAINING_SET_CODE)
     run_config = config.model_dump()
-    inputs = FingerprintInputs(code, run_config, {f"arrow_shards[{s.partition}]": s.data_version for s in chosen})
-    decision = decide(context, inputs)
-    if decision.hit is not None:
-        context.log.info(f"cache hit, training set not rewritten: {decision.reason}")
-        return decision.hit
     sources, accepted = [], {}
     for shards, validated in chosen_with_validated:
         manifest = json.loads(read_bytes(join(shards.uri, SHARD_MANIFEST)))
@@ -137,7 +148,6 @@ def training_set(
         )
     excluded = ts.choose_rows(accepted, config.max_images_per_source)
     version = sha256_json([[(s.partition, s.data_version) for s in chosen], run_config, code])
-    out = settings.asset_uri("training_set", inputs.fingerprint[:16])
     excluded_bytes = ts.excluded_parquet(excluded)
     write_bytes_atomic(join(out, ts.EXCLUDED), excluded_bytes)
     manifest = {
@@ -151,20 +161,16 @@ def training_set(
     }
     write_bytes_atomic(join(out, ts.MANIFEST), json.dumps(manifest, indent=1).encode())
     rows = sum(len(rows) for rows in accepted.values())
-    marker = mark_output_complete(out, inputs.fingerprint, version, row_count=rows - len(excluded))
     duplicates = sum(1 for row in excluded if row[2].startswith("duplicate"))
     return MaterializeResult(
         metadata={
-            "dagster/uri": MetadataValue.path(out),
-            **standard_metadata(
-                marker
-            ),  # rows: the shard rows chosen (accepted minus excluded); bytes: manifest and excluded rows
+            # The shard rows chosen (accepted minus excluded); the size is the marked files' (manifest, excluded rows).
+            "dagster/row_count": rows - len(excluded),
             "sources": source_table(sources, accepted, excluded),
             "duplicates_across_sources": duplicates,
             "over_cap": len(excluded) - duplicates,
             "shards": sum(len(s["shards"]) for s in sources),
             "duplicate_rule": ts.DUPLICATE_RULE,
-            **miss_metadata(inputs, decision.reason),
         },
         data_version=DataVersion(version),
     )

@@ -11,7 +11,7 @@ from zero_assets.core.job_request import FanOut
 from zero_assets.core.settings import ZeroSettings, source_uri
 from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.assets.raw_image_index import raw_image_index
-from zero_assets.defs.automation import PER_SOURCE
+from zero_assets.defs.automation import EAGER
 from zero_assets.defs.limits import MAX_QUARANTINE_RATE_VAR, max_quarantine_rate
 from zero_assets.defs.partitions import RAW_SOURCES
 from zero_assets.launch.materialize import launch_job
@@ -34,8 +34,8 @@ class ValidationConfig(Config):
     max_quarantine_rate: float = Field(
         max_quarantine_rate(),
         description=(
-            f"Fail when more than this share of the source's images is quarantined; default from {MAX_QUARANTINE_RATE_VAR} "
-            "when the code location loads. The asset check judges by the same value."
+            "Fail when more than this share of the source's images is quarantined; default from "
+            f"{MAX_QUARANTINE_RATE_VAR} when the code location loads. The asset check judges by the same value."
         ),
     )
     min_side: int = Field(8, description="Images narrower or shorter than this many pixels are quarantined.")
@@ -55,7 +55,7 @@ class ValidationConfig(Config):
     code_version=code_version(VALIDATE_MODULE),
     deps=[raw_image_index],
     partitions_def=RAW_SOURCES,
-    automation_condition=PER_SOURCE,
+    automation_condition=EAGER,
     group_name="zero",
     kinds={"parquet"},
     metadata={"dagster/column_schema": table_schema(ACCEPTED)},
@@ -64,8 +64,8 @@ class ValidationConfig(Config):
 def validated_images(
     context: AssetExecutionContext, config: ValidationConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> MaterializeResult:
-    """Accepted images (sha256, size, format, mode, split, labels) and the quarantine, duplicate and label-rejection tables,
-    with a contact sheet of the quarantined images that still decode."""
+    """Accepted images (sha256, size, format, mode, split, labels) and the quarantine, duplicate and
+    label-rejection tables, with a contact sheet of the quarantined images that still decode."""
     index = upstream_output(context, "raw_image_index", context.partition_key)
     # The previous output lets the job decode only new or changed images (see training_code/lib/verdict_cache).
     previous = previous_output(context)

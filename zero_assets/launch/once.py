@@ -1,0 +1,108 @@
+"""The one protocol of every asset that writes an output: build it once per input fingerprint.
+
+Decide (an earlier materialization with the same fingerprint whose output is still complete is a
+hit: nothing is built), else take the output's lease (see `output_lease`: a second run with the same
+fingerprint waits for the first), look again for an output published meanwhile (a hit on the work
+of the run it waited for), else build, mark the output complete (the marker is the last write; a
+rebuild withdraws the old one first) and report with the standard metadata. Job-backed assets build
+through `launch_job`; the in-process ones (index, training set, warm state) pass their own build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue
+
+from zero_assets.core.fingerprints import FingerprintInputs
+from zero_assets.core.output_marker import (
+    complete_marker,
+    mark_output_complete,
+    output_is_checkable,
+    retract_output_marker,
+)
+from zero_assets.launch.cache import (
+    cache_decision,
+    miss_metadata,
+    published_hit,
+    reported_row_count,
+    reported_size_bytes,
+    standard_metadata,
+)
+from zero_assets.launch.output_lease import hold_lease, output_lease_path
+
+
+def materialize_once(
+    context: AssetExecutionContext,
+    *,
+    inputs: FingerprintInputs,
+    output: str,
+    jobs_root: Path,
+    build: Callable[[], MaterializeResult],
+    known: Mapping[str, Any] | None = None,
+    skipped: str = "nothing built",
+) -> MaterializeResult:
+    """Materialize the asset's output at `output` (where `build` publishes it) unless it already is.
+
+    `build()` writes the output and returns its own metadata and data version. The result carries
+    `dagster/uri`, the cache keys (`cache`, `cache_reason`, `fingerprint`, `fingerprint_inputs`,
+    `code_version`) and `dagster/size_bytes` of the marked files, unless `build` counted that itself
+    (the warm state, whose readers also read shards kept elsewhere). The `dagster/row_count` it
+    reports, and a size it counted, are kept in the marker, so a later hit found through the marker
+    alone reports them too. An output that cannot be checked from here (`fsx://`) is not marked, and
+    so never a hit. `known`: what this run knows of the output without building it (what it is built
+    from), added to a hit on an output another run published. `skipped` says in the log what a hit
+    spares ("no job launched").
+    """
+    decision = cache_decision(context, inputs)
+    if decision.hit is not None:
+        context.log.info(f"cache hit, {skipped}: {decision.reason}")
+        return decision.hit
+    context.log.info(f"cache miss: {decision.reason}")
+    lease_path = output_lease_path(jobs_root, context.asset_key.to_user_string(), inputs.fingerprint)
+
+    def waiting(owner: dict[str, Any]) -> None:
+        context.log.info(
+            f"run {owner.get('run_id')} (pid {owner.get('pid')} on {owner.get('host')}) is building {output}: "
+            "waiting for it"
+        )
+
+    with hold_lease(lease_path, context.run.run_id, on_wait=waiting) as lease:
+        if lease.took_over:
+            context.log.warning(f"took over the lease on {output} from run {lease.took_over}")
+        # The run we waited for (or one this instance never recorded) may have published it meanwhile.
+        reason = (
+            f"run {lease.waited_for} built the same inputs while this run waited; its output at {output} is complete"
+            if lease.waited_for
+            else f"an output of the same input fingerprint is published at {output} and is complete"
+        )
+        marker = complete_marker(output, inputs.fingerprint)  # one listing and hashing pass for both questions
+        hit = published_hit(output, marker, inputs, reason, lease.waited_for)
+        if hit is not None:
+            context.log.info(f"cache hit, {skipped}: {reason}")
+            return MaterializeResult(metadata={**(hit.metadata or {}), **(known or {})}, data_version=hit.data_version)
+        if marker is None:
+            retract_output_marker(output)  # nothing may vouch for the output while it is replaced
+        built = build()
+        marker = (
+            mark_output_complete(
+                output,
+                inputs.fingerprint,
+                built.data_version.value if built.data_version else None,
+                reported_row_count(built.metadata),
+                reported_size_bytes(built.metadata),
+            )
+            if output_is_checkable(output)
+            else None
+        )
+    return MaterializeResult(
+        metadata={
+            "dagster/uri": MetadataValue.path(output),
+            **(standard_metadata(marker) if marker is not None else {}),
+            **(built.metadata or {}),
+            **miss_metadata(inputs, decision.reason),
+        },
+        data_version=built.data_version,
+    )
