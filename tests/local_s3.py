@@ -107,7 +107,7 @@ class LocalS3Server:
         }
 
     def client(self, max_attempts: int | None = None):
-        """This server's S3 client under the project's client policy (shared, adaptive retries)."""
+        """This server's S3 client under the project's client policy (shared, with its retries)."""
         return aws_client(
             "s3",
             region=self.region,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from boto3.exceptions import S3UploadFailedError
@@ -35,12 +37,11 @@ def test_one_client_per_process_and_endpoint_even_from_many_threads(monkeypatch)
     assert len({id(c) for c in found}) == 1
     assert aws_clients.client("s3", endpoint_url="http://127.0.0.1:10") is not found[0]
     config = found[0].meta.config
-    assert config.retries == {"mode": "adaptive", "total_max_attempts": aws_clients.SERVICE_ATTEMPTS["s3"]}
+    assert config.retries == {"mode": "standard", "total_max_attempts": aws_clients.SERVICE_ATTEMPTS["s3"]}
     assert (config.connect_timeout, config.read_timeout) == (10.0, 60.0)
-    assert (
-        aws_clients.client("logs", region="us-east-1").meta.config.retries["total_max_attempts"]
-        == aws_clients.SERVICE_ATTEMPTS["logs"]
-    )
+    for service in ("logs", "sagemaker", "fsx", "sqs"):  # the control-plane clients keep adaptive retries
+        retries = aws_clients.client(service, region="us-east-1").meta.config.retries
+        assert retries == {"mode": "adaptive", "total_max_attempts": aws_clients.SERVICE_ATTEMPTS[service]}
 
     pid = os.fork()
     if pid == 0:  # a forked child must not share the parent's connections
@@ -118,3 +119,46 @@ def test_backoff_grows_and_resets():
     assert not backoff.ready() and backoff.quiet_for() < 1
     backoff.succeeded()
     assert backoff.ready() and backoff.failed() == 1
+
+
+class _ThrottledPrefix(BaseHTTPRequestHandler):
+    """A minimal S3 endpoint: every GET under `hot/` answers 503 SlowDown, every other GET a small body."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        throttled = "/hot/" in self.path
+        body = (
+            b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>" if throttled else b"ok"
+        )
+        self.send_response(503 if throttled else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def throttling_endpoint():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ThrottledPrefix)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_throttled_prefix_does_not_slow_the_shared_s3_client_down_for_other_prefixes(
+    throttling_endpoint, monkeypatch
+):
+    """botocore's `adaptive` mode keeps one rate limiter per client: after two SlowDown answers on one
+    prefix it holds every later request of that client, on any prefix, to about one every 0.8 s (five
+    GETs of another prefix take about 4 s). S3's shared client is `standard`, so they go at once."""
+    monkeypatch.setenv("ZERO_AWS_MAX_ATTEMPTS", "1")  # one try a call: the throttles are seen, never waited out
+    s3 = aws_clients.client("s3", region="us-east-1", endpoint_url=throttling_endpoint, access_key="a", secret_key="b")
+    for n in range(2):
+        with pytest.raises(ClientError, match="SlowDown"):
+            s3.get_object(Bucket="lake", Key=f"hot/{n}")
+    started = time.perf_counter()
+    assert [s3.get_object(Bucket="lake", Key=f"cold/{n}")["Body"].read() for n in range(5)] == [b"ok"] * 5
+    assert time.perf_counter() - started < 1.0, "the other prefix's GETs were held back by the throttled one"

@@ -1,9 +1,13 @@
-"""One AWS client policy for every process: shared clients, adaptive retries, bounded waits.
+"""One AWS client policy for every process: shared clients, botocore retries, bounded waits.
 
 Job scripts and the Dagster process both get their boto3 clients here (job scripts never import
 `zero_assets`). A client is created once per process for each service, region, endpoint and
 credentials, under a lock (boto3's default session is not thread-safe, its clients are), with
-adaptive retries, more attempts for the services a run waits on, and finite timeouts.
+botocore retries (`standard` for S3, `adaptive` for the rest), more attempts for the services a run
+waits on, and finite timeouts. S3 is `standard` because its clients are shared: `adaptive` keeps one
+client-side rate limiter per client, so a prefix that answers SlowDown would throttle every transfer
+thread of the process, on every prefix. The control-plane clients (SageMaker, Logs, FSx, SQS) call
+one API each, where slowing the whole client down is what a throttle asks for.
 
 botocore's retries cover a few seconds of throttling and connection errors, and nothing that goes
 wrong while a response body is being read. `retry_call` adds an outer, time-bounded retry for
@@ -33,6 +37,9 @@ T = TypeVar("T")
 # DescribeTrainingJob or GetLogEvents must not end the wait for a job that keeps running.
 SERVICE_ATTEMPTS = {"s3": 8, "sagemaker": 12, "logs": 12, "fsx": 10, "sqs": 8}
 DEFAULT_ATTEMPTS = 5
+# botocore's retry mode per service (the others get DEFAULT_RETRY_MODE); see the module docstring.
+RETRY_MODES = {"s3": "standard"}
+DEFAULT_RETRY_MODE = "adaptive"
 S3_POOL = 32  # connections per S3 client: listing and transfer threads share one client
 RETRY_WINDOW_S = 90.0  # an outage this long is ridden out by idempotent S3 calls
 FIRST_DELAY_S, MAX_DELAY_S = 0.5, 8.0
@@ -100,7 +107,7 @@ def client_config(service: str, max_attempts: int | None = None):
 
     attempts = max_attempts or int(_env_float("ZERO_AWS_MAX_ATTEMPTS", SERVICE_ATTEMPTS.get(service, DEFAULT_ATTEMPTS)))
     return Config(
-        retries={"mode": "adaptive", "total_max_attempts": max(1, attempts)},
+        retries={"mode": RETRY_MODES.get(service, DEFAULT_RETRY_MODE), "total_max_attempts": max(1, attempts)},
         connect_timeout=_env_float("ZERO_AWS_CONNECT_TIMEOUT_S", 10.0),
         read_timeout=_env_float("ZERO_AWS_READ_TIMEOUT_S", 60.0),
         max_pool_connections=S3_POOL if service == "s3" else 10,
