@@ -14,9 +14,27 @@ from typing import Any, Literal
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput
 from zero_assets.core.settings import ZeroSettings
 
-_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9-]+")
+MAX_JOB_NAME = 63
+_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9]+")
+VALID_JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")  # SageMaker's rule for job names
 # A job script's module: dotted identifiers, so a config value can name a module and nothing else (no flags, no paths).
 MODULE_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+
+def job_name(label: str, fingerprint: str, attempt: int) -> str:
+    """The name of one attempt of a job, on either backend: `zero-<label>-<fingerprint16>-a<attempt>`,
+    the label shortened when the whole would pass SageMaker's 63 characters. Deterministic, so a
+    restarted run finds the attempt its predecessor launched instead of launching a second one."""
+    if attempt < 1:
+        raise ValueError(f"attempt numbers start at 1, got {attempt}")
+    if not re.fullmatch(r"[0-9a-f]{16,}", fingerprint):
+        raise ValueError(f"fingerprint must be at least 16 hex digits, got {fingerprint!r}")
+    tail = f"-{fingerprint[:16]}-a{attempt}"
+    stem = _NAME_UNSAFE.sub("-", f"zero-{label}").strip("-")[: MAX_JOB_NAME - len(tail)].rstrip("-")
+    name = stem + tail
+    if not VALID_JOB_NAME.match(name):
+        raise ValueError(f"job name {name!r} built from label {label!r} breaks SageMaker's naming rule")
+    return name
 
 
 @dataclass(frozen=True)
@@ -47,9 +65,9 @@ class JobRequest:
 
     @property
     def job_name(self) -> str:
-        """Deterministic and within SageMaker's rules (alphanumerics and hyphens, at most 63 characters)."""
-        stem = _NAME_UNSAFE.sub("-", f"zero-{self.label}").strip("-")[:46]
-        return f"{stem}-{self.fingerprint[:16]}"
+        """The name of the first attempt (`job_name(label, fingerprint, 1)`): what the local backend,
+        which runs a request once per Dagster run, calls its job, and SageMaker's first attempt."""
+        return job_name(self.label, self.fingerprint, 1)
 
     def argument_list(self) -> list[str]:
         return [token for key, value in self.arguments.items() for token in (f"--{key.replace('_', '-')}", str(value))]
