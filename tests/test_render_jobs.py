@@ -14,7 +14,9 @@ BASE_ENV = {
     "ZERO_SM_REGION": "us-east-1",
     "ZERO_SM_ROLE_ARN": "arn:aws:iam::123456789012:role/zero-jobs",
     "ZERO_SM_BUCKET": "zero-ml-lake",
-    "ZERO_SM_TRAINING_IMAGE_URI": "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker",
+    "ZERO_SM_TRAINING_IMAGE_URI": (
+        "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker"
+    ),
     "ZERO_SM_PROCESSING_IMAGE_URI": "123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-processing:1",
     "ZERO_SM_KMS_KEY_ID": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     "ZERO_SM_TAGS": "team=vision,cost-center=ml-42",

@@ -177,7 +177,9 @@ def map_not_regressed(context: AssetCheckExecutionContext, limits: CheckLimits) 
         passed=drop <= limits.map_regression_margin,
         severity=AssetCheckSeverity.WARN,
         metadata={"mAP": current["mAP"], "previous_mAP": previous["mAP"], "margin": limits.map_regression_margin},
-        description=f"mAP {current['mAP']:.4f} vs previous {previous['mAP']:.4f} (allowed drop {limits.map_regression_margin})",
+        description=(
+            f"mAP {current['mAP']:.4f} vs previous {previous['mAP']:.4f} (allowed drop {limits.map_regression_margin})"
+        ),
     )
 
 

@@ -2,10 +2,11 @@
 
 What the lake holds, and when each part is referenced (kept):
 - `<asset>/<fingerprint16>/` (`<asset>/<source>/<fingerprint16>/` for the per-source assets), an
-  output: a materialization the instance still holds names it (its
-  `dagster/uri` (or `warm_s3_uri`, the S3 side of an FSx warm folder) is the folder, inside it or above it). Every stored materialization counts,
-  not only the latest: the cache reuses an older output when its inputs come back (a reverted
-  config), and lineage reads the outputs of older checkpoints. Wiping an asset's history frees them.
+  output: a materialization the instance still holds names it (its `dagster/uri`, or `warm_s3_uri`,
+  the S3 side of an FSx warm folder, is the folder, inside it or above it). Every stored
+  materialization counts, not only the latest: the cache reuses an older output when its inputs come
+  back (a reverted config), and lineage reads the outputs of older checkpoints. Wiping an asset's
+  history frees them.
 - `_jobs/<asset>/<fingerprint16>/runs/<run id>/`, one run's job folder: that run recorded a stored
   materialization, or is still in progress or queued, or a stored materialization's metadata (its
   job log) points inside it.
@@ -52,7 +53,8 @@ class Folder:
     """One collectable unit of the lake, with what the listing says about it."""
 
     key: str  # relative to the lake
-    kind: str  # "output", "run" (one run's job folder), "jobs" (an output's lease and checkpoints, or an older job folder)
+    # "output", "run" (one run's job folder), "jobs" (an output's lease and checkpoints, or an older job folder)
+    kind: str
     uri: str
     bytes: int  # of the files that belong to this unit alone (a "jobs" folder's runs are units of their own)
 
@@ -283,7 +285,8 @@ def report_lines(verdicts: list[Verdict], deleted: list[Folder] | None) -> list[
     lines.append("")
     if deleted is None:
         lines.append(
-            f"total: {len(collectable)} unreferenced folders, {total:,} bytes (dry run: nothing deleted; --delete removes them)"
+            f"total: {len(collectable)} unreferenced folders, {total:,} bytes "
+            "(dry run: nothing deleted; --delete removes them)"
         )
     else:
         lines.append(

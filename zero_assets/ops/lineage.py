@@ -70,7 +70,8 @@ class Materialization:
         return provenance.input_data_versions[key].value, provenance.input_storage_ids[key]
 
     def pointer(self, upstream: str) -> int | None:
-        """The storage id of the `upstream` event Dagster recorded this materialization read; None when it recorded none."""
+        """The storage id of the `upstream` event Dagster recorded this materialization read; None when it
+        recorded none."""
         recorded = self._recorded(upstream)
         return recorded[1] if recorded else None
 

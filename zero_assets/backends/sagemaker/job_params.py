@@ -45,7 +45,8 @@ def build_job_params(
     all_tags = {**settings.tags, "zero:asset": request.asset, "zero:fingerprint": request.fingerprint[:16]}
     params["Tags"] = [{"Key": key, "Value": str(value)[:256]} for key, value in all_tags.items()]
     if settings.wandb_secret_arn and "wandb_mode" in request.arguments:  # a job that tracks to W&B
-        # The job reads the W&B API key from this secret at start (training_code.lib.wandb_run): only the reference travels.
+        # The job reads the W&B API key from this secret at start (training_code.lib.wandb_run): only the
+        # reference travels.
         params["Environment"][SECRET_ARN_VARIABLE] = settings.wandb_secret_arn
     check_environment(params["Environment"], request.kind)
     return OPERATIONS[request.kind], params
@@ -281,7 +282,8 @@ def module_path(module: str) -> str:
 def _require_s3(name: str, uri: str) -> None:
     if not uri.startswith("s3://"):
         raise ValueError(
-            f"job input/output {name!r} is {uri!r}; SageMaker jobs read and write s3:// URIs (set ZERO_LAKE_URI/ZERO_RAW_URI to S3)"
+            f"job input/output {name!r} is {uri!r}; SageMaker jobs read and write s3:// URIs "
+            "(set ZERO_LAKE_URI/ZERO_RAW_URI to S3)"
         )
 
 

@@ -28,7 +28,8 @@ _REPORT_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}-\d{2}Z$")
 
 
 def current_manifest(location: str) -> tuple[str, bytes]:
-    """The URI and bytes of the newest report's manifest.json at `location` (a manifest URI, or a configuration's folder)."""
+    """The URI and bytes of the newest report's manifest.json at `location` (a manifest URI, or a
+    configuration's folder)."""
     if location.endswith(MANIFEST):
         return location, read_bytes(location)
     # The dated report folders are the location's top-level folders: the one delimiter listing that

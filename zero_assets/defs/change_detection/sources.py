@@ -2,10 +2,10 @@
 
 The same rule as the index the asset builds (`write_source_index`, training_code/lib/raw_index.py):
 the source is the top-level folder of the key as `printable_key` writes it; the index reads image
-files (by suffix) and each source's `annotations.json`. A hostile key inside a source (`src/../x.jpg`, `src/a//b.jpg`, a newline) still
-maps to its source: validation gives it its verdict. A source folder whose own name cannot be a
-partition (empty, `..`, a backslash, Dagster's forbidden `...`) is reported and left out, because
-its name would become a path segment of every per-source output.
+files (by suffix) and each source's `annotations.json`. A hostile key inside a source (`src/../x.jpg`,
+`src/a//b.jpg`, a newline) still maps to its source: validation gives it its verdict. A source folder
+whose own name cannot be a partition (empty, `..`, a backslash, Dagster's forbidden `...`) is reported
+and left out, because its name would become a path segment of every per-source output.
 """
 
 from __future__ import annotations

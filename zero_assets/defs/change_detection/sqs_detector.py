@@ -45,10 +45,12 @@ def detect_from_queue(
     max_messages: int = MAX_MESSAGES_PER_TICK,
     visibility_timeout_s: int = VISIBILITY_TIMEOUT_S,
 ) -> Detection:
-    """`store` keeps the receipts between ticks (`get_cursor_values` / `set_cursor_values`: the instance's run storage)."""
+    """`store` keeps the receipts between ticks (`get_cursor_values` / `set_cursor_values`: the
+    instance's run storage)."""
     if not raw_uri.startswith("s3://"):
         raise ValueError(
-            f"ZERO_RAW_EVENTS_QUEUE_URL is set but the raw root {raw_uri} is not an s3:// URI; S3 events name bucket keys"
+            f"ZERO_RAW_EVENTS_QUEUE_URL is set but the raw root {raw_uri} is not an s3:// URI; "
+            "S3 events name bucket keys"
         )
     bucket, prefix = split_s3(raw_uri)
     base = f"{prefix}/" if prefix else ""
@@ -80,7 +82,8 @@ def detect_from_queue(
             malformed += 1
             if malformed <= MAX_PROBLEMS:
                 problems.append(
-                    f"message {message.message_id} on {queue_url} skipped: {error}; left on the queue for its dead-letter queue"
+                    f"message {message.message_id} on {queue_url} skipped: {error}; "
+                    "left on the queue for its dead-letter queue"
                 )
             continue
         receipts.append(message.receipt)
