@@ -49,11 +49,11 @@ def test_dagster_cli_validates_the_code_location():
 
 
 def test_unknown_backend_is_rejected_with_the_variable_name(monkeypatch):
-    from zero_assets.core.settings import settings_from_env
+    from zero_assets.backends.from_env import resources_from_env
 
     monkeypatch.setenv("ZERO_BACKEND", "kubernetes")
     try:
-        settings_from_env()
+        resources_from_env()
     except ValueError as error:
         assert "ZERO_BACKEND" in str(error) and "kubernetes" in str(error)
     else:

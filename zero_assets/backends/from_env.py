@@ -1,30 +1,58 @@
-"""The one place the backend is chosen: `ZERO_BACKEND` (local | sagemaker) and `ZERO_PROFILE`."""
+"""The one place the backend is chosen (`ZERO_BACKEND`: local | sagemaker) and its settings are built,
+the profile (`ZERO_PROFILE`) applied. The code location's resources come from here, and so do the
+settings `zero-assets` commands act on (render-jobs, sources, gc): a command sees what a run gets.
+"""
 
 from __future__ import annotations
 
-import os
+from typing import TypeVar
+
+from dagster import ConfigurableResource
 
 from zero_assets.backends.job_runner import JobRunner
 from zero_assets.backends.local.runner import LocalJobRunner
-from zero_assets.backends.sagemaker.profiles import apply_profile, profile_from_env, sample_images
-from zero_assets.backends.sagemaker.settings import sagemaker_settings_from_env
-from zero_assets.core.settings import ZeroSettings, settings_from_env
+from zero_assets.backends.sagemaker.profiles import profile_fields, profile_from_env, sample_images
+from zero_assets.backends.sagemaker.settings import SageMakerSettings, s3_root_from_env, sagemaker_settings_from_env
+from zero_assets.core.settings import ZeroSettings, backend_from_env, settings_from_env
+
+Resource = TypeVar("Resource", bound=ConfigurableResource)
 
 
 def resources_from_env() -> dict[str, ZeroSettings | JobRunner]:
     """`settings` and `jobs` for the configured backend and profile."""
-    profile = profile_from_env()
-    overrides = {"sample_images": sample_images(profile)} if sample_images(profile) else {}
-    if os.environ.get("ZERO_BACKEND", "local") != "sagemaker":
-        settings = settings_from_env(**overrides)
+    settings, aws = backend_settings()
+    if aws is None:
         return {"settings": settings, "jobs": LocalJobRunner(settings=settings)}
-    from zero_assets.backends.sagemaker.runner import SageMakerJobRunner
+    from zero_assets.backends.sagemaker.runner import SageMakerJobRunner  # boto3 and dagster-aws only when used
 
-    aws = apply_profile(sagemaker_settings_from_env(), profile)
-    prefix = os.environ.get("ZERO_SM_PREFIX", "zero").strip("/")
-    # Read from the environment, not `aws`: its fields are EnvVar bindings until Dagster resolves them.
-    lake = (
-        f"s3://{os.environ['ZERO_SM_BUCKET']}/{prefix}/lake" if prefix else f"s3://{os.environ['ZERO_SM_BUCKET']}/lake"
-    )
-    settings = settings_from_env(lake_uri=lake, **overrides)
     return {"settings": settings, "jobs": SageMakerJobRunner(settings=settings, aws=aws)}
+
+
+def backend_settings() -> tuple[ZeroSettings, SageMakerSettings | None]:
+    """The configured backend's settings: `ZeroSettings`, and the SageMaker backend's own (None locally)."""
+    if backend_from_env() == "sagemaker":
+        return sagemaker_settings()
+    return settings_from_env(**_profile_fields(profile_from_env())), None
+
+
+def sagemaker_settings() -> tuple[ZeroSettings, SageMakerSettings]:
+    """What the SageMaker backend runs with, whatever `ZERO_BACKEND` says (`render-jobs` prints its
+    requests): `SageMakerSettings` from `ZERO_SM_*` with the profile applied, and `ZeroSettings` whose
+    lake and raw root default to `s3://<bucket>/<prefix>/lake` and `.../raw`."""
+    profile = profile_from_env()
+    aws = sagemaker_settings_from_env(**profile_fields(profile))
+    # From the environment, not `aws`: its fields are EnvVar bindings until Dagster resolves them.
+    root = s3_root_from_env()
+    settings = settings_from_env(lake_uri=f"{root}/lake", raw_uri=f"{root}/raw", **_profile_fields(profile))
+    return settings, aws
+
+
+def resolved(resource: Resource) -> Resource:
+    """`resource` with its EnvVar bindings read now, as Dagster reads them when it initializes the
+    resource for a run: for commands that print or act on settings outside a run."""
+    return resource.process_config_and_initialize()
+
+
+def _profile_fields(profile: str) -> dict[str, int]:
+    sample = sample_images(profile)
+    return {"sample_images": sample} if sample else {}

@@ -13,10 +13,12 @@ instance type in the job's region, from `prices.json` beside this file and the f
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
+
+from zero_assets.core.settings import zero_env
 
 BUILT_IN_PRICES = Path(__file__).parent / "sagemaker" / "prices.json"
 BUILT_IN_NAME = "zero_assets/backends/sagemaker/prices.json"
@@ -53,12 +55,11 @@ class JobUsage:
     managed_spot: bool = False
 
 
-def price_table(environ: Optional[dict[str, str]] = None) -> PriceTable:
+def price_table(environ: Optional[Mapping[str, str]] = None) -> PriceTable:
     """The built-in table, overlaid by the file `ZERO_SM_PRICE_TABLE` names; a bad file fails naming it."""
-    env = os.environ if environ is None else environ
     prices = _read_table(BUILT_IN_PRICES, BUILT_IN_NAME)
     files = [BUILT_IN_NAME]
-    override = env.get(PRICE_TABLE_ENV)
+    override = zero_env(PRICE_TABLE_ENV, environ)
     if override:
         prices |= _read_table(Path(override), f"{PRICE_TABLE_ENV}={override}")
         files.append(override)
@@ -77,8 +78,8 @@ def _read_table(path: Path, named: str) -> dict[tuple[str, str], Price]:
     ]
     if missing:
         raise ValueError(
-            f"price table {named}: missing {missing}; every table names where its prices come from (source) and when (as_of), "
-            f"see {BUILT_IN_NAME} for the format"
+            f"price table {named}: missing {missing}; every table names where its prices come from (source) "
+            f"and when (as_of), see {BUILT_IN_NAME} for the format"
         )
     source = f"{named} ({table['source']}, as of {table['as_of']})"
     prices = {}
@@ -86,7 +87,8 @@ def _read_table(path: Path, named: str) -> dict[tuple[str, str], Price]:
         for instance_type, usd in (types or {}).items():
             if isinstance(usd, bool) or not isinstance(usd, (int, float)) or usd < 0:
                 raise ValueError(
-                    f"price table {named}: usd_per_instance_hour.{region}.{instance_type} is {usd!r}, not a price (a number >= 0)"
+                    f"price table {named}: usd_per_instance_hour.{region}.{instance_type} is {usd!r}, "
+                    "not a price (a number >= 0)"
                 )
             prices[(region, instance_type)] = Price(float(usd), source)
     return prices
@@ -133,8 +135,8 @@ def cost_metadata(usage: JobUsage, region: str, prices: PriceTable) -> dict[str,
     if price is None:
         return {
             **metadata,
-            COST_NOTE: f"no price for {usage.instance_type} in {region} in the price table ({', '.join(prices.files)}): "
-            f"add it to a file named by {PRICE_TABLE_ENV} for an estimate",
+            COST_NOTE: f"no price for {usage.instance_type} in {region} in the price table "
+            f"({', '.join(prices.files)}): add it to a file named by {PRICE_TABLE_ENV} for an estimate",
         }
     per_second = price.usd_per_instance_hour / 3600
     metadata |= {

@@ -1,8 +1,10 @@
-"""Where things live: the raw root, the lake for derived assets, the backend and the FSx mount.
+"""Where things live (`ZeroSettings`), and the one reader of the project's settings: its `ZERO_*` variables.
 
-Each field is read from its environment variable (`ZERO_RAW_URI`, `ZERO_LAKE_URI`, `ZERO_BACKEND`,
-`ZERO_FSX_MOUNT`) through `EnvVar` when it is set, else defaults under `.zero/` in the repo (on the
-SageMaker backend the lake defaults to `s3://$ZERO_SM_BUCKET/$ZERO_SM_PREFIX/lake`).
+`zero_env` reads a variable; the tables below say which variable binds to which field of `ZeroSettings`
+and of the SageMaker backend's `SageMakerSettings`, and `env_bindings` binds the set ones through
+`EnvVar`. Unset fields keep their defaults: under `.zero/` in the repo (on the SageMaker backend the
+lake and the raw root default to `s3://$ZERO_SM_BUCKET/$ZERO_SM_PREFIX/{lake,raw}`, see
+`backends/from_env.py`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from dagster import ConfigurableResource, EnvVar
 
@@ -18,17 +20,56 @@ from training_code.lib.storage import is_s3, join
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE = REPO_ROOT / ".zero"
+JOBS_FOLDER = "_jobs"  # a local lake's job folders: `<lake>/_jobs`
 BACKENDS = ("local", "sagemaker")
+
+# Field -> the variable it is read from, for the two settings resources (lists, tags and per-job
+# compute of the SageMaker backend are parsed from theirs in backends/sagemaker/settings.py).
+SETTINGS_VARIABLES = {
+    "raw_uri": "ZERO_RAW_URI",
+    "lake_uri": "ZERO_LAKE_URI",
+    "fsx_mount": "ZERO_FSX_MOUNT",
+    "raw_events_queue_url": "ZERO_RAW_EVENTS_QUEUE_URL",
+    "raw_inventory_manifest_uri": "ZERO_RAW_INVENTORY_MANIFEST_URI",
+}
+SAGEMAKER_VARIABLES = {
+    "region": "ZERO_SM_REGION",
+    "role_arn": "ZERO_SM_ROLE_ARN",
+    "bucket": "ZERO_SM_BUCKET",
+    "prefix": "ZERO_SM_PREFIX",
+    "training_image_uri": "ZERO_SM_TRAINING_IMAGE_URI",
+    "processing_image_uri": "ZERO_SM_PROCESSING_IMAGE_URI",
+    "kms_key_id": "ZERO_SM_KMS_KEY_ID",
+    "fsx_file_system_id": "ZERO_SM_FSX_FILE_SYSTEM_ID",
+    "fsx_mount_name": "ZERO_SM_FSX_MOUNT_NAME",
+    "messages": "ZERO_SM_MESSAGES",
+    "wandb_secret_arn": "ZERO_SM_WANDB_SECRET_ARN",
+}
 
 
 def zero_env(name: str, environ: Mapping[str, str] | None = None) -> str:
     """The one reader of the project's `ZERO_*` environment variables: the value of `name` with
     surrounding blanks stripped, or "" when it is unset or empty. `environ` stands in for the process
-    environment (tests, `render-jobs`)."""
+    environment (tests)."""
     if not name.startswith("ZERO_"):
         raise ValueError(f"{name!r} is not a zero_assets setting (they are named ZERO_*)")
     return (os.environ if environ is None else environ).get(name, "").strip()
-JOBS_FOLDER = "_jobs"  # a local lake's job folders: `<lake>/_jobs`
+
+
+def env_bindings(variables: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`field -> EnvVar(variable)` for each of `variables` (field -> variable) that is set: Dagster reads
+    it when it initializes the resource, and its UI names the variable. With `environ`: the values."""
+    if environ is None:
+        return {field: EnvVar(var) for field, var in variables.items() if zero_env(var)}
+    return {field: zero_env(var, environ) for field, var in variables.items() if zero_env(var, environ)}
+
+
+def backend_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """Where jobs run (`ZERO_BACKEND`, default local); anything else fails naming the variable."""
+    backend = zero_env("ZERO_BACKEND", environ) or "local"
+    if backend not in BACKENDS:
+        raise ValueError(f"ZERO_BACKEND={backend!r} is not a backend this version runs; use one of {BACKENDS}")
+    return backend
 
 
 class ZeroSettings(ConfigurableResource):
@@ -36,7 +77,6 @@ class ZeroSettings(ConfigurableResource):
 
     raw_uri: str = str(DEFAULT_STATE / "raw")
     lake_uri: str = str(DEFAULT_STATE / "lake")
-    backend: str = "local"
     fsx_mount: Optional[str] = None  # None: `.zero/fsx`, created on demand; set: must exist and be writable
     sample_images: Optional[int] = None  # rehearsal profile: index only this many images (None: all)
     # Change detection (the sensor): the SQS queue of the raw bucket's S3 Event Notifications, else an
@@ -79,16 +119,4 @@ def source_uri(settings: ZeroSettings, source: str) -> str:
 
 def settings_from_env(**overrides) -> ZeroSettings:
     """Settings bound to the environment variables that are set; defaults (or `overrides`) for the rest."""
-    fields = {
-        "raw_uri": "ZERO_RAW_URI",
-        "lake_uri": "ZERO_LAKE_URI",
-        "backend": "ZERO_BACKEND",
-        "fsx_mount": "ZERO_FSX_MOUNT",
-        "raw_events_queue_url": "ZERO_RAW_EVENTS_QUEUE_URL",
-        "raw_inventory_manifest_uri": "ZERO_RAW_INVENTORY_MANIFEST_URI",
-    }
-    backend = os.environ.get("ZERO_BACKEND", "local")
-    if backend not in BACKENDS:
-        raise ValueError(f"ZERO_BACKEND={backend!r} is not a backend this version runs; use one of {BACKENDS}")
-    bound = {field: EnvVar(var) for field, var in fields.items() if os.environ.get(var)}
-    return ZeroSettings(**{**overrides, **bound})
+    return ZeroSettings(**{**overrides, **env_bindings(SETTINGS_VARIABLES)})

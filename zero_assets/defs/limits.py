@@ -2,19 +2,21 @@
 
 `validated_images` takes its `max_quarantine_rate` default from here (the validator fails the run
 past it), and `quarantine_rate_under_limit` judges each materialization by the limit that
-materialization recorded in its config, so the two cannot disagree. No dagster imports: the asset
-config and the checks both import this module.
+materialization recorded in its config, so the two cannot disagree. The variables are read through
+`core.settings.zero_env`, the one reader of `ZERO_*` settings.
 """
 
-import os
+from collections.abc import Mapping
+
+from zero_assets.core.settings import zero_env
 
 MAX_QUARANTINE_RATE_VAR = "ZERO_MAX_QUARANTINE_RATE"
 DEFAULT_MAX_QUARANTINE_RATE = 0.2  # share of a source's images that may be quarantined
 
 
-def rate_from_env(var: str, default: float, environ: "dict[str, str] | None" = None) -> float:
+def rate_from_env(var: str, default: float, environ: Mapping[str, str] | None = None) -> float:
     """A share in [0, 1] from `var`, or `default` when unset or empty; anything else names the variable."""
-    raw = (os.environ if environ is None else environ).get(var, "").strip()
+    raw = zero_env(var, environ)
     if not raw:
         return default
     try:
@@ -26,5 +28,5 @@ def rate_from_env(var: str, default: float, environ: "dict[str, str] | None" = N
     return value
 
 
-def max_quarantine_rate(environ: "dict[str, str] | None" = None) -> float:
+def max_quarantine_rate(environ: Mapping[str, str] | None = None) -> float:
     return rate_from_env(MAX_QUARANTINE_RATE_VAR, DEFAULT_MAX_QUARANTINE_RATE, environ)

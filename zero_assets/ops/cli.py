@@ -1,10 +1,12 @@
 """`zero-assets`: what is not a materialization (those are Dagster's job: UI, CLI, sensors).
 
 zero-assets make-demo-data --out DIR [--images N] [--seed S] [--shuffle-labels]
-zero-assets sources [--register]   # the raw root's sources (top-level folders); --register adds new ones as partitions
-zero-assets summary            # the latest materialization of each asset (per source for the per-source ones), from $DAGSTER_HOME
-zero-assets render-jobs --out DIR   # the SageMaker/FSx requests the graph would send (no AWS calls)
-zero-assets lineage [CHECKPOINT_URI_OR_RUN_ID]  # which images and shards trained it (default: the latest), which reports scored it
+zero-assets sources [--register]   # the raw root's sources (top-level folders); --register adds new ones
+zero-assets summary            # the latest materialization of each asset (per source for those), from $DAGSTER_HOME
+zero-assets render-jobs --out DIR [--config RUN_CONFIG] [--from-instance]  # the SageMaker/FSx requests the
+                                                 # graph would send (no AWS calls)
+zero-assets lineage [CHECKPOINT_URI_OR_RUN_ID]  # which images and shards trained it (default: the latest), and
+                                               # which reports scored it
 zero-assets lineage --image KEY                # which checkpoints an image reached, or why it did not
 zero-assets gc [--delete] [--grace-hours H]    # lake outputs and job folders no stored materialization names
 """
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -36,18 +37,18 @@ def _make_demo_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _setting(field: str, variable: str) -> str:
-    """A setting's value as the assets read it: the environment variable when set, else the default.
-    (`settings_from_env` binds set variables as EnvVar, which only a resource may resolve.)"""
-    from zero_assets.core.settings import ZeroSettings
+def _settings():
+    """The `ZeroSettings` the code location's assets get in this environment (backend and profile
+    applied), their EnvVar bindings read now, as a run reads them."""
+    from zero_assets.backends.from_env import backend_settings, resolved
 
-    return os.environ.get(variable) or getattr(ZeroSettings(), field)
+    return resolved(backend_settings()[0])
 
 
 def _sources(args: argparse.Namespace) -> int:
     from zero_assets.defs.change_detection.raw_sources import list_sources, register_sources
 
-    raw_uri = _setting("raw_uri", "ZERO_RAW_URI")
+    raw_uri = _settings().raw_uri
     sources = list_sources(raw_uri)
     if not args.register:
         if sources:
@@ -60,9 +61,8 @@ def _sources(args: argparse.Namespace) -> int:
     with DagsterInstance.get() as instance:
         added, refused = register_sources(instance, sources)
     for source in sources:
-        print(
-            f"{source}\t{'added' if source in added else 'refused: ' + refused[source] if source in refused else 'registered'}"
-        )
+        verdict = "added" if source in added else f"refused: {refused[source]}" if source in refused else "registered"
+        print(f"{source}\t{verdict}")
     return 0
 
 
@@ -87,9 +87,8 @@ def _summary(_: argparse.Namespace) -> int:
                 continue
             metadata = records[0].asset_materialization.metadata
             values = ", ".join(f"{k}={_plain(metadata[k].value)}" for k in keys if k in metadata)
-            print(
-                f"{label:<40} {values}\n{'':<40} uri={metadata['dagster/uri'].value if 'dagster/uri' in metadata else '?'}"
-            )
+            uri = metadata["dagster/uri"].value if "dagster/uri" in metadata else "?"
+            print(f"{label:<40} {values}\n{'':<40} uri={uri}")
         if asset in per_source and not sources:
             print(f"{asset:<40} no sources registered (zero-assets sources --register)")
             missing = True
@@ -101,25 +100,25 @@ def _summary(_: argparse.Namespace) -> int:
 
 
 def _render_jobs(args: argparse.Namespace) -> int:
-    from zero_assets.backends.sagemaker.profiles import apply_profile, profile_from_env, sample_images
-    from zero_assets.backends.sagemaker.settings import sagemaker_settings_from_env
-    from zero_assets.core.settings import ZeroSettings
-    from zero_assets.ops.job_plan import render_jobs
+    from zero_assets.backends.from_env import resolved, sagemaker_settings
+    from zero_assets.ops.job_plan import instance_lookup, render_jobs
 
-    env = dict(os.environ)
-    profile = profile_from_env()
-    aws = apply_profile(sagemaker_settings_from_env(env), profile)
-    lake = env.get("ZERO_LAKE_URI") or aws.lake_uri()
-    settings = ZeroSettings(
-        raw_uri=env.get("ZERO_RAW_URI", f"{aws.s3_root()}/raw"),
-        lake_uri=lake,
-        backend="sagemaker",
-        sample_images=sample_images(profile),
-    )
+    # The SageMaker backend's own settings road, resolved as a run resolves it: the same requests it sends.
+    settings, aws = (resolved(resource) for resource in sagemaker_settings())
+    options = {"source": args.source} if args.source else {}
+    if args.config:
+        import yaml
+
+        options["run_config"] = yaml.safe_load(args.config.read_text()) or {}
+    if args.from_instance:
+        from dagster import DagsterInstance
+
+        with DagsterInstance.get() as instance:
+            rendered = render_jobs(settings, aws, instance_lookup(instance), **options)
+    else:
+        rendered = render_jobs(settings, aws, **options)
     args.out.mkdir(parents=True, exist_ok=True)
-    for asset, _service, operation, params in render_jobs(
-        settings, aws, **({"source": args.source} if args.source else {})
-    ):
+    for asset, _service, operation, params in rendered:
         path = args.out / f"{asset}.{operation}.json"
         path.write_text(json.dumps(params, indent=1, sort_keys=True) + "\n")
         print(path)
@@ -143,9 +142,8 @@ def _lineage(args: argparse.Namespace) -> int:
         print(f"shard set    {source}: {shards.uri}")
         print(f"validated    {source}: {found.validated_sets[source].uri}")
     for report in found.reports:
-        print(
-            f"scored by    {report.uri}  mAP={_plain(report.metadata.get('mAP'))} mAP@0.5={_plain(report.metadata.get('mAP_50'))}"
-        )
+        scores = f"mAP={_plain(report.metadata.get('mAP'))} mAP@0.5={_plain(report.metadata.get('mAP_50'))}"
+        print(f"scored by    {report.uri}  {scores}")
     print(f"trained on   {len(found.train_images)} images (source, key, sha256):")
     for row in found.train_images.itertuples(index=False):
         print(f"  {row.source}\t{row.key}\t{row.sha256}")
@@ -159,7 +157,7 @@ def _gc(args: argparse.Namespace) -> int:
     from zero_assets.defs.assets import ALL_ASSETS
     from zero_assets.ops.garbage import DEFAULT_GRACE_HOURS, delete_unreferenced, find_unreferenced, report_lines
 
-    lake = args.lake or _setting("lake_uri", "ZERO_LAKE_URI")
+    lake = args.lake or _settings().lake_uri
     jobs_root = str(ZeroSettings(lake_uri=lake).jobs_root())  # `<lake>/_jobs`; on this machine for an s3:// lake
     assets = [key.to_user_string() for asset in ALL_ASSETS for key in asset.keys]
     grace_s = (DEFAULT_GRACE_HOURS if args.grace_hours is None else args.grace_hours) * 3600
@@ -208,6 +206,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--source",
         help="the source the per-source jobs are rendered for (default: an example name; no listing is made)",
     )
+    render.add_argument(
+        "--config",
+        type=Path,
+        help="a run config file (YAML or JSON, as `dagster asset materialize --config` takes): the assets' "
+        "config a run with it would use (default: each asset's default config)",
+    )
+    render.add_argument(
+        "--from-instance",
+        action="store_true",
+        help="fingerprint with the latest materializations in the instance at $DAGSTER_HOME, so each request is "
+        "the one the next materialization sends (default: stand-in upstream versions)",
+    )
     render.set_defaults(handler=_render_jobs)
     _add_lineage(commands)
     _add_gc(commands)
@@ -230,7 +240,7 @@ def _add_gc(commands) -> None:
     )
     gc.add_argument("--delete", action="store_true", help="remove them (default: a dry run that only lists them)")
     gc.add_argument("--grace-hours", type=float, help="keep anything written this recently, in hours (default: a day)")
-    gc.add_argument("--lake", help="the lake to collect (default: ZERO_LAKE_URI, else .zero/lake)")
+    gc.add_argument("--lake", help="the lake the assets write to (ZERO_LAKE_URI, else the backend's default)")
     gc.set_defaults(handler=_gc)
 
 

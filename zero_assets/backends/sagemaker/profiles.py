@@ -6,9 +6,11 @@ instances for training and for validation, so multi-node training and the split 
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
+from typing import Any
 
-from zero_assets.backends.sagemaker.settings import JobCompute, SageMakerSettings
+from zero_assets.backends.sagemaker.settings import JobCompute
+from zero_assets.core.settings import zero_env
 
 PROFILES = ("production", "rehearsal")
 REHEARSAL_SAMPLE_IMAGES = 2000
@@ -26,20 +28,23 @@ REHEARSAL_COMPUTE = {
 }
 
 
-def profile_from_env() -> str:
-    profile = os.environ.get("ZERO_PROFILE", "production")
+def profile_from_env(environ: Mapping[str, str] | None = None) -> str:
+    profile = zero_env("ZERO_PROFILE", environ) or "production"
     if profile not in PROFILES:
         raise ValueError(f"ZERO_PROFILE={profile!r} is not a profile; use one of {PROFILES}")
     return profile
 
 
-def apply_profile(settings: SageMakerSettings, profile: str) -> SageMakerSettings:
-    """The settings a profile runs with (production: unchanged)."""
+def profile_fields(profile: str) -> dict[str, Any]:
+    """The `SageMakerSettings` fields a profile sets over the configured ones (production: none).
+
+    They are given to the constructor: Dagster builds a resource for a run from the fields it was
+    constructed with, so a `model_copy(update=...)` would be dropped there while looking applied here."""
     if profile == "production":
-        return settings
+        return {}
     if profile == "rehearsal":
         # Spot capacity waits would make a rehearsal slow to answer; it is short and cheap anyway.
-        return settings.model_copy(update={**REHEARSAL_COMPUTE, "use_spot": False})
+        return {**REHEARSAL_COMPUTE, "use_spot": False}
     raise ValueError(f"profile {profile!r} is not one of {PROFILES}")
 
 

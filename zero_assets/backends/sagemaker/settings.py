@@ -1,15 +1,18 @@
 """Where and how SageMaker jobs run: account, images, compute per job, network, encryption, tags.
 
 One `ConfigurableResource`; `sagemaker_settings_from_env` binds each field to its `ZERO_SM_*`
-variable through `EnvVar` (nothing here is a credential: boto3 finds those in its own chain).
+variable (the table is `core.settings.SAGEMAKER_VARIABLES`, beside the one reader) through `EnvVar`
+(nothing here is a credential: boto3 finds those in its own chain).
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from typing import Literal, Optional
 
-from dagster import Config, ConfigurableResource, EnvVar
+from dagster import Config, ConfigurableResource
+
+from zero_assets.core.settings import SAGEMAKER_VARIABLES, env_bindings, zero_env
 
 # Assets whose materialization launches a SageMaker job, in graph order.
 JOB_ASSETS = ("validated_images", "arrow_shards", "fsx_warm_state", "trained_checkpoint", "map_report")
@@ -35,13 +38,21 @@ DEFAULT_COMPUTE = {
 }
 
 
+DEFAULT_PREFIX = "zero"
+
+
+def bucket_root(bucket: str, prefix: str) -> str:
+    """`s3://<bucket>/<prefix>`, or the bucket itself when the prefix is empty."""
+    return f"s3://{bucket}/{prefix.strip('/')}" if prefix.strip("/") else f"s3://{bucket}"
+
+
 class SageMakerSettings(ConfigurableResource):
     """AWS settings of the SageMaker backend."""
 
     region: str
     role_arn: str  # the execution role the jobs run as
     bucket: str  # lake, code packages, Pipes messages and checkpoints live under s3://<bucket>/<prefix>/
-    prefix: str = "zero"
+    prefix: str = DEFAULT_PREFIX
     training_image_uri: str  # a PyTorch Deep Learning Container (its toolkit launches torchrun)
     processing_image_uri: str  # any image with python3 and requirements.txt of the code package installed
     validated_images: JobCompute = DEFAULT_COMPUTE["validated_images"]
@@ -58,7 +69,8 @@ class SageMakerSettings(ConfigurableResource):
     fsx_file_system_id: Optional[str] = None  # set: training reads shards from FSx for Lustre
     fsx_mount_name: Optional[str] = None  # the file system's MountName (from DescribeFileSystems)
     messages: Literal["s3", "cloudwatch"] = "s3"  # where job scripts write Pipes messages
-    # A Secrets Manager secret holding the W&B API key: jobs get its ARN and read it themselves, so the key is never in a request.
+    # A Secrets Manager secret holding the W&B API key: jobs get its ARN and read it themselves, so the
+    # key is never in a request.
     wandb_secret_arn: Optional[str] = None
     poll_interval_s: float = 15.0
 
@@ -68,7 +80,7 @@ class SageMakerSettings(ConfigurableResource):
         return getattr(self, asset)
 
     def s3_root(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix.strip('/')}" if self.prefix.strip("/") else f"s3://{self.bucket}"
+        return bucket_root(self.bucket, self.prefix)
 
     def lake_uri(self) -> str:
         return f"{self.s3_root()}/lake"
@@ -82,7 +94,8 @@ class SageMakerSettings(ConfigurableResource):
             raise ValueError("set both ZERO_SM_FSX_FILE_SYSTEM_ID and ZERO_SM_FSX_MOUNT_NAME, or neither")
         if self.fsx_file_system_id and not (self.subnets and self.security_group_ids):
             raise ValueError(
-                "FSx for Lustre needs the jobs in the file system's VPC: set ZERO_SM_SUBNETS and ZERO_SM_SECURITY_GROUP_IDS"
+                "FSx for Lustre needs the jobs in the file system's VPC: "
+                "set ZERO_SM_SUBNETS and ZERO_SM_SECURITY_GROUP_IDS"
             )
         return bool(self.fsx_file_system_id)
 
@@ -94,55 +107,63 @@ class SageMakerSettings(ConfigurableResource):
         return {"Subnets": list(self.subnets), "SecurityGroupIds": list(self.security_group_ids)}
 
 
-# Scalar fields read from the environment; lists are comma-separated, tags `key=value,...`.
-ENV_FIELDS = {
-    "region": "ZERO_SM_REGION",
-    "role_arn": "ZERO_SM_ROLE_ARN",
-    "bucket": "ZERO_SM_BUCKET",
-    "prefix": "ZERO_SM_PREFIX",
-    "training_image_uri": "ZERO_SM_TRAINING_IMAGE_URI",
-    "processing_image_uri": "ZERO_SM_PROCESSING_IMAGE_URI",
-    "kms_key_id": "ZERO_SM_KMS_KEY_ID",
-    "fsx_file_system_id": "ZERO_SM_FSX_FILE_SYSTEM_ID",
-    "fsx_mount_name": "ZERO_SM_FSX_MOUNT_NAME",
-    "messages": "ZERO_SM_MESSAGES",
-    "wandb_secret_arn": "ZERO_SM_WANDB_SECRET_ARN",
-}
 REQUIRED = ("region", "role_arn", "bucket", "training_image_uri", "processing_image_uri")
 
 
-def sagemaker_settings_from_env(environ: Optional[dict[str, str]] = None, **overrides) -> SageMakerSettings:
-    """Settings from `ZERO_SM_*`; fails naming every required variable that is missing."""
-    env = os.environ if environ is None else environ
-    missing = [ENV_FIELDS[f] for f in REQUIRED if not env.get(ENV_FIELDS[f]) and f not in overrides]
+def sagemaker_settings_from_env(environ: Optional[Mapping[str, str]] = None, **overrides) -> SageMakerSettings:
+    """Settings from `ZERO_SM_*` (scalars bound through `EnvVar`; with `environ`, its values); fails
+    naming every required variable that is missing. Lists are comma-separated, tags `key=value,...`."""
+    missing = [
+        SAGEMAKER_VARIABLES[f] for f in REQUIRED if not zero_env(SAGEMAKER_VARIABLES[f], environ) and f not in overrides
+    ]
     if missing:
         raise ValueError(f"ZERO_BACKEND=sagemaker needs {', '.join(missing)} (see README, 'Running on SageMaker')")
-    bind = (lambda var: EnvVar(var)) if environ is None else (lambda var: env[var])
-    fields: dict = {f: bind(var) for f, var in ENV_FIELDS.items() if env.get(var)}
-    fields.update(_parsed_fields(env))
+    fields = {**env_bindings(SAGEMAKER_VARIABLES, environ), **_parsed_fields(environ)}
     return SageMakerSettings(**{**fields, **overrides})
 
 
-def _parsed_fields(env) -> dict:
+def s3_root_from_env(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The `s3_root()` of the settings `sagemaker_settings_from_env` builds, read before Dagster resolves them."""
+    bucket = zero_env(SAGEMAKER_VARIABLES["bucket"], environ)
+    return bucket_root(bucket, zero_env(SAGEMAKER_VARIABLES["prefix"], environ) or DEFAULT_PREFIX)
+
+
+def _parsed_fields(environ: Optional[Mapping[str, str]]) -> dict:
+    def env(name: str) -> str:
+        return zero_env(name, environ)
+
     fields: dict = {}
     for field, var in (("subnets", "ZERO_SM_SUBNETS"), ("security_group_ids", "ZERO_SM_SECURITY_GROUP_IDS")):
-        if env.get(var):
-            fields[field] = [item.strip() for item in env[var].split(",") if item.strip()]
-    if env.get("ZERO_SM_USE_SPOT"):
-        fields["use_spot"] = env["ZERO_SM_USE_SPOT"].lower() in ("1", "true", "yes")
-    if env.get("ZERO_SM_TAGS"):
-        pairs = [item.split("=", 1) for item in env["ZERO_SM_TAGS"].split(",") if item.strip()]
+        if env(var):
+            fields[field] = [item.strip() for item in env(var).split(",") if item.strip()]
+    if env("ZERO_SM_USE_SPOT"):
+        fields["use_spot"] = env("ZERO_SM_USE_SPOT").lower() in ("1", "true", "yes")
+    if env("ZERO_SM_POLL_INTERVAL_S"):
+        fields["poll_interval_s"] = _seconds("ZERO_SM_POLL_INTERVAL_S", env("ZERO_SM_POLL_INTERVAL_S"))
+    if env("ZERO_SM_TAGS"):
+        pairs = [item.split("=", 1) for item in env("ZERO_SM_TAGS").split(",") if item.strip()]
         bad = [p[0] for p in pairs if len(p) != 2]
         if bad:
             raise ValueError(f"ZERO_SM_TAGS entries must be key=value; these are not: {bad}")
         fields["tags"] = {k.strip(): v.strip() for k, v in pairs}
     for asset in JOB_ASSETS:  # ZERO_SM_TRAINED_CHECKPOINT_INSTANCE_TYPE=ml.p5.48xlarge, ..._INSTANCE_COUNT=4
         var = f"ZERO_SM_{asset.upper()}"
-        changes = {
-            k: env[f"{var}_{k.upper()}"] for k in ("instance_type", "instance_count") if env.get(f"{var}_{k.upper()}")
-        }
+        changes: dict = {"instance_type": env(f"{var}_INSTANCE_TYPE")} if env(f"{var}_INSTANCE_TYPE") else {}
+        count = env(f"{var}_INSTANCE_COUNT")
+        if count:
+            if not count.isdigit() or int(count) < 1:
+                raise ValueError(f"{var}_INSTANCE_COUNT={count!r} is not a whole number of instances (1 or more)")
+            changes["instance_count"] = int(count)
         if changes:
-            fields[asset] = DEFAULT_COMPUTE[asset].model_copy(
-                update={k: (int(v) if k == "instance_count" else v) for k, v in changes.items()}
-            )
+            fields[asset] = DEFAULT_COMPUTE[asset].model_copy(update=changes)
     return fields
+
+
+def _seconds(var: str, value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{var}={value!r} is not a number of seconds above 0")
+    return seconds

@@ -9,17 +9,19 @@ local steps are not retried unless ZERO_JOB_RETRIES asks for it.
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 
 from dagster import Backoff, RetryPolicy
+
+from zero_assets.core.settings import backend_from_env, zero_env
 
 SAGEMAKER_RETRIES = 2
 FIRST_DELAY_S = 60  # then 120 s: long enough for a throttle or a short outage to pass
 
 
-def job_retry_policy() -> RetryPolicy | None:
-    default = SAGEMAKER_RETRIES if os.environ.get("ZERO_BACKEND", "local") == "sagemaker" else 0
-    configured = os.environ.get("ZERO_JOB_RETRIES") or str(default)
+def job_retry_policy(environ: Mapping[str, str] | None = None) -> RetryPolicy | None:
+    default = SAGEMAKER_RETRIES if backend_from_env(environ) == "sagemaker" else 0
+    configured = zero_env("ZERO_JOB_RETRIES", environ) or str(default)
     if not configured.isdigit():
         raise ValueError(
             f"ZERO_JOB_RETRIES={configured!r} is not a whole number of step retries; set it to 0 or more, or unset it"
@@ -28,4 +30,6 @@ def job_retry_policy() -> RetryPolicy | None:
     return RetryPolicy(max_retries=retries, delay=FIRST_DELAY_S, backoff=Backoff.EXPONENTIAL) if retries > 0 else None
 
 
+# Read when the code location loads, as its resources are (definitions.py): a retry policy is part of
+# each asset's definition, so the decorators need it then.
 JOB_RETRY_POLICY = job_retry_policy()

@@ -8,12 +8,12 @@ round trip per 10 messages and an empty one costs the wait, never more than the 
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from dataclasses import dataclass
 
 from training_code.lib.aws_clients import client
+from zero_assets.core.settings import zero_env
 
 BATCH = 10  # SQS's most messages per ReceiveMessage and per DeleteMessageBatch
 LONG_POLL_MAX_S = 20  # SQS's longest WaitTimeSeconds
@@ -31,7 +31,7 @@ def sqs_client(queue_url: str):
     """The shared SQS client for `queue_url`: its region from the URL when it is AWS's, else the environment's."""
     match = _REGION_IN_URL.match(queue_url)
     return client(
-        "sqs", region=match.group(1) if match else None, endpoint_url=os.environ.get("ZERO_SQS_ENDPOINT_URL") or None
+        "sqs", region=match.group(1) if match else None, endpoint_url=zero_env("ZERO_SQS_ENDPOINT_URL") or None
     )
 
 
