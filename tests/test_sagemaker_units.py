@@ -28,6 +28,16 @@ def test_job_names_are_deterministic_and_valid(asset, attempt):
     assert attempt_of(name) == attempt
 
 
+def test_both_backends_name_a_job_with_the_one_function():
+    from zero_assets.core.job_request import JobRequest
+
+    request = JobRequest(
+        asset="validated_images", kind="processing", module="training_code.validate", fingerprint=FP, stage="map"
+    )
+    # The local backend's job is the first attempt of the SageMaker runner's names.
+    assert request.job_name == job_name(request.label, FP, 1) == f"zero-validated-images-map-{FP[:16]}-a1"
+
+
 def test_environment_limits_name_the_entry():
     check_environment({"K": "v" * 512}, "training")
     with pytest.raises(ValueError, match="'BIG'.*256"):
