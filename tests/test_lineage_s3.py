@@ -135,7 +135,7 @@ def test_lineage_answers_for_a_checkpoint_and_an_image_on_an_s3_lake_warmed_on_f
     s3.create_bucket(Bucket=BUCKET)
     publish_folder(tiny_raw_root, f"s3://{BUCKET}/raw")
     lake = f"s3://{BUCKET}/zero/lake"
-    settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw", lake_uri=lake, backend="sagemaker")
+    settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw", lake_uri=lake)
     aws = fake_settings(
         bucket=BUCKET,
         poll_interval_s=0.3,

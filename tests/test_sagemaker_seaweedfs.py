@@ -50,7 +50,7 @@ def test_validation_job_runs_on_the_s3_path(
         monkeypatch.setenv(key, value)
     publish_folder(tiny_raw_root, f"s3://{BUCKET}/raw")
     lake = f"s3://{BUCKET}/zero/lake-{instances}"  # its own lake per case: the other case's output must not be found
-    settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw", lake_uri=lake, backend="sagemaker")
+    settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw", lake_uri=lake)
     aws = fake_settings(
         bucket=BUCKET,
         validated_images=JobCompute(instance_type="ml.m5.xlarge", instance_count=instances),
@@ -137,7 +137,7 @@ def test_two_source_training_set_warms_trains_and_evaluates(
         monkeypatch.setenv(key, value)
     publish_folder(tiny_raw_root, f"s3://{BUCKET}/raw-set")
     lake = f"s3://{BUCKET}/zero/lake-set"
-    settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw-set", lake_uri=lake, backend="sagemaker")
+    settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw-set", lake_uri=lake)
     aws = fake_settings(bucket=BUCKET, poll_interval_s=0.3)
     fake = FakeSageMaker(
         tmp_path / "sm",

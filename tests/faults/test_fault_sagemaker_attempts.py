@@ -81,9 +81,7 @@ def make_runner(backend, messages: str = "s3") -> SageMakerJobRunner:
         poll_interval_s=0.2,
         messages=messages,
     )
-    return SageMakerJobRunner(
-        settings=ZeroSettings(raw_uri=f"{root}/raw", lake_uri=f"{root}/lake", backend="sagemaker"), aws=aws
-    )
+    return SageMakerJobRunner(settings=ZeroSettings(raw_uri=f"{root}/raw", lake_uri=f"{root}/lake"), aws=aws)
 
 
 def request_for(backend) -> JobRequest:
