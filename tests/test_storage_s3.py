@@ -46,3 +46,28 @@ def test_unsafe_keys_are_rejected_before_any_write(s3_env):
     for key in ("../escape.bin", "/absolute.bin", "bad\x00name"):
         with pytest.raises(ValueError, match="unsafe object key"):
             storage.join("s3://zero-lake/prefix", key)
+
+
+def test_exists_asks_for_the_exact_key_not_a_prefix(s3_env):
+    """The previous-output lookup and the SageMaker model check ask for `.../manifest.json`: a
+    leftover `.../manifest.json.tmp` (or `manifest.json.d/...`) must not answer for it."""
+    s3_env.client().create_bucket(Bucket="zero-exact")
+    storage.write_bytes_atomic("s3://zero-exact/out/manifest.json.tmp", b"{}")
+    storage.write_bytes_atomic("s3://zero-exact/out/model.tar.gz.d/part", b"x")
+    assert not storage.exists("s3://zero-exact/out/manifest.json")
+    assert not storage.exists("s3://zero-exact/out/model.tar.gz")
+    storage.write_bytes_atomic("s3://zero-exact/out/manifest.json", b"{}")
+    assert storage.exists("s3://zero-exact/out/manifest.json")
+
+
+def test_read_bytes_if_match_reads_only_the_version_asked_for(s3_env):
+    client = s3_env.client()
+    client.create_bucket(Bucket="zero-versions")
+    etag = client.put_object(Bucket="zero-versions", Key="raw/a.jpg", Body=b"first")["ETag"].strip('"')
+    assert storage.read_bytes_if_match("s3://zero-versions/raw/a.jpg", etag) == b"first"
+    client.put_object(Bucket="zero-versions", Key="raw/a.jpg", Body=b"second")
+    with pytest.raises(storage.ObjectChanged, match=f"its ETag is no longer {etag}"):
+        storage.read_bytes_if_match("s3://zero-versions/raw/a.jpg", etag)
+    client.delete_object(Bucket="zero-versions", Key="raw/a.jpg")
+    with pytest.raises(storage.ObjectChanged, match="gone"):
+        storage.read_bytes_if_match("s3://zero-versions/raw/a.jpg", etag)

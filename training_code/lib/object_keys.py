@@ -7,6 +7,7 @@ or a manifest can never reach a file outside the root or another object's file.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -21,6 +22,12 @@ class ObjectInfo:
     key: str  # relative to the listed root, "/"-separated
     size: int
     etag: str
+
+
+def local_etag(info: os.stat_result) -> str:
+    """The etag a local file is listed with, `<mtime_ns>-<size>`: what a reader compares its fstat with
+    to know that it reads the file the listing saw."""
+    return f"{info.st_mtime_ns}-{info.st_size}"
 
 
 def safe_relative_key(key: str) -> str:

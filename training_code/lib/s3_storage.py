@@ -46,7 +46,7 @@ def read_bytes(uri: str) -> bytes:
         try:
             return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            if _is_missing(error):
                 raise FileNotFoundError(f"s3://{bucket}/{key} does not exist") from error
             raise
 
@@ -84,11 +84,58 @@ def list_objects(root: str, workers: int = LISTING_THREADS) -> list[ObjectInfo]:
 
 
 def exists(uri: str) -> bool:
+    """Whether the object with exactly this key is there: a HEAD, so `.../manifest.json.tmp` does not
+    answer for `.../manifest.json` (a LIST by prefix would)."""
+    from botocore.exceptions import ClientError
+
     bucket, key = split_s3(uri)
-    response = s3_call(
-        lambda: s3_client().list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1), f"LIST s3://{bucket}/{key}"
-    )
-    return response.get("KeyCount", 0) > 0
+
+    def head() -> bool:
+        try:
+            s3_client().head_object(Bucket=bucket, Key=key)
+        except ClientError as error:
+            if _is_missing(error):
+                return False
+            raise
+        return True
+
+    return s3_call(head, f"HEAD s3://{bucket}/{key}")
+
+
+class ObjectChanged(Exception):
+    """The object is not the version asked for: another ETag, or gone."""
+
+
+def read_bytes_if_match(uri: str, etag: str) -> bytes:
+    """The bytes of the object at exactly this key, only while its ETag is `etag` (GetObject with
+    IfMatch): `ObjectChanged` when it has another ETag (412) or is gone. A cut body starts over, and
+    the condition is asked again with it."""
+    from botocore.exceptions import ClientError
+
+    bucket, key = split_s3(uri)
+
+    def get() -> bytes:
+        try:
+            response = s3_client().get_object(Bucket=bucket, Key=key, IfMatch=f'"{etag}"')
+        except ClientError as error:
+            if _is_missing(error):
+                raise ObjectChanged("gone (no object with this key)") from None
+            if error.response.get("Error", {}).get("Code") == "PreconditionFailed" or _status(error) == 412:
+                raise ObjectChanged(f"its ETag is no longer {etag}") from None
+            raise
+        if response["ETag"].strip('"') != etag:  # a server that ignored the condition
+            raise ObjectChanged(f"its ETag is {response['ETag'].strip(chr(34))}, not {etag}")
+        return response["Body"].read()
+
+    return s3_call(get, f"GET s3://{bucket}/{key} (IfMatch {etag})")
+
+
+def _status(error) -> int:
+    return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def _is_missing(error) -> bool:
+    return error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound")
 
 
 def delete_prefix(uri: str) -> None:

@@ -15,11 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import s3_storage
-from .object_keys import ObjectInfo, key_problem, printable_key, safe_relative_key
-from .s3_storage import s3_call, s3_client, split_s3
+from .object_keys import ObjectInfo, key_problem, local_etag, printable_key, safe_relative_key
+from .s3_storage import ObjectChanged, read_bytes_if_match, s3_call, s3_client, split_s3
 
 __all__ = [
     "MANIFEST_NAMES",
+    "ObjectChanged",
     "ObjectInfo",
     "copy_file_atomic",
     "delete_file",
@@ -31,11 +32,13 @@ __all__ = [
     "join",
     "key_problem",
     "list_objects",
+    "local_etag",
     "local_object_info",
     "newest_write",
     "printable_key",
     "publish_folder",
     "read_bytes",
+    "read_bytes_if_match",
     "s3_call",
     "s3_client",
     "safe_relative_key",
@@ -98,7 +101,7 @@ def local_object_info(entry: os.DirEntry, key: str, real_root: str) -> ObjectInf
         stat = entry.stat(follow_symlinks=False)
     else:
         return None
-    return None if stat is None else ObjectInfo(key, stat.st_size, f"{stat.st_mtime_ns}-{stat.st_size}")
+    return None if stat is None else ObjectInfo(key, stat.st_size, local_etag(stat))
 
 
 def _symlinked_file_stat(path: str, real_root: str) -> os.stat_result | None:
@@ -119,6 +122,7 @@ def read_bytes(uri: str | os.PathLike) -> bytes:
 
 
 def exists(uri: str | os.PathLike) -> bool:
+    """Whether there is a file (or, locally, a folder) at exactly `uri`; on S3 a HEAD of that key."""
     if is_s3(uri):
         return s3_storage.exists(str(uri))
     return Path(uri).exists()
