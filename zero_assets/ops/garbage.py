@@ -10,8 +10,8 @@ What the lake holds, and when each part is referenced (kept):
 - `_jobs/<asset>/<fingerprint16>/runs/<run id>/`, one run's job folder: that run recorded a stored
   materialization, or is still in progress or queued, or a stored materialization's metadata (its
   job log) points inside it.
-- `_jobs/<asset>/<fingerprint16>/` itself (the output's lease and training checkpoints): its output is
-  referenced, or one of its run folders is kept. It goes only with all of its runs.
+- `_jobs/<asset>/<fingerprint16>/` itself (the output's lease and training checkpoints, for a
+  per-source asset too): its output is referenced, or one of its run folders is kept. It goes only with all of its runs.
 - `_jobs/<job name>/` (the layout before per-run folders): named by a stored materialization's job
   name or a path in its metadata, or holding the id of a run in progress.
 An s3:// lake keeps its job folders on this machine (`.zero/jobs`): they are judged the same way.
@@ -86,6 +86,16 @@ class References:
     def names_path(self, uri: str) -> bool:
         here = normalize(uri)
         return any(path == here or path.startswith(here + "/") or here.startswith(path + "/") for path in self.paths)
+
+    def names_output(self, lake: str, asset: str, fingerprint16: str) -> bool:
+        """Whether a stored materialization names an output of `asset` under this fingerprint:
+        `<asset>/<fingerprint16>`, or `<asset>/<source>/<fingerprint16>` for a per-source asset (whose
+        lease and checkpoints are `_jobs/<asset>/<fingerprint16>` all the same)."""
+        base = normalize(join(lake, asset)) + "/"
+        for path in self.paths:
+            if path.startswith(base) and fingerprint16 in path[len(base) :].split("/")[:2]:
+                return True
+        return self.names_path(join(lake, f"{asset}/{fingerprint16}"))
 
     def cutoff(self, grace_s: float) -> tuple[float, str]:
         """Folders written at or after this time may belong to a run still writing; and why."""
@@ -192,9 +202,7 @@ def why_unreferenced(folder: Folder, lake: str, refs: References, kept_runs: set
             return None
         return f"run job folder: its run recorded no stored materialization of {parts[1]} and is not in progress"
     if len(parts) == 3:  # an output's lease and checkpoints
-        if refs.names_path(join(lake, "/".join(parts[1:]))) or any(
-            run.startswith(folder.key + "/") for run in kept_runs
-        ):
+        if refs.names_output(lake, parts[1], parts[2]) or any(run.startswith(folder.key + "/") for run in kept_runs):
             return None
         return "lease and checkpoints of an output no stored materialization names, no run folder kept"
     name = parts[1]
