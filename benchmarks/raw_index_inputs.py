@@ -3,11 +3,12 @@ every source in one pass, where the graph runs one partition per source."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 
-from training_code.lib.raw_index import INDEX_FILE, write_source_index
+from training_code.lib.raw_index import INDEX_FILE, MANIFEST, whole_root_manifest, write_source_index
 from training_code.lib.tables import RAW_INDEX, write_table
 from zero_assets.defs.change_detection.raw_sources import list_sources
 
@@ -20,4 +21,5 @@ def index_folder(raw: Path, work: Path, out: Path) -> Path:
         write_source_index(str(raw), source, work / source)
         frames.append(pd.read_parquet(work / source / INDEX_FILE))
     write_table(pd.concat(frames, ignore_index=True), RAW_INDEX, out / INDEX_FILE)
+    (out / MANIFEST).write_text(json.dumps(whole_root_manifest(str(raw), list_sources(str(raw)))))
     return out

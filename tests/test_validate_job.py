@@ -22,6 +22,7 @@ from test_report_pictures import decode_inline
 from training_code.lib.coco import ANNOTATIONS_FILE, AnnotationError, parse_annotations
 from training_code.lib.image_checks import check_image_file
 from training_code.lib.labels import HugeInteger, box_to_upright, check_labels, upright_size, vocabulary
+from training_code.lib.raw_index import whole_root_manifest
 from training_code.lib.reason_meanings import IMAGE_REASONS, LABEL_REASONS
 from training_code.lib.split import assign_splits, find_exact_duplicates, split_of_group
 from training_code.lib.storage import list_objects
@@ -191,7 +192,8 @@ def test_exact_duplicates_keep_the_first_key_in_sorted_order():
 
 
 def build_index(raw: Path, index_dir: Path) -> pd.DataFrame:
-    """The raw_image_index contract from a listing: group = source/lot, annotation_count from COCO."""
+    """The raw_image_index contract from a listing: group = source/lot, annotation_count from COCO, and
+    the manifest's record of the raw root and each source's annotations.json (what the job checks)."""
     parsed, rows = {}, []
     for obj in list_objects(raw):
         source, _, file_name = obj.key.partition("/")
@@ -211,6 +213,9 @@ def build_index(raw: Path, index_dir: Path) -> pd.DataFrame:
                 "annotation_count": count,
             }
         )
+    index_dir.mkdir(parents=True, exist_ok=True)
+    manifest = whole_root_manifest(str(raw), sorted({row["source"] for row in rows}))
+    (index_dir / "manifest.json").write_text(json.dumps(manifest))
     return write_table(pd.DataFrame(rows), RAW_INDEX, index_dir / "index.parquet")
 
 

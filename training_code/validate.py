@@ -18,6 +18,14 @@ The raw root is untrusted: an unsafe key, a symlink out of the root or a file pa
 costs that file one verdict (`unsafe_key`, `outside_root`, `too_large`) and is never read or decoded;
 an annotations file that cannot be used costs its source its labels, named in the unmatched table.
 
+What the job reads must be what the index listed (lib/indexed_raw.py): each image is checked against
+its index row and each annotations.json against what the index's manifest recorded, as they are read.
+A file that changed, appeared or vanished since the index fails the job ("the raw root changed since
+the index: rematerialize raw_image_index for SOURCE", naming the file) before anything is written. A
+file that cannot be read for no fault of its bytes (permissions, I/O errors) is quarantined
+`unreadable`, counted in `images_to_retry`, and the manifest's `retry_next_time` keeps the output
+from ever being a cache hit: the next run decodes exactly those again.
+
 On several instances the pass is two jobs (zero_assets/core/job_request.py `fan_out`): `--phase map` on
 every instance decodes the images of this host's part of the raw input (split by S3 key) and writes
 `verdicts-<host>.parquet`, the thumbnails of its quarantined files (`thumbnails-<host>.parquet`) and
@@ -56,13 +64,19 @@ log = logging.getLogger("zero.validate")
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--index", type=Path, required=True, help="folder holding index.parquet (the raw_image_index output)"
+        "--index",
+        type=Path,
+        required=True,
+        help="folder holding index.parquet and manifest.json (the raw_image_index output)",
     )
     parser.add_argument(
         "--raw",
         type=Path,
         default=None,
-        help="the raw root: <raw>/<source>/... and <raw>/<source>/annotations.json (map: this host's part)",
+        help=(
+            "the raw root: <raw>/<source>/... and <raw>/<source>/annotations.json (map: this host's part); "
+            "for an S3 raw root, the job's download of it"
+        ),
     )
     parser.add_argument(
         "--out", type=Path, required=True, help="folder for the tables, categories.json and manifest.json"
@@ -180,13 +194,14 @@ def main(args: argparse.Namespace) -> None:
         wall_s = time.perf_counter() - started
         counts = manifest["counts"]
         log.info(
-            "images in %d: accepted %d (train %d, val %d), quarantined %d, duplicates %d; "
+            "images in %d: accepted %d (train %d, val %d), quarantined %d (to retry %d), duplicates %d; "
             "labels accepted %d, rejected %d",
             counts["images_in"],
             counts["accepted"],
             counts["train"],
             counts["val"],
             counts["quarantined"],
+            counts["images_to_retry"],
             counts["duplicates"],
             counts["labels_accepted"],
             counts["labels_rejected"],

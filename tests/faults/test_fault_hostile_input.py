@@ -36,6 +36,7 @@ from PIL import Image
 from process_tree import PEAK_RSS
 from raw_index_reference import build_raw_index
 
+from training_code.lib.raw_index import whole_root_manifest
 from training_code.lib.storage import download_prefix
 from training_code.lib.tables import RAW_INDEX, write_table
 from zero_assets.backends.local.runner import LocalJobRunner
@@ -205,9 +206,16 @@ def assert_one_verdict_each(out: Path, target_sha256: str) -> dict:
     return counts
 
 
+def write_index(index, raw_uri: str, index_dir: Path, max_annotation_bytes: int = ANNOTATION_LIMIT) -> None:
+    """A whole-root index folder: the rows, and the manifest's record of what the job checks its reads against."""
+    write_table(index.frame, RAW_INDEX, index_dir / "index.parquet")
+    manifest = whole_root_manifest(raw_uri, list(index.frame["source"]), max_annotation_bytes)
+    (index_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
 def index_hostile_root(raw: Path, index_dir: Path):
     index = build_raw_index(str(raw), max_annotation_bytes=ANNOTATION_LIMIT)
-    write_table(index.frame, RAW_INDEX, index_dir / "index.parquet")
+    write_index(index, str(raw), index_dir)
     return index
 
 
@@ -373,7 +381,7 @@ def test_s3_keys_are_never_read_as_another_objects_bytes(s3_server, tmp_path, mo
     index = build_raw_index(
         "s3://zero-hostile/raw", inventory_manifest_uri=_inventory(client, {**stored, **only_listed})
     )
-    write_table(index.frame, RAW_INDEX, tmp_path / "index" / "index.parquet")
+    write_index(index, "s3://zero-hostile/raw", tmp_path / "index")
     local = tmp_path / "work" / "raw"  # as the local runner lays out an s3:// input
     download_prefix("s3://zero-hostile/raw", local)
     out = tmp_path / "work" / "out"

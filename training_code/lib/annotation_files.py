@@ -1,9 +1,11 @@
 """Find and read each source's `annotations.json` under a raw root without leaving it.
 
 The validation pass reads them here (on one host, or in the reduce stage from what the map hosts
-passed on); the raw index counts one source's annotations per file here (`count_source_annotations`).
-A file that cannot be used costs its source its labels, with an error naming the file; the other
-sources go on.
+passed on); the raw index counts one source's annotations per file here (`count_source_annotations`),
+recording the file's size, etag and the sha256 of the bytes it parsed. What the pass reads must be
+those bytes (see `indexed_raw`): a file that changed, appeared or vanished since the index is
+`RawRootChanged`, and the run fails. A file that cannot be used costs its source its labels, with an
+error naming the file; the other sources go on.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .coco import ANNOTATIONS_FILE, INDEX_FIELDS, AnnotationError, SourceAnnotations, parse_annotations
-from .raw_files import Refused, locate, read_limited
-from .storage import is_s3, join, key_problem, s3_call, s3_client, split_s3, write_bytes_atomic
+from .hashing import sha256_bytes
+from .indexed_raw import IndexedFile, ListedRoot, proven_copy_bytes
+from .raw_files import RawChanged, RawRootChanged, Refused, locate, read_limited, read_with_stat
+from .storage import is_s3, join, key_problem, local_etag, s3_call, s3_client, split_s3, write_bytes_atomic
 
 log = logging.getLogger("zero.validate")
 
@@ -25,36 +29,93 @@ REFUSED_ANNOTATIONS = (
 
 
 def load_annotations(
-    raw: Path, sources: set[str], max_bytes: int, via_links: bool = False
+    raw: Path, sources: set[str], max_bytes: int, listed: ListedRoot, passed_on: bool = False
 ) -> tuple[dict[str, SourceAnnotations | None], dict[str, str]]:
     """Each source's parsed COCO file, None for a source without a usable one (its images are all
     unmatched); and for each source whose file exists but cannot be used, the error naming it.
 
     Sources are those in the index (one source, for a per-source validation; another source's file
     under `raw` is not this output's business). A source folder whose name is not a safe key is
-    skipped: its images are unsafe_key verdicts anyway.
+    skipped: its images are unsafe_key verdicts anyway. `passed_on`: `raw` holds what the map hosts
+    passed on (`copy_annotation_files`), each file already checked against the index by its host.
     """
     with_file = {path.parent.name for path in raw.glob(f"*/{ANNOTATIONS_FILE}")} & sources
-    refused = {path.parent.name: path.read_text() for path in raw.glob(f"*/{REFUSED_ANNOTATIONS}")}  # from map hosts
+    refused = {  # why a map host did not read a source's file
+        path.parent.name: path.read_text()
+        for path in (raw.glob(f"*/{REFUSED_ANNOTATIONS}") if passed_on else [])
+        if path.parent.name in sources
+    }
     parsed: dict[str, SourceAnnotations | None] = {}
     errors = dict(refused)
-    for source in sorted(sources | with_file | set(refused)):
+    for source in sorted(sources):
         key = f"{source}/{ANNOTATIONS_FILE}"
         parsed[source] = None
-        if source in refused or key_problem(key):
-            continue
-        if source not in with_file:
-            log.warning("source %r has no %s: all its images are reported as image_without_annotation", source, key)
+        if key_problem(key):
             continue
         try:
-            parsed[source] = parse_annotations(
-                source, read_limited(locate(raw, key, via_links), max_bytes), key, max_bytes
-            )
+            if passed_on:
+                data = _passed_on_bytes(raw, source, max_bytes, listed, received=source in with_file | set(refused))
+            else:
+                data = read_checked_annotations(raw, source, max_bytes, listed)
+            if data is None:
+                if source not in refused:
+                    log.warning(
+                        "source %r has no %s: all its images are reported as image_without_annotation", source, key
+                    )
+                continue
+            parsed[source] = parse_annotations(source, data, key, max_bytes)
         except (AnnotationError, Refused, OSError) as error:
             errors[source] = annotation_error(key, error)
     for _source, error in sorted(errors.items()):
         log.error("%s; its images are reported as image_without_annotation, the other sources go on", error)
     return parsed, errors
+
+
+def read_checked_annotations(
+    raw: Path, source: str, max_bytes: int, listed: ListedRoot, via_links: bool = False
+) -> bytes | None:
+    """The bytes of `<raw>/<source>/annotations.json`, proven to be the file the index recorded; None
+    when there is none and the index saw none. `RawRootChanged` when it appeared, vanished or changed
+    since the index (or the index read it and now it cannot be read); Refused or OSError when it
+    cannot be used, as the index found too (the source loses its labels)."""
+    key = f"{source}/{ANNOTATIONS_FILE}"
+    indexed = listed.annotation_file(source)
+    if not os.path.lexists(raw / key):
+        if indexed is not None:
+            raise RawRootChanged(key, "listed by the index, but gone")
+        return None
+    if indexed is None:
+        raise RawRootChanged(key, "there now, but not when the index was built")
+    try:
+        data = read_limited(locate(raw, key, via_links), max_bytes, indexed.etag if listed.local else None)
+    except RawChanged as changed:
+        raise RawRootChanged(key, changed.detail) from None
+    except (Refused, OSError) as error:
+        # Past this job's own limit is no change; anything else the index did not meet is one.
+        if indexed.sha256 is not None and not (isinstance(error, Refused) and error.reason == "too_large"):
+            raise RawRootChanged(key, f"the index read it, now {annotation_error(key, error)}") from None
+        raise
+    if not listed.local:
+        return proven_copy_bytes(listed, key, data, indexed)
+    if indexed.sha256 is not None and sha256_bytes(data) != indexed.sha256:
+        raise RawRootChanged(key, "its bytes are not those the index read (sha256 differs)")
+    return data
+
+
+def _passed_on_bytes(raw: Path, source: str, max_bytes: int, listed: ListedRoot, received: bool) -> bytes | None:
+    """What the map hosts passed on of a source's file (None: nothing, or only why it was not read)."""
+    key = f"{source}/{ANNOTATIONS_FILE}"
+    indexed = listed.annotation_file(source)
+    if received != (indexed is not None):
+        raise RawRootChanged(
+            key, "listed by the index, but no host of the map stage received it" if indexed else "not in the index"
+        )
+    if not (raw / key).is_file():
+        return None
+    data = read_limited(locate(raw, key), max_bytes)
+    if indexed is not None and indexed.sha256 is not None and sha256_bytes(data) != indexed.sha256:
+        raise RawRootChanged(key, "the bytes a map host passed on are not those the index read")
+    return data
 
 
 def annotation_error(key: str, error: Exception) -> str:
@@ -65,21 +126,21 @@ def annotation_error(key: str, error: Exception) -> str:
     return f"{key}: unreadable: {type(error).__name__}: {error.strerror or error}"
 
 
-def copy_annotation_files(raw: Path, dest: Path, max_bytes: int) -> int:
-    """The map stage: pass on each annotations.json this host received (read inside the root, up to
-    `max_bytes`), or why it was not read, for the reduce stage. Returns how many sources were seen."""
-    sources = sorted({path.parent.name for path in raw.glob(f"*/{ANNOTATIONS_FILE}")})
-    for source in sources:
+def copy_annotation_files(raw: Path, dest: Path, max_bytes: int, listed: ListedRoot, sources: set[str]) -> int:
+    """The map stage: pass on each annotations.json of `sources` this host received (read inside the
+    root, up to `max_bytes`, checked against the index), or why it was not read, for the reduce
+    stage. Returns how many sources were seen."""
+    received = sorted({path.parent.name for path in raw.glob(f"*/{ANNOTATIONS_FILE}")} & sources)
+    for source in received:
         key = f"{source}/{ANNOTATIONS_FILE}"
         if key_problem(key):
             continue  # its images are unsafe_key verdicts; nothing may be written under that name
         try:
-            write_bytes_atomic(
-                dest / source / ANNOTATIONS_FILE, read_limited(locate(raw, key, via_links=True), max_bytes)
-            )
+            data = read_checked_annotations(raw, source, max_bytes, listed, via_links=True)
+            write_bytes_atomic(dest / source / ANNOTATIONS_FILE, data)
         except (Refused, OSError) as error:
             write_bytes_atomic(dest / source / REFUSED_ANNOTATIONS, annotation_error(key, error).encode())
-    return len(sources)
+    return len(received)
 
 
 @dataclass
@@ -89,7 +150,12 @@ class AnnotationCounts:
     per_file: dict[str, int]  # file_name -> annotations pointing at it: one entry per image entry of the file
     rejected_entries: int  # entries validation will reject (see coco.parse_annotations)
     error: str | None  # why the file cannot be used; None when it was used or there is none
-    identity: tuple[int, str] | None  # (size, etag) of the bytes read (or refused), None when there is no file
+    file: IndexedFile | None  # what was read (or refused); None when there is no file
+
+    @property
+    def identity(self) -> tuple[int, str] | None:
+        """(size, etag): what the listing fingerprint takes of the file."""
+        return None if self.file is None else (self.file.size, self.file.etag)
 
 
 def count_source_annotations(raw_uri: str, source: str, max_bytes: int) -> AnnotationCounts:
@@ -98,73 +164,73 @@ def count_source_annotations(raw_uri: str, source: str, max_bytes: int) -> Annot
     the root. The counts dict grows with the source's annotated images (about 100-150 bytes each)."""
     key = f"{source}/{ANNOTATIONS_FILE}"
     where = join(raw_uri, key)
-    size, etag, raw = (
+    file, raw = (
         _read_s3_annotations(raw_uri, key, max_bytes)
         if is_s3(raw_uri)
         else _read_local_annotations(Path(raw_uri), key, max_bytes)
     )
-    if size is None:
+    if file is None:
         return AnnotationCounts({}, 0, None, None)
-    identity = (size, etag)
     if isinstance(raw, Refused):
-        return AnnotationCounts({}, 0, f"{where}: {raw.reason}: {raw.detail}", identity)
+        return AnnotationCounts({}, 0, f"{where}: {raw.reason}: {raw.detail}", file)
     if raw is None:
         return AnnotationCounts(
             {},
             0,
-            f"{where}: {size} bytes, above the annotation file limit of {max_bytes}; "
+            f"{where}: {file.size} bytes, above the annotation file limit of {max_bytes}; "
             "raise the limit or split the source",
-            identity,
+            file,
         )
     try:
         parsed = parse_annotations(source, raw, where, max_bytes, keep=INDEX_FIELDS)
     except AnnotationError as error:
-        return AnnotationCounts({}, 0, str(error), identity)
+        return AnnotationCounts({}, 0, str(error), file)
     del raw
     return AnnotationCounts(
-        {name: len(anns) for name, anns in parsed.by_file.items()}, len(parsed.rejected), None, identity
+        {name: len(anns) for name, anns in parsed.by_file.items()}, len(parsed.rejected), None, file
     )
 
 
-def _read_local_annotations(raw: Path, key: str, max_bytes: int) -> tuple[int | None, str, bytes | Refused | None]:
-    """(size, etag as a listing gives it, bytes), bytes None past `max_bytes` and a Refused for a file
-    out of the root or not regular; size None when there is no file."""
+def _read_local_annotations(raw: Path, key: str, max_bytes: int) -> tuple[IndexedFile | None, bytes | Refused | None]:
+    """(what was read, its bytes): bytes None past `max_bytes`, a Refused for a file out of the root or
+    not regular; (None, None) when there is no file. Size and etag are the fstat of the file read, so
+    they describe exactly the bytes parsed."""
     if not os.path.lexists(raw / key):
-        return None, "", None
+        return None, None
     try:
         located = locate(raw, key)
-        info = os.stat(located)
     except Refused as refused:
         info = os.lstat(raw / key)
-        return info.st_size, f"{info.st_mtime_ns}-{info.st_size}", refused
-    etag = f"{info.st_mtime_ns}-{info.st_size}"
-    if info.st_size > max_bytes:
-        return info.st_size, etag, None
+        return IndexedFile(info.st_size, local_etag(info)), refused
     try:
-        return info.st_size, etag, read_limited(located, max_bytes)
+        data, info = read_with_stat(located, max_bytes)
     except Refused as refused:
-        return info.st_size, etag, refused
+        info = os.lstat(located)
+        return IndexedFile(info.st_size, local_etag(info)), None if refused.reason == "too_large" else refused
+    return IndexedFile(info.st_size, local_etag(info), sha256_bytes(data)), data
 
 
-def _read_s3_annotations(raw_uri: str, key: str, max_bytes: int) -> tuple[int | None, str, bytes | None]:
-    """(size, ETag, bytes) from one GET: the body is not read past `max_bytes` (bytes None)."""
+def _read_s3_annotations(raw_uri: str, key: str, max_bytes: int) -> tuple[IndexedFile | None, bytes | None]:
+    """(size, ETag and sha256 of the bytes, bytes) from one GET: the body is not read past `max_bytes`
+    (bytes None)."""
     from botocore.exceptions import ClientError
 
     bucket, prefix = split_s3(raw_uri)
     object_key = f"{prefix}/{key}" if prefix else key
     client = s3_client()
 
-    def get() -> tuple[int | None, str, bytes | None]:
+    def get() -> tuple[IndexedFile | None, bytes | None]:
         try:
             response = client.get_object(Bucket=bucket, Key=object_key)
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                return None, "", None
+                return None, None
             raise
         size, etag = int(response["ContentLength"]), response["ETag"].strip('"')
         if size > max_bytes:
             response["Body"].close()
-            return size, etag, None
-        return size, etag, response["Body"].read()
+            return IndexedFile(size, etag), None
+        data = response["Body"].read()
+        return IndexedFile(size, etag, sha256_bytes(data)), data
 
-    return s3_call(get, f"GET s3://{bucket}/{object_key}")
+    return s3_call(get, f"GET s3://{bucket}/{key}")

@@ -90,11 +90,13 @@ def check_image_file(
     min_side: int,
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    listed_etag: str | None = None,
 ) -> ImageVerdict:
     """Read `path` (read-only; located by `raw_files.locate`) and judge its bytes. A file that cannot
-    or may not be read is a `read` verdict, never a crash, and a file past `max_bytes` is not read."""
+    or may not be read is a `read` verdict, never a crash, and a file past `max_bytes` is not read.
+    `listed_etag`: see `raw_files.read_limited` (a file that is not the one listed: reason raw_changed)."""
     try:
-        data = read_limited(Path(path), max_bytes)
+        data = read_limited(Path(path), max_bytes, listed_etag)
     except Refused as refused:
         return ImageVerdict.unread(refused.reason, refused.detail)
     except OSError as error:

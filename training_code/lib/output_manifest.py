@@ -17,6 +17,8 @@ from .hashing import sha256_file
 from .storage import safe_relative_key, write_bytes_atomic
 
 MANIFEST = "manifest.json"
+# Set by an output holding results that were not their input's fault ({"count", "why"}): never reused.
+RETRY_NEXT_TIME = "retry_next_time"
 
 
 def named_files(manifest: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:

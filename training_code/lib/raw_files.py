@@ -4,25 +4,55 @@ The raw root is untrusted: a key may be unsafe (`..`, control characters, bytes 
 a symlink inside the root may point anywhere on the machine, and a file may be far larger than a
 worker can hold. Each of those is a `Refused` with the reason code the quarantine table records, and
 none of them reads a byte of the file (or of a symlink's target).
+
+A reader that knows what the index listed (`listed_etag`, the `<mtime_ns>-<size>` of a local file)
+also proves it read that file: the fstat of the open file, before and after the read, must give the
+listed etag, and a listed file that is gone is no verdict either. Both are `RawChanged`, which the
+validation pass turns into `RawRootChanged`: the run fails and publishes nothing, since a verdict
+reached on other bytes than the index listed would be cached under the index's fingerprint.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
 
+from .object_keys import local_etag
 from .storage import key_problem
 
 READ_CHUNK = 8 << 20
+RAW_CHANGED = "raw_changed"  # a Refused reason that never reaches a table: the pass fails on it
 
 
 class Refused(Exception):
-    """The file is not read; `reason` is one of `tables.REASONS`."""
+    """The file is not read; `reason` is one of `tables.REASONS` (or RAW_CHANGED, see `RawChanged`)."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason, self.detail = reason, detail
+
+
+class RawChanged(Refused):
+    """The file is not the one the index listed (edited, replaced or gone since the listing). A Refused,
+    so a reader that turns refusals into verdicts hands it back as one with reason RAW_CHANGED; the
+    validation pass then fails instead of recording it."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(RAW_CHANGED, detail)
+
+
+class RawRootChanged(RuntimeError):
+    """The raw root changed under the run: what the job would read is not what the index listed."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        source = key.split("/", 1)[0]
+        super().__init__(
+            f"the raw root changed since the index: rematerialize raw_image_index for {source} "
+            f"({key}: {detail}); nothing was published"
+        )
+        self.key, self.detail = key, detail
 
 
 def locate(raw: Path, key: str, via_links: bool = False) -> Path:
@@ -30,7 +60,8 @@ def locate(raw: Path, key: str, via_links: bool = False) -> Path:
 
     `via_links`: `raw` is one host's part of a split input laid out as one link per key into the
     real root (the local runner's layout; SageMaker downloads real files). The link the runner made
-    is followed to find that root; any link further on is judged against it like any other."""
+    is followed to find that root; any link further on is judged against it like any other. A key
+    that is a symlink to nothing is `unreadable` (it is listed by its own lstat, and stays so)."""
     problem = key_problem(key)
     if problem:
         raise Refused("unsafe_key", f"the key has {problem}; not read")
@@ -45,22 +76,34 @@ def locate(raw: Path, key: str, via_links: bool = False) -> Path:
         raise Refused(
             "outside_root", "a symlink on its path leads out of the raw root; not followed, the target was not opened"
         )
+    if not os.path.lexists(real) and os.path.islink(os.path.join(real_root, key)):
+        raise Refused("unreadable", "a symbolic link to a file that does not exist")
     return Path(real)
 
 
-def read_limited(path: Path, max_bytes: int) -> bytes:
+def read_limited(path: Path, max_bytes: int, listed_etag: str | None = None) -> bytes:
     """The bytes of the located file `path`, refused as `too_large` past `max_bytes` before any is read.
+
+    With `listed_etag`, `RawChanged` unless the file read is the one listed (see the module docstring)."""
+    return read_with_stat(path, max_bytes, listed_etag)[0]
+
+
+def read_with_stat(path: Path, max_bytes: int, listed_etag: str | None = None) -> tuple[bytes, os.stat_result]:
+    """`read_limited`, and the fstat of the file that was read (what a listing of it would record).
 
     Opened without following a final symlink and without blocking (a FIFO put there after listing
     must not hang the reader), then checked to be a regular file still at the located path."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
-        if error.errno == getattr(os, "ELOOP", 40):
+        if listed_etag is not None and error.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            raise RawChanged("listed by the index, but gone or replaced by a link") from None
+        if error.errno == errno.ELOOP:
             raise Refused("outside_root", "the file became a symlink after it was located; not followed") from None
         raise
     try:
         info = os.fstat(fd)
+        _check_listed(info, listed_etag, "when opened")
         if not stat.S_ISREG(info.st_mode):
             raise Refused("unreadable", "not a regular file")
         opened = f"/proc/self/fd/{fd}"
@@ -75,6 +118,12 @@ def read_limited(path: Path, max_bytes: int) -> bytes:
             total += len(block)
             if total > max_bytes:  # it grew after the size check
                 raise Refused("too_large", f"more than {max_bytes} bytes (it grew while being read); not kept")
-        return b"".join(chunks)
+        _check_listed(os.fstat(fd), listed_etag, "while it was read")
+        return b"".join(chunks), info
     finally:
         os.close(fd)
+
+
+def _check_listed(info: os.stat_result, listed_etag: str | None, when: str) -> None:
+    if listed_etag is not None and local_etag(info) != listed_etag:
+        raise RawChanged(f"its mtime-size is {local_etag(info)} {when}, the index listed {listed_etag}")

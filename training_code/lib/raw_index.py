@@ -4,7 +4,9 @@ One row per image file (tables.RAW_INDEX): source, key, size, etag (or mtime-siz
 many COCO annotations point at it. The source is listed as a stream (raw_index_listing), rows go to
 a pyarrow ParquetWriter `BATCH_ROWS` at a time, and every count is kept as it streams by, so memory
 is a batch plus what grows with the source's groups and annotated images, never with its listing.
-Images are never read; the source's annotations.json is parsed once (annotation_files).
+Images are never read; the source's annotations.json is parsed once (annotation_files), and its size,
+etag and the sha256 of the bytes parsed go in the manifest (`annotation_files`), with the raw root:
+what the jobs that read the raw root check their reads against (indexed_raw).
 
 Hostile entries stay in the index so validation gives each its verdict: an unsafe key is stored
 escaped by `printable_key` and never read; an unusable annotations.json is reported, not raised.
@@ -32,6 +34,7 @@ import pyarrow.parquet as pq
 from .annotation_files import AnnotationCounts, count_source_annotations
 from .coco import ANNOTATIONS_FILE, DEFAULT_MAX_ANNOTATION_BYTES
 from .hashing import sha256_file
+from .indexed_raw import ANNOTATION_FILES
 from .raw_index_groups import GroupCounts, group_hash, group_of
 from .raw_index_listing import check_source, list_source
 from .storage import ObjectInfo, copy_file_atomic, delete_file, join, key_problem, printable_key, write_bytes_atomic
@@ -39,7 +42,7 @@ from .tables import RAW_INDEX
 
 INDEX_FILE = "index.parquet"
 MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "zero-raw-index/2"
+MANIFEST_FORMAT = "zero-raw-index/3"  # 3: annotation_files (what the jobs check their reads against)
 BATCH_ROWS = 50_000  # rows per record batch (and Parquet row group)
 EXAMPLES = 20  # keys kept per kind of reported entry; the counts are complete
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".mpo")
@@ -111,6 +114,8 @@ def write_source_index(
         "annotation_entries_rejected": annotations.rejected_entries,
         "annotation_error": annotations.error,
         "has_annotations": annotations.identity is not None,
+        # What validation checks its read of the file against (indexed_raw): size, etag, sha256 parsed.
+        ANNOTATION_FILES: {source: None if annotations.file is None else annotations.file.as_json()},
         "examples": {
             "unsafe_keys": writer.unsafe_examples,
             "ignored_files": listing.ignored_examples,
@@ -137,6 +142,21 @@ def source_listing_fingerprint(
     for _ in listing.batches(list_source(raw_uri, source, inventory_manifest_uri)):
         pass
     return listing.fingerprint()
+
+
+def whole_root_manifest(
+    raw_uri: str, sources: list[str], max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES
+) -> dict[str, Any]:
+    """The fields the jobs read of an index manifest (`raw_uri`, `annotation_files`; see indexed_raw),
+    as write_source_index records them, for an index of several sources in one folder: the benchmarks
+    and tests validate a whole raw root in one pass. Sources whose name is no safe key are left out
+    (their images are unsafe_key verdicts; nothing of theirs is read)."""
+    files = {}
+    for source in sorted(set(sources)):
+        if key_problem(f"{source}/{ANNOTATIONS_FILE}") is None:
+            found = count_source_annotations(raw_uri, source, max_annotation_bytes).file
+            files[source] = None if found is None else found.as_json()
+    return {"format": MANIFEST_FORMAT, "raw_uri": str(raw_uri), ANNOTATION_FILES: files}
 
 
 def _withdraw_manifest(out: str | Path) -> None:

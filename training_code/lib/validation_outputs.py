@@ -23,6 +23,7 @@ from .labels import check_labels, vocabulary
 from .split import assign_splits, find_exact_duplicates
 from .storage import write_bytes_atomic
 from .tables import ACCEPTED, DUPLICATES, QUARANTINE, REJECTED_LABELS, UNMATCHED, empty_frame, write_table
+from .verdict_cache import RETRIED_REASONS
 
 CATEGORIES_FILE = "categories.json"
 
@@ -184,6 +185,8 @@ def count_outputs(index: pd.DataFrame, outputs: ValidationOutputs) -> dict[str, 
         "val": int((accepted["split"] == "val").sum()),
         "categories": len(outputs.categories),
         "annotation_files_unusable": len(outputs.annotation_errors),
+        # Quarantined through no fault of their bytes (RETRIED_REASONS): the next run reads them again.
+        "images_to_retry": int(quarantine["reason"].isin(RETRIED_REASONS).sum()),
     }
     if counts["images_in"] != counts["accepted"] + counts["quarantined"] + counts["duplicates"]:
         raise AssertionError(f"counts do not add up: {counts}")

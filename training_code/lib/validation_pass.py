@@ -11,10 +11,9 @@ import argparse
 import json
 import logging
 import os
-import time
-from collections import Counter, defaultdict
+import tempfile
+from collections import Counter
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +34,29 @@ from .contact_sheet import (
 )
 from .hashing import sha256_bytes
 from .image_checks import ImageVerdict, check_image_file
-from .isolated_pool import IsolatedPool, WorkerLost
-from .raw_files import Refused, locate, read_limited
-from .storage import key_problem, write_bytes_atomic
+from .image_decoding import decode_listed, refuse_unsafe_keys
+from .indexed_raw import read_listed_root
+from .output_manifest import RETRY_NEXT_TIME
+from .raw_files import RawRootChanged
+from .storage import write_bytes_atomic
 from .tables import RAW_INDEX, VERDICTS, read_table, write_table
 from .validation_outputs import build_outputs, write_outputs
-from .verdict_cache import VERDICTS_FILE, load_reusable, read_verdicts, split_reused, verdict_frame
+from .verdict_cache import (
+    RETRIED_REASONS,
+    VERDICTS_FILE,
+    load_reusable,
+    read_verdicts,
+    split_reused,
+    verdict_frame,
+)
 
 log = logging.getLogger("zero.validate")
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "zero-validated/1"
 # Bump when a change here or in image_checks/labels could change a verdict, so cached verdicts are redone.
-VALIDATOR_VERSION = "validate-4"  # 4: JPEGs decoded strictly (corrupt_data)
-PROGRESS_EVERY_S = 10.0
+# 5: verdicts are proven to be of the file the index listed (earlier ones may have been reached on another).
+VALIDATOR_VERSION = "validate-5"
 PHASES = ("all", "map", "reduce")
 MAP_ANNOTATIONS = "annotations"  # map output: the annotation files this host received, by source
 
@@ -86,79 +94,6 @@ def load_index(index_dir: Path) -> pd.DataFrame:
         if not key.startswith(f"{source}/"):
             raise ValueError(f"{index_dir / 'index.parquet'}: key {key!r} is not under its source folder {source!r}/")
     return index
-
-
-def decode_all(
-    raw: Path, keys: list[str], args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file
-) -> dict[str, ImageVerdict]:
-    """A verdict per key, decoded in isolated workers. `check` is injectable so tests can hang or crash one.
-
-    Each key is located first (`raw_files.locate`): one that is unsafe or leads out of the raw root
-    gets its verdict here and is never opened. Keys that are the same file (a symlink inside the
-    root) are decoded once."""
-    limits = {"max_bytes": args.max_image_bytes, "max_pixels": args.max_pixels}
-    function = partial(check, allowed_formats=args.allowed_formats, min_side=args.min_side, **limits)
-    verdicts: dict[str, ImageVerdict] = {}
-    keys_at: dict[str, list[str]] = defaultdict(list)  # located path -> keys
-    for key in keys:
-        try:
-            keys_at[str(locate(raw, key, via_links=args.phase == "map"))].append(key)
-        except Refused as refused:
-            verdicts[key] = ImageVerdict.unread(refused.reason, refused.detail)
-    if not keys_at:
-        return verdicts
-    started = last_log = time.monotonic()
-    workers = max(1, min(args.workers, len(keys_at)))
-    with IsolatedPool(function, workers=workers, timeout_s=args.timeout_s, preload=[check.__module__]) as pool:
-        log.info("started %d decode workers in %.1f s", workers, time.monotonic() - started)
-        for path, outcome in pool.imap_unordered(keys_at):
-            verdict = (
-                _verdict_for_lost(Path(path), outcome, args.max_image_bytes)
-                if isinstance(outcome, WorkerLost)
-                else outcome
-            )
-            verdicts.update({key: verdict for key in keys_at[path]})
-            if time.monotonic() - last_log > PROGRESS_EVERY_S:
-                last_log = time.monotonic()
-                log.info(
-                    "decoded %d/%d files (%.0f files/s)", len(verdicts), len(keys), len(verdicts) / (last_log - started)
-                )
-    log.info(
-        "decoded %d files in %.1f s with %d workers (%d replaced after a hang, crash or running out of memory)",
-        len(keys_at),
-        time.monotonic() - started,
-        workers,
-        pool.replaced,
-    )
-    return verdicts
-
-
-def _verdict_for_lost(path: Path, lost: WorkerLost, max_bytes: int) -> ImageVerdict:
-    """The decoder hung or crashed: hash the bytes here (reading is safe; decoding was not)."""
-    try:
-        data = read_limited(path, max_bytes)
-    except (OSError, Refused) as error:
-        why = (
-            f"{error.reason}: {error.detail}"
-            if isinstance(error, Refused)
-            else f"{type(error).__name__}: {error.strerror or error}"
-        )
-        return ImageVerdict.unread(lost.reason, f"{lost.detail}; then not hashed: {why}", stage="decode")
-    return ImageVerdict(
-        sha256=sha256_bytes(data), size=len(data), reason=lost.reason, stage="decode", error=lost.detail
-    )
-
-
-def refuse_unsafe_keys(keys: list[str]) -> tuple[dict[str, ImageVerdict], list[str]]:
-    """`unsafe_key` verdicts for keys no file may be read for, and the other keys. No I/O: the reduce
-    stage decides these itself, since no map host can receive them."""
-    refused, others = {}, []
-    for key in keys:
-        if problem := key_problem(key):
-            refused[key] = ImageVerdict.unread("unsafe_key", f"the key has {problem}; not read")
-        else:
-            others.append(key)
-    return refused, others
 
 
 def run_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -212,19 +147,23 @@ def validate(
     check_args(args)
     (args.out / MANIFEST).unlink(missing_ok=True)  # a manifest from an earlier run must not vouch for these tables
     index = load_index(args.index)
+    listed = read_listed_root(args.index)  # what every read is checked against (see indexed_raw)
     verdicts, to_decode = reused_and_to_decode(args, index)
     work = {"decoded": len(to_decode), "reused": len(verdicts)}
     refused, to_decode = refuse_unsafe_keys(to_decode)
     verdicts.update(refused)
+    sources = set(index["source"])
     if args.phase == "reduce":
         annotations, errors = load_annotations(
-            args.decoded / MAP_ANNOTATIONS, set(index["source"]), args.max_annotation_bytes
+            args.decoded / MAP_ANNOTATIONS, sources, args.max_annotation_bytes, listed, passed_on=True
         )
         verdicts.update(collect_map_verdicts(args.decoded, index[index["key"].isin(to_decode)]))
     else:
-        annotations, errors = load_annotations(args.raw, set(index["source"]), args.max_annotation_bytes)
+        annotations, errors = load_annotations(args.raw, sources, args.max_annotation_bytes, listed)
         log.info("decoding %d images, reusing %d verdicts from %s", work["decoded"], work["reused"], args.previous)
-        verdicts.update(decode_all(args.raw, to_decode, args, check))
+        with tempfile.TemporaryDirectory(prefix="zero-fetched-") as fetched:
+            rows = index[index["key"].isin(to_decode)]
+            verdicts.update(decode_listed(args.raw, rows, args, listed, Path(fetched), check))
     write_table(verdict_frame(index, verdicts), VERDICTS, args.out / VERDICTS_FILE)
     outputs = build_outputs(
         index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction, annotation_errors=errors
@@ -251,10 +190,26 @@ def validate(
         "files": files,
         "config": run_config(args),
         "decode_settings": decode_settings(args),
+        **retry_next_time(outputs.counts),
     }
     manifest_bytes = json.dumps(manifest, indent=1, sort_keys=True).encode()
     write_bytes_atomic(args.out / MANIFEST, manifest_bytes)
     return manifest, manifest_bytes, work, thumbnails
+
+
+def retry_next_time(counts: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's RETRY_NEXT_TIME entry when some verdicts were not the files' own fault: the cache
+    never reuses such an output, and the next run decodes only those images again."""
+    retry = counts["images_to_retry"]
+    if not retry:
+        return {}
+    log.warning(
+        "%d images could not be read (%s): this output will not be reused, the next run reads them again",
+        retry,
+        ", ".join(sorted(RETRIED_REASONS)),
+    )
+    why = f"{retry} images could not be read ({', '.join(sorted(RETRIED_REASONS))}), not for what their bytes are"
+    return {RETRY_NEXT_TIME: {"count": retry, "why": why}}
 
 
 def draw_thumbnails(args: argparse.Namespace, quarantine: pd.DataFrame) -> list[Thumbnail]:
@@ -278,12 +233,14 @@ def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = c
     index = load_index(args.index)
     reused, to_decode = reused_and_to_decode(args, index)
     _, to_decode = refuse_unsafe_keys(to_decode)  # the reduce stage decides those
+    listed = read_listed_root(args.index)
     # lexists, not is_file: a symlink out of the root is this host's to refuse, without following it.
     here = [key for key in to_decode if os.path.lexists(args.raw / key)]
     log.info(
         "%s: decoding %d of the %d images to decode; the others went to other hosts", host, len(here), len(to_decode)
     )
-    verdicts = decode_all(args.raw, here, args, check)
+    with tempfile.TemporaryDirectory(prefix="zero-fetched-") as fetched:
+        verdicts = decode_listed(args.raw, index[index["key"].isin(here)], args, listed, Path(fetched), check)
     write_table(
         verdict_frame(index[index["key"].isin(verdicts)], verdicts), VERDICTS, args.out / f"verdicts-{host}.parquet"
     )
@@ -291,7 +248,9 @@ def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = c
     drawable = {key: v for key, v in reused.items() if v.reason in DRAWABLE_REASONS and os.path.lexists(args.raw / key)}
     thumbnails = draw_thumbnails(args, quarantine_rows({**drawable, **verdicts}))
     write_bytes_atomic(args.out / f"thumbnails-{host}.parquet", thumbnails_frame(thumbnails).to_parquet(index=False))
-    copied = copy_annotation_files(args.raw, args.out / MAP_ANNOTATIONS, args.max_annotation_bytes)
+    copied = copy_annotation_files(
+        args.raw, args.out / MAP_ANNOTATIONS, args.max_annotation_bytes, listed, set(index["source"])
+    )
     return {"host": host, "decoded": len(verdicts), "annotation_files": copied}
 
 
@@ -307,8 +266,8 @@ def reused_and_to_decode(args: argparse.Namespace, index: pd.DataFrame) -> tuple
 
 
 def collect_map_verdicts(decoded: Path, pending: pd.DataFrame) -> dict[str, ImageVerdict]:
-    """The verdicts the map hosts reached for the index rows in `pending`. A key no host received (its
-    object went away between the listing and the job) is `unreadable`, as a missing file is on one host."""
+    """The verdicts the map hosts reached for the index rows in `pending`. A key no host received went
+    away between the listing and the job: `RawRootChanged`, as a file gone on one host is."""
     parts = sorted(decoded.glob("verdicts-*.parquet"))
     if not parts:
         raise FileNotFoundError(
@@ -316,7 +275,9 @@ def collect_map_verdicts(decoded: Path, pending: pd.DataFrame) -> dict[str, Imag
         )
     reached = {identity: verdict for part in parts for identity, verdict in read_verdicts(part).items()}
     verdicts, missing = split_reused(pending, reached)
-    for key in missing:
-        verdicts[key] = ImageVerdict.unread("unreadable", "no host of the map stage received this object")
+    if missing:
+        raise RawRootChanged(
+            missing[0], f"listed by the index, but no host of the map stage received it ({len(missing)} such keys)"
+        )
     log.info("collected %d verdicts from %d map hosts", len(verdicts), len(parts))
     return verdicts

@@ -3,9 +3,9 @@
 A verdict is reused only when the key, the listing's etag and size, and every setting that can
 change a verdict (validator version, Pillow version, min side, allowed formats, time limit) are the
 same as when it was reached. `unreadable` verdicts are never reused: a file that could not be read
-may be readable now; nor are verdicts reached without reading (`unsafe_key`, `outside_root`), which
-cost nothing to reach again and depend on more than the key's own etag. Labels, duplicates and splits
-are always recomputed (no decoding needed).
+may be readable now (nor is the output that holds them: RETRIED_REASONS); nor are verdicts reached
+without reading (`unsafe_key`, `outside_root`), which cost nothing to reach again and depend on more
+than the key's own etag. Labels, duplicates and splits are always recomputed (no decoding needed).
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ log = logging.getLogger("zero.validate")
 
 VERDICTS_FILE = "verdicts.parquet"
 NEVER_REUSED = frozenset({"unreadable", "unsafe_key", "outside_root"})
+# Of those, the verdicts that are not the file's own fault (permissions, I/O errors): an output that
+# holds any is never a cache hit either (validation_pass.retry_next_time), so the next run of its
+# source decodes exactly these again.
+RETRIED_REASONS = frozenset({"unreadable"})
 
 
 def verdict_frame(index: pd.DataFrame, verdicts: dict[str, ImageVerdict]) -> pd.DataFrame:

@@ -1,0 +1,158 @@
+"""The decode step of the validation pass: a verdict per listed image, reached in isolated workers
+on exactly the file the index listed.
+
+Each key is located first (`raw_files.locate`): one that is unsafe or leads out of the raw root gets
+its verdict here and is never opened. On a local raw root each worker fstat-checks the file it reads
+against the key's listed etag; on an S3 raw root the downloaded copies are proven first
+(`indexed_raw.prove_copies`), and a copy that cannot be proven by its bytes is replaced by the object
+fetched with IfMatch. A file that is not the one listed fails the pass (`RawRootChanged`): its verdict
+would be cached under the index's fingerprint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+
+from .hashing import sha256_bytes
+from .image_checks import ImageVerdict, check_image_file
+from .indexed_raw import ListedRoot, prove_copies
+from .isolated_pool import IsolatedPool, WorkerLost
+from .raw_files import RAW_CHANGED, RawChanged, RawRootChanged, Refused, locate, read_limited
+from .storage import key_problem
+
+log = logging.getLogger("zero.validate")
+
+PROGRESS_EVERY_S = 10.0
+
+
+def decode_listed(
+    raw: Path,
+    rows: pd.DataFrame,
+    args: argparse.Namespace,
+    listed: ListedRoot,
+    scratch: Path,
+    check: Callable[..., ImageVerdict] = check_image_file,
+) -> dict[str, ImageVerdict]:
+    """A verdict per index row of `rows` (key, size, etag), each file proven to be the listed one.
+    `scratch`: where objects fetched again from an S3 raw root go (removed by the caller)."""
+    keys = list(rows["key"])
+    if listed.local:
+        return decode_all(raw, keys, args, check, listed_etags=dict(zip(rows["key"], rows["etag"])))
+    to_prove = [(key, int(size), etag) for key, size, etag in zip(rows["key"], rows["size"], rows["etag"])]
+    fetched = prove_copies(
+        raw,
+        listed,
+        [row for row in to_prove if key_problem(row[0]) is None],
+        max_bytes=args.max_image_bytes,
+        fetched=scratch,
+        workers=args.workers,
+    )
+    if fetched:
+        log.info("%d downloaded copies not provable by their bytes: fetched again with IfMatch", len(fetched))
+    return decode_all(raw, keys, args, check, fetched=fetched)
+
+
+def decode_all(
+    raw: Path,
+    keys: list[str],
+    args: argparse.Namespace,
+    check: Callable[..., ImageVerdict] = check_image_file,
+    listed_etags: dict[str, str] | None = None,
+    fetched: dict[str, Path] | None = None,
+) -> dict[str, ImageVerdict]:
+    """A verdict per key, decoded in isolated workers. `check` is injectable so tests can hang or crash one.
+
+    `listed_etags`: key -> the etag the index listed, checked as each file is read (a local raw root).
+    `fetched`: key -> a file holding that object's proven bytes, read instead of the key's file.
+    Keys that are the same file (a symlink inside the root) are decoded once."""
+    limits = {"max_bytes": args.max_image_bytes, "max_pixels": args.max_pixels}
+    function = partial(
+        _check_listed, check=check, allowed_formats=args.allowed_formats, min_side=args.min_side, **limits
+    )
+    verdicts: dict[str, ImageVerdict] = {}
+    keys_at: dict[tuple[str, str | None], list[str]] = defaultdict(list)  # (located path, listed etag) -> keys
+    for key in keys:
+        if fetched and key in fetched:
+            keys_at[(str(fetched[key]), None)].append(key)
+            continue
+        try:
+            path = str(locate(raw, key, via_links=args.phase == "map"))
+        except Refused as refused:
+            verdicts[key] = ImageVerdict.unread(refused.reason, refused.detail)
+            continue
+        keys_at[(path, listed_etags[key] if listed_etags else None)].append(key)
+    if not keys_at:
+        return verdicts
+    started = last_log = time.monotonic()
+    workers = max(1, min(args.workers, len(keys_at)))
+    with IsolatedPool(
+        function, workers=workers, timeout_s=args.timeout_s, preload=[check.__module__, __name__]
+    ) as pool:
+        log.info("started %d decode workers in %.1f s", workers, time.monotonic() - started)
+        for item, outcome in pool.imap_unordered(keys_at):
+            first = keys_at[item][0]
+            verdict = (
+                _verdict_for_lost(first, Path(item[0]), item[1], outcome, args.max_image_bytes)
+                if isinstance(outcome, WorkerLost)
+                else outcome
+            )
+            if verdict.reason == RAW_CHANGED:
+                raise RawRootChanged(first, verdict.error)
+            verdicts.update({key: verdict for key in keys_at[item]})
+            if time.monotonic() - last_log > PROGRESS_EVERY_S:
+                last_log = time.monotonic()
+                log.info(
+                    "decoded %d/%d files (%.0f files/s)", len(verdicts), len(keys), len(verdicts) / (last_log - started)
+                )
+    log.info(
+        "decoded %d files in %.1f s with %d workers (%d replaced after a hang, crash or running out of memory)",
+        len(keys_at),
+        time.monotonic() - started,
+        workers,
+        pool.replaced,
+    )
+    return verdicts
+
+
+def _check_listed(item: tuple[str, str | None], check: Callable[..., ImageVerdict], **settings) -> ImageVerdict:
+    """In a worker: the verdict on one (located path, listed etag)."""
+    path, listed_etag = item
+    return check(path, listed_etag=listed_etag, **settings)
+
+
+def _verdict_for_lost(key: str, path: Path, listed_etag: str | None, lost: WorkerLost, max_bytes: int) -> ImageVerdict:
+    """The decoder hung or crashed: hash the bytes here (reading is safe; decoding was not)."""
+    try:
+        data = read_limited(path, max_bytes, listed_etag)
+    except RawChanged as changed:
+        raise RawRootChanged(key, changed.detail) from None
+    except (OSError, Refused) as error:
+        why = (
+            f"{error.reason}: {error.detail}"
+            if isinstance(error, Refused)
+            else f"{type(error).__name__}: {error.strerror or error}"
+        )
+        return ImageVerdict.unread(lost.reason, f"{lost.detail}; then not hashed: {why}", stage="decode")
+    return ImageVerdict(
+        sha256=sha256_bytes(data), size=len(data), reason=lost.reason, stage="decode", error=lost.detail
+    )
+
+
+def refuse_unsafe_keys(keys: list[str]) -> tuple[dict[str, ImageVerdict], list[str]]:
+    """`unsafe_key` verdicts for keys no file may be read for, and the other keys. No I/O: the reduce
+    stage decides these itself, since no map host can receive them."""
+    refused, others = {}, []
+    for key in keys:
+        if problem := key_problem(key):
+            refused[key] = ImageVerdict.unread("unsafe_key", f"the key has {problem}; not read")
+        else:
+            others.append(key)
+    return refused, others
