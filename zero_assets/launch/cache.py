@@ -8,16 +8,21 @@ noticed. Large files (shards) are checked by size from the listing; their sha256
 which their readers verify. Asked to materialize again, an asset looks for an earlier
 materialization with the same fingerprint whose output the marker still proves complete; if there is
 one, no job is launched and the earlier output and data version are reported as a `cache: hit`; if
-not, the metadata says what changed.
+not, the metadata says what changed. A complete output whose manifest says it holds results that
+were not their input's fault (`retry_next_time`: images that could not be read) is never a hit: the
+next build redoes those (the validation job decodes only them again).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue
 
+from training_code.lib.output_manifest import MANIFEST, RETRY_NEXT_TIME
+from training_code.lib.storage import join, read_bytes
 from zero_assets.core.fingerprints import DATA_VERSION_TAG, FingerprintInputs
 from zero_assets.core.output_marker import output_is_complete
 from zero_assets.launch.upstream import context_partition, latest_materializations
@@ -52,6 +57,9 @@ def cache_decision(context: AssetExecutionContext, inputs: FingerprintInputs) ->
                 None,
                 f"same inputs as run {record.run_id}, but its output at {uri} is missing or incomplete: rebuilding",
             )
+        refusal = reuse_refusal(uri)
+        if refusal is not None:
+            return CacheDecision(None, f"same inputs as run {record.run_id}, but {refusal}")
         reason = f"same input fingerprint as run {record.run_id}; its output at {uri} is complete"
         reused = {**event.metadata, "cache": "hit", "cache_reason": reason, "reused_run_id": record.run_id}
         version = event.tags.get(DATA_VERSION_TAG) if event.tags else None
@@ -60,6 +68,19 @@ def cache_decision(context: AssetExecutionContext, inputs: FingerprintInputs) ->
         )
     latest = {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
     return CacheDecision(None, what_changed(latest.get("fingerprint_inputs") or {}, inputs))
+
+
+def reuse_refusal(uri: str) -> str | None:
+    """Why the complete output at `uri` must not be reused although its inputs match, or None: its
+    manifest's `retry_next_time` says it holds results that were not their input's fault."""
+    manifest = json.loads(read_bytes(join(uri, MANIFEST)))
+    retry = manifest.get(RETRY_NEXT_TIME) if isinstance(manifest, dict) else None
+    if not retry:
+        return None
+    return (
+        f"its output at {uri} holds {retry['count']} results that were not their input's fault "
+        f"({retry['why']}): rebuilding, which redoes only those"
+    )
 
 
 def published_hit(

@@ -24,11 +24,13 @@ from zero_assets.core.output_marker import (
     retract_output_marker,
 )
 from zero_assets.launch.cache import (
+    CacheDecision,
     cache_decision,
     miss_metadata,
     published_hit,
     reported_row_count,
     reported_size_bytes,
+    reuse_refusal,
     standard_metadata,
 )
 from zero_assets.launch.output_lease import hold_lease, output_lease_path
@@ -61,7 +63,7 @@ def materialize_once(
         context.log.info(f"cache hit, {skipped}: {decision.reason}")
         return decision.hit
     context.log.info(f"cache miss: {decision.reason}")
-    lease_path = output_lease_path(jobs_root, context.asset_key.to_user_string(), inputs.fingerprint)
+    lease_path = output_lease_path(jobs_root, context.asset_key.to_user_string(), inputs.fingerprint, output)
 
     def waiting(owner: dict[str, Any]) -> None:
         context.log.info(
@@ -79,11 +81,15 @@ def materialize_once(
             else f"an output of the same input fingerprint is published at {output} and is complete"
         )
         marker = complete_marker(output, inputs.fingerprint)  # one listing and hashing pass for both questions
-        hit = published_hit(output, marker, inputs, reason, lease.waited_for)
+        refusal = None if marker is None else reuse_refusal(output)
+        hit = None if refusal else published_hit(output, marker, inputs, reason, lease.waited_for)
         if hit is not None:
             context.log.info(f"cache hit, {skipped}: {reason}")
             return MaterializeResult(metadata={**(hit.metadata or {}), **(known or {})}, data_version=hit.data_version)
-        if marker is None:
+        if refusal:
+            context.log.info(f"cache miss: the output published at {output} is complete, but {refusal}")
+            decision = CacheDecision(None, f"an output of the same inputs is published, but {refusal}")
+        if marker is None or refusal:
             retract_output_marker(output)  # nothing may vouch for the output while it is replaced
         built = build()
         marker = (
