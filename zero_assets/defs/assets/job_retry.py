@@ -2,7 +2,7 @@
 
 On SageMaker a retried step is safe and cheap: it reattaches to the attempt still running, reuses a
 completed attempt whose output is complete, and waits for a stopping one (see
-`sagemaker/pipes_client.py`), so a retry launches a new job only where the last one failed. Locally
+`backends/sagemaker/attempts.py`), so a retry launches a new job only where the last one failed. Locally
 a failed job is the script's own verdict, visible at once, and a retry would run it all again, so
 local steps are not retried unless ZERO_JOB_RETRIES asks for it.
 """
