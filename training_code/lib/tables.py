@@ -1,17 +1,20 @@
-"""Pandera schemas for the pipeline's tables, checked whenever one is written.
+"""Pandera schemas for the pipeline's tables, checked whenever one is written and read.
 
 Each table is a Parquet file. The Dagster side shows the same schemas as column schemas in the UI,
-so a malformed table fails at the boundary where it was produced.
+so a malformed table fails at the boundary where it was produced. A table is read whole, and checked
+against the sha256 its folder's manifest records for it (`verified_read`) whatever its size.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import io
+import os
 
 import pandas as pd
 import pandera.pandas as pa
 
 from .storage import write_bytes_atomic
+from .verified_read import read_verified
 
 REASONS = (
     "empty",
@@ -153,15 +156,17 @@ UNMATCHED = pa.DataFrameSchema(
 )
 
 
-def write_table(frame: pd.DataFrame, schema: pa.DataFrameSchema, uri: str | Path) -> pd.DataFrame:
+def write_table(frame: pd.DataFrame, schema: pa.DataFrameSchema, uri: str | os.PathLike) -> pd.DataFrame:
     """Validate `frame` against `schema`, then write it as Parquet atomically (local path or s3:// URI)."""
     frame = schema.validate(frame.reset_index(drop=True), lazy=True)
     write_bytes_atomic(uri, frame.to_parquet(index=False))
     return frame
 
 
-def read_table(path: Path, schema: pa.DataFrameSchema) -> pd.DataFrame:
-    frame = pd.read_parquet(path)
+def read_table(uri: str | os.PathLike, schema: pa.DataFrameSchema) -> pd.DataFrame:
+    """Read the Parquet table at `uri` (local path or s3:// URI) whole, check its bytes against its
+    folder's manifest (`FileIntegrityError` when they differ) and its rows against `schema`."""
+    frame = pd.read_parquet(io.BytesIO(read_verified(uri)))
     return schema.validate(frame, lazy=True)
 
 

@@ -23,6 +23,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .verified_read import read_verified
+
 FORMAT = "zero-training-set/1"
 MANIFEST = "manifest.json"
 EXCLUDED = "excluded.parquet"
@@ -78,7 +80,7 @@ def read_training_set(folder: Path) -> dict[str, Any] | None:
 
 
 def excluded_keys(folder: Path) -> dict[str, frozenset[str]]:
-    """source -> the keys training and evaluation skip."""
+    """source -> the keys training and evaluation skip (the table checked against the manifest's sha256)."""
     path = Path(folder) / EXCLUDED
     if not path.is_file():
         raise FileNotFoundError(
@@ -86,7 +88,7 @@ def excluded_keys(folder: Path) -> dict[str, frozenset[str]]:
             "warm the training set again"
         )
     by_source: dict[str, set[str]] = {}
-    for row in pq.read_table(path).to_pylist():
+    for row in pq.read_table(io.BytesIO(read_verified(path))).to_pylist():
         by_source.setdefault(row["source"], set()).add(row["key"])
     return {source: frozenset(keys) for source, keys in by_source.items()}
 

@@ -1,19 +1,20 @@
 """The output marker, `_output.json`: the proof that an output is complete, written last.
 
 It is derived from the job's own `manifest.json`: every file the manifest names, with its size, and
-the sha256 of every small file (manifests, tables, metrics), so a same-size edit in place is noticed.
-Large files (shards) are checked by size from the listing; their sha256 is in the manifest, which
-their readers verify. No Dagster here: the launch (`zero_assets.launch`) decides with it, the
-backends check a reused job's output with it.
+the sha256 of every table (Parquet and JSON: tables, manifests, metrics) whatever its size and of
+every other file up to `SMALL_FILE_BYTES`, so a same-size edit in place is noticed. Larger other
+files (shards, model weights) are checked by size from the listing; a shard's sha256 is in the
+manifest, which its readers verify. No Dagster here: the launch (`zero_assets.launch`) decides with
+it, the backends check a reused job's output with it.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from training_code.lib.hashing import sha256_bytes
+from training_code.lib.hashing import sha256_bytes, sha256_file
 from training_code.lib.output_manifest import MANIFEST, named_files
 from training_code.lib.storage import delete_file, is_s3, join, list_objects, read_bytes, write_bytes_atomic
 
@@ -23,7 +24,10 @@ OUTPUT_MARKER = "_output.json"  # written last, after the job's own manifest
 MARKER_FORMAT = "zero-output/2"
 
 
-SMALL_FILE_BYTES = 16 << 20  # files up to this size are hashed when marked and when checked
+SMALL_FILE_BYTES = 16 << 20  # other files up to this size are hashed when marked and when checked
+# Tables, manifests and metrics: hashed at any size. Their readers read them whole anyway, so a hit
+# costs one more read of each; shards, the bulk of an output, are left to their readers' checks.
+TABLE_SUFFIXES = (".parquet", ".json")
 
 
 class OutputNotComplete(ValueError):
@@ -31,7 +35,8 @@ class OutputNotComplete(ValueError):
 
 
 def is_temporary(key: str) -> bool:
-    """Names an atomic writer uses before its rename (`.name.XXXX.tmp`, `.tmp-name`), and hidden files: never outputs."""
+    """Names an atomic writer uses before its rename (`.name.XXXX.tmp`, `.tmp-name`), and hidden files:
+    never outputs."""
     return any(part.startswith(".") for part in PurePosixPath(key).parts) or key.endswith((".tmp", ".partial"))
 
 
@@ -47,7 +52,7 @@ def mark_output_complete(
     the folder holds nothing else, or when a file the manifest names is missing or differs from it.
 
     The marker lists every file the manifest names and every other non-temporary file present, with
-    sizes and small files' sha256, and the fingerprints (with their data versions) it vouches for: an
+    sizes and the sha256 of the files `is_hashed` names, and the fingerprints (with data versions) it vouches for: an
     earlier marker over exactly the same files keeps its fingerprints, so two materializations that
     share one output (the SageMaker warm state reads the shard set in place) do not unmark each other.
     `row_count` (the output's rows, as its materialization reports them) is kept for a hit that finds
@@ -79,8 +84,8 @@ def mark_output_complete(
         if "bytes" in expected and expected["bytes"] != size:
             raise OutputNotComplete(f"output {uri}: {name} has {size} bytes, {MANIFEST} says {expected['bytes']}")
         facts: dict[str, Any] = {"bytes": size}
-        if size <= SMALL_FILE_BYTES:
-            facts["sha256"] = digest = sha256_bytes(manifest_bytes if name == MANIFEST else read_bytes(join(uri, name)))
+        if is_hashed(name, size):
+            facts["sha256"] = digest = sha256_bytes(manifest_bytes) if name == MANIFEST else _sha256_of(join(uri, name))
             if expected.get("sha256", digest) != digest:
                 raise OutputNotComplete(
                     f"output {uri}: {name} has sha256 {digest}, {MANIFEST} says {expected['sha256']}"
@@ -103,6 +108,12 @@ def mark_output_complete(
     return marker
 
 
+def is_hashed(name: str, size: int) -> bool:
+    """Whether the marker records, and a hit checks, a file's sha256: every table, manifest and metrics
+    file (`TABLE_SUFFIXES`) whatever its size, every other file up to `SMALL_FILE_BYTES`."""
+    return name.endswith(TABLE_SUFFIXES) or size <= SMALL_FILE_BYTES
+
+
 def retract_output_marker(uri: str) -> None:
     """Withdraw an output's marker before it is rebuilt, so nothing vouches for a half-replaced set."""
     if not output_is_checkable(uri):
@@ -117,7 +128,7 @@ def output_is_checkable(uri: str) -> bool:
 
 def output_is_complete(uri: str, fingerprint: str) -> bool:
     """Whether the marker at `uri` vouches for `fingerprint` and the output still matches it: every
-    listed file present with its size, every small file with its sha256. Reads no large file."""
+    listed file present with its size, every table and small file with its sha256. Reads no shard."""
     return complete_marker(uri, fingerprint) is not None
 
 
@@ -133,11 +144,19 @@ def complete_marker(uri: str, fingerprint: str) -> dict[str, Any] | None:
         return None
     present = {o.key: o.size for o in list_objects(uri)}
     for name, facts in files.items():
-        if present.get(name) != facts.get("bytes"):
+        size = present.get(name)
+        if size is None or size != facts.get("bytes"):
             return None
-        if "sha256" in facts and sha256_bytes(read_bytes(join(uri, name))) != facts["sha256"]:
+        if is_hashed(name, size) and "sha256" not in facts:
+            return None  # a marker from before tables were hashed at any size: it vouches for too little
+        if "sha256" in facts and _sha256_of(join(uri, name)) != facts["sha256"]:
             return None
     return marker
+
+
+def _sha256_of(uri: str) -> str:
+    """A local file hashed as it is read (a large table is never held whole), an S3 object read whole."""
+    return sha256_bytes(read_bytes(uri)) if is_s3(uri) else sha256_file(Path(uri))
 
 
 def _read_marker(uri: str) -> dict[str, Any] | None:

@@ -35,6 +35,7 @@ from training_code.lib.hashing import sha256_bytes, sha256_json
 from training_code.lib.shard_format import MANIFEST as SHARD_MANIFEST
 from training_code.lib.shard_format import SHARD_SCHEMA
 from training_code.lib.storage import join, read_bytes, write_bytes_atomic
+from training_code.lib.verified_read import read_verified
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.arrow_shards import arrow_shards
@@ -133,7 +134,7 @@ def write_training_set(
             raise Failure(
                 f"arrow_shards of source {shards.partition} records no upstream validated_images; re-materialize it"
             )
-        table = pq.read_table(io.BytesIO(read_bytes(join(validated, "accepted.parquet"))), columns=["key", "sha256"])
+        table = pq.read_table(io.BytesIO(read_verified(join(validated, "accepted.parquet"))), columns=["key", "sha256"])
         accepted[shards.partition] = list(zip(table.column("key").to_pylist(), table.column("sha256").to_pylist()))
         sources.append(
             {

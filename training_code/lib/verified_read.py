@@ -1,0 +1,65 @@
+"""Reading a file its folder's `manifest.json` vouches for: its bytes, checked against the size and sha256
+the manifest records for it.
+
+Tables (Parquet) are read whole by their readers, so checking one costs a hash over bytes already in
+memory. A file its folder's manifest does not name, or a folder without a manifest (a map stage's
+parts, the verdict cache's `verdicts.parquet`), has nothing to be checked against and is returned as
+read. Every manifest shape a job writes is understood (`output_manifest.named_files`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .hashing import sha256_bytes
+from .output_manifest import MANIFEST, named_files
+from .storage import is_s3, join, read_bytes
+
+
+class FileIntegrityError(RuntimeError):
+    """A file differs from what its folder's manifest says of it: edited, truncated or replaced after
+    the job that wrote it finished."""
+
+
+def read_verified(uri: str | os.PathLike) -> bytes:
+    """The bytes at `uri` (local path or s3:// URI), verified against its folder's manifest when that
+    manifest names it; raises `FileIntegrityError` naming the file, the manifest and both values."""
+    folder, name = split_folder(uri)
+    expected = manifest_entry(folder, name)
+    data = read_bytes(uri)
+    if expected is None:
+        return data
+    manifest_uri = join(folder, MANIFEST)
+    advice = f"the file changed after the job that wrote {folder} finished; rematerialize the asset that wrote it"
+    if "bytes" in expected and len(data) != expected["bytes"]:
+        raise FileIntegrityError(f"{uri}: {len(data)} bytes, {manifest_uri} says {expected['bytes']}: {advice}")
+    if "sha256" in expected and (digest := sha256_bytes(data)) != expected["sha256"]:
+        raise FileIntegrityError(f"{uri}: sha256 {digest}, {manifest_uri} says {expected['sha256']}: {advice}")
+    return data
+
+
+def manifest_entry(folder: str, name: str) -> dict[str, Any] | None:
+    """What `folder/manifest.json` says of `name` (`bytes`, `sha256`), or None when there is no manifest
+    or it does not name the file. An unreadable manifest is an error, never "nothing to check"."""
+    manifest_uri = join(folder, MANIFEST)
+    try:
+        manifest_bytes = read_bytes(manifest_uri)
+    except FileNotFoundError:  # storage reports S3's "no such key" as FileNotFoundError
+        return None
+    try:
+        manifest = json.loads(manifest_bytes)
+    except ValueError as error:
+        raise FileIntegrityError(f"{manifest_uri} is not readable JSON ({error}); rematerialize its asset") from error
+    return named_files(manifest, manifest_uri).get(name)
+
+
+def split_folder(uri: str | os.PathLike) -> tuple[str, str]:
+    """(folder, file name) of a local path or s3:// URI."""
+    if is_s3(uri):
+        folder, _, name = str(uri).rstrip("/").rpartition("/")
+        return folder, name
+    path = Path(uri)
+    return str(path.parent), path.name
