@@ -8,6 +8,17 @@ the files (the data repository association imported their metadata); `lfs hsm_re
 to fetch the contents of a batch of files in parallel, then every shard is verified against the
 manifest (size, sha256, rows), which also reads any file whose restore had not finished. Reports
 through Dagster Pipes.
+
+There is no temporary name to fetch to here, as the local warm has: on Lustre a shard's name exists
+before its bytes, and a restore fills the file in place with its lake object's bytes, exactly. So a
+shard that fails verification is damaged in the lake itself, or was written on the file system after
+its restore (`dirty`). The job then fails, naming every such shard and which of the two it is, and
+vouches for none of them. A clean one is released (`lfs hsm_release`): the file system keeps no loaded
+copy of bytes that did not verify, and any later read fetches the lake's object again (once the shard
+set is rebuilt there, the rebuilt bytes). It is not deleted: an import task brings back only objects
+changed in the lake since the last import, so a deleted name could stay missing. A dirty one cannot be
+released (Lustre will not drop changes the lake does not have): it is named, with the lake object to
+copy back over it.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ from pathlib import Path
 from training_code.lib import job_env
 from training_code.lib import training_set as ts
 from training_code.lib.hashing import sha256_bytes
-from training_code.lib.shard_format import MANIFEST, verify_shard
+from training_code.lib.shard_format import MANIFEST, ShardIntegrityError, verify_shard
 
 log = logging.getLogger("zero.warm")
 
@@ -81,6 +92,54 @@ def listed_shards(root: Path, training_set: str | None) -> tuple[bytes, list[tup
     ]
 
 
+def damaged_shards(located: list[tuple[Path, dict]]) -> list[tuple[Path, ShardIntegrityError]]:
+    """(path, what is wrong) of every listed shard that does not match its manifest entry."""
+    damaged = []
+    for folder, entry in located:
+        try:
+            verify_shard(folder, entry)
+        except ShardIntegrityError as error:
+            damaged.append((folder / entry["file"], error))
+    return damaged
+
+
+def release_damaged(path: Path, lake_key: str) -> str:
+    """Drop the file system's copy of a damaged shard when it holds its lake object's bytes (see the
+    module docstring); returns what became of it, in words. `lake_key`: its object below the lake."""
+    lfs = shutil.which("lfs")
+    if not path.is_file():
+        return "not on the file system: its metadata was not imported from the lake"
+    if lfs is None:
+        return "left as read: `lfs` is not in this image, so its copy cannot be released"
+    state = subprocess.run([lfs, "hsm_state", str(path)], check=True, capture_output=True, text=True).stdout
+    if "dirty" in state:
+        return (
+            "written on the file system after its restore (hsm state dirty), so Lustre keeps it: the lake's object "
+            f"<lake>/{lake_key} may be intact; copy it back over this file, then warm again"
+        )
+    released = subprocess.run([lfs, "hsm_release", str(path)], capture_output=True, text=True)
+    if released.returncode != 0:
+        return f"not released ({released.stderr.strip() or f'lfs hsm_release exit {released.returncode}'})"
+    return "released: these are its lake object's bytes, so the shard is damaged in the lake"
+
+
+def fail_on_damaged(root: Path, located: list[tuple[Path, dict]]) -> None:
+    """Raise `ShardIntegrityError` naming every damaged shard and what became of it, if there is one."""
+    damaged = damaged_shards(located)
+    if not damaged:
+        return
+    described = [
+        f"{error} -> {release_damaged(path, f'arrow_shards/{path.relative_to(root)}')}" for path, error in damaged
+    ]
+    folders = sorted({f"arrow_shards/{path.parent.relative_to(root)}" for path, _ in damaged})
+    raise ShardIntegrityError(
+        f"{len(damaged)} of {len(located)} shards under {root} do not match their manifest, and this warm vouches "
+        f"for none of them: {'; '.join(described[:10])}{' ...' if len(described) > 10 else ''}. Rebuild the shard "
+        f"sets where they are damaged in the lake (delete {', '.join(folders)} there and "
+        "rematerialize arrow_shards for the source), then warm again"
+    )
+
+
 def main(args: argparse.Namespace) -> None:
     with job_env.pipes_session() as pipes:
         root = job_env.channel_dir("shards")
@@ -88,8 +147,7 @@ def main(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         restore_in_batches([str(folder / e["file"]) for folder, e in located], args.batch_files, args.restore_timeout_s)
         restored_s = time.perf_counter() - started
-        for folder, entry in located:
-            verify_shard(folder, entry)
+        fail_on_damaged(root, located)
         log.info("%d shards loaded and verified under %s", len(located), root)
         # The bytes the trainer reads here: every shard, the manifest and (a training set's) excluded rows.
         excluded = root / args.training_set / ts.EXCLUDED if args.training_set else None

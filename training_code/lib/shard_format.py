@@ -87,7 +87,12 @@ def shards_for_split(manifest: dict[str, Any], split: str) -> list[dict[str, Any
 
 def verify_shard(folder: Path, entry: dict[str, Any], check_sha256: bool = True) -> None:
     """Fail loudly when a shard is missing, truncated, edited, or holds a different row count."""
-    path = Path(folder) / entry["file"]
+    verify_shard_file(Path(folder) / entry["file"], entry, check_sha256)
+
+
+def verify_shard_file(path: Path, entry: dict[str, Any], check_sha256: bool = True) -> None:
+    """`verify_shard` for the file at `path`, whatever its name: a copy fetched to a temporary name is
+    checked against its manifest entry before it is renamed into place."""
     if not path.is_file():
         raise ShardIntegrityError(f"{path}: listed in the manifest but missing")
     size = path.stat().st_size

@@ -1,0 +1,296 @@
+"""A damaged shard is never left on the warm mount looking valid.
+
+Locally (`backends/local/warm_state.py`) a shard is fetched to a temporary name, verified, then
+renamed: a re-warm whose lake copy is damaged, or whose fetch fails (missing, truncated, a body cut
+mid-way on S3), leaves no damaged bytes under the shard's name and no manifest vouching for the mount.
+On FSx (`training_code/warm.py`, run here on a folder laid out as its channel, with `fake_lfs.py`
+standing in for Lustre's `lfs`) a shard that fails verification is released when it holds its lake
+object's bytes, named when it was written on the file system, and the job vouches for none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_fault_s3_outage import FaultProxy
+
+from tests.local_s3 import LocalS3Server
+from training_code.lib import training_set as ts
+from training_code.lib.aws_clients import AwsUnavailableError
+from training_code.lib.hashing import sha256_bytes
+from training_code.lib.shard_format import ShardIntegrityError, verify_shard
+from training_code.lib.shard_writer import ShardWriter
+from training_code.lib.storage import join, write_bytes_atomic
+from training_code.lib.verified_read import FileIntegrityError
+from zero_assets.backends.local.warm_state import warm_training_set
+
+FAULTS = Path(__file__).resolve().parent
+REPO = FAULTS.parents[1]
+SOURCE = "line_a_camera"
+CATEGORIES = [{"id": 1, "name": "widget"}]
+BUCKET = "zero-warm"
+
+
+def write_shard_set(folder: Path, shards: int = 3, rows: int = 4) -> list[dict]:
+    """A real shard set of `shards` shards (Arrow IPC, as the shard job writes them); returns its entries."""
+    entries = []
+    for index in range(shards):
+        with ShardWriter(folder, "train", 1 << 30, categories=CATEGORIES, first_index=index) as writer:
+            for row in range(rows):
+                key = f"{SOURCE}/lot_{index}/{row}.png"
+                writer.write(
+                    {
+                        "image": os.urandom(2048),
+                        "image_format": "PNG",
+                        "width": 64,
+                        "height": 48,
+                        "boxes": [[1.0, 2.0, 30.0, 40.0]],
+                        "category_ids": [1],
+                        "category_names": ["widget"],
+                        "source": SOURCE,
+                        "key": key,
+                        "sha256": sha256_bytes(key.encode()),
+                    }
+                )
+        entries += writer.entries
+    write_bytes_atomic(folder / "manifest.json", json.dumps({"format": "zero-shards/2", "shards": entries}).encode())
+    return entries
+
+
+def write_training_set(lake: str, shards_folder: str, entries: list[dict]) -> str:
+    """The training set of that one shard set (`training_set`'s layout): excluded rows, manifest last."""
+    uri = join(lake, "training_set/0123456789abcdef")
+    excluded = ts.excluded_parquet([])
+    source = {
+        "source": SOURCE,
+        "folder": SOURCE,
+        "shards_uri": join(lake, shards_folder),
+        "data_version": "d" * 64,
+        "categories": CATEGORIES,
+        "shards": entries,
+    }
+    manifest = {
+        "format": ts.FORMAT,
+        "data_version": "e" * 64,
+        "sources": [source],
+        "categories": CATEGORIES,
+        "files": {ts.EXCLUDED: {"bytes": len(excluded), "sha256": sha256_bytes(excluded)}},
+    }
+    write_bytes_atomic(join(uri, ts.EXCLUDED), excluded)
+    write_bytes_atomic(join(uri, ts.MANIFEST), json.dumps(manifest).encode())
+    return uri
+
+
+@pytest.fixture
+def lake(tmp_path) -> tuple[Path, list[dict], str]:
+    """A local lake holding one shard set and a training set of it: (shard set folder, entries, training set)."""
+    shards = tmp_path / "lake" / "arrow_shards" / SOURCE / "fp"
+    entries = write_shard_set(shards)
+    return shards, entries, write_training_set(str(tmp_path / "lake"), f"arrow_shards/{SOURCE}/fp", entries)
+
+
+def flip_a_byte(path: Path) -> None:
+    """A same-size edit: the size check passes, the sha256 does not."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def mount_files(mount: Path) -> list[str]:
+    return sorted(str(p.relative_to(mount)) for p in mount.rglob("*") if p.is_file())
+
+
+def test_a_failed_rewarm_leaves_no_damaged_shard_and_no_manifest_on_the_mount(lake, tmp_path):
+    shards, entries, training_set = lake
+    mount = tmp_path / "fsx"
+    first = warm_training_set(training_set, mount, "key")
+    assert (first.copied, first.already_warm) == (3, 0)
+    warm = mount / "key" / SOURCE
+    damaged = entries[1]["file"]
+    original = (shards / damaged).read_bytes()
+    flip_a_byte(warm / damaged)  # damaged on the mount, so the re-warm fetches it again...
+    flip_a_byte(shards / damaged)  # ... from a lake whose copy is damaged too
+    with pytest.raises(ShardIntegrityError) as failed:
+        warm_training_set(training_set, mount, "key")
+    # Neither the damaged copy nor a temporary one is left, and nothing vouches for the mount.
+    intact = sorted(f"key/{SOURCE}/{e['file']}" for e in entries if e["file"] != damaged)
+    assert mount_files(mount) == ["key/excluded.parquet", *intact]
+    assert f"{shards / damaged}, shard {damaged} of source {SOURCE} in the lake" in str(failed.value)
+    for entry in entries:
+        if entry["file"] != damaged:
+            verify_shard(warm, entry)
+
+    (shards / damaged).write_bytes(original)  # the lake repaired: the next warm copies only that shard
+    again = warm_training_set(training_set, mount, "key")
+    assert (again.copied, again.already_warm) == (1, 2)
+    assert (mount / "key" / ts.MANIFEST).is_file()
+    for entry in entries:
+        verify_shard(warm, entry)
+
+
+@pytest.mark.parametrize("fault", ["missing", "truncated"])
+def test_a_fetch_that_fails_leaves_nothing_under_the_shards_name(lake, tmp_path, fault):
+    shards, entries, training_set = lake
+    mount = tmp_path / "fsx"
+    warm_training_set(training_set, mount, "key")
+    name = entries[0]["file"]
+    (mount / "key" / SOURCE / name).unlink()
+    if fault == "missing":
+        (shards / name).unlink()
+    else:
+        (shards / name).write_bytes((shards / name).read_bytes()[:-100])
+    with pytest.raises(FileNotFoundError if fault == "missing" else ShardIntegrityError, match=name):
+        warm_training_set(training_set, mount, "key")
+    assert name not in {Path(f).name for f in mount_files(mount)} and ts.MANIFEST not in mount_files(mount / "key")
+    assert not [f for f in mount_files(mount) if Path(f).name.startswith(".")], "a temporary copy was left"
+
+
+def test_excluded_rows_that_differ_from_the_manifest_are_never_warmed(lake, tmp_path):
+    _, _, training_set = lake
+    excluded = Path(training_set) / ts.EXCLUDED
+    excluded.write_bytes(ts.excluded_parquet([(SOURCE, f"{SOURCE}/lot_0/0.png", "over the cap")]))
+    with pytest.raises(FileIntegrityError, match=f"{excluded}: .*manifest.json says"):
+        warm_training_set(training_set, tmp_path / "fsx", "key")
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    with LocalS3Server(tmp_path_factory.mktemp("s3-warm")) as server:
+        server.client().create_bucket(Bucket=BUCKET)
+        yield server
+
+
+class CutShardBodies(FaultProxy):
+    """The fault proxy, cutting every response body of a GET of a shard (`.arrow`) mid-way."""
+
+    cutting = False
+
+    def decide(self, method: str, path: str) -> str:
+        self.cutting = method == "GET" and ".arrow" in path.partition("?")[0]
+        return super().decide(method, path)
+
+    def take_cut(self) -> bool:
+        return self.cutting
+
+
+def test_a_rewarm_whose_s3_fetch_is_cut_mid_way_leaves_nothing_on_the_mount(s3_server, tmp_path, monkeypatch):
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    local = tmp_path / "built"
+    entries = write_shard_set(local)
+    lake = f"s3://{BUCKET}/lake"
+    for path in local.iterdir():
+        write_bytes_atomic(join(lake, f"arrow_shards/{SOURCE}/fp/{path.name}"), path.read_bytes())
+    training_set = write_training_set(lake, f"arrow_shards/{SOURCE}/fp", entries)
+    mount = tmp_path / "fsx"
+    warm_training_set(training_set, mount, "key")
+    damaged = entries[0]["file"]
+    flip_a_byte(mount / "key" / SOURCE / damaged)
+    proxy = CutShardBodies(s3_server.endpoint_url)
+    try:
+        monkeypatch.setenv("ZERO_S3_ENDPOINT_URL", proxy.endpoint_url)
+        monkeypatch.setenv("ZERO_AWS_RETRY_WINDOW_S", "1")  # give up soon: every try is cut
+        with pytest.raises(AwsUnavailableError, match=f"download {lake}/arrow_shards/{SOURCE}/fp/{damaged}"):
+            warm_training_set(training_set, mount, "key")
+    finally:
+        proxy.close()
+    intact = sorted(f"key/{SOURCE}/{e['file']}" for e in entries if e["file"] != damaged)
+    assert mount_files(mount) == ["key/excluded.parquet", *intact], "a damaged, partial or temporary copy was left"
+
+
+# --- the FSx warm job ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def channel(lake, tmp_path) -> Path:
+    """The SageMaker channel of a warmed training set: the shard root, the training set in a folder of it."""
+    shards, _, training_set = lake
+    root = tmp_path / "shard_root"
+    shutil.copytree(shards, root / SOURCE)
+    shutil.copytree(training_set, root / "_training_sets" / "chosen")
+    return root
+
+
+def run_warm_job(root: Path, tmp_path: Path, lake_shards: Path, with_lfs: bool) -> subprocess.CompletedProcess:
+    """`python -m training_code.warm` on `root`, with `fake_lfs.py` as `lfs` (its archive: the lake) or without."""
+    tools = tmp_path / "tools"
+    tools.mkdir(exist_ok=True)
+    lfs = tools / "lfs"
+    lfs.write_text(f'#!/bin/sh\nexec {sys.executable} {FAULTS / "fake_lfs.py"} "$@"\n')
+    lfs.chmod(0o755)
+    archive = tmp_path / "archive"
+    if not archive.exists():
+        shutil.copytree(lake_shards, archive / SOURCE)
+    environment = {
+        **os.environ,
+        "SM_CHANNEL_SHARDS": str(root),
+        "ZERO_OPT_ML": str(tmp_path / "opt_ml"),
+        "FAKE_LFS_ROOT": str(root),
+        "FAKE_LFS_ARCHIVE": str(archive),
+        "FAKE_LFS_STATE": str(tmp_path / "lfs_state.json"),
+        "PATH": os.pathsep.join([str(tools)] * with_lfs + [os.environ["PATH"]]),
+    }
+    environment.pop("DAGSTER_PIPES_CONTEXT", None)
+    return subprocess.run(
+        [sys.executable, "-m", "training_code.warm", "--training-set", "_training_sets/chosen"],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def lfs_states(tmp_path: Path) -> dict[str, str]:
+    path = tmp_path / "lfs_state.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def test_the_fsx_warm_job_restores_released_shards_and_verifies_them(lake, channel, tmp_path):
+    shards, entries, _ = lake
+    released = {str(channel / SOURCE / e["file"]): "released" for e in entries}
+    for name in released:
+        size = Path(name).stat().st_size
+        Path(name).write_bytes(b"\0" * size)  # imported metadata, no bytes yet
+    (tmp_path / "lfs_state.json").write_text(json.dumps(released))
+    done = run_warm_job(channel, tmp_path, shards, with_lfs=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert set(lfs_states(tmp_path).values()) == {"archived"}
+    assert '{"event": "materialization"' in done.stdout
+
+
+def test_the_fsx_warm_job_releases_a_shard_damaged_in_the_lake_and_names_a_dirty_one(lake, channel, tmp_path):
+    shards, entries, _ = lake
+    in_lake, on_fsx = entries[0]["file"], entries[2]["file"]
+    flip_a_byte(shards / in_lake)  # the lake's object is damaged: a restore copied it faithfully
+    shutil.copyfile(shards / in_lake, channel / SOURCE / in_lake)
+    flip_a_byte(channel / SOURCE / on_fsx)  # written on the file system after its restore
+    (tmp_path / "lfs_state.json").write_text(json.dumps({str(channel / SOURCE / on_fsx): "dirty"}))
+    damaged_bytes = (channel / SOURCE / in_lake).read_bytes()
+
+    done = run_warm_job(channel, tmp_path, shards, with_lfs=True)
+    assert done.returncode != 0 and '"event": "materialization"' not in done.stdout
+    assert f"2 of 3 shards under {channel} do not match their manifest" in done.stderr
+    assert f"{channel / SOURCE / in_lake}: sha256" in done.stderr and "damaged in the lake" in done.stderr
+    assert f"{channel / SOURCE / on_fsx}: sha256" in done.stderr and "hsm state dirty" in done.stderr
+    assert f"delete arrow_shards/{SOURCE} there" in done.stderr
+    # The file system keeps no loaded copy of the lake-damaged bytes; the dirty file stays (Lustre keeps it).
+    states = lfs_states(tmp_path)
+    assert states[str(channel / SOURCE / in_lake)] == "released"
+    assert (channel / SOURCE / in_lake).read_bytes() != damaged_bytes
+    assert states[str(channel / SOURCE / on_fsx)] == "dirty" and (channel / SOURCE / on_fsx).is_file()
+
+
+def test_the_fsx_warm_job_without_lfs_names_every_damaged_shard(lake, channel, tmp_path):
+    shards, entries, _ = lake
+    for entry in entries[:2]:
+        flip_a_byte(channel / SOURCE / entry["file"])
+    done = run_warm_job(channel, tmp_path, shards, with_lfs=False)
+    assert done.returncode != 0 and '"event": "materialization"' not in done.stdout
+    assert "2 of 3 shards" in done.stderr and done.stderr.count("cannot be released") == 2
