@@ -12,6 +12,12 @@ names, at their keys relative to its prefix; every host uploads its outputs. An 
 input is every key that starts with the URI exactly as written, as SageMaker reads it (`s3://b/raw`
 also matches `raw-old/...`).
 
+Training Plans (`add_training_plan`: Scheduled -> Active -> Expired by the clock, jobs `Pending` until
+their plan is Active) are `sagemaker_fake_plans.FakeTrainingPlans`. DescribeTrainingJob and
+DescribeTrainingPlan answers are validated against botocore's model like the requests. A training
+job's `/opt/ml/checkpoints` reaches its CheckpointConfig prefix however it ends, as SageMaker syncs it
+while the job runs.
+
 For attempt states: `add_stopping_job` presents a job that is `Stopping` and turns `Stopped` after a
 few describes; every create records the state of every other job at that moment (`seen_at_create`);
 with `throttle_every = n`, every n-th Describe*Job is refused with ThrottlingException.
@@ -43,6 +49,7 @@ from types import SimpleNamespace
 import botocore.session
 from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
+from sagemaker_fake_plans import FakeTrainingPlans, validated_response
 
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import split_s3
@@ -65,12 +72,18 @@ def throttling_error(operation: str) -> ClientError:
     )
 
 
-class FakeSageMaker:
+def _counted(seconds: int | None) -> int | None:
+    """A count of seconds as SageMaker reports it: from 1 s on, left out before (botocore's minimum is 1)."""
+    return seconds if seconds is not None and seconds >= 1 else None
+
+
+class FakeSageMaker(FakeTrainingPlans):
     def __init__(self, root: Path, s3, logs, env: dict[str, str], region: str = "us-east-1") -> None:
         self.root, self.s3, self.logs, self.env = Path(root), s3, logs, env
         self.meta = SimpleNamespace(region_name=region)
         self.calls: list[tuple[str, str]] = []
         self.jobs: dict[str, dict] = {}
+        self.plans: dict[str, dict] = {}
         self.seen_at_create: dict[str, dict[str, str]] = {}  # new job -> {other job: its status then}
         self.throttle_every, self.throttled = 0, 0
         # Set: every job that ended reports it ran this many seconds per instance, so costs compare exactly;
@@ -111,6 +124,8 @@ class FakeSageMaker:
         validate_parameters(params, _MODEL.operation_model(operation).input_shape)
         self.calls.append((operation, name))
         self.seen_at_create[name] = {other: job["status"] for other, job in self.jobs.items()}
+        if kind == "training":
+            self.check_plan_request(params)
         with self._lock:
             if name in self.jobs:
                 raise ClientError(
@@ -121,7 +136,7 @@ class FakeSageMaker:
                 "params": params,
                 "status": "InProgress",
                 "secondary": "Starting",
-                "transitions": ["Starting"],
+                "transitions": [("Starting", datetime.now(UTC))],
                 "created": datetime.now(UTC),
                 "started": None,
                 "ended": None,
@@ -145,7 +160,7 @@ class FakeSageMaker:
             "params": params,
             "status": "Stopping",
             "secondary": "Stopping",
-            "transitions": ["Starting", "Stopping"],
+            "transitions": [("Starting", now), ("Stopping", now)],
             "created": now,
             "started": now,
             "ended": None,
@@ -164,8 +179,8 @@ class FakeSageMaker:
         if job is not None and job.get("stops_after_polls") is not None:
             job["stops_after_polls"] -= 1
             if job["stops_after_polls"] < 0:
-                job.update(status="Stopped", secondary="Stopped", ended=datetime.now(UTC), stops_after_polls=None)
-                job["transitions"].append("Stopped")
+                job.update(status="Stopped", ended=datetime.now(UTC), stops_after_polls=None)
+                self._enter(job, "Stopped")
         if job is None or job["kind"] != kind:
             message = (
                 "Requested resource not found."
@@ -185,18 +200,33 @@ class FakeSageMaker:
             # billed (less under spot).
             ran = int(((ended or datetime.now(UTC)) - started).total_seconds())
             spot = params.get("EnableManagedSpotTraining", False)
-            return {
-                "TrainingJobName": name,
-                "TrainingJobStatus": job["status"],
-                "SecondaryStatus": job["secondary"],
-                "FailureReason": job["failure"],
-                "ResourceConfig": params["ResourceConfig"],
-                "EnableManagedSpotTraining": spot,
-                "TrainingTimeInSeconds": ran,
-                "BillableTimeInSeconds": int(ran * self.spot_billed_share) if spot else ran,
-                "SecondaryStatusTransitions": [{"Status": s} for s in job["transitions"]],
-                "CreationTime": job["created"],
-            }
+            # Held Pending for its plan (and never started): nothing ran, nothing is billed.
+            held = job["started"] is None and any(status == "Pending" for status, _ in job["transitions"])
+            output = f"{params['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{name}/output/model.tar.gz"
+            return validated_response(
+                "DescribeTrainingJob",
+                {
+                    "TrainingJobName": name,
+                    "TrainingJobArn": f"arn:aws:sagemaker:{self.region}:123456789012:training-job/{name}",
+                    "ModelArtifacts": {"S3ModelArtifacts": output},
+                    "TrainingJobStatus": job["status"],
+                    "SecondaryStatus": job["secondary"],
+                    "FailureReason": job["failure"],
+                    "AlgorithmSpecification": params["AlgorithmSpecification"],
+                    "ResourceConfig": params["ResourceConfig"],
+                    "StoppingCondition": params["StoppingCondition"],
+                    "CheckpointConfig": params.get("CheckpointConfig"),
+                    "EnableManagedSpotTraining": spot,
+                    "TrainingStartTime": job["started"],
+                    "TrainingEndTime": job["ended"],
+                    "TrainingTimeInSeconds": _counted(None if held else ran),
+                    "BillableTimeInSeconds": _counted(
+                        None if held else int(ran * self.spot_billed_share) if spot else ran
+                    ),
+                    "SecondaryStatusTransitions": [{"Status": s, "StartTime": t} for s, t in job["transitions"]],
+                    "CreationTime": job["created"],
+                },
+            )
         return {
             "ProcessingJobName": name,
             "ProcessingJobStatus": job["status"],
@@ -214,7 +244,8 @@ class FakeSageMaker:
             raise ClientError(
                 {"Error": {"Code": "ValidationException", "Message": f"job {name} is {job['status']}"}}, "Stop"
             )
-        job["status"], job["secondary"] = "Stopping", "Stopping"
+        job["status"] = "Stopping"
+        self._enter(job, "Stopping")
         for process in job["process"] or []:
             process.terminate()
         return {}
@@ -230,19 +261,22 @@ class FakeSageMaker:
         job = self.jobs[name]
         hosts = self._hosts(job)
         opts = {host: self.root / name / (host if len(hosts) > 1 else "") / "opt" / "ml" for host in hosts}
+        if not self.hold_until_plan_active(job):
+            return
         try:
             if job["kind"] == "training":
                 launches = {hosts[0]: self._prepare_training(job, opts[hosts[0]])}
             else:
                 launches = {host: self._prepare_processing(job, opts[host], host, hosts) for host in hosts}
         except (ClientError, OSError, KeyError) as error:
-            job.update(status="Failed", secondary="Failed", failure=f"ClientError: {error}", ended=datetime.now(UTC))
+            job.update(status="Failed", failure=f"ClientError: {error}", ended=datetime.now(UTC))
+            self._enter(job, "Failed")
             return
         job["started"] = datetime.now(UTC)
-        job["transitions"].append("Training" if job["kind"] == "training" else "Processing")
-        job["secondary"] = job["transitions"][-1]
+        self._enter(job, "Training" if job["kind"] == "training" else "Processing")
         if job["status"] == "Stopping":  # stopped while downloading
-            job.update(status="Stopped", secondary="Stopped", ended=datetime.now(UTC))
+            job.update(status="Stopped", ended=datetime.now(UTC))
+            self._enter(job, "Stopped")
             return
         processes = {
             host: subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -256,11 +290,18 @@ class FakeSageMaker:
         for shipper in shippers:
             shipper.start()
         deadline = time.monotonic() + job["params"]["StoppingCondition"]["MaxRuntimeInSeconds"]
+        plan_ends = self.plan_deadline(job)
         codes = {}
         for host, process in processes.items():
             try:
-                codes[host] = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                codes[host] = process.wait(timeout=max(0.0, min(deadline, plan_ends or deadline) - time.monotonic()))
             except subprocess.TimeoutExpired:
+                if plan_ends is not None and plan_ends < deadline:  # the plan's instances go back: no grace
+                    for other in processes.values():
+                        other.kill()
+                    codes[host] = process.wait()
+                    job["failure"] = "CapacityError: the training plan ended; its instances were reclaimed"
+                    continue
                 for other in processes.values():
                     other.terminate()
                 codes[host] = process.wait()
@@ -272,25 +313,28 @@ class FakeSageMaker:
         self._finish(job, opts, codes[failed[0]] if failed else 0, opts[failed[0]] if failed else None)
 
     def _finish(self, job: dict, opts: dict[str, Path], code: int, failed_opt: Path | None) -> None:
+        if job["kind"] == "training" and "CheckpointConfig" in job["params"]:  # synced while running, on any end
+            self._upload(opts[next(iter(opts))] / "checkpoints", job["params"]["CheckpointConfig"]["S3Uri"])
+        ended = "Stopped"
         if job["status"] == "Stopping":
-            job.update(
-                status="Stopped", secondary=job["secondary"] if job["secondary"] == "MaxRuntimeExceeded" else "Stopped"
-            )
+            job["status"] = "Stopped"
+            ended = "MaxRuntimeExceeded" if job["secondary"] == "MaxRuntimeExceeded" else "Stopped"
         elif code == 0:
             for opt in opts.values():
                 self._upload_outputs(job, opt)
-            job.update(status="Completed", secondary="Completed")
+            job["status"] = ended = "Completed"
         else:
             failure, message = failed_opt / "output" / "failure", failed_opt / "output" / "message"
-            reason = (
+            reason = job["failure"] or (
                 failure.read_text()[:1024]
                 if failure.is_file() and job["kind"] == "training"
                 else f"AlgorithmError: exit code {code}"
             )
-            job.update(status="Failed", secondary="Failed", failure=reason)
+            job.update(status="Failed", failure=reason)
+            ended = "Failed"
             if job["kind"] == "processing" and message.is_file():
                 job["exit_message"] = message.read_text()[:1024]
-        job["transitions"].append(job["secondary"])
+        self._enter(job, ended)
         job["ended"] = datetime.now(UTC)
 
     # --- container contract ------------------------------------------------------------------
@@ -390,8 +434,6 @@ class FakeSageMaker:
                 Key=f"{prefix}/{params['TrainingJobName']}/output/model.tar.gz".lstrip("/"),
                 Body=raw.getvalue(),
             )
-            if "CheckpointConfig" in params:
-                self._upload(opt / "checkpoints", params["CheckpointConfig"]["S3Uri"])
             return
         for item in params["ProcessingOutputConfig"]["Outputs"]:
             self._upload(self._local(item["S3Output"]["LocalPath"], opt), item["S3Output"]["S3Uri"])

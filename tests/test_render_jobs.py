@@ -174,3 +174,123 @@ def test_fsx_without_vpc_is_refused(tmp_path, monkeypatch, capsys):
         monkeypatch.setenv(key, value)
     assert main(["render-jobs", "--out", str(tmp_path / "out")]) == 2
     assert "ZERO_SM_SUBNETS" in capsys.readouterr().err
+
+
+PLAN_ARN = "arn:aws:sagemaker:us-east-1:123456789012:training-plan/zero-p5-campaign"
+PLAN_ENV = {
+    **BASE_ENV,
+    "ZERO_SM_TRAINING_PLAN_ARN": PLAN_ARN,
+    "ZERO_SM_TRAINED_CHECKPOINT_INSTANCE_TYPE": "ml.p5.48xlarge",
+}
+
+
+def valid(operation: str, params: dict, service: str = "sagemaker") -> None:
+    validate_parameters(params, SESSION.get_service_model(service).operation_model(operation).input_shape)
+
+
+def test_a_training_plan_is_in_the_training_request_and_render_jobs_says_the_runner_bounds_its_runtime(
+    tmp_path, monkeypatch, capsys
+):
+    requests = render(tmp_path / "production", monkeypatch, {**PLAN_ENV, **FSX_ENV})
+    training = requests["trained_checkpoint.CreateTrainingJob.json"]
+    valid("CreateTrainingJob", training)
+    assert training["ResourceConfig"]["TrainingPlanArn"] == PLAN_ARN
+    assert training["ResourceConfig"]["InstanceType"] == "ml.p5.48xlarge"
+    assert training["InfraCheckConfig"] == {"EnableInfraCheck": True}  # two instances: health-checked first
+    assert "KeepAlivePeriodInSeconds" not in training["ResourceConfig"]
+    # No AWS call: the configured runtime, and the plan read the runner makes first, shown as a request.
+    assert training["StoppingCondition"]["MaxRuntimeInSeconds"] == 5 * 24 * 3600
+    described = requests["trained_checkpoint.DescribeTrainingPlan.json"]
+    valid("DescribeTrainingPlan", described)
+    assert described == {"TrainingPlanName": "zero-p5-campaign"}
+    note = capsys.readouterr().err
+    assert "training plan zero-p5-campaign" in note and "makes no AWS call" in note
+    assert "bounds MaxRuntimeInSeconds by the plan's end" in note and "ZERO_SM_PLAN_CHECKPOINT_MARGIN_S=1800" in note
+    # The warm job is a Training job too, on small instances: never on the plan.
+    assert "TrainingPlanArn" not in requests["fsx_warm_state.CreateTrainingJob.json"]["ResourceConfig"]
+
+    # The rehearsal profile brings its own compute: cheap instances, off the plan, in a warm pool when asked.
+    rehearsal = render(
+        tmp_path / "rehearsal",
+        monkeypatch,
+        {**PLAN_ENV, "ZERO_PROFILE": "rehearsal", "ZERO_SM_WARM_POOL_KEEP_ALIVE_S": "1800"},
+    )
+    training = rehearsal["trained_checkpoint.CreateTrainingJob.json"]
+    valid("CreateTrainingJob", training)
+    assert "TrainingPlanArn" not in training["ResourceConfig"] and not any("TrainingPlan" in f for f in rehearsal)
+    assert training["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 1800
+    assert training["InfraCheckConfig"] == {"EnableInfraCheck": True}
+    checkless = render(tmp_path / "no-check", monkeypatch, {**PLAN_ENV, "ZERO_SM_INFRA_CHECK": "false"})
+    assert "InfraCheckConfig" not in checkless["trained_checkpoint.CreateTrainingJob.json"]
+
+
+@pytest.mark.parametrize(
+    "env, named",
+    [
+        ({**PLAN_ENV, "ZERO_SM_USE_SPOT": "true"}, ["ZERO_SM_TRAINING_PLAN_ARN", "ZERO_SM_USE_SPOT"]),
+        (
+            {**BASE_ENV, "ZERO_SM_TRAINING_PLAN_ARN": "zero-p5-campaign"},
+            ["ZERO_SM_TRAINING_PLAN_ARN", "not a training plan ARN"],
+        ),
+        (
+            {**BASE_ENV, "ZERO_SM_WARM_POOL_KEEP_ALIVE_S": "1800", "ZERO_SM_USE_SPOT": "true"},
+            ["ZERO_SM_WARM_POOL_KEEP_ALIVE_S", "ZERO_SM_USE_SPOT"],
+        ),
+        ({**BASE_ENV, "ZERO_SM_WARM_POOL_KEEP_ALIVE_S": "30000"}, ["ZERO_SM_WARM_POOL_KEEP_ALIVE_S", "21600"]),
+        ({**BASE_ENV, "ZERO_SM_PLAN_CHECKPOINT_MARGIN_S": "half an hour"}, ["ZERO_SM_PLAN_CHECKPOINT_MARGIN_S"]),
+    ],
+    ids=["plan-and-spot", "plan-name-not-arn", "warm-pool-and-spot", "warm-pool-too-long", "margin-not-seconds"],
+)
+def test_plan_and_warm_pool_settings_that_cannot_work_are_refused_naming_them(
+    tmp_path, monkeypatch, capsys, env, named
+):
+    for key in [k for k in __import__("os").environ if k.startswith("ZERO_SM_") or k == "ZERO_PROFILE"]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main(["render-jobs", "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    for words in named:
+        assert words in error, (words, error)
+
+
+def test_with_the_plan_as_read_the_request_is_bounded_by_its_end_or_refused(tmp_path, monkeypatch):
+    from datetime import timedelta
+
+    from sagemaker_fakes import FakeSageMaker
+
+    from zero_assets.backends.from_env import resolved, sagemaker_settings
+    from zero_assets.backends.sagemaker.training_plan import TrainingPlan
+    from zero_assets.ops.job_plan import render_jobs
+
+    for key, value in PLAN_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("ZERO_PROFILE", raising=False)
+    settings, aws = (resolved(resource) for resource in sagemaker_settings())
+    fake = FakeSageMaker(tmp_path, None, None, {})  # only its plans: DescribeTrainingPlan, validated by botocore
+    fake.add_training_plan(
+        "zero-p5-campaign", instance_type="ml.p5.48xlarge", instance_count=2, starts_in_s=-60, lasts_s=48 * 3600
+    )
+    plan = TrainingPlan.from_description(fake.describe_training_plan(TrainingPlanName="zero-p5-campaign"))
+    now = plan.start + timedelta(hours=2)
+    rendered = {
+        (label, operation): params
+        for label, _, operation, params in render_jobs(settings, aws, training_plan=plan, now=now)
+    }
+    training = rendered[("trained_checkpoint", "CreateTrainingJob")]
+    valid("CreateTrainingJob", training)
+    # 46 h of the plan left, less the 30 min checkpoint margin: under the configured 5 days.
+    assert training["StoppingCondition"]["MaxRuntimeInSeconds"] == 46 * 3600 - 1800
+    assert training["ResourceConfig"]["TrainingPlanArn"] == PLAN_ARN
+
+    fake.add_training_plan(
+        "zero-p5-campaign", instance_type="ml.p4d.24xlarge", instance_count=2, starts_in_s=-60, lasts_s=48 * 3600
+    )
+    other = TrainingPlan.from_description(fake.describe_training_plan(TrainingPlanName="zero-p5-campaign"))
+    with pytest.raises(
+        ValueError, match="ResourceConfig.InstanceType is ml.p5.48xlarge .ZERO_SM_TRAINED_CHECKPOINT_INSTANCE_TYPE."
+    ) as refused:
+        render_jobs(settings, aws, training_plan=other, now=now)
+    assert "training plan zero-p5-campaign" in str(refused.value) and "reserves 2 x ml.p4d.24xlarge" in str(
+        refused.value
+    )

@@ -8,6 +8,8 @@ SageMaker bills BillableTimeInSeconds (per instance): the spot discount shows as
 seconds, not as another price. The estimate is billable instance-hours x the on-demand price of the
 instance type in the job's region, from `prices.json` beside this file and the file named by
 `ZERO_SM_PRICE_TABLE` (its entries win). No price, no figure: `cost_note` says what is missing.
+A job on a Training Plan is paid by the plan's upfront fee, not by the hour: its estimate is its share
+of the fee, the fee spread evenly over the instance-hours the plan reserves, times the ones it used.
 """
 
 from __future__ import annotations
@@ -44,6 +46,19 @@ class PriceTable:
 
     def price(self, region: str, instance_type: str) -> Optional[Price]:
         return self.prices.get((region, instance_type))
+
+
+@dataclass(frozen=True)
+class PlanFee:
+    """A Training Plan's upfront fee and the instance-hours it buys (instances x the plan's hours)."""
+
+    plan: str
+    upfront_fee: float
+    currency: str
+    reserved_instance_hours: float
+
+    def per_instance_hour(self) -> float:
+        return self.upfront_fee / self.reserved_instance_hours
 
 
 @dataclass(frozen=True)
@@ -115,8 +130,11 @@ def usage_of(kind: Literal["training", "processing"], job: dict[str, Any]) -> Jo
     return JobUsage(resources.get("InstanceType", "?"), resources.get("InstanceCount", 1), ran, ran)
 
 
-def cost_metadata(usage: JobUsage, region: str, prices: PriceTable) -> dict[str, Any]:
-    """The metadata every SageMaker job-backed materialization carries about what its job cost."""
+def cost_metadata(
+    usage: JobUsage, region: str, prices: PriceTable, plan_fee: Optional[PlanFee] = None
+) -> dict[str, Any]:
+    """The metadata every SageMaker job-backed materialization carries about what its job cost; on a
+    Training Plan (`plan_fee`), its share of the plan's fee instead of an on-demand price."""
     count = usage.instance_count
     metadata: dict[str, Any] = {"instance_type": usage.instance_type, "instance_count": count, "region": region}
     if usage.seconds_per_instance is None:
@@ -131,6 +149,8 @@ def cost_metadata(usage: JobUsage, region: str, prices: PriceTable) -> dict[str,
         "billable_instance_seconds": billable,
         "managed_spot": usage.managed_spot,
     }
+    if plan_fee is not None:
+        return metadata | plan_share(plan_fee, billable)
     price = prices.price(region, usage.instance_type)
     if price is None:
         return {
@@ -154,10 +174,36 @@ def cost_metadata(usage: JobUsage, region: str, prices: PriceTable) -> dict[str,
     return metadata
 
 
+def plan_share(fee: PlanFee, billable_instance_seconds: float) -> dict[str, Any]:
+    """A job's share of its plan's fee: the instance-hours it used at the fee's rate per reserved
+    instance-hour. The fee is paid whether or not the reserved hours are used; the share shows what a
+    job took of it."""
+    rate = fee.per_instance_hour()
+    share = round(billable_instance_seconds / 3600 * rate, 4)
+    metadata: dict[str, Any] = {
+        "training_plan_upfront_fee": fee.upfront_fee,
+        "training_plan_currency": fee.currency,
+        "training_plan_reserved_instance_hours": round(fee.reserved_instance_hours, 2),
+        "training_plan_fee_per_instance_hour": round(rate, 4),
+        "training_plan_fee_share": share,
+    }
+    if fee.currency != "USD":
+        return {**metadata, COST_NOTE: f"training plan {fee.plan} is billed in {fee.currency}: no USD estimate"}
+    source = (
+        f"training plan {fee.plan}: its upfront fee of {fee.upfront_fee} USD over its "
+        f"{fee.reserved_instance_hours:.1f} reserved instance-hours"
+    )
+    return {**metadata, COST_USD: share, "price_source": source}
+
+
 def job_cost(
-    kind: Literal["training", "processing"], job: dict[str, Any], region: str, prices: PriceTable
+    kind: Literal["training", "processing"],
+    job: dict[str, Any],
+    region: str,
+    prices: PriceTable,
+    plan_fee: Optional[PlanFee] = None,
 ) -> dict[str, Any]:
-    return cost_metadata(usage_of(kind, job), region, prices)
+    return cost_metadata(usage_of(kind, job), region, prices, plan_fee)
 
 
 def local_cost(wall_s: float, hosts: int) -> dict[str, Any]:

@@ -7,11 +7,18 @@ shape but the fingerprint parts differ from a real run. The per-source jobs are 
 one source (`source`): each gets only that source's raw folder, its output under `<asset>/<source>/`.
 The training set's jobs read the shard root holding every chosen source's shard sets, told the
 training set's folder there (`--training-set`), so their requests do not depend on how many sources.
+
+On a Training Plan, the training request carries its ARN and is preceded by the DescribeTrainingPlan
+the runner sends before launching. Without the plan as read (`training_plan`: render-jobs makes no AWS
+call), MaxRuntimeInSeconds is the configured one and a note on stderr says that the runner bounds it
+by the plan's end at launch; with it, the request is bounded as the runner bounds it, or refused.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any, Optional
 
 from dagster import Config, DagsterInstance
@@ -22,7 +29,8 @@ from zero_assets.backends.sagemaker.fsx import shards_on_fsx
 from zero_assets.backends.sagemaker.fsx_warm import association_params, import_task_params, warm_job_request
 from zero_assets.backends.sagemaker.job_params import build_job_params
 from zero_assets.backends.sagemaker.pipes_io import bootstrap_environment
-from zero_assets.backends.sagemaker.settings import SageMakerSettings
+from zero_assets.backends.sagemaker.settings import TRAINING_ASSET, SageMakerSettings
+from zero_assets.backends.sagemaker.training_plan import TrainingPlan, launch_problems, plan_name, utc_now
 from zero_assets.backends.sagemaker.training_set_channel import channel_training_set
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput
 from zero_assets.core.job_request import JobRequest, build_job_request, fan_out, job_name
@@ -74,11 +82,15 @@ def render_jobs(
     lookup: Lookup = lambda asset, partition: None,
     source: str = EXAMPLE_SOURCE,
     run_config: Mapping[str, Any] | None = None,
+    training_plan: TrainingPlan | None = None,
+    now: datetime | None = None,
 ) -> list[tuple[str, str, str, dict[str, Any]]]:
     """(label, service, operation, parameters) for every AWS call that launches work, in graph order; the
     label is the asset, with `-map` / `-reduce` for the two jobs of a validation spread over instances.
-    Each asset's config is its default, or what `run_config` sets (see `job_configs`)."""
+    Each asset's config is its default, or what `run_config` sets (see `job_configs`). `training_plan`:
+    the plan trained_checkpoint's compute names, as DescribeTrainingPlan read it at `now`."""
     configs = job_configs(run_config or {})
+    now = now or utc_now()
     code = build_code_package()
     rendered: list[tuple[str, str, str, dict[str, Any]]] = []
 
@@ -97,9 +109,27 @@ def render_jobs(
     def add(request: JobRequest) -> None:
         name = job_name(request.label, request.fingerprint, 1)
         environment = bootstrap_environment(f"{aws.s3_root()}/pipes", name, aws.messages)
+        plan = training_plan if request.asset == TRAINING_ASSET else None
         operation, params = build_job_params(
-            request, aws, job_name=name, code=code, environment=environment, lake_uri=settings.lake_uri
+            request,
+            aws,
+            job_name=name,
+            code=code,
+            environment=environment,
+            lake_uri=settings.lake_uri,
+            training_plan=plan,
+            now=now,
         )
+        if "TrainingPlanArn" in params.get("ResourceConfig", {}):
+            rendered.append(
+                (
+                    request.label,
+                    "sagemaker",
+                    "DescribeTrainingPlan",
+                    {"TrainingPlanName": plan_name(params["ResourceConfig"]["TrainingPlanArn"])},
+                )
+            )
+            _check_or_note(plan, request.asset, params, aws, now)
         rendered.append((request.label, "sagemaker", operation, params))
 
     raw_uri, raw_folders = (
@@ -180,3 +210,24 @@ def render_jobs(
         )
     )
     return rendered
+
+
+def _check_or_note(
+    plan: TrainingPlan | None, asset: str, params: dict[str, Any], aws: SageMakerSettings, now: datetime
+) -> None:
+    """With the plan as read: refuse what the runner would refuse. Without it: say what is left to the runner."""
+    arn = params["ResourceConfig"]["TrainingPlanArn"]
+    if plan is None:
+        print(
+            f"render-jobs: {asset} runs on training plan {plan_name(arn)}; render-jobs makes no AWS call, so its "
+            f"MaxRuntimeInSeconds ({params['StoppingCondition']['MaxRuntimeInSeconds']}) is the configured "
+            "max_runtime_s. At launch the runner reads the plan (DescribeTrainingPlan), refuses a plan that is "
+            "Expired or Failed, that reserves other instances or has too little time left, and bounds "
+            "MaxRuntimeInSeconds by the plan's end less the checkpoint margin "
+            f"(ZERO_SM_PLAN_CHECKPOINT_MARGIN_S={aws.plan_checkpoint_margin_s})",
+            file=sys.stderr,
+        )
+        return
+    problems = launch_problems(plan, aws, asset, params, now)
+    if problems:
+        raise ValueError(f"{params['TrainingJobName']} would not be launched: " + "; ".join(problems))

@@ -18,7 +18,10 @@ from dagster import Failure, PipesClientCompletedInvocation
 from zero_assets.backends.sagemaker.names import attempt_of
 
 if TYPE_CHECKING:
-    from zero_assets.backends.sagemaker.pipes_client import Kind
+    from zero_assets.backends.sagemaker.job_api import Kind
+    from zero_assets.backends.sagemaker.training_plan import TrainingPlan
+
+BeforeLaunch = Callable[[dict[str, Any]], None]  # raises to refuse launching a job with these parameters
 
 TERMINAL = ("Completed", "Failed", "Stopped")
 MAX_ATTEMPTS = 50
@@ -44,10 +47,18 @@ class JobAttempts(ABC):
 
     @abstractmethod
     def run(
-        self, *, context, kind: Kind, params: dict[str, Any], extras: Optional[dict[str, Any]] = None
+        self,
+        *,
+        context,
+        kind: Kind,
+        params: dict[str, Any],
+        extras: Optional[dict[str, Any]] = None,
+        before_launch: Optional[BeforeLaunch] = None,
+        training_plan: Optional[TrainingPlan] = None,
     ) -> PipesClientCompletedInvocation:
-        """Launch the job `params` describe, or reattach to it, and wait; `ReportUnreadable` when a
-        reattached job's report cannot be read."""
+        """Launch the job `params` describe (`before_launch` may refuse it first), or reattach to it,
+        and wait; `ReportUnreadable` when a reattached job's report cannot be read. `training_plan`:
+        the plan the job runs on, as read before launch."""
 
     def run_attempts(
         self,
@@ -57,16 +68,23 @@ class JobAttempts(ABC):
         name_for_attempt: Callable[[int], str],
         params_for: Callable[[str], dict[str, Any]],
         output_ready: Callable[[str, dict], bool],
+        before_launch: Optional[BeforeLaunch] = None,
+        training_plan: Optional[TrainingPlan] = None,
     ) -> tuple[str, dict[str, Any], PipesClientCompletedInvocation]:
         """Run the materialization's job: reattach, reuse, or launch the next attempt (see
         `resolve_job_name`). A reattached attempt whose report cannot be read counts as failed and the
-        one after it is launched. Returns the attempt's name, its parameters and the invocation."""
+        one after it is launched. `before_launch` sees the parameters of an attempt about to be
+        launched (never of one reattached to) and may refuse it. Returns the attempt's name, its
+        parameters and the invocation."""
         first_attempt = 1
         while True:
             name = self.resolve_job_name(context, kind, name_for_attempt, output_ready, first_attempt)
             params = params_for(name)
             try:
-                return name, params, self.run(context=context, kind=kind, params=params)
+                invocation = self.run(
+                    context=context, kind=kind, params=params, before_launch=before_launch, training_plan=training_plan
+                )
+                return name, params, invocation
             except ReportUnreadable as unreadable:
                 context.log.warning(f"[pipes] {unreadable}: launching the next attempt")
                 first_attempt = attempt_of(name) + 1

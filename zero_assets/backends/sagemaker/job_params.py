@@ -7,12 +7,14 @@ a ValidationException after the Dagster run has started.
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Any, Optional
 
 from training_code.lib.wandb_run import SECRET_ARN_VARIABLE
 from zero_assets.backends.sagemaker.code_package import CodePackage
 from zero_assets.backends.sagemaker.fsx import is_fsx, parse_fsx_uri, s3_behind_fsx
-from zero_assets.backends.sagemaker.settings import SageMakerSettings
+from zero_assets.backends.sagemaker.settings import TRAINING_ASSET, TRAINING_PLAN_VARIABLE, SageMakerSettings
+from zero_assets.backends.sagemaker.training_plan import TrainingPlan, bounded_runtime, plan_name, utc_now
 from zero_assets.backends.sagemaker.training_set_channel import FILE_LIST, split_training_set
 from zero_assets.core.job_request import JobRequest
 
@@ -25,6 +27,7 @@ CHECKPOINT_LOCAL = "/opt/ml/checkpoints"
 TRAINING_SET_ARGUMENT = "training-set"  # the training set's folder inside the input that holds it
 # Never in a request: Environment is shown by DescribeTrainingJob and the console to anyone who may describe jobs.
 FORBIDDEN_ENVIRONMENT = ("WANDB_API_KEY",)
+MAX_KEEP_ALIVE_S = 21600  # botocore's bound on ResourceConfig.KeepAlivePeriodInSeconds
 
 
 def build_job_params(
@@ -35,11 +38,17 @@ def build_job_params(
     code: CodePackage,
     environment: dict[str, str],
     lake_uri: str | None = None,
+    training_plan: Optional[TrainingPlan] = None,
+    now: Optional[datetime] = None,
 ) -> tuple[str, dict[str, Any]]:
-    """(operation, parameters) for one job; `environment` holds the Pipes bootstrap variables."""
+    """(operation, parameters) for one job; `environment` holds the Pipes bootstrap variables. A job
+    whose compute names a Training Plan carries its ARN; with the plan as read (`training_plan`), its
+    MaxRuntimeInSeconds is bounded by the plan's end (see `training_plan.bounded_runtime`) for a job
+    submitted at `now`."""
     lake = lake_uri or settings.lake_uri()
     if request.kind == "training":
         params = _training_params(request, settings, job_name, code, environment)
+        _on_plan_or_warm_pool(params, request, settings, training_plan, now or utc_now())
     else:
         params = _processing_params(request, settings, job_name, code, environment, lake)
     all_tags = {**settings.tags, "zero:asset": request.asset, "zero:fingerprint": request.fingerprint[:16]}
@@ -134,6 +143,44 @@ def _training_params(
     if vpc:
         params["VpcConfig"] = vpc
     return params
+
+
+def _on_plan_or_warm_pool(
+    params: dict, request: JobRequest, settings: SageMakerSettings, plan: Optional[TrainingPlan], now: datetime
+) -> None:
+    """The Training Plan (reserved instances, runtime bounded by its end) or the warm pool of the training job."""
+    compute = settings.compute(request.asset)
+    resources = params["ResourceConfig"]
+    if compute.training_plan_arn:
+        plan_name(compute.training_plan_arn)  # a malformed ARN fails here, naming the variable
+        if settings.use_spot:
+            raise ValueError(
+                f"{TRAINING_PLAN_VARIABLE} and ZERO_SM_USE_SPOT are both set: a Training Plan's reserved "
+                "instances are not spot capacity; unset one"
+            )
+        resources["TrainingPlanArn"] = compute.training_plan_arn
+        if plan is not None:
+            if plan.arn != compute.training_plan_arn:
+                raise ValueError(f"{request.asset} runs on {compute.training_plan_arn}, not on the plan {plan.arn}")
+            params["StoppingCondition"]["MaxRuntimeInSeconds"] = bounded_runtime(
+                plan, compute.max_runtime_s, settings.plan_checkpoint_margin_s, now
+            )
+    elif settings.warm_pool_keep_alive_s and request.asset == TRAINING_ASSET:
+        if settings.use_spot:
+            raise ValueError(
+                "ZERO_SM_WARM_POOL_KEEP_ALIVE_S and ZERO_SM_USE_SPOT are both set: SageMaker keeps no warm pool "
+                "of managed spot instances; unset one"
+            )
+        if settings.warm_pool_keep_alive_s > MAX_KEEP_ALIVE_S:
+            raise ValueError(
+                f"ZERO_SM_WARM_POOL_KEEP_ALIVE_S={settings.warm_pool_keep_alive_s}: SageMaker keeps a warm pool "
+                f"for at most {MAX_KEEP_ALIVE_S} s"
+            )
+        resources["KeepAlivePeriodInSeconds"] = settings.warm_pool_keep_alive_s
+    if settings.infra_check and compute.instance_count > 1:
+        # Multi-node: SageMaker tests every instance's GPUs and the network between them before the script
+        # starts, so a bad node fails the job in minutes, not as a hung all-reduce hours in.
+        params["InfraCheckConfig"] = {"EnableInfraCheck": True}
 
 
 def _training_channel(name: str, uri: str, settings: SageMakerSettings, access: str) -> dict:

@@ -6,13 +6,13 @@ their deterministic name (a restarted run reattaches instead of launching twice)
 and failures carry the job name, FailureReason and the last log lines. Throttled or failing AWS
 reads while the job runs are waited out, never taken for the job's end; a reattached job whose
 Pipes report cannot be read raises `ReportUnreadable`. Which attempt to run (reattach, wait, reuse,
-or the next name) is `attempts.JobAttempts`, which this client is.
+or the next name) is `attempts.JobAttempts`, which this client is. A training job on a Training Plan
+is reported as waiting while SageMaker holds it `Pending`, and its cost is its share of the plan's fee.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import IO, Any, Literal, Optional
 
 from botocore.exceptions import ClientError
@@ -33,7 +33,8 @@ from training_code.lib.aws_clients import Backoff, endpoint_of, is_retryable, re
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import s3_client as storage_s3_client
 from zero_assets.backends.job_cost import job_cost, price_table
-from zero_assets.backends.sagemaker.attempts import TERMINAL, JobAttempts, ReportUnreadable
+from zero_assets.backends.sagemaker.attempts import TERMINAL, BeforeLaunch, JobAttempts, ReportUnreadable
+from zero_assets.backends.sagemaker.job_api import API, REATTACHABLE, Kind, failure_description
 from zero_assets.backends.sagemaker.job_logs import JobLogTail
 from zero_assets.backends.sagemaker.job_params import check_environment
 from zero_assets.backends.sagemaker.pipes_io import (
@@ -43,40 +44,7 @@ from zero_assets.backends.sagemaker.pipes_io import (
     message_reader_for,
     report_message_stream,
 )
-
-Kind = Literal["training", "processing"]
-
-
-@dataclass(frozen=True)
-class _JobApi:
-    create: str
-    describe: str
-    stop: str
-    name_key: str
-    status_key: str
-    log_group: str
-
-
-API = {
-    "training": _JobApi(
-        "create_training_job",
-        "describe_training_job",
-        "stop_training_job",
-        "TrainingJobName",
-        "TrainingJobStatus",
-        "/aws/sagemaker/TrainingJobs",
-    ),
-    "processing": _JobApi(
-        "create_processing_job",
-        "describe_processing_job",
-        "stop_processing_job",
-        "ProcessingJobName",
-        "ProcessingJobStatus",
-        "/aws/sagemaker/ProcessingJobs",
-    ),
-}
-REATTACHABLE = ("InProgress", "Completed")  # Stopping ends as Stopped: the next attempt takes over
-LIMIT_STOPS = ("MaxRuntimeExceeded", "MaxWaitTimeExceeded")
+from zero_assets.backends.sagemaker.training_plan import PendingWait, TrainingPlan, plan_metadata
 
 
 class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
@@ -157,9 +125,17 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
         return job[API[kind].status_key]
 
     def run(  # type: ignore[override]
-        self, *, context, kind: Kind, params: dict[str, Any], extras: Optional[dict[str, Any]] = None
+        self,
+        *,
+        context,
+        kind: Kind,
+        params: dict[str, Any],
+        extras: Optional[dict[str, Any]] = None,
+        before_launch: Optional[BeforeLaunch] = None,
+        training_plan: Optional[TrainingPlan] = None,
     ) -> PipesClientCompletedInvocation:
-        """Launch the job described by `params` (Create*Job parameters), or reattach to it, and wait."""
+        """Launch the job described by `params` (Create*Job parameters), or reattach to it, and wait;
+        `before_launch(params)` may refuse a launch (not a reattach) by raising."""
         api = API[kind]
         name = params[api.name_key]
         existing = self.describe_patiently(kind, name)
@@ -168,6 +144,8 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
                 f"SageMaker {kind} job {name} already ended {existing[api.status_key]}; "
                 "use resolve_job_name for a fresh attempt"
             )
+        if existing is None and before_launch is not None:
+            before_launch(params)
         injector, reader = self._pipes_io(name)
         logs = JobLogTail(self._logs, api.log_group, name, keep_lines=self.log_tail_lines)
         with open_pipes_session(
@@ -187,7 +165,9 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
                     "launched by an earlier run"
                 )
             try:
-                job, history = self._wait_for_completion(context, kind, name, logs, session, reader)
+                job, history = self._wait_for_completion(
+                    context, kind, name, logs, session, reader, PendingWait(name, training_plan)
+                )
             except DagsterExecutionInterruptedError:
                 if self.forward_termination:
                     context.log.warning(f"[pipes] Dagster run interrupted: stopping SageMaker {kind} job {name}")
@@ -197,7 +177,7 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
                 # A job someone stopped, or one that ran out of time, would end the same way again.
                 raise Failure(
                     description=failure_description(kind, job, logs.last_lines),
-                    metadata=self._extract_dagster_metadata(kind, job, history),
+                    metadata=self._extract_dagster_metadata(kind, job, history, training_plan),
                     allow_retries=job[api.status_key] != "Stopped",
                 )
             await_report(context.log, session, reader, name, self.message_poll_interval)
@@ -208,7 +188,8 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
                 f"SageMaker {kind} job {name} ended Completed, but its Pipes report could not be read ({missing}): "
                 "its messages expired or were deleted; the attempt counts as failed"
             )
-        return PipesClientCompletedInvocation(session, metadata=self._extract_dagster_metadata(kind, job, history))
+        metadata = self._extract_dagster_metadata(kind, job, history, training_plan)
+        return PipesClientCompletedInvocation(session, metadata=metadata)
 
     def _create(self, context, kind: Kind, params: dict[str, Any]) -> None:
         """Create*Job, retried through throttling; a retry that finds the job created by the try before
@@ -246,7 +227,7 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
         return injector, reader
 
     def _wait_for_completion(
-        self, context, kind: Kind, name: str, logs: JobLogTail, session, reader
+        self, context, kind: Kind, name: str, logs: JobLogTail, session, reader, pending: PendingWait
     ) -> tuple[dict, list[str]]:
         status_key, log_group = API[kind].status_key, API[kind].log_group
         history: list[str] = []
@@ -270,6 +251,7 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
             if not history or history[-1] != status:
                 history.append(status)
                 context.log.info(f"[pipes] {name}: {status}")
+            pending.seen(context.log, job.get("SecondaryStatus") if kind == "training" else None)
             logs.forward(context.log, logs.poll(), self.log_target)
             if reads_cloudwatch and not reported_stream:
                 reported_stream = report_message_stream(logs, session, log_group)
@@ -292,7 +274,9 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
         except ClientError as error:  # already ending: nothing to stop, but say so
             context.log.warning(f"[pipes] could not stop SageMaker {kind} job {name}: {error}")
 
-    def _extract_dagster_metadata(self, kind: Kind, job: dict, history: list[str]) -> dict[str, Any]:
+    def _extract_dagster_metadata(
+        self, kind: Kind, job: dict, history: list[str], plan: Optional[TrainingPlan] = None
+    ) -> dict[str, Any]:
         name = job[API[kind].name_key]
         region = self._client.meta.region_name
         section = "jobs" if kind == "training" else "processing-jobs"
@@ -307,26 +291,8 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
                 f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#logsV2:log-groups/log-group/"
                 f"{API[kind].log_group.replace('/', '$252F')}$3FlogStreamNameFilter$3D{name}"
             ),
-            **job_cost(kind, job, region, self._prices),  # instances, instance-seconds, spot savings, estimated USD
+            # Instances, instance-seconds, spot savings, estimated USD (on a plan: the job's share of its fee).
+            **job_cost(kind, job, region, self._prices, plan.fee() if plan else None),
+            **(plan_metadata(plan) if plan else {}),
             "status_history": MetadataValue.json(transitions or history),
         }
-
-
-def failure_description(kind: Kind, job: dict, last_lines) -> str:
-    api = API[kind]
-    status = job[api.status_key]
-    # Processing jobs put the script's own words in ExitMessage (`/opt/ml/output/message`), training in FailureReason.
-    reason = (
-        " | ".join(filter(None, [job.get("FailureReason"), job.get("ExitMessage")]))
-        or "(SageMaker gave no FailureReason)"
-    )
-    secondary = job.get("SecondaryStatus", "")
-    if status == "Stopped":
-        limit = next((s for s in LIMIT_STOPS if s in f"{secondary} {reason}"), None)
-        reason = (
-            f"stopped by SageMaker: {limit}; raise max_runtime_s (or max_wait_s for spot)"
-            if limit
-            else "stopped before completing (StopJob was called)"
-        )
-    tail = "\n".join(last_lines) or "(no log lines reached CloudWatch)"
-    return f"SageMaker {kind} job {job[api.name_key]} {status}: {reason}\nlast log lines:\n{tail}"

@@ -7,6 +7,9 @@ prefix (manifest last), so downstream jobs read files exactly as they do on the 
 Attempts: a running attempt is reattached, a `Stopping` one waited for, a `Completed` one reused
 only when its output is complete, and a reattached one whose Pipes report is gone counts as failed;
 in every other case the next attempt is launched.
+
+Training Plans: a training job whose compute names one reads it first (DescribeTrainingPlan); its
+runtime is bounded by the plan's end, and a launch the plan cannot take is refused before it is made.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetExecutionContext, PipesClientCompletedInvocation
+from dagster import AssetExecutionContext, Failure, PipesClientCompletedInvocation
 
 from training_code.lib.storage import exists, fetch_file, publish_folder
 from zero_assets.backends.job_runner import JobRunner, WarmedShards
@@ -33,8 +36,15 @@ from zero_assets.backends.sagemaker.fsx_warm import (
 from zero_assets.backends.sagemaker.job_params import build_job_params, model_artifact_uri
 from zero_assets.backends.sagemaker.names import job_name
 from zero_assets.backends.sagemaker.pipes_client import PipesSageMakerClient
-from zero_assets.backends.sagemaker.settings import SageMakerSettings
+from zero_assets.backends.sagemaker.settings import TRAINING_ASSET, SageMakerSettings, compute_variable
 from zero_assets.backends.sagemaker.stage_outputs import outputs_as_recorded, record_outputs
+from zero_assets.backends.sagemaker.training_plan import (
+    TrainingPlan,
+    launch_problems,
+    plan_metadata,
+    read_training_plan,
+    utc_now,
+)
 from zero_assets.backends.sagemaker.training_set_channel import channel_training_set, write_channel_training_set
 from zero_assets.core.fingerprints import UpstreamOutput
 from zero_assets.core.job_request import JobRequest
@@ -84,6 +94,12 @@ class SageMakerJobRunner(JobRunner):
         self, context: AssetExecutionContext, request: JobRequest
     ) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
         clients = self.clients()
+        plan = self.training_plan(request.asset, clients) if request.kind == "training" else None
+        if plan is not None:
+            context.log.info(
+                f"training plan {plan.name}: {plan.status}, {plan.window()}, reserves {plan.reserved} "
+                f"({plan.available_instance_count} available now)"
+            )
         package = build_code_package(modules=(request.module,))  # a module outside training_code brings its package
         upload_code_package(package, self.aws.s3_root(), clients.s3)
         pipes = self.pipes_client(clients)
@@ -93,9 +109,17 @@ class SageMakerJobRunner(JobRunner):
             kind=request.kind,
             name_for_attempt=lambda attempt: job_name(request.label, request.fingerprint, attempt),
             params_for=lambda name: build_job_params(
-                request, self.aws, job_name=name, code=package, environment={}, lake_uri=self.settings.lake_uri
+                request,
+                self.aws,
+                job_name=name,
+                code=package,
+                environment={},
+                lake_uri=self.settings.lake_uri,
+                training_plan=plan,
             )[1],
             output_ready=lambda name, job: self.output_ready(request, name),
+            before_launch=(lambda params: self.refuse_unless_plan_fits(request.asset, plan, params)) if plan else None,
+            training_plan=plan,
         )
         if request.stage == "map":
             record_outputs(self.aws.s3_root(), name, request.outputs)
@@ -110,7 +134,28 @@ class SageMakerJobRunner(JobRunner):
                 unpack_model_artifact(model_tar, destination)
             extra["checkpoint_uri"] = params["CheckpointConfig"]["S3Uri"]
             extra["model_artifact"] = model_tar
+        if plan is not None:
+            extra.update(plan_metadata(plan))
         return invocation, extra
+
+    def training_plan(self, asset: str = TRAINING_ASSET, clients: AwsClients | None = None) -> TrainingPlan | None:
+        """The Training Plan `asset`'s compute names, as DescribeTrainingPlan reads it now (None: none named)."""
+        arn = self.aws.compute(asset).training_plan_arn
+        if not arn:
+            return None
+        return read_training_plan(
+            (clients or self.clients()).sagemaker, arn, compute_variable(asset, "training_plan_arn")
+        )
+
+    def refuse_unless_plan_fits(self, asset: str, plan: TrainingPlan, params: dict[str, Any]) -> None:
+        """Before a launch on `plan`: fail (not to be retried) naming the plan and each field that does not fit."""
+        problems = launch_problems(plan, self.aws, asset, params, utc_now())
+        if problems:
+            raise Failure(
+                f"{params['TrainingJobName']} not launched: " + "; ".join(problems),
+                metadata=plan_metadata(plan),
+                allow_retries=False,
+            )
 
     def output_ready(self, request: JobRequest, name: str) -> bool:
         """Whether the `Completed` attempt `name` left a complete output behind, so it may be reused."""

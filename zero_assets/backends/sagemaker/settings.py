@@ -25,6 +25,9 @@ class JobCompute(Config):
     instance_count: int = 1
     volume_size_gb: int = 100
     max_runtime_s: int = 24 * 3600
+    # Training jobs: the SageMaker Training Plan whose reserved instances run the job (see training_plan.py).
+    # Part of the compute, not of the settings: a profile that brings its own compute (rehearsal) runs off the plan.
+    training_plan_arn: Optional[str] = None
 
 
 DEFAULT_COMPUTE = {
@@ -39,6 +42,15 @@ DEFAULT_COMPUTE = {
 
 
 DEFAULT_PREFIX = "zero"
+# The training that a Training Plan and a warm pool are for (the warm job, also a Training job, uses neither).
+TRAINING_ASSET = "trained_checkpoint"
+TRAINING_PLAN_VARIABLE = "ZERO_SM_TRAINING_PLAN_ARN"
+# Whole-second settings: field -> (variable, least value).
+WHOLE_SECONDS = {
+    "plan_checkpoint_margin_s": ("ZERO_SM_PLAN_CHECKPOINT_MARGIN_S", 0),
+    "plan_min_time_left_s": ("ZERO_SM_PLAN_MIN_TIME_LEFT_S", 0),
+    "warm_pool_keep_alive_s": ("ZERO_SM_WARM_POOL_KEEP_ALIVE_S", 0),
+}
 
 
 def bucket_root(bucket: str, prefix: str) -> str:
@@ -73,6 +85,14 @@ class SageMakerSettings(ConfigurableResource):
     # key is never in a request.
     wandb_secret_arn: Optional[str] = None
     poll_interval_s: float = 15.0
+    # A job on a Training Plan stops this long before the plan ends (its MaxRuntimeInSeconds is bounded so),
+    # time for its last checkpoint to be written and uploaded before the reserved instances go away.
+    plan_checkpoint_margin_s: int = 1800
+    plan_min_time_left_s: int = 3600  # a plan with less time left than this is refused before launch
+    # Warm pool (ResourceConfig.KeepAlivePeriodInSeconds) of Training jobs off a plan: the next job with the
+    # same instances starts on them without provisioning (rehearsal iterations). 0: none.
+    warm_pool_keep_alive_s: int = 0
+    infra_check: bool = True  # SageMaker's instance and network health check before multi-node training
 
     def compute(self, asset: str) -> JobCompute:
         if asset not in JOB_ASSETS:
@@ -140,6 +160,11 @@ def _parsed_fields(environ: Optional[Mapping[str, str]]) -> dict:
         fields["use_spot"] = env("ZERO_SM_USE_SPOT").lower() in ("1", "true", "yes")
     if env("ZERO_SM_POLL_INTERVAL_S"):
         fields["poll_interval_s"] = _seconds("ZERO_SM_POLL_INTERVAL_S", env("ZERO_SM_POLL_INTERVAL_S"))
+    for field, (var, least) in WHOLE_SECONDS.items():
+        if env(var):
+            fields[field] = _whole_seconds(var, env(var), least)
+    if env("ZERO_SM_INFRA_CHECK"):
+        fields["infra_check"] = _flag("ZERO_SM_INFRA_CHECK", env("ZERO_SM_INFRA_CHECK"))
     if env("ZERO_SM_TAGS"):
         pairs = [item.split("=", 1) for item in env("ZERO_SM_TAGS").split(",") if item.strip()]
         bad = [p[0] for p in pairs if len(p) != 2]
@@ -154,9 +179,30 @@ def _parsed_fields(environ: Optional[Mapping[str, str]]) -> dict:
             if not count.isdigit() or int(count) < 1:
                 raise ValueError(f"{var}_INSTANCE_COUNT={count!r} is not a whole number of instances (1 or more)")
             changes["instance_count"] = int(count)
+        if asset == TRAINING_ASSET and env(TRAINING_PLAN_VARIABLE):
+            changes["training_plan_arn"] = env(TRAINING_PLAN_VARIABLE)
         if changes:
             fields[asset] = DEFAULT_COMPUTE[asset].model_copy(update=changes)
     return fields
+
+
+def compute_variable(asset: str, field: str) -> str:
+    """The variable that sets `field` (instance_type, instance_count, training_plan_arn) of `asset`'s compute."""
+    if field == "training_plan_arn":
+        return TRAINING_PLAN_VARIABLE
+    return f"ZERO_SM_{asset.upper()}_{field.upper()}"
+
+
+def _whole_seconds(var: str, value: str, least: int) -> int:
+    if not value.isdigit() or int(value) < least:
+        raise ValueError(f"{var}={value!r} is not a whole number of seconds ({least} or more)")
+    return int(value)
+
+
+def _flag(var: str, value: str) -> bool:
+    if value.lower() not in ("1", "true", "yes", "0", "false", "no"):
+        raise ValueError(f"{var}={value!r} is not true or false")
+    return value.lower() in ("1", "true", "yes")
 
 
 def _seconds(var: str, value: str) -> float:
