@@ -1,0 +1,126 @@
+"""Start training when the Training Plan turns Active: one run of `trained_checkpoint` per plan window,
+from the latest training set whose blocking checks passed.
+
+Each tick reads the plan (one DescribeTrainingPlan; no AWS call when no plan is configured). While the
+plan is not Active the tick says why it waits. Once it is, the tick takes the newest `training_set`
+materialization whose blocking checks passed (ERROR-severity failures block, as in a run) and
+requests `trained_checkpoint`, with `fsx_warm_state` first when the warm state is not of that training
+set and the set is the latest one (warming is incremental: only what is not warm yet). The run key
+names the plan and its start, so a window starts training once however many ticks see it Active.
+"""
+
+from __future__ import annotations
+
+from dagster import (
+    AssetCheckSeverity,
+    AssetKey,
+    DagsterInstance,
+    DefaultSensorStatus,
+    EventLogRecord,
+    RunRequest,
+    SensorEvaluationContext,
+    SkipReason,
+    sensor,
+)
+
+from zero_assets.backends.job_runner import JobRunner
+from zero_assets.backends.sagemaker.training_plan import TrainingPlan
+from zero_assets.core.fingerprints import DATA_VERSION_TAG
+from zero_assets.launch.upstream import latest_materializations
+
+TRAINING_SET, WARM_STATE, TRAINED = AssetKey("training_set"), AssetKey("fsx_warm_state"), AssetKey("trained_checkpoint")
+LOOK_BACK = 10  # training_set materializations looked at, newest first
+CHECK_HISTORY = 50  # evaluations of one check searched for the one of a materialization
+TICK_INTERVAL_S = 60
+
+
+def configured_plan(jobs: JobRunner) -> TrainingPlan | None:
+    """The plan trained_checkpoint's compute names, read now; None off SageMaker or without a plan."""
+    from zero_assets.backends.sagemaker.runner import SageMakerJobRunner  # boto3 and dagster-aws only when used
+
+    return jobs.training_plan() if isinstance(jobs, SageMakerJobRunner) else None
+
+
+def blocking_failure(instance: DagsterInstance, asset_graph, record: EventLogRecord) -> str | None:
+    """Why the materialization `record` did not pass its asset's blocking checks (None: it did)."""
+    checks = sorted(
+        (key for key in asset_graph.get_check_keys_for_assets({record.asset_key}) if asset_graph.get(key).blocking),
+        key=lambda key: key.to_user_string(),
+    )
+    for check in checks:
+        evaluation = None
+        for execution in instance.event_log_storage.get_asset_check_execution_history(check, limit=CHECK_HISTORY):
+            event = execution.event.dagster_event if execution.event else None
+            target = getattr(event.event_specific_data, "target_materialization_data", None) if event else None
+            if target is not None and target.storage_id == record.storage_id:
+                evaluation = event.event_specific_data
+                break
+        if evaluation is None:
+            return f"{check.to_user_string()} has not run on it"
+        if not evaluation.passed and evaluation.severity == AssetCheckSeverity.ERROR:
+            return f"{check.to_user_string()} failed: {evaluation.description or 'no description'}"
+    return None
+
+
+def start_request(instance: DagsterInstance, asset_graph, plan: TrainingPlan) -> RunRequest | SkipReason:
+    """What a tick does about `plan`, as DescribeTrainingPlan read it."""
+    if plan.status != "Active":
+        when = f", starting {plan.window()}" if plan.status in ("Scheduled", "Pending") else ""
+        return SkipReason(f"training plan {plan.name} is {plan.status}{when}: training starts when it is Active")
+    sets = latest_materializations(instance, TRAINING_SET, limit=LOOK_BACK)
+    refused = []
+    for record in sets:
+        problem = blocking_failure(instance, asset_graph, record)
+        if problem is None:
+            break
+        refused.append(f"{_version(record)[:16]}: {problem}")
+    else:
+        why = "; ".join(refused) or "training_set has no materialization"
+        return SkipReason(
+            f"training plan {plan.name} is Active, but no training set passed its blocking checks ({why})"
+        )
+    version = _version(record)
+    warm = latest_materializations(instance, WARM_STATE)
+    warm_ready = (
+        bool(warm) and _version(warm[0]) == version and blocking_failure(instance, asset_graph, warm[0]) is None
+    )
+    if not warm_ready and record is not sets[0]:
+        return SkipReason(
+            f"training plan {plan.name} is Active; training set {version[:16]} passed its checks but is neither "
+            f"the latest ({'; '.join(refused)}) nor warm: materialize fsx_warm_state from it, or fix the latest"
+        )
+    return RunRequest(
+        run_key=f"training-plan:{plan.name}:{plan.start:%Y%m%dT%H%M%SZ}",
+        asset_selection=[TRAINED] if warm_ready else [WARM_STATE, TRAINED],
+        tags={
+            "zero/trigger": "training plan active",
+            "zero/training_plan": plan.name,
+            "zero/training_set": version[:16],
+            "zero/warm_first": str(not warm_ready).lower(),
+        },
+    )
+
+
+def _version(record: EventLogRecord) -> str:
+    tags = record.asset_materialization.tags or {}
+    return tags.get(DATA_VERSION_TAG, "(no data version)")
+
+
+@sensor(
+    target=[WARM_STATE, TRAINED],
+    minimum_interval_seconds=TICK_INTERVAL_S,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="starts trained_checkpoint when the Training Plan (ZERO_SM_TRAINING_PLAN_ARN) turns Active",
+)
+def training_plan_start_sensor(context: SensorEvaluationContext, jobs: JobRunner):
+    plan = configured_plan(jobs)
+    if plan is None:
+        return SkipReason("no Training Plan configured for trained_checkpoint (ZERO_SM_TRAINING_PLAN_ARN)")
+    decision = start_request(context.instance, context.repository_def.asset_graph, plan)
+    if isinstance(decision, RunRequest):
+        context.log.info(
+            f"training plan {plan.name} is Active ({plan.window()}): requesting "
+            f"{', '.join(k.to_user_string() for k in decision.asset_selection)} "
+            f"on training set {decision.tags['zero/training_set']}"
+        )
+    return decision
