@@ -1,175 +1,119 @@
-"""One builder per output: a lease file that a second run with the same fingerprint waits on.
+"""One builder per output: a lease that a second run with the same fingerprint waits on.
 
-The lease names its owner (Dagster run id, host, pid and the pid's start time, so a reused pid is
-not mistaken for the owner) and carries a heartbeat: its file's mtime, renewed by a thread while the
-owner builds. Another run takes it over only when the owner is gone: its process is dead (same host)
-or its heartbeat is older than `stale_after_s` (any host). Every change to the lease file happens
-under a short `flock` on a guard file beside it, so two waiters never both take a stale lease over.
+The lease is kept where the runs that may build the output all look, chosen by the output's location:
+an output on S3 is leased on S3 beside it (`s3_lease`: conditional writes, judged on S3's clock), so
+runs on different hosts or ECS tasks build it once; any other output (a local lake, a warm folder on
+this machine) by a file under this machine's jobs folder (`file_lease`). Both hold the same way:
+take it or wait while its owner lives, renew it from a heartbeat thread while building, release it.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-import socket
+import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from training_code.lib.storage import write_bytes_atomic
+from training_code.lib.aws_clients import AwsUnavailableError
+from training_code.lib.storage import is_s3
+from zero_assets.launch.file_lease import LEASE_FILE, FileLeaseStore
+from zero_assets.launch.lease_store import Lease, LeaseStore, stale_after_s
+from zero_assets.launch.s3_lease import OutputLeaseError, S3LeaseStore, s3_lease_uri
 
-LEASE_FILE = "lease.json"
-HEARTBEAT_S = 2.0
-STALE_AFTER_S = 60.0  # a live owner renews every HEARTBEAT_S; this long without one means it is gone
-POLL_S = 0.5
-
-
-@dataclass(frozen=True)
-class Lease:
-    path: Path
-    token: str
-    waited_for: str | None  # the run id this run waited for, when it had to wait
-    took_over: str | None  # the run id whose lease was taken over because it was gone
+log = logging.getLogger("zero.lease")
 
 
-def output_lease_path(jobs_root: Path, asset: str, fingerprint: str) -> Path:
-    """The lease of one output: `<jobs root>/<asset>/<fingerprint[:16]>/lease.json`, in the folder that
-    also holds the output's job folders and checkpoints (`core.job_request.materialization_folder`),
-    on this machine even for an s3:// lake. In-process assets, which have no job folders, lease there too."""
+def output_lease_path(jobs_root: Path, asset: str, fingerprint: str, output: str) -> Path | str:
+    """Where the lease of the output at `output` is kept: `<output>.lease.json` on S3 for an s3://
+    output; else `<jobs root>/<asset>/<fingerprint[:16]>/lease.json`, in the folder that also holds the
+    output's job folders and checkpoints (`core.job_request.materialization_folder`) on this machine."""
+    if is_s3(output):
+        return s3_lease_uri(output)
     return Path(jobs_root) / asset / fingerprint[:16] / LEASE_FILE
 
 
-def _process_start(pid: int) -> str | None:
-    """The kernel's start time of `pid` (field 22 of /proc/<pid>/stat), None when it does not exist."""
-    if not Path("/proc/self/stat").exists():  # no procfs: whether the pid exists is all there is to know
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return "alive"
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):  # no such process (or no /proc: then only the heartbeat judges)
-        return None
-
-
-def owner_record(run_id: str, token: str) -> dict[str, Any]:
-    return {
-        "run_id": run_id,
-        "token": token,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "pid_start": _process_start(os.getpid()),
-        "taken_at": time.time(),
-    }
-
-
-def owner_gone(record: dict[str, Any], heartbeat_age_s: float, stale_after_s: float) -> str | None:
-    """Why the lease's owner is gone (None while it is alive): a dead process on this host, or a stale heartbeat."""
-    if record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int):
-        started = _process_start(record["pid"])
-        if started is None or (record.get("pid_start") is not None and started != record["pid_start"]):
-            return f"its process {record['pid']} on {record['host']} is gone"
-    if heartbeat_age_s > stale_after_s:
-        return f"its heartbeat is {heartbeat_age_s:.0f} s old (stale after {stale_after_s:.0f} s)"
-    return None
-
-
-@contextmanager
-def _guard(path: Path) -> Iterator[None]:
-    with open(path.with_name(path.name + ".guard"), "a+") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(guard, fcntl.LOCK_UN)
-
-
-def _read(path: Path) -> tuple[dict[str, Any], float] | None:
-    """The lease's record and heartbeat age, None when there is no lease."""
-    try:
-        age = time.time() - path.stat().st_mtime
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except ValueError:  # written atomically, so unreadable means foreign or damaged: judge it by its heartbeat alone
-        record = {}
-    return (record if isinstance(record, dict) else {}), age
+def lease_store(location: Path | str) -> LeaseStore:
+    """The store of the lease at `location` (an s3:// URI or a file path)."""
+    return S3LeaseStore(str(location)) if is_s3(str(location)) else FileLeaseStore(Path(location))
 
 
 def try_acquire(
-    path: Path, run_id: str, stale_after_s: float = STALE_AFTER_S
+    location: Path | str, run_id: str, stale_after_s: float | None = None
 ) -> tuple[Lease | None, dict[str, Any] | None]:
-    """Take the lease if it is free or its owner is gone; else (None, the owner's record)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    token = uuid.uuid4().hex
-    with _guard(path):
-        current = _read(path)
-        took_over = None
-        if current is not None:
-            record, age = current
-            gone = owner_gone(record, age, stale_after_s)
-            if gone is None:
-                return None, record
-            took_over = f"{record.get('run_id', 'unknown run')} ({gone})"
-        write_bytes_atomic(path, json.dumps(owner_record(run_id, token), indent=1).encode())
-    return Lease(path, token, None, took_over), None
-
-
-def _owns(path: Path, token: str) -> bool:
-    current = _read(path)
-    return current is not None and current[0].get("token") == token
-
-
-def _heartbeat(path: Path, token: str, stop: threading.Event, interval: float) -> None:
-    while not stop.wait(interval):
-        with _guard(path):
-            if not _owns(path, token):
-                return  # taken over: this run was judged gone; its publish still ends with the marker
-            os.utime(path)
+    """Take the lease at `location` if it is free or its owner is gone; else (None, the owner's record).
+    Nothing renews a lease taken here: `hold_lease` is how a build holds one."""
+    return lease_store(location).try_acquire(run_id, _stale(stale_after_s))
 
 
 @contextmanager
 def hold_lease(
-    path: Path,
+    location: Path | str,
     run_id: str,
     *,
     on_wait: Callable[[dict[str, Any]], None] = lambda record: None,
-    stale_after_s: float = STALE_AFTER_S,
-    heartbeat_s: float = HEARTBEAT_S,
-    poll_s: float = POLL_S,
+    stale_after_s: float | None = None,
+    heartbeat_s: float | None = None,
+    poll_s: float | None = None,
 ) -> Iterator[Lease]:
-    """Hold the lease at `path` for the block, waiting while another live run holds it.
+    """Hold the lease at `location` for the block, waiting while another live run holds it.
 
-    `on_wait` is called once with the owner's record when this run has to wait."""
+    `on_wait` is called once with the owner's record when this run has to wait. The stale limit is
+    `ZERO_OUTPUT_LEASE_STALE_S` (60 s) unless given; heartbeat and poll intervals are the store's."""
+    store = lease_store(location)
+    stale = _stale(stale_after_s)
     waited_for = None
     while True:
-        lease, owner = try_acquire(path, run_id, stale_after_s)
+        lease, owner = store.try_acquire(run_id, stale)
         if lease is not None:
             break
         if waited_for is None:
             waited_for = str(owner.get("run_id", "unknown run"))
             on_wait(owner)
-        time.sleep(poll_s)
-    lease = replace(lease, waited_for=waited_for)
+        time.sleep(store.poll_s if poll_s is None else poll_s)
+    holding = [replace(lease, waited_for=waited_for)]  # the lease as last written; the heartbeat renews it
     stop = threading.Event()
     beat = threading.Thread(
-        target=_heartbeat, args=(path, lease.token, stop, heartbeat_s), name="output-lease-heartbeat", daemon=True
+        target=_heartbeat,
+        args=(store, holding, stop, store.heartbeat_s if heartbeat_s is None else heartbeat_s),
+        name="output-lease-heartbeat",
+        daemon=True,
     )
     beat.start()
     try:
-        yield lease
+        yield holding[0]
     finally:
         stop.set()
         beat.join()
-        with _guard(path):
-            if _owns(path, lease.token):
-                path.unlink()
+        if holding[0] is not None:
+            _release(store, holding[0])
+
+
+def _heartbeat(store: LeaseStore, holding: list[Lease | None], stop: threading.Event, interval: float) -> None:
+    while not stop.wait(interval):
+        try:
+            holding[0] = store.renew(holding[0])
+        except (AwsUnavailableError, OutputLeaseError, OSError) as error:
+            # Still the owner as far as anyone knows: beat again next time. A lease left unrenewed past
+            # the stale limit is taken over; this run's publish still ends with the marker.
+            log.warning("could not renew the output lease %s: %s", store.location, error)
+            continue
+        if holding[0] is None:
+            log.warning("the output lease %s was taken over: this run was judged gone", store.location)
+            return
+
+
+def _release(store: LeaseStore, lease: Lease) -> None:
+    """Release the lease; when its storage does not answer, leave it: it is taken over once stale. The
+    build's own result (or its error, which a release error must not hide) is what the run reports."""
+    try:
+        store.release(lease)
+    except (AwsUnavailableError, OutputLeaseError, OSError) as error:
+        log.warning("could not release the output lease %s (%s): it is taken over once stale", store.location, error)
+
+
+def _stale(given: float | None) -> float:
+    return stale_after_s() if given is None else given

@@ -1,0 +1,104 @@
+"""What every output lease is, wherever it is kept: an owner record, a store that takes, renews and
+releases it, and how long an owner may stay silent before it is judged gone.
+
+Two stores implement `LeaseStore`: a file on this machine (`file_lease`) and an object on S3
+(`s3_lease`); `output_lease` picks one by where the output is and holds the lease for a build.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zero_assets.core.settings import zero_env
+
+STALE_AFTER_S = 60.0  # a live owner renews every few seconds; this long without one means it is gone
+STALE_VARIABLE = "ZERO_OUTPUT_LEASE_STALE_S"
+# The shortest stale limit allowed: three heartbeats of the slower store (S3, every 3 s), so a live
+# owner is never judged gone between two of its heartbeats.
+MIN_STALE_S = 10.0
+
+
+@dataclass(frozen=True)
+class Lease:
+    location: str  # the lease file's path, or its s3:// URI
+    token: str  # this holding's own id: whoever finds it in the lease is the owner
+    record: dict[str, Any]  # what the owner wrote (run id, host, pid, token, taken_at)
+    version: str | None  # S3: the ETag the owner wrote, the condition of its next write; a file: None
+    waited_for: str | None = None  # the run id this run waited for, when it had to wait
+    took_over: str | None = None  # the run id whose lease was taken over because it was gone, and why
+
+
+class LeaseStore(ABC):
+    """One output's lease in one place. `heartbeat_s`: how often the owner renews it; `poll_s`: how
+    often a waiter looks again."""
+
+    location: str
+    heartbeat_s: float
+    poll_s: float
+
+    @abstractmethod
+    def try_acquire(self, run_id: str, stale_after_s: float) -> tuple[Lease | None, dict[str, Any] | None]:
+        """Take the lease if it is free or its owner is gone; else (None, the owner's record)."""
+
+    @abstractmethod
+    def renew(self, lease: Lease) -> Lease | None:
+        """The heartbeat: renew `lease` (as last written); the lease as now written, or None when it is
+        not this holding's any more (it was judged gone and taken over)."""
+
+    @abstractmethod
+    def release(self, lease: Lease) -> None:
+        """Remove `lease` (as last written) if it is still this holding's; leave one another run took over."""
+
+
+def process_start(pid: int) -> str | None:
+    """The kernel's start time of `pid` (field 22 of /proc/<pid>/stat), None when it does not exist."""
+    if not Path("/proc/self/stat").exists():  # no procfs: whether the pid exists is all there is to know
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "alive"
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):  # no such process (or no /proc: then only the heartbeat judges)
+        return None
+
+
+def owner_record(run_id: str, token: str) -> dict[str, Any]:
+    """Who holds a lease: the Dagster run, and the process (with its start time, so a reused pid is
+    not mistaken for the owner) on its host."""
+    return {
+        "run_id": run_id,
+        "token": token,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_start": process_start(os.getpid()),
+        "taken_at": time.time(),
+    }
+
+
+def stale_after_s() -> float:
+    """How long a lease's owner may go without a heartbeat before another run takes the lease over:
+    `ZERO_OUTPUT_LEASE_STALE_S`, default 60 s. Longer rides out a longer storage outage of a live
+    owner; shorter takes a killed owner's lease over sooner."""
+    value = zero_env(STALE_VARIABLE)
+    if not value:
+        return STALE_AFTER_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{STALE_VARIABLE}={value!r} is not a number of seconds") from None
+    if seconds < MIN_STALE_S:
+        raise ValueError(
+            f"{STALE_VARIABLE}={value!r} is shorter than {MIN_STALE_S:g} s: a live owner could be judged gone "
+            "between two of its heartbeats; raise it"
+        )
+    return seconds

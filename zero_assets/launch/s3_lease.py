@@ -1,0 +1,198 @@
+"""An output's lease as an object on S3 beside the output: for outputs on an `s3://` lake, which runs on
+any host or ECS task may build, so the lease must be where all of them look.
+
+The key is `<output uri>.lease.json`: a sibling of the output's folder, never inside it, so nothing
+that lists the output (its completion marker, the checks, a SageMaker channel, which always ends its
+prefix with `/`) ever sees it, and `zero-assets gc` (which judges `<asset>/[<source>/]<fingerprint16>/`
+folders) never takes it for an output. It is written where the output is, so any run that may write
+the output may write its lease.
+
+Every change is a conditional write, so S3 itself decides between racing runs: `If-None-Match: *`
+takes a free lease, `If-Match: <ETag>` renews it (the heartbeat: the owner rewrites it with the time,
+which changes its ETag), takes over a stale one (the ETag read when it was judged stale, so of two
+waiters one wins) and deletes it on release (so a lease another run took over is left alone). An
+owner is gone only when its heartbeat is stale by S3's own clock: the object's LastModified against
+the Date of the response that read it, never this host's clock. Its pid says nothing here: a pid is
+only meaningful in its own pid namespace, and two containers may share a host name.
+
+A request retried after a lost response may find its own write there and be refused (412): every
+refusal is settled by reading the lease again, whose token says whether the write was this run's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass, replace
+from email.utils import parsedate_to_datetime
+from typing import Any, NoReturn
+
+from training_code.lib.aws_clients import is_retryable
+from training_code.lib.s3_storage import s3_call, s3_client, split_s3
+from zero_assets.launch.lease_store import Lease, LeaseStore, owner_record
+
+LEASE_SUFFIX = ".lease.json"
+LEASE_FORMAT = "zero-output-lease/1"
+# A refused conditional write means another run wrote or removed the lease in between: look again,
+# a few times, before reporting whoever holds it now.
+ACQUIRE_ROUNDS = 4
+# The answers to a conditional request whose condition did not hold: 412, a concurrent conditional
+# request on the key (409), or an If-Match on a key that is gone (404).
+REFUSED = {"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404", "409", "412"}
+MISSING = {"NoSuchKey", "404", "NotFound"}
+HTTP_DATE = re.compile(r"[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT")  # RFC 9110's IMF-fixdate
+
+
+def s3_lease_uri(output: str) -> str:
+    """The lease of the output at `output`: `<output>.lease.json`, beside its folder (see the module doc)."""
+    return output.rstrip("/") + LEASE_SUFFIX
+
+
+class OutputLeaseError(RuntimeError):
+    """S3 refused a lease request for a reason other than another run's lease."""
+
+
+@dataclass(frozen=True)
+class Found:
+    record: dict[str, Any]
+    etag: str
+    age_s: float  # since the last heartbeat, by S3's clock
+
+
+def _code(error) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+class S3LeaseStore(LeaseStore):
+    heartbeat_s = 3.0  # one PUT per beat
+    poll_s = 1.0  # one GET per look
+
+    def __init__(self, uri: str) -> None:
+        self.location = uri
+        self.bucket, self.key = split_s3(uri)
+
+    def try_acquire(self, run_id: str, stale_after_s: float) -> tuple[Lease | None, dict[str, Any] | None]:
+        token = uuid.uuid4().hex
+        mine = owner_record(run_id, token)
+        body = self._body(mine)
+        took_over, current = None, None
+        for _ in range(ACQUIRE_ROUNDS):
+            current = self._get()
+            if current is not None and current.record.get("token") == token:  # a retried write of ours landed
+                return Lease(self.location, token, mine, current.etag, took_over=took_over), None
+            if current is None:
+                took_over = None
+                written = self._put(body, IfNoneMatch="*")
+            elif current.age_s <= stale_after_s:
+                return None, current.record
+            else:
+                gone = f"its heartbeat is {current.age_s:.0f} s old by S3's clock (stale after {stale_after_s:.0f} s)"
+                took_over = f"{current.record.get('run_id', 'unknown run')} ({gone})"
+                written = self._put(body, IfMatch=current.etag)
+            if written is not None:
+                return Lease(self.location, token, mine, written, took_over=took_over), None
+        return None, current.record if current is not None else {"run_id": "another run"}
+
+    def renew(self, lease: Lease) -> Lease | None:
+        written = self._put(self._body(lease.record), IfMatch=lease.version)
+        if written is None:  # refused: taken over, unless a retried write of ours landed first
+            current = self._get()
+            written = current.etag if current is not None and current.record.get("token") == lease.token else None
+        return replace(lease, version=written) if written is not None else None
+
+    def release(self, lease: Lease) -> None:
+        version = lease.version
+        for _ in range(ACQUIRE_ROUNDS):
+            if self._delete(version):
+                return
+            current = self._get()
+            if current is None or current.record.get("token") != lease.token:
+                return  # already gone, or another run's lease now: not ours to delete
+            version = current.etag  # a heartbeat of ours landed after all: delete that one
+
+    def _body(self, record: dict[str, Any]) -> bytes:
+        """The owner record and the time of this write (for people; staleness is judged on S3's clock)."""
+        return json.dumps({"format": LEASE_FORMAT, **record, "renewed_at": time.time()}, indent=1).encode()
+
+    def _get(self) -> Found | None:
+        from botocore.exceptions import ClientError
+
+        def get() -> Found | None:
+            try:
+                response = s3_client().get_object(Bucket=self.bucket, Key=self.key)
+                body = response["Body"].read()
+            except ClientError as error:
+                if _code(error) in MISSING:
+                    return None
+                self._fail("GET", error)
+            return Found(_record(body), response["ETag"], _age_s(response, self.location))
+
+        return s3_call(get, f"GET {self.location}")
+
+    def _put(self, body: bytes, **condition: str) -> str | None:
+        """The ETag written, or None when the condition did not hold."""
+        from botocore.exceptions import ClientError
+
+        def put() -> str | None:
+            try:
+                response = s3_client().put_object(
+                    Bucket=self.bucket, Key=self.key, Body=body, ContentType="application/json", **condition
+                )
+            except ClientError as error:
+                if _code(error) in REFUSED:
+                    return None
+                self._fail(f"PUT ({condition})", error)
+            return response["ETag"]
+
+        return s3_call(put, f"PUT {self.location} ({condition})")
+
+    def _delete(self, version: str | None) -> bool:
+        """Whether the lease written as `version` was deleted (False: it is not that version any more)."""
+        from botocore.exceptions import ClientError
+
+        def delete() -> bool:
+            try:
+                s3_client().delete_object(Bucket=self.bucket, Key=self.key, IfMatch=version)
+            except ClientError as error:
+                if _code(error) in REFUSED:
+                    return False
+                self._fail(f"DELETE (IfMatch {version})", error)
+            return True
+
+        return s3_call(delete, f"DELETE {self.location} (IfMatch {version})")
+
+    def _fail(self, what: str, error) -> NoReturn:
+        """Raise `error` itself when it is transient (`s3_call` retries it), else an error that names
+        the lease and what to check."""
+        if is_retryable(error):
+            raise error
+        hint = (
+            "the S3 endpoint does not support conditional requests (If-None-Match / If-Match on PutObject, "
+            "If-Match on DeleteObject), which the output lease needs; AWS S3 supports them"
+            if _code(error) in {"NotImplemented", "InvalidArgument"}
+            else "check the run's permissions on the lake prefix (s3:GetObject, s3:PutObject, s3:DeleteObject)"
+        )
+        raise OutputLeaseError(f"output lease {what} {self.location} refused: {error}; {hint}") from error
+
+
+def _record(body: bytes) -> dict[str, Any]:
+    try:
+        record = json.loads(body)
+    except ValueError:  # written whole by one PUT, so unreadable means foreign or damaged: judged by its age alone
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _age_s(response: dict[str, Any], uri: str) -> float:
+    """Seconds since the object was last written, both ends read from S3's clock: its LastModified and
+    the Date of the response. A proxy on the way may add a Date of its own before the server's (the
+    client joins repeated headers with ", "): the last one is the server's."""
+    dates = HTTP_DATE.findall(response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date", ""))
+    if not dates:
+        raise OutputLeaseError(
+            f"the GET of output lease {uri} came back without a Date header: the lease's age cannot be judged on "
+            "S3's clock (is a proxy on the way stripping it?)"
+        )
+    return max(0.0, (parsedate_to_datetime(dates[-1]) - response["LastModified"]).total_seconds())
