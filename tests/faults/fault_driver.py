@@ -1,7 +1,7 @@
 """One Dagster process for the fault tests: materialize a selection against a real instance on disk.
 
 python tests/faults/fault_driver.py --home DAGSTER_HOME --raw DIR --state DIR --select a,b [--source S]
-    [--pause-before-marker | --hold-before-marker]
+    [--pause-before-marker | --hold-before-marker] [--lake URI] [--local-state DIR]
 
 A selection of per-source assets runs for one source (`--source`, default the raw root's first folder),
 registered as a partition first.
@@ -12,6 +12,10 @@ completion marker is written, having written its pid to `<state>/paused-before-m
 a test kills it at. `--hold-before-marker` stops at the same point, with its pid in
 `<state>/held-before-marker`, until `<state>/release` exists, then goes on: a run held inside the
 output's lease for as long as a test needs, whatever the asset (job-backed or in-process).
+
+The lake is `<state>/lake` unless `--lake` names another (an s3:// URI); `--raw` may be one too
+(then pass `--source`). `--local-state` stands in for this machine's `.zero/` (where an s3:// lake's
+job folders are): two processes with different ones are two hosts, sharing nothing on disk.
 """
 
 import argparse
@@ -24,6 +28,7 @@ from pathlib import Path
 from dagster import DagsterInstance, materialize
 from fault_assets import FAULT_ASSETS
 
+import zero_assets.core.settings as settings_module
 import zero_assets.launch.once as once
 from zero_assets.backends.local.runner import LocalJobRunner
 from zero_assets.core.settings import ZeroSettings
@@ -40,8 +45,12 @@ def main() -> None:
     parser.add_argument(
         "--source", help="the partition of the per-source assets (default: the raw root's first folder)"
     )
+    parser.add_argument("--lake", help="the lake's URI (default: <state>/lake)")
+    parser.add_argument("--local-state", help="this process's .zero/ folder: its jobs folders for an s3:// lake")
     args = parser.parse_args()
     state = Path(args.state)
+    if args.local_state:
+        settings_module.DEFAULT_STATE = Path(args.local_state)  # read when the jobs folder is asked for
     if args.pause_before_marker or args.hold_before_marker:
         mark = once.mark_output_complete
 
@@ -57,7 +66,8 @@ def main() -> None:
 
         once.mark_output_complete = paused_mark  # every asset's marker is written by the one protocol
     (state / "fsx").mkdir(parents=True, exist_ok=True)
-    settings = ZeroSettings(raw_uri=args.raw, lake_uri=str(state / "lake"), fsx_mount=str(state / "fsx"))
+    lake = args.lake or str(state / "lake")
+    settings = ZeroSettings(raw_uri=args.raw, lake_uri=lake, fsx_mount=str(state / "fsx"))
     selection = args.select.split(",")
     per_source = {key.to_user_string() for asset in PER_SOURCE_ASSETS for key in asset.keys}
     source = (
