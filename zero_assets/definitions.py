@@ -5,6 +5,7 @@ from dagster import Definitions
 from zero_assets.backends.from_env import resources_from_env
 from zero_assets.defs.assets import ALL_ASSETS, SOURCE_SPECS
 from zero_assets.defs.checks import ALL_CHECKS, freshness_sensor, limits_from_env
+from zero_assets.defs.executor import run_worker_executor
 from zero_assets.defs.jobs import ALL_JOBS, weekly_full_refresh
 from zero_assets.defs.run_cost import run_cost_sensors
 from zero_assets.defs.sensors import new_raw_data_sensor
@@ -16,4 +17,5 @@ defs = Definitions(
     sensors=[new_raw_data_sensor, freshness_sensor, *run_cost_sensors],
     schedules=[weekly_full_refresh],
     resources={**resources_from_env(), "limits": limits_from_env()},
+    executor=run_worker_executor,
 )

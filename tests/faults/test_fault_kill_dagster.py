@@ -1,6 +1,7 @@
 """Local jobs die with their run: kill -9 of the Dagster process during a job takes the job process
-and its children (torchrun's launcher and workers) down within seconds, and a rerun completes.
-Jobs also see an allow-listed environment: no secret of the Dagster process reaches them.
+and its children (torchrun's launcher and workers) down within seconds, and a rerun completes; the
+rerun's first step marks the killed run failed (its recorded run worker is gone), so it does not stay
+STARTED. Jobs also see an allow-listed environment: no secret of the Dagster process reaches them.
 
 Real processes: a Dagster process (fault_driver.py) launches the test-only job of fault_job.py, which
 pauses while writing; the test kills the Dagster process with SIGKILL.
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from dagster import DagsterInstance, DagsterRunStatus
 from fault_processes import make_lab, paused_pids, wait_for, wait_gone
 from process_tree import alive, descendants
 
@@ -48,6 +50,10 @@ def test_kill_9_of_dagster_kills_the_job_and_its_children_then_a_rerun_completes
 
     rerun = lab.run(asset, env=SECRETS)
     assert rerun["success"], rerun["log"][-3000:]
+    with DagsterInstance.from_config(str(lab.home)) as instance:
+        [killed] = [run for run in instance.get_runs() if run.run_id != rerun["run_id"]]
+        assert killed.status == DagsterRunStatus.FAILURE, "the killed run does not stay STARTED"
+        assert f"run {killed.run_id}: its run worker, pid {dagster.pid}" in rerun["log"]
     decision = rerun["assets"][asset]
     assert decision["cache"] == "miss"
     out = Path(decision["dagster/uri"])

@@ -34,6 +34,7 @@ from zero_assets.launch.cache import (
     standard_metadata,
 )
 from zero_assets.launch.output_lease import hold_lease, output_lease_path
+from zero_assets.launch.run_owner import watch_over_step
 
 
 def materialize_once(
@@ -58,6 +59,7 @@ def materialize_once(
     from), added to a hit on an output another run published. `skipped` says in the log what a hit
     spares ("no job launched").
     """
+    watch_over_step(context)  # a run whose worker is gone is failed, and a step worker ends with its run worker
     decision = cache_decision(context, inputs)
     if decision.hit is not None:
         context.log.info(f"cache hit, {skipped}: {decision.reason}")

@@ -9,6 +9,8 @@ zero-assets lineage [CHECKPOINT_URI_OR_RUN_ID]  # which images and shards traine
                                                # which reports scored it
 zero-assets lineage --image KEY                # which checkpoints an image reached, or why it did not
 zero-assets gc [--delete] [--grace-hours H]    # lake outputs and job folders no stored materialization names
+zero-assets fail-dead-runs [--run RUN_ID]       # fail runs whose worker on this host is gone (or RUN_ID, by
+                                                # hand) and free their pool slots
 """
 
 from __future__ import annotations
@@ -221,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.set_defaults(handler=_render_jobs)
     _add_lineage(commands)
     _add_gc(commands)
+    _add_fail_dead_runs(commands)
     return parser
 
 
@@ -242,6 +245,40 @@ def _add_gc(commands) -> None:
     gc.add_argument("--grace-hours", type=float, help="keep anything written this recently, in hours (default: a day)")
     gc.add_argument("--lake", help="the lake the assets write to (ZERO_LAKE_URI, else the backend's default)")
     gc.set_defaults(handler=_gc)
+
+
+def _add_fail_dead_runs(commands) -> None:
+    dead = commands.add_parser(
+        "fail-dead-runs",
+        help="mark failed the runs in progress whose run worker on this host is gone, and free their pool slots",
+    )
+    dead.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        metavar="RUN_ID",
+        help="fail this run whatever this host can tell (a run of a host that is gone for good); repeatable",
+    )
+    dead.set_defaults(handler=_fail_dead_runs)
+
+
+def _fail_dead_runs(args: argparse.Namespace) -> int:
+    from dagster import DagsterInstance
+
+    from zero_assets.launch.run_owner import fail_dead_runs, fail_run
+
+    with DagsterInstance.get() as instance:
+        for run_id in args.run:
+            if instance.get_run_by_id(run_id) is None:
+                raise LookupError(f"no run {run_id} in the instance at $DAGSTER_HOME")
+        by_hand = "failed by hand (zero-assets fail-dead-runs --run)"
+        failed = {run_id: by_hand for run_id in args.run if fail_run(instance, run_id, by_hand)}
+        failed |= fail_dead_runs(instance)
+    for run_id, reason in failed.items():
+        print(f"{run_id}\t{reason}")
+    if not failed:
+        print("no run in progress has a dead run worker on this host", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,11 +3,15 @@
 Every job process gets its own process group and a parent-death signal (Linux `PR_SET_PDEATHSIG`),
 so a Dagster process killed with SIGKILL takes its job with it (torchrun's workers follow their
 launcher, see `training_code.lib.distributed.die_with_launcher`), and whatever the job started is
-killed with its group when the job ends. The environment is built from an allow-list instead of
-the Dagster process's own: job scripts decode untrusted files and must not see the database
-password or API keys. `run_with_pipes` is the local Pipes client: Dagster's subprocess client
-always passes the whole environment on, so the session is opened here with the same temp-file
-context injector and message reader.
+killed with its group when the job ends. The death signal only reaches one link of the chain, the
+process that started the job: when that is a step worker of Dagster's multiprocess executor, it is the
+run worker that may die, and `end_orphaned_jobs` (called by `zero_assets.launch.run_owner`, which
+watches the run worker) kills every job this process started, their whole trees, in whatever group.
+
+The environment is built from an allow-list instead of the Dagster process's own: job scripts decode
+untrusted files and must not see the database password or API keys. `run_with_pipes` is the local
+Pipes client: Dagster's subprocess client always passes the whole environment on, so the session is
+opened here with the same temp-file context injector and message reader.
 
 A job's output (stdout and stderr, merged as CloudWatch keeps them) goes through a pipe that a thread
 copies to its `job.log` and to this process's stdout, which Dagster captures as the step's stdout:
@@ -133,6 +137,9 @@ class JobProcess(subprocess.Popen):
 
 
 _stdout_lock = threading.Lock()  # several hosts' copies write whole lines to one stdout
+_running: set[subprocess.Popen] = set()  # the job processes this process started and has not ended
+_running_lock = threading.Lock()
+_orphaned = threading.Event()  # set once this process's run worker died: its jobs are being killed
 
 
 def copy_output(pipe: IO[bytes], log_file: IO[bytes], prefix: str) -> None:
@@ -175,15 +182,20 @@ def start_job_process(
     its output copied to `log` and to this process's stdout (see `JobProcess`)."""
     prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
     parent = os.getpid()
-    return JobProcess(
-        command,
-        log=log,
-        prefix=prefix,
-        cwd=cwd,
-        env=dict(env),
-        process_group=0,
-        preexec_fn=lambda: _die_with_parent(parent, prctl),
-    )
+    with _running_lock:  # held across the start: `end_orphaned_jobs` sees every job, or none starts after it
+        if _orphaned.is_set():
+            raise RuntimeError("this process's Dagster run worker died: no job is started for its run")
+        process = JobProcess(
+            command,
+            log=log,
+            prefix=prefix,
+            cwd=cwd,
+            env=dict(env),
+            process_group=0,
+            preexec_fn=lambda: _die_with_parent(parent, prctl),
+        )
+        _running.add(process)
+    return process
 
 
 OUTPUT_DRAIN_S = 10.0  # how long the copy may take to reach the end of the output once the group is gone
@@ -191,7 +203,14 @@ OUTPUT_DRAIN_S = 10.0  # how long the copy may take to reach the end of the outp
 
 def end_process_group(process: subprocess.Popen) -> None:
     """Kill whatever the job started and left behind (its group), and the job itself if still running;
-    then let the copy of its output finish (a process outside the group holding the pipe open is not waited for)."""
+    then let the copy of its output finish (a process outside the group holding the pipe open is not waited for).
+
+    Once the run worker died (`end_orphaned_jobs`), the caller waits here until the process exits: a job
+    of a dead run reports nothing more into it."""
+    while _orphaned.is_set():
+        time.sleep(1)
+    with _running_lock:
+        _running.discard(process)
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -244,3 +263,57 @@ def run_with_pipes(
         if process.returncode != 0:
             raise DagsterPipesExecutionError(f"External execution process failed with code {process.returncode}")
     return PipesClientCompletedInvocation(session)
+
+
+def _parents() -> dict[int, list[int]]:
+    """Every process's children, from one read of /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:  # it ended while we looked
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    return children
+
+
+def _signal(pid: int, number: int) -> None:
+    try:
+        os.kill(pid, number)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone (or its pid reused by a process that is not ours)
+
+
+def kill_process_tree(root: int) -> list[int]:
+    """SIGKILL `root` and every process below it, in whatever session or group (torchrun's workers
+    and a W&B service have their own, so a group kill misses them). Each level is stopped (SIGSTOP)
+    before its children are read, so nothing forks or is reparented away while the tree is walked.
+    Returns the pids signalled."""
+    if not Path("/proc").is_dir():  # no process table to walk: the job's group is all that can be found
+        _signal(-root, signal.SIGKILL)
+        return [root]
+    found, level = [], [root]
+    while level:
+        for pid in level:
+            _signal(pid, signal.SIGSTOP)
+        found += level
+        children = _parents()
+        level = [child for pid in level for child in children.get(pid, []) if child not in found]
+    for pid in found:
+        _signal(pid, signal.SIGKILL)
+    return found
+
+
+def end_orphaned_jobs() -> list[int]:
+    """This process's run worker died: SIGKILL every job it started, with everything below each job and
+    in each job's group, and start none after. Whoever waits for a job is held in `end_process_group`
+    until the process exits (see `zero_assets.launch.run_owner`). Returns the pids killed."""
+    with _running_lock:
+        _orphaned.set()
+        jobs = list(_running)
+    killed = []
+    for job in jobs:
+        killed += kill_process_tree(job.pid)
+        _signal(-job.pid, signal.SIGKILL)  # what the job started and left behind in its group
+    return killed
