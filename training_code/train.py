@@ -35,6 +35,10 @@ class TrainingInterrupted(RuntimeError):
     pass
 
 
+# How a forced stop (`--stop-after-steps`) begins its failure reason: the rehearsal looks for it there.
+FORCED_STOP = "forced stop"
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -79,6 +83,13 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--threads", type=int, default=None, help="torch threads per rank (default: CPUs / local ranks)"
     )
     parser.add_argument("--checkpoint-every", type=positive_int, default=50)
+    parser.add_argument(
+        "--stop-after-steps",
+        type=positive_int,
+        default=None,
+        help="the rehearsal's forced stop: after this many steps of this job, checkpoint and fail, "
+        "so that the next attempt resumes from the checkpoint",
+    )
     parser.add_argument("--keep-checkpoints", type=positive_int, default=3)
     parser.add_argument("--log-every", type=positive_int, default=10)
     parser.add_argument("--pg-timeout-min", type=float, default=30.0)
@@ -231,8 +242,14 @@ def train(
                     f"SIGTERM received: saved a checkpoint at step {step} of {args.max_steps}; "
                     "the next run with the same ZERO_CHECKPOINT_DIR resumes from it"
                 )
-            if step % args.checkpoint_every == 0 or step == args.max_steps:
+            forced_stop = bool(args.stop_after_steps) and step - start_step >= args.stop_after_steps
+            if step % args.checkpoint_every == 0 or step == args.max_steps or forced_stop:
                 save_checkpoint(checkpoints, args.keep_checkpoints, checkpoint_state(step), ctx)
+            if forced_stop and step < args.max_steps:
+                raise TrainingInterrupted(
+                    f"{FORCED_STOP} at step {step} of {args.max_steps} (--stop-after-steps "
+                    f"{args.stop_after_steps}): checkpoint saved; the next attempt resumes from it"
+                )
     finally:
         # Stop the loader's workers now, not at interpreter exit: they ignore SIGTERM (see build_train_loader),
         # and multiprocessing's exit hook stops children with SIGTERM and then waits for them.
