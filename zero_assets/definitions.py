@@ -9,12 +9,13 @@ from zero_assets.defs.executor import run_worker_executor
 from zero_assets.defs.jobs import ALL_JOBS, weekly_full_refresh
 from zero_assets.defs.run_cost import run_cost_sensors
 from zero_assets.defs.sensors import new_raw_data_sensor
+from zero_assets.defs.training_plan_start import training_plan_start_sensor
 
 defs = Definitions(
     assets=[*SOURCE_SPECS, *ALL_ASSETS],
     asset_checks=ALL_CHECKS,
     jobs=ALL_JOBS,
-    sensors=[new_raw_data_sensor, freshness_sensor, *run_cost_sensors],
+    sensors=[new_raw_data_sensor, freshness_sensor, *run_cost_sensors, training_plan_start_sensor],
     schedules=[weekly_full_refresh],
     resources={**resources_from_env(), "limits": limits_from_env()},
     executor=run_worker_executor,
