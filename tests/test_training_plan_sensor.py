@@ -129,7 +129,7 @@ def test_a_set_that_passed_but_is_not_warm_is_warmed_first(instance, plans):
     record(instance, "training_set", "set-two")
     request = only_request(tick(instance, sagemaker_jobs(arn)))
     assert request.asset_selection == [AssetKey("fsx_warm_state"), AssetKey("trained_checkpoint")]
-    assert request.tags["zero/training_set"] == "set-two" and request.tags["zero/warm_first"] == "true"
+    assert request.tags["zero/training_set"] == "set-two" and request.tags["zero/rebuilt_first"] == "fsx_warm_state"
 
 
 def test_no_set_that_passed_its_checks_means_no_training(instance, plans):
@@ -149,3 +149,45 @@ def test_without_a_plan_the_sensor_skips_and_calls_no_aws(instance, plans, backe
     assert isinstance(result, SkipReason) or not result.run_requests
     assert "no Training Plan configured" in result.skip_message
     assert plans.calls == []
+
+
+@asset(name="arrow_shards", deps=["training_set"])
+def shards_stand_in() -> None:
+    """Between the training set and the warm state, as when the shards are packed from the selection."""
+
+
+@asset(name="fsx_warm_state", deps=["arrow_shards"])
+def warm_of_shards_stand_in() -> None:
+    pass
+
+
+CHAIN = Definitions(
+    assets=[training_set_stand_in, shards_stand_in, warm_of_shards_stand_in, trained_checkpoint_stand_in],
+    sensors=[training_plan_start_sensor],
+)
+
+
+def test_what_lies_between_is_rebuilt_from_the_set_when_its_provenance_is_another(instance, plans):
+    """Provenance, not names: each asset between counts as built from the chosen set only when the
+    parent materialization it read (Dagster's input event pointer) is the one on the path."""
+    arn = plans.add_training_plan(PLAN, instance_type="ml.p5.48xlarge", instance_count=2, starts_in_s=-5, lasts_s=3600)
+    jobs = sagemaker_jobs(arn)
+
+    def chain_tick() -> RunRequest:
+        with build_sensor_context(instance=instance, resources={"jobs": jobs}, definitions=CHAIN) as context:
+            return only_request(training_plan_start_sensor.evaluate_tick(context))
+
+    record(instance, "training_set", "set-one")
+    materialize([shards_stand_in], instance=instance)
+    materialize([warm_of_shards_stand_in], instance=instance)
+    assert chain_tick().asset_selection == [AssetKey("trained_checkpoint")]
+    materialize([shards_stand_in], instance=instance)  # new shards: the warm state read the earlier ones
+    assert chain_tick().asset_selection == [AssetKey("fsx_warm_state"), AssetKey("trained_checkpoint")]
+    record(instance, "training_set", "set-two")
+    request = chain_tick()
+    assert request.asset_selection == [
+        AssetKey("arrow_shards"),
+        AssetKey("fsx_warm_state"),
+        AssetKey("trained_checkpoint"),
+    ]
+    assert request.tags["zero/rebuilt_first"] == "arrow_shards,fsx_warm_state"

@@ -4,9 +4,12 @@ from the latest training set whose blocking checks passed.
 Each tick reads the plan (one DescribeTrainingPlan; no AWS call when no plan is configured). While the
 plan is not Active the tick says why it waits. Once it is, the tick takes the newest `training_set`
 materialization whose blocking checks passed (ERROR-severity failures block, as in a run) and
-requests `trained_checkpoint`, with `fsx_warm_state` first when the warm state is not of that training
-set and the set is the latest one (warming is incremental: only what is not warm yet). The run key
-names the plan and its start, so a window starts training once however many ticks see it Active.
+requests `trained_checkpoint`, with first every asset between the two (the warm state, and whatever
+else the graph puts there) whose latest materialization was not built from that training set, as
+Dagster's provenance records it (`dagster/input_event_pointer/<parent>`: the parent materialization a
+materialization read). Those rebuild incrementally; an older training set whose descendants are gone
+cannot be rebuilt from here, and the tick says so. The run key names the plan and its start, so a
+window starts training once however many ticks see it Active.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from dagster import (
     AssetCheckSeverity,
     AssetKey,
+    AssetSelection,
     DagsterInstance,
     DefaultSensorStatus,
     EventLogRecord,
@@ -22,13 +26,14 @@ from dagster import (
     SkipReason,
     sensor,
 )
+from dagster._core.definitions.data_version import get_input_event_pointer_tag  # Dagster's provenance tag
 
 from zero_assets.backends.job_runner import JobRunner
 from zero_assets.backends.sagemaker.training_plan import TrainingPlan
 from zero_assets.core.fingerprints import DATA_VERSION_TAG
 from zero_assets.launch.upstream import latest_materializations
 
-TRAINING_SET, WARM_STATE, TRAINED = AssetKey("training_set"), AssetKey("fsx_warm_state"), AssetKey("trained_checkpoint")
+TRAINING_SET, TRAINED = AssetKey("training_set"), AssetKey("trained_checkpoint")
 LOOK_BACK = 10  # training_set materializations looked at, newest first
 CHECK_HISTORY = 50  # evaluations of one check searched for the one of a materialization
 TICK_INTERVAL_S = 60
@@ -80,25 +85,49 @@ def start_request(instance: DagsterInstance, asset_graph, plan: TrainingPlan) ->
             f"training plan {plan.name} is Active, but no training set passed its blocking checks ({why})"
         )
     version = _version(record)
-    warm = latest_materializations(instance, WARM_STATE)
-    warm_ready = (
-        bool(warm) and _version(warm[0]) == version and blocking_failure(instance, asset_graph, warm[0]) is None
-    )
-    if not warm_ready and record is not sets[0]:
+    stale = not_built_from(instance, asset_graph, record)
+    if stale and record is not sets[0]:
         return SkipReason(
-            f"training plan {plan.name} is Active; training set {version[:16]} passed its checks but is neither "
-            f"the latest ({'; '.join(refused)}) nor warm: materialize fsx_warm_state from it, or fix the latest"
+            f"training plan {plan.name} is Active; training set {version[:16]} passed its checks, but it is not "
+            f"the latest ({'; '.join(refused)}) and {', '.join(k.to_user_string() for k in stale)} were not "
+            "built from it: fix the latest training set, or rebuild from this one"
         )
     return RunRequest(
         run_key=f"training-plan:{plan.name}:{plan.start:%Y%m%dT%H%M%SZ}",
-        asset_selection=[TRAINED] if warm_ready else [WARM_STATE, TRAINED],
+        asset_selection=[*stale, TRAINED],
         tags={
             "zero/trigger": "training plan active",
             "zero/training_plan": plan.name,
             "zero/training_set": version[:16],
-            "zero/warm_first": str(not warm_ready).lower(),
+            "zero/rebuilt_first": ",".join(k.to_user_string() for k in stale) or "none",
         },
     )
+
+
+def not_built_from(instance: DagsterInstance, asset_graph, chosen: EventLogRecord) -> list[AssetKey]:
+    """The assets between `training_set` and `trained_checkpoint`, in graph order, whose latest
+    materialization was not built from the training set `chosen` (through its parents in between), or
+    did not pass its blocking checks; those built from it need not run again."""
+    between = {
+        key
+        for key in asset_graph.get_ancestor_asset_keys(TRAINED)
+        if TRAINING_SET in asset_graph.get_ancestor_asset_keys(key)
+    }
+    built_from = {TRAINING_SET: chosen.storage_id}  # asset -> the storage id of its materialization on the path
+    stale = []
+    for key in (k for k in asset_graph.toposorted_asset_keys if k in between):
+        found = latest_materializations(instance, key)
+        tags = (found[0].asset_materialization.tags or {}) if found else {}
+        on_path = [parent for parent in asset_graph.get(key).parent_keys if parent in built_from or parent in between]
+        if (
+            found
+            and all(tags.get(get_input_event_pointer_tag(p)) == str(built_from.get(p)) for p in on_path)
+            and blocking_failure(instance, asset_graph, found[0]) is None
+        ):
+            built_from[key] = found[0].storage_id
+        else:
+            stale.append(key)
+    return stale
 
 
 def _version(record: EventLogRecord) -> str:
@@ -107,7 +136,8 @@ def _version(record: EventLogRecord) -> str:
 
 
 @sensor(
-    target=[WARM_STATE, TRAINED],
+    # trained_checkpoint and what lies between it and the training set (not the training set, nor above it).
+    target=AssetSelection.assets(TRAINED).upstream() - AssetSelection.assets(TRAINING_SET).upstream(),
     minimum_interval_seconds=TICK_INTERVAL_S,
     default_status=DefaultSensorStatus.RUNNING,
     description="starts trained_checkpoint when the Training Plan (ZERO_SM_TRAINING_PLAN_ARN) turns Active",
