@@ -1,11 +1,13 @@
 """Housekeeping: `zero-assets gc` finds exactly the lake folders nothing refers to, deletes only with
---delete, keeps what a run in progress may own, and leaves every referenced output whole. Files
-written atomically honour the umask.
+--delete, keeps what a run in progress may own, and leaves every referenced output whole: an earlier
+arrow_shards folder while a kept manifest lists a shard in it, and on the warm mount the sets stored
+materializations name and the shards those list. Files written atomically honour the umask.
 
 The graph is materialized for real into an instance on disk; gc runs as the console script in a
 subprocess against that instance, as a user would run it.
 """
 
+import json
 import os
 import stat
 import subprocess
@@ -15,12 +17,16 @@ from pathlib import Path
 
 import pytest
 from conftest import make_resources
-from dagster import AssetKey, DagsterInstance, DagsterRun, DagsterRunStatus
+from dagster import AssetKey, AssetMaterialization, DagsterInstance, DagsterRun, DagsterRunStatus, MetadataValue
 from graph_runs import materialize_source
 
 from tests.local_s3 import LocalS3Server
+from tests.shard_sets import image_row, kept, pack, write_manifest
+from training_code.lib.shard_format import verify_shard_file
 from training_code.lib.storage import delete_prefix
 from zero_assets.backends.local.runner import LocalJobRunner
+from zero_assets.backends.local.warm_state import warm_shard_set
+from zero_assets.core.fingerprints import DATA_VERSION_TAG
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets import raw_image_index, validated_images
 from zero_assets.ops.garbage import delete_unreferenced, find_unreferenced
@@ -277,3 +283,101 @@ def test_materialized_outputs_honour_the_umask(built):
     assert {str(path): oct(stat.S_IMODE(path.stat().st_mode)) for path in files} == {
         str(path): oct(0o666 & ~mask) for path in files
     }
+
+
+def _record(instance: DagsterInstance, asset: str, uri: Path, data_version: str, **paths: Path) -> None:
+    """A stored materialization of `asset` naming `uri` (and `paths`), as the asset records one."""
+    instance.report_runless_asset_event(
+        AssetMaterialization(
+            asset,
+            metadata={
+                "dagster/uri": MetadataValue.path(str(uri)),
+                **{k: MetadataValue.path(str(v)) for k, v in paths.items()},
+            },
+            tags={DATA_VERSION_TAG: data_version},
+        )
+    )
+
+
+def _listed_shards(uri: str | Path) -> list[dict]:
+    return json.loads((Path(uri) / "manifest.json").read_text())["shards"]
+
+
+def _shard_rows(first: int) -> list[dict]:
+    return [image_row("line_a_camera", first + row, 512) for row in range(2)]
+
+
+def test_gc_keeps_what_kept_shard_sets_list_and_collects_the_rest(tmp_path):
+    """arrow_shards outputs and the warm mount: an earlier output stays while a kept manifest lists a
+    shard in it (and keeps nothing further); a warm set stays while a stored materialization names it,
+    a warm shard while a set that stays lists it; the rest is listed, then deleted with --delete."""
+    home, lake, mount = tmp_path / "home", tmp_path / "lake", tmp_path / "fsx"
+    home.mkdir()
+    fp = {name: name * 16 for name in "abcde"}
+
+    def output(name: str, packed: int, kept_from: dict[str, list[dict]]) -> tuple[str, list[dict]]:
+        own = [e for n in range(packed) for e in pack(str(lake), fp[name], "train", _shard_rows(100 * n), 1 << 30)]
+        listed = [e for earlier, entries in kept_from.items() for e in kept(entries, fp[earlier])] + own
+        return write_manifest(str(lake), fp[name], listed), own
+
+    # a: never recorded (its history wiped), but b, which is, keeps two of its three shards.
+    _, a_shards = output("a", 3, {})
+    b_uri, _ = output("b", 1, {"a": a_shards[:2]})
+    # d: listed only by c, which nothing keeps: both go (c's manifest keeps nothing once c goes).
+    d_uri, d_shards = output("d", 1, {})
+    c_uri, _ = output("c", 1, {"d": d_shards})
+    # e: fresh, not recorded yet (a run may be publishing it), so its set stays with its shards.
+    e_uri, _ = output("e", 1, {})
+    with DagsterInstance.from_config(str(home)) as instance:
+        _record(instance, "arrow_shards", Path(b_uri), fp["b"] * 4)
+        for name, uri in (("b", b_uri), ("c", c_uri), ("e", e_uri)):
+            warm_shard_set(uri, mount, fp[name])
+        _record(instance, "fsx_warm_state", mount / "sets" / fp["b"], fp["b"] * 4, warm_mount=mount)
+    leftover = _write(mount / "shards" / f".{Path(d_shards[0]['path']).name}.0123abcd.tmp", b"half a shard")
+    orphan_verdict = _write(mount / "shards" / ".verified" / "train-0000000000000000.arrow.json", b"{}")
+    earlier_layout = mount / "0123456789abcdef"  # a warm folder of the layout before the flat shards
+    _write(earlier_layout / "line_a_camera" / "train-00000.arrow", b"an old copy")
+    _write(mount / "notes" / "keep.txt", b"not gc's")
+    for folder in (lake, mount):
+        _age(folder, 2 * DAY)
+    e_warm = [mount / "shards" / Path(entry["path"]).name for entry in _listed_shards(e_uri)]
+    for path in [Path(e_uri), mount / "sets" / fp["e"], *e_warm]:
+        os.utime(path)  # written just now
+
+    def on_mount(entries: list[dict]) -> set[Path]:
+        return {mount / "shards" / Path(e["path"]).name for e in entries}
+
+    c_own = _listed_shards(c_uri)[-1:]
+    collectable = {
+        lake / "arrow_shards" / fp["c"],
+        lake / "arrow_shards" / fp["d"],
+        mount / "sets" / fp["c"],
+        *on_mount(c_own),
+        *on_mount(d_shards),
+        leftover,
+        orphan_verdict,
+        earlier_layout,
+    }
+    report = _gc(home, lake)
+    assert _listed(report) == {str(p) for p in collectable}, report
+    assert f"kept: {mount / 'sets' / fp['e']} " in report and f"kept: {e_uri} " in report, report
+    before = _snapshot(tmp_path)
+
+    report = _gc(home, lake, "--delete")
+    assert f"deleted {len(collectable)} unreferenced folders" in report, report
+    after = _snapshot(tmp_path)
+    assert not any(path.exists() for path in collectable)
+    for shard in on_mount(c_own) | on_mount(d_shards):
+        assert not (shard.parent / ".verified" / f"{shard.name}.json").exists(), "a verdict outlived its shard"
+    gone = set(before) - set(after)
+    assert all(
+        any(path == str(p) or path.startswith(f"{p}/") for p in collectable) or ".verified" in path for path in gone
+    )
+    assert {path: before[path] for path in after} == after, "nothing that stays changed"
+    # What stays is whole: b's set reads every shard it lists, from the mount and from the lake (a's folder).
+    for entry in json.loads((mount / "sets" / fp["b"] / "manifest.json").read_text())["shards"]:
+        verify_shard_file(mount / "sets" / fp["b"] / entry["path"], entry)
+    for entry in _listed_shards(b_uri):
+        verify_shard_file(Path(b_uri) / entry["path"], entry)
+    assert (lake / "arrow_shards" / fp["a"] / "shards" / Path(a_shards[2]["path"]).name).is_file()
+    assert _listed(_gc(home, lake)) == set(), "a second pass finds nothing left to collect"

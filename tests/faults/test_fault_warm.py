@@ -1,11 +1,13 @@
 """A damaged shard is never left on the warm mount looking valid.
 
 Locally (`backends/local/warm_state.py`) a shard is fetched to a temporary name, verified, then
-renamed: a re-warm whose lake copy is damaged, or whose fetch fails (missing, truncated, a body cut
-mid-way on S3), leaves no damaged bytes under the shard's name and no manifest vouching for the mount.
-On FSx (`training_code/warm.py`, run here on a folder laid out as its channel, with `fake_lfs.py`
-standing in for Lustre's `lfs`) a shard that fails verification is released when it holds its lake
-object's bytes, named when it was written on the file system, and the job vouches for none of them.
+renamed into the mount's flat `shards/` folder: a re-warm whose lake copy is damaged, or whose fetch
+fails (missing, truncated, a body cut mid-way on S3), leaves no damaged bytes under the shard's name, no
+verdict for it and no manifest vouching for the set; masked rows that differ from the manifest, and
+shard paths that leave the arrow_shards folder or do not carry their content, are refused. On FSx
+(`training_code/warm.py`, run here on a folder laid out as its channel, with `fake_lfs.py` standing in
+for Lustre's `lfs`) a shard that fails verification is released when it holds its lake object's bytes,
+named when it was written on the file system, and the job vouches for none of them.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ import pytest
 from test_fault_s3_outage import FaultProxy
 
 from tests.local_s3 import LocalS3Server
+from tests.shard_sets import image_row, pack, write_manifest
 from training_code.lib import training_set as ts
 from training_code.lib.aws_clients import AwsUnavailableError
 from training_code.lib.hashing import sha256_bytes
-from training_code.lib.shard_format import ShardIntegrityError, verify_shard
+from training_code.lib.shard_format import ShardIntegrityError, verify_shard_file
 from training_code.lib.shard_writer import ShardWriter
 from training_code.lib.storage import join, write_bytes_atomic
-from training_code.lib.verified_read import FileIntegrityError
-from zero_assets.backends.local.warm_state import warm_training_set
+from zero_assets.backends.local.warm_state import warm_shard_set
 
 FAULTS = Path(__file__).resolve().parent
 REPO = FAULTS.parents[1]
@@ -87,9 +89,23 @@ def write_training_set(lake: str, shards_folder: str, entries: list[dict]) -> st
     return uri
 
 
+def rows(index: int) -> list[dict]:
+    return [image_row(SOURCE, index * 4 + row, 2048) for row in range(4)]
+
+
+@pytest.fixture
+def shard_set(tmp_path) -> tuple[Path, list[dict], str]:
+    """A local lake holding one arrow_shards output of three shards: (its shards folder, entries, its uri)."""
+    lake = str(tmp_path / "lake")
+    entries = [entry for index in range(3) for entry in pack(lake, "fp", "train", rows(index), 1 << 30)]
+    uri = write_manifest(lake, "fp", entries)
+    return Path(uri) / "shards", entries, uri
+
+
 @pytest.fixture
 def lake(tmp_path) -> tuple[Path, list[dict], str]:
-    """A local lake holding one shard set and a training set of it: (shard set folder, entries, training set)."""
+    """The FSx warm job's input (the layout training_code/warm.py reads today): one shard set of the
+    `zero-shards/2` layout and a training set of it: (shard set folder, entries, training set)."""
     shards = tmp_path / "lake" / "arrow_shards" / SOURCE / "fp"
     entries = write_shard_set(shards)
     return shards, entries, write_training_set(str(tmp_path / "lake"), f"arrow_shards/{SOURCE}/fp", entries)
@@ -106,57 +122,82 @@ def mount_files(mount: Path) -> list[str]:
     return sorted(str(p.relative_to(mount)) for p in mount.rglob("*") if p.is_file())
 
 
-def test_a_failed_rewarm_leaves_no_damaged_shard_and_no_manifest_on_the_mount(lake, tmp_path):
-    shards, entries, training_set = lake
+def test_a_failed_rewarm_leaves_no_damaged_shard_and_no_manifest_on_the_mount(shard_set, tmp_path):
+    lake_shards, entries, uri = shard_set
     mount = tmp_path / "fsx"
-    first = warm_training_set(training_set, mount, "key")
+    first = warm_shard_set(uri, mount, "key")
     assert (first.copied, first.already_warm) == (3, 0)
-    warm = mount / "key" / SOURCE
-    damaged = entries[1]["file"]
-    original = (shards / damaged).read_bytes()
+    warm = mount / "shards"
+    damaged = Path(entries[1]["path"]).name
+    original = (lake_shards / damaged).read_bytes()
     flip_a_byte(warm / damaged)  # damaged on the mount, so the re-warm fetches it again...
-    flip_a_byte(shards / damaged)  # ... from a lake whose copy is damaged too
+    flip_a_byte(lake_shards / damaged)  # ... from a lake whose copy is damaged too
     with pytest.raises(ShardIntegrityError) as failed:
-        warm_training_set(training_set, mount, "key")
-    # Neither the damaged copy nor a temporary one is left, and nothing vouches for the mount.
-    intact = sorted(f"key/{SOURCE}/{e['file']}" for e in entries if e["file"] != damaged)
-    assert mount_files(mount) == ["key/excluded.parquet", *intact]
-    assert f"{shards / damaged}, shard {damaged} of source {SOURCE} in the lake" in str(failed.value)
+        warm_shard_set(uri, mount, "key")
+    # Neither the damaged copy nor a temporary one (nor its verdict) is left, and nothing vouches for the set.
+    intact = sorted(f"shards/{Path(e['path']).name}" for e in entries if Path(e["path"]).name != damaged)
+    verdicts = [f"shards/.verified/{Path(name).name}.json" for name in intact]
+    assert mount_files(mount) == sorted(["sets/key/masked.parquet", *intact, *verdicts])
+    assert f"{lake_shards / damaged}, shard shards/{damaged} in the lake" in str(failed.value)
     for entry in entries:
-        if entry["file"] != damaged:
-            verify_shard(warm, entry)
+        if Path(entry["path"]).name != damaged:
+            verify_shard_file(warm / Path(entry["path"]).name, entry)
 
-    (shards / damaged).write_bytes(original)  # the lake repaired: the next warm copies only that shard
-    again = warm_training_set(training_set, mount, "key")
-    assert (again.copied, again.already_warm) == (1, 2)
-    assert (mount / "key" / ts.MANIFEST).is_file()
-    for entry in entries:
-        verify_shard(warm, entry)
+    (lake_shards / damaged).write_bytes(original)  # the lake repaired: the next warm copies only that shard
+    again = warm_shard_set(uri, mount, "key")
+    assert (again.copied, again.already_warm, again.reused_verdicts) == (1, 2, 2)
+    assert (mount / "sets" / "key" / "manifest.json").is_file()
+    for entry in json.loads((mount / "sets" / "key" / "manifest.json").read_text())["shards"]:
+        verify_shard_file(mount / "sets" / "key" / entry["path"], entry)
 
 
 @pytest.mark.parametrize("fault", ["missing", "truncated"])
-def test_a_fetch_that_fails_leaves_nothing_under_the_shards_name(lake, tmp_path, fault):
-    shards, entries, training_set = lake
+def test_a_fetch_that_fails_leaves_nothing_under_the_shards_name(shard_set, tmp_path, fault):
+    lake_shards, entries, uri = shard_set
     mount = tmp_path / "fsx"
-    warm_training_set(training_set, mount, "key")
-    name = entries[0]["file"]
-    (mount / "key" / SOURCE / name).unlink()
+    warm_shard_set(uri, mount, "key")
+    name = Path(entries[0]["path"]).name
+    (mount / "shards" / name).unlink()
     if fault == "missing":
-        (shards / name).unlink()
+        (lake_shards / name).unlink()
     else:
-        (shards / name).write_bytes((shards / name).read_bytes()[:-100])
+        (lake_shards / name).write_bytes((lake_shards / name).read_bytes()[:-100])
     with pytest.raises(FileNotFoundError if fault == "missing" else ShardIntegrityError, match=name):
-        warm_training_set(training_set, mount, "key")
-    assert name not in {Path(f).name for f in mount_files(mount)} and ts.MANIFEST not in mount_files(mount / "key")
-    assert not [f for f in mount_files(mount) if Path(f).name.startswith(".")], "a temporary copy was left"
+        warm_shard_set(uri, mount, "key")
+    assert f"shards/{name}" not in mount_files(mount) and "sets/key/manifest.json" not in mount_files(mount)
+    assert f"shards/.verified/{name}.json" not in mount_files(mount), "a verdict outlived its shard"
+    assert not [f for f in mount_files(mount) if Path(f).name.startswith(".") and ".verified" not in f], (
+        "a temporary copy was left"
+    )
 
 
-def test_excluded_rows_that_differ_from_the_manifest_are_never_warmed(lake, tmp_path):
-    _, _, training_set = lake
-    excluded = Path(training_set) / ts.EXCLUDED
-    excluded.write_bytes(ts.excluded_parquet([(SOURCE, f"{SOURCE}/lot_0/0.png", "over the cap")]))
-    with pytest.raises(FileIntegrityError, match=f"{excluded}: .*manifest.json says"):
-        warm_training_set(training_set, tmp_path / "fsx", "key")
+def test_masked_rows_that_differ_from_the_manifest_are_never_warmed(shard_set, tmp_path):
+    lake_shards, entries, uri = shard_set
+    masked = Path(uri) / "masked.parquet"
+    masked.write_bytes(masked.read_bytes() + b"x")
+    with pytest.raises(ShardIntegrityError, match=f"{masked}: .*manifest.json says"):
+        warm_shard_set(uri, tmp_path / "fsx", "key")
+    assert not (tmp_path / "fsx" / "sets").exists(), "nothing of the set was written"
+
+
+@pytest.mark.parametrize(
+    ("path", "refusal"),
+    [
+        ("../../elsewhere/shards/{name}", "leaves the arrow_shards folder"),
+        ("/abs/shards/{name}", "leaves the arrow_shards folder"),
+        ("shards/./{name}", "leaves the arrow_shards folder"),
+        ("shards/train-00000.arrow", "is not named by its content"),
+    ],
+)
+def test_a_manifest_whose_shard_paths_escape_or_hide_their_content_is_refused(shard_set, tmp_path, path, refusal):
+    _, entries, uri = shard_set
+    manifest_path = Path(uri) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["shards"][0]["path"] = path.format(name=Path(entries[0]["path"]).name)
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=refusal):
+        warm_shard_set(uri, tmp_path / "fsx", "key")
+    assert mount_files(tmp_path / "fsx") == [], "refused before anything was copied"
 
 
 @pytest.fixture(scope="module")
@@ -182,26 +223,26 @@ class CutShardBodies(FaultProxy):
 def test_a_rewarm_whose_s3_fetch_is_cut_mid_way_leaves_nothing_on_the_mount(s3_server, tmp_path, monkeypatch):
     for key, value in s3_server.env().items():
         monkeypatch.setenv(key, value)
-    local = tmp_path / "built"
-    entries = write_shard_set(local)
     lake = f"s3://{BUCKET}/lake"
-    for path in local.iterdir():
-        write_bytes_atomic(join(lake, f"arrow_shards/{SOURCE}/fp/{path.name}"), path.read_bytes())
-    training_set = write_training_set(lake, f"arrow_shards/{SOURCE}/fp", entries)
+    entries = [entry for index in range(3) for entry in pack(lake, "fp", "train", rows(index), 1 << 30)]
+    uri = write_manifest(lake, "fp", entries)
     mount = tmp_path / "fsx"
-    warm_training_set(training_set, mount, "key")
-    damaged = entries[0]["file"]
-    flip_a_byte(mount / "key" / SOURCE / damaged)
+    warm_shard_set(uri, mount, "key")
+    damaged = Path(entries[0]["path"]).name
+    flip_a_byte(mount / "shards" / damaged)
     proxy = CutShardBodies(s3_server.endpoint_url)
     try:
         monkeypatch.setenv("ZERO_S3_ENDPOINT_URL", proxy.endpoint_url)
         monkeypatch.setenv("ZERO_AWS_RETRY_WINDOW_S", "1")  # give up soon: every try is cut
-        with pytest.raises(AwsUnavailableError, match=f"download {lake}/arrow_shards/{SOURCE}/fp/{damaged}"):
-            warm_training_set(training_set, mount, "key")
+        with pytest.raises(AwsUnavailableError, match=f"download {lake}/arrow_shards/fp/shards/{damaged}"):
+            warm_shard_set(uri, mount, "key")
     finally:
         proxy.close()
-    intact = sorted(f"key/{SOURCE}/{e['file']}" for e in entries if e["file"] != damaged)
-    assert mount_files(mount) == ["key/excluded.parquet", *intact], "a damaged, partial or temporary copy was left"
+    intact = sorted(f"shards/{Path(e['path']).name}" for e in entries if Path(e["path"]).name != damaged)
+    verdicts = [f"shards/.verified/{Path(name).name}.json" for name in intact]
+    assert mount_files(mount) == sorted(["sets/key/masked.parquet", *intact, *verdicts]), (
+        "a damaged, partial or temporary copy was left, or the set's manifest"
+    )
 
 
 # --- the FSx warm job ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The one interface every backend implements: run a `JobRequest`, warm a training set; plain results back.
+"""The one interface every backend implements: run a `JobRequest`, warm a shard set; plain results back.
 
 A runner knows `JobRequest` and `UpstreamOutput`, never an asset: the assets turn what it returns into
 their materializations.
@@ -23,10 +23,17 @@ class WarmedShards:
 
     location: str  # what training reads: a folder, an s3:// prefix or an fsx:// location (`warm_location`)
     rows: int  # rows of every warm shard
-    bytes: int  # what the trainer reads there: every shard, the training-set manifest and its excluded rows
+    bytes: int  # what the trainer reads there: every shard, the shard-set manifest and the files beside it
     shards: int
     copied: int | None = None  # shards copied this time; None where the backend copies nothing itself
     already_warm: int | None = None  # shards found intact and left alone; None where it copies nothing
+    # What this warm read: shards (and their bytes) copied, and verified (every copy, and each shard
+    # checked in place); shards trusted on a verdict recorded while their file was unchanged, not read.
+    # None where the backend does not count it.
+    copied_bytes: int | None = None
+    verified: int | None = None
+    verified_bytes: int | None = None
+    reused_verdicts: int | None = None
     paths: Mapping[str, str] = field(default_factory=dict)  # other places worth a link: name -> path or URI
     # What else the backend knows, for the record: plain values (ids, folders, what was verified), and the
     # warm job's own report (its metadata as Dagster Pipes delivered it) where one ran.
@@ -49,9 +56,9 @@ class JobRunner(ConfigurableResource):
 
     @abstractmethod
     def warm_location(self, shards: UpstreamOutput) -> str:
-        """Where `warm_shards` makes the training set `shards` readable; known before warming, so a run
-        that waited for another one warming it finds that work there."""
+        """Where `warm_shards` makes the shard set `shards` (an arrow_shards output) readable; known before
+        warming, so a run that waited for another one warming it finds that work there."""
 
     @abstractmethod
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> WarmedShards:
-        """Make the training set `shards` readable by the trainer at `warm_location(shards)`, verified."""
+        """Make the shard set `shards` readable by the trainer at `warm_location(shards)`, verified."""

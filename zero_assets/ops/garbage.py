@@ -14,10 +14,14 @@ What the lake holds, and when each part is referenced (kept):
   per-source asset too): its output is referenced, or one of its run folders is kept. It goes only with all of its runs.
 - `_jobs/<job name>/` (the layout before per-run folders): named by a stored materialization's job
   name or a path in its metadata, or holding the id of a run in progress.
+- Shard sets (see `garbage_shards`): an arrow_shards output stays while a kept one's manifest lists
+  a shard in it; on a warm mount, a set while a stored materialization names it, a shard while a set
+  that stays lists it.
 An s3:// lake keeps its job folders on this machine (`.zero/jobs`): they are judged the same way.
 Unreferenced folders are kept all the same when written since the oldest run in progress started or
 within the grace period: a run publishes its output before it records the materialization. Only
-this project's asset folders and the job folders are looked at; nothing else is touched.
+this project's asset folders, the job folders and the warm mount's sets and shards are looked at;
+nothing else is touched.
 """
 
 from __future__ import annotations
@@ -27,13 +31,20 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-from training_code.lib.storage import delete_prefix, is_s3, join, list_objects, newest_write
+from training_code.lib.storage import delete_file, delete_prefix, is_s3, join, list_objects, newest_write
 from zero_assets.core.job_request import RUNS_FOLDER
 from zero_assets.core.settings import JOBS_FOLDER
+from zero_assets.ops.garbage_shards import (
+    SHARD_ASSET,
+    WARM_ASSET,
+    WARM_MOUNT_KEYS,
+    kept_for_their_shards,
+    unreferenced_on_mount,
+)
 
 URI_KEYS = ("dagster/uri", "warm_s3_uri")
 PAGE = 1000  # materializations fetched per query
@@ -53,10 +64,12 @@ class Folder:
     """One collectable unit of the lake, with what the listing says about it."""
 
     key: str  # relative to the lake
-    # "output", "run" (one run's job folder), "jobs" (an output's lease and checkpoints, or an older job folder)
+    # "output", "run" (one run's job folder), "jobs" (an output's lease and checkpoints, or an older job
+    # folder), or on the warm mount "warm set", "warm shard", "warm leftover" (garbage_shards)
     kind: str
     uri: str
     bytes: int  # of the files that belong to this unit alone (a "jobs" folder's runs are units of their own)
+    files: tuple[str, ...] = ()  # a unit of single files (a warm shard and its verdict), deleted one by one, last first
 
     @property
     def parts(self) -> list[str]:
@@ -79,6 +92,7 @@ class References:
     run_ids: dict[str, set[str]]  # asset -> the runs that recorded a stored materialization of it
     live_run_ids: set[str]
     oldest_live: tuple[float, str] | None  # (start in epoch seconds, run id) of the oldest run in progress
+    warm_mounts: set[str] = field(default_factory=set)  # the local warm mounts fsx_warm_state recorded
 
     def all_run_ids(self) -> set[str]:
         return set().union(*self.run_ids.values())
@@ -160,7 +174,7 @@ def _uri(key: str, roots: dict[str, str]) -> str:
 
 
 def references(instance: DagsterInstance) -> References:
-    paths, names, run_ids = set(), set(), defaultdict(set)
+    paths, names, run_ids, mounts = set(), set(), defaultdict(set), set()
     for key in instance.get_asset_keys():
         cursor = None
         while True:
@@ -171,6 +185,9 @@ def references(instance: DagsterInstance) -> References:
                     value = entry.value
                     if not isinstance(value, str) or not value:
                         continue
+                    if key.to_user_string() == WARM_ASSET and name in WARM_MOUNT_KEYS:
+                        mounts.add(normalize(value))  # where its sets are, not one: naming it keeps nothing
+                        continue
                     if name in URI_KEYS or value.startswith(("/", "s3://")):  # any path it records: a job log, a mount
                         paths.add(normalize(value))
                     else:
@@ -180,7 +197,8 @@ def references(instance: DagsterInstance) -> References:
             cursor = result.cursor
     live = instance.get_run_records(filters=RunsFilter(statuses=LIVE_STATUSES))
     starts = [(record.start_time or record.create_timestamp.timestamp(), record.dagster_run.run_id) for record in live]
-    return References(paths, names, run_ids, {run_id for _, run_id in starts}, min(starts, default=None))
+    live_ids = {run_id for _, run_id in starts}
+    return References(paths, names, run_ids, live_ids, min(starts, default=None), {m for m in mounts if "://" not in m})
 
 
 def normalize(uri: str) -> str:
@@ -223,7 +241,14 @@ def find_unreferenced(
     grace_s: float = DEFAULT_GRACE_HOURS * 3600,
     jobs_root: str | None = None,
 ) -> list[Verdict]:
-    """The unreferenced units of the lake (and of `jobs_root`), each with why, and whether it must stay anyway."""
+    """The unreferenced units of the lake (and of `jobs_root`, and of the warm mounts the instance
+    knows), each with why, and whether it must stay anyway."""
+    return _find(instance, lake, assets, grace_s, jobs_root)[1]
+
+
+def _find(
+    instance: DagsterInstance, lake: str, assets: Iterable[str], grace_s: float, jobs_root: str | None
+) -> tuple[References, list[Verdict]]:
     refs = references(instance)
     folders = lake_folders(lake, assets, jobs_root)
     if folders and not refs.all_run_ids() and not refs.live_run_ids:
@@ -232,14 +257,18 @@ def find_unreferenced(
             f"{lake} would count as unreferenced. Point DAGSTER_HOME at the instance that built this lake (`source "
             ".venv/bin/activate` sets the repo's); to drop a lake whose history is gone, delete the folder yourself."
         )
-    return _judge(folders, lake, refs, grace_s)
+    return refs, _judge(folders, lake, refs, grace_s, set(assets)) + _judge_warm(refs, grace_s)
 
 
-def _judge(folders: list[Folder], lake: str, refs: References, grace_s: float) -> list[Verdict]:
+def _judge(folders: list[Folder], lake: str, refs: References, grace_s: float, assets: set[str]) -> list[Verdict]:
     cutoff, recent = refs.cutoff(grace_s)
+    outputs = [(f.key, f.uri) for f in folders if f.kind == "output" and f.parts[0] == SHARD_ASSET]
+    by_shards = kept_for_their_shards(  # an output stays on its own merits: named, or written since the cutoff
+        outputs, lambda uri: refs.names_path(uri) or (newest_write(uri) or 0.0) >= cutoff, assets, unit_of
+    )
     verdicts, kept_runs = [], set()
     for folder in folders:  # run folders come first: a "jobs" folder above them needs their verdicts
-        why = why_unreferenced(folder, lake, refs, kept_runs)
+        why = None if folder.key in by_shards else why_unreferenced(folder, lake, refs, kept_runs)
         written = newest_write(folder.uri) if why is not None else None
         kept = f"last {recent}, {_age(written)} ago" if written is not None and written >= cutoff else None
         if folder.kind == "run" and (why is None or kept is not None):
@@ -247,6 +276,20 @@ def _judge(folders: list[Folder], lake: str, refs: References, grace_s: float) -
         if why is not None:
             verdicts.append(Verdict(folder, why, kept))
     return verdicts
+
+
+def _judge_warm(refs: References, grace_s: float) -> list[Verdict]:
+    """The warm mounts' units nothing keeps (see `garbage_shards.unreferenced_on_mount`)."""
+    cutoff, recent = refs.cutoff(grace_s)
+    return [
+        Verdict(
+            Folder(c.key, c.kind, c.uri, c.bytes, c.files),
+            c.why,
+            f"last {recent}, {_age(c.written)} ago" if c.written >= cutoff else None,
+        )
+        for mount in sorted(refs.warm_mounts)
+        for c in unreferenced_on_mount(mount, refs.names_path, cutoff)
+    ]
 
 
 def delete_unreferenced(
@@ -258,18 +301,22 @@ def delete_unreferenced(
 ) -> tuple[list[Verdict], list[Folder]]:
     """Judge afresh and remove what is collectable: a run that started, or a write made, since a dry
     run is seen. Returns the verdicts and the folders deleted."""
-    verdicts = find_unreferenced(instance, lake, assets, grace_s, jobs_root)
-    roots = [normalize(root) for root in (lake, jobs_root) if root is not None]
+    refs, verdicts = _find(instance, lake, assets, grace_s, jobs_root)
+    roots = [normalize(root) for root in (lake, jobs_root, *sorted(refs.warm_mounts)) if root is not None]
     deleted = []
-    for verdict in verdicts:  # runs first, then the folders above them
+    for verdict in verdicts:  # runs first, then the folders above them; warm sets before their shards
         folder = verdict.folder
         if verdict.kept_because is not None:
             continue
         if not any(normalize(folder.uri).startswith(root + "/") for root in roots):
             raise ValueError(
-                f"refusing to delete {folder.uri}: it is not inside the lake {lake} or the jobs folder {jobs_root}"
+                f"refusing to delete {folder.uri}: it is not inside the lake {lake}, the jobs folder {jobs_root} "
+                f"or a warm mount fsx_warm_state recorded ({', '.join(sorted(refs.warm_mounts)) or 'none'})"
             )
-        delete_prefix(folder.uri)
+        for path in reversed(folder.files):  # a shard's verdict goes before the shard
+            delete_file(path)
+        if not folder.files:
+            delete_prefix(folder.uri)
         deleted.append(folder)
     return verdicts, deleted
 

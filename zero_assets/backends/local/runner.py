@@ -36,7 +36,7 @@ from training_code.lib.storage import (
 from zero_assets.backends.job_cost import local_cost
 from zero_assets.backends.job_runner import JobRunner, WarmedShards
 from zero_assets.backends.local.process import end_process_group, job_environment, run_with_pipes, start_job_process
-from zero_assets.backends.local.warm_state import warm_training_set
+from zero_assets.backends.local.warm_state import SETS, set_channel, set_folder, warm_shard_set
 from zero_assets.core.fingerprints import UpstreamOutput
 from zero_assets.core.job_request import RUNS_FOLDER, JobRequest, materialization_folder
 from zero_assets.core.settings import REPO_ROOT, ZeroSettings
@@ -137,25 +137,21 @@ class LocalJobRunner(JobRunner):
         )
 
     def warm_location(self, shards: UpstreamOutput) -> str:
-        """`<warm mount>/<data version[:16]>`: one folder per training set in the folder standing in for FSx."""
-        return str(self.settings.warm_mount() / shards.data_version[:16])
+        """`<warm mount>/sets/<data version[:16]>`: the shard set's folder in the folder standing in for FSx."""
+        return str(set_folder(self.settings.warm_mount(), shards.data_version))
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> WarmedShards:
-        """Copy the training set's shards (one shard set per chosen source) into the folder standing in
-        for the FSx mount, each verified there."""
-        target = Path(self.warm_location(shards))
-        warmed = warm_training_set(shards.uri, target.parent, key=target.name)
-        context.log.info(f"{warmed.copied} shards copied, {warmed.already_warm} already warm under {warmed.path}")
-        return WarmedShards(
-            location=str(warmed.path),
-            rows=warmed.rows,
-            bytes=warmed.bytes,  # the warm shards, the excluded rows and the manifest
-            shards=warmed.shards,
-            copied=warmed.copied,
-            already_warm=warmed.already_warm,
-            paths={"mount": str(target.parent)},
-            details={"verified": "size, sha256 and row count of every shard", "backend": "local"},
-        )
+        """Make the arrow_shards shard set warm in the folder standing in for the FSx mount: only the shards
+        not warm and verified there yet are copied or read (see `warm_state`)."""
+        mount = self.settings.warm_mount()
+        warmed = warm_shard_set(shards.uri, mount, key=Path(self.warm_location(shards)).name)
+        context.log.info(f"{warmed.summary()} under {mount}")
+        return warmed.as_warmed_shards(mount)
+
+    def warm_set_channel(self, uri: str) -> tuple[Path, str] | None:
+        """(the mount, the set's folder in it) when `uri` is a set warm on this runner's mount (see
+        `warm_state.set_channel`), else None; the mount setting is read only for a `sets/<key>` path."""
+        return set_channel(uri, self.settings.warm_mount()) if Path(uri).parent.name == SETS else None
 
     def _lay_out(self, opt_ml: Path, request: JobRequest, parts: dict[str, list[str]]) -> dict[str, Path]:
         """Create the `/opt/ml` layout afresh in this run's folder (an earlier attempt of the same run may
@@ -171,6 +167,8 @@ class LocalJobRunner(JobRunner):
             inputs = {name: opt_ml / "processing" / "input" / name for name in request.inputs}
             outputs = {name: opt_ml / "processing" / "output" / name for name in request.outputs}
         for name, uri in request.inputs.items():
+            if (warm := self.warm_set_channel(uri)) is not None:  # the mount, told the set (`_command`)
+                uri = str(warm[0])
             folder = request.input_folders.get(name)
             target = inputs[name] / folder if folder else inputs[name]
             inputs[name].parent.mkdir(parents=True, exist_ok=True)
@@ -236,9 +234,25 @@ class LocalJobRunner(JobRunner):
                 "--standalone",
                 f"--nproc_per_node={request.processes_per_host}",
             ]
-            return [*launcher, "-m", request.module, *request.argument_list()]
+            return [*launcher, "-m", request.module, *request.argument_list(), *self._warm_set_arguments(request)]
         io_arguments = [token for name, path in paths.items() for token in (f"--{name}", str(path))]
-        return [self.python, "-m", request.module, *io_arguments, *request.argument_list()]
+        return [
+            self.python,
+            "-m",
+            request.module,
+            *io_arguments,
+            *request.argument_list(),
+            *self._warm_set_arguments(request),
+        ]
+
+    def _warm_set_arguments(self, request: JobRequest) -> list[str]:
+        """`--training-set sets/<key>` for the job reading a warm set (see `warm_set_channel`)."""
+        found = {name: warm[1] for name, uri in request.inputs.items() if (warm := self.warm_set_channel(uri))}
+        if len(found) > 1:
+            raise ValueError(
+                f"{request.asset} has {len(found)} warm shard-set inputs ({sorted(found)}); a job reads one"
+            )
+        return [argument for folder in found.values() for argument in ("--training-set", folder)]
 
 
 def sharded_part(keys: list[str], host_index: int, hosts: int) -> list[str]:

@@ -1,12 +1,19 @@
-"""Make a training set's shard sets warm on the file system the trainer reads, and prove every shard is complete.
+"""Make an `arrow_shards` shard set warm in the folder standing in for FSx, copying only what is not there.
 
-Locally the "FSx mount" is a folder. A shard already there and intact (size, sha256, row count against
-the manifest) is not copied again. Any other is fetched to a temporary name, verified there, and only
-then renamed into place: a damaged copy on the mount is removed before the fetch, and a fetch that
-fails or brings damaged bytes leaves nothing under the shard's name. Before the mount changes, the
-training-set manifest a previous warm left there is withdrawn; the excluded rows (checked against the
-manifest's sha256) and the manifest are written last, so a trainer that finds the manifest finds every
-shard whole.
+The mount's layout:
+  <mount>/shards/<name>                  every warm shard, flat: names are content-addressed
+                                         (`<split>-<sha256[:16]>.arrow`), so one name is one content
+  <mount>/shards/.verified/<name>.json   the shard's recorded verdict (training_code/lib/warm_verdicts)
+  <mount>/sets/<key>/                    one shard set (`key`: the arrow_shards data version[:16]): its
+                                         manifest, each shard's `path` rewritten to `../../shards/<name>`,
+                                         and the files it lists (`masked.parquet`, ...), the manifest last
+
+A shard whose recorded verdict holds (the file unchanged since it was verified) is neither read nor
+copied. One present without a holding verdict is verified in place (size, sha256, rows) and its verdict
+recorded. Any other is fetched to a temporary name, verified there and only then renamed into place, so
+a fetch that fails or brings damaged bytes leaves nothing under the shard's name. Before the mount
+changes, the set's manifest a previous warm left there is withdrawn; the manifest is written last, so a
+trainer that finds it finds every shard it lists whole.
 """
 
 from __future__ import annotations
@@ -14,70 +21,201 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from training_code.lib import training_set as ts
-from training_code.lib.shard_format import ShardIntegrityError, verify_shard, verify_shard_file
-from training_code.lib.storage import fetch_file, join, read_bytes, write_bytes_atomic
-from training_code.lib.verified_read import read_verified
+from training_code.lib import relative_paths, warm_verdicts
+from training_code.lib.hashing import sha256_bytes
+from training_code.lib.shard_format import FORMAT, MANIFEST, MASKED, SHARDS, ShardIntegrityError, verify_shard_file
+from training_code.lib.storage import fetch_file, is_s3, join, read_bytes, write_bytes_atomic
+from zero_assets.backends.job_runner import WarmedShards
+
+SETS = "sets"  # beside SHARDS, the mount's flat folder of every warm shard
+# What a warm set holds beside its manifest: what the trainer reads. (`rows.parquet` is for planning the
+# next set; the `load_from_disk` files of the Hugging Face view name the shards where the lake keeps them.)
+SET_FILES = (MASKED,)
 
 
 @dataclass
 class WarmResult:
-    path: Path
+    path: Path  # the set's folder: what training reads
     shards: int
     rows: int
-    bytes: int  # every file warmed: the shards, the excluded rows and the manifest
-    copied: int
-    already_warm: int
+    bytes: int  # what the trainer reads there: every shard, the files beside the manifest and the manifest
+    copied: int  # shards fetched from the lake this time
+    copied_bytes: int
+    already_warm: int  # shards found on the mount intact and left as they were
+    verified: int  # shards whose bytes were read to verify them this time (every copy, and those checked in place)
+    verified_bytes: int
+    reused_verdicts: int  # shards trusted by a verdict recorded while their file was unchanged: not read at all
+
+    def summary(self) -> str:
+        return (
+            f"{self.copied} shards copied ({self.copied_bytes:,} bytes), {self.already_warm} already warm "
+            f"({self.reused_verdicts} on their recorded verdict, not read), {self.verified} verified "
+            f"({self.verified_bytes:,} bytes read)"
+        )
+
+    def as_warmed_shards(self, mount: Path) -> WarmedShards:
+        """What the runner returns of it: plain values, the mount among its paths (gc reads it there)."""
+        return WarmedShards(
+            location=str(self.path),
+            rows=self.rows,
+            bytes=self.bytes,  # the warm shards, the masked rows and the manifest
+            shards=self.shards,
+            copied=self.copied,
+            already_warm=self.already_warm,
+            copied_bytes=self.copied_bytes,
+            verified=self.verified,
+            verified_bytes=self.verified_bytes,
+            reused_verdicts=self.reused_verdicts,
+            paths={"warm_mount": str(mount)},
+            details={
+                "verified_by": "size, sha256 and row count of every shard copied or without a holding verdict",
+                "backend": "local",
+            },
+        )
 
 
-def warm_training_set(training_set_uri: str, mount: Path, key: str) -> WarmResult:
-    """Warm every source's shard set of a training set under `mount/key/<source>/`, each shard
-    verified there; the excluded rows and the training-set manifest are written last, so a trainer
-    that finds the manifest finds every listed shard whole. Raises `ShardIntegrityError` naming the
-    lake's shard when its bytes do not match the manifest (nothing of it is left on the mount)."""
-    manifest_bytes = read_bytes(join(training_set_uri, ts.MANIFEST))
+def set_folder(mount: Path, data_version: str) -> Path:
+    """`<mount>/sets/<data version[:16]>`: where the shard set of that arrow_shards data version is warm."""
+    return mount / SETS / data_version[:16]
+
+
+def set_channel(uri: str, mount: Path) -> tuple[Path, str] | None:
+    """(the mount, `sets/<key>`) when `uri` is a set's folder on `mount`, else None. A job reads such a
+    set as SageMaker's read their channel: the channel is the mount and `--training-set` names the
+    set's folder in it, so the set's `../../shards/<name>` paths stay inside the channel."""
+    if "://" in uri:
+        return None
+    folder, root = Path(uri).resolve(), mount.resolve()
+    return (root, f"{SETS}/{folder.name}") if folder.parent == root / SETS else None
+
+
+def warm_shard_set(shards_uri: str, mount: Path, key: str) -> WarmResult:
+    """Warm the shard set whose manifest is at `shards_uri` into `mount/sets/key`, only the shards not
+    warm and verified yet copied or read. Raises `ShardIntegrityError` naming the lake's shard when its
+    bytes do not match the manifest (nothing of it is left on the mount)."""
+    manifest_bytes = read_bytes(join(shards_uri, MANIFEST))
     manifest = json.loads(manifest_bytes)
-    excluded = read_verified(join(training_set_uri, ts.EXCLUDED))
-    target = mount / key
-    shards = rows = total = copied = already_warm = 0
-    for source in manifest["sources"]:
-        folder = target / source["folder"]
-        folder.mkdir(parents=True, exist_ok=True)
-        for entry in source["shards"]:
-            try:
-                verify_shard(folder, entry)
-                already_warm += 1
-            except ShardIntegrityError:  # missing or damaged on the mount: nothing may vouch for it, then copy it
-                (target / ts.MANIFEST).unlink(missing_ok=True)
-                (folder / entry["file"]).unlink(missing_ok=True)
-                fetch_verified(source, entry, folder)
-                copied += 1
-            shards += 1
-            rows += entry["rows"]
-            total += entry["bytes"]
-    write_bytes_atomic(target / ts.EXCLUDED, excluded)
-    write_bytes_atomic(target / ts.MANIFEST, manifest_bytes)
-    return WarmResult(target, shards, rows, total + len(excluded) + len(manifest_bytes), copied, already_warm)
+    if manifest.get("format") != FORMAT:
+        raise ValueError(
+            f"{join(shards_uri, MANIFEST)}: format {manifest.get('format')!r}, the warm step reads {FORMAT!r}; "
+            "rematerialize arrow_shards"
+        )
+    names = mount_names(manifest["shards"], join(shards_uri, MANIFEST))
+    listed = manifest.get("files", {})
+    files = {name: verified_file(shards_uri, name, listed[name]) for name in listed if name in SET_FILES}
+    target, warm = mount / SETS / key, mount / SHARDS
+    warm.mkdir(parents=True, exist_ok=True)
+    result = WarmResult(target, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    for entry, name in zip(manifest["shards"], names):
+        warm_shard(shard_source(shards_uri, entry["path"]), entry, warm / name, target / MANIFEST, result)
+        result.shards += 1
+        result.rows += entry["rows"]
+        result.bytes += entry["bytes"]
+    for name, data in files.items():
+        write_bytes_atomic(target / name, data)
+        result.bytes += len(data)
+    rewritten = {
+        **manifest,
+        "shards": [{**entry, "path": f"../../{SHARDS}/{name}"} for entry, name in zip(manifest["shards"], names)],
+        "files": {name: listed[name] for name in files},  # what the set's folder holds beside the manifest
+    }
+    data = json.dumps(rewritten, indent=1, sort_keys=True).encode()
+    write_bytes_atomic(target / MANIFEST, data)
+    result.bytes += len(data)
+    return result
 
 
-def fetch_verified(source: dict[str, Any], entry: dict[str, Any], folder: Path) -> None:
-    """Fetch one shard of `source` to a temporary name in `folder`, verify it against its manifest
-    entry, then rename it into place; on any failure the temporary copy is removed."""
-    uri = join(source["shards_uri"], entry["file"])
-    fetched = folder / f".{entry['file']}.{secrets.token_hex(8)}.tmp"
+def warm_shard(source: str, entry: dict[str, Any], dest: Path, set_manifest: Path, result: WarmResult) -> None:
+    """One shard of the set: reused on its verdict, verified in place, or fetched (see the module docstring)."""
+    if warm_verdicts.verdict_holds(dest, entry):
+        warm_verdicts.note_reuse(dest)
+        result.reused_verdicts += 1
+        result.already_warm += 1
+        return
+    if dest.is_file():
+        try:
+            warm_verdicts.verify_and_record(dest, entry)
+            result.verified += 1
+            result.verified_bytes += entry["bytes"]
+            result.already_warm += 1
+            return
+        except ShardIntegrityError:  # damaged on the mount: fetched again below
+            result.verified_bytes += entry["bytes"]
+    set_manifest.unlink(missing_ok=True)  # the mount changes: nothing may vouch for this set meanwhile
+    warm_verdicts.forget_verdict(dest)
+    dest.unlink(missing_ok=True)
+    fetch_verified(source, entry, dest)
+    result.copied += 1
+    result.copied_bytes += entry["bytes"]
+    result.verified += 1
+    result.verified_bytes += entry["bytes"]
+
+
+def fetch_verified(source: str, entry: dict[str, Any], dest: Path) -> None:
+    """Fetch the shard at `source` to a temporary name beside `dest`, verify it against its manifest
+    entry, rename it into place and record its verdict; on any failure the temporary copy is removed."""
+    fetched = dest.parent / f".{dest.name}.{secrets.token_hex(8)}.tmp"
     try:
-        fetch_file(uri, fetched)
+        fetch_file(source, fetched)
         verify_shard_file(fetched, entry)
-        fetched.replace(folder / entry["file"])
+        fetched.replace(dest)
+        warm_verdicts.record_verdict(dest, entry)  # the bytes verified are this inode's: no second read
     except ShardIntegrityError as error:
         raise ShardIntegrityError(
-            f"{uri}, shard {entry['file']} of source {source['source']} in the lake, does not match its manifest "
-            f"({error}); nothing of it was left on the mount under {folder}. The shard set is damaged where it was "
-            f"built: delete {source['shards_uri']} and rematerialize arrow_shards for {source['source']} (a miss "
-            "that rebuilds it), then training_set and fsx_warm_state"
+            f"{source}, shard {entry['path']} in the lake, does not match its manifest ({error}); nothing of it was "
+            f"left on the mount under {dest.parent}. The shard set is damaged where it was built: delete the "
+            "arrow_shards folder holding it and rematerialize arrow_shards (a miss that rebuilds it), then "
+            "fsx_warm_state"
         ) from error
     finally:
         fetched.unlink(missing_ok=True)
+
+
+def mount_names(entries: list[dict[str, Any]], where: str) -> list[str]:
+    """Each shard's name in the mount's flat folder: its file name, which must carry its content
+    (`-<sha256[:16]>.arrow`) and be unique in the set, else two contents could share one name."""
+    names = []
+    for entry in entries:
+        name = PurePosixPath(entry["path"]).name
+        if not name.endswith(f"-{entry['sha256'][:16]}.arrow"):
+            raise ValueError(
+                f"{where}: shard {entry['path']!r} is not named by its content (`<split>-<sha256[:16]>.arrow`, "
+                f"sha256 {entry['sha256']}); the flat warm folder needs content-addressed names: rematerialize "
+                "arrow_shards"
+            )
+        names.append(name)
+    if len(set(names)) != len(names):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise ValueError(f"{where}: shards {twice} are listed more than once; rematerialize arrow_shards")
+    return names
+
+
+def shard_source(shards_uri: str, path: str) -> str:
+    """Where in the lake the shard listed as `path` is: relative to the manifest's folder, in it
+    (`shards/<name>`) or in a sibling folder of the same asset (`../<fp16>/shards/<name>`). A path that
+    leaves the asset's folder (or is absolute, or has `.` or empty segments) is refused."""
+    folder = shards_uri.rstrip("/")
+    asset_folder = folder.rpartition("/")[0] if is_s3(folder) else str(Path(folder).parent)
+    try:
+        return relative_paths.resolve(folder, path, root=asset_folder)
+    except ValueError as error:
+        raise ValueError(
+            f"{join(shards_uri, MANIFEST)}: shard path {path!r} leaves the arrow_shards folder ({error}); "
+            "rematerialize arrow_shards"
+        ) from error
+
+
+def verified_file(shards_uri: str, name: str, facts: dict[str, Any]) -> bytes:
+    """A file the manifest lists beside the shards (the masked rows, ...), checked against its bytes and sha256."""
+    uri = join(shards_uri, name)
+    data = read_bytes(uri)
+    if len(data) != facts["bytes"] or sha256_bytes(data) != facts["sha256"]:
+        raise ShardIntegrityError(
+            f"{uri}: {len(data)} bytes, sha256 {sha256_bytes(data)}; {join(shards_uri, MANIFEST)} says "
+            f"{facts['bytes']} and {facts['sha256']}. It changed after arrow_shards wrote it: rematerialize "
+            "arrow_shards"
+        )
+    return data

@@ -1,4 +1,5 @@
-"""`fsx_warm_state`: the shards on the file system the trainer reads, every one verified there."""
+"""`fsx_warm_state`: the shard set on the file system the trainer reads, every shard verified there;
+only the shards not warm and verified yet are copied and read."""
 
 from typing import Any
 
@@ -7,15 +8,17 @@ from dagster import AssetExecutionContext, DataVersion, MaterializeResult, Metad
 from zero_assets.backends.job_runner import JobRunner, WarmedShards
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version, current_code_version
 from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs.assets.arrow_shards import arrow_shards
 from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
-from zero_assets.defs.assets.training_set import training_set
 from zero_assets.defs.automation import EAGER
 from zero_assets.launch.metadata import upstream_metadata
 from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import upstream_output
 
-# The code that warms and verifies, on either backend: the local copy and verify; on SageMaker the
-# training set's channel layout, the FSx link and import or the check on S3, and the warm job script.
+# The code that warms and verifies, on either backend: the local copy and verify (with the recorded
+# verdicts it imports); on SageMaker the shard set's channel layout, the FSx link and import or the check
+# on S3, and the warm job script. The code version follows each module's imports, so a module they use
+# (training_code/lib/warm_verdicts, shard_format) is covered without being listed.
 # Dagster reads the declared code version once, whichever backend the resources then choose, so it
 # covers both: an edit to any of these is a new code version, in the UI and the cache alike.
 WARM_CODE = (
@@ -28,21 +31,24 @@ WARM_CODE = (
 
 @asset(
     code_version=code_version(*WARM_CODE),
-    deps=[training_set],
+    deps=[arrow_shards],
     automation_condition=EAGER,
     group_name="zero",
     kinds={"filesystem"},
     retry_policy=JOB_RETRY_POLICY,
 )
 def fsx_warm_state(context: AssetExecutionContext, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
-    """The training set's shards where the trainer reads them (a folder locally; FSx for Lustre or S3 on
-    SageMaker), verified complete, with the training-set manifest written last.
+    """The arrow_shards shard set where the trainer reads it (a folder locally; FSx for Lustre or S3 on
+    SageMaker), every shard verified complete, the manifest written last. Incremental by content: a
+    shard already warm with a holding verdict is neither copied nor read again (see the README, "Warm
+    state").
 
-    Its data version is the training set's: warming the same bytes again does not make training stale.
-    `dagster/row_count` is the rows of the warm shards; `dagster/size_bytes` the bytes the trainer
-    reads there (every shard, the training-set manifest and its excluded rows), as the backend counted them.
+    Its data version is the arrow_shards data version: warming the same set again does not make
+    training stale. `dagster/row_count` is the rows of the warm shards; `dagster/size_bytes` the bytes
+    the trainer reads there (every shard, the manifest and the masked rows), as the backend counted them;
+    `copied`, `already_warm`, `verified`, `reused_verdicts` (and their bytes) what this warm did.
     """
-    shards = upstream_output(context, "training_set")
+    shards = upstream_output(context, "arrow_shards")
     # As a launch does: the code as it is now (the warm job is packaged from the files when it runs).
     code = current_code_version(*WARM_CODE)
     inputs = FingerprintInputs(code, {"backend": type(jobs).__name__}, {shards.asset: shards.data_version})
@@ -57,20 +63,22 @@ def fsx_warm_state(context: AssetExecutionContext, settings: ZeroSettings, jobs:
     )
 
 
+# What a backend counted of its warm, reported as they are where it counted them.
+WARM_COUNTS = ("copied", "copied_bytes", "already_warm", "verified", "verified_bytes", "reused_verdicts")
+
+
 def warm_materialization(warmed: WarmedShards, shards: UpstreamOutput) -> MaterializeResult:
-    """The backend's plain result as the asset's metadata; the data version is the training set's, so
+    """The backend's plain result as the asset's metadata; the data version is the shard set's, so
     warming identical bytes again must not make training stale."""
-    copies: dict[str, Any] = (
-        {"copied": warmed.copied, "already_warm": warmed.already_warm} if warmed.copied is not None else {}
-    )
+    counts: dict[str, Any] = {name: value for name in WARM_COUNTS if (value := getattr(warmed, name)) is not None}
     return MaterializeResult(
         metadata={
             **{name: MetadataValue.path(where) for name, where in warmed.paths.items()},
             "dagster/row_count": warmed.rows,
             "dagster/size_bytes": warmed.bytes,
             "shards": warmed.shards,
-            **copies,
             **warmed.details,
+            **counts,  # after the details: a backend's own report may say "verified" in words
             "upstream": upstream_metadata([shards]),
         },
         data_version=DataVersion(shards.data_version),
