@@ -85,26 +85,26 @@ def _check_lineage(instance, meta, sources, planted):
 
     checkpoint_uri = meta["trained_checkpoint"]["dagster/uri"]
     found = checkpoint_lineage(instance, find_checkpoint(instance, checkpoint_uri))
+    # The graph's order: checkpoint -> warm set -> shard set -> selection -> each source's validated set.
+    assert found.warm.uri == meta["fsx_warm_state"]["dagster/uri"]
+    assert found.shard_set.uri == meta["arrow_shards"]["dagster/uri"]
     assert found.training_set.uri == meta["training_set"]["dagster/uri"]
-    assert {s: m.uri for s, m in found.shard_sets.items()} == {
-        s: m["arrow_shards"]["dagster/uri"] for s, m in sources.items()
-    }
     assert {s: m.uri for s, m in found.validated_sets.items()} == {
         s: m["validated_images"]["dagster/uri"] for s, m in sources.items()
     }
     duplicate = planted["duplicate_across_sources"]
-    validated = pd.read_parquet(
-        f"{sources[duplicate.partition('/')[0]]['validated_images']['dagster/uri']}/accepted.parquet"
+    assert (
+        len(found.train_images) == meta["arrow_shards"]["train_rows"] == meta["trained_checkpoint"]["dagster/row_count"]
     )
-    in_train = int(
-        (validated.set_index("key")["split"][duplicate]) == "train"
-    )  # the excluded copy, when its group trains
-    assert len(found.train_images) == sum(m["arrow_shards"]["train_rows"] for m in sources.values()) - in_train
     assert duplicate not in set(found.train_images["key"])
     assert [r.uri for r in found.reports] == [meta["map_report"]["dagster/uri"]]
+    lines = found.lines()
+    assert lines[2].startswith(f"shard set    {found.shard_set.uri}  ({meta['arrow_shards']['shards']} shards")
 
     trained_key = found.train_images["key"].iloc[0]
-    assert image_fate(instance, trained_key)["checkpoints"] == [checkpoint_uri]
+    fate = image_fate(instance, trained_key)
+    assert (fate["status"], fate["checkpoints"], fate["masked"]) == ("selected", [checkpoint_uri], False), fate
+    assert [held["shard_set"] for held in fate["shards"]] == [found.shard_set.uri]
     truncated = image_fate(instance, planted["truncated_jpeg"])
     assert (
         truncated["status"] == "quarantined" and truncated["reason"] == "truncated" and truncated["checkpoints"] == []

@@ -137,18 +137,7 @@ def _lineage(args: argparse.Namespace) -> int:
             print(json.dumps(image_fate(instance, args.image), indent=1, default=str))
             return 0
         found = checkpoint_lineage(instance, find_checkpoint(instance, args.checkpoint or LATEST))
-    print(f"checkpoint   {found.checkpoint.uri}  (run {found.checkpoint.run_id})")
-    print(f"warm shards  {found.warm.uri}" + (f"  (S3 side {found.warm_s3_uri})" if found.warm_s3_uri else ""))
-    print(f"training set {found.training_set.uri}")
-    for source, shards in sorted(found.shard_sets.items()):
-        print(f"shard set    {source}: {shards.uri}")
-        print(f"validated    {source}: {found.validated_sets[source].uri}")
-    for report in found.reports:
-        scores = f"mAP={_plain(report.metadata.get('mAP'))} mAP@0.5={_plain(report.metadata.get('mAP_50'))}"
-        print(f"scored by    {report.uri}  {scores}")
-    print(f"trained on   {len(found.train_images)} images (source, key, sha256):")
-    for row in found.train_images.itertuples(index=False):
-        print(f"  {row.source}\t{row.key}\t{row.sha256}")
+    print("\n".join(found.lines()))  # the graph's order, from the checkpoint back to the validated sets
     return 0
 
 

@@ -2,160 +2,82 @@
 
 Dagster tags every materialization with the data version and the event (storage id) of each upstream
 asset it read (`dagster/input_data_version/<asset>`, `dagster/input_event_pointer/<asset>`). A
-checkpoint is walked back by those pointers: checkpoint -> fsx_warm_state -> training_set. The
-training set's manifest names each source's shard set and the validated set it was built from; for a
-per-source upstream Dagster points at the asset's newest event of any source, so a source's own
-materialization is the newest of its partition at or before that pointer. Files are read through the
-storage layer, so a lake on S3 (at any endpoint) with warm shards on FSx answers like a local one.
+checkpoint is walked back by those pointers: checkpoint -> fsx_warm_state (the warm set) ->
+arrow_shards (its shards and masked rows) -> training_set (the selection: which images of which
+sources) -> validated_images of each source the selection names. For a per-source upstream Dagster
+points at the asset's newest event of any source, so a source's own materialization is the newest of
+its partition at or before that pointer. The images a checkpoint trained on are the selection's train
+rows (the shard set holds exactly those live, checked against its manifest's counts), so no shard is
+read. Files are read through the storage layer, so a lake on S3 (at any endpoint) with warm shards on
+FSx answers like a local one.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import pandas as pd
 import pyarrow.parquet as pq
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DataProvenance, EventLogRecord
+from dagster import DagsterInstance
 
 from training_code.lib import training_set as ts
+from training_code.lib.shard_format import MANIFEST, MASKED, ROWS
 from training_code.lib.storage import join, read_bytes
-from zero_assets.core.fingerprints import DATA_VERSION_TAG
+from training_code.lib.verified_read import read_verified
+from zero_assets.ops.provenance import Materialization, materializations, source_upstream_of, upstream_of
 
-PAGE = 1000
+__all__ = ["LATEST", "CheckpointLineage", "Materialization", "checkpoint_lineage", "find_checkpoint", "image_fate"]
 LATEST = "latest"  # `zero-assets lineage` with no checkpoint named: the newest one
-
-
-@dataclass(frozen=True)
-class Materialization:
-    asset: str
-    partition: str | None
-    storage_id: int
-    run_id: str
-    metadata: dict[str, Any]
-    tags: dict[str, str]
-
-    @classmethod
-    def of(cls, record: EventLogRecord) -> Materialization:
-        event = record.asset_materialization
-        return cls(
-            event.asset_key.to_user_string(),
-            record.partition_key,
-            record.storage_id,
-            record.run_id,
-            {k: v.value for k, v in event.metadata.items()},
-            dict(event.tags or {}),
-        )
-
-    @property
-    def name(self) -> str:
-        return f"{self.asset}[{self.partition}]" if self.partition else self.asset
-
-    @property
-    def uri(self) -> str:
-        return str(self.metadata.get("dagster/uri", ""))
-
-    @property
-    def data_version(self) -> str | None:
-        return self.tags.get(DATA_VERSION_TAG)
-
-    def _recorded(self, upstream: str) -> tuple[str, int] | None:
-        provenance, key = DataProvenance.from_tags(self.tags), AssetKey(upstream)
-        if provenance is None or not provenance.has_input_asset(key) or provenance.input_storage_ids[key] is None:
-            return None
-        return provenance.input_data_versions[key].value, provenance.input_storage_ids[key]
-
-    def pointer(self, upstream: str) -> int | None:
-        """The storage id of the `upstream` event Dagster recorded this materialization read; None when it
-        recorded none."""
-        recorded = self._recorded(upstream)
-        return recorded[1] if recorded else None
-
-    def read_from(self, upstream: str) -> tuple[str, int]:
-        """The data version and the event storage id of `upstream` that Dagster recorded this materialization read."""
-        recorded = self._recorded(upstream)
-        if recorded is None:
-            raise LookupError(
-                f"materialization {self.storage_id} of {self.name} (run {self.run_id}) has no Dagster provenance for "
-                f"its input {upstream} (tag dagster/input_event_pointer/{upstream}); re-materialize it"
-            )
-        return recorded
-
-
-def materializations(
-    instance: DagsterInstance, asset: str, partition: str | None = None, before_storage_id: int | None = None
-) -> Iterator[Materialization]:
-    """Every materialization of `asset` (of one source's partition when given), newest first."""
-    cursor = None
-    records_filter = AssetRecordsFilter(
-        asset_key=AssetKey(asset),
-        asset_partitions=[partition] if partition else None,
-        before_storage_id=before_storage_id,
-    )
-    while True:
-        page = instance.fetch_materializations(records_filter, limit=PAGE, cursor=cursor)
-        yield from (Materialization.of(record) for record in page.records)
-        if not page.has_more:
-            return
-        cursor = page.cursor
-
-
-def upstream_of(instance: DagsterInstance, found: Materialization, asset: str) -> Materialization:
-    """The materialization of the unpartitioned `asset` that `found` was built from: the event Dagster points at."""
-    version, pointer = found.read_from(asset)
-    records = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=AssetKey(asset), storage_ids=[pointer]), limit=1
-    ).records
-    if not records:
-        raise LookupError(
-            f"{found.name} (run {found.run_id}) was built from {asset} event {pointer}, which this Dagster instance "
-            "no longer holds (wiped?)"
-        )
-    upstream = Materialization.of(records[0])
-    if upstream.data_version != version:
-        raise LookupError(
-            f"{found.name} (run {found.run_id}) read {asset} at data version {version}, but the event it points at "
-            f"({pointer}) has {upstream.data_version}"
-        )
-    return upstream
-
-
-def source_upstream_of(
-    instance: DagsterInstance, found: Materialization, asset: str, source: str, uri: str
-) -> Materialization:
-    """The materialization of `asset` for `source` that `found` was built from, which wrote `uri`.
-
-    Dagster's pointer for a partitioned upstream is that asset's newest event when the step started,
-    of any source; the source's own is then the newest of its partition at or before the pointer."""
-    _, pointer = found.read_from(asset)
-    upstream = next(materializations(instance, asset, source, before_storage_id=pointer + 1), None)
-    if upstream is None or upstream.uri != uri:
-        held = upstream.uri if upstream else "none"
-        raise LookupError(
-            f"{found.name} (run {found.run_id}) names {uri} as {asset} of source {source}, but that source's "
-            f"materialization current at Dagster's pointer {pointer} wrote {held}"
-        )
-    return upstream
 
 
 @dataclass
 class CheckpointLineage:
     checkpoint: Materialization
-    warm: Materialization
-    training_set: Materialization
-    shard_sets: dict[str, Materialization]  # source -> its shard set in the training set
-    validated_sets: dict[str, Materialization]  # source -> the validated set those shards were built from
-    train_images: pd.DataFrame  # source, key, sha256 of every image the training read (excluded rows left out)
+    warm: Materialization  # the warm set training read
+    shard_set: Materialization  # the arrow_shards output warmed
+    training_set: Materialization  # the selection those shards were packed from
+    validated_sets: dict[str, Materialization]  # source -> the validated set the selection took its images from
+    sources: list[dict[str, Any]]  # the selection manifest's per-source counts (accepted, selected, excluded)
+    shards: list[dict[str, Any]]  # the shard set's manifest entries (path, split, rows, masked ...)
+    train_images: pd.DataFrame  # source, key, sha256 of every image the training read
     reports: list[Materialization]
 
     @property
     def warm_s3_uri(self) -> str | None:
         """The S3 side of warm shards on FSx (`fsx://...`): the same bytes, recorded by the warm step."""
         return self.warm.metadata.get("warm_s3_uri")
+
+    def lines(self) -> list[str]:
+        """What `zero-assets lineage` prints, in the graph's order from the checkpoint back."""
+        earlier = sum(not e["path"].startswith("shards/") for e in self.shards)
+        masked = sum(e.get("masked", 0) for e in self.shards)
+        lines = [
+            f"checkpoint   {self.checkpoint.uri}  (run {self.checkpoint.run_id})",
+            f"warm shards  {self.warm.uri}" + (f"  (S3 side {self.warm_s3_uri})" if self.warm_s3_uri else ""),
+            f"shard set    {self.shard_set.uri}  ({len(self.shards)} shards, {earlier} kept from earlier sets; "
+            f"{sum(e['rows'] for e in self.shards) - masked} rows, {masked} masked)",
+            f"training set {self.training_set.uri}  (selected {sum(s['selected'] for s in self.sources)} of "
+            f"{sum(s['accepted'] for s in self.sources)} accepted images of {len(self.sources)} sources)",
+        ]
+        for source in self.sources:
+            lines.append(
+                f"validated    {source['source']}: {self.validated_sets[source['source']].uri}  (selected "
+                f"{source['selected']} of {source['accepted']} accepted, {source['excluded']} excluded)"
+            )
+        for report in self.reports:
+            scores = f"mAP={_plain(report.metadata.get('mAP'))} mAP@0.5={_plain(report.metadata.get('mAP_50'))}"
+            lines.append(f"scored by    {report.uri}  {scores}")
+        lines.append(f"trained on   {len(self.train_images)} images (source, key, sha256):")
+        lines += [f"  {row.source}\t{row.key}\t{row.sha256}" for row in self.train_images.itertuples(index=False)]
+        return lines
+
+
+def _plain(value: object) -> object:
+    return round(value, 4) if isinstance(value, float) else value
 
 
 def find_checkpoint(instance: DagsterInstance, checkpoint_uri_or_run_id: str = LATEST) -> Materialization:
@@ -172,27 +94,45 @@ def find_checkpoint(instance: DagsterInstance, checkpoint_uri_or_run_id: str = L
     )
 
 
-def _trained_from(instance: DagsterInstance, checkpoint: Materialization) -> tuple[Materialization, Materialization]:
-    """The warm shards and the training set a checkpoint was trained from."""
+def _trained_from(
+    instance: DagsterInstance, checkpoint: Materialization
+) -> tuple[Materialization, Materialization, Materialization]:
+    """The warm set, the shard set and the selection a checkpoint was trained from."""
     warm = upstream_of(instance, checkpoint, "fsx_warm_state")
-    return warm, upstream_of(instance, warm, "training_set")
+    shards = upstream_of(instance, warm, "arrow_shards")
+    chosen = upstream_of(instance, shards, "training_set")
+    packed_from = _json(join(shards.uri, MANIFEST)).get("selection", {})
+    if packed_from.get("data_version") != chosen.data_version:
+        raise LookupError(
+            f"{shards.uri}/{MANIFEST} says it packed the selection at data version {packed_from.get('data_version')}, "
+            f"but the training_set materialization Dagster recorded it read ({chosen.uri}) has {chosen.data_version}"
+        )
+    return warm, shards, chosen
 
 
 def checkpoint_lineage(instance: DagsterInstance, checkpoint: Materialization) -> CheckpointLineage:
-    warm, chosen = _trained_from(instance, checkpoint)
-    shard_sets, validated_sets = {}, {}
-    for source in _training_set_manifest(chosen.uri)["sources"]:
+    warm, shards, chosen = _trained_from(instance, checkpoint)
+    sources = _json(join(chosen.uri, ts.MANIFEST))["sources"]
+    validated_sets = {}
+    for source in sources:
         name = source["source"]
-        shards = source_upstream_of(instance, chosen, "arrow_shards", name, source["shards_uri"])
-        if shards.data_version != source["data_version"]:
+        found = source_upstream_of(instance, chosen, "validated_images", name, source["validated_uri"])
+        if found.data_version != source["data_version"]:
             raise LookupError(
-                f"{chosen.uri} lists source {name}'s shards at data version {source['data_version']}, "
-                f"its materialization {shards.storage_id} has {shards.data_version}"
+                f"{chosen.uri} took source {name}'s images at data version {source['data_version']}, "
+                f"its validated_images materialization {found.storage_id} has {found.data_version}"
             )
-        shard_sets[name] = shards
-        validated_sets[name] = source_upstream_of(instance, shards, "validated_images", name, source["validated_uri"])
+        validated_sets[name] = found
     return CheckpointLineage(
-        checkpoint, warm, chosen, shard_sets, validated_sets, _train_images(chosen.uri), _reports(instance, checkpoint)
+        checkpoint,
+        warm,
+        shards,
+        chosen,
+        validated_sets,
+        sources,
+        _json(join(shards.uri, MANIFEST))["shards"],
+        _trained_rows(chosen.uri, shards.uri),
+        _reports(instance, checkpoint),
     )
 
 
@@ -207,49 +147,36 @@ def _reports(instance: DagsterInstance, checkpoint: Materialization) -> list[Mat
     ]
 
 
+@lru_cache(maxsize=64)
+def _json(uri: str) -> dict[str, Any]:
+    return json.loads(read_bytes(uri))
+
+
+@lru_cache(maxsize=64)
+def _table(uri: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    """Some columns of a Parquet table its folder's manifest vouches for, local or on S3."""
+    return pq.read_table(io.BytesIO(read_verified(uri)), columns=list(columns)).to_pandas()
+
+
 @lru_cache(maxsize=32)
-def _training_set_manifest(uri: str) -> dict[str, Any]:
-    return json.loads(read_bytes(join(uri, ts.MANIFEST)))
-
-
-def _parquet(uri: str, columns: list[str] | None = None) -> pd.DataFrame:
-    """A Parquet table (some columns, or all), local or on S3 (the storage layer's endpoint and retries)."""
-    return pq.read_table(io.BytesIO(read_bytes(uri)), columns=columns).to_pandas()
-
-
-@lru_cache(maxsize=32)
-def _excluded(training_set_uri: str) -> pd.DataFrame:
-    return _parquet(join(training_set_uri, ts.EXCLUDED), ["source", "key", "reason"])
-
-
-@lru_cache(maxsize=128)
-def _trained_rows(training_set_uri: str, source: str) -> pd.DataFrame:
-    """One source's images the training read: its shard set holds exactly the train rows of the
-    validated set it was built from (the validated table's key and sha256 columns, so no shard is
-    downloaded; the count is checked against the shard manifest), less the rows the training set excluded."""
-    entry = next(s for s in _training_set_manifest(training_set_uri)["sources"] if s["source"] == source)
-    accepted = _parquet(join(entry["validated_uri"], "accepted.parquet"), ["key", "sha256", "split"])
-    train = accepted[accepted["split"] == "train"]
-    in_shards = sum(shard["rows"] for shard in entry["shards"] if shard["split"] == "train")
-    if len(train) != in_shards:
+def _trained_rows(training_set_uri: str, shards_uri: str) -> pd.DataFrame:
+    """The images a training on this shard set read: the selection's train rows (its shards hold exactly
+    the selected rows live, the rest masked), checked against the shard set's count of live train rows."""
+    selected = _table(join(training_set_uri, ts.SELECTION), ("source", "key", "sha256", "split"))
+    train = selected[selected["split"] == "train"]
+    live = _json(join(shards_uri, MANIFEST))["rows"]["train"]
+    if len(train) != live:
         raise ValueError(
-            f"{entry['validated_uri']}/accepted.parquet has {len(train)} train rows, but the shard set "
-            f"{entry['shards_uri']} lists {in_shards}: it was not built from that validated set"
+            f"{training_set_uri}/{ts.SELECTION} selects {len(train)} train images, but the shard set {shards_uri} "
+            f"holds {live} live train rows: it was not packed from that selection"
         )
-    excluded = _excluded(training_set_uri)
-    left_out = set(excluded.loc[excluded["source"] == source, "key"])
-    kept = train[~train["key"].isin(left_out)]
-    return pd.DataFrame({"source": source, "key": kept["key"].to_numpy(), "sha256": kept["sha256"].to_numpy()})
-
-
-def _train_images(training_set_uri: str) -> pd.DataFrame:
-    frames = [_trained_rows(training_set_uri, s["source"]) for s in _training_set_manifest(training_set_uri)["sources"]]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["source", "key", "sha256"])
+    return train[["source", "key", "sha256"]].reset_index(drop=True)
 
 
 def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
-    """Where one raw image went: its verdict in its source's latest validated set, whether the latest
-    training set left it out, and the checkpoints it reached."""
+    """Where one raw image went, in the graph's order: its verdict in its source's latest validated set;
+    whether the latest training set selected it (or excluded it, and why); the shards of the latest
+    shard set holding it (masked there when no longer selected); the checkpoints that trained on it."""
     source = key.partition("/")[0]
     latest = next(materializations(instance, "validated_images", source), None)
     if latest is None:
@@ -261,25 +188,53 @@ def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
     fate = _verdict(latest.uri, key)
     chosen = next(materializations(instance, "training_set"), None)
     if fate["status"] == "accepted" and chosen is not None:
-        excluded = _excluded(chosen.uri)
-        reason = excluded.loc[(excluded["source"] == source) & (excluded["key"] == key), "reason"]
-        if not reason.empty:
-            fate.update(status="excluded from the training set", reason=reason.iloc[0], training_set=chosen.uri)
+        fate.update(_selected(chosen.uri, source, key))
+    shards = next(materializations(instance, "arrow_shards"), None)
+    fate["shards"] = _held_in(shards.uri, key) if shards is not None else []
+    fate["masked"] = any(held["masked"] for held in fate["shards"])
     fate["checkpoints"] = []
     for checkpoint in materializations(instance, "trained_checkpoint"):
-        # only the images it trained on: not the shard-set, validated-set and report walks of checkpoint_lineage
-        _, trained_on = _trained_from(instance, checkpoint)
-        if (
-            source in {s["source"] for s in _training_set_manifest(trained_on.uri)["sources"]}
-            and (key == _trained_rows(trained_on.uri, source)["key"]).any()
-        ):
+        # only the images it trained on: not the validated-set and report walks of checkpoint_lineage
+        _, trained_shards, trained_on = _trained_from(instance, checkpoint)
+        if (_trained_rows(trained_on.uri, trained_shards.uri)["key"] == key).any():
             fate["checkpoints"].append(checkpoint.uri)
+    fate["trained"] = bool(fate["checkpoints"])
     return fate
+
+
+def _selected(training_set_uri: str, source: str, key: str) -> dict[str, Any]:
+    """What the training set at `training_set_uri` decided for an accepted image."""
+    selected = _table(join(training_set_uri, ts.SELECTION), ("source", "key", "sha256", "split"))
+    if ((selected["source"] == source) & (selected["key"] == key)).any():
+        return {"status": "selected", "training_set": training_set_uri}
+    excluded = _table(join(training_set_uri, ts.EXCLUDED), ("source", "key", "reason"))
+    reason = excluded.loc[(excluded["source"] == source) & (excluded["key"] == key), "reason"]
+    if not reason.empty:
+        return {"status": "excluded from the training set", "reason": reason.iloc[0], "training_set": training_set_uri}
+    chosen = {s["source"] for s in _json(join(training_set_uri, ts.MANIFEST))["sources"]}
+    why = (
+        f"source {source} is not among the training set's sources"
+        if source not in chosen
+        else "the training set was built from an earlier validated set of its source"
+    )
+    return {"status": "accepted, not in the training set", "detail": why, "training_set": training_set_uri}
+
+
+def _held_in(shards_uri: str, key: str) -> list[dict[str, Any]]:
+    """The shards of the shard set at `shards_uri` holding a row of `key` (from its rows table, so no
+    shard is read), each with whether readers skip that row there (masked)."""
+    rows = _table(join(shards_uri, ROWS), ("path", "key"))
+    masked = _table(join(shards_uri, MASKED), ("path", "key"))
+    hidden = set(masked.loc[masked["key"] == key, "path"])
+    return [
+        {"shard_set": shards_uri, "path": path, "masked": path in hidden}
+        for path in sorted(rows.loc[rows["key"] == key, "path"])
+    ]
 
 
 def _verdict(validated_uri: str, key: str) -> dict[str, Any]:
     def rows(table: str) -> pd.DataFrame:
-        frame = _parquet(join(validated_uri, table))
+        frame = pq.read_table(io.BytesIO(read_bytes(join(validated_uri, table)))).to_pandas()
         return frame[frame["key"] == key]
 
     if not (accepted := rows("accepted.parquet")).empty:
