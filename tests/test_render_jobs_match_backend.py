@@ -115,7 +115,8 @@ def test_render_jobs_renders_the_per_source_jobs_the_sagemaker_backend_sends(
 def test_render_jobs_renders_the_training_and_evaluation_jobs_the_sagemaker_backend_sends(
     moto_endpoint, tiny_raw_root, instance, tmp_path, monkeypatch
 ):
-    env = {"ZERO_SM_BUCKET": "zero-render-tail", "ZERO_SM_USE_SPOT": "true"}
+    # ZERO_REHEARSAL_GATE=off: trains on SageMaker without a rehearsal (the gate is test_rehearsal_gate's).
+    env = {"ZERO_SM_BUCKET": "zero-render-tail", "ZERO_SM_USE_SPOT": "true", "ZERO_REHEARSAL_GATE": "off"}
     resources, fake = _backend_from(env, moto_endpoint, tiny_raw_root, instance, tmp_path, monkeypatch)
     run_config = tmp_path / "run_config.json"  # the run config both get: render-jobs renders configs, not defaults only
     run_config.write_text(json.dumps(FAST_TRAINING))

@@ -4,6 +4,7 @@ from dagster import Definitions
 
 from zero_assets.backends.from_env import resources_from_env
 from zero_assets.defs.assets import ALL_ASSETS, SOURCE_SPECS
+from zero_assets.defs.campaign_ready import campaign_readiness_job, campaign_ready
 from zero_assets.defs.checks import ALL_CHECKS, freshness_sensor, limits_from_env
 from zero_assets.defs.executor import run_worker_executor
 from zero_assets.defs.jobs import ALL_JOBS, weekly_full_refresh
@@ -13,8 +14,8 @@ from zero_assets.defs.training_plan_start import training_plan_start_sensor
 
 defs = Definitions(
     assets=[*SOURCE_SPECS, *ALL_ASSETS],
-    asset_checks=ALL_CHECKS,
-    jobs=ALL_JOBS,
+    asset_checks=[*ALL_CHECKS, campaign_ready],
+    jobs=[*ALL_JOBS, campaign_readiness_job],
     sensors=[new_raw_data_sensor, freshness_sensor, *run_cost_sensors, training_plan_start_sensor],
     schedules=[weekly_full_refresh],
     resources={**resources_from_env(), "limits": limits_from_env()},

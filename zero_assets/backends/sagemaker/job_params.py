@@ -13,7 +13,12 @@ from typing import Any, Optional
 from training_code.lib.wandb_run import SECRET_ARN_VARIABLE
 from zero_assets.backends.sagemaker.code_package import CodePackage
 from zero_assets.backends.sagemaker.fsx import is_fsx, parse_fsx_uri, s3_behind_fsx
-from zero_assets.backends.sagemaker.settings import TRAINING_ASSET, TRAINING_PLAN_VARIABLE, SageMakerSettings
+from zero_assets.backends.sagemaker.settings import (
+    REHEARSAL_ASSET,
+    TRAINING_ASSET,
+    TRAINING_PLAN_VARIABLE,
+    SageMakerSettings,
+)
 from zero_assets.backends.sagemaker.training_plan import TrainingPlan, bounded_runtime, plan_name, utc_now
 from zero_assets.backends.sagemaker.training_set_channel import FILE_LIST, split_training_set
 from zero_assets.core.job_request import JobRequest
@@ -165,7 +170,7 @@ def _on_plan_or_warm_pool(
             params["StoppingCondition"]["MaxRuntimeInSeconds"] = bounded_runtime(
                 plan, compute.max_runtime_s, settings.plan_checkpoint_margin_s, now
             )
-    elif settings.warm_pool_keep_alive_s and request.asset == TRAINING_ASSET:
+    elif settings.warm_pool_keep_alive_s and request.asset in (TRAINING_ASSET, REHEARSAL_ASSET):
         if settings.use_spot:
             raise ValueError(
                 "ZERO_SM_WARM_POOL_KEEP_ALIVE_S and ZERO_SM_USE_SPOT are both set: SageMaker keeps no warm pool "

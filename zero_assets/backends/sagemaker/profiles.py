@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from zero_assets.backends.sagemaker.settings import JobCompute
+from zero_assets.backends.sagemaker.settings import DEFAULT_COMPUTE, JobCompute
 from zero_assets.core.settings import zero_env
 
 PROFILES = ("production", "rehearsal")
@@ -21,10 +21,9 @@ REHEARSAL_COMPUTE = {
     ),
     "arrow_shards": JobCompute(instance_type="ml.m5.xlarge", volume_size_gb=50, max_runtime_s=2 * 3600),
     "fsx_warm_state": JobCompute(instance_type="ml.m5.large", volume_size_gb=30, max_runtime_s=3600),
-    "trained_checkpoint": JobCompute(
-        instance_type="ml.g4dn.xlarge", instance_count=2, volume_size_gb=50, max_runtime_s=2 * 3600
-    ),
-    "map_report": JobCompute(instance_type="ml.g4dn.xlarge", volume_size_gb=50, max_runtime_s=3600),
+    # The rehearsal asset's own compute (training_rehearsal), so both rehearsals train on the same instances.
+    "trained_checkpoint": DEFAULT_COMPUTE["training_rehearsal"],
+    "map_report": DEFAULT_COMPUTE["rehearsal_evaluation"],
 }
 
 

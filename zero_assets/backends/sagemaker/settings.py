@@ -14,8 +14,17 @@ from dagster import Config, ConfigurableResource
 
 from zero_assets.core.settings import SAGEMAKER_VARIABLES, env_bindings, zero_env
 
-# Assets whose materialization launches a SageMaker job, in graph order.
-JOB_ASSETS = ("validated_images", "arrow_shards", "fsx_warm_state", "trained_checkpoint", "map_report")
+# Assets whose materialization launches a SageMaker job, in graph order; then the rehearsal's two jobs
+# (training_rehearsal: its training, then its evaluation), whatever the profile.
+JOB_ASSETS = (
+    "validated_images",
+    "arrow_shards",
+    "fsx_warm_state",
+    "trained_checkpoint",
+    "map_report",
+    "training_rehearsal",
+    "rehearsal_evaluation",
+)
 
 
 class JobCompute(Config):
@@ -38,12 +47,19 @@ DEFAULT_COMPUTE = {
         instance_type="ml.p4d.24xlarge", instance_count=2, volume_size_gb=200, max_runtime_s=5 * 24 * 3600
     ),
     "map_report": JobCompute(instance_type="ml.g5.2xlarge", volume_size_gb=100, max_runtime_s=6 * 3600),
+    # Cheap GPUs, two nodes: multi-node start is one of what the rehearsal proves.
+    "training_rehearsal": JobCompute(
+        instance_type="ml.g4dn.xlarge", instance_count=2, volume_size_gb=50, max_runtime_s=2 * 3600
+    ),
+    "rehearsal_evaluation": JobCompute(instance_type="ml.g4dn.xlarge", volume_size_gb=50, max_runtime_s=3600),
 }
 
 
 DEFAULT_PREFIX = "zero"
 # The training that a Training Plan and a warm pool are for (the warm job, also a Training job, uses neither).
 TRAINING_ASSET = "trained_checkpoint"
+# The rehearsal's training: its attempts (a forced stop, then the resume) start on a warm pool when one is kept.
+REHEARSAL_ASSET = "training_rehearsal"
 TRAINING_PLAN_VARIABLE = "ZERO_SM_TRAINING_PLAN_ARN"
 # Whole-second settings: field -> (variable, least value).
 WHOLE_SECONDS = {
@@ -72,6 +88,8 @@ class SageMakerSettings(ConfigurableResource):
     fsx_warm_state: JobCompute = DEFAULT_COMPUTE["fsx_warm_state"]
     trained_checkpoint: JobCompute = DEFAULT_COMPUTE["trained_checkpoint"]
     map_report: JobCompute = DEFAULT_COMPUTE["map_report"]
+    training_rehearsal: JobCompute = DEFAULT_COMPUTE["training_rehearsal"]
+    rehearsal_evaluation: JobCompute = DEFAULT_COMPUTE["rehearsal_evaluation"]
     use_spot: bool = False  # managed spot for Training jobs
     max_wait_s: int = 6 * 24 * 3600  # spot: runtime plus time spent waiting for capacity
     subnets: list[str] = []

@@ -1,8 +1,9 @@
 """`trained_checkpoint`: the detector trained from scratch on the warm shards, run as a Training job."""
 
+from collections.abc import Iterator
 from typing import Literal
 
-from dagster import AssetExecutionContext, Config, MaterializeResult, asset
+from dagster import AssetCheckResult, AssetCheckSpec, AssetExecutionContext, Config, Failure, MaterializeResult, asset
 from pydantic import Field
 
 from zero_assets.backends.job_runner import JobRunner
@@ -12,6 +13,7 @@ from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.fsx_warm_state import fsx_warm_state
 from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.automation import TRAINING
+from zero_assets.defs.rehearsal_gate import REHEARSAL_CHECK, training_gate
 from zero_assets.launch.materialize import launch_job
 from zero_assets.launch.upstream import upstream_output
 
@@ -105,18 +107,34 @@ WANDB_FIELDS = {"wandb_mode", "wandb_project", "wandb_entity", "wandb_group", "w
     group_name="zero",
     kinds={"pytorch"},
     retry_policy=JOB_RETRY_POLICY,
+    check_specs=[
+        AssetCheckSpec(
+            REHEARSAL_CHECK,
+            asset="trained_checkpoint",
+            blocking=True,
+            description="a training_rehearsal of this code version and configuration (less the scale knobs) passed",
+        )
+    ],
 )
 def trained_checkpoint(
     context: AssetExecutionContext, config: TrainConfig, settings: ZeroSettings, jobs: JobRunner
-) -> MaterializeResult:
-    """`model.pt` (weights, model config, categories, step) trained under torchrun on the warm shards."""
+) -> Iterator[MaterializeResult | AssetCheckResult]:
+    """`model.pt` (weights, model config, categories, step) trained under torchrun on the warm shards.
+
+    Not launched where the rehearsal gate is enforced and no rehearsal of this training passed (see
+    `defs/rehearsal_gate.py`): the asset fails naming the missing rehearsal, and so does `rehearsal_passed`."""
     check_job_module(config.module, "trained_checkpoint config field `module`")
     warm = upstream_output(context, "fsx_warm_state")
     hyperparameters = config.hyperparameters()
     tracking = config.tracking(
         FingerprintInputs.of(config.module, hyperparameters, [warm]).fingerprint
     )  # launch_job's fingerprint
-    return launch_job(
+    gate = training_gate(context.instance, jobs, config.module, hyperparameters, tracking)
+    refusal = gate.refusal("trained_checkpoint")
+    if refusal is not None:
+        yield gate.check_result()
+        raise Failure(refusal, allow_retries=False)  # a retry finds no rehearsal either
+    result = launch_job(
         context,
         jobs=jobs,
         settings=settings,
@@ -127,4 +145,7 @@ def trained_checkpoint(
         upstream=[warm],
         inputs={"train": warm.uri},
         processes_per_host=config.processes,
+    )
+    yield MaterializeResult(
+        metadata=result.metadata, data_version=result.data_version, check_results=[gate.check_result()]
     )
