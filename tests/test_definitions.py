@@ -23,7 +23,7 @@ PER_SOURCE = {"raw_data", "raw_image_index", "validated_images", "arrow_shards"}
 
 def test_assets_form_one_lineage_chain_partitioned_by_source_up_to_the_shards():
     graph = defs.resolve_asset_graph()
-    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == set(CHAIN)
+    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == {*CHAIN, "training_rehearsal"}
     for upstream, downstream in zip(CHAIN, CHAIN[1:]):
         assert AssetKey(upstream) in graph.get(AssetKey(downstream)).parent_keys
     for name in CHAIN:
@@ -36,6 +36,13 @@ def test_assets_form_one_lineage_chain_partitioned_by_source_up_to_the_shards():
 def test_map_report_reads_the_warm_shards_and_the_checkpoint():
     parents = defs.resolve_asset_graph().get(AssetKey("map_report")).parent_keys
     assert parents == {AssetKey("trained_checkpoint"), AssetKey("fsx_warm_state")}
+
+
+def test_the_rehearsal_reads_the_warm_shards_and_feeds_nothing():
+    graph = defs.resolve_asset_graph()
+    assert graph.get(AssetKey("training_rehearsal")).parent_keys == {AssetKey("fsx_warm_state")}
+    assert not graph.get(AssetKey("training_rehearsal")).child_keys, "a gate, never an input of training"
+    assert graph.get(AssetKey("training_rehearsal")).pools == {"training"}
 
 
 def test_dagster_cli_validates_the_code_location():
@@ -61,7 +68,9 @@ def test_unknown_backend_is_rejected_with_the_variable_name(monkeypatch):
 
 
 def test_jobs_sensor_schedule_and_checks_are_wired():
-    assert {"zero_whole_graph", "zero_per_source", "zero_training_tail"} <= {j.name for j in defs.jobs}
+    assert {"zero_whole_graph", "zero_per_source", "zero_training_tail", "campaign_readiness"} <= {
+        j.name for j in defs.jobs
+    }
     assert {s.name for s in defs.sensors} == {
         "new_raw_data_sensor",
         "map_report_freshness_sensor",
@@ -72,4 +81,11 @@ def test_jobs_sensor_schedule_and_checks_are_wired():
     }
     assert {s.name for s in defs.schedules} == {"weekly_full_refresh"}
     checks = {k.name for k in defs.resolve_asset_graph().asset_check_keys}
-    assert checks == {"quarantine_rate_under_limit", "shard_manifest_integrity", "map_not_regressed", "freshness_check"}
+    assert checks == {
+        "quarantine_rate_under_limit",
+        "shard_manifest_integrity",
+        "map_not_regressed",
+        "freshness_check",
+        "rehearsal_passed",
+        "campaign_ready",
+    }
