@@ -285,13 +285,16 @@ def test_materialized_outputs_honour_the_umask(built):
     }
 
 
-def _record(instance: DagsterInstance, asset: str, uri: Path, data_version: str, **paths: Path) -> None:
+def _record(
+    instance: DagsterInstance, asset: str, uri: Path, data_version: str, fingerprint: str, **paths: Path
+) -> None:
     """A stored materialization of `asset` naming `uri` (and `paths`), as the asset records one."""
     instance.report_runless_asset_event(
         AssetMaterialization(
             asset,
             metadata={
                 "dagster/uri": MetadataValue.path(str(uri)),
+                "fingerprint": MetadataValue.text(fingerprint),
                 **{k: MetadataValue.path(str(v)) for k, v in paths.items()},
             },
             tags={DATA_VERSION_TAG: data_version},
@@ -329,10 +332,13 @@ def test_gc_keeps_what_kept_shard_sets_list_and_collects_the_rest(tmp_path):
     # e: fresh, not recorded yet (a run may be publishing it), so its set stays with its shards.
     e_uri, _ = output("e", 1, {})
     with DagsterInstance.from_config(str(home)) as instance:
-        _record(instance, "arrow_shards", Path(b_uri), fp["b"] * 4)
+        _record(instance, "arrow_shards", Path(b_uri), fp["b"] * 4, "7" * 64)
         for name, uri in (("b", b_uri), ("c", c_uri), ("e", e_uri)):
             warm_shard_set(uri, mount, fp[name])
-        _record(instance, "fsx_warm_state", mount / "sets" / fp["b"], fp["b"] * 4, warm_mount=mount)
+        _record(instance, "fsx_warm_state", mount / "sets" / fp["b"], fp["b"] * 4, "9" * 64, warm_mount=mount)
+    # The lease folders: the warm state's is named by its input fingerprint, not by where its output is.
+    warm_lease = _write(lake / "_jobs" / "fsx_warm_state" / ("9" * 16) / "lease.json", b"{}").parent
+    stale_lease = _write(lake / "_jobs" / "fsx_warm_state" / ("8" * 16) / "lease.json", b"{}").parent
     leftover = _write(mount / "shards" / f".{Path(d_shards[0]['path']).name}.0123abcd.tmp", b"half a shard")
     orphan_verdict = _write(mount / "shards" / ".verified" / "train-0000000000000000.arrow.json", b"{}")
     earlier_layout = mount / "0123456789abcdef"  # a warm folder of the layout before the flat shards
@@ -357,6 +363,7 @@ def test_gc_keeps_what_kept_shard_sets_list_and_collects_the_rest(tmp_path):
         leftover,
         orphan_verdict,
         earlier_layout,
+        stale_lease,
     }
     report = _gc(home, lake)
     assert _listed(report) == {str(p) for p in collectable}, report
@@ -380,4 +387,5 @@ def test_gc_keeps_what_kept_shard_sets_list_and_collects_the_rest(tmp_path):
     for entry in _listed_shards(b_uri):
         verify_shard_file(Path(b_uri) / entry["path"], entry)
     assert (lake / "arrow_shards" / fp["a"] / "shards" / Path(a_shards[2]["path"]).name).is_file()
+    assert (warm_lease / "lease.json").is_file(), "the lease folder of a recorded warm state stays"
     assert _listed(_gc(home, lake)) == set(), "a second pass finds nothing left to collect"

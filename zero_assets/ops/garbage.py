@@ -11,7 +11,9 @@ What the lake holds, and when each part is referenced (kept):
   materialization, or is still in progress or queued, or a stored materialization's metadata (its
   job log) points inside it.
 - `_jobs/<asset>/<fingerprint16>/` itself (the output's lease and training checkpoints, for a
-  per-source asset too): its output is referenced, or one of its run folders is kept. It goes only with all of its runs.
+  per-source asset too): its output is referenced, a stored materialization of the asset records that
+  fingerprint (the warm state's output is not named by it), or one of its run folders is kept. It goes
+  only with all of its runs.
 - `_jobs/<job name>/` (the layout before per-run folders): named by a stored materialization's job
   name or a path in its metadata, or holding the id of a run in progress.
 - Shard sets (see `garbage_shards`): an arrow_shards output stays while a kept one's manifest lists
@@ -38,6 +40,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from training_code.lib.storage import delete_file, delete_prefix, is_s3, join, list_objects, newest_write
 from zero_assets.core.job_request import RUNS_FOLDER
 from zero_assets.core.settings import JOBS_FOLDER
+from zero_assets.ops.garbage_report import age, report_lines
 from zero_assets.ops.garbage_shards import (
     SHARD_ASSET,
     WARM_ASSET,
@@ -45,6 +48,8 @@ from zero_assets.ops.garbage_shards import (
     kept_for_their_shards,
     unreferenced_on_mount,
 )
+
+__all__ = ["DEFAULT_GRACE_HOURS", "Folder", "Verdict", "delete_unreferenced", "find_unreferenced", "report_lines"]
 
 URI_KEYS = ("dagster/uri", "warm_s3_uri")
 PAGE = 1000  # materializations fetched per query
@@ -93,6 +98,9 @@ class References:
     live_run_ids: set[str]
     oldest_live: tuple[float, str] | None  # (start in epoch seconds, run id) of the oldest run in progress
     warm_mounts: set[str] = field(default_factory=set)  # the local warm mounts fsx_warm_state recorded
+    # asset -> the input fingerprints (first 16) its stored materializations record: an output's lease
+    # folder is named by it, even where the output is not (the warm state's, on the mount)
+    fingerprints: dict[str, set[str]] = field(default_factory=dict)
 
     def all_run_ids(self) -> set[str]:
         return set().union(*self.run_ids.values())
@@ -174,7 +182,7 @@ def _uri(key: str, roots: dict[str, str]) -> str:
 
 
 def references(instance: DagsterInstance) -> References:
-    paths, names, run_ids, mounts = set(), set(), defaultdict(set), set()
+    paths, names, run_ids, mounts, fingerprints = set(), set(), defaultdict(set), set(), defaultdict(set)
     for key in instance.get_asset_keys():
         cursor = None
         while True:
@@ -188,6 +196,8 @@ def references(instance: DagsterInstance) -> References:
                     if key.to_user_string() == WARM_ASSET and name in WARM_MOUNT_KEYS:
                         mounts.add(normalize(value))  # where its sets are, not one: naming it keeps nothing
                         continue
+                    if name == "fingerprint":
+                        fingerprints[key.to_user_string()].add(value[:16])
                     if name in URI_KEYS or value.startswith(("/", "s3://")):  # any path it records: a job log, a mount
                         paths.add(normalize(value))
                     else:
@@ -198,7 +208,8 @@ def references(instance: DagsterInstance) -> References:
     live = instance.get_run_records(filters=RunsFilter(statuses=LIVE_STATUSES))
     starts = [(record.start_time or record.create_timestamp.timestamp(), record.dagster_run.run_id) for record in live]
     live_ids = {run_id for _, run_id in starts}
-    return References(paths, names, run_ids, live_ids, min(starts, default=None), {m for m in mounts if "://" not in m})
+    local_mounts = {m for m in mounts if "://" not in m}
+    return References(paths, names, run_ids, live_ids, min(starts, default=None), local_mounts, fingerprints)
 
 
 def normalize(uri: str) -> str:
@@ -220,7 +231,11 @@ def why_unreferenced(folder: Folder, lake: str, refs: References, kept_runs: set
             return None
         return f"run job folder: its run recorded no stored materialization of {parts[1]} and is not in progress"
     if len(parts) == 3:  # an output's lease and checkpoints
-        if refs.names_output(lake, parts[1], parts[2]) or any(run.startswith(folder.key + "/") for run in kept_runs):
+        if (
+            refs.names_output(lake, parts[1], parts[2])
+            or parts[2] in refs.fingerprints.get(parts[1], set())
+            or any(run.startswith(folder.key + "/") for run in kept_runs)
+        ):
             return None
         return "lease and checkpoints of an output no stored materialization names, no run folder kept"
     name = parts[1]
@@ -270,7 +285,7 @@ def _judge(folders: list[Folder], lake: str, refs: References, grace_s: float, a
     for folder in folders:  # run folders come first: a "jobs" folder above them needs their verdicts
         why = None if folder.key in by_shards else why_unreferenced(folder, lake, refs, kept_runs)
         written = newest_write(folder.uri) if why is not None else None
-        kept = f"last {recent}, {_age(written)} ago" if written is not None and written >= cutoff else None
+        kept = f"last {recent}, {age(written)} ago" if written is not None and written >= cutoff else None
         if folder.kind == "run" and (why is None or kept is not None):
             kept_runs.add(folder.key)
         if why is not None:
@@ -285,7 +300,7 @@ def _judge_warm(refs: References, grace_s: float) -> list[Verdict]:
         Verdict(
             Folder(c.key, c.kind, c.uri, c.bytes, c.files),
             c.why,
-            f"last {recent}, {_age(c.written)} ago" if c.written >= cutoff else None,
+            f"last {recent}, {age(c.written)} ago" if c.written >= cutoff else None,
         )
         for mount in sorted(refs.warm_mounts)
         for c in unreferenced_on_mount(mount, refs.names_path, cutoff)
@@ -319,32 +334,3 @@ def delete_unreferenced(
             delete_prefix(folder.uri)
         deleted.append(folder)
     return verdicts, deleted
-
-
-def _age(epoch_s: float) -> str:
-    seconds = max(0.0, time.time() - epoch_s)
-    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds:.0f} s"
-
-
-def report_lines(verdicts: list[Verdict], deleted: list[Folder] | None) -> list[str]:
-    """The table (path, bytes, why unreferenced), then what stays anyway, then a total."""
-    collectable = [v for v in verdicts if v.kept_because is None]
-    width = max([len(v.folder.uri) for v in collectable] + [4])
-    lines = [f"{'path':<{width}}  {'bytes':>14}  why unreferenced"]
-    lines += [f"{v.folder.uri:<{width}}  {v.folder.bytes:>14,}  {v.why}" for v in collectable]
-    kept = [v for v in verdicts if v.kept_because is not None]
-    if kept:
-        lines.append("")
-        lines += [f"kept: {v.folder.uri} ({v.folder.bytes:,} bytes): {v.why}; {v.kept_because}" for v in kept]
-    total = sum(v.folder.bytes for v in collectable)
-    lines.append("")
-    if deleted is None:
-        lines.append(
-            f"total: {len(collectable)} unreferenced folders, {total:,} bytes "
-            "(dry run: nothing deleted; --delete removes them)"
-        )
-    else:
-        lines.append(
-            f"total: deleted {len(deleted)} unreferenced folders, {sum(f.bytes for f in deleted):,} bytes freed"
-        )
-    return lines

@@ -1,0 +1,38 @@
+"""What `zero-assets gc` prints: the collectable folders (path, bytes, why), what stays anyway, a total."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # garbage imports this module: the types only, for the annotations
+    from zero_assets.ops.garbage import Folder, Verdict
+
+
+def age(epoch_s: float) -> str:
+    seconds = max(0.0, time.time() - epoch_s)
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds:.0f} s"
+
+
+def report_lines(verdicts: list[Verdict], deleted: list[Folder] | None) -> list[str]:
+    """The table (path, bytes, why unreferenced), then what stays anyway, then a total."""
+    collectable = [v for v in verdicts if v.kept_because is None]
+    width = max([len(v.folder.uri) for v in collectable] + [4])
+    lines = [f"{'path':<{width}}  {'bytes':>14}  why unreferenced"]
+    lines += [f"{v.folder.uri:<{width}}  {v.folder.bytes:>14,}  {v.why}" for v in collectable]
+    kept = [v for v in verdicts if v.kept_because is not None]
+    if kept:
+        lines.append("")
+        lines += [f"kept: {v.folder.uri} ({v.folder.bytes:,} bytes): {v.why}; {v.kept_because}" for v in kept]
+    total = sum(v.folder.bytes for v in collectable)
+    lines.append("")
+    if deleted is None:
+        lines.append(
+            f"total: {len(collectable)} unreferenced folders, {total:,} bytes "
+            "(dry run: nothing deleted; --delete removes them)"
+        )
+    else:
+        lines.append(
+            f"total: deleted {len(deleted)} unreferenced folders, {sum(f.bytes for f in deleted):,} bytes freed"
+        )
+    return lines
