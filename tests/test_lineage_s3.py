@@ -1,7 +1,8 @@
 """`zero-assets lineage` on the production layout: raw root and lake on S3 (SeaweedFS on loopback),
-every job on the SageMaker fakes, the training set warmed on FSx for Lustre. The command runs as a
-user runs it, in its own process, with the S3 endpoint and DAGSTER_HOME in its environment, and
-answers from Dagster's provenance of each materialization.
+every job on the SageMaker fakes, the shard set warmed on FSx for Lustre. The command runs as a user
+runs it, in its own process, with the S3 endpoint and DAGSTER_HOME in its environment, and answers
+from Dagster's provenance of each materialization, in the graph's order: checkpoint -> warm set ->
+arrow_shards -> training_set (the selection) -> each source's validated set.
 
 FSx is faked here the way it behaves for these jobs: a data repository association links the lake's
 shard prefix to `/arrow_shards`, and a Training job's `FileSystemDataSource` sees that S3 prefix's files.
@@ -172,52 +173,52 @@ def test_lineage_answers_for_a_checkpoint_and_an_image_on_an_s3_lake_warmed_on_f
         )
         return {k: v.value for k, v in event.asset_materialization.metadata.items()}
 
-    warm, trained, report, chosen = (
+    warm, trained, report, chosen, shards = (
         metadata("fsx_warm_state"),
         metadata("trained_checkpoint"),
         metadata("map_report"),
         metadata("training_set"),
+        metadata("arrow_shards"),
     )
-    assert warm["dagster/uri"].startswith(f"fsx://{FILE_SYSTEM}/{MOUNT}/arrow_shards/_training_sets/"), (
-        "the warm state is on FSx"
-    )
-    assert warm["warm_s3_uri"].startswith(f"{lake}/arrow_shards/_training_sets/")
-    shard_sets = {s: metadata("arrow_shards", s)["dagster/uri"] for s in sources}
+    assert warm["dagster/uri"].startswith(f"fsx://{FILE_SYSTEM}/{MOUNT}/"), "the warm state is on FSx"
+    assert warm["warm_s3_uri"].startswith(f"{lake}/")
     validated = {s: metadata("validated_images", s)["dagster/uri"] for s in sources}
+    selection = json.loads(read_bytes(join(chosen["dagster/uri"], "manifest.json")))
+    shard_manifest = json.loads(read_bytes(join(shards["dagster/uri"], "manifest.json")))
 
-    # The checkpoint: what a user reads, each link the materialization Dagster recorded.
+    # The checkpoint, in the graph's order: each link the materialization Dagster recorded.
     lines = _answered(instance, s3_env, trained["dagster/uri"]).splitlines()
     assert lines[0].startswith(f"checkpoint   {trained['dagster/uri']}") and trained["dagster/uri"].startswith(
         f"{lake}/trained_checkpoint/"
     )
     assert lines[1] == f"warm shards  {warm['dagster/uri']}  (S3 side {warm['warm_s3_uri']})"
-    assert lines[2] == f"training set {chosen['dagster/uri']}"
+    assert lines[2].startswith(f"shard set    {shards['dagster/uri']}  ({len(shard_manifest['shards'])} shards")
+    assert shards["dagster/uri"].startswith(f"{lake}/arrow_shards/")
+    selected = sum(s["selected"] for s in selection["sources"])
+    assert lines[3].startswith(f"training set {chosen['dagster/uri']}  (selected {selected} of ")
     for source in sources:
-        assert f"shard set    {source}: {shard_sets[source]}" in lines and shard_sets[source].startswith(
-            f"{lake}/arrow_shards/{source}/"
-        )
-        assert f"validated    {source}: {validated[source]}" in lines
+        assert any(line.startswith(f"validated    {source}: {validated[source]}  (selected ") for line in lines)
     assert any(line.startswith(f"scored by    {report['dagster/uri']}  mAP=") for line in lines)
     trained_line = next(i for i, line in enumerate(lines) if line.startswith("trained on   "))
     rows = [line.strip().split("\t") for line in lines[trained_line + 1 :]]
-    manifest = json.loads(read_bytes(join(chosen["dagster/uri"], "manifest.json")))
-    train_rows = sum(e["rows"] for s in manifest["sources"] for e in s["shards"] if e["split"] == "train")
     duplicate = tiny_demo["planted"]["duplicate_across_sources"]
     keys = {key for _, key, _ in rows}
     assert duplicate not in keys, "the copy the training set excluded is not listed as trained"
-    assert (
-        len(rows)
-        == train_rows - int(_split_of(validated[duplicate.partition("/")[0]], duplicate) == "train")
-        == trained["dagster/row_count"]
-    )
-    assert {source for source, _, _ in rows} == {
-        s["source"] for s in manifest["sources"] if any(e["split"] == "train" for e in s["shards"])
-    }
+    assert len(rows) == shard_manifest["rows"]["train"] == trained["dagster/row_count"]
+    picked = pd.read_parquet(io.BytesIO(read_bytes(join(chosen["dagster/uri"], "selection.parquet"))))
+    assert keys == set(picked.loc[picked["split"] == "train", "key"]), "the selection's train rows, and only those"
     assert lines[trained_line] == f"trained on   {len(rows)} images (source, key, sha256):"
 
-    # An image: the checkpoint it reached, or why it did not.
+    # An image: selected and trained, quarantined, excluded (why), each with the shards holding it.
     trained_key = rows[0][1]
-    assert json.loads(_answered(instance, s3_env, "--image", trained_key))["checkpoints"] == [trained["dagster/uri"]]
+    fate = json.loads(_answered(instance, s3_env, "--image", trained_key))
+    assert (fate["status"], fate["checkpoints"], fate["trained"], fate["masked"]) == (
+        "selected",
+        [trained["dagster/uri"]],
+        True,
+        False,
+    ), fate
+    assert [held["shard_set"] for held in fate["shards"]] == [shards["dagster/uri"]]
     truncated = json.loads(_answered(instance, s3_env, "--image", tiny_demo["planted"]["truncated_jpeg"]))
     assert (truncated["status"], truncated.get("reason"), truncated["checkpoints"]) == (
         "quarantined",
@@ -226,14 +227,15 @@ def test_lineage_answers_for_a_checkpoint_and_an_image_on_an_s3_lake_warmed_on_f
     ), truncated
     excluded = json.loads(_answered(instance, s3_env, "--image", duplicate))
     assert excluded["status"] == "excluded from the training set" and excluded["checkpoints"] == []
+    assert excluded["reason"].startswith("duplicate of an image kept in source") and excluded["shards"] == []
 
     # Newer materializations than the ones the checkpoint was built from (recorded by hand, as an
     # external tool would): the walk follows Dagster's pointers, not each asset's latest, and a report
     # that records no provenance did not score it.
     for asset, partition in [
         ("validated_images", sources[0]),
-        ("arrow_shards", sources[0]),
         ("training_set", None),
+        ("arrow_shards", None),
         ("fsx_warm_state", None),
         ("map_report", None),
     ]:
@@ -259,9 +261,3 @@ def test_lineage_answers_for_a_checkpoint_and_an_image_on_an_s3_lake_warmed_on_f
     assert refused.returncode != 0 and "no Dagster provenance for its input fsx_warm_state" in refused.stderr, (
         refused.stderr[-2000:]
     )
-
-
-def _split_of(validated_uri: str, key: str) -> str | None:
-    accepted = pd.read_parquet(io.BytesIO(read_bytes(join(validated_uri, "accepted.parquet"))))
-    match = accepted.loc[accepted["key"] == key, "split"]
-    return match.iloc[0] if not match.empty else None
