@@ -19,6 +19,7 @@ from zero_assets.defs.campaign_preflight import failed, preflight
 
 ROLE = "arn:aws:iam::123456789012:role/zero-jobs"
 LAKE = "s3://zero-preflight/zero/lake"
+RAW = "s3://zero-raw-images/cameras"
 FS = "fs-0123456789abcdef0"
 KEY = "good-wandb-key-0123456789abcdef0123456789abcdef"
 
@@ -35,9 +36,11 @@ def s3(moto_endpoint, monkeypatch):
 
 def test_a_denied_permission_is_named_with_its_resource_and_decision():
     aws = fake_settings(bucket="zero-preflight", wandb_secret_arn="arn:aws:secretsmanager:us-east-1:123:secret:wandb")
-    needs = role_needs(aws, LAKE)
+    needs = role_needs(aws, LAKE, RAW)
     assert needs["arn:aws:s3:::zero-preflight/zero/*"] == ("s3:GetObject", "s3:PutObject")
     assert "arn:aws:ecr:us-east-1:763104351884:repository/pytorch-training" in needs
+    assert needs["arn:aws:s3:::zero-raw-images/cameras/*"] == ("s3:GetObject",), "raw data is read, never written"
+    assert "arn:aws:s3:::zero-preflight/zero/lake/*" not in needs, "the lake is inside the bucket's prefix"
     iam = FakeIam(
         denied=[("arn:aws:s3:::zero-preflight/zero/*", "s3:PutObject")],
         allowed=[("*", "*")],
@@ -58,7 +61,7 @@ def test_a_denied_permission_is_named_with_its_resource_and_decision():
 
 
 def test_a_role_that_cannot_be_simulated_or_does_not_exist_is_named():
-    needs = role_needs(fake_settings(bucket="zero-preflight"), LAKE)
+    needs = role_needs(fake_settings(bucket="zero-preflight"), LAKE, RAW)
     finding = role_finding(FakeIam(caller_may_simulate=False), ROLE, needs)
     assert not finding.ok and "needs iam:SimulatePrincipalPolicy on the job role" in finding.detail
     finding = role_finding(FakeIam(), "arn:aws:iam::123456789012:role/gone", needs)

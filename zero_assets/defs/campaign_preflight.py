@@ -36,7 +36,7 @@ def preflight(jobs: JobRunner, settings: ZeroSettings, tracking: dict[str, Any])
         )
 
         clients = make_preflight_clients(aws.region)
-        findings.append(role_finding(clients.iam, aws.role_arn, role_needs(aws, settings.lake_uri)))
+        findings.append(role_finding(clients.iam, aws.role_arn, role_needs(aws, settings.lake_uri, settings.raw_uri)))
         if aws.fsx_enabled():
             findings.append(association_finding(clients.fsx, aws.fsx_file_system_id, settings.lake_uri))
     if tracking.get("wandb_mode") == "online":

@@ -23,7 +23,8 @@ from zero_assets.backends.sagemaker.settings import SageMakerSettings
 ECR_IMAGE = re.compile(
     r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?/(?P<repo>[^:@]+)"
 )
-IMAGE_ACTIONS = ("ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability")
+IMAGE_ACTIONS = ("ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer")
+KMS_ACTIONS = ("kms:Encrypt", "kms:Decrypt", "kms:GenerateDataKey", "kms:CreateGrant")
 VPC_ACTIONS = (
     "ec2:CreateNetworkInterface",
     "ec2:CreateNetworkInterfacePermission",
@@ -51,28 +52,27 @@ def make_preflight_clients(region: str) -> PreflightClients:
     return PreflightClients(client("iam", region=region), client("fsx", region=region))
 
 
-def role_needs(aws: SageMakerSettings, lake_uri: str) -> dict[str, tuple[str, ...]]:
-    """Resource ARN -> the actions the jobs take on it as the job role."""
+def role_needs(aws: SageMakerSettings, lake_uri: str, raw_uri: str) -> dict[str, tuple[str, ...]]:
+    """Resource ARN -> the actions the jobs take on it as the job role (README, "IAM")."""
     partition, account = _arn_part(aws.role_arn, 1), _arn_part(aws.role_arn, 4)
     needs: dict[str, tuple[str, ...]] = {}
-    # The backend's root (code, Pipes, checkpoints, job outputs), and the lake when it lies elsewhere.
-    roots = [aws.s3_root()] + ([lake_uri] if not lake_uri.startswith(aws.s3_root().rstrip("/") + "/") else [])
-    for root in roots:
-        if not root.startswith("s3://"):
-            continue
+    # Read and written: the backend's root (code, Pipes, checkpoints, job outputs) and the lake; read: the raw
+    # root (raw data is never written). Each where it lies outside the root.
+    inside = aws.s3_root().rstrip("/") + "/"
+    roots = {aws.s3_root(): ("s3:GetObject", "s3:PutObject")}
+    for uri, actions in ((lake_uri, ("s3:GetObject", "s3:PutObject")), (raw_uri, ("s3:GetObject",))):
+        if uri.startswith("s3://") and not uri.startswith(inside) and uri not in roots:
+            roots[uri] = actions
+    for root, actions in roots.items():
         bucket, prefix = split_s3(root)
         needs[f"arn:{partition}:s3:::{bucket}"] = ("s3:ListBucket",)
-        needs[f"arn:{partition}:s3:::{bucket}/{prefix.strip('/') + '/' if prefix.strip('/') else ''}*"] = (
-            "s3:GetObject",
-            "s3:PutObject",
-        )
+        needs[f"arn:{partition}:s3:::{bucket}/{prefix.strip('/') + '/' if prefix.strip('/') else ''}*"] = actions
     needs[f"arn:{partition}:logs:{aws.region}:{account}:log-group:/aws/sagemaker/*"] = (
         "logs:CreateLogGroup",
         "logs:CreateLogStream",
         "logs:PutLogEvents",
-        "logs:DescribeLogStreams",
     )
-    needs["*"] = ("ecr:GetAuthorizationToken", "cloudwatch:PutMetricData", *(VPC_ACTIONS if aws.subnets else ()))
+    needs["*"] = ("ecr:GetAuthorizationToken", *(VPC_ACTIONS if aws.subnets else ()))
     for image in dict.fromkeys([aws.training_image_uri, aws.processing_image_uri]):
         found = ECR_IMAGE.match(image)
         if found:
@@ -81,7 +81,7 @@ def role_needs(aws: SageMakerSettings, lake_uri: str) -> dict[str, tuple[str, ..
     if aws.wandb_secret_arn:
         needs[aws.wandb_secret_arn] = ("secretsmanager:GetSecretValue",)
     if aws.kms_key_id:
-        needs[_kms_arn(aws.kms_key_id, partition, aws.region, account)] = ("kms:Decrypt", "kms:GenerateDataKey")
+        needs[_kms_arn(aws.kms_key_id, partition, aws.region, account)] = KMS_ACTIONS
     return needs
 
 
