@@ -103,8 +103,9 @@ def run_rehearsal(
 ) -> MaterializeResult:
     """Run the three jobs, prove each boundary, and write the record: `rehearsal.json`, then `manifest.json`."""
     stopped = forced_stop(context, jobs, planned.stop, planned.stop_after_steps)
-    invocation, launched = jobs.run(context, planned.resume)
-    trained = _plain(invocation.get_materialize_result().metadata)
+    invocation, extra = jobs.run(context, planned.resume)
+    trained = _plain(invocation.get_materialize_result().metadata)  # the script's report and what its client knows
+    launched = {**trained, **_plain(extra)}  # what the runner knows: job name, backend, instances, cost
     proved = {
         "preflight": [finding.line() for finding in preflight],
         "forced_stop": stopped,
@@ -118,8 +119,9 @@ def run_rehearsal(
         },
     }
     context.log.info(f"rehearsal: resumed at step {planned.stop_after_steps} and trained to step {planned.steps}")
-    evaluation, evaluated = jobs.run(context, planned.evaluate)
-    proved["evaluation"] = evaluation_ran(_plain(evaluation.get_materialize_result().metadata), planned)
+    evaluation, extra = jobs.run(context, planned.evaluate)
+    evaluated = {**_plain(evaluation.get_materialize_result().metadata), **_plain(extra)}
+    proved["evaluation"] = evaluation_ran(evaluated, planned)
     record = {
         "format": RECORD_FORMAT,
         REHEARSAL_KEY: planned.key,
