@@ -1,8 +1,9 @@
 """`batch_mix`: how far a training batch's sources are from the training set's, the project's reading order
 over a full random permutation.
 
-A training set of 20 equal sources (lots of 20 images each) is packed by the shard job into shards of
-about 1,000 rows per source, and read through the training-set manifest as the trainer reads it. The
+A training set of 20 equal sources (lots of 20 images each) is packed by the shard job into one shard
+set (shards of about 1,000 rows, the sources interleaved by the packer's order), and read through its
+manifest as the trainer reads it; each row's source is read from its shard. The
 figure is the mean total-variation distance between each batch's source histogram and the whole set's,
 over one epoch in batches of 32: the stream's own order (`ShardDetectionStream.rank_order`, the order
 its `__iter__` decodes in; one rank and one DataLoader worker, the trainer's default, so a batch is 32
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import json
 import random
 import statistics
 import tempfile
@@ -23,10 +23,10 @@ from pathlib import Path
 
 from PIL import Image
 
-from training_code.lib import training_set
 from training_code.lib.detection_data import ShardDetectionStream
 from training_code.lib.detection_samples import ShardRef, verified_split
 from training_code.lib.hashing import sha256_bytes
+from training_code.lib.shard_format import open_shard
 from training_code.shard import build_shards
 
 from .report import BenchResult
@@ -44,9 +44,9 @@ def tiny_png() -> bytes:
     return buffer.getvalue()
 
 
-def pack_source(work: Path, source: str, out: Path) -> dict:
-    """One source's raw files, validated table and shard set, as the pipeline lays them out."""
-    raw, validated, data = work / "raw" / source, work / "validated" / source, tiny_png()
+def source_rows(work: Path, source: str) -> list[dict]:
+    """One source's raw files and its selected rows, as the pipeline lays them out."""
+    data = tiny_png()
     rows = []
     for index in range(ROWS_PER_SOURCE):
         key = f"{source}/lot_{index // LOT:03d}/img_{index:05d}.png"
@@ -69,21 +69,13 @@ def pack_source(work: Path, source: str, out: Path) -> dict:
                 "category_names": ["part"],
             }
         )
-    manifest, _ = build_shards(write_validated(rows, validated), raw.parent, out, SHARD_BYTES)
-    return {"source": source, "folder": source, "categories": manifest["categories"], "shards": manifest["shards"]}
+    return rows
 
 
-def training_set_folder(work: Path) -> Path:
-    folder = work / "training_set"
-    sources = [pack_source(work, f"source_{n:02d}", folder / f"source_{n:02d}") for n in range(SOURCES)]
-    (folder / training_set.EXCLUDED).write_bytes(training_set.excluded_parquet([]))
-    manifest = {
-        "format": training_set.FORMAT,
-        "sources": sources,
-        "categories": training_set.vocabulary(s["categories"] for s in sources),
-    }
-    (folder / training_set.MANIFEST).write_text(json.dumps(manifest))
-    return folder
+def shard_set_folder(work: Path) -> Path:
+    rows = [row for n in range(SOURCES) for row in source_rows(work, f"source_{n:02d}")]
+    build_shards(write_validated(rows, work / "selection"), work / "raw", work / "shards", SHARD_BYTES)
+    return work / "shards"
 
 
 def mean_tv(sources: list[str], share: dict[str, float], batch: int = BATCH) -> float:
@@ -97,37 +89,39 @@ def mean_tv(sources: list[str], share: dict[str, float], batch: int = BATCH) -> 
     return statistics.fmean(distances)
 
 
-def steps_of_ranks(refs: list[ShardRef], seed: int, world_size: int) -> list[str]:
+def steps_of_ranks(refs: list[ShardRef], sources: list[list[str]], seed: int, world_size: int) -> list[str]:
     """What one optimizer step of a `world_size`-rank job learns from (DDP averages the ranks' batches):
     each rank's i-th batch, one after another."""
-    ranks = [first_epoch(refs, seed, rank, world_size) for rank in range(world_size)]
+    ranks = [first_epoch(refs, sources, seed, rank, world_size) for rank in range(world_size)]
     steps = min(len(order) for order in ranks) // BATCH
     return [source for step in range(steps) for order in ranks for source in order[step * BATCH : (step + 1) * BATCH]]
 
 
-def first_epoch(refs: list[ShardRef], seed: int, rank: int = 0, world_size: int = 1) -> list[str]:
+def first_epoch(refs: list[ShardRef], sources: list[list[str]], seed: int, rank: int = 0, world_size: int = 1):
+    """The source of each row rank `rank` reads in epoch 0, in order (`sources[shard][row]`)."""
     stream = ShardDetectionStream(
         refs, rank=rank, world_size=world_size, seed=seed, batch_size=BATCH, augmentation=None
     )
     return [
-        refs[shard].source for _, _, shard, _ in itertools.takewhile(lambda read: read[0] == 0, stream.rank_order())
+        sources[shard][row] for _, _, shard, row in itertools.takewhile(lambda read: read[0] == 0, stream.rank_order())
     ]
 
 
 def run() -> list[BenchResult]:
     with tempfile.TemporaryDirectory(prefix="bench-batch-mix-") as tmp:
-        _, refs = verified_split(training_set_folder(Path(tmp)), "train")
-    rows = [ref.source for ref in refs for _ in range(ref.rows)]
+        _, refs = verified_split(shard_set_folder(Path(tmp)), "train")
+        sources = [open_shard(ref.path).column("source").to_pylist() for ref in refs]
+    rows = [source for shard in sources for source in shard]
     share = {source: rows.count(source) / len(rows) for source in sorted(set(rows))}
     ours, permuted, four_ranks, steps, permuted_steps = [], [], [], [], []
     for seed in SEEDS:
-        ours.append(mean_tv(first_epoch(refs, seed), share))
+        ours.append(mean_tv(first_epoch(refs, sources, seed), share))
         shuffled = list(rows)
         random.Random(seed).shuffle(shuffled)
         permuted.append(mean_tv(shuffled, share))
         # Beside the goal: 4 ranks, each on its own shards; a rank's batch and a step's 4 x 32 rows.
-        four_ranks.append(mean_tv(first_epoch(refs, seed, rank=0, world_size=4), share))
-        steps.append(mean_tv(steps_of_ranks(refs, seed, 4), share, 4 * BATCH))
+        four_ranks.append(mean_tv(first_epoch(refs, sources, seed, rank=0, world_size=4), share))
+        steps.append(mean_tv(steps_of_ranks(refs, sources, seed, 4), share, 4 * BATCH))
         permuted_steps.append(mean_tv(shuffled, share, 4 * BATCH))
     return [
         BenchResult(

@@ -1,15 +1,13 @@
-"""A validated set over the cached benchmark photos, in the layout the shard job reads."""
+"""A training set (the selection) over the cached benchmark photos, in the layout the shard job reads."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import pandas as pd
+import pyarrow as pa
 
+from training_code.lib import training_set as ts
 from training_code.lib.hashing import sha256_bytes
-from training_code.lib.tables import ACCEPTED, write_table
-from training_code.lib.validation_pass import MANIFEST_FORMAT
 
 
 def validated_folder(photos: list[tuple[Path, int, int]], raw: Path, out: Path) -> Path:
@@ -38,8 +36,10 @@ def validated_folder(photos: list[tuple[Path, int, int]], raw: Path, out: Path) 
 
 
 def write_validated(rows: list[dict], out: Path) -> Path:
-    """`rows` (ACCEPTED columns, every box a "part") as a validated folder under `out`; returns `out`."""
-    write_table(pd.DataFrame(rows), ACCEPTED, out / "accepted.parquet")
-    (out / "categories.json").write_text(json.dumps([{"id": 1, "name": "part"}]))
-    (out / "manifest.json").write_text(json.dumps({"format": MANIFEST_FORMAT}))
+    """`rows` (accepted-table columns, every box a "part") as a training set selecting all of them, under
+    `out`; returns `out`."""
+    table = pa.Table.from_pylist([{"etag": "bench", **row} for row in rows], schema=ts.SELECTION_SCHEMA)
+    excluded = pa.Table.from_pylist([], schema=ts.EXCLUDED_SCHEMA)
+    fields = {"sources": sorted({row["source"] for row in rows}), "policy": {}, "categories": ["part"]}
+    ts.write_training_set(str(out), table.sort_by([("source", "ascending"), ("key", "ascending")]), excluded, fields)
     return out

@@ -16,9 +16,13 @@ from zero_assets.definitions import defs
 from zero_assets.defs.automation import DEFAULT_TRAIN_CRON, train_cron
 from zero_assets.defs.partitions import RAW_SOURCES
 
-PER_SOURCE = ("raw_image_index", "validated_images", "arrow_shards")
-TAIL = ("training_set", "fsx_warm_state", "trained_checkpoint", "map_report")
-CHECKS = {"validated_images": "quarantine_rate_under_limit", "arrow_shards": "shard_manifest_integrity"}
+PER_SOURCE = ("raw_image_index", "validated_images")
+TAIL = ("training_set", "arrow_shards", "fsx_warm_state", "trained_checkpoint", "map_report")
+CHECKS = {
+    "validated_images": "quarantine_rate_under_limit",
+    "arrow_shards": "shard_manifest_integrity",
+    "fsx_warm_state": "campaign_ready",
+}
 DAY = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 
 
@@ -77,11 +81,11 @@ def _nothing(requested: dict) -> bool:
     return not any(requested.values())
 
 
-def test_a_new_index_of_one_source_requests_only_that_sources_assets(built):
+def test_a_new_index_of_one_source_requests_only_that_sources_validation(built):
     instance, ticks = built
     _materialized(instance, "raw_image_index", "cam_a", "v2")
     requested = ticks.at(DAY.replace(hour=1, minute=1))
-    assert requested["validated_images"] == ["cam_a"] and requested["arrow_shards"] == ["cam_a"]
+    assert requested["validated_images"] == ["cam_a"]
     assert requested["raw_image_index"] == [], "the index itself is requested by the change-detection sensor only"
     assert requested["trained_checkpoint"] == 0 and requested["map_report"] == 0
     assert _nothing(ticks.at(DAY.replace(hour=1, minute=2))), "requested once, not on every tick"
@@ -89,13 +93,23 @@ def test_a_new_index_of_one_source_requests_only_that_sources_assets(built):
 
 def test_training_set_waits_for_its_sources_blocking_checks(built):
     instance, ticks = built
-    _materialized(instance, "validated_images", "cam_a", "v2")
-    _materialized(instance, "arrow_shards", "cam_a", "v2", check_passed=False)
+    _materialized(instance, "validated_images", "cam_a", "v2", check_passed=False)
     assert ticks.at(DAY.replace(hour=1, minute=1))["training_set"] == 0, (
         "a failed blocking check holds the training set"
     )
-    _materialized(instance, "arrow_shards", "cam_a", "v3")
+    _materialized(instance, "validated_images", "cam_a", "v3")
     assert ticks.at(DAY.replace(hour=1, minute=2))["training_set"] == 1
+
+
+def test_the_shards_follow_the_selection_and_the_warm_state_their_passed_check(built):
+    instance, ticks = built
+    _materialized(instance, "training_set", version="v2")
+    requested = ticks.at(DAY.replace(hour=1, minute=1))
+    assert requested["arrow_shards"] == 1 and requested["validated_images"] == []
+    _materialized(instance, "arrow_shards", version="v2", check_passed=False)
+    assert ticks.at(DAY.replace(hour=1, minute=2))["fsx_warm_state"] == 0, "a failed shard check holds the warm step"
+    _materialized(instance, "arrow_shards", version="v3")
+    assert ticks.at(DAY.replace(hour=1, minute=3))["fsx_warm_state"] == 1
 
 
 def test_training_runs_at_a_cron_tick_only_after_its_training_set_changed(built):
@@ -103,8 +117,9 @@ def test_training_runs_at_a_cron_tick_only_after_its_training_set_changed(built)
     assert train_cron({}) == DEFAULT_TRAIN_CRON == "0 3 * * *"
     # No change: the 03:00 tick passes without training.
     assert ticks.at(DAY.replace(hour=3, minute=1))["trained_checkpoint"] == 0
-    # The training set changes (a new data version of the warm state): training waits for the next tick.
+    # The training set changes (new shards, a new data version of the warm state): training waits for the next tick.
     _materialized(instance, "training_set", version="v2")
+    _materialized(instance, "arrow_shards", version="v2")
     _materialized(instance, "fsx_warm_state", version="v2")
     assert ticks.at(DAY.replace(hour=3, minute=5))["trained_checkpoint"] == 0
     assert ticks.at(DAY.replace(hour=12))["trained_checkpoint"] == 0

@@ -4,22 +4,19 @@ its own shards, several open at once, and resumes after a stop with exactly the 
 from __future__ import annotations
 
 import io
-import json
 from collections import Counter
 from pathlib import Path
 
 import datasets
-import pandas as pd
 import pytest
 import torch
 from PIL import Image
+from selections import write_selection
 from torch.utils.data import DataLoader
 
 from training_code.lib.detection_data import ShardDetectionStream, build_train_loader, collate_detection
 from training_code.lib.detection_samples import ShardRef, verified_split
 from training_code.lib.hashing import sha256_bytes
-from training_code.lib.storage import write_bytes_atomic
-from training_code.lib.tables import ACCEPTED, write_table
 from training_code.shard import build_shards
 
 SOURCES, GROUPS, PER_GROUP = ("alpha", "beta", "gamma"), 4, 8
@@ -54,13 +51,9 @@ def add_images(raw: Path, rows: list[dict], source: str, group: str, count: int)
         )
 
 
-def write_validated(validated: Path, rows: list[dict]) -> Path:
-    write_table(pd.DataFrame(rows), ACCEPTED, validated / "accepted.parquet")
-    (validated / "categories.json").write_text(json.dumps([{"id": 1, "name": "washer"}]))
-    write_bytes_atomic(
-        validated / "manifest.json", json.dumps({"format": "zero-validated/1", "rows": len(rows)}).encode()
-    )
-    return validated
+def write_validated(folder: Path, rows: list[dict]) -> Path:
+    """The rows as the training set (all of them selected) the shard job packs."""
+    return write_selection(folder, rows, ["washer"])
 
 
 def lots(raw: Path) -> list[dict]:
@@ -73,7 +66,7 @@ def lots(raw: Path) -> list[dict]:
 
 def shard_column(folder: Path, entry: dict, column: str) -> list:
     """A column of one shard as `datasets` reads it; `group` is the key's lot folder (the shard stores no group)."""
-    keys_or_column = datasets.Dataset.from_file(str(folder / entry["file"]))["key" if column == "group" else column]
+    keys_or_column = datasets.Dataset.from_file(str(folder / entry["path"]))["key" if column == "group" else column]
     return ["/".join(key.split("/")[:2]) for key in keys_or_column] if column == "group" else keys_or_column
 
 
@@ -85,8 +78,8 @@ def test_every_packed_shard_holds_many_sources_and_groups(tmp_path):
     for entry in manifest["shards"][:-1]:  # the last shard holds what is left over, maybe a few rows
         sources = Counter(shard_column(tmp_path / "shards", entry, "source"))
         groups = set(shard_column(tmp_path / "shards", entry, "group"))
-        assert set(sources) == set(SOURCES), f"{entry['file']} holds sources {dict(sources)}"
-        assert len(groups) >= 6, f"{entry['file']} holds only the lots {sorted(groups)}"
+        assert set(sources) == set(SOURCES), f"{entry['path']} holds sources {dict(sources)}"
+        assert len(groups) >= 6, f"{entry['path']} holds only the lots {sorted(groups)}"
 
 
 def test_an_incremental_run_keeps_old_shards_and_packs_new_images_interleaved_into_new_ones(tmp_path):
@@ -100,13 +93,18 @@ def test_an_incremental_run_keeps_old_shards_and_packs_new_images_interleaved_in
     add_images(raw, rows, "beta", "lot_9", 20)  # a new lot
     add_images(raw, rows, "gamma", "lot_8", 20)  # and another source's
     second, work = build_shards(
-        write_validated(tmp_path / "v2", rows), raw, tmp_path / "second", SHARD_BYTES, previous=tmp_path / "first"
+        write_validated(tmp_path / "v2", rows),
+        raw,
+        tmp_path / "second",
+        SHARD_BYTES,
+        previous=tmp_path / "first",
+        previous_name="first",
     )
-    assert work["shards_reused"] == len(first["shards"]) and work["rows_packed"] == 40
-    assert all(entry in second["shards"] for entry in first["shards"]), "every earlier shard is carried over unchanged"
-    new_entries = [entry for entry in second["shards"] if entry not in first["shards"]]
-    last_old = max(int(entry["file"][6:11]) for entry in first["shards"])
-    assert new_entries and all(int(entry["file"][6:11]) > last_old for entry in new_entries)
+    assert work["shards_kept"] == len(first["shards"]) and work["rows_packed"] == 40
+    kept = [{**entry, "path": f"../first/{entry['path']}"} for entry in first["shards"]]
+    assert all(entry in second["shards"] for entry in kept), "every earlier shard is kept unchanged, by reference"
+    new_entries = [entry for entry in second["shards"] if entry not in kept]
+    assert new_entries and all(entry["path"].startswith("shards/") for entry in new_entries)
     new_keys = [key for entry in new_entries for key in shard_column(tmp_path / "second", entry, "key")]
     assert sorted(new_keys) == sorted({row["key"] for row in rows} - old_keys)
     for entry in new_entries[:-1]:

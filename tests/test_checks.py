@@ -1,4 +1,5 @@
-"""Asset checks run with each source's assets; a failing blocking check stops what depends on it.
+"""Asset checks run with their assets (the quarantine rate with each source's, the shard manifest with the
+one shard set); a failing blocking check stops what depends on it.
 
 Each check is run against a real instance and real outputs: shards the pipeline wrote, on disk and on
 the local S3-compatible server. A check that cannot check says so (WARN, `skipped`), never passes.
@@ -22,7 +23,14 @@ from dagster import (
 )
 
 from tests.conftest import make_resources
-from zero_assets.defs.assets import SOURCE_SPECS, arrow_shards, map_report, raw_image_index, validated_images
+from zero_assets.defs.assets import (
+    SOURCE_SPECS,
+    arrow_shards,
+    map_report,
+    raw_image_index,
+    training_set,
+    validated_images,
+)
 from zero_assets.defs.assets.arrow_shards import ShardConfig
 from zero_assets.defs.assets.map_report import EvalConfig
 from zero_assets.defs.assets.raw_image_index import RawIndexConfig
@@ -38,7 +46,7 @@ from zero_assets.defs.checks import (
 from zero_assets.defs.partitions import RAW_SOURCES
 
 SOURCE = "line_a_camera"  # holds the planted corrupt files
-ASSETS = [*SOURCE_SPECS, raw_image_index, validated_images, arrow_shards]
+ASSETS = [*SOURCE_SPECS, raw_image_index, validated_images, training_set, arrow_shards]
 CHECKS = [quarantine_rate_under_limit, shard_manifest_integrity]
 CONFIGS = [RawIndexConfig, ValidationConfig, ShardConfig, TrainingSetConfig, TrainConfig, EvalConfig]
 
@@ -47,10 +55,20 @@ def _run(resources, instance, limit, source=SOURCE):
     instance.add_dynamic_partitions(RAW_SOURCES.name, [source])
     return materialize(
         [*ASSETS, *CHECKS],
-        selection=[raw_image_index, validated_images, arrow_shards],
+        selection=[raw_image_index, validated_images],
         partition_key=source,
         resources={**resources, "limits": CheckLimits()},
         run_config={"ops": {"validated_images": {"config": {"max_quarantine_rate": limit}}}},
+        instance=instance,
+        raise_on_error=False,
+    )
+
+
+def _run_tail(resources, instance):
+    return materialize(
+        [*ASSETS, *CHECKS],
+        selection=[training_set, arrow_shards],
+        resources={**resources, "limits": CheckLimits()},
         instance=instance,
         raise_on_error=False,
     )
@@ -77,8 +95,9 @@ def _check_alone(instance, resources, check, source=None, assets=ASSETS):
 
 
 def _record(instance, asset, source, metadata):
-    """A materialization recorded as if an earlier run had produced these outputs."""
-    instance.add_dynamic_partitions(RAW_SOURCES.name, [source])
+    """A materialization recorded as if an earlier run had produced these outputs (`source` None: unpartitioned)."""
+    if source:
+        instance.add_dynamic_partitions(RAW_SOURCES.name, [source])
     instance.report_runless_asset_event(AssetMaterialization(asset_key=asset, partition=source, metadata=metadata))
 
 
@@ -92,14 +111,15 @@ def healthy(tiny_raw_root, tmp_path_factory):
     with instance_for_test(temp_dir=str(tmp_path_factory.mktemp("instance"))) as instance:
         resources = make_resources(tiny_raw_root, tmp_path_factory.mktemp("state"))
         result = _run(resources, instance, limit=0.5)
-        assert result.success
-        yield instance, resources, result
+        tail = _run_tail(resources, instance)
+        assert result.success and tail.success
+        yield instance, resources, result, tail
 
 
 @pytest.mark.slow
 def test_checks_pass_on_a_healthy_run(healthy):
-    instance, resources, result = healthy
-    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    instance, resources, result, tail = healthy
+    evaluations = {e.check_name: e for run in (result, tail) for e in run.get_asset_check_evaluations()}
     assert {name: e.passed for name, e in evaluations.items()} == {
         "quarantine_rate_under_limit": True,
         "shard_manifest_integrity": True,
@@ -116,7 +136,7 @@ def test_checks_pass_on_a_healthy_run(healthy):
 
 @pytest.mark.slow
 def test_one_quarantine_limit_for_the_asset_and_its_check(healthy, resources, instance):
-    _, _, result = healthy
+    _, _, result, _ = healthy
     evaluation = {e.check_name: e for e in result.get_asset_check_evaluations()}["quarantine_rate_under_limit"]
     assert evaluation.metadata["limit"].value == 0.5, "the check judges by the limit the asset ran with"
     assert evaluation.metadata["limit_from"].value == "the materialization's config"
@@ -124,7 +144,6 @@ def test_one_quarantine_limit_for_the_asset_and_its_check(healthy, resources, in
     strict = _run(resources, instance, limit=0.01)
     assert not strict.success
     assert not strict.asset_materializations_for_node("validated_images")
-    assert not strict.asset_materializations_for_node("arrow_shards")
     # A materialization recorded under a lower limit than its rate (here: the real outputs' metadata,
     # recorded with the limit changed) fails the check with the recorded limit, not some other number.
     metadata = _metadata(result, "validated_images")
@@ -154,13 +173,13 @@ def test_the_limit_default_comes_from_the_environment():
 
 
 def test_no_check_crashes_before_its_asset_exists(instance, resources):
-    for check, source, asset in (
-        (quarantine_rate_under_limit, SOURCE, "validated_images"),
-        (shard_manifest_integrity, SOURCE, "arrow_shards"),
+    for check, source, asset, where in (
+        (quarantine_rate_under_limit, SOURCE, "validated_images", f" for source {SOURCE}"),
+        (shard_manifest_integrity, None, "arrow_shards", ""),
     ):
         evaluation = _check_alone(instance, resources, check, source)
         assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.WARN
-        assert f"{asset} has no materialization for source {SOURCE}" in evaluation.description
+        assert f"{asset} has no materialization{where} yet" in evaluation.description
         assert "skipped" in evaluation.metadata
     evaluation = _check_alone(instance, resources, map_not_regressed, assets=[map_report])
     assert not evaluation.passed and "map_report has no materialization yet" in evaluation.description
@@ -168,40 +187,40 @@ def test_no_check_crashes_before_its_asset_exists(instance, resources):
 
 @pytest.mark.slow
 def test_integrity_fails_on_a_changed_local_shard(healthy, tmp_path):
-    instance, resources, result = healthy
-    uri = _metadata(result, "arrow_shards")["dagster/uri"].value
+    instance, resources, _, tail = healthy
+    uri = _metadata(tail, "arrow_shards")["dagster/uri"].value
     copy = tmp_path / "shards"
     shutil.copytree(uri, copy)
-    shard = copy / json.loads((copy / "manifest.json").read_text())["shards"][0]["file"]
+    shard = copy / json.loads((copy / "manifest.json").read_text())["shards"][0]["path"]
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size: only the sha256 can tell
     shard.write_bytes(bytes(data))
-    _record(instance, "arrow_shards", "local_case", {"dagster/uri": MetadataValue.path(str(copy))})
-    evaluation = _check_alone(instance, resources, shard_manifest_integrity, "local_case")
+    _record(instance, "arrow_shards", None, {"dagster/uri": MetadataValue.path(str(copy))})
+    evaluation = _check_alone(instance, resources, shard_manifest_integrity)
     assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.ERROR
     assert "sha256" in evaluation.description and shard.name in evaluation.description
 
 
 @pytest.mark.slow
 def test_integrity_on_s3_checks_listed_sizes(healthy, s3_env):
-    instance, resources, result = healthy
+    instance, resources, _, tail = healthy
     client = s3_env.client()
     client.create_bucket(Bucket="zero-shards")
-    folder = _metadata(result, "arrow_shards")["dagster/uri"].value
+    folder = _metadata(tail, "arrow_shards")["dagster/uri"].value
     for root, _, names in os.walk(
         folder
     ):  # the shards, the manifest, and the load_from_disk files in the split folders
         for name in names:
             path = os.path.join(root, name)
             client.upload_file(path, "zero-shards", f"set/{os.path.relpath(path, folder)}")
-    _record(instance, "arrow_shards", "s3_case", {"dagster/uri": MetadataValue.path("s3://zero-shards/set")})
-    evaluation = _check_alone(instance, resources, shard_manifest_integrity, "s3_case")
+    _record(instance, "arrow_shards", None, {"dagster/uri": MetadataValue.path("s3://zero-shards/set")})
+    evaluation = _check_alone(instance, resources, shard_manifest_integrity)
     assert evaluation.passed and evaluation.metadata["checked"].value == "bytes (from the S3 listing)"
-    first = json.loads(open(os.path.join(folder, "manifest.json")).read())["shards"][0]["file"]
+    first = json.loads(open(os.path.join(folder, "manifest.json")).read())["shards"][0]["path"]
     with open(os.path.join(folder, first), "rb") as f:
         client.put_object(Bucket="zero-shards", Key=f"set/{first}", Body=f.read()[:-100])  # truncated
-    _record(instance, "arrow_shards", "s3_case", {"dagster/uri": MetadataValue.path("s3://zero-shards/set")})
-    evaluation = _check_alone(instance, resources, shard_manifest_integrity, "s3_case")
+    _record(instance, "arrow_shards", None, {"dagster/uri": MetadataValue.path("s3://zero-shards/set")})
+    evaluation = _check_alone(instance, resources, shard_manifest_integrity)
     assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.ERROR
     assert (
         f"s3://zero-shards/set/{first}: " in evaluation.description and "bytes in the listing" in evaluation.description
@@ -209,10 +228,8 @@ def test_integrity_on_s3_checks_listed_sizes(healthy, s3_env):
 
 
 def test_integrity_is_skipped_not_passed_for_shards_it_cannot_see(instance, resources):
-    _record(
-        instance, "arrow_shards", "fsx_case", {"dagster/uri": MetadataValue.path("fsx://fs-0123/abcd/arrow_shards/x")}
-    )
-    evaluation = _check_alone(instance, resources, shard_manifest_integrity, "fsx_case")
+    _record(instance, "arrow_shards", None, {"dagster/uri": MetadataValue.path("fsx://fs-0123/abcd/arrow_shards/x")})
+    evaluation = _check_alone(instance, resources, shard_manifest_integrity)
     assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.WARN
     assert "fsx://fs-0123/abcd/arrow_shards/x" in evaluation.metadata["skipped"].value
 

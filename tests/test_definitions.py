@@ -1,5 +1,6 @@
 """The code location loads and wires the assets as one lineage chain: raw data and the per-source
-assets partitioned by source, then the training set and the unpartitioned tail."""
+assets (index, validation) partitioned by source, then the unpartitioned tail: the training set (the
+selection), its shards, the warm state, training and the report."""
 
 import subprocess
 import sys
@@ -12,16 +13,16 @@ CHAIN = [
     "raw_data",
     "raw_image_index",
     "validated_images",
-    "arrow_shards",
     "training_set",
+    "arrow_shards",
     "fsx_warm_state",
     "trained_checkpoint",
     "map_report",
 ]
-PER_SOURCE = {"raw_data", "raw_image_index", "validated_images", "arrow_shards"}
+PER_SOURCE = {"raw_data", "raw_image_index", "validated_images"}
 
 
-def test_assets_form_one_lineage_chain_partitioned_by_source_up_to_the_shards():
+def test_assets_form_one_lineage_chain_partitioned_by_source_up_to_the_selection():
     graph = defs.resolve_asset_graph()
     assert {k.to_user_string() for k in graph.get_all_asset_keys()} == {*CHAIN, "training_rehearsal"}
     for upstream, downstream in zip(CHAIN, CHAIN[1:]):

@@ -1,5 +1,6 @@
 """The whole graph materializes on a tiny raw root, on the local backend, with a real Dagster instance:
-each source in its own run (its partition), then the training tail."""
+each source indexed and validated in its own run (its partition), then the tail: the selection, its
+shards, the warm state, training and the report."""
 
 import pandas as pd
 import pytest
@@ -33,7 +34,6 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
         validated = m["validated_images"]
         assert validated["images_in"] == validated["accepted"] + validated["quarantined"] + validated["duplicates"]
         assert validated["images_in"] == m["raw_image_index"]["dagster/row_count"]
-        assert m["arrow_shards"]["train_rows"] + m["arrow_shards"]["val_rows"] == validated["accepted"]
 
     planted = tiny_demo["planted"]
 
@@ -71,7 +71,10 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
     assert meta["training_set"]["duplicates_across_sources"] == 1
     accepted = sum(m["validated_images"]["accepted"] for m in sources.values())
     assert meta["training_set"]["dagster/row_count"] == accepted - 1
-    assert meta["fsx_warm_state"]["shards"] == sum(m["arrow_shards"]["shards"] for m in sources.values())
+    # The shards hold the selection, nothing more: every accepted image but the duplicate.
+    shards = meta["arrow_shards"]
+    assert shards["train_rows"] + shards["val_rows"] == shards["dagster/row_count"] == accepted - 1
+    assert meta["fsx_warm_state"]["shards"] == shards["shards"]
 
     assert meta["trained_checkpoint"]["steps"] == 12
     assert meta["trained_checkpoint"]["job_name"].startswith("zero-trained-checkpoint-")

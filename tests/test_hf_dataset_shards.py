@@ -1,33 +1,32 @@
 """A shard set is a Hugging Face dataset: each shard opens with `datasets.Dataset.from_file` as PIL
 images (upright, RGB: the frame the boxes use) and ClassLabel category ids, and the folder loads with
-`datasets.load_from_disk` as a DatasetDict by split."""
+`datasets.load_from_disk` as a DatasetDict by split, shards kept in earlier sets' folders included
+(`shard_hf.load_live` leaves the masked rows out)."""
 
 import io
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import datasets
-import pandas as pd
 import pytest
 from PIL import Image
+from selections import write_selection
 
 from training_code.lib import shard_hf
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.output_manifest import named_files
 from training_code.lib.shard_format import (
-    FORMAT,
     decode_upright,
     image_bytes,
     open_shard,
     read_manifest,
+    shard_path,
     shard_schema,
     verify_shard,
 )
+from training_code.lib.shard_plan import Compaction
 from training_code.lib.shard_writer import ShardWriter
-from training_code.lib.storage import write_bytes_atomic
-from training_code.lib.tables import ACCEPTED, write_table
 from training_code.shard import build_shards
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,8 +51,7 @@ def _stored(n: int) -> tuple[bytes, str, str, int, tuple[int, int]]:
     return buffer.getvalue(), "PNG", mode, 1, (36 + n, 28)
 
 
-def _validated_set(tmp_path: Path, images: int = 9, categories=CATEGORIES) -> tuple[Path, Path]:
-    raw, validated = tmp_path / "raw", tmp_path / "validated"
+def _rows(raw: Path, images: int = 9, categories=CATEGORIES) -> list[dict]:
     names = [c["name"] for c in categories]
     rows = []
     for n in range(images):
@@ -79,25 +77,28 @@ def _validated_set(tmp_path: Path, images: int = 9, categories=CATEGORIES) -> tu
                 "category_names": [names[(n + i) % len(names)] for i in range(len(boxes))],
             }
         )
-    write_table(pd.DataFrame(rows), ACCEPTED, validated / "accepted.parquet")
-    (validated / "categories.json").write_text(json.dumps(categories))
-    write_bytes_atomic(validated / "manifest.json", b'{"format": "zero-validated/1"}')
-    return raw, validated
+    return rows
+
+
+def _selection(tmp_path: Path, images: int = 9, categories=CATEGORIES) -> tuple[Path, Path]:
+    raw = tmp_path / "raw"
+    rows = _rows(raw, images, categories)
+    return raw, write_selection(tmp_path / "selection", rows, [c["name"] for c in categories])
 
 
 @pytest.fixture(scope="module")
 def shard_set(tmp_path_factory) -> Path:
     """A shard set written by the shard job's script, as SageMaker runs it."""
     tmp_path = tmp_path_factory.mktemp("hf")
-    raw, validated = _validated_set(tmp_path)
+    raw, selection = _selection(tmp_path)
     out = tmp_path / "shards"
     result = subprocess.run(
         [
             sys.executable,
             "-m",
             "training_code.shard",
-            "--validated",
-            str(validated),
+            "--selection",
+            str(selection),
             "--raw",
             str(raw),
             "--out",
@@ -120,12 +121,12 @@ def test_every_shard_opens_with_pil_images_and_classlabel_categories(shard_set):
     seen_modes = set()
     for entry in manifest["shards"]:
         verify_shard(shard_set, entry)
-        dataset = datasets.Dataset.from_file(str(shard_set / entry["file"]))
+        dataset = datasets.Dataset.from_file(str(shard_set / entry["path"]))
         assert isinstance(dataset[0]["image"], Image.Image)
         category = dataset.features["category_ids"].feature
         assert isinstance(category, datasets.ClassLabel)
         assert category.names == ["__background__", "bolt", "hex_nut", "washer"]
-        stored = image_bytes(open_shard(shard_set / entry["file"])).to_pylist()
+        stored = image_bytes(open_shard(shard_set / entry["path"])).to_pylist()
         for row, data in zip(dataset, stored):
             # The names the ClassLabel gives each stored id are the row's own category names.
             assert category.int2str(row["category_ids"]) == row["category_names"] and row["category_ids"]
@@ -147,7 +148,7 @@ def test_the_folder_loads_as_a_dataset_dict_by_split(shard_set):
             k
             for e in manifest["shards"]
             if e["split"] == split
-            for k in open_shard(shard_set / e["file"]).column("key").to_pylist()
+            for k in open_shard(shard_set / e["path"]).column("key").to_pylist()
         ]
         assert data["key"] == keys, f"{split}: the split's shards, in manifest order"
         assert isinstance(data.features["category_ids"].feature, datasets.ClassLabel) and isinstance(
@@ -222,24 +223,37 @@ def test_a_row_missing_a_column_is_refused_naming_it(tmp_path):
     )
 
 
-def test_earlier_shards_with_other_category_names_or_format_are_packed_again(tmp_path):
-    raw, validated = _validated_set(tmp_path)
-    first, _ = build_shards(validated, raw, tmp_path / "first", 2000)
-    same, work = build_shards(validated, raw, tmp_path / "same", 2000, previous=tmp_path / "first")
-    assert work["rows_packed"] == 0 and same["shards"] == first["shards"], "unchanged: carried over"
-
-    # A new category whose name sorts last keeps every stored id, but each shard embeds the old names.
-    (validated / "categories.json").write_text(json.dumps(CATEGORIES + [{"id": 4, "name": "zip_tie"}]))
-    grown, work = build_shards(validated, raw, tmp_path / "grown", 2000, previous=tmp_path / "same")
-    assert work["rows_reused"] == 0 and work["rows_packed"] == 9
-    for entry in grown["shards"]:
-        names = (
-            datasets.Dataset.from_file(str(tmp_path / "grown" / entry["file"])).features["category_ids"].feature.names
-        )
-        assert names[-1] == "zip_tie"
-
-    # An earlier set of an older format is packed again, not an error.
-    manifest_path = tmp_path / "grown" / "manifest.json"
-    manifest_path.write_text(json.dumps({**json.loads(manifest_path.read_text()), "format": "zero-shards/1"}))
-    _, work = build_shards(validated, raw, tmp_path / "after_upgrade", 2000, previous=tmp_path / "grown")
-    assert work["rows_reused"] == 0 and read_manifest(tmp_path / "after_upgrade")["format"] == FORMAT
+def test_a_set_keeping_earlier_shards_loads_with_them_and_load_live_skips_the_masked_rows(tmp_path):
+    raw = tmp_path / "raw"
+    rows = _rows(raw)
+    write_selection(tmp_path / "first_selection", rows, [c["name"] for c in CATEGORIES])
+    first, _ = build_shards(tmp_path / "first_selection", raw, tmp_path / "first", 2000)
+    # One image leaves the selection and a new category arrives: its id is appended, the earlier shards are kept.
+    gone, rows = rows[0]["key"], rows[1:]
+    rows[0]["category_names"] = ["zip_tie"] * len(rows[0]["boxes"])
+    write_selection(tmp_path / "second_selection", rows, [c["name"] for c in CATEGORIES] + ["zip_tie"])
+    second, work = build_shards(
+        tmp_path / "second_selection",
+        raw,
+        tmp_path / "second",
+        2000,
+        previous=tmp_path / "first",
+        previous_name="first",
+        compaction=Compaction(compact_masked_share=1.0),
+    )
+    assert work["shards_kept"] == len(first["shards"]) and second["masked_rows"] == 2
+    assert second["categories"] == CATEGORIES + [{"id": 4, "name": "zip_tie"}]
+    loaded = datasets.load_from_disk(str(tmp_path / "second"))
+    assert {split: len(data) for split, data in loaded.items()} == {
+        split: sum(e["rows"] for e in second["shards"] if e["split"] == split) for split in ("train", "val")
+    }, "every stored row of every listed shard, the ones in the earlier folder too"
+    live = shard_hf.load_live(tmp_path / "second")
+    keys = [key for data in live.values() for key in data["key"]]
+    assert sorted(keys) == sorted(row["key"] for row in rows) and gone not in keys
+    assert {split: len(data) for split, data in live.items()} == second["rows"]
+    for entry in second["shards"]:  # each shard names the categories it was packed with: ids never move
+        names = datasets.Dataset.from_file(str(shard_path(tmp_path / "second", entry))).features["category_ids"]
+        assert names.feature.names[1:4] == [c["name"] for c in CATEGORIES]
+    zip_tie = next(data for data in live.values() if rows[0]["key"] in data["key"])
+    row = zip_tie[zip_tie["key"].index(rows[0]["key"])]
+    assert zip_tie.features["category_ids"].feature.int2str(row["category_ids"]) == row["category_names"]

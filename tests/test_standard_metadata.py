@@ -18,7 +18,7 @@ from dagster import AssetKey, TableMetadataValue, instance_for_test
 from graph_runs import materialize_graph, materialize_source, materialize_tail
 
 from training_code.lib import training_set as ts
-from training_code.lib.shard_format import SHARD_SCHEMA, open_shard
+from training_code.lib.shard_format import FORMAT, SHARD_SCHEMA, masked_keys, open_shard, read_manifest, shard_path
 from zero_assets.core.output_marker import OUTPUT_MARKER
 from zero_assets.definitions import defs
 from zero_assets.defs.assets import PER_SOURCE_ASSETS, TAIL_ASSETS
@@ -47,17 +47,30 @@ def every_latest(instance) -> dict[str, dict]:
 
 
 def bytes_on_disk(folder: Path) -> int:
-    """Every file of an output, as a reader finds it: all but the cache's completeness marker."""
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != OUTPUT_MARKER)
+    """Every file of an output, as a reader finds it: all but the cache's completeness marker, and the
+    shards its manifest lists in other folders (an earlier shard set's, the warm mount's shared folder)."""
+    own = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != OUTPUT_MARKER)
+    if not (folder / "manifest.json").is_file() or read_json(folder / "manifest.json").get("format") != FORMAT:
+        return own
+    elsewhere = [e for e in read_manifest(folder)["shards"] if e["path"].startswith("../")]
+    return own + sum(shard_path(folder, e).stat().st_size for e in elsewhere)
+
+
+def read_json(path: Path):
+    return json.loads(path.read_text())
 
 
 def shard_rows(folder: Path, split: str | None = None) -> list[dict]:
-    """(split, key) of every row of every shard file under `folder`, read from the Arrow files themselves."""
+    """(split, key) of every live row of every shard the set at `folder` lists, read from the Arrow files
+    themselves (the masked rows left out)."""
+    manifest = read_manifest(folder)
+    masked = masked_keys(folder, manifest)
     return [
-        {"split": path.name.split("-")[0], "key": key}
-        for path in sorted(folder.rglob("*.arrow"))
-        if split in (None, path.name.split("-")[0])
-        for key in open_shard(path).column("key").to_pylist()
+        {"split": entry["split"], "key": key}
+        for entry in manifest["shards"]
+        if split in (None, entry["split"])
+        for key in open_shard(shard_path(folder, entry)).column("key").to_pylist()
+        if key not in masked.get(entry["path"], frozenset())
     ]
 
 
@@ -69,9 +82,7 @@ def rows_in_output(asset: str, folder: Path) -> int | None:
     if asset == "arrow_shards" or asset == "fsx_warm_state":
         return len(shard_rows(folder))
     if asset == "training_set":
-        manifest = json.loads((folder / ts.MANIFEST).read_text())
-        rows = sum(len(shard_rows(Path(source["shards_uri"]))) for source in manifest["sources"])
-        return rows - len(pd.read_parquet(folder / ts.EXCLUDED))
+        return ts.read_selection(folder)[1].num_rows
     return None
 
 
@@ -100,11 +111,12 @@ def test_every_materialization_records_rows_size_and_uri_of_its_output(graph):
         expected = rows_in_output(asset, folder)
         if expected is not None:
             assert values["dagster/row_count"] == expected, label
-    # The checkpoint's rows: the train split of the warm shards, less the rows the training set excludes.
+    # The checkpoint's rows: the train split of the warm shards (the selection's, the duplicate left out).
     warm = Path(metadata["fsx_warm_state"]["dagster/uri"])
-    excluded = set(pd.read_parquet(warm / ts.EXCLUDED)["key"])
+    excluded = ts.read_excluded(metadata["training_set"]["dagster/uri"]).column("key").to_pylist()
     assert excluded, "the demo plants a duplicate across sources, excluded from the training set"
-    trained_on = [row for row in shard_rows(warm, "train") if row["key"] not in excluded]
+    trained_on = shard_rows(warm, "train")
+    assert not {row["key"] for row in trained_on} & set(excluded)
     assert metadata["trained_checkpoint"]["dagster/row_count"] == len(trained_on) > 0
 
 
@@ -121,27 +133,28 @@ def test_shards_declare_their_column_schema_and_summarise_the_shard_list(graph):
         ]
         for asset in ("raw_image_index", "arrow_shards", "training_set")
     }
-    assert declared["arrow_shards"] == declared["training_set"] == names
+    assert declared["arrow_shards"] == names and declared["training_set"] == ts.SELECTION_SCHEMA.names
     index = pd.read_parquet(Path(metadata[f"raw_image_index[{SOURCES[0]}]"]["dagster/uri"]) / "index.parquet")
     assert declared["raw_image_index"] == list(index.columns)
-    for source in SOURCES:
-        values = metadata[f"arrow_shards[{source}]"]
-        folder = Path(values["dagster/uri"])
-        files = sorted(folder.glob("*.arrow"))
-        assert open_shard(files[0]).schema.names == names, "the declared schema is the one the shards are written with"
-        assert "shard_table" not in values and "shard_bytes" not in values
-        summary = values["shard_sizes"]
-        assert isinstance(summary, TableMetadataValue)
-        overall = next(r.data for r in summary.records if r.data["split"] == "all")
-        assert overall["shards"] == len(files)
-        assert overall["bytes_max"] == max(f.stat().st_size for f in files) and overall["bytes_min"] == min(
-            f.stat().st_size for f in files
-        )
-        assert overall["rows_max"] == max(open_shard(f).num_rows for f in files)
+    _, selection = ts.read_selection(metadata["training_set"]["dagster/uri"])
+    assert selection.schema.names == declared["training_set"], "the declared schema is the selection's own"
+    values = metadata["arrow_shards"]
+    folder = Path(values["dagster/uri"])
+    files = [shard_path(folder, entry) for entry in read_manifest(folder)["shards"]]
+    assert open_shard(files[0]).schema.names == names, "the declared schema is the one the shards are written with"
+    assert "shard_table" not in values and "shard_bytes" not in values
+    summary = values["shard_sizes"]
+    assert isinstance(summary, TableMetadataValue)
+    overall = next(r.data for r in summary.records if r.data["split"] == "all")
+    assert overall["shards"] == len(files)
+    assert overall["bytes_max"] == max(f.stat().st_size for f in files) and overall["bytes_min"] == min(
+        f.stat().st_size for f in files
+    )
+    assert overall["rows_max"] == max(open_shard(f).num_rows for f in files)
     sources = metadata["training_set"]["sources"]
     assert isinstance(sources, TableMetadataValue)
     assert [r.data["source"] for r in sources.records] == SOURCES
-    assert sum(r.data["chosen"] for r in sources.records) == metadata["training_set"]["dagster/row_count"]
+    assert sum(r.data["selected"] for r in sources.records) == metadata["training_set"]["dagster/row_count"]
 
 
 def test_cache_hits_carry_the_standard_keys_of_the_miss(graph, tiny_raw_root):
@@ -158,13 +171,12 @@ def test_cache_hits_carry_the_standard_keys_of_the_miss(graph, tiny_raw_root):
     # markers alone (no earlier materialization recorded there) and still report the same keys.
     with instance_for_test() as fresh:
         assert materialize_source(SOURCES[0], instance=fresh, resources=resources).success
-        for asset in ("validated_images", "arrow_shards"):
+        for asset in ("validated_images",):
             label, values = f"{asset}[{SOURCES[0]}]", latest(fresh, asset, SOURCES[0])
             assert values["cache"] == "hit", (label, values.get("cache_reason"))
             assert "reused_run_id" not in values, "a hit found through the marker, not this instance's records"
             assert {k: values.get(k) for k in STANDARD} == {k: built[label][k] for k in STANDARD}, label
-            # ... and what it was built from, as the miss recorded it (training_set reads the shards'
-            # validated set there)
+            # ... and what it was built from, as the miss recorded it
             assert values["upstream"] == built[label]["upstream"], label
 
 

@@ -13,7 +13,7 @@ from dagster import materialize
 from graph_runs import materialize_source, materialize_tail, sources_of
 from process_tree import children_of, command_line
 
-from zero_assets.defs.assets import ALL_ASSETS, SOURCE_SPECS, fsx_warm_state, training_set
+from zero_assets.defs.assets import ALL_ASSETS, SOURCE_SPECS, arrow_shards, fsx_warm_state, training_set
 
 ALL = [*SOURCE_SPECS, *ALL_ASSETS]
 MAX_STEPS = 60
@@ -78,7 +78,9 @@ def test_kill_9_of_the_launcher_then_rematerializing_resumes_and_finishes(instan
     lake = Path(resources["settings"].lake_uri)
     for source in sources_of(tiny_raw_root):  # every source, then the tail up to the warm shards
         assert materialize_source(source, instance=instance, resources=resources).success
-    assert materialize_tail(instance=instance, resources=resources, assets=[training_set, fsx_warm_state]).success
+    assert materialize_tail(
+        instance=instance, resources=resources, assets=[training_set, arrow_shards, fsx_warm_state]
+    ).success
 
     killed: dict = {}
     killer = threading.Thread(target=kill_launcher_after_first_checkpoint, args=(lake, killed), daemon=True)

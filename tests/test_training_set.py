@@ -1,34 +1,104 @@
-"""The training set: its data version follows the chosen sources' shard data versions only; exact
-duplicates across sources and the per-source cap are resolved by the stated rules."""
+"""The training set is the selection: the policy's rules on the validated tables (sources, caps and
+weights, categories, negatives, exact duplicates across sources, the split as validated), and a data
+version that follows what was selected, so an unchanged selection leaves the shards alone."""
 
-import json
 import shutil
 from pathlib import Path
 
-import pandas as pd
+import pyarrow as pa
 import pytest
 from conftest import make_resources
 from graph_runs import materialize_source, materialize_tail
 
-from training_code.lib.detection_samples import iter_eval_samples, verified_split
-from training_code.lib.shard_format import open_shard
-from training_code.lib.training_set import choose_rows
-from zero_assets.backends.local.warm_state import warm_training_set
+from training_code.lib import training_set as ts
+from training_code.lib.selection import SelectionPolicy, select_rows, weighted_shares
 from zero_assets.defs.assets import training_set
 
 
-def test_duplicates_stay_in_the_source_that_sorts_first_and_the_cap_keeps_the_lowest_key_hashes():
-    accepted = {
-        "b_cam": [("b_cam/1.jpg", "s1"), ("b_cam/2.jpg", "s2"), ("b_cam/3.jpg", "s3")],
-        "a_cam": [("a_cam/9.jpg", "s2"), ("a_cam/8.jpg", "s4")],
+def _row(source: str, name: str, sha: str, names: list[str], split: str = "train") -> dict:
+    return {
+        "source": source,
+        "key": f"{source}/{name}",
+        "sha256": sha * 64,
+        "size": 10,
+        "etag": "e",
+        "format": "PNG",
+        "mode": "RGB",
+        "width": 10,
+        "height": 10,
+        "orientation": 1,
+        "group": f"{source}/lot",
+        "split": split,
+        "boxes": [[0.0, 0.0, 5.0, 5.0]] * len(names),
+        "category_names": names,
     }
-    excluded = choose_rows(accepted, None)
-    assert [(s, k) for s, k, _ in excluded] == [("b_cam", "b_cam/2.jpg")]
-    assert excluded[0][2] == "duplicate of an image kept in source a_cam"
-    capped = choose_rows(accepted, 1)
-    over = sorted((s, k) for s, k, reason in capped if reason.startswith("over the cap"))
-    assert [s for s, _ in over] == ["a_cam", "b_cam"], "each source keeps one image"
-    assert choose_rows(accepted, 1) == capped, "the same rows every time"
+
+
+ROWS = [
+    _row("b_cam", "1.png", "1", ["bolt"]),
+    _row("b_cam", "2.png", "2", ["nut"], split="val"),
+    _row("b_cam", "3.png", "3", ["bolt", "nut"]),
+    _row("a_cam", "9.png", "2", ["nut", "bolt"], split="val"),  # the same bytes as b_cam/2.png
+    _row("a_cam", "8.png", "4", []),  # a negative
+    _row("c_cam", "5.png", "5", ["nut"]),
+]
+
+
+def _select(**policy) -> tuple[list[str], dict[str, str]]:
+    chosen = select_rows(pa.Table.from_pylist(ROWS, schema=ts.SELECTION_SCHEMA), SelectionPolicy(**policy))
+    excluded = chosen.excluded.to_pylist()
+    return chosen.selected.column("key").to_pylist(), {row["key"]: row["reason"] for row in excluded}
+
+
+def test_an_exact_duplicate_stays_in_the_source_that_sorts_first_with_its_split():
+    selected, excluded = _select()
+    assert selected == ["a_cam/8.png", "a_cam/9.png", "b_cam/1.png", "b_cam/3.png", "c_cam/5.png"]
+    assert excluded == {"b_cam/2.png": "duplicate of an image kept in source a_cam"}
+
+
+@pytest.mark.parametrize(
+    ("policy", "selected", "reason"),
+    [
+        ({"max_images_per_source": 1}, ["a_cam/9.png", "b_cam/1.png", "c_cam/5.png"], "over the cap of 1 images per"),
+        ({"source_caps": {"b_cam": 0}}, ["a_cam/8.png", "a_cam/9.png", "c_cam/5.png"], "over the cap of 0 images for"),
+        ({"max_images": 2, "source_weights": {"c_cam": 0}}, ["a_cam/9.png", "b_cam/1.png"], "over source"),
+    ],
+    ids=["per source", "one source", "weighted total"],
+)
+def test_caps_keep_the_images_whose_sha256_sorts_lowest(policy, selected, reason):
+    kept, excluded = _select(**policy)
+    assert kept == selected
+    over = [key for key, why in excluded.items() if why.startswith("over")]
+    assert over and all(excluded[key].startswith(reason) for key in over)
+    assert set(kept) | set(excluded) == {row["key"] for row in ROWS}, "every row is selected or says why not"
+
+
+def test_categories_keep_their_boxes_and_exclude_images_left_with_none():
+    chosen = select_rows(
+        pa.Table.from_pylist(ROWS, schema=ts.SELECTION_SCHEMA), SelectionPolicy(categories=("bolt",), negatives=False)
+    )
+    labels = {row["key"]: row["category_names"] for row in chosen.selected.to_pylist()}
+    boxes = {row["key"]: len(row["boxes"]) for row in chosen.selected.to_pylist()}
+    assert labels == {"a_cam/9.png": ["bolt"], "b_cam/1.png": ["bolt"], "b_cam/3.png": ["bolt"]}
+    assert boxes == {"a_cam/9.png": 1, "b_cam/1.png": 1, "b_cam/3.png": 1}
+    reasons = {row["key"]: row["reason"] for row in chosen.excluded.to_pylist()}
+    assert reasons["c_cam/5.png"] == "no box of the chosen categories"
+    assert reasons["a_cam/8.png"].startswith("a negative")
+    # A duplicate is judged among the rows still eligible: b_cam/2.png has no bolt, so it is out for that.
+    assert reasons["b_cam/2.png"] == "no box of the chosen categories"
+
+
+def test_weighted_shares_give_a_full_source_s_rest_to_the_others():
+    assert weighted_shares({"a": 5, "b": 100, "c": 100}, {"a": 1, "b": 1, "c": 2}, 30) == {"a": 5, "b": 8, "c": 17}
+    assert weighted_shares({"a": 5, "b": 5}, {"a": 1, "b": 1}, 30) == {"a": 5, "b": 5}
+    assert sum(weighted_shares({s: 10 for s in "abc"}, dict.fromkeys("abc", 1.0), 10).values()) == 10
+
+
+def test_a_policy_that_cannot_be_met_is_refused_naming_the_setting():
+    with pytest.raises(ValueError, match="source_caps\\[b_cam\\]"):
+        SelectionPolicy(source_caps={"b_cam": -1})
+    with pytest.raises(ValueError, match="source_weights\\[a_cam\\]"):
+        SelectionPolicy(source_weights={"a_cam": float("nan")})
 
 
 def _version(instance, resources, **config) -> tuple[str, dict]:
@@ -53,7 +123,7 @@ def _touch_one_image(raw: Path, source: str) -> None:
 
 
 @pytest.mark.slow
-def test_training_set_changes_only_when_a_chosen_source_changes(tiny_raw_root, tmp_path, instance):
+def test_training_set_changes_only_when_what_it_selects_changes(tiny_raw_root, tmp_path, instance):
     raw = tmp_path / "raw"
     shutil.copytree(tiny_raw_root, raw)
     resources = make_resources(raw, tmp_path / "state")
@@ -61,13 +131,13 @@ def test_training_set_changes_only_when_a_chosen_source_changes(tiny_raw_root, t
         assert materialize_source(source, instance=instance, resources=resources).success
     first, meta = _version(instance, resources)
     assert _sources(meta) == ["line_a_camera", "line_b_camera"]
-    manifest = json.loads(Path(meta["dagster/uri"], "manifest.json").read_text())
+    manifest, selection = ts.read_selection(meta["dagster/uri"])
     assert [s["source"] for s in manifest["sources"]] == _sources(meta)
-    assert manifest["duplicate_rule"].startswith(
-        "an exact duplicate (same sha256) in several sources is kept in the source whose name sorts first"
-    )
+    assert manifest["policy"]["duplicates"].startswith("an exact duplicate (same sha256) is kept in the source")
+    assert selection.num_rows == meta["dagster/row_count"] == sum(s["selected"] for s in manifest["sources"])
+    assert set(selection.column("source").to_pylist()) == {"line_a_camera", "line_b_camera"}
 
-    # A source rebuilt from unchanged data: same shard data version, same training set.
+    # A source validated again from unchanged data: same validated version, same training set.
     assert materialize_source("line_a_camera", instance=instance, resources=resources).success
     again, meta = _version(instance, resources)
     assert again == first and meta["cache"] == "hit"
@@ -76,7 +146,7 @@ def test_training_set_changes_only_when_a_chosen_source_changes(tiny_raw_root, t
     _touch_one_image(raw, "line_a_camera")
     assert materialize_source("line_a_camera", instance=instance, resources=resources).success
     changed, meta = _version(instance, resources)
-    assert changed != first and "upstream arrow_shards[line_a_camera] changed" in meta["cache_reason"]
+    assert changed != first and "upstream validated_images[line_a_camera] changed" in meta["cache_reason"]
 
     # A source that is not chosen changes: the training set of the chosen ones stays as it was.
     chosen = {"sources": ["line_a_camera", "line_b_camera"]}
@@ -86,29 +156,23 @@ def test_training_set_changes_only_when_a_chosen_source_changes(tiny_raw_root, t
     assert materialize_source("warehouse_scanner", instance=instance, resources=resources).success
     after, meta = _version(instance, resources, **chosen)
     assert after == before and meta["cache"] == "hit"
-    # Chosen by default (every registered source with shards), it changes.
+    # Chosen by default (every registered source with a validated set), it changes.
     everything, meta = _version(instance, resources)
     assert everything != after and _sources(meta) == ["line_a_camera", "line_b_camera", "warehouse_scanner"]
 
     # The cap: each source keeps at most that many images, the rest are listed with the reason.
-    capped, meta = _version(instance, resources, max_images_per_source=3)
-    excluded = pd.read_parquet(Path(meta["dagster/uri"], "excluded.parquet"))
-    kept = meta["dagster/row_count"]
-    assert kept == 3 * 3 and meta["over_cap"] == (excluded["reason"].str.startswith("over the cap")).sum() > 0
+    _, meta = _version(instance, resources, max_images_per_source=3)
+    excluded = ts.read_excluded(meta["dagster/uri"]).to_pylist()
+    assert meta["dagster/row_count"] == 3 * 3
+    assert meta["over_cap"] == sum(row["reason"].startswith("over the cap") for row in excluded) > 0
 
-    # What the trainer and evaluator read of it, warmed: the listed shards of every source, the excluded
-    # rows skipped, each source's labels in the shared vocabulary.
-    warm = warm_training_set(meta["dagster/uri"], tmp_path / "fsx", "capped").path
-    read = []
-    for split in ("train", "val"):
-        manifest, shards = verified_split(warm, split)
-        read += list(iter_eval_samples(shards))
-    assert len(read) == kept and not {s.key for s in read} & set(excluded["key"])
-    shared = {c["id"]: c["name"] for c in manifest["categories"]}
-    by_key = {}
-    for source in manifest["sources"]:
-        for entry in source["shards"]:
-            rows = open_shard(warm / source["folder"] / entry["file"]).select(["key", "category_names"]).to_pylist()
-            by_key |= {row["key"]: row["category_names"] for row in rows}
-    for sample in read:  # the same names, whichever source's ids the shard stored
-        assert [shared[int(label)] for label in sample.labels] == by_key[sample.key]
+    # A config naming an unknown source or category fails before anything is written, saying which.
+    for config, named in (({"sources": ["no_such_cam"]}, "no_such_cam"), ({"categories": ["unicorn"]}, "unicorn")):
+        result = materialize_tail(
+            instance=instance,
+            resources=resources,
+            assets=[training_set],
+            run_config={"ops": {"training_set": {"config": config}}},
+            raise_on_error=False,
+        )
+        assert not result.success and named in str(result.all_events)

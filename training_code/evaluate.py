@@ -45,11 +45,11 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Score a ZERO checkpoint with COCO box metrics")
     graph = parser.add_argument_group("graph mode (run the model on shards)")
     graph.add_argument("--model", type=Path, help="folder holding model.pt (the training job's model output)")
-    graph.add_argument("--shards", type=Path, help="shard folder with manifest.json")
+    graph.add_argument("--shards", type=Path, help="shard set folder with manifest.json (zero-shards/3)")
     graph.add_argument(
         "--training-set",
         default=None,
-        help="the training set's folder inside --shards, when --shards is the shard root of every source (SageMaker)",
+        help="the shard set's folder inside --shards, when --shards holds the set and its shards beside it (SageMaker)",
     )
     graph.add_argument("--out", type=Path, help="folder for predictions.json, ground_truth.json, metrics.json")
     graph.add_argument("--split", default="val")

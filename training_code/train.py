@@ -27,7 +27,7 @@ from training_code.lib.detection_samples import ShardRef, verified_split
 from training_code.lib.distributed import DistributedContext, all_reduce_sum, distributed_session
 from training_code.lib.model import ARCHITECTURES, DEFAULT_ARCH, build_model, model_config, save_model_file
 from training_code.lib.output_manifest import write_output_manifest
-from training_code.lib.shard_format import open_shard, sha256_file
+from training_code.lib.shard_format import sha256_file
 from training_code.lib.train_step import StopRequest, train_step
 
 
@@ -53,8 +53,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--training-set",
         default=None,
-        help="the training set's folder inside the `train` channel, "
-        "when the channel is the shard root of every source (SageMaker)",
+        help="the shard set's folder (its manifest.json) inside the `train` channel, when the channel holds the "
+        "set and its shards beside it (SageMaker); without it the channel is the set's folder",
     )
     parser.add_argument("--width", type=int, default=32, help="fcos_tiny backbone width")
     parser.add_argument("--fpn-channels", type=int, default=64, help="fcos_tiny FPN channels (multiple of 32)")
@@ -286,17 +286,8 @@ def train(
 
 
 def rows_trained_on(shards: list[ShardRef]) -> int:
-    """The train split's rows the stream draws from: every row of its shards but a training set's
-    excluded ones (their keys read from the memory-mapped shard; no image is decoded)."""
-    rows = 0
-    for shard in shards:
-        skipped = (
-            sum(key in shard.excluded for key in open_shard(shard.path).column("key").to_pylist())
-            if shard.excluded
-            else 0
-        )
-        rows += shard.rows - skipped
-    return rows
+    """The train split's rows the stream draws from: every row of its shards but the masked ones."""
+    return sum(shard.live_rows for shard in shards)
 
 
 def report_metadata(summary: dict[str, Any]) -> dict[str, Any]:

@@ -143,14 +143,10 @@ class ShardDetectionStream(IterableDataset):
                 if not mine_this_epoch:  # a worker dealt nothing would spin forever: the job would hang, not fail
                     raise ValueError(
                         f"rank {self.rank}: epoch {current_epoch} held fewer rows than its {workers} DataLoader "
-                        f"workers, so worker {worker} got none; use fewer --workers"
+                        f"workers (masked rows do not count), so worker {worker} got none; use fewer --workers"
                     )
                 current_epoch, mine_this_epoch = epoch, 0
             if position % workers != worker:
-                continue
-            mine_this_epoch += 1
-            if to_skip:  # counts stream positions: exact unless a skipped sample was a bad one
-                to_skip -= 1
                 continue
             if shard in tables:
                 tables.move_to_end(shard)
@@ -158,12 +154,14 @@ class ShardDetectionStream(IterableDataset):
                 tables[shard] = ShardRows(self.shards[shard].path)
                 if len(tables) > 2 * self.open_shards:
                     tables.popitem(last=False)
-            if self.shards[shard].excluded and tables[shard].labels["key"][row] in self.shards[shard].excluded:
-                continue  # left out of the training set (a duplicate of another source's image, or over the cap)
+            if self.shards[shard].masked and tables[shard].labels["key"][row] in self.shards[shard].masked:
+                continue  # masked: no longer selected (or packed again elsewhere), skipped until compaction
+            mine_this_epoch += 1
+            if to_skip:  # counts the samples delivered before: exact unless a skipped sample was a bad one
+                to_skip -= 1
+                continue
             try:
-                picture, target, _key = decode_sample(
-                    tables[shard], row, min_box_side=1.0, label_map=self.shards[shard].label_map
-                )
+                picture, target, _key = decode_sample(tables[shard], row, min_box_side=1.0)
             except BadSampleError as error:
                 with self.bad_samples.get_lock():
                     self.bad_samples.value += 1

@@ -1,11 +1,13 @@
-"""Detection samples from verified Arrow shards: the split's shards checked against their manifest,
-a stored row decoded into an upright picture and its boxes, and the ordered evaluation pass.
+"""Detection samples from verified Arrow shards: the split's shards checked against their shard-set
+manifest (masked rows skipped), a stored row decoded into an upright picture and its boxes, and the
+ordered evaluation pass.
 
 The training stream that mixes and augments these samples is `detection_data`.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +17,7 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
-from . import shard_format, training_set
+from . import shard_format
 
 # What a corrupt image can raise from PIL: truncated data (OSError), unknown format
 # (UnidentifiedImageError is an OSError), broken PNG chunks (SyntaxError), oversized images.
@@ -26,12 +28,15 @@ _LABEL_COLUMNS = ["width", "height", "boxes", "category_ids", "key"]
 @dataclass(frozen=True)
 class ShardRef:
     path: Path
-    rows: int
-    # In a training set: this source's category id -> the shared vocabulary's id, and the keys to skip.
-    label_map: dict[int, int] | None = field(default=None, compare=False)
-    excluded: frozenset[str] = field(default=frozenset(), compare=False)
-    # The source the shard's rows come from ("" in a plain shard set): the reader opens lanes per source.
+    rows: int  # the rows stored in it, masked ones included
+    # Keys of its rows the manifest masks (no longer selected): read order counts them, samples skip them.
+    masked: frozenset[str] = field(default=frozenset(), compare=False)
+    # The source of its rows ("" when it mixes sources, as the packer's shards do): lanes are per source.
     source: str = field(default="", compare=False)
+
+    @property
+    def live_rows(self) -> int:
+        return self.rows - len(self.masked)
 
 
 class BadSampleError(ValueError):
@@ -41,56 +46,36 @@ class BadSampleError(ValueError):
 def verified_split(
     folder: Path, split: str, rank: int = 0, world_size: int = 1, training_set_dir: str | None = None
 ) -> tuple[dict[str, Any], list[ShardRef]]:
-    """The manifest and the split's shards, after checking them against the manifest.
+    """The shard-set manifest (zero-shards/3) and the split's shards, after checking them against it.
 
-    `folder` holds a shard set, or a training set (one shard set per source and the training-set
-    manifest, see `training_set`): then the manifest returned carries the shared vocabulary, and each
-    shard its label map and excluded keys. Every rank checks sizes and row counts (cheap); the sha256
-    pass is divided among ranks by stride so each shard is hashed once per job. Any mismatch raises
-    `ShardIntegrityError` and ends the job.
-
-    With `training_set_dir` (a folder inside `folder`, as on SageMaker, where the channel is the shard
-    root holding every source's shard sets) the training-set manifest is read there, and each source's
-    `folder` is relative to `folder`, the channel root.
+    Shards are found by their `path`, relative to the manifest's folder, and may lie in other folders
+    (an earlier set's, the warm mount's shared one) but never outside the root: with
+    `training_set_dir` (the manifest's folder inside `folder`, as on SageMaker, where the channel holds
+    the shards and the set) the channel `folder`; else two folders above the manifest's (the lake, for
+    `<lake>/arrow_shards/<fp16>`; the mount, for a warm `<mount>/sets/<key>`). Each shard carries the
+    keys the manifest masks; the vocabulary is the manifest's `categories`. Every rank checks sizes and
+    row counts (cheap); the sha256 pass is divided among ranks by stride so each shard is hashed once
+    per job. Any mismatch raises `ShardIntegrityError` and ends the job.
     """
-    shards_root = Path(folder)  # where a training set's source folders are, below
+    root = Path(folder)
     if training_set_dir is not None:
         inner = Path(training_set_dir)
         if inner.is_absolute() or ".." in inner.parts:
             raise ValueError(
                 f"training set {training_set_dir!r} must be a folder inside the channel {folder}, without '..'"
             )
-        folder = shards_root / inner
-    chosen = training_set.read_training_set(folder)
-    if chosen is None and training_set_dir is not None:  # never fall back to a shard set there
-        raise FileNotFoundError(
-            f"{folder}/{training_set.MANIFEST}: no training-set manifest there; warm the training set again"
-        )
-    if chosen is None:
-        manifest = shard_format.read_manifest(folder)
-        located = [
-            (Path(folder), entry, None, frozenset(), "") for entry in shard_format.shards_for_split(manifest, split)
-        ]
+        folder = root / inner
     else:
-        manifest, excluded = chosen, training_set.excluded_keys(folder)
-        located = [
-            (
-                shards_root / source["folder"],
-                entry,
-                training_set.label_map(source["categories"], chosen["categories"]),
-                excluded.get(source["source"], frozenset()),
-                source["source"],
-            )
-            for source in chosen["sources"]
-            for entry in shard_format.shards_for_split(source, split)
-        ]
-    if not located:
+        root = Path(os.path.abspath(root)).parent.parent
+    manifest = shard_format.read_manifest(folder)
+    masked = shard_format.masked_keys(folder, manifest)
+    entries = shard_format.shards_for_split(manifest, split)
+    if not entries:
         raise FileNotFoundError(f"{folder}/{shard_format.MANIFEST} lists no shards for split {split!r}")
-    for index, (where, entry, _, _, _) in enumerate(located):
-        shard_format.verify_shard(where, entry, check_sha256=index % world_size == rank)
-    return manifest, [
-        ShardRef(where / e["file"], int(e["rows"]), labels, skip, source) for where, e, labels, skip, source in located
-    ]
+    located = [(shard_format.shard_path(folder, entry, root), entry) for entry in entries]
+    for index, (path, entry) in enumerate(located):
+        shard_format.verify_shard_file(path, entry, check_sha256=index % world_size == rank)
+    return manifest, [ShardRef(path, int(e["rows"]), masked.get(e["path"], frozenset())) for path, e in located]
 
 
 class ShardRows:
@@ -107,7 +92,7 @@ class ShardRows:
 
 
 def decode_sample(
-    rows: ShardRows, row: int, min_box_side: float = 0.0, label_map: dict[int, int] | None = None
+    rows: ShardRows, row: int, min_box_side: float = 0.0
 ) -> tuple[Image.Image, dict[str, torch.Tensor], str]:
     """One row as (upright RGB picture, {"boxes" [N,4] float32 xyxy, "labels" [N] int64}, key).
 
@@ -127,8 +112,6 @@ def decode_sample(
             f"shard says {record['width']}x{record['height']}"
         )
     boxes, labels = record["boxes"], record["category_ids"]
-    if label_map is not None:  # a training set: the source's ids become the shared vocabulary's
-        labels = [label_map[label] for label in labels]
     if min_box_side > 0:
         kept = [i for i, (x1, y1, x2, y2) in enumerate(boxes) if x2 - x1 >= min_box_side and y2 - y1 >= min_box_side]
         boxes, labels = [boxes[i] for i in kept], [labels[i] for i in kept]
@@ -155,10 +138,10 @@ def iter_eval_samples(shards: list[ShardRef]) -> Iterator[EvalSample]:
     for shard in shards:
         table = ShardRows(shard.path)
         for row in range(table.table.num_rows):
-            if shard.excluded and table.labels["key"][row] in shard.excluded:
+            if shard.masked and table.labels["key"][row] in shard.masked:
                 continue
             try:
-                picture, target, key = decode_sample(table, row, label_map=shard.label_map)
+                picture, target, key = decode_sample(table, row)
             except BadSampleError as error:
                 raise BadSampleError(f"{shard.path} row {row}: {error}") from error
             yield EvalSample(

@@ -1,7 +1,8 @@
 """The files a job's `manifest.json` vouches for, whatever job wrote it.
 
 Every job output ends with a `manifest.json` written last. The validation manifest names its files
-under `files` (name -> sha256), a shard manifest under `shards` (file, bytes, sha256), and the other
+under `files` (name -> sha256), a shard manifest under `shards` (path, bytes, sha256: in its folder,
+or in an earlier set's beside it, see `outside_files`), and the other
 jobs write `files` as name -> {"bytes", "sha256"} (training and evaluation with
 `write_output_manifest`; the raw index the same shape beside its own fields). `named_files` reads
 all three, so whoever proves an output complete trusts exactly what the job said it wrote.
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .hashing import sha256_file
+from .relative_paths import split_relative
 from .storage import safe_relative_key, write_bytes_atomic
 
 MANIFEST = "manifest.json"
@@ -36,17 +38,34 @@ def named_files(manifest: dict[str, Any], where: str) -> dict[str, dict[str, Any
         raise ValueError(f"{where}: `files` must be an object or a list, not {type(files).__name__}")
     for name, facts in files.items():
         named[safe_relative_key(name)] = {"sha256": facts} if isinstance(facts, str) else dict(facts or {})
-    shards = manifest.get("shards", [])
-    if not isinstance(shards, list) or not all(isinstance(entry, dict) and "file" in entry for entry in shards):
-        raise ValueError(f"{where}: `shards` must be a list of objects with a `file` field")
-    for entry in shards:
-        named[safe_relative_key(entry["file"])] = {k: entry[k] for k in ("bytes", "sha256") if k in entry}
+    for name, entry in _shard_entries(manifest, where):
+        ups, key = split_relative(name)
+        if not ups:  # a shard kept in another folder is named by `outside_files`
+            named[key] = {k: entry[k] for k in ("bytes", "sha256") if k in entry}
     for name, facts in named.items():
         if not isinstance(facts.get("bytes", 0), int) or not isinstance(facts.get("sha256", ""), str):
             raise ValueError(
                 f"{where}: entry {name!r} has a `bytes` that is not an integer or a `sha256` that is not a string"
             )
     return named
+
+
+def outside_files(manifest: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    """The files a manifest names outside its own folder (a shard set's shards kept from an earlier
+    set, `../<folder>/shards/<name>`): path relative to the manifest's folder -> `bytes` and `sha256`."""
+    return {
+        name: {k: entry[k] for k in ("bytes", "sha256") if k in entry}
+        for name, entry in _shard_entries(manifest, where)
+        if split_relative(name)[0]
+    }
+
+
+def _shard_entries(manifest: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]]]:
+    """(path, entry) of each `shards` entry: by `path` (zero-shards/3), or by `file` in the folder (earlier)."""
+    shards = manifest.get("shards", []) if isinstance(manifest, dict) else []
+    if not isinstance(shards, list) or not all(isinstance(e, dict) and ("path" in e or "file" in e) for e in shards):
+        raise ValueError(f"{where}: `shards` must be a list of objects with a `path` (or `file`) field")
+    return [(str(entry.get("path", entry.get("file"))), entry) for entry in shards]
 
 
 def write_output_manifest(folder: Path, files: list[str], **fields: Any) -> bytes:

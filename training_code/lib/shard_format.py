@@ -1,9 +1,15 @@
 """The Arrow shard format: column schema, manifest layout, and verified reading.
 
-A shard set is a folder of Arrow IPC stream files (`<split>-<nnnnn>.arrow`) and a `manifest.json`,
-written last, that lists every shard with its row count, byte size and sha256. Readers trust only the
-manifest. Boxes are absolute `x1, y1, x2, y2` pixels in the upright frame: decode the stored image
-bytes (`image_bytes`) with `decode_upright` (EXIF orientation applied).
+A shard set (`zero-shards/3`) is a `manifest.json`, written last, that lists every shard training
+reads by `path`, relative to the manifest's folder: the shards its own materialization packed
+(`shards/<split>-<sha256[:16]>.arrow`) and the ones it kept from earlier sets (`../<their folder>/
+shards/...`), each with its split, rows, bytes and sha256. Shard names are content-addressed (the
+file's own sha256), so one name is one content wherever it lies. `masked.parquet` (path, key) names
+the rows of listed shards that are no longer selected: readers skip them. `rows.parquet` lists every
+row of every listed shard with its sha256, split and label digest, so the next set is planned
+without reading a shard (see shard_plan). Readers trust only the manifest. Boxes are absolute
+`x1, y1, x2, y2` pixels in the upright frame: decode the stored image bytes (`image_bytes`) with
+`decode_upright` (EXIF orientation applied).
 
 Each shard is also a Hugging Face dataset (see shard_hf): its schema carries the `datasets` features,
 so `datasets.Dataset.from_file(shard)` yields PIL images and `ClassLabel` category ids, and the folder
@@ -14,23 +20,31 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from PIL import Image, ImageOps
 
-from . import shard_hf
+from . import relative_paths, shard_hf
 from .hashing import sha256_file
-
-log = logging.getLogger("zero.shard")
+from .verified_read import read_verified
 
 MANIFEST = "manifest.json"
 # 2: image as struct<bytes, path>, category ids int64, every column nullable, `datasets` features in
-# the schema: the storage `datasets` needs to read the features (see shard_hf).
-FORMAT = "zero-shards/2"
+# the schema: the storage `datasets` needs to read the features (see shard_hf). 3: shards of the
+# selection listed by `path` (content-addressed, possibly in earlier sets' folders), masked rows.
+FORMAT = "zero-shards/3"
+SHARDS = "shards"  # the folder of a set's own shards
+MASKED = "masked.parquet"
+ROWS = "rows.parquet"
+MASKED_SCHEMA = pa.schema([pa.field("path", pa.string(), nullable=False), pa.field("key", pa.string(), nullable=False)])
+# `labels`: shard_rows.label_digest of the selected row a shard row was packed from.
+ROWS_SCHEMA = pa.schema(
+    [pa.field(name, pa.string(), nullable=False) for name in ("path", "key", "sha256", "split", "labels")]
+)
 
 IMAGE_TYPE = pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.string())])
 BOXES_NOTE = {"boxes": "x1,y1,x2,y2 absolute pixels, upright frame (EXIF orientation applied)"}
@@ -67,17 +81,15 @@ class ShardIntegrityError(RuntimeError):
     """A shard on disk does not match its manifest entry."""
 
 
-def _manifest_json(folder: Path) -> tuple[Path, dict[str, Any]]:
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The shard-set manifest in `folder`; an error naming it when it is missing or of another format."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"no shard manifest at {path}: the shard set is incomplete or was never written")
-    return path, json.loads(path.read_text())
-
-
-def read_manifest(folder: Path) -> dict[str, Any]:
-    path, manifest = _manifest_json(folder)
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path}: format {manifest.get('format')!r} is not {FORMAT!r}")
+    manifest = json.loads(path.read_text())
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ValueError(f"{path}: format {found!r} is not {FORMAT!r}; rematerialize arrow_shards")
     return manifest
 
 
@@ -85,9 +97,27 @@ def shards_for_split(manifest: dict[str, Any], split: str) -> list[dict[str, Any
     return [s for s in manifest["shards"] if s["split"] == split]
 
 
-def verify_shard(folder: Path, entry: dict[str, Any], check_sha256: bool = True) -> None:
+def shard_path(folder: Path, entry: dict[str, Any], root: Path | None = None) -> Path:
+    """Where the shard of a manifest entry is: its `path` resolved from the manifest's folder, refused
+    (ValueError) when it leaves `root`."""
+    return Path(relative_paths.resolve(folder, entry["path"], root))
+
+
+def verify_shard(folder: Path, entry: dict[str, Any], check_sha256: bool = True, root: Path | None = None) -> None:
     """Fail loudly when a shard is missing, truncated, edited, or holds a different row count."""
-    verify_shard_file(Path(folder) / entry["file"], entry, check_sha256)
+    verify_shard_file(shard_path(folder, entry, root), entry, check_sha256)
+
+
+def masked_keys(folder: Path, manifest: dict[str, Any]) -> dict[str, frozenset[str]]:
+    """Shard path (as the manifest lists it) -> the keys of its rows that readers skip; read from
+    `masked.parquet`, checked against the manifest's sha256. A set that names no such file masks none."""
+    if MASKED not in manifest.get("files", {}):
+        return {}
+    table = pq.read_table(io.BytesIO(read_verified(Path(folder) / MASKED)))
+    by_path: dict[str, set[str]] = {}
+    for path, key in zip(table.column("path").to_pylist(), table.column("key").to_pylist()):
+        by_path.setdefault(path, set()).add(key)
+    return {path: frozenset(keys) for path, keys in by_path.items()}
 
 
 def verify_shard_file(path: Path, entry: dict[str, Any], check_sha256: bool = True) -> None:
@@ -123,23 +153,3 @@ def decode_upright(data: bytes) -> Image.Image:
         image.load()
         # Pixels stay valid after the `with` (it only drops the byte stream); convert() would copy an RGB image.
         return image if image.mode == "RGB" else image.convert("RGB")
-
-
-def reusable_manifest(previous: Path | None, categories: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The earlier shard set's manifest when its shards may be carried over, else None (every row is
-    packed again): an older format, or other categories, since every shard embeds the category names
-    (its ClassLabel) and the format decides the bytes."""
-    if previous is None:
-        return None
-    _, manifest = _manifest_json(previous)
-    if manifest.get("format") != FORMAT or manifest.get("categories") != categories:
-        log.info(
-            "earlier shard set %s has format %s and categories %s, now %s and %s: every row is packed again",
-            previous,
-            manifest.get("format"),
-            manifest.get("categories"),
-            FORMAT,
-            categories,
-        )
-        return None
-    return manifest

@@ -14,8 +14,11 @@ Category ids are the detector's labels 1..K (torchvision keeps 0 for the backgro
 category's name for every stored id.
 
 `load_from_disk(folder)` reads `dataset_dict.json`, then per split `<split>/state.json` and
-`<split>/dataset_info.json`, whose data files are the split's shards one folder up (`../train-00000.arrow`):
-the shards stay where every other reader finds them, and nothing is copied.
+`<split>/dataset_info.json`, whose data files are the split's shards by their manifest paths, one
+folder up (`../shards/train-<sha16>.arrow`, `../../<earlier set>/shards/...`): the shards stay where
+every other reader finds them, and nothing is copied. `load_from_disk` knows no masked rows, so it
+yields every stored row; `load_live(folder)` is the same DatasetDict without the masked ones (an
+indices mapping over the same memory-mapped shards, nothing copied).
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ def write_dataset_dict(
         fingerprint = hashlib.sha256("".join(e["sha256"] for e in shards).encode()).hexdigest()[:16]
         written[f"{split}/{STATE}"] = json.dumps(
             {
-                "_data_files": [{"filename": f"../{e['file']}"} for e in shards],
+                "_data_files": [{"filename": f"../{e['path']}"} for e in shards],
                 "_fingerprint": fingerprint,
                 "_format_columns": None,
                 "_format_kwargs": {},
@@ -117,3 +120,24 @@ def write_dataset_dict(
     for name, data in written.items():
         write_bytes_atomic(folder / name, data)
     return {name: {"bytes": len(data), "sha256": sha256_bytes(data)} for name, data in written.items()}
+
+
+def load_live(folder: Path):
+    """`datasets.load_from_disk(folder)` without the rows the manifest masks: a `DatasetDict` by split
+    of the rows training reads (imports `datasets`, which reading a shard otherwise never does)."""
+    import datasets  # seconds to import: only where a `datasets` object is asked for
+
+    from .shard_format import masked_keys, read_manifest, shards_for_split
+
+    manifest = read_manifest(folder)
+    masked = masked_keys(folder, manifest)
+    loaded = datasets.load_from_disk(str(folder))
+    live = {}
+    for split, data in loaded.items():
+        keys, kept, start = data["key"], [], 0
+        for entry in shards_for_split(manifest, split):  # the order of the split's data files
+            skip = masked.get(entry["path"], frozenset())
+            kept += [row for row in range(start, start + entry["rows"]) if keys[row] not in skip]
+            start += entry["rows"]
+        live[split] = data.select(kept) if len(kept) < len(data) else data
+    return datasets.DatasetDict(live)

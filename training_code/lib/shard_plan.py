@@ -1,75 +1,222 @@
-"""Decide which shards of an earlier shard set can be carried over unchanged, and what is left to pack.
+"""Plan a shard set of the selection from the previous one: the earlier shards it keeps, by reference,
+the rows of theirs it masks, and the rows it packs into new shards.
 
-Rules (the incremental contract of arrow_shards):
-- Nothing is reused when the earlier set's shard config (target size, image encoding) differs.
-- An earlier shard is kept, byte for byte, only when every row in it is still accepted, in the same
-  split, with the same sha256 and the same labels (boxes, category ids and names, size, format).
-  Any removed, changed or relabelled image, or a vocabulary change that renumbers one of its
-  categories, drops the whole shard; its rows that are still valid are packed again with the new ones.
-- Rows not in a kept shard are packed into new shards, numbered after the highest earlier index of
-  their split, so a shard name never names two different contents in one lineage.
-- Rows are packed in `pack_order`: a seeded order that spreads every (source, group) evenly over the
-  rows packed, so each shard holds a sample of all of them, never a run of one lot. It is a function of
-  the keys packed alone, so an incremental run orders its new rows the same way whatever was kept.
+Rules (the incremental contract of arrow_shards, format zero-shards/3):
+- Nothing earlier is kept when the earlier set is of another format, shard config (target size,
+  image encoding) or pack order: every selected row is packed again, and category ids start afresh.
+- An earlier shard is kept by reference (its path, relative to the new manifest) while it holds a
+  live row. A row of it is masked when it is no longer selected, or is selected with another
+  sha256, split or labels (see shard_rows.label_digest), or is live in a shard listed before it.
+- Compaction: a kept shard whose masked share passes `compact_masked_share` is dropped and its live
+  rows are packed again with the new ones. When the kept shards of a split that are under
+  `merge_small_share` of the target size hold more than `merge_rows_share` of the split's selected
+  rows, they are all dropped and their rows packed again, into ~target-sized shards.
+- Rows selected but in no kept shard are packed into new shards, per split, in `pack_order`: a
+  seeded order that spreads every (source, group) evenly over the rows packed, so each shard holds a
+  sample of all of them. It is a function of the keys packed alone.
+- Category ids are append-only along a lineage: the earlier manifest's categories keep their ids
+  and new names get the next ids, in name order, so a new category never renumbers a kept shard.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from .shard_format import FORMAT, LABEL_SCHEMA, open_shard
+from .relative_paths import split_relative
+from .shard_format import FORMAT, MASKED_SCHEMA, ROWS_SCHEMA
+from .tables import SPLITS
 
 log = logging.getLogger("zero.shard")
 
-_INDEX = re.compile(r"^(?P<split>[a-z]+)-(?P<index>\d+)\.arrow$")
-# Recorded in the manifest: an earlier set packed in another order is packed again, not carried over.
+# Recorded in the manifest: an earlier set packed in another order is packed again, not kept.
 PACK_ORDER = {"order": "groups interleaved", "seed": 0}
+# The config that decides a shard's bytes: an earlier set with other values is never kept.
+BYTES_CONFIG = ("target_shard_bytes", "image_encoding", "max_side", "jpeg_quality")
+
+
+@dataclass(frozen=True)
+class Compaction:
+    compact_masked_share: float = 0.25
+    merge_small_share: float = 0.5
+    merge_rows_share: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"--{name.replace('_', '-')} must be within [0, 1], got {value}")
+
+
+@dataclass(frozen=True)
+class PreviousSet:
+    """An earlier shard set as the planner reads it: its manifest, `rows.parquet` and masked rows,
+    and its folder's name (its own shards are listed from the new set as `../<name>/shards/...`)."""
+
+    manifest: dict[str, Any]
+    rows: pa.Table  # ROWS_SCHEMA
+    masked: frozenset[tuple[str, str]]  # (path, key)
+    name: str
 
 
 @dataclass
 class ShardPlan:
-    kept: list[dict[str, Any]] = field(default_factory=list)  # earlier manifest entries carried over
+    categories: list[dict[str, Any]] = field(default_factory=list)
+    kept: list[dict[str, Any]] = field(default_factory=list)  # earlier entries, paths from the new set
+    kept_rows: list[dict[str, str]] = field(default_factory=list)  # their rows (ROWS_SCHEMA), masked ones too
+    masked: list[dict[str, str]] = field(default_factory=list)  # (path, key) of the kept shards' masked rows
     to_pack: dict[str, list[str]] = field(default_factory=dict)  # split -> keys, in pack_order
-    first_index: dict[str, int] = field(default_factory=dict)  # split -> index of the first new shard
-    dropped: list[str] = field(default_factory=list)  # "file: why"
+    dropped: dict[str, list[str]] = field(default_factory=dict)  # why -> earlier paths
+
+    def work(self) -> dict[str, int]:
+        return {
+            "shards_kept": len(self.kept),
+            "shards_dropped": sum(len(paths) for paths in self.dropped.values()),
+            "shards_compacted": len(self.dropped.get("compacted", [])),
+            "shards_merged": len(self.dropped.get("merged", [])),
+            "rows_kept": sum(e["rows"] - e["masked"] for e in self.kept),
+            "rows_masked": len(self.masked),
+            "rows_packed": sum(len(keys) for keys in self.to_pack.values()),
+        }
 
 
 def plan_shards(
-    expected: dict[str, tuple[str, dict[str, Any]]],
-    config: dict[str, Any],
-    previous: Path | None,
-    previous_manifest: dict[str, Any] | None,
+    selected: dict[str, tuple[str, str, str]],
     groups: dict[str, tuple[str, str]],
+    category_names: list[str],
+    config: dict[str, Any],
+    compaction: Compaction,
+    previous: PreviousSet | None,
 ) -> ShardPlan:
-    """`expected` maps key -> (split, shard_labels row) for the current validated set; `groups` key ->
-    (source, group)."""
-    plan = ShardPlan()
-    claimed: set[str] = set()
-    reusable = previous_manifest is not None and _same_config(previous_manifest, config)
-    for entry in previous_manifest["shards"] if reusable else []:
-        why = _why_not_reusable(previous / entry["file"], entry, expected, claimed)
-        if why:
-            plan.dropped.append(f"{entry['file']}: {why}")
-            continue
-        plan.kept.append(entry)
-    splits = sorted({split for split, _ in expected.values()})
-    for split in splits:
+    """`selected`: key -> (split, sha256, label digest) of every selected row; `groups`: key ->
+    (source, group); `config`: this set's shard config (BYTES_CONFIG fields)."""
+    keep = previous is not None and _keeps(previous.manifest, config)
+    plan = ShardPlan(categories=append_categories(previous.manifest["categories"] if keep else [], category_names))
+    live: dict[str, list[str]] = {}  # kept shard path (from the new set) -> its live keys
+    if keep:
+        live = _keep_shards(plan, previous, selected)
+        _compact(plan, live, selected, config["target_shard_bytes"], compaction)
+    claimed = {key for keys in live.values() for key in keys}
+    for split in SPLITS:
         plan.to_pack[split] = pack_order(
-            [k for k, (s, _) in expected.items() if s == split and k not in claimed], groups
+            [k for k, (s, _, _) in selected.items() if s == split and k not in claimed], groups
         )
-    for entry in previous_manifest["shards"] if reusable else []:
-        match = _INDEX.match(entry["file"])
-        if match:
-            split = match["split"]
-            plan.first_index[split] = max(plan.first_index.get(split, 0), int(match["index"]) + 1)
+    for why, paths in plan.dropped.items():
+        log.info("%d earlier shards not kept (%s), e.g. %s", len(paths), why, paths[0])
     return plan
+
+
+def _keeps(manifest: dict[str, Any], config: dict[str, Any]) -> bool:
+    earlier = {name: manifest.get("config", {}).get(name) for name in BYTES_CONFIG}
+    now = {name: config.get(name) for name in BYTES_CONFIG}
+    if manifest.get("format") != FORMAT or earlier != now or manifest.get("pack_order") != PACK_ORDER:
+        log.info(
+            "earlier shard set is format %s, config %s, order %s; now %s, %s, %s: every row is packed again",
+            manifest.get("format"),
+            earlier,
+            manifest.get("pack_order"),
+            FORMAT,
+            now,
+            PACK_ORDER,
+        )
+        return False
+    return True
+
+
+def _keep_shards(
+    plan: ShardPlan, previous: PreviousSet, selected: dict[str, tuple[str, str, str]]
+) -> dict[str, list[str]]:
+    """Each earlier shard's rows sorted into live and masked; returns path -> live keys of the kept."""
+    by_path: dict[str, list[tuple[str, str, str, str]]] = {}
+    columns = previous.rows.to_pydict()
+    for path, key, sha, split, labels in zip(*(columns[name] for name in ROWS_SCHEMA.names)):
+        by_path.setdefault(path, []).append((key, sha, split, labels))
+    claimed: set[str] = set()
+    live_by_path = {}
+    for entry in previous.manifest["shards"]:
+        rows = by_path.get(entry["path"], [])
+        if len(rows) != entry["rows"]:
+            raise ValueError(
+                f"earlier shard set {previous.name}: {entry['path']} has {entry['rows']} rows in its manifest but "
+                f"{len(rows)} in rows.parquet; the set is damaged, delete it and materialize arrow_shards again"
+            )
+        path = rebased(entry["path"], previous.name)
+        live, masked = [], []
+        for key, sha, split, labels in rows:
+            still = (entry["path"], key) not in previous.masked and key not in claimed
+            (live if still and selected.get(key) == (split, sha, labels) else masked).append(key)
+        if not live:
+            plan.dropped.setdefault("no row of it selected", []).append(path)
+            continue
+        claimed.update(live)
+        live_by_path[path] = live
+        plan.kept.append({**entry, "path": path, "masked": len(masked)})
+        plan.kept_rows += [
+            {"path": path, "key": key, "sha256": sha, "split": split, "labels": labels}
+            for key, sha, split, labels in rows
+        ]
+        plan.masked += [{"path": path, "key": key} for key in masked]
+    return live_by_path
+
+
+def _compact(
+    plan: ShardPlan,
+    live: dict[str, list[str]],
+    selected: dict[str, tuple[str, str, str]],
+    target_bytes: int,
+    compaction: Compaction,
+) -> None:
+    """Drop the kept shards compaction rewrites (their live rows are then packed again)."""
+    dropped = {e["path"]: "compacted" for e in plan.kept if e["masked"] / e["rows"] > compaction.compact_masked_share}
+    for split in SPLITS:
+        small = [
+            e
+            for e in plan.kept
+            if e["split"] == split
+            and e["path"] not in dropped
+            and e["bytes"] < compaction.merge_small_share * target_bytes
+        ]
+        split_rows = sum(1 for s, _, _ in selected.values() if s == split)
+        small_rows = sum(len(live[e["path"]]) for e in small)
+        if len(small) > 1 and small_rows > compaction.merge_rows_share * split_rows:
+            dropped |= {e["path"]: "merged" for e in small}
+    for path, why in dropped.items():
+        plan.dropped.setdefault(why, []).append(path)
+        del live[path]
+    plan.kept = [e for e in plan.kept if e["path"] not in dropped]
+    plan.kept_rows = [row for row in plan.kept_rows if row["path"] not in dropped]
+    plan.masked = [row for row in plan.masked if row["path"] not in dropped]
+
+
+def rebased(path: str, previous_name: str) -> str:
+    """An earlier manifest's shard path as the new set lists it: its own shards sit in its folder
+    (`../<name>/...` from a sibling), the ones it kept are siblings of both already."""
+    ups, key = split_relative(path)
+    if ups == 0:
+        return f"../{previous_name}/{key}"
+    if ups == 1:
+        return path
+    raise ValueError(f"earlier shard path {path!r} is not in a shard set's folder nor beside it")
+
+
+def append_categories(earlier: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:
+    """The earlier categories with their ids, then the names new to them with the next ids (name order)."""
+    ids = {c["name"]: int(c["id"]) for c in earlier}
+    categories = [{"id": ids[name], "name": name} for name in sorted(ids, key=ids.get)]
+    for name in sorted(set(names) - set(ids)):
+        categories.append({"id": len(categories) + 1, "name": name})
+    return categories
+
+
+def rows_table(rows: list[dict[str, str]]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=ROWS_SCHEMA)
+
+
+def masked_table(rows: list[dict[str, str]]) -> pa.Table:
+    return pa.Table.from_pylist(sorted(rows, key=lambda r: (r["path"], r["key"])), schema=MASKED_SCHEMA)
 
 
 def pack_order(keys: list[str], groups: dict[str, tuple[str, str]], seed: int = PACK_ORDER["seed"]) -> list[str]:
@@ -93,38 +240,3 @@ def _unit(seed: int, *parts: str) -> float:
     """A number in [0, 1) drawn from the seed and `parts` alone: the same on every machine and run."""
     digest = hashlib.sha256("\0".join([str(seed), *parts]).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
-
-
-def _same_config(manifest: dict[str, Any], config: dict[str, Any]) -> bool:
-    if manifest.get("format") != FORMAT or manifest.get("config") != config:
-        log.info("earlier shard set has config %s, now %s: every row is packed again", manifest.get("config"), config)
-        return False
-    if manifest.get("pack_order") != PACK_ORDER:
-        log.info(
-            "earlier shard set was packed in order %s, now %s: every row is packed again",
-            manifest.get("pack_order"),
-            PACK_ORDER,
-        )
-        return False
-    return True
-
-
-def _why_not_reusable(
-    path: Path, entry: dict[str, Any], expected: dict[str, tuple[str, dict[str, Any]]], claimed: set[str]
-) -> str:
-    """ "" when the shard can be carried over (its keys are then added to `claimed`), else the reason."""
-    if not path.is_file() or path.stat().st_size != entry["bytes"]:
-        return "missing or not the size its manifest records"
-    # Memory-mapped: the image column is never read, only the label columns are compared.
-    stored = open_shard(path).select(LABEL_SCHEMA.names)
-    if stored.num_rows != entry["rows"]:
-        return f"{stored.num_rows} rows, manifest says {entry['rows']}"
-    keys = stored.column("key").to_pylist()
-    gone = [k for k in keys if k not in expected or expected[k][0] != entry["split"] or k in claimed]
-    if gone:
-        return f"{len(gone)} of its images are no longer accepted in split {entry['split']!r}, e.g. {gone[0]}"
-    wanted = pa.Table.from_pylist([expected[k][1] for k in keys], schema=LABEL_SCHEMA)
-    if not stored.equals(wanted):
-        return "an image in it changed (sha256, labels, size or category ids)"
-    claimed.update(keys)
-    return ""

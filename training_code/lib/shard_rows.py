@@ -1,8 +1,9 @@
 """What goes into one shard row: the image bytes (as stored, or resized and re-encoded) and its labels.
 
-Labels are a pure function of the validated row and the encoding settings (a resized image's size is
-computed, not measured), so an earlier shard can be checked against the current validated set
-without decoding anything. The `sha256` column is always the raw file's, as validation recorded it.
+Labels are a pure function of the selected row and the encoding settings (a resized image's size is
+computed, not measured), so whether an earlier shard's row still stands for the selected one is a
+comparison of `label_digest`s, without decoding anything. The `sha256` column is always the raw
+file's, as validation recorded it.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from PIL import Image, ImageOps
 
-from .hashing import sha256_bytes
+from .hashing import sha256_bytes, sha256_json
 from .labels import upright_size
 
 ENCODINGS = ("original", "resize")
@@ -54,11 +56,22 @@ def resized_size(width: int, height: int, max_side: int) -> tuple[int, int]:
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
-def shard_labels(row: Any, category_id: dict[str, int], encoding: Encoding) -> dict[str, Any]:
-    """Every shard column but `image` for one accepted row (a tables.ACCEPTED namedtuple)."""
-    width, height = int(row.width), int(row.height)
-    boxes = [[float(v) for v in box] for box in row.boxes]
-    image_format = row.format
+# The selected row's columns a shard row's labels are made of (with the encoding, which a shard set's
+# config fixes for every shard it keeps).
+LABEL_SOURCES = ("format", "width", "height", "orientation", "boxes", "category_names")
+
+
+def label_digests(selected: pa.Table) -> list[str]:
+    """`label_digest` of each row of a selection table, in its order."""
+    columns = selected.select(list(LABEL_SOURCES)).to_pydict()
+    return [sha256_json(values)[:16] for values in zip(*columns.values())]
+
+
+def shard_labels(row: dict[str, Any], category_id: dict[str, int], encoding: Encoding) -> dict[str, Any]:
+    """Every shard column but `image` for one selected row (training_set.SELECTION_SCHEMA as a dict)."""
+    width, height = int(row["width"]), int(row["height"])
+    boxes = [[float(v) for v in box] for box in row["boxes"]]
+    image_format = row["format"]
     if encoding.mode == "resize":
         new_width, new_height = resized_size(width, height, encoding.max_side)
         sx, sy = new_width / width, new_height / height
@@ -69,11 +82,11 @@ def shard_labels(row: Any, category_id: dict[str, int], encoding: Encoding) -> d
         "width": width,
         "height": height,
         "boxes": boxes,
-        "category_ids": [category_id[name] for name in row.category_names],
-        "category_names": list(row.category_names),
-        "source": row.source,
-        "key": row.key,
-        "sha256": row.sha256,
+        "category_ids": [category_id[name] for name in row["category_names"]],
+        "category_names": list(row["category_names"]),
+        "source": row["source"],
+        "key": row["key"],
+        "sha256": row["sha256"],
     }
 
 
@@ -82,7 +95,7 @@ def read_checked(path: Path, key: str, sha256: str) -> bytes:
     if (digest := sha256_bytes(data)) != sha256:
         raise ChangedAfterValidation(
             f"{key}: sha256 is {digest} but validation recorded {sha256}; the raw file changed after validation. "
-            "Re-materialize validated_images, then arrow_shards."
+            "Re-materialize validated_images of its source, then training_set and arrow_shards."
         )
     return data
 

@@ -1,9 +1,12 @@
-"""Write rows into size-capped Arrow IPC stream shards with deterministic names.
+"""Write rows into size-capped Arrow IPC stream shards named by their content.
 
 The writer rolls over to a new shard when the current one reaches the target size, writes each shard
-under a temporary name and renames it when closed, and returns the manifest entries; the caller
-writes the manifest last. Each shard's schema carries the `datasets` features of the shard set's
-categories (shard_format.shard_schema), so the writer is given the categories the manifest will list.
+under a temporary name, hashes it while writing, and renames it to `<split>-<sha256[:16]>.arrow`
+when closed: one name is one content, so a shard is never rewritten, copied or verified twice for
+being named again. It returns the manifest entries (`path` relative to the set's folder:
+`shards/<name>`); the caller writes the manifest last. Each shard's schema carries the `datasets`
+features of the shard set's categories (shard_format.shard_schema), so the writer is given the
+categories the manifest will list.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .shard_format import IMAGE_TYPE, LABEL_SCHEMA, SHARD_SCHEMA, shard_schema
+from .shard_format import IMAGE_TYPE, LABEL_SCHEMA, SHARD_SCHEMA, SHARDS, shard_schema
 
 ROWS_PER_BATCH = 64  # small record batches keep memory flat and let readers slice cheaply
 BATCH_BYTES = 4 << 20  # and about this much image data per batch: short flushes keep the reader threads busy meanwhile
@@ -26,16 +29,15 @@ _COLUMNS = SHARD_SCHEMA.names
 
 class ShardWriter:
     """`with ShardWriter(out, "train", target_bytes, categories=manifest_categories) as writer: writer.write(row)`;
-    then `writer.entries`. A row holds every SHARD_SCHEMA column, `image` as the bytes to store."""
+    then `writer.entries`. A row holds every SHARD_SCHEMA column, `image` as the bytes to store. The
+    shards go to `out/shards/`."""
 
-    def __init__(
-        self, out_dir: Path, split: str, target_bytes: int, *, categories: list[dict[str, Any]], first_index: int = 0
-    ) -> None:
+    def __init__(self, out_dir: Path, split: str, target_bytes: int, *, categories: list[dict[str, Any]]) -> None:
         if target_bytes <= 0:
             raise ValueError(f"target shard size must be positive, got {target_bytes}")
-        self.out_dir, self.split, self.target_bytes = Path(out_dir), split, target_bytes
+        self.out_dir, self.split, self.target_bytes = Path(out_dir) / SHARDS, split, target_bytes
         self.schema = shard_schema(categories)
-        self.next_index = first_index
+        self.opened = 0
         self.entries: list[dict[str, Any]] = []
         self._pending: list[dict[str, Any]] = []
         self._pending_bytes = 0
@@ -84,8 +86,8 @@ class ShardWriter:
         self._hasher.submit(self._sink.tell())
 
     def _open_shard(self) -> None:
-        self._name = f"{self.split}-{self.next_index:05d}.arrow"
-        self.next_index += 1
+        self._name = f"{self.split}-{self.opened:05d}"  # the temporary name's; the final one is the content's
+        self.opened += 1
         self._sink = pa.OSFile(str(self._tmp_path()), "wb")
         self._stream = pa.ipc.new_stream(self._sink, self.schema)
         self._hasher = _TrailingHasher(self._tmp_path())
@@ -101,10 +103,17 @@ class ShardWriter:
         size = self._sink.tell()
         self._sink.close()
         digest = self._hasher.finish(size)
-        final = self.out_dir / self._name
-        os.replace(self._tmp_path(), final)
+        name = f"{self.split}-{digest[:16]}.arrow"
+        os.replace(self._tmp_path(), self.out_dir / name)  # a name already there holds these very bytes
         self.entries.append(
-            {"split": self.split, "file": self._name, "rows": self._rows, "bytes": size, "sha256": digest}
+            {
+                "path": f"{SHARDS}/{name}",
+                "split": self.split,
+                "rows": self._rows,
+                "bytes": size,
+                "sha256": digest,
+                "masked": 0,
+            }
         )
         self._stream = self._sink = None
 

@@ -1,99 +1,122 @@
-"""The training set: which shard sets of which sources a training run reads, and which rows it skips.
+"""The training set's files: the selection of validated images that arrow_shards packs, and what was left out.
 
-`manifest.json` (format `zero-training-set/1`) lists per source its shard set (`folder`, relative to
-the manifest's own folder once warmed; `shards_uri` where it was built), data version, categories
-and shards; the shared vocabulary (every category name of the chosen sources, ids 1..K in name
-order); and `excluded.parquet` names the (source, key) rows training and evaluation skip:
-- an exact duplicate (the same sha256) found in several sources is kept in the source whose name
-  sorts first and excluded from the others (decided from the validated tables' sha256 column,
-  never from image bytes);
-- with a cap of images per source, a source's rows beyond it are excluded, keeping the rows whose
-  key hashes lowest, so the kept set is stable as the source grows.
+`<lake>/training_set/<fingerprint16>/` holds
+- `selection.parquet` (SELECTION_SCHEMA): one row per selected image with everything packing needs
+  (where its bytes are, their sha256, size and etag, the split and group validation gave it, its
+  labels), sorted by (source, key);
+- `excluded.parquet` (source, key, reason): the chosen sources' accepted images left out, and why;
+- `manifest.json` (format `zero-selection/1`), written last: per source where its validated set is,
+  its data version and the counts; the policy as configured; the selected categories; the data
+  version; each file with its bytes and sha256.
+
+The rules that decide the rows are `selection`'s; this module is the format and its reading.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-from collections.abc import Iterable
-from pathlib import Path
+import os
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .hashing import sha256_bytes, sha256_json
+from .storage import join, read_bytes, write_bytes_atomic
 from .verified_read import read_verified
 
-FORMAT = "zero-training-set/1"
+FORMAT = "zero-selection/1"
 MANIFEST = "manifest.json"
+SELECTION = "selection.parquet"
 EXCLUDED = "excluded.parquet"
-DUPLICATE_RULE = (
-    "an exact duplicate (same sha256) in several sources is kept in the source whose name sorts first, "
-    "excluded from the others"
+
+# The accepted table's columns as validation wrote them (labels as they are), plus the etag the
+# validation read each image at: what a packing job needs to fetch, check and label every row.
+SELECTION_SCHEMA = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("key", pa.string(), nullable=False),  # relative to the raw root: "<source>/<file>"
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("size", pa.int64(), nullable=False),
+        pa.field("etag", pa.string(), nullable=False),
+        pa.field("format", pa.string(), nullable=False),
+        pa.field("mode", pa.string(), nullable=False),
+        pa.field("width", pa.int64(), nullable=False),  # upright frame
+        pa.field("height", pa.int64(), nullable=False),
+        pa.field("orientation", pa.int64(), nullable=False),
+        pa.field("group", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("boxes", pa.list_(pa.list_(pa.float64())), nullable=False),  # x1, y1, x2, y2, upright frame
+        pa.field("category_names", pa.list_(pa.string()), nullable=False),  # one per box
+    ]
 )
-EXCLUDED_SCHEMA = pa.schema([("source", pa.string()), ("key", pa.string()), ("reason", pa.string())])
+EXCLUDED_SCHEMA = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+    ]
+)
 
 
-def choose_rows(
-    accepted: dict[str, list[tuple[str, str]]], max_images_per_source: int | None
-) -> list[tuple[str, str, str]]:
-    """The excluded (source, key, reason) rows, given each source's accepted (key, sha256) rows."""
-    excluded: list[tuple[str, str, str]] = []
-    kept_in: dict[str, str] = {}  # sha256 -> the source that keeps it
-    for source in sorted(accepted):
-        kept = []
-        for key, sha in sorted(accepted[source]):
-            owner = kept_in.setdefault(sha, source)
-            if owner != source:
-                excluded.append((source, key, f"duplicate of an image kept in source {owner}"))
-            else:
-                kept.append(key)
-        if max_images_per_source is not None and len(kept) > max_images_per_source:
-            by_hash = sorted(kept, key=lambda key: hashlib.sha256(key.encode()).hexdigest())
-            excluded += [
-                (source, key, f"over the cap of {max_images_per_source} images per source")
-                for key in sorted(by_hash[max_images_per_source:])
-            ]
-    return excluded
-
-
-def vocabulary(categories_by_source: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    names = sorted({c["name"] for categories in categories_by_source for c in categories})
-    return [{"id": index, "name": name} for index, name in enumerate(names, start=1)]
-
-
-def excluded_parquet(rows: list[tuple[str, str, str]]) -> bytes:
-    table = pa.Table.from_pylist([{"source": s, "key": k, "reason": r} for s, k, r in rows], schema=EXCLUDED_SCHEMA)
+def parquet_bytes(table: pa.Table) -> bytes:
+    """The table as Parquet bytes: the same table writes the same bytes (the data version hashes them)."""
     sink = io.BytesIO()
     pq.write_table(table, sink)
     return sink.getvalue()
 
 
-def read_training_set(folder: Path) -> dict[str, Any] | None:
-    """The training-set manifest in `folder`, or None when `folder` holds a plain shard set."""
-    path = Path(folder) / MANIFEST
-    if not path.is_file():
-        return None
-    manifest = json.loads(path.read_text())
-    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+def write_training_set(
+    out: str, selected: pa.Table, excluded: pa.Table, fields: dict[str, Any]
+) -> tuple[dict[str, Any], int]:
+    """Write the selection and the excluded rows, then the manifest (with `fields`: sources, policy,
+    categories) last. Returns the manifest and the bytes written.
+
+    The data version is a hash of what was selected (the rows but their etags, which locally hold a
+    file's mtime), the policy and the categories: an equal selection has an equal version whatever
+    validation run it came from, and its shards stay as they are."""
+    selected = selected.cast(SELECTION_SCHEMA)
+    files = {SELECTION: parquet_bytes(selected), EXCLUDED: parquet_bytes(excluded)}
+    for name, data in files.items():
+        write_bytes_atomic(join(out, name), data)
+    listed = {name: {"bytes": len(data), "sha256": sha256_bytes(data)} for name, data in files.items()}
+    content = sha256_bytes(parquet_bytes(selected.drop_columns(["etag"])))
+    version = sha256_json([content, fields.get("policy"), fields.get("categories")])
+    manifest = {"format": FORMAT, "data_version": version, **fields, "files": listed}
+    data = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    write_bytes_atomic(join(out, MANIFEST), data)
+    return manifest, sum(len(d) for d in files.values()) + len(data)
 
 
-def excluded_keys(folder: Path) -> dict[str, frozenset[str]]:
-    """source -> the keys training and evaluation skip (the table checked against the manifest's sha256)."""
-    path = Path(folder) / EXCLUDED
-    if not path.is_file():
+def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
+    """The selection manifest in `folder`; an error naming it when it is missing or of another format."""
+    uri = join(folder, MANIFEST)
+    try:
+        manifest = json.loads(read_bytes(uri))
+    except FileNotFoundError:
         raise FileNotFoundError(
-            f"{path}: the training set names its excluded rows in {EXCLUDED}, which is missing; "
-            "warm the training set again"
+            f"no training-set manifest at {uri}: the selection is incomplete or was never written; "
+            "materialize training_set"
+        ) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ValueError(f"{uri}: format {found!r} is not {FORMAT!r}; materialize training_set again")
+    return manifest
+
+
+def read_selection(folder: str | os.PathLike) -> tuple[dict[str, Any], pa.Table]:
+    """The manifest and the selected rows, the table checked against the manifest's sha256."""
+    manifest = read_manifest(folder)
+    table = pq.read_table(io.BytesIO(read_verified(join(folder, SELECTION))))
+    if not table.schema.equals(SELECTION_SCHEMA):
+        raise ValueError(
+            f"{join(folder, SELECTION)}: columns {table.schema.names} are not the selection's "
+            f"{SELECTION_SCHEMA.names}; materialize training_set again"
         )
-    by_source: dict[str, set[str]] = {}
-    for row in pq.read_table(io.BytesIO(read_verified(path))).to_pylist():
-        by_source.setdefault(row["source"], set()).add(row["key"])
-    return {source: frozenset(keys) for source, keys in by_source.items()}
+    return manifest, table
 
 
-def label_map(source_categories: list[dict[str, Any]], shared: list[dict[str, Any]]) -> dict[int, int]:
-    """A source's category id -> the shared vocabulary's id for the same name."""
-    shared_id = {c["name"]: int(c["id"]) for c in shared}
-    return {int(c["id"]): shared_id[c["name"]] for c in source_categories}
+def read_excluded(folder: str | os.PathLike) -> pa.Table:
+    """The excluded (source, key, reason) rows, checked against the manifest's sha256."""
+    return pq.read_table(io.BytesIO(read_verified(join(folder, EXCLUDED))))

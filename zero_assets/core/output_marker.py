@@ -4,8 +4,10 @@ It is derived from the job's own `manifest.json`: every file the manifest names,
 the sha256 of every table (Parquet and JSON: tables, manifests, metrics) whatever its size and of
 every other file up to `SMALL_FILE_BYTES`, so a same-size edit in place is noticed. Larger other
 files (shards, model weights) are checked by size from the listing; a shard's sha256 is in the
-manifest, which its readers verify. No Dagster here: the launch (`zero_assets.launch`) decides with
-it, the backends check a reused job's output with it.
+manifest, which its readers verify. A shard set also names the shards it kept from earlier sets, in
+their folders (`../<folder>/shards/<name>`): the marker vouches for those by size, from one listing
+of each such folder, so a hit proves the whole set present. No Dagster here: the launch
+(`zero_assets.launch`) decides with it, the backends check a reused job's output with it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from training_code.lib.hashing import sha256_bytes, sha256_file
-from training_code.lib.output_manifest import MANIFEST, named_files
+from training_code.lib.output_manifest import MANIFEST, named_files, outside_files
+from training_code.lib.relative_paths import resolve, split_relative
 from training_code.lib.storage import delete_file, is_s3, join, list_objects, read_bytes, write_bytes_atomic
 
 OUTPUT_MARKER = "_output.json"  # written last, after the job's own manifest
@@ -76,7 +79,7 @@ def mark_output_complete(
         raise OutputNotComplete(
             f"output {uri} holds only its {MANIFEST}, which names no files: an empty output is never complete"
         )
-    files: dict[str, dict[str, Any]] = {}
+    files = _outside_facts(uri, json.loads(manifest_bytes))
     for name in sorted(set(present) | set(named)):
         size, expected = present.get(name), named.get(name, {})
         if size is None:
@@ -143,7 +146,12 @@ def complete_marker(uri: str, fingerprint: str) -> dict[str, Any] | None:
     if not isinstance(files, dict) or MANIFEST not in files:
         return None
     present = {o.key: o.size for o in list_objects(uri)}
+    outside = _outside_sizes(uri, [name for name in files if split_relative(name)[0]])
     for name, facts in files.items():
+        if name in outside or split_relative(name)[0]:  # kept in another folder: vouched for by size
+            if outside.get(name) != facts.get("bytes"):
+                return None
+            continue
         size = present.get(name)
         if size is None or size != facts.get("bytes"):
             return None
@@ -152,6 +160,40 @@ def complete_marker(uri: str, fingerprint: str) -> dict[str, Any] | None:
         if "sha256" in facts and _sha256_of(join(uri, name)) != facts["sha256"]:
             return None
     return marker
+
+
+def _outside_facts(uri: str, manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The files the manifest names outside `uri` (shards kept from earlier sets), each present with
+    the size the manifest says: {"bytes": size}. Raises `OutputNotComplete` naming one that is not."""
+    named = outside_files(manifest, f"{uri}/{MANIFEST}")
+    try:
+        sizes = _outside_sizes(uri, list(named))
+    except ValueError as error:
+        raise OutputNotComplete(f"output {uri}: {error}") from error
+    for name, expected in named.items():
+        if sizes.get(name) is None:
+            raise OutputNotComplete(f"output {uri}: {name} is named by {MANIFEST} but missing ({resolve(uri, name)})")
+        if "bytes" in expected and sizes[name] != expected["bytes"]:
+            raise OutputNotComplete(
+                f"output {uri}: {name} has {sizes[name]} bytes, {MANIFEST} says {expected['bytes']}"
+            )
+    return {name: {"bytes": sizes[name]} for name in named}
+
+
+def _outside_sizes(uri: str, names: list[str]) -> dict[str, int]:
+    """Path relative to `uri` -> its size, for files in other folders: one listing per folder."""
+    folders: dict[str, dict[str, str]] = {}  # folder uri -> {file name in it: the relative path}
+    for name in names:
+        folder, _, file_name = resolve(uri, name).rpartition("/")
+        folders.setdefault(folder, {})[file_name] = name
+    sizes = {}
+    for folder, wanted in folders.items():
+        try:
+            listed = {o.key: o.size for o in list_objects(folder)}
+        except FileNotFoundError:
+            continue
+        sizes |= {name: listed[file_name] for file_name, name in wanted.items() if file_name in listed}
+    return sizes
 
 
 def _sha256_of(uri: str) -> str:

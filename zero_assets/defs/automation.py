@@ -2,9 +2,10 @@
 
 The cost of a stage decides how eagerly it follows its inputs:
 - a source's index is requested by the change-detection sensor for that source only (no condition
-  here, so a change is never indexed twice); its validation and shards follow eagerly, per source;
-- the training set is only a manifest: it follows any new shard set once the blocking checks of its
-  inputs passed; the warm state follows the training set;
+  here, so a change is never indexed twice); its validation follows eagerly, per source;
+- the training set is the selection, a few tables: it follows any new validated set once the
+  blocking checks of its inputs passed; its shards follow it (packing only what the selection
+  added), and the warm state follows the shards;
 - training is the expensive stage: it runs at a cron tick (`ZERO_TRAIN_CRON`, default 03:00 daily)
   only when the data version of what it reads changed since it last ran or was requested, when the
   blocking checks of its inputs passed and nothing upstream is in progress; the `training` pool
@@ -22,18 +23,18 @@ from zero_assets.core.settings import zero_env
 
 DEFAULT_TRAIN_CRON = "0 3 * * *"
 
-# Follow the parent once it is updated: validated_images and arrow_shards their own source's partition of
-# it, fsx_warm_state the training set.
+# Follow the parent once it is updated: validated_images its own source's partition of the index,
+# arrow_shards the training set, fsx_warm_state the shards.
 EAGER = AutomationCondition.eager()
 
-# training_set reads whichever sources have shards: a source that is missing or failing must not hold
-# the others back, so this is `eager()` without its "no dependency missing" clause.
+# training_set reads whichever sources have validated sets: a source that is missing or failing must not
+# hold the others back, so this is `eager()` without its "no dependency missing" clause.
 TRAINING_SET = (
     AutomationCondition.any_deps_updated().since_last_handled()
     & AutomationCondition.all_deps_blocking_checks_passed()
     & ~AutomationCondition.any_deps_in_progress()
     & ~AutomationCondition.in_progress()
-).with_label("eager over the sources that have shards, once their blocking checks passed")
+).with_label("eager over the sources that have validated sets, once their blocking checks passed")
 
 # map_report scores a new checkpoint; a new warm state alone (training not run yet) is not a reason.
 AFTER_CHECKPOINT = (

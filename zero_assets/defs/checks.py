@@ -1,5 +1,5 @@
-"""Asset checks: the quarantine rate and the shard manifest block downstream work; mAP is watched, and
-`map_report` must have been refreshed since the previous training tick.
+"""Asset checks: the quarantine rate (per source) and the shard manifest (of the one shard set) block
+downstream work; mAP is watched, and `map_report` must have been refreshed since the previous training tick.
 
 A check says what it checked: one that cannot check (its asset never materialized for this source,
 shards it cannot see from here) fails with WARN severity and `skipped` in its metadata, never a silent
@@ -29,6 +29,7 @@ from dagster import (
 )
 from dagster._utils.schedules import cron_string_iterator
 
+from training_code.lib.relative_paths import resolve
 from training_code.lib.shard_format import FORMAT, MANIFEST, ShardIntegrityError, read_manifest, verify_shard
 from training_code.lib.storage import is_s3, join, list_objects, read_bytes
 from zero_assets.defs.assets import arrow_shards, map_report, validated_images
@@ -110,15 +111,19 @@ def quarantine_rate_under_limit(context: AssetCheckExecutionContext) -> AssetChe
 @asset_check(
     asset=arrow_shards,
     blocking=True,
-    description="every shard matches its manifest: bytes, sha256 and rows locally; bytes from the listing on S3",
+    description=(
+        "every shard the manifest lists, kept ones in earlier folders too, matches it: bytes, sha256 and rows "
+        "locally; bytes from the listing on S3"
+    ),
 )
 def shard_manifest_integrity(context: AssetCheckExecutionContext) -> AssetCheckResult:
-    metadata = _latest_metadata(context, "arrow_shards")
-    if metadata is None:
+    # Unpartitioned: its latest materialization, whatever source a whole-graph run was launched for.
+    records = latest_materializations(context.instance, AssetKey("arrow_shards"))
+    if not records:
         return _never_materialized(context, "arrow_shards")
-    uri = str(metadata.get("dagster/uri", ""))
+    uri = str(getattr(records[0].asset_materialization.metadata.get("dagster/uri"), "value", ""))
     if is_s3(uri):
-        return _check_s3_shards(uri)
+        return _check_s3_shards(uri.rstrip("/"))
     if "://" in uri or not uri:  # fsx:// and the like: not visible from the Dagster process
         return _skipped(
             context,
@@ -133,26 +138,31 @@ def _check_local_shards(folder: Path) -> AssetCheckResult:
     broken = []
     for entry in manifest["shards"]:
         try:
-            verify_shard(folder, entry)
-        except ShardIntegrityError as error:
+            verify_shard(folder, entry, root=folder.parent)  # the asset's folder: kept shards are beside this one
+        except (ShardIntegrityError, ValueError) as error:
             broken.append(str(error))
     return _integrity_result(manifest, broken, checked="bytes, sha256, rows")
 
 
 def _check_s3_shards(uri: str) -> AssetCheckResult:
-    """Sizes from one listing against the manifest: catches missing and truncated shards without
-    downloading them; contents are hashed where they are read (fsx_warm_state, the jobs)."""
+    """Sizes from one listing per folder holding a listed shard against the manifest: catches missing
+    and truncated shards without downloading them; contents are hashed where they are read
+    (fsx_warm_state, the jobs)."""
     manifest = json.loads(read_bytes(join(uri, MANIFEST)))
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{join(uri, MANIFEST)}: format {manifest.get('format')!r} is not {FORMAT!r}")
-    sizes = {o.key: o.size for o in list_objects(uri)}
+    listings: dict[str, dict[str, int]] = {}
     broken = []
     for entry in manifest["shards"]:
-        size = sizes.get(entry["file"])
+        where = resolve(uri, entry["path"], root=uri.rpartition("/")[0])
+        folder, _, name = where.rpartition("/")
+        if folder not in listings:
+            listings[folder] = {o.key: o.size for o in list_objects(folder)}
+        size = listings[folder].get(name)
         if size is None:
-            broken.append(f"{join(uri, entry['file'])}: listed in the manifest but missing")
+            broken.append(f"{where}: listed in the manifest but missing")
         elif size != entry["bytes"]:
-            broken.append(f"{join(uri, entry['file'])}: {size} bytes in the listing, manifest says {entry['bytes']}")
+            broken.append(f"{where}: {size} bytes in the listing, manifest says {entry['bytes']}")
     return _integrity_result(manifest, broken, checked="bytes (from the S3 listing)")
 
 

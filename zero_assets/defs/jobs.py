@@ -1,12 +1,13 @@
 """Manual and scheduled runs beside the automation: the whole graph, one source, the training tail.
 
 - `zero_whole_graph`: every asset. Launched for a set of sources (a backfill, as "Materialize all"
-  in the UI does), each source is indexed, validated and sharded on its own and the tail runs once
-  after them; launched for one partition, it runs that source and then the tail.
-- `zero_per_source`: the three per-source assets of one source (one run per partition).
-- `zero_training_tail`: training set, warm state, training and the report.
+  in the UI does), each source is indexed and validated on its own and the tail runs once after
+  them; launched for one partition, it runs that source and then the tail.
+- `zero_per_source`: the two per-source assets of one source (one run per partition): the index and
+  the validation (verdicts and metadata, no image bytes copied).
+- `zero_training_tail`: the training set (the selection), its shards, warm state, training and the report.
 - the weekly refresh re-indexes every registered source, one run each; the tail follows them by
-  automation (training at its cron tick, when the training set changed).
+  automation (training at its cron tick, when its shards changed).
 """
 
 from dagster import (
@@ -27,12 +28,12 @@ whole_graph_job = define_asset_job(
 per_source_job = define_asset_job(
     "zero_per_source",
     selection=AssetSelection.assets(*PER_SOURCE_ASSETS),
-    description="index, validate and shard one source",
+    description="index and validate one source",
 )
 tail_job = define_asset_job(
     "zero_training_tail",
     selection=AssetSelection.assets(*TAIL_ASSETS),
-    description="training set, warm state, training and mAP report",
+    description="training set (the selection), its shards, warm state, training and mAP report",
 )
 
 

@@ -1,21 +1,29 @@
-"""`arrow_shards`: the validated set packed into Arrow IPC shards per split, run as a Processing job."""
+"""`arrow_shards`: the training set's selected rows packed into Arrow IPC shards, run as a Processing job.
 
+Incremental by construction (training_code/lib/shard_plan): the previous output's shards are kept by
+reference, the rows no longer selected masked, only the newly selected rows packed, and compaction
+rewrites shards past its thresholds.
+"""
+
+import json
 from typing import Literal
 
 from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 from pydantic import Field
 
-from training_code.lib.shard_format import SHARD_SCHEMA
+from training_code.lib.relative_paths import inside, resolve
+from training_code.lib.shard_format import MANIFEST, SHARD_SCHEMA
+from training_code.lib.storage import join, read_bytes
 from zero_assets.backends.job_runner import JobRunner
-from zero_assets.core.fingerprints import code_version
-from zero_assets.core.settings import ZeroSettings, source_uri
+from zero_assets.core.fingerprints import FingerprintInputs, code_version
+from zero_assets.core.output_marker import output_is_complete
+from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
-from zero_assets.defs.assets.validated_images import validated_images
+from zero_assets.defs.assets.training_set import training_set
 from zero_assets.defs.automation import EAGER
-from zero_assets.defs.partitions import RAW_SOURCES
 from zero_assets.launch.materialize import launch_job
 from zero_assets.launch.metadata import arrow_table_schema
-from zero_assets.launch.upstream import previous_output, upstream_output
+from zero_assets.launch.upstream import latest_materializations, upstream_output
 
 # The job script: its code version (the script and what it imports) is the asset's, in the UI and the cache alike.
 SHARD_MODULE = "training_code.shard"
@@ -35,40 +43,73 @@ class ShardConfig(Config):
     )
     max_side: int = Field(1024, description="Longest side in pixels after resizing (image_encoding=resize only).")
     jpeg_quality: int = Field(90, description="JPEG quality 1-95 of re-encoded images (image_encoding=resize only).")
+    # Compaction (training_code/lib/shard_plan): when kept shards are rewritten.
+    compact_masked_share: float = Field(
+        0.25, description="Rewrite a kept shard once more than this share of its rows is masked (no longer selected)."
+    )
+    merge_small_share: float = Field(
+        0.5, description="A shard under this share of target_shard_bytes is small (see merge_rows_share)."
+    )
+    merge_rows_share: float = Field(
+        0.1,
+        description=(
+            "Merge a split's small shards into ~target-sized ones once they hold more than this share of its rows."
+        ),
+    )
 
 
 @asset(
     code_version=code_version(SHARD_MODULE),
-    deps=[validated_images],
-    partitions_def=RAW_SOURCES,
+    deps=[training_set],
     automation_condition=EAGER,
     group_name="zero",
-    kinds={"arrow"},
+    kinds={"arrow", "huggingface"},
     retry_policy=JOB_RETRY_POLICY,
     metadata={"dagster/column_schema": arrow_table_schema(SHARD_SCHEMA)},
 )
 def arrow_shards(
     context: AssetExecutionContext, config: ShardConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> MaterializeResult:
-    """Arrow IPC shards (`<split>-<n>.arrow`) and `manifest.json` with rows, bytes and sha256 per shard.
+    """Arrow IPC shards of the selected rows (`shards/<split>-<sha256[:16]>.arrow`, content-addressed; kept ones
+    in earlier outputs' folders), `masked.parquet`, `rows.parquet` and `manifest.json` (zero-shards/3).
 
-    `dagster/row_count` is the rows of every shard (train and val); the shard list is in the manifest,
-    the materialization keeps a summary (`shard_sizes`)."""
-    validated = upstream_output(context, "validated_images", context.partition_key)
-    # Unchanged earlier shards are carried over, not rewritten (see training_code/lib/shard_plan).
-    previous = previous_output(context)
+    `dagster/row_count` is the live rows (train and val, masked ones left out); the shard list is in the
+    manifest, the materialization keeps a summary (`shard_sizes`) and what was kept, masked and packed."""
+    selection = upstream_output(context, "training_set")
+    hyperparameters = config.model_dump()
+    fingerprint = FingerprintInputs.of(SHARD_MODULE, hyperparameters, [selection]).fingerprint  # launch_job's
+    previous = usable_previous(context, settings.asset_uri("arrow_shards", fingerprint[:16]))
     return launch_job(
         context,
         jobs=jobs,
         settings=settings,
         kind="processing",
         module=SHARD_MODULE,
-        config=config.model_dump(),
-        upstream=[validated],
-        input_folders={"raw": context.partition_key},
-        inputs={
-            "validated": validated.uri,
-            "raw": source_uri(settings, context.partition_key),
-            **({"previous": previous} if previous else {}),
-        },
+        config=hyperparameters,
+        # Arguments the fingerprint leaves out, as it leaves out the previous output itself: where the inputs
+        # are, never what the job computes from them.
+        tracking={"selection_uri": selection.uri, **({"previous_name": previous[1]} if previous else {})},
+        upstream=[selection],
+        inputs={"selection": selection.uri, "raw": settings.raw_uri, **({"previous": previous[0]} if previous else {})},
     )
+
+
+def usable_previous(context: AssetExecutionContext, out: str) -> tuple[str, str] | None:
+    """(uri, folder name) of the latest output when the job may keep its shards: still complete (its
+    marker vouches for every shard it lists, earlier folders' too) and keeping none in `out`, the
+    folder this materialization writes, which a rebuild replaces. Not part of the fingerprint: the
+    job selects the same rows with or without it."""
+    records = latest_materializations(context.instance, context.asset_key)
+    if not records or records[0].asset_materialization is None:
+        return None
+    metadata = records[0].asset_materialization.metadata
+    uri, fingerprint = metadata.get("dagster/uri"), metadata.get("fingerprint")
+    if uri is None or fingerprint is None or not output_is_complete(str(uri.value), str(fingerprint.value)):
+        context.log.info("no complete earlier shard set to keep shards of; every selected row is packed")
+        return None
+    uri = str(uri.value).rstrip("/")
+    shards = json.loads(read_bytes(join(uri, MANIFEST))).get("shards", [])
+    if inside(uri, out) or any(inside(resolve(uri, e["path"]), out) for e in shards if "path" in e):
+        context.log.info(f"the earlier shard set {uri} keeps shards in {out}, which this run rewrites: packing all")
+        return None
+    return uri, uri.rpartition("/")[2]

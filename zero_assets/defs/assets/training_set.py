@@ -1,24 +1,24 @@
-"""`training_set`: the shard sets of the chosen sources that training reads, as one manifest.
+"""`training_set`: the selection, which validated images of which sources training reads, before anything is packed.
 
-Cheap and in-process: it reads each chosen source's latest `arrow_shards` manifest and the sha256
-column of the validated table those shards were built from (never image bytes), resolves exact
-duplicates across sources and the per-source cap (rules in training_code/lib/training_set), and
-writes `<lake>/training_set/<fingerprint16>/manifest.json` with `excluded.parquet`. Its data version
-is derived from the chosen sources' shard data versions, the config and the code: it changes only
-when a chosen source's shards do.
+In-process and cheap: it reads each chosen source's latest validated tables (the accepted rows'
+columns, the etags validation read them at, the categories) with pyarrow, never an image byte,
+applies the policy (training_code/lib/selection) and writes `<lake>/training_set/<fingerprint16>/`:
+`selection.parquet`, `excluded.parquet` and `manifest.json` (format `zero-selection/1`, last; see
+training_code/lib/training_set). Its data version is a hash of what it wrote, so an equal selection
+has an equal version and arrow_shards stays as it is.
 """
 
 import io
 import json
-from collections import Counter
 from typing import Optional
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from dagster import (
     AssetExecutionContext,
     Config,
     DataVersion,
-    EventLogRecord,
     Failure,
     MaterializeResult,
     MetadataValue,
@@ -31,84 +31,108 @@ from dagster import (
 from pydantic import Field
 
 from training_code.lib import training_set as ts
-from training_code.lib.hashing import sha256_bytes, sha256_json
-from training_code.lib.shard_format import MANIFEST as SHARD_MANIFEST
-from training_code.lib.shard_format import SHARD_SCHEMA
-from training_code.lib.storage import join, read_bytes, write_bytes_atomic
+from training_code.lib.selection import Selection, SelectionPolicy, select_rows
+from training_code.lib.storage import join
+from training_code.lib.verdict_cache import VERDICTS_FILE
 from training_code.lib.verified_read import read_verified
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version
 from zero_assets.core.settings import ZeroSettings
-from zero_assets.defs.assets.arrow_shards import arrow_shards
+from zero_assets.defs.assets.validated_images import validated_images
 from zero_assets.defs.automation import TRAINING_SET
 from zero_assets.defs.partitions import RAW_SOURCES
 from zero_assets.launch.metadata import arrow_table_schema
 from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import latest_materializations, output_of
 
-TRAINING_SET_CODE = ("zero_assets.defs.assets.training_set",)
+TRAINING_SET_CODE = ("zero_assets.defs.assets.training_set",)  # with the lib modules it imports
+ACCEPTED_COLUMNS = [name for name in ts.SELECTION_SCHEMA.names if name != "etag"]
 
 
 class TrainingSetConfig(Config):
     sources: list[str] = Field(
-        [], description="Registered sources to train on; empty: every registered source that has shards."
+        [], description="Registered sources to train on; empty: every registered source that has a validated set."
     )
     max_images_per_source: Optional[int] = Field(
-        None, description="Cap on training images taken from each source; empty: no cap."
+        None, description="Cap on the images selected from each source (see source_caps); empty: no cap."
     )
+    source_caps: dict[str, int] = Field(
+        {}, description="Per-source caps, source -> images, in place of max_images_per_source for those sources."
+    )
+    max_images: Optional[int] = Field(
+        None,
+        description="Cap on the images selected in all, shared among the sources by source_weights; empty: no cap.",
+    )
+    source_weights: dict[str, float] = Field(
+        {},
+        description=(
+            "With max_images: source -> its weight in the sharing (1 unless given, 0 selects none of it); "
+            "a source with fewer images than its share leaves the rest to the others."
+        ),
+    )
+    categories: list[str] = Field(
+        [],
+        description=(
+            "Categories to train on; empty: every category of the chosen sources. Other boxes are dropped, and an "
+            "image left with none is excluded."
+        ),
+    )
+    negatives: bool = Field(True, description="Select images with no boxes at all (negatives).")
+
+    def policy(self) -> SelectionPolicy:
+        return SelectionPolicy(
+            self.max_images_per_source,
+            dict(self.source_caps),
+            self.max_images,
+            dict(self.source_weights),
+            tuple(self.categories),
+            self.negatives,
+        )
 
 
-def chosen_shards(context: AssetExecutionContext, sources: list[str]) -> list[tuple[UpstreamOutput, str | None]]:
-    """The latest shard set of each chosen source, with the validated table its materialization
-    records it was built from (None when it records none); a named source without one is an error."""
+def chosen_validated(context: AssetExecutionContext, config: TrainingSetConfig) -> list[UpstreamOutput]:
+    """The latest validated set of each chosen source; a named source without one is an error, and so
+    is a config naming a source that is not registered."""
     registered = context.instance.get_dynamic_partitions(RAW_SOURCES.name)
-    unknown = sorted(set(sources) - set(registered))
-    if unknown:
-        raise Failure(
-            f"training_set config names sources {unknown} that are not registered ({sorted(registered)}); "
-            "run `zero-assets sources --register` or fix the config"
-        )
+    named = {"sources": set(config.sources), "source_caps": set(config.source_caps)}
+    named["source_weights"] = set(config.source_weights)
+    for setting, sources in named.items():
+        if unknown := sorted(sources - set(registered)):
+            raise Failure(
+                f"training_set config {setting} names sources {unknown} that are not registered "
+                f"({sorted(registered)}); run `zero-assets sources --register` or fix the config"
+            )
     chosen = []
-    for source in sorted(sources or registered):
-        records = latest_materializations(context.instance, "arrow_shards", source)
-        if not records:
-            if sources:
-                raise Failure(
-                    f"source {source} has no arrow_shards materialization; materialize it first "
-                    f"(dagster asset materialize --select 'raw_image_index+' --partition {source}, up to arrow_shards)"
-                )
-            context.log.info(f"source {source}: no shards yet, left out of the training set")
-            continue
-        chosen.append((output_of(records[0], "arrow_shards", source), _recorded_validated_uri(records[0])))
+    for source in sorted(config.sources or registered):
+        records = latest_materializations(context.instance, "validated_images", source)
+        if records:
+            chosen.append(output_of(records[0], "validated_images", source))
+        elif config.sources:
+            raise Failure(
+                f"source {source} has no validated_images materialization; materialize it first "
+                f"(dagster asset materialize --select 'raw_image_index,validated_images' --partition {source})"
+            )
+        else:
+            context.log.info(f"source {source}: not validated yet, left out of the training set")
     if not chosen:
-        raise Failure(
-            "no source has shards yet: materialize raw_image_index, validated_images and arrow_shards "
-            "for a source first"
-        )
+        raise Failure("no source has a validated set yet: materialize raw_image_index and validated_images first")
     return chosen
 
 
-def _recorded_validated_uri(record: EventLogRecord) -> str | None:
-    """The validated table a shard set was built from, as its materialization recorded it."""
-    upstream = record.asset_materialization.metadata.get("upstream")
-    value = getattr(upstream, "value", None) or {}
-    return value["validated_images"]["uri"] if "validated_images" in value else None
-
-
-# Its rows are shard rows (the chosen sources' shards less the excluded rows): the shard schema is its column schema.
 @asset(
     code_version=code_version(*TRAINING_SET_CODE),
-    deps=[arrow_shards],
+    deps=[validated_images],
     automation_condition=TRAINING_SET,
     group_name="zero",
-    kinds={"json"},
-    metadata={"dagster/column_schema": arrow_table_schema(SHARD_SCHEMA)},
+    kinds={"parquet"},
+    metadata={"dagster/column_schema": arrow_table_schema(ts.SELECTION_SCHEMA)},
 )
 def training_set(
     context: AssetExecutionContext, config: TrainingSetConfig, settings: ZeroSettings
 ) -> MaterializeResult:
-    """The chosen sources' latest shard sets, with cross-source duplicates and the cap resolved."""
-    chosen_with_validated = chosen_shards(context, config.sources)
-    upstream = {f"arrow_shards[{shards.partition}]": shards.data_version for shards, _ in chosen_with_validated}
+    """The selected images (`selection.parquet`), the ones left out with the reason (`excluded.parquet`)
+    and the manifest: sources, policy, categories."""
+    chosen = chosen_validated(context, config)
+    upstream = {f"validated_images[{v.partition}]": v.data_version for v in chosen}
     inputs = FingerprintInputs(code_version(*TRAINING_SET_CODE), config.model_dump(), upstream)
     out = settings.asset_uri("training_set", inputs.fingerprint[:16])
     return materialize_once(
@@ -116,99 +140,108 @@ def training_set(
         inputs=inputs,
         output=out,
         jobs_root=settings.jobs_root(),
-        build=lambda: write_training_set(out, chosen_with_validated, config, inputs.code),
-        skipped="training set not rewritten",
+        build=lambda: write_selection(out, chosen, config.policy()),
+        skipped="selection not rewritten",
     )
 
 
-def write_training_set(
-    out: str, chosen_with_validated: list[tuple[UpstreamOutput, str | None]], config: TrainingSetConfig, code: str
-) -> MaterializeResult:
-    """Resolve the chosen shard sets into the training set at `out`: excluded rows, then the manifest."""
-    chosen = [shards for shards, _ in chosen_with_validated]
-    run_config = config.model_dump()
-    sources, accepted = [], {}
-    for shards, validated in chosen_with_validated:
-        manifest = json.loads(read_bytes(join(shards.uri, SHARD_MANIFEST)))
-        if validated is None:
-            raise Failure(
-                f"arrow_shards of source {shards.partition} records no upstream validated_images; re-materialize it"
-            )
-        table = pq.read_table(io.BytesIO(read_verified(join(validated, "accepted.parquet"))), columns=["key", "sha256"])
-        accepted[shards.partition] = list(zip(table.column("key").to_pylist(), table.column("sha256").to_pylist()))
-        sources.append(
-            {
-                "source": shards.partition,
-                "folder": shards.partition,
-                "shards_uri": shards.uri,
-                "validated_uri": validated,
-                "data_version": shards.data_version,
-                "categories": manifest["categories"],
-                "shards": manifest["shards"],
-            }
+def accepted_rows(validated: UpstreamOutput) -> pa.Table:
+    """A source's accepted rows as selection columns: the accepted table (checked against its manifest)
+    with the etag each image was validated at, from the verdicts of the same run."""
+    accepted_uri = join(validated.uri, "accepted.parquet")
+    accepted = pq.read_table(io.BytesIO(read_verified(accepted_uri)), columns=ACCEPTED_COLUMNS)
+    verdicts = pq.read_table(io.BytesIO(read_verified(join(validated.uri, VERDICTS_FILE))), columns=["key", "etag"])
+    etags = pc.take(verdicts.column("etag"), pc.index_in(accepted.column("key"), value_set=verdicts.column("key")))
+    rows = accepted.append_column("etag", etags)
+    if missing := etags.null_count:
+        raise Failure(
+            f"{join(validated.uri, VERDICTS_FILE)}: {missing} accepted images of source {validated.partition} have "
+            "no verdict row (no etag to read them at); rematerialize validated_images for that source"
         )
-    excluded = ts.choose_rows(accepted, config.max_images_per_source)
-    version = sha256_json([[(s.partition, s.data_version) for s in chosen], run_config, code])
-    excluded_bytes = ts.excluded_parquet(excluded)
-    write_bytes_atomic(join(out, ts.EXCLUDED), excluded_bytes)
-    manifest = {
-        "format": ts.FORMAT,
-        "data_version": version,
-        "sources": sources,
-        "categories": ts.vocabulary(s["categories"] for s in sources),
-        "duplicate_rule": ts.DUPLICATE_RULE,
-        "max_images_per_source": config.max_images_per_source,
-        "files": {ts.EXCLUDED: {"bytes": len(excluded_bytes), "sha256": sha256_bytes(excluded_bytes)}},
-    }
-    write_bytes_atomic(join(out, ts.MANIFEST), json.dumps(manifest, indent=1).encode())
-    rows = sum(len(rows) for rows in accepted.values())
-    duplicates = sum(1 for row in excluded if row[2].startswith("duplicate"))
+    return rows.select(ts.SELECTION_SCHEMA.names).cast(ts.SELECTION_SCHEMA)
+
+
+def write_selection(out: str, chosen: list[UpstreamOutput], policy: SelectionPolicy) -> MaterializeResult:
+    """Select from the chosen validated sets and write the training set at `out`, manifest last."""
+    rows = pa.concat_tables([accepted_rows(validated) for validated in chosen])
+    names: set[str] = set()
+    for validated in chosen:
+        names |= {c["name"] for c in json.loads(read_verified(join(validated.uri, "categories.json")))}
+    if unknown := sorted(set(policy.categories) - names):
+        raise Failure(
+            f"training_set config categories names {unknown}, which no chosen source has ({sorted(names)}); "
+            "fix the config"
+        )
+    selection = select_rows(rows, policy)
+    sources = source_counts(chosen, rows, selection)
+    categories = sorted(policy.categories or names)
+    manifest, size = ts.write_training_set(
+        out,
+        selection.selected,
+        selection.excluded,
+        {"sources": sources, "policy": policy.as_config(), "categories": categories},
+    )
+    reasons = selection.excluded.column("reason")
+    duplicates = pc.sum(pc.starts_with(reasons, "duplicate")).as_py() or 0
+    over = pc.sum(pc.starts_with(reasons, "over")).as_py() or 0
+    splits = selection.selected.column("split")
     return MaterializeResult(
         metadata={
-            # The shard rows chosen (accepted minus excluded); the size is the marked files' (manifest, excluded rows).
-            "dagster/row_count": rows - len(excluded),
-            "sources": source_table(sources, accepted, excluded),
+            # The images selected; dagster/size_bytes is the marked files' (selection, excluded rows, manifest).
+            "dagster/row_count": selection.selected.num_rows,
+            "sources": source_table(sources),
+            "accepted": rows.num_rows,
+            "excluded": selection.excluded.num_rows,
             "duplicates_across_sources": duplicates,
-            "over_cap": len(excluded) - duplicates,
-            "shards": sum(len(s["shards"]) for s in sources),
-            "duplicate_rule": ts.DUPLICATE_RULE,
+            "over_cap": over,
+            "outside_categories": selection.excluded.num_rows - duplicates - over,
+            "train": pc.sum(pc.equal(splits, "train")).as_py() or 0,
+            "val": pc.sum(pc.equal(splits, "val")).as_py() or 0,
+            "categories": len(categories),
+            "selection_bytes": size,
         },
-        data_version=DataVersion(version),
+        data_version=DataVersion(manifest["data_version"]),
     )
+
+
+def source_counts(chosen: list[UpstreamOutput], rows: pa.Table, selection: Selection) -> list[dict]:
+    """Per chosen source: where its validated set is, its data version, and its accepted, selected and
+    excluded images (what the manifest records)."""
+
+    def by_source(table: pa.Table) -> dict[str, int]:
+        counts = table.group_by("source").aggregate([("key", "count")]).to_pydict()
+        return dict(zip(counts["source"], counts["key_count"]))
+
+    accepted, selected, excluded = by_source(rows), by_source(selection.selected), by_source(selection.excluded)
+    return [
+        {
+            "source": v.partition,
+            "validated_uri": v.uri,
+            "data_version": v.data_version,
+            "accepted": accepted.get(v.partition, 0),
+            "selected": selected.get(v.partition, 0),
+            "excluded": excluded.get(v.partition, 0),
+        }
+        for v in chosen
+    ]
 
 
 SOURCE_COLUMNS = {
     "source": "the source (a raw_image_index partition)",
-    "rows": "rows of its shard set (accepted images)",
-    "chosen": "rows training reads: its rows less the excluded ones",
-    "excluded": "rows left out: duplicates of an image kept in another source, or over the cap",
-    "shards": "shard files of its shard set",
-    "data_version": "data version of its arrow_shards materialization",
+    "accepted": "images its validated set accepted",
+    "selected": "images selected for training",
+    "excluded": "images left out: duplicates of another source's, over a cap, outside the chosen categories",
+    "data_version": "data version of its validated_images materialization",
 }
 
 
-def source_table(
-    sources: list[dict], accepted: dict[str, list], excluded: list[tuple[str, str, str]]
-) -> TableMetadataValue:
+def source_table(sources: list[dict]) -> TableMetadataValue:
     """One row per chosen source, drawn as a table in the UI."""
-    left_out = Counter(source for source, _, _ in excluded)
     return MetadataValue.table(
-        records=[
-            TableRecord(
-                {
-                    "source": s["source"],
-                    "rows": len(accepted[s["source"]]),
-                    "chosen": len(accepted[s["source"]]) - left_out[s["source"]],
-                    "excluded": left_out[s["source"]],
-                    "shards": len(s["shards"]),
-                    "data_version": s["data_version"],
-                }
-            )
-            for s in sources
-        ],
+        records=[TableRecord({name: s[name] for name in SOURCE_COLUMNS}) for s in sources],
         schema=TableSchema(
             [
-                TableColumn(name, "int" if name in ("rows", "chosen", "excluded", "shards") else "string", description)
+                TableColumn(name, "string" if name in ("source", "data_version") else "int", description)
                 for name, description in SOURCE_COLUMNS.items()
             ]
         ),
