@@ -25,13 +25,13 @@ MARKER = re.compile(r"^<!--\s*(readme-test|not run locally):\s*(.*?)\s*-->$")
 ASSETS = (
     "raw_image_index",
     "validated_images",
-    "arrow_shards",
     "training_set",
+    "arrow_shards",
     "fsx_warm_state",
     "trained_checkpoint",
     "map_report",
 )
-PER_SOURCE = ("raw_image_index", "validated_images", "arrow_shards")
+PER_SOURCE = ("raw_image_index", "validated_images")
 
 
 @dataclass(frozen=True)

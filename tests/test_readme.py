@@ -79,7 +79,7 @@ def test_setup_block_materializes_the_graph_and_runs_the_tests(demo_repo):
         )
         for source in DEMO_SOURCES:
             assert instance.fetch_materializations(
-                AssetRecordsFilter(asset_key=AssetKey("arrow_shards"), asset_partitions=[source]), limit=1
+                AssetRecordsFilter(asset_key=AssetKey("validated_images"), asset_partitions=[source]), limit=1
             ).records
 
 
@@ -90,8 +90,8 @@ def test_cli_block_materializes_selections_against_the_demo_instance(demo_repo):
     result = run_block(block("cli"), repo, timeout_s=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     after = _materialization_counts(repo)
-    # one source's three assets, 'training_set*', then 'validated_images+' for that source again
-    expected = {a: 1 for a in ASSETS} | {"validated_images": 2, "arrow_shards": 2}
+    # one source's two assets, 'training_set*', then 'raw_image_index+' for that source again
+    expected = {a: 1 for a in ASSETS} | {"raw_image_index": 2, "validated_images": 2}
     assert {a: after[a] - before[a] for a in ASSETS} == expected
     with _instance(repo) as instance:
 
@@ -99,13 +99,14 @@ def test_cli_block_materializes_selections_against_the_demo_instance(demo_repo):
             return instance.get_latest_materialization_event(AssetKey(asset)).asset_materialization.metadata
 
         assert (
-            latest("arrow_shards")["upstream"].value["validated_images"]["uri"]
-            == latest("validated_images")["dagster/uri"].value
+            latest("validated_images")["upstream"].value["raw_image_index"]["uri"]
+            == latest("raw_image_index")["dagster/uri"].value
         )
-        assert latest("arrow_shards")["cache"].value == "hit", "unchanged inputs launch no job"
+        assert latest("validated_images")["cache"].value == "hit", "unchanged inputs launch no job"
         assert latest("training_set")["cache"].value == "hit", (
-            "a source rebuilt unchanged leaves the training set as it was"
+            "the selection of sources rebuilt unchanged is the one already made"
         )
+        assert latest("arrow_shards")["cache"].value == "hit", "and its shards are the ones already packed"
     assert "map_report" in result.stdout and "mAP" in result.stdout, "zero-assets summary printed"
 
 
