@@ -30,6 +30,7 @@ CODE_OF = {
     "fsx_warm_state": ("fsx_warm_state", "WARM_CODE"),
     "trained_checkpoint": ("trained_checkpoint", "TRAIN_MODULE"),
     "map_report": ("map_report", "EVALUATE_MODULE"),
+    "training_rehearsal": ("training_rehearsal", "REHEARSAL_CODE"),
 }
 PER_SOURCE = ["raw_image_index", "validated_images"]
 # Asked for staleness: the per-source assets (of the test's source) and the first unpartitioned one after them.

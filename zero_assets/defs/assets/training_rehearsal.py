@@ -18,6 +18,10 @@ from zero_assets.launch.metadata import upstream_metadata
 from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import upstream_output
 
+# The production job scripts it runs: its code version is theirs (the cache fingerprints the modules its
+# config names, as trained_checkpoint's and map_report's do).
+REHEARSAL_CODE = (TRAIN_MODULE, EVALUATE_MODULE)
+
 
 class RehearsalConfig(Config):
     training: TrainConfig = Field(
@@ -46,7 +50,7 @@ class RehearsalConfig(Config):
 
 
 @asset(
-    code_version=code_version(TRAIN_MODULE, EVALUATE_MODULE),
+    code_version=code_version(*REHEARSAL_CODE),
     deps=[fsx_warm_state],
     pool=TRAINING_POOL,
     group_name="zero",
