@@ -4,7 +4,8 @@ plan's start, and the warm state's lead time from the measured throughput of a w
 
 Stand-ins record the training set (with a blocking check) and the warm state (its bytes, a measured wall time);
 the check is the real one, on the real SageMaker runner with the fake's plan, the role simulated by FakeIam and
-the checkpoint prefixes on moto's S3; the local runner without a plan warns and blocks nothing.
+the checkpoint prefixes on moto's S3; the local runner without a plan warns and blocks nothing. The readiness
+sensor runs the check every half hour while the plan waits.
 """
 
 import time
@@ -20,6 +21,7 @@ from dagster import (
     DataVersion,
     MaterializeResult,
     asset,
+    build_sensor_context,
     materialize,
 )
 from sagemaker_fake_preflight import FakeIam
@@ -36,6 +38,7 @@ from zero_assets.core.rehearsal_key import rehearsal_key
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.trained_checkpoint import TrainConfig
 from zero_assets.defs.campaign_ready import campaign_ready
+from zero_assets.defs.readiness_sensor import campaign_readiness_sensor
 from zero_assets.defs.rehearsal_gate import GATE_VARIABLE, training_key_inputs
 
 PLAN, BUCKET = "zero-p5-campaign", "zero-ready"
@@ -191,3 +194,30 @@ def test_without_a_plan_it_warns_and_blocks_nothing(instance, tmp_path, monkeypa
     monkeypatch.setenv(GATE_VARIABLE, "off")
     record_set(instance, "set-two")
     assert warm(instance, jobs, "set-two").passed
+
+
+def test_the_readiness_sensor_checks_every_half_hour_while_the_plan_waits(instance, tmp_path, monkeypatch):
+    plans = FakeSageMaker(tmp_path / "sm", None, None, {})
+    monkeypatch.setattr(sagemaker_runner, "make_aws_clients", lambda region: AwsClients(plans, None, None, None))
+
+    def tick(starts_in_s: float):
+        name = f"plan-{abs(int(starts_in_s))}"
+        arn = plans.add_training_plan(
+            name, instance_type="ml.p5.48xlarge", instance_count=2, starts_in_s=starts_in_s, lasts_s=7200
+        )
+        compute = JobCompute(instance_type="ml.p5.48xlarge", instance_count=2, training_plan_arn=arn)
+        settings = ZeroSettings(raw_uri=f"s3://{BUCKET}/raw", lake_uri=f"s3://{BUCKET}/lake")
+        jobs = SageMakerJobRunner(settings=settings, aws=fake_settings(bucket=BUCKET, trained_checkpoint=compute))
+        with build_sensor_context(instance=instance, resources={"jobs": jobs}) as context:
+            return name, campaign_readiness_sensor.evaluate_tick(context)
+
+    name, waiting = tick(3600)
+    (request,) = waiting.run_requests
+    assert request.run_key.startswith(f"readiness:{name}:") and request.tags["zero/training_plan"] == name
+    assert tick(3600)[1].run_requests[0].run_key == request.run_key, "one check a half hour"
+    name, active = tick(-5)
+    assert not active.run_requests and f"training plan {name} is Active" in active.skip_message
+    with build_sensor_context(
+        instance=instance, resources={"jobs": LocalJobRunner(settings=ZeroSettings())}
+    ) as context:
+        assert "no Training Plan configured" in campaign_readiness_sensor.evaluate_tick(context).skip_message
