@@ -1,21 +1,30 @@
 """Run a function over many items in worker processes, with a time limit per item.
 
 Image decoders are C code fed untrusted bytes: one file can hang a decoder or crash the process.
-Each worker handles one item at a time over its own pipe; when an item passes its deadline or its
-worker dies, that worker is killed and replaced and the item comes back as `WorkerLost`, so one bad
-file costs one verdict, never the pass. A MemoryError costs one verdict too (`too_large`): the item
-needed more memory than the worker has. Any other Python exception in the function is a bug, not a
-bad file: it stops the pass with the item named.
+Each worker takes a batch of items at a time over its own pipe and sends the batch's results back in
+one message; before each item it writes the item's position and start time to memory it shares with
+the parent, so the parent enforces the time limit per item, not per batch, without a message per
+item. When an item passes its deadline or its worker dies, that worker is killed and replaced, the
+item comes back as `WorkerLost`, and the rest of its batch (done or not: those results died with the
+worker) is handed out again, so one bad file costs one verdict, never the pass. A MemoryError costs
+one verdict too (`too_large`): the item needed more memory than the worker has. Any other Python
+exception in the function is a bug, not a bad file: it stops the pass with the item named.
+
+Batches are sized from the time items have taken so far (about `BATCH_S` of work each, at most
+`MAX_BATCH` items) and shrink at the end, so the last items are spread over every worker: on small
+files a pipe round trip per file cost more than the decode itself.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import signal
 import sys
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -25,6 +34,12 @@ from typing import Any
 log = logging.getLogger("zero.pool")
 
 STARTUP_TIMEOUT_S = 120.0  # a worker that cannot even import its modules in this long is a broken environment
+BATCH_S = 0.02  # the work a batch aims at: long enough that a message is cheap next to it, short enough to balance
+MAX_BATCH = 256
+MAX_UNEXPLAINED_LOSSES = 8
+# The shared progress: 2 * position + 1 while that item runs, 2 * position + 2 once done, and since when
+# (time.monotonic() is CLOCK_MONOTONIC, one clock for every process of the machine).
+_STEP, _SINCE = 0, 1
 
 
 @dataclass(frozen=True)
@@ -39,34 +54,48 @@ class TaskRaised(RuntimeError):
     """The function raised inside a worker; the message holds the item and the worker's traceback."""
 
 
-def _serve(conn: Connection, function: Callable[[Any], Any]) -> None:
-    """Worker loop: receive an item, send back ("ok", result) or ("raised", traceback)."""
+def _serve(conn: Connection, function: Callable[[Any], Any], progress: Any) -> None:
+    """Worker loop: receive a batch, send back ("ok", results), or (status, position, payload) when the
+    item at `position` ran out of memory or raised."""
     conn.send(("ready", None))
     while True:
         try:
-            item = conn.recv()
+            batch = conn.recv()
         except EOFError:  # the parent is gone
             return
-        if item is None:
+        if batch is None:
             return
-        try:
-            conn.send(("ok", function(item)))
-        except MemoryError:
-            # One file's fault, not a bug; the worker ends (its heap may be in pieces) and is replaced.
-            conn.send(("out_of_memory", None))
-            return
-        except Exception:  # noqa: BLE001 - sent to the parent, which fails the pass with it
-            conn.send(("raised", traceback.format_exc()))
+        results = []
+        for position, item in enumerate(batch):
+            progress[_SINCE] = time.monotonic()
+            progress[_STEP] = 2 * position + 1
+            try:
+                results.append(function(item))
+            except MemoryError:
+                # One file's fault, not a bug; the worker ends (its heap may be in pieces) and is replaced.
+                conn.send(("out_of_memory", position, results))
+                return
+            except Exception:  # noqa: BLE001 - sent to the parent, which fails the pass with it
+                conn.send(("raised", position, traceback.format_exc()))
+                break
+            progress[_SINCE] = time.monotonic()
+            progress[_STEP] = 2 * position + 2
+        else:
+            try:
+                conn.send(("ok", None, results))
+            except Exception:  # noqa: BLE001 - a result that cannot be sent (not picklable) is a bug too
+                conn.send(("raised", None, traceback.format_exc()))
 
 
 class _Worker:
     def __init__(self, context: Any, function: Callable[[Any], Any]) -> None:
         self.conn, child_conn = context.Pipe(duplex=True)
-        self.process = context.Process(target=_serve, args=(child_conn, function), daemon=True)
+        self.progress = context.RawArray("d", 2)
+        self.process = context.Process(target=_serve, args=(child_conn, function, self.progress), daemon=True)
         self.process.start()
         child_conn.close()
-        self.item: Any = None
-        self.deadline = 0.0
+        self.batch: list[Any] = []
+        self.assigned_at = 0.0
 
     def wait_ready(self) -> None:
         if not self.conn.poll(STARTUP_TIMEOUT_S):
@@ -81,9 +110,22 @@ class _Worker:
         if status != "ready":
             raise RuntimeError(f"worker sent {status!r} before 'ready'")
 
-    def assign(self, item: Any, timeout_s: float) -> None:
-        self.item, self.deadline = item, time.monotonic() + timeout_s
-        self.conn.send(item)
+    def assign(self, batch: list[Any]) -> None:
+        self.progress[_SINCE], self.progress[_STEP] = time.monotonic(), 0.0
+        self.batch, self.assigned_at = batch, time.monotonic()
+        self.conn.send(batch)
+
+    def step(self) -> tuple[int, float]:
+        """(step, since) of the shared progress, read consistently while the worker writes it."""
+        while True:
+            step, since = self.progress[_STEP], self.progress[_SINCE]
+            if self.progress[_STEP] == step:
+                return int(step), since
+
+    def running(self) -> int | None:
+        """The position in its batch of the item the worker is on; None between items."""
+        step, _ = self.step()
+        return (step - 1) // 2 if step % 2 else None
 
     def kill(self) -> None:
         self.process.kill()  # SIGKILL: a decoder stuck in C code may never return to handle SIGTERM
@@ -121,22 +163,35 @@ class IsolatedPool:
     modules the forkserver imports once, so starting or replacing a worker is a cheap fork. The
     forkserver starts with the interpreter's default sys.path (Python 3.11 does not pass the parent's
     on), so a preload must come from an installed package or the working folder; one that cannot be
-    imported there is imported by each worker instead: correct, only slower.
+    imported there is imported by each worker instead: correct, only slower. A batch holds about
+    `batch_s` of work, at most `max_batch` items (1: one item at a time).
     """
 
     def __init__(
-        self, function: Callable[[Any], Any], workers: int, timeout_s: float, preload: Sequence[str] = ()
+        self,
+        function: Callable[[Any], Any],
+        workers: int,
+        timeout_s: float,
+        preload: Sequence[str] = (),
+        max_batch: int = MAX_BATCH,
+        batch_s: float = BATCH_S,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.function, self.workers, self.timeout_s = function, workers, timeout_s
+        self.max_batch, self.batch_s = max_batch, batch_s
         # forkserver, not fork: workers must not inherit the parent's threads and locks.
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload([*preload, *_main_module_imports()])
         self._pool: list[_Worker] = []
         self.replaced = 0
+        self.batches = 0  # batches handed out, retried ones included
+        self._done, self._done_s = 0, 0.0  # items finished and the batch time they took: the batch size
+        self._losses_in_a_row = 0  # workers lost with no item to blame since the last batch that came back
 
     def __enter__(self) -> IsolatedPool:
         self._pool = [_Worker(self._context, self.function) for _ in range(self.workers)]
@@ -146,7 +201,7 @@ class IsolatedPool:
 
     def __exit__(self, *exc: Any) -> None:
         for worker in self._pool:
-            if worker.item is None and worker.process.is_alive():
+            if not worker.batch and worker.process.is_alive():
                 worker.conn.send(None)
                 worker.process.join(5)
             if worker.process.is_alive():
@@ -155,63 +210,107 @@ class IsolatedPool:
 
     def imap_unordered(self, items: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
         """Yield (item, result) as results arrive; result is a `WorkerLost` for a hung or crashed item."""
-        todo = iter(items)
+        todo = deque(items)
         busy: list[_Worker] = []
         for worker in list(self._pool):
             if assigned := self._assign_next(worker, todo):
                 busy.append(assigned)
         while busy:
-            nearest = min(worker.deadline for worker in busy)
-            waitables = [w.conn for w in busy] + [w.process.sentinel for w in busy]
-            ready = set(wait(waitables, timeout=max(0.0, nearest - time.monotonic())))
-            now = time.monotonic()
+            ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy], self._wait_s(busy)))
             for worker in list(busy):
-                item = worker.item
                 if worker.conn in ready or worker.process.sentinel in ready:
-                    outcome = self._receive(worker)
-                elif now >= worker.deadline:
-                    worker.kill()
-                    outcome = WorkerLost("timeout", f"no result within {self.timeout_s:g} s; worker killed")
+                    outcomes, lost = self._receive(worker)
+                elif (overdue := self._overdue(worker)) is not None:
+                    outcomes, lost = self._time_out(worker, overdue), True
                 else:
                     continue
                 busy.remove(worker)
-                if isinstance(outcome, WorkerLost):
-                    worker = self._replace(worker)
-                worker.item = None
-                yield item, outcome
+                batch, worker.batch = worker.batch, []
+                if lost:
+                    self._count_loss(bool(outcomes), batch)
+                    worker = self._replace(worker, batch)
+                    returned = {position for position, _ in outcomes}  # the rest of the batch goes round again
+                    todo.extendleft(reversed([item for n, item in enumerate(batch) if n not in returned]))
+                yield from ((batch[position], result) for position, result in outcomes)
                 if assigned := self._assign_next(worker, todo):
                     busy.append(assigned)
-        assert not busy
+        assert not todo
 
-    def _receive(self, worker: _Worker) -> Any:
+    def _wait_s(self, busy: list[_Worker]) -> float:
+        """Until the earliest deadline of the items the workers are on (as they were when read)."""
+        nearest = min(worker.step()[1] for worker in busy) + self.timeout_s
+        return max(0.0, nearest - time.monotonic())
+
+    def _overdue(self, worker: _Worker) -> int | None:
+        """The position of the item past its deadline, -1 when the worker is stuck between items, or
+        None when nothing is overdue."""
+        step, since = worker.step()
+        if time.monotonic() < since + self.timeout_s:
+            return None
+        return (step - 1) // 2 if step % 2 else -1
+
+    def _time_out(self, worker: _Worker, position: int) -> list[tuple[int, Any]]:
+        worker.kill()
+        if position < 0 or worker.running() != position:  # it moved on just as the deadline came: no verdict
+            return []
+        return [(position, WorkerLost("timeout", f"no result within {self.timeout_s:g} s; worker killed"))]
+
+    def _receive(self, worker: _Worker) -> tuple[list[tuple[int, Any]], bool]:
+        """The (position, result) pairs of a worker that sent or died, and whether it died."""
         try:
-            status, payload = worker.conn.recv()
+            status, position, payload = worker.conn.recv()
         except (EOFError, ConnectionError):
             detail = worker.death_detail()
             worker.kill()
-            return WorkerLost("crash", detail)
+            culprit = worker.running()  # what it was on when it died; None between items
+            return ([] if culprit is None else [(culprit, WorkerLost("crash", detail))]), True
+        if status == "raised":
+            what = repr(worker.batch[position]) if position is not None else f"a result of {worker.batch!r}"
+            raise TaskRaised(f"{what}: the worker function raised (a bug, not a bad input):\n{payload}")
         if status == "out_of_memory":
             worker.kill()
-            return WorkerLost(
+            lost = WorkerLost(
                 "too_large", "MemoryError while decoding: it needs more memory than a worker has; worker replaced"
             )
-        if status == "raised":
-            raise TaskRaised(f"{worker.item!r}: the worker function raised (a bug, not a bad input):\n{payload}")
-        return payload
+            return [*enumerate(payload), (position, lost)], True
+        self._done += len(payload)
+        self._done_s += time.monotonic() - worker.assigned_at
+        self._losses_in_a_row = 0
+        return list(enumerate(payload)), False
 
-    def _replace(self, dead: _Worker) -> _Worker:
+    def _count_loss(self, attributed: bool, batch: list[Any]) -> None:
+        """A worker lost outside any item leaves no verdict and its batch goes round again; fail rather
+        than go round for ever when workers keep dying that way (the machine, not a file)."""
+        self._losses_in_a_row = 0 if attributed else self._losses_in_a_row + 1
+        if self._losses_in_a_row > MAX_UNEXPLAINED_LOSSES:
+            raise RuntimeError(
+                f"{self._losses_in_a_row} workers in a row died between items (the last on a batch of "
+                f"{len(batch)} from {batch[0]!r}); no item explains it: check the machine's memory and logs"
+            )
+
+    def _replace(self, dead: _Worker, batch: list[Any]) -> _Worker:
         fresh = _Worker(self._context, self.function)
         fresh.wait_ready()
         self._pool[self._pool.index(dead)] = fresh
         self.replaced += 1
-        log.warning("replaced a lost worker (it was on %r)", dead.item)
+        log.warning("replaced a lost worker (it was on a batch of %d from %r)", len(batch), batch[0])
         return fresh
 
-    def _assign_next(self, worker: _Worker, todo: Iterator[Any]) -> _Worker | None:
-        """Give `worker` the next item; returns the worker that took it, or None when none are left."""
-        for item in todo:
-            if not worker.process.is_alive():  # died while idle (e.g. the OOM killer): not this item's fault
-                worker = self._replace(worker)
-            worker.assign(item, self.timeout_s)
-            return worker
-        return None
+    def _batch_size(self, left: int) -> int:
+        """About `batch_s` of work by the time items took so far, and no more than an equal share of what
+        is left, so no worker is still busy with a long batch when the others have run out."""
+        if self._done:
+            size = int(self.batch_s / max(self._done_s / self._done, 1e-6))
+        else:
+            size = 1  # nothing known yet: the first results size the next batches
+        return max(1, min(size, self.max_batch, math.ceil(left / self.workers)))
+
+    def _assign_next(self, worker: _Worker, todo: deque[Any]) -> _Worker | None:
+        """Give `worker` the next batch; returns the worker that took it, or None when none are left."""
+        if not todo:
+            return None
+        if not worker.process.is_alive():  # died while idle (e.g. the OOM killer): not this item's fault
+            worker = self._replace(worker, [todo[0]])
+        worker.assign([todo.popleft() for _ in range(self._batch_size(len(todo)))])
+        self.batches += 1
+        return worker

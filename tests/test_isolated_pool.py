@@ -1,0 +1,95 @@
+"""The isolated pool hands out batches, and still one verdict per item with a time limit per item.
+
+Real worker processes (forkserver), real hangs, segfaults and exits: a lost worker costs its item one
+verdict, and the rest of its batch (whose results died with it) is handed out again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from functools import partial
+from pathlib import Path
+
+from training_code.lib.isolated_pool import IsolatedPool, WorkerLost
+
+
+def record_and_misbehave(item: str, calls: str) -> str:
+    """Appends the item to the `calls` file (one line per call, whichever worker made it), then hangs,
+    crashes or exits when the item says so."""
+    with open(calls, "a") as log:
+        log.write(f"{item}\n")
+    if item.startswith("hang"):
+        time.sleep(600)
+    if item.startswith("segfault"):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if item.startswith("exit"):
+        os._exit(3)
+    if item.startswith("slow"):
+        time.sleep(0.3)
+    return item.upper()
+
+
+def calls_of(path: Path) -> list[str]:
+    return path.read_text().split()
+
+
+def test_small_items_go_out_in_batches_with_one_result_each(tmp_path):
+    items = [f"item{n}" for n in range(2000)]
+    with IsolatedPool(partial(record_and_misbehave, calls=str(tmp_path / "calls")), workers=2, timeout_s=5) as pool:
+        results = list(pool.imap_unordered(items))
+        batches = pool.batches
+    assert sorted(item for item, _ in results) == sorted(items), "every item exactly once"
+    assert all(result == item.upper() for item, result in results)
+    assert sorted(calls_of(tmp_path / "calls")) == sorted(items), "nothing run twice when nothing was lost"
+    assert batches < len(items) / 10, f"{batches} batches for {len(items)} quick items"
+
+
+def test_a_crash_costs_its_item_one_verdict_and_the_rest_of_its_batch_goes_round_again(tmp_path):
+    calls = tmp_path / "calls"
+    items = ["first", "b", "segfault", "c", "d"]
+    # One worker and long batches: "first" goes alone (nothing is known yet), then the other four together.
+    with IsolatedPool(partial(record_and_misbehave, calls=str(calls)), workers=1, timeout_s=5, batch_s=60) as pool:
+        results = dict(pool.imap_unordered(items))
+        assert pool.replaced == 1 and pool.batches == 3
+    assert results == {
+        "first": "FIRST",
+        "b": "B",
+        "segfault": WorkerLost("crash", "worker killed by SIGSEGV"),
+        "c": "C",
+        "d": "D",
+    }
+    # b's result died with the worker, so b ran again; c and d had not started; the crash is not retried.
+    assert calls_of(calls) == ["first", "b", "segfault", "b", "c", "d"]
+
+
+def test_the_time_limit_is_per_item_not_per_batch(tmp_path):
+    calls = tmp_path / "calls"
+    # Eight items of 0.3 s in one batch take 2.4 s, past the 1 s limit; none of them passes it alone.
+    items = ["first", *[f"slow{n}" for n in range(8)], "hang", "last"]
+    started = time.monotonic()
+    with IsolatedPool(partial(record_and_misbehave, calls=str(calls)), workers=1, timeout_s=1.0, batch_s=60) as pool:
+        results = dict(pool.imap_unordered(items))
+        assert pool.replaced == 1
+    assert time.monotonic() - started < 10
+    assert results.pop("hang") == WorkerLost("timeout", "no result within 1 s; worker killed")
+    assert results == {item: item.upper() for item in items if item != "hang"}
+    # The slow items' results died with the hung worker: they ran again; "last" had not started.
+    assert [calls_of(calls).count(item) for item in items] == [1, *[2] * 8, 1, 1]
+
+
+def test_workers_lost_between_batches_and_exits_are_each_one_verdict(tmp_path):
+    calls = tmp_path / "calls"
+    items = [f"ok{n}" for n in range(50)] + ["exit1", "segfault1"] + [f"more{n}" for n in range(50)] + ["exit2"]
+    with IsolatedPool(partial(record_and_misbehave, calls=str(calls)), workers=2, timeout_s=5) as pool:
+        results = dict(pool.imap_unordered(items))
+        assert pool.replaced == 3
+    lost = {item: result for item, result in results.items() if isinstance(result, WorkerLost)}
+    assert lost == {
+        "exit1": WorkerLost("crash", "worker exited with code 3"),
+        "exit2": WorkerLost("crash", "worker exited with code 3"),
+        "segfault1": WorkerLost("crash", "worker killed by SIGSEGV"),
+    }
+    assert len(results) == len(items)
+    assert all(calls_of(calls).count(item) == 1 for item in lost), "a lost item is never run again"
