@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,6 +36,7 @@ DEFAULT_MAX_PIXELS = 1_000_000_000
 ORIENTATION_TAG = 0x0112
 _ORIENTATIONS = frozenset(range(1, 9))
 _SWAPS_SIDES = frozenset(range(5, 9))  # transpose, rotate 270, transverse, rotate 90
+_TURNS = frozenset(range(2, 9))  # the tags exif_transpose acts on (it looks them up in a dict, so 6.0 acts too)
 # The formats whose first frame is a plain JPEG stream, and the modes Pillow gives such a stream that
 # libjpeg-turbo decodes too (L: grayscale, RGB: YCbCr or RGB, CMYK: CMYK or YCCK).
 _STRICT_FORMATS = frozenset({"JPEG", "MPO"})
@@ -140,6 +141,7 @@ def _judge(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side:
     try:
         with _pixel_limit(None), Image.open(io.BytesIO(data)) as image:
             header_format, (width, height) = image.format, image.size
+            header = image
     except UnidentifiedImageError:
         return quarantine(*_diagnose_unidentified(data))
     except Exception:  # noqa: BLE001 - the passes below open it again and classify the error
@@ -153,21 +155,20 @@ def _judge(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side:
                 f"header says {width}x{height} = {width * height} pixels, above the limit of {max_pixels}; not decoded",
             )
         if header_format in _STRICT_FORMATS:
-            verdict = _strict_jpeg(data, digest, min_side, quarantine)
+            verdict = _strict_jpeg(data, digest, min_side, quarantine, header)
             if verdict is not None:
                 return verdict
     return _decode(data, digest, allowed_formats, min_side, quarantine)
 
 
-def _strict_jpeg(data: bytes, digest: str, min_side: int, quarantine) -> ImageVerdict | None:
-    """The JPEG pass: Pillow reads the header (mode, EXIF, its bomb check), libjpeg-turbo decodes the
-    pixels at 1/8 scale with warnings as errors. None hands the file to Pillow's passes."""
-    try:
-        with Image.open(io.BytesIO(data)) as header:
-            image_format, mode, stored_size, info = header.format, header.mode, header.size, dict(header.info)
-    except Exception:  # noqa: BLE001 - a bomb or a broken header: Pillow's passes open it again and classify it
-        return None
-    if mode not in _STRICT_MODES:
+def _strict_jpeg(data: bytes, digest: str, min_side: int, quarantine, header: Image.Image) -> ImageVerdict | None:
+    """The JPEG pass: Pillow has read the header (`header`: mode, EXIF; opened once, its pixels never
+    loaded), libjpeg-turbo decodes the pixels at 1/8 scale with warnings as errors. None hands the
+    file to Pillow's passes."""
+    width, height = header.size
+    if Image.MAX_IMAGE_PIXELS is not None and max(1, width) * max(1, height) > Image.MAX_IMAGE_PIXELS:
+        return None  # Pillow's bomb check (lifted to read the header) would refuse it: its passes say `bomb`
+    if header.mode not in _STRICT_MODES:
         return None
     try:
         small = jpeg_strict.decode_small(data)
@@ -177,18 +178,23 @@ def _strict_jpeg(data: bytes, digest: str, min_side: int, quarantine) -> ImageVe
         # Not a corrupt-data warning: a truncation ("Premature end of JPEG file"), a variant or marker
         # libjpeg-turbo refuses, a header it cannot parse. Pillow's passes judge it as any other file.
         return None
-    # EXIF orientation is applied to the small picture carrying the file's own metadata: the same
-    # exif_transpose, on the same EXIF and XMP, as a full-size decode, for a fraction of the pixels.
-    image = Image.fromarray(small)
-    image.info = info
+
+    def small_picture() -> Image.Image:
+        # EXIF orientation is applied to the small picture carrying the file's own metadata: the same
+        # exif_transpose, on the same EXIF and XMP, as a full-size decode, for a fraction of the pixels.
+        image = Image.fromarray(small)
+        image.info = dict(header.info)
+        return image
+
     return _upright_verdict(
-        image,
+        header,
         digest,
         len(data),
-        original_mode=mode,
+        original_mode=header.mode,
         min_side=min_side,
-        image_format=image_format,
-        stored_size=stored_size,
+        image_format=header.format,
+        stored_size=header.size,
+        turnable=small_picture,
     )
 
 
@@ -229,14 +235,21 @@ def _upright_verdict(
     min_side: int,
     image_format: str,
     stored_size: tuple[int, int],
+    turnable: Callable[[], Image.Image] | None = None,
 ) -> ImageVerdict:
     """Apply EXIF orientation exactly as training will read the image, then check the upright size
-    (the stored frame's, `stored_size`, with its sides swapped where the orientation turns it)."""
+    (the stored frame's, `stored_size`, with its sides swapped where the orientation turns it).
+
+    `image` holds the EXIF (and the pixels, unless `turnable` makes a picture to turn: made only when
+    the orientation turns it, since for any other tag exif_transpose only reads the EXIF)."""
     try:
         tag = image.getexif().get(ORIENTATION_TAG, 1)
-        # In place: for the common orientation 1 it does nothing, where a copy would duplicate every
-        # decoded pixel; it still rewrites the EXIF of a rotated image, which is where broken EXIF fails.
-        ImageOps.exif_transpose(image, in_place=True)
+        if turnable is None:
+            # In place: for the common orientation 1 it does nothing, where a copy would duplicate every
+            # decoded pixel; it still rewrites the EXIF of a rotated image, which is where broken EXIF fails.
+            ImageOps.exif_transpose(image, in_place=True)
+        elif tag in _TURNS:
+            ImageOps.exif_transpose(turnable(), in_place=True)
     except Exception as error:  # noqa: BLE001 - broken EXIF raises arbitrary types from Pillow's parser
         text = f"exif_transpose(): {_describe(error)}"
         return ImageVerdict(sha256=digest, size=size, reason="exif", stage="decode", error=text)
