@@ -53,7 +53,6 @@ from sagemaker_fake_plans import FakeTrainingPlans, validated_response
 
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import split_s3
-from zero_assets.backends.local.runner import sharded_part
 from zero_assets.backends.sagemaker.code_package import CodePackage, build_code_package
 from zero_assets.backends.sagemaker.settings import SageMakerSettings
 from zero_assets.core.settings import REPO_ROOT
@@ -453,7 +452,7 @@ class FakeSageMaker(FakeTrainingPlans):
             for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
             for obj in page.get("Contents", [])
         ]
-        for key in sharded_part(sorted(keys), *part):  # split as the local backend splits
+        for key in sorted(keys)[part[0] :: part[1]]:  # SageMaker promises about 1/N each, disjoint, together all
             target = dest / key[len(prefix) :].lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())

@@ -1,4 +1,5 @@
-"""A validation spread over several instances: map on every host with the raw input split by key, reduce on one."""
+"""A validation spread over several instances: its read list planned first, the map on every host (each
+decoding its part of the list), the reduce on one; the same two stages on the local backend and SageMaker."""
 
 from __future__ import annotations
 
@@ -9,17 +10,19 @@ from pathlib import Path
 
 import botocore.session
 import pandas as pd
+import pyarrow as pa
 import pytest
 from botocore.validate import validate_parameters
 from conftest import make_resources
 from dagster import asset, instance_for_test, materialize
 from graph_runs import materialize_source
 
-from zero_assets.backends.local.runner import LocalJobRunner, sharded_part
+from training_code.lib.read_list import read_list_of
+from zero_assets.backends.local.runner import LocalJobRunner
 from zero_assets.backends.sagemaker.code_package import build_code_package
 from zero_assets.backends.sagemaker.job_params import build_job_params
 from zero_assets.backends.sagemaker.settings import sagemaker_settings_from_env
-from zero_assets.core.job_request import JobRequest, fan_out
+from zero_assets.core.job_request import JobRequest, spread_over
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.raw_image_index import raw_image_index
 from zero_assets.defs.assets.validated_images import VALIDATION_SPREAD, validated_images
@@ -27,6 +30,15 @@ from zero_assets.defs.assets.validated_images import VALIDATION_SPREAD, validate
 SOURCE = "line_a_camera"
 
 FINGERPRINT = "0123456789abcdef" * 4
+READS = "s3://lake/zero/reads/validated_images/0123456789abcdef"
+KEYS = [f"src/{i:03d}.jpg" for i in range(10)]
+SIZES = [100 * (i + 1) for i in range(10)]
+
+
+def planned_list(inputs, arguments):
+    """A stand-in plan: ten images of growing size under the raw root."""
+    table = pa.table({"key": KEYS, "size": SIZES, "etag": [f"e{i}" for i in range(10)]})
+    return read_list_of("s3://raw/root/src", table, 10_000)
 
 
 def validation_request(**changes) -> JobRequest:
@@ -35,62 +47,84 @@ def validation_request(**changes) -> JobRequest:
         kind="processing",
         module="training_code.validate",
         fingerprint=FINGERPRINT,
-        inputs={"index": "s3://lake/zero/raw_image_index/a", "raw": "s3://raw/root"},
+        inputs={"index": "s3://lake/zero/raw_image_index/a", "previous": "s3://lake/zero/validated_images/p"},
         outputs={"out": "s3://lake/zero/validated_images/0123456789abcdef"},
         arguments={"min_side": "8"},
     )
     return JobRequest(**{**fields, **changes})
 
 
-def test_fan_out_splits_raw_in_the_map_and_collects_it_in_the_reduce():
-    mapped, reduced = fan_out(validation_request(), VALIDATION_SPREAD, 3)
-    assert (mapped.stage, mapped.instance_count, mapped.sharded_inputs) == ("map", 3, ("raw",))
+def staged(instances: int):
+    spread = type(VALIDATION_SPREAD)(plan=planned_list, collected_input="decoded")
+    return spread_over(validation_request(), spread, lambda request, work: instances, READS, write=False)
+
+
+def test_the_map_reads_its_part_of_the_read_list_and_the_reduce_collects_it():
+    mapped, reduced = staged(3)
+    assert (mapped.stage, mapped.instance_count, mapped.inputs) == ("map", 3, {"reads": READS})
     assert mapped.outputs == {"out": "s3://lake/zero/validated_images/0123456789abcdef-map"}
     assert mapped.arguments == {"min_side": "8", "phase": "map"}
-    assert (reduced.stage, reduced.instance_count, reduced.sharded_inputs) == ("reduce", 1, ())
-    assert reduced.inputs == {"index": "s3://lake/zero/raw_image_index/a", "decoded": mapped.outputs["out"]}
+    # Host 0 of 3 reads rows 0, 3, 6, 9: the busiest, and what each host's volume is sized for.
+    assert (mapped.reads.objects, mapped.reads.bytes, mapped.reads.host_bytes) == (
+        10,
+        sum(SIZES),
+        100 + 400 + 700 + 1000,
+    )
+    assert mapped.reads.raw_uri == "s3://raw/root/src" and mapped.reads_s3()
+    assert (reduced.stage, reduced.instance_count, reduced.reads.host_bytes) == ("reduce", 1, 0)
+    assert reduced.inputs == {**validation_request().inputs, "reads": READS, "decoded": mapped.outputs["out"]}
     assert reduced.outputs == validation_request().outputs and reduced.arguments["phase"] == "reduce"
     assert mapped.fingerprint == reduced.fingerprint == FINGERPRINT, "one materialization, one fingerprint"
     assert len({mapped.job_name, reduced.job_name, validation_request().job_name}) == 3
-    with pytest.raises(ValueError, match="cannot split input 'images'"):
-        fan_out(validation_request(), type(VALIDATION_SPREAD)(split_input="images", collected_input="decoded"), 2)
+    single, alone = staged(1)
+    assert single is None and alone.stage == "" and alone.reads.host_bytes == sum(SIZES)
+    assert alone.inputs == {**validation_request().inputs, "reads": READS}
 
 
-def test_sharded_parts_are_disjoint_and_together_complete():
-    keys = [f"src/{i:03d}.jpg" for i in range(10)]
-    parts = [sharded_part(keys, host, 3) for host in range(3)]
-    assert sorted(key for part in parts for key in part) == keys
-    assert all(parts) and sum(len(part) for part in parts) == len(keys)
+def test_the_parts_of_a_read_list_are_disjoint_and_together_complete():
+    reads = planned_list({}, {})
+    parts = [reads.part(host, 3) for host in range(3)]
+    assert sorted(key for part in parts for key in part.keys()) == KEYS
+    assert all(part.objects for part in parts) and sum(part.objects for part in parts) == len(KEYS)
+    assert reads.largest_part_bytes(3) == max(sum(SIZES[host::3]) for host in range(3)) == parts[0].read_bytes
+
+
+AWS_ENV = {
+    "ZERO_SM_REGION": "us-east-1",
+    "ZERO_SM_ROLE_ARN": "arn:aws:iam::123456789012:role/zero",
+    "ZERO_SM_BUCKET": "lake",
+    "ZERO_SM_PROCESSING_IMAGE_URI": "1.dkr.ecr.us-east-1.amazonaws.com/p:1",
+    "ZERO_SM_TRAINING_IMAGE_URI": "1.dkr.ecr.us-east-1.amazonaws.com/t:1",
+}
 
 
 def test_sagemaker_requests_put_the_map_on_every_instance_and_the_reduce_on_one():
-    aws = sagemaker_settings_from_env(
-        {
-            "ZERO_SM_REGION": "us-east-1",
-            "ZERO_SM_ROLE_ARN": "arn:aws:iam::123456789012:role/zero",
-            "ZERO_SM_BUCKET": "lake",
-            "ZERO_SM_PROCESSING_IMAGE_URI": "1.dkr.ecr.us-east-1.amazonaws.com/p:1",
-            "ZERO_SM_TRAINING_IMAGE_URI": "1.dkr.ecr.us-east-1.amazonaws.com/t:1",
-            "ZERO_SM_VALIDATED_IMAGES_INSTANCE_COUNT": "4",
-        }
-    )
+    aws = sagemaker_settings_from_env(AWS_ENV)
     service = botocore.session.get_session().get_service_model("sagemaker")
-    mapped, reduced = fan_out(validation_request(), VALIDATION_SPREAD, aws.compute("validated_images").instance_count)
     params = {}
-    for request in (mapped, reduced):
+    for request in staged(4):
         _, params[request.stage] = build_job_params(
             request, aws, job_name=request.job_name, code=build_code_package(), environment={}
         )
         validate_parameters(params[request.stage], service.operation_model("CreateProcessingJob").input_shape)
-    distribution = {i["InputName"]: i["S3Input"]["S3DataDistributionType"] for i in params["map"]["ProcessingInputs"]}
-    assert distribution == {"code": "FullyReplicated", "index": "FullyReplicated", "raw": "ShardedByS3Key"}
+    inputs = {i["InputName"]: i["S3Input"] for i in params["map"]["ProcessingInputs"]}
+    assert set(inputs) == {"code", "reads"}, "the map is handed its read list, never the raw prefix"
+    assert {i["S3DataDistributionType"] for i in inputs.values()} == {"FullyReplicated"}
     assert params["map"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 4
     assert params["reduce"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 1
-    assert {i["InputName"] for i in params["reduce"]["ProcessingInputs"]} == {"code", "index", "decoded"}
+    assert {i["InputName"] for i in params["reduce"]["ProcessingInputs"]} == {
+        "code",
+        "index",
+        "previous",
+        "reads",
+        "decoded",
+    }
     assert params["map"]["AppSpecification"]["ContainerArguments"][-2:] == ["--phase", "map"]
-    # Without a split, several instances would each redo the whole job: refused, naming the setting.
-    with pytest.raises(ValueError, match="instance_count=4, but its job splits no input"):
-        build_job_params(validation_request(), aws, job_name="n", code=build_code_package(), environment={})
+    # Without a read list to split, several instances would each redo the whole job: refused, naming the setting.
+    many = sagemaker_settings_from_env({**AWS_ENV, "ZERO_SM_MAP_REPORT_INSTANCE_COUNT": "4"})
+    with pytest.raises(ValueError, match="ZERO_SM_MAP_REPORT_INSTANCE_COUNT=4, but its job splits no work"):
+        request = validation_request(asset="map_report", inputs={})
+        build_job_params(request, many, job_name="n", code=build_code_package(), environment={})
 
 
 def _validate_locally(raw: Path, state: Path, hosts: int) -> tuple[dict, Path]:
@@ -126,8 +160,7 @@ def test_two_hosts_reach_the_same_manifest_as_one(tiny_raw_root, tmp_path):
     tables = sorted(path.name for path in one_out.glob("*.parquet"))
     for name in tables:
         pd.testing.assert_frame_equal(pd.read_parquet(two_out / name), pd.read_parquet(one_out / name))
-    annotation_files = sorted(p.relative_to(f"{two_out}-map") for p in Path(f"{two_out}-map").rglob("annotations.json"))
-    assert annotation_files == [Path("annotations") / SOURCE / "annotations.json"]
+    assert sorted(p.name for p in Path(f"{two_out}-map").iterdir()) == sorted(parts), "the map writes verdicts only"
     assert json.loads((two_out / "manifest.json").read_text())["counts"]["images_in"] == one["images_in"]
 
 

@@ -27,7 +27,7 @@ from zero_assets.backends.sagemaker.job_params import build_job_params
 from zero_assets.backends.sagemaker.names import job_name
 from zero_assets.backends.sagemaker.pipes_client import PipesSageMakerClient
 from zero_assets.backends.sagemaker.settings import JobCompute
-from zero_assets.core.job_request import JobRequest
+from zero_assets.core.job_request import JobRequest, Reads
 from zero_assets.defs.assets import raw_image_index, validated_images
 from zero_assets.defs.run_cost import run_cost_sensors
 
@@ -70,12 +70,13 @@ def params_for(aws, kind: str, compute: JobCompute, *, mode: str = "ok", use_spo
     settings = fake_settings(bucket=BUCKET, prefix="zero", use_spot=use_spot, **{asset_name: compute})
     upload_code_package(aws["package"], settings.s3_root(), aws["s3"])
     processing = {}
-    if kind == "processing":  # several instances split an input, as a fanned-out job's map stage does
+    if kind == "processing":  # several instances split their read list, as a fanned-out job's map stage does
         for key in ("items/a", "items/b"):
             aws["s3"].put_object(Bucket=BUCKET, Key=f"zero/{key}", Body=b"x")
         processing = {
             "inputs": {"items": f"s3://{BUCKET}/zero/items/"},
-            "sharded_inputs": ("items",),
+            "instance_count": compute.instance_count,
+            "reads": Reads(f"s3://{BUCKET}/zero/items/", f"s3://{BUCKET}/zero/raw", 2, 2, 1),
             "outputs": {"out": f"s3://{BUCKET}/zero/lake/{asset_name}/{FINGERPRINT[:16]}"},
         }
     request = JobRequest(

@@ -27,7 +27,7 @@ from zero_assets.backends.sagemaker.job_params import build_job_params
 from zero_assets.backends.sagemaker.names import job_name
 from zero_assets.backends.sagemaker.pipes_client import PipesSageMakerClient
 from zero_assets.backends.sagemaker.settings import JobCompute
-from zero_assets.core.job_request import JobRequest
+from zero_assets.core.job_request import JobRequest, Reads
 from zero_assets.core.settings import ZeroSettings
 
 BUCKET = "zero-logs"
@@ -122,7 +122,7 @@ def two_host_params(sagemaker, fail: bool) -> dict:
         module="zero_log_jobs.chatty",
         fingerprint=fingerprint,
         inputs={"split": f"s3://{BUCKET}/zero/lake/split"},
-        sharded_inputs=("split",),
+        reads=Reads(f"s3://{BUCKET}/zero/lake/split", f"s3://{BUCKET}/zero/raw", 2, 2, 1),
         instance_count=2,
         outputs={"out": f"s3://{BUCKET}/zero/lake/map_report/{fingerprint[:16]}"},
         arguments={"lines": str(LINES), "fail": "1" if fail else "0"},

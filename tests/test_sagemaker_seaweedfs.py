@@ -14,6 +14,7 @@ from sagemaker_fakes import FakeSageMaker, fake_settings, moto_server
 from tests.local_s3 import LocalS3Server
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.detection_samples import iter_eval_samples, verified_split
+from training_code.lib.read_list import read_read_list
 from training_code.lib.shard_format import open_shard, verify_shard
 from training_code.lib.storage import publish_folder
 from training_code.warm import listed_shards
@@ -87,21 +88,16 @@ def test_validation_job_runs_on_the_s3_path(
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix=f"zero/pipes/{name}/messages/")["KeyCount"] >= 1
 
     launched = [c for c in fake.calls if c[0] == "CreateProcessingJob"]
-    # Only the source's raw folder is handed to the job, landing where the script reads the raw layout.
-    raw_input = (
-        next(i["S3Input"] for i in fake.jobs[name]["params"]["ProcessingInputs"] if i["InputName"] == "raw")
-        if instances == 1
-        else next(
-            i["S3Input"]
-            for i in fake.jobs[metadata["map_job_name"].value]["params"]["ProcessingInputs"]
-            if i["InputName"] == "raw"
-        )
-    )
-    assert raw_input["S3Uri"] == f"s3://{BUCKET}/raw/{SOURCE}/" and raw_input["LocalPath"].endswith(
-        f"/input/raw/{SOURCE}"
-    )
+    # No raw prefix is handed to the job: its read list names the images it fetches by key (all of them, the
+    # first time), every host gets the list and decodes its own part.
+    staged = fake.jobs[name if instances == 1 else metadata["map_job_name"].value]["params"]["ProcessingInputs"]
+    inputs = {i["InputName"]: i["S3Input"] for i in staged}
+    assert "raw" not in inputs and inputs["reads"]["S3DataDistributionType"] == "FullyReplicated"
+    reads = read_read_list(inputs["reads"]["S3Uri"])
+    assert reads.raw_uri == f"s3://{BUCKET}/raw" and reads.objects == metadata["images_in"].value
+    assert all(key.startswith(f"{SOURCE}/") for key in reads.keys())
     if instances == 2:
-        # Map on two instances, each given half the raw objects by key, then the reduce on one.
+        # Map on two instances, each decoding its half of the read list, then the reduce on one.
         map_name = metadata["map_job_name"].value
         assert launched == [("CreateProcessingJob", map_name), ("CreateProcessingJob", name)]
         assert fake.jobs[map_name]["params"]["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2

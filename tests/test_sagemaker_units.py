@@ -87,7 +87,7 @@ def test_backend_is_chosen_from_the_environment(monkeypatch):
         resources_from_env()
 
 
-def test_multi_instance_processing_without_split_input_is_refused():
+def test_multi_instance_processing_without_a_read_list_to_split_is_refused():
     from zero_assets.backends.sagemaker.job_params import _processing_params
     from zero_assets.core.job_request import JobRequest
 
@@ -101,5 +101,6 @@ def test_multi_instance_processing_without_split_input_is_refused():
     request = JobRequest(
         asset="validated_images", kind="processing", module="training_code.validate", fingerprint="f" * 64
     )
-    with pytest.raises(ValueError, match="instance count to 1"):
+    # Unplanned (no read list to split by host), every instance would redo the whole job.
+    with pytest.raises(ValueError, match="ZERO_SM_VALIDATED_IMAGES_INSTANCE_COUNT=2, but its job splits no work"):
         _processing_params(request, Settings(), "job", None, {}, "s3://bucket/lake")

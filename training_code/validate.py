@@ -1,18 +1,24 @@
 r"""Decide which raw images and labels are fit to train on, and report every one that is not.
 
-    python -m training_code.validate --index DIR --raw DIR --out DIR [--val-fraction 0.2] [--split-seed 0] \
-        [--max-quarantine-rate 0.5] [--min-side 8] \
+    python -m training_code.validate --index DIR --out DIR [--reads DIR] [--raw DIR] [--val-fraction 0.2] \
+        [--split-seed 0] [--max-quarantine-rate 0.5] [--min-side 8] \
         [--allowed-formats JPEG,PNG,GIF,WEBP,BMP,TIFF,MPO] [--workers N] [--timeout-s 20] [--previous DIR] \
         [--max-image-bytes 134217728] [--max-pixels 1000000000] [--max-annotation-bytes 1073741824] \
         [--phase all|map|reduce] [--decoded DIR]
 
-A SageMaker Processing job script. Reads `index.parquet` (one row per raw image) and the raw root
-(read-only), decodes every image in isolated worker processes, checks each COCO box in the upright
-frame, drops exact duplicates and assigns train/val by group. Writes accepted, quarantine,
+A SageMaker Processing job script. Reads `index.parquet` (one row per raw image) and the raw root it
+lists (read-only), decodes every image in isolated worker processes, checks each COCO box in the
+upright frame, drops exact duplicates and assigns train/val by group. Writes accepted, quarantine,
 duplicates, rejected_labels and unmatched tables, `categories.json`, the quarantine's contact sheet
 (`quarantine_contact_sheet.png`, when a quarantined image still decodes), then `manifest.json` last.
 Fails without a manifest when more images are quarantined than --max-quarantine-rate allows.
 With --previous (an earlier run's output) only new or changed images are decoded: see verdict_cache.
+
+The raw root is the one the index lists: a local one is read in place, an S3 one is never downloaded
+whole: the job fetches by key exactly the images it decodes (lib/raw_reader.py, lib/raw_fetch.py). With
+--reads (its read list, lib/read_list.py: planned before launch from the index and --previous, see
+lib/decode_plan.py) it reads nothing the list does not name, and fails, naming both, if it would need
+an image the list lacks (the list was planned for other decode settings).
 
 The raw root is untrusted: an unsafe key, a symlink out of the root or a file past the size limits
 costs that file one verdict (`unsafe_key`, `outside_root`, `too_large`) and is never read or decoded;
@@ -27,10 +33,10 @@ file that cannot be read for no fault of its bytes (permissions, I/O errors) is 
 from ever being a cache hit: the next run decodes exactly those again.
 
 On several instances the pass is two jobs (zero_assets/core/job_request.py `fan_out`): `--phase map` on
-every instance decodes the images of this host's part of the raw input (split by S3 key) and writes
-`verdicts-<host>.parquet`, the thumbnails of its quarantined files (`thumbnails-<host>.parquet`) and
-the annotation files it received; `--phase reduce` on one instance reads them all from --decoded and
-decides as the single-host pass does, so both write the same manifest.
+every instance decodes this host's part of the read list (every n-th image, by its place among the
+job's hosts) and writes `verdicts-<host>.parquet`; `--phase reduce` on one instance reads them all from
+--decoded and decides as the single-host pass does (reading the annotations and the contact sheet's
+few images itself), so both write the same manifest.
 
 This file is the command line and the report to Dagster; the phases are `lib/validation_pass.py`.
 """
@@ -42,12 +48,14 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from training_code.lib import job_env
 from training_code.lib.coco import DEFAULT_MAX_ANNOTATION_BYTES
 from training_code.lib.contact_sheet import Thumbnail
+from training_code.lib.decode_plan import images_to_decode
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.image_checks import (
     DEFAULT_ALLOWED_FORMATS,
@@ -55,8 +63,9 @@ from training_code.lib.image_checks import (
     DEFAULT_MAX_PIXELS,
 )
 from training_code.lib.inline_pictures import inline_picture, markdown_metadata
+from training_code.lib.read_list import ReadList
 from training_code.lib.reason_meanings import IMAGE_REASONS, LABEL_REASONS, meaning
-from training_code.lib.validation_pass import PHASES, decode_part, validate
+from training_code.lib.validation_pass import PHASES, decode_part, decode_settings, validate
 
 log = logging.getLogger("zero.validate")
 
@@ -66,17 +75,20 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--index",
         type=Path,
-        required=True,
-        help="folder holding index.parquet and manifest.json (the raw_image_index output)",
+        default=None,
+        help="folder holding index.parquet and manifest.json (the raw_image_index output; not read by --phase map)",
+    )
+    parser.add_argument(
+        "--reads",
+        type=Path,
+        default=None,
+        help="the job's read list (reads.json, reads.parquet): the only raw images it may read",
     )
     parser.add_argument(
         "--raw",
         type=Path,
         default=None,
-        help=(
-            "the raw root: <raw>/<source>/... and <raw>/<source>/annotations.json (map: this host's part); "
-            "for an S3 raw root, the job's download of it"
-        ),
+        help="a local raw root to read instead of the one the index lists (at another path); never an S3 one",
     )
     parser.add_argument(
         "--out", type=Path, required=True, help="folder for the tables, categories.json and manifest.json"
@@ -181,6 +193,15 @@ def contact_sheet_entries(thumbnails: list[Thumbnail]) -> dict[str, Any]:
         )
         for number, thumbnail in enumerate(thumbnails, start=1)
     }
+
+
+def planned_reads(inputs: Mapping[str, str], arguments: Mapping[str, Any]) -> ReadList:
+    """The read list of this job for a request's `inputs` (index, previous) and `arguments` (config):
+    the images it must decode, by the verdict cache's rule under the decode settings these arguments
+    give (parsed as the job parses them). Tables only: run before launch (job_request.spread_over)."""
+    flags = [token for key, value in arguments.items() for token in (f"--{key.replace('_', '-')}", str(value))]
+    args = get_args_parser().parse_args([*flags, "--out", "-"])
+    return images_to_decode(inputs["index"], inputs.get("previous"), decode_settings(args))
 
 
 def main(args: argparse.Namespace) -> None:

@@ -1,11 +1,10 @@
 """Find and read each source's `annotations.json` under a raw root without leaving it.
 
-The validation pass reads them here (on one host, or in the reduce stage from what the map hosts
-passed on); the raw index counts one source's annotations per file here (`count_source_annotations`),
-recording the file's size, etag and the sha256 of the bytes it parsed. What the pass reads must be
-those bytes (see `indexed_raw`): a file that changed, appeared or vanished since the index is
-`RawRootChanged`, and the run fails. A file that cannot be used costs its source its labels, with an
-error naming the file; the other sources go on.
+The validation pass reads them here (on one host, or in the reduce stage); the raw index counts one
+source's annotations per file here (`count_source_annotations`), recording the file's size, etag and
+the sha256 of the bytes it parsed. What the pass reads must be those bytes (see `indexed_raw`): a file
+that changed, appeared or vanished since the index is `RawRootChanged`, and the run fails. A file that
+cannot be used costs its source its labels, with an error naming the file; the other sources go on.
 """
 
 from __future__ import annotations
@@ -19,49 +18,33 @@ from .coco import ANNOTATIONS_FILE, INDEX_FIELDS, AnnotationError, SourceAnnotat
 from .hashing import sha256_bytes
 from .indexed_raw import IndexedFile, ListedRoot, proven_copy_bytes
 from .raw_files import RawChanged, RawRootChanged, Refused, locate, read_limited, read_with_stat
-from .storage import is_s3, join, key_problem, local_etag, s3_call, s3_client, split_s3, write_bytes_atomic
+from .storage import is_s3, join, key_problem, local_etag, s3_call, s3_client, split_s3
 
 log = logging.getLogger("zero.validate")
 
-REFUSED_ANNOTATIONS = (
-    "refused.txt"  # beside a passed-on file: why a map host did not read that source's annotations.json
-)
-
 
 def load_annotations(
-    raw: Path, sources: set[str], max_bytes: int, listed: ListedRoot, passed_on: bool = False
+    raw: Path, sources: set[str], max_bytes: int, listed: ListedRoot
 ) -> tuple[dict[str, SourceAnnotations | None], dict[str, str]]:
     """Each source's parsed COCO file, None for a source without a usable one (its images are all
     unmatched); and for each source whose file exists but cannot be used, the error naming it.
 
     Sources are those in the index (one source, for a per-source validation; another source's file
     under `raw` is not this output's business). A source folder whose name is not a safe key is
-    skipped: its images are unsafe_key verdicts anyway. `passed_on`: `raw` holds what the map hosts
-    passed on (`copy_annotation_files`), each file already checked against the index by its host.
+    skipped: its images are unsafe_key verdicts anyway. `raw` is the local raw root, or the job's
+    fetch of the S3 one (see `raw_reader`).
     """
-    with_file = {path.parent.name for path in raw.glob(f"*/{ANNOTATIONS_FILE}")} & sources
-    refused = {  # why a map host did not read a source's file
-        path.parent.name: path.read_text()
-        for path in (raw.glob(f"*/{REFUSED_ANNOTATIONS}") if passed_on else [])
-        if path.parent.name in sources
-    }
     parsed: dict[str, SourceAnnotations | None] = {}
-    errors = dict(refused)
+    errors: dict[str, str] = {}
     for source in sorted(sources):
         key = f"{source}/{ANNOTATIONS_FILE}"
         parsed[source] = None
         if key_problem(key):
             continue
         try:
-            if passed_on:
-                data = _passed_on_bytes(raw, source, max_bytes, listed, received=source in with_file | set(refused))
-            else:
-                data = read_checked_annotations(raw, source, max_bytes, listed)
+            data = read_checked_annotations(raw, source, max_bytes, listed)
             if data is None:
-                if source not in refused:
-                    log.warning(
-                        "source %r has no %s: all its images are reported as image_without_annotation", source, key
-                    )
+                log.warning("source %r has no %s: all its images are reported as image_without_annotation", source, key)
                 continue
             parsed[source] = parse_annotations(source, data, key, max_bytes)
         except (AnnotationError, Refused, OSError) as error:
@@ -71,9 +54,7 @@ def load_annotations(
     return parsed, errors
 
 
-def read_checked_annotations(
-    raw: Path, source: str, max_bytes: int, listed: ListedRoot, via_links: bool = False
-) -> bytes | None:
+def read_checked_annotations(raw: Path, source: str, max_bytes: int, listed: ListedRoot) -> bytes | None:
     """The bytes of `<raw>/<source>/annotations.json`, proven to be the file the index recorded; None
     when there is none and the index saw none. `RawRootChanged` when it appeared, vanished or changed
     since the index (or the index read it and now it cannot be read); Refused or OSError when it
@@ -87,7 +68,7 @@ def read_checked_annotations(
     if indexed is None:
         raise RawRootChanged(key, "there now, but not when the index was built")
     try:
-        data = read_limited(locate(raw, key, via_links), max_bytes, indexed.etag if listed.local else None)
+        data = read_limited(locate(raw, key), max_bytes, indexed.etag if listed.local else None)
     except RawChanged as changed:
         raise RawRootChanged(key, changed.detail) from None
     except (Refused, OSError) as error:
@@ -102,45 +83,12 @@ def read_checked_annotations(
     return data
 
 
-def _passed_on_bytes(raw: Path, source: str, max_bytes: int, listed: ListedRoot, received: bool) -> bytes | None:
-    """What the map hosts passed on of a source's file (None: nothing, or only why it was not read)."""
-    key = f"{source}/{ANNOTATIONS_FILE}"
-    indexed = listed.annotation_file(source)
-    if received != (indexed is not None):
-        raise RawRootChanged(
-            key, "listed by the index, but no host of the map stage received it" if indexed else "not in the index"
-        )
-    if not (raw / key).is_file():
-        return None
-    data = read_limited(locate(raw, key), max_bytes)
-    if indexed is not None and indexed.sha256 is not None and sha256_bytes(data) != indexed.sha256:
-        raise RawRootChanged(key, "the bytes a map host passed on are not those the index read")
-    return data
-
-
 def annotation_error(key: str, error: Exception) -> str:
     if isinstance(error, AnnotationError):
         return str(error)
     if isinstance(error, Refused):
         return f"{key}: {error.reason}: {error.detail}"
     return f"{key}: unreadable: {type(error).__name__}: {error.strerror or error}"
-
-
-def copy_annotation_files(raw: Path, dest: Path, max_bytes: int, listed: ListedRoot, sources: set[str]) -> int:
-    """The map stage: pass on each annotations.json of `sources` this host received (read inside the
-    root, up to `max_bytes`, checked against the index), or why it was not read, for the reduce
-    stage. Returns how many sources were seen."""
-    received = sorted({path.parent.name for path in raw.glob(f"*/{ANNOTATIONS_FILE}")} & sources)
-    for source in received:
-        key = f"{source}/{ANNOTATIONS_FILE}"
-        if key_problem(key):
-            continue  # its images are unsafe_key verdicts; nothing may be written under that name
-        try:
-            data = read_checked_annotations(raw, source, max_bytes, listed, via_links=True)
-            write_bytes_atomic(dest / source / ANNOTATIONS_FILE, data)
-        except (Refused, OSError) as error:
-            write_bytes_atomic(dest / source / REFUSED_ANNOTATIONS, annotation_error(key, error).encode())
-    return len(received)
 
 
 @dataclass

@@ -81,16 +81,14 @@ def quarantine_thumbnails(
     max_pixels: int,
     timeout_s: float,
     workers: int = 1,
-    via_links: bool = False,
 ) -> list[Thumbnail]:
-    """Thumbnails of the first drawable rows of `quarantine` (key, sha256, reason), by key.
-
-    `raw` and `via_links` are as for `raw_files.locate` (a map host's part of the raw input is links)."""
+    """Thumbnails of the first drawable rows of `quarantine` (key, sha256, reason), by key, from the
+    raw root `raw` (as `raw_files.locate` takes it)."""
     drawable = quarantine[quarantine["reason"].isin(DRAWABLE_REASONS) & quarantine["sha256"].notna()]
     items: dict[tuple[str, str], tuple[str, str]] = {}  # (path, sha256) -> (key, reason)
     for row in drawable.sort_values("key", kind="stable").head(MAX_ATTEMPTS).itertuples(index=False):
         try:
-            items[(str(locate(raw, row.key, via_links=via_links)), row.sha256)] = (row.key, row.reason)
+            items[(str(locate(raw, row.key)), row.sha256)] = (row.key, row.reason)
         except Refused:
             continue
     if not items:
@@ -104,30 +102,6 @@ def quarantine_thumbnails(
             if png is not None and not isinstance(png, WorkerLost):
                 drawn.append(Thumbnail(*items[item], png))
     return sorted(drawn, key=lambda thumbnail: thumbnail.key)[:MAX_THUMBNAILS]
-
-
-def thumbnails_frame(thumbnails: list[Thumbnail]) -> pd.DataFrame:
-    """For a map host to hand its thumbnails to the reduce stage."""
-    return pd.DataFrame(
-        {
-            "key": [t.key for t in thumbnails],
-            "reason": [t.reason for t in thumbnails],
-            "png": [t.png for t in thumbnails],
-        },
-        columns=["key", "reason", "png"],
-    )
-
-
-def read_thumbnails(paths: list[Path], quarantine: pd.DataFrame) -> list[Thumbnail]:
-    """The map hosts' thumbnails of rows the final quarantine holds with the same reason, first by key."""
-    reasons = dict(zip(quarantine["key"], quarantine["reason"]))
-    found = [
-        Thumbnail(row.key, row.reason, bytes(row.png))
-        for path in paths
-        for row in pd.read_parquet(path).itertuples(index=False)
-        if reasons.get(row.key) == row.reason
-    ]
-    return sorted(found, key=lambda thumbnail: thumbnail.key)[:MAX_THUMBNAILS]
 
 
 def draw_contact_sheet(thumbnails: list[Thumbnail], columns: int = COLUMNS) -> Image.Image:

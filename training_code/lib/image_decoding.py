@@ -3,10 +3,9 @@ on exactly the file the index listed.
 
 Each key is located first (`raw_files.locate`): one that is unsafe or leads out of the raw root gets
 its verdict here and is never opened. On a local raw root each worker fstat-checks the file it reads
-against the key's listed etag; on an S3 raw root the downloaded copies are proven first
-(`indexed_raw.prove_copies`), and a copy that cannot be proven by its bytes is replaced by the object
-fetched with IfMatch. A file that is not the one listed fails the pass (`RawRootChanged`): its verdict
-would be cached under the index's fingerprint.
+against the key's listed etag; an S3 raw root's objects were fetched with IfMatch on their listed
+ETags (`raw_reader`), so S3 proved them. A file that is not the one listed fails the pass
+(`RawRootChanged`): its verdict would be cached under the index's fingerprint.
 """
 
 from __future__ import annotations
@@ -19,11 +18,8 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-import pandas as pd
-
 from .hashing import sha256_bytes
 from .image_checks import ImageVerdict, check_image_file
-from .indexed_raw import ListedRoot, prove_copies
 from .isolated_pool import IsolatedPool, WorkerLost
 from .raw_files import RAW_CHANGED, RawChanged, RawRootChanged, Refused, locate, read_limited
 from .storage import key_problem
@@ -33,45 +29,18 @@ log = logging.getLogger("zero.validate")
 PROGRESS_EVERY_S = 10.0
 
 
-def decode_listed(
-    raw: Path,
-    rows: pd.DataFrame,
-    args: argparse.Namespace,
-    listed: ListedRoot,
-    scratch: Path,
-    check: Callable[..., ImageVerdict] = check_image_file,
-) -> dict[str, ImageVerdict]:
-    """A verdict per index row of `rows` (key, size, etag), each file proven to be the listed one.
-    `scratch`: where objects fetched again from an S3 raw root go (removed by the caller)."""
-    keys = list(rows["key"])
-    if listed.local:
-        return decode_all(raw, keys, args, check, listed_etags=dict(zip(rows["key"], rows["etag"])))
-    to_prove = [(key, int(size), etag) for key, size, etag in zip(rows["key"], rows["size"], rows["etag"])]
-    fetched = prove_copies(
-        raw,
-        listed,
-        [row for row in to_prove if key_problem(row[0]) is None],
-        max_bytes=args.max_image_bytes,
-        fetched=scratch,
-        workers=args.workers,
-    )
-    if fetched:
-        log.info("%d downloaded copies not provable by their bytes: fetched again with IfMatch", len(fetched))
-    return decode_all(raw, keys, args, check, fetched=fetched)
-
-
 def decode_all(
     raw: Path,
     keys: list[str],
     args: argparse.Namespace,
     check: Callable[..., ImageVerdict] = check_image_file,
     listed_etags: dict[str, str] | None = None,
-    fetched: dict[str, Path] | None = None,
 ) -> dict[str, ImageVerdict]:
-    """A verdict per key, decoded in isolated workers. `check` is injectable so tests can hang or crash one.
+    """A verdict per key of the raw root `raw`, decoded in isolated workers. `check` is injectable so
+    tests can hang or crash one.
 
-    `listed_etags`: key -> the etag the index listed, checked as each file is read (a local raw root).
-    `fetched`: key -> a file holding that object's proven bytes, read instead of the key's file.
+    `listed_etags`: key -> the etag the index listed, checked as each file is read (a local raw root;
+    without it, `raw` holds objects already proven, fetched with IfMatch: see `raw_reader`).
     Keys that are the same file (a symlink inside the root) are decoded once."""
     limits = {"max_bytes": args.max_image_bytes, "max_pixels": args.max_pixels}
     function = partial(
@@ -80,11 +49,8 @@ def decode_all(
     verdicts: dict[str, ImageVerdict] = {}
     keys_at: dict[tuple[str, str | None], list[str]] = defaultdict(list)  # (located path, listed etag) -> keys
     for key in keys:
-        if fetched and key in fetched:
-            keys_at[(str(fetched[key]), None)].append(key)
-            continue
         try:
-            path = str(locate(raw, key, via_links=args.phase == "map"))
+            path = str(locate(raw, key))
         except Refused as refused:
             verdicts[key] = ImageVerdict.unread(refused.reason, refused.detail)
             continue

@@ -3,15 +3,14 @@
 The validation output is cached under the index's fingerprint, so what the job read must be what the
 index listed. The index's `manifest.json` names the raw root it listed (`raw_uri`) and records each
 source's `annotations.json` (`annotation_files`: size, etag and the sha256 of the bytes it parsed);
-`index.parquet` has each image's size and etag. How a job proves its reads depends on where its
-`--raw` comes from:
+`index.parquet` has each image's size and etag. How a job proves its reads depends on where the raw
+root is:
 
-- a local raw root: `--raw` is the root itself (or links into it); each file is fstat-checked against
+- a local raw root is read in place (or at `--raw`, the same root at another path); each file is fstat-checked against
   its listed `<mtime_ns>-<size>` as it is read (`raw_files.read_limited`);
-- an S3 raw root: `--raw` is the job's download of it (SageMaker File mode, or the local runner's
-  copy), which carries no ETag. A copy is proven by its bytes where the indexed ETag is their MD5 (a
-  single-part upload without SSE-KMS: most images); any other copy is replaced by a GetObject of
-  exactly that key with IfMatch on the indexed ETag (`prove_copies`).
+- an S3 raw root: the job fetches exactly the objects it reads, by key, each GetObject with IfMatch
+  on the indexed ETag (`raw_fetch`), so S3 itself proves it is the listed object, whatever kind of
+  ETag it has; what the index read itself (annotations.json) is checked by its sha256 too.
 
 A file that is not the one listed, or that is gone, is `RawRootChanged`: the run fails, nothing is
 published, and the next index picks the change up.
@@ -21,19 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .raw_files import RawRootChanged
-from .storage import ObjectChanged, is_s3, join, read_bytes_if_match, write_bytes_atomic
+from .storage import is_s3
 
 INDEX_MANIFEST = "manifest.json"
 ANNOTATION_FILES = "annotation_files"  # index manifest: source -> IndexedFile as JSON, or null (no file)
-_MD5 = re.compile(r"[0-9a-f]{32}")
-PROOF_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -92,63 +87,12 @@ def read_listed_root(index_dir: Path) -> ListedRoot:
     return ListedRoot(str(manifest["raw_uri"]), files)
 
 
-def prove_copies(
-    copy: Path, listed: ListedRoot, rows: list[tuple[str, int, str]], *, max_bytes: int, fetched: Path, workers: int
-) -> dict[str, Path]:
-    """Prove the downloaded copy under `copy` of each (key, size, etag) in `rows` (keys `key_problem`
-    accepts, each with a copy). Returns key -> a file under `fetched` holding the object's bytes, for
-    the keys whose copy could not be proven by its bytes (fetched with IfMatch); `RawRootChanged` for
-    a copy or object that is not the indexed one. A copy past `max_bytes` is checked by size alone:
-    it is never read, and its verdict (`too_large`) depends on nothing else."""
-
-    def prove(row: tuple[str, int, str]) -> tuple[str, Path | None]:
-        key, size, etag = row
-        path = copy / key
-        try:
-            copied = path.stat().st_size
-        except FileNotFoundError:
-            raise RawRootChanged(key, "listed by the index, but not in the job's download of the raw root") from None
-        if copied != size:
-            raise RawRootChanged(key, f"{copied} bytes downloaded, the index listed {size}")
-        if size > max_bytes or (_MD5.fullmatch(etag) and _md5_file(path) == etag):
-            return key, None
-        return key, fetch_listed(listed, key, etag, fetched / key)
-
-    with ThreadPoolExecutor(max(1, workers)) as pool:  # hashing and reading release the GIL
-        found = dict(pool.map(prove, rows))
-    return {key: path for key, path in found.items() if path is not None}
-
-
-def fetch_listed(listed: ListedRoot, key: str, etag: str, dest: Path) -> Path:
-    """The object `key` of the S3 raw root, fetched to `dest` only while its ETag is the indexed `etag`."""
-    try:
-        data = read_bytes_if_match(join(listed.raw_uri, key), etag)
-    except ObjectChanged as changed:
-        raise RawRootChanged(key, str(changed)) from None
-    write_bytes_atomic(dest, data)
-    return dest
-
-
 def proven_copy_bytes(listed: ListedRoot, key: str, data: bytes, indexed: IndexedFile) -> bytes:
-    """The bytes of the indexed object `key`, given `data`, those of its downloaded copy: `data` when
-    it proves itself (the index's sha256 or an MD5 ETag), else the object fetched with IfMatch."""
+    """The bytes of the indexed object `key`, given `data`, those of the job's fetch of it from the S3
+    raw root (`raw_fetch`: with IfMatch on the indexed ETag, so S3 proved it is the listed object):
+    `data`, checked against the index's size and, where the index read the file, its sha256."""
     if len(data) != indexed.size:
-        raise RawRootChanged(key, f"{len(data)} bytes downloaded, the index listed {indexed.size}")
-    if indexed.sha256 is not None:
-        if hashlib.sha256(data).hexdigest() != indexed.sha256:
-            raise RawRootChanged(key, "its bytes are not those the index read (sha256 differs)")
-        return data
-    if _MD5.fullmatch(indexed.etag) and hashlib.md5(data, usedforsecurity=False).hexdigest() == indexed.etag:
-        return data
-    try:
-        return read_bytes_if_match(join(listed.raw_uri, key), indexed.etag)
-    except ObjectChanged as changed:
-        raise RawRootChanged(key, str(changed)) from None
-
-
-def _md5_file(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as handle:
-        while block := handle.read(PROOF_CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
+        raise RawRootChanged(key, f"{len(data)} bytes fetched, the index listed {indexed.size}")
+    if indexed.sha256 is not None and hashlib.sha256(data).hexdigest() != indexed.sha256:
+        raise RawRootChanged(key, f"its bytes are not those the index read from {listed.raw_uri} (sha256 differs)")
+    return data

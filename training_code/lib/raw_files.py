@@ -55,22 +55,14 @@ class RawRootChanged(RuntimeError):
         self.key, self.detail = key, detail
 
 
-def locate(raw: Path, key: str, via_links: bool = False) -> Path:
+def locate(raw: Path, key: str) -> Path:
     """The real path (no symlinks left) of `key` under the raw root `raw`, checked to lie inside it.
 
-    `via_links`: `raw` is one host's part of a split input laid out as one link per key into the
-    real root (the local runner's layout; SageMaker downloads real files). The link the runner made
-    is followed to find that root; any link further on is judged against it like any other. A key
-    that is a symlink to nothing is `unreadable` (it is listed by its own lstat, and stays so)."""
+    A key that is a symlink to nothing is `unreadable` (it is listed by its own lstat, and stays so)."""
     problem = key_problem(key)
     if problem:
         raise Refused("unsafe_key", f"the key has {problem}; not read")
-    root = str(raw)
-    if via_links and os.path.islink(raw / key):
-        text = os.readlink(raw / key)
-        if os.path.isabs(text) and text.endswith(f"/{key}"):
-            root = text[: -len(key) - 1]
-    real_root = os.path.realpath(root)
+    real_root = os.path.realpath(str(raw))
     real = os.path.realpath(os.path.join(real_root, key))
     if os.path.commonpath([real, real_root]) != real_root:
         raise Refused(

@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -19,25 +17,19 @@ from typing import Any
 
 import pandas as pd
 import PIL
+import pyarrow as pa
 import simplejpeg
 
 from . import job_env
-from .annotation_files import copy_annotation_files, load_annotations
-from .contact_sheet import (
-    DRAWABLE_REASONS,
-    SHEET_FILE,
-    Thumbnail,
-    contact_sheet_png,
-    quarantine_thumbnails,
-    read_thumbnails,
-    thumbnails_frame,
-)
+from .contact_sheet import SHEET_FILE, Thumbnail, contact_sheet_png
 from .hashing import sha256_bytes
 from .image_checks import ImageVerdict, check_image_file
-from .image_decoding import decode_listed, refuse_unsafe_keys
-from .indexed_raw import read_listed_root
+from .image_decoding import refuse_unsafe_keys
+from .indexed_raw import ListedRoot, read_listed_root
 from .output_manifest import RETRY_NEXT_TIME
 from .raw_files import RawRootChanged
+from .raw_reader import RawReader
+from .read_list import ReadList, host_slot, read_list_of, read_read_list, resource_config
 from .storage import write_bytes_atomic
 from .tables import RAW_INDEX, VERDICTS, read_table, write_table
 from .validation_outputs import build_outputs, write_outputs
@@ -58,7 +50,6 @@ MANIFEST_FORMAT = "zero-validated/1"
 # 5: verdicts are proven to be of the file the index listed (earlier ones may have been reached on another).
 VALIDATOR_VERSION = "validate-5"
 PHASES = ("all", "map", "reduce")
-MAP_ANNOTATIONS = "annotations"  # map output: the annotation files this host received, by source
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -79,8 +70,10 @@ def check_args(args: argparse.Namespace) -> None:
     ]
     if args.phase == "reduce" and args.decoded is None:
         problems.append("--phase reduce needs --decoded (the map stage's output)")
-    if args.phase != "reduce" and args.raw is None:
-        problems.append(f"--phase {args.phase} needs --raw (the raw root)")
+    if args.phase != "all" and args.reads is None:
+        problems.append(f"--phase {args.phase} needs --reads (the read list the hosts share)")
+    if args.phase != "map" and args.index is None:
+        problems.append(f"--phase {args.phase} needs --index (the raw_image_index output)")
     if problems:
         raise ValueError("; ".join(problems))
 
@@ -143,7 +136,7 @@ def validate(
     args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file
 ) -> tuple[dict[str, Any], bytes, dict[str, int], list[Thumbnail]]:
     """Run the whole pass (or its reduce stage); returns the manifest, its exact bytes, how many
-    images were decoded or reused, and the thumbnails on the quarantine's contact sheet."""
+    images were decoded, reused and fetched, and the thumbnails on the quarantine's contact sheet."""
     check_args(args)
     (args.out / MANIFEST).unlink(missing_ok=True)  # a manifest from an earlier run must not vouch for these tables
     index = load_index(args.index)
@@ -152,28 +145,24 @@ def validate(
     work = {"decoded": len(to_decode), "reused": len(verdicts)}
     refused, to_decode = refuse_unsafe_keys(to_decode)
     verdicts.update(refused)
+    pending = index[index["key"].isin(to_decode)]
+    reads = checked_reads(args, pending, listed.raw_uri)
     sources = set(index["source"])
-    if args.phase == "reduce":
-        annotations, errors = load_annotations(
-            args.decoded / MAP_ANNOTATIONS, sources, args.max_annotation_bytes, listed, passed_on=True
+    with RawReader(listed, args.raw) as raw:
+        if args.phase == "reduce":
+            verdicts.update(collect_map_verdicts(args.decoded, pending))
+        else:
+            log.info("decoding %d images, reusing %d verdicts from %s", work["decoded"], work["reused"], args.previous)
+            verdicts.update(raw.decode(reads, args, check))
+        annotations, errors = raw.annotations(sources, args.max_annotation_bytes)
+        write_table(verdict_frame(index, verdicts), VERDICTS, args.out / VERDICTS_FILE)
+        outputs = build_outputs(
+            index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction, annotation_errors=errors
         )
-        verdicts.update(collect_map_verdicts(args.decoded, index[index["key"].isin(to_decode)]))
-    else:
-        annotations, errors = load_annotations(args.raw, sources, args.max_annotation_bytes, listed)
-        log.info("decoding %d images, reusing %d verdicts from %s", work["decoded"], work["reused"], args.previous)
-        with tempfile.TemporaryDirectory(prefix="zero-fetched-") as fetched:
-            rows = index[index["key"].isin(to_decode)]
-            verdicts.update(decode_listed(args.raw, rows, args, listed, Path(fetched), check))
-    write_table(verdict_frame(index, verdicts), VERDICTS, args.out / VERDICTS_FILE)
-    outputs = build_outputs(
-        index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction, annotation_errors=errors
-    )
-    files = write_outputs(outputs, args.out)
-    check_quarantine_rate(outputs.counts, args.max_quarantine_rate, args.out)
-    if args.phase == "reduce":  # the raw bytes were on the map hosts, which drew these
-        thumbnails = read_thumbnails(sorted(args.decoded.glob("thumbnails-*.parquet")), outputs.quarantine)
-    else:
-        thumbnails = draw_thumbnails(args, outputs.quarantine)
+        files = write_outputs(outputs, args.out)
+        check_quarantine_rate(outputs.counts, args.max_quarantine_rate, args.out)
+        thumbnails = raw.thumbnails(outputs.quarantine, index, args)
+        work.update(raw.fetch_counts())
     if thumbnails:
         sheet = contact_sheet_png(thumbnails)
         write_bytes_atomic(args.out / SHEET_FILE, sheet)
@@ -197,6 +186,26 @@ def validate(
     return manifest, manifest_bytes, work, thumbnails
 
 
+def checked_reads(args: argparse.Namespace, pending: pd.DataFrame, raw_uri: str) -> ReadList:
+    """What this run reads: its read list (`--reads`, planned before launch: the job reads nothing it
+    does not name, which is what its volume was sized for), checked to name every image the run must
+    decode; without one, the images to decode themselves (the script run by hand)."""
+    rows = pa.table(
+        {"key": list(pending["key"]), "size": list(pending["size"].astype(int)), "etag": list(pending["etag"])}
+    )
+    if args.reads is None:
+        return read_list_of(raw_uri, rows, args.max_image_bytes)
+    reads = read_read_list(args.reads)
+    missing = sorted(set(pending["key"]) - set(reads.keys()))
+    if missing:
+        raise ValueError(
+            f"{len(missing)} images to decode are not in the read list {args.reads} (e.g. {missing[0]}): it was "
+            f"planned for decode settings {reads.basis}, this job has {decode_settings(args)}. The job reads only "
+            "what its list names; install requirements.lock in the processing image, then materialize again"
+        )
+    return read_list_of(reads.raw_uri, rows, reads.max_object_bytes)  # the images to decode, all of them listed
+
+
 def retry_next_time(counts: dict[str, Any]) -> dict[str, Any]:
     """The manifest's RETRY_NEXT_TIME entry when some verdicts were not the files' own fault: the cache
     never reuses such an output, and the next run decodes only those images again."""
@@ -212,52 +221,28 @@ def retry_next_time(counts: dict[str, Any]) -> dict[str, Any]:
     return {RETRY_NEXT_TIME: {"count": retry, "why": why}}
 
 
-def draw_thumbnails(args: argparse.Namespace, quarantine: pd.DataFrame) -> list[Thumbnail]:
-    """The contact sheet's thumbnails, drawn from the raw files under the decode pass's own limits."""
-    return quarantine_thumbnails(
-        args.raw,
-        quarantine,
-        max_bytes=args.max_image_bytes,
-        max_pixels=args.max_pixels,
-        timeout_s=args.timeout_s,
-        workers=args.workers,
-        via_links=args.phase == "map",
-    )
-
-
 def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file) -> dict[str, Any]:
-    """The map stage on one host: decode the images of the index (new or changed ones, with
-    --previous) that this host received, and pass on the annotation files it received."""
+    """The map stage on one host: decode this host's part of the read list (`read_list.ReadList.part`,
+    by its place among the job's hosts) and write its verdicts for the reduce stage."""
     check_args(args)
     host = job_env.current_host()
-    index = load_index(args.index)
-    reused, to_decode = reused_and_to_decode(args, index)
-    _, to_decode = refuse_unsafe_keys(to_decode)  # the reduce stage decides those
-    listed = read_listed_root(args.index)
-    # lexists, not is_file: a symlink out of the root is this host's to refuse, without following it.
-    here = [key for key in to_decode if os.path.lexists(args.raw / key)]
+    slot, hosts = host_slot(resource_config(job_env.opt_ml()))
+    reads = read_read_list(args.reads)
+    part = reads.part(slot, hosts)
     log.info(
-        "%s: decoding %d of the %d images to decode; the others went to other hosts", host, len(here), len(to_decode)
+        "%s: decoding %d of the %d images of the read list (host %d of %d)",
+        host,
+        part.objects,
+        reads.objects,
+        slot + 1,
+        hosts,
     )
-    with tempfile.TemporaryDirectory(prefix="zero-fetched-") as fetched:
-        verdicts = decode_listed(args.raw, index[index["key"].isin(here)], args, listed, Path(fetched), check)
-    write_table(
-        verdict_frame(index[index["key"].isin(verdicts)], verdicts), VERDICTS, args.out / f"verdicts-{host}.parquet"
-    )
-    # Reused verdicts of files this host received count too: the sheet shows the whole quarantine's first.
-    drawable = {key: v for key, v in reused.items() if v.reason in DRAWABLE_REASONS and os.path.lexists(args.raw / key)}
-    thumbnails = draw_thumbnails(args, quarantine_rows({**drawable, **verdicts}))
-    write_bytes_atomic(args.out / f"thumbnails-{host}.parquet", thumbnails_frame(thumbnails).to_parquet(index=False))
-    copied = copy_annotation_files(
-        args.raw, args.out / MAP_ANNOTATIONS, args.max_annotation_bytes, listed, set(index["source"])
-    )
-    return {"host": host, "decoded": len(verdicts), "annotation_files": copied}
-
-
-def quarantine_rows(verdicts: dict[str, ImageVerdict]) -> pd.DataFrame:
-    """key, sha256 and reason of the quarantined verdicts, as the quarantine table has them."""
-    rows = [(key, v.sha256, v.reason) for key, v in verdicts.items() if not v.accepted]
-    return pd.DataFrame(rows, columns=["key", "sha256", "reason"])
+    with RawReader(ListedRoot(reads.raw_uri, {}), args.raw) as raw:  # reads images only, no annotations
+        verdicts = raw.decode(part, args, check)
+        fetched = raw.fetch_counts()
+    rows = part.table.to_pandas()
+    write_table(verdict_frame(rows, verdicts), VERDICTS, args.out / f"verdicts-{host}.parquet")
+    return {"host": host, "decoded": len(verdicts), **fetched}
 
 
 def reused_and_to_decode(args: argparse.Namespace, index: pd.DataFrame) -> tuple[dict[str, ImageVerdict], list[str]]:
@@ -266,8 +251,8 @@ def reused_and_to_decode(args: argparse.Namespace, index: pd.DataFrame) -> tuple
 
 
 def collect_map_verdicts(decoded: Path, pending: pd.DataFrame) -> dict[str, ImageVerdict]:
-    """The verdicts the map hosts reached for the index rows in `pending`. A key no host received went
-    away between the listing and the job: `RawRootChanged`, as a file gone on one host is."""
+    """The verdicts the map hosts reached for the index rows in `pending`. A key of the read list no
+    host reached a verdict for is `RawRootChanged`, as a file gone on one host is: nothing is published."""
     parts = sorted(decoded.glob("verdicts-*.parquet"))
     if not parts:
         raise FileNotFoundError(
@@ -277,7 +262,8 @@ def collect_map_verdicts(decoded: Path, pending: pd.DataFrame) -> dict[str, Imag
     verdicts, missing = split_reused(pending, reached)
     if missing:
         raise RawRootChanged(
-            missing[0], f"listed by the index, but no host of the map stage received it ({len(missing)} such keys)"
+            missing[0],
+            f"listed by the index, but no host of the map stage reached a verdict for it ({len(missing)} such keys)",
         )
     log.info("collected %d verdicts from %d map hosts", len(verdicts), len(parts))
     return verdicts

@@ -14,7 +14,7 @@ from typing import Any
 from dagster import AssetExecutionContext, ConfigurableResource, PipesClientCompletedInvocation
 
 from zero_assets.core.fingerprints import UpstreamOutput
-from zero_assets.core.job_request import JobRequest
+from zero_assets.core.job_request import JobRequest, Work
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,13 @@ class JobRunner(ConfigurableResource):
         launcher knows of the run (job name, backend, instances, time, cost, logs)."""
 
     @abstractmethod
-    def instance_count(self, asset: str) -> int:
-        """Instances the asset's Processing job may spread over (see `job_request.fan_out`)."""
+    def instance_count(self, request: JobRequest, work: Work) -> int:
+        """Instances the planned Processing job `request` spreads over, for what it reads (`work`; see
+        `job_request.spread_over`); fails, naming the setting, when the job cannot fit."""
+
+    @abstractmethod
+    def read_list_uri(self, request: JobRequest) -> str:
+        """Where the read list of `request` is written before launch, for its job to read."""
 
     @abstractmethod
     def warm_location(self, shards: UpstreamOutput) -> str:

@@ -7,10 +7,12 @@ contract on this machine, a SageMaker runner turns it into a Create*Job call.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from training_code.lib.read_list import ReadList, write_read_list
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput
 from zero_assets.core.settings import ZeroSettings
 
@@ -38,22 +40,33 @@ def job_name(label: str, fingerprint: str, attempt: int) -> str:
 
 
 @dataclass(frozen=True)
+class Reads:
+    """The raw objects a job reads by key, known before launch: its read list (training_code/lib/read_list.py)
+    in the folder `uri`, handed to the job as an input. The job fetches them itself from `raw_uri`."""
+
+    uri: str
+    raw_uri: str
+    objects: int
+    bytes: int  # of the objects the job reads
+    host_bytes: int  # what the busiest host of the job reads: its volume is sized for these
+
+    def on(self, host_bytes: int) -> Reads:
+        return replace(self, host_bytes=host_bytes)
+
+
+@dataclass(frozen=True)
 class JobRequest:
     asset: str
     kind: Literal["processing", "training"]
     module: str  # the job script, run as `python -m <module>` (training: under torchrun)
     fingerprint: str  # input fingerprint of the materialization: code, config and upstream versions
     inputs: dict[str, str] = field(default_factory=dict)  # name -> local path or s3:// URI
-    # name -> the folder under the input's local path its objects land in: one source's raw folder
-    # (`<raw>/<source>`) arrives as `<input>/<source>/...`, so the script reads the raw layout while only
-    # that source is listed and transferred.
-    input_folders: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)  # name -> destination local path or s3:// URI
     arguments: dict[str, str] = field(default_factory=dict)  # config: `--key value` for the script
     instance_type: str = "local"
     instance_count: int = 1
     processes_per_host: int = 1  # training: torchrun's --nproc_per_node (SageMaker: one per GPU of the instance)
-    sharded_inputs: tuple[str, ...] = ()  # processing inputs split across the instances by S3 key (`map` stage)
+    reads: Reads | None = None  # what the job fetches by key (see `spread_over`), never an input prefix
     launcher: Literal["torchrun", "python"] = "torchrun"  # training: torchrun, or one plain process per instance
     fsx_access: Literal["ro", "rw"] = "ro"  # training: how an FSx input is mounted
     stage: Literal["", "map", "reduce"] = ""  # one of the two jobs of a fanned-out materialization (see `fan_out`)
@@ -73,8 +86,12 @@ class JobRequest:
         return [token for key, value in self.arguments.items() for token in (f"--{key.replace('_', '-')}", str(value))]
 
     def reads_s3(self) -> bool:
-        """Whether the script itself is handed an s3:// location (an input or an argument)."""
-        return any(str(value).startswith("s3://") for value in [*self.inputs.values(), *self.arguments.values()])
+        """Whether the script itself is handed an s3:// location (an input, an argument, the raw root it
+        fetches from)."""
+        fetched = [self.reads.raw_uri] if self.reads else []
+        return any(
+            str(value).startswith("s3://") for value in [*self.inputs.values(), *self.arguments.values(), *fetched]
+        )
 
 
 RUNS_FOLDER = "runs"  # under a materialization folder: one folder per Dagster run
@@ -87,26 +104,72 @@ def materialization_folder(jobs_root: Path, request: JobRequest) -> Path:
     return Path(jobs_root) / request.asset / request.fingerprint[:16]
 
 
+# (inputs, arguments) of a request -> the read list of its job
+Planner = Callable[[Mapping[str, str], Mapping[str, Any]], ReadList]
+
+
 @dataclass(frozen=True)
 class FanOut:
-    """How a Processing job spreads over several instances: a `map` stage runs on every instance with
-    `split_input` divided among them by S3 key (SageMaker's ShardedByS3Key), each writing its own
-    files; a `reduce` stage on one instance reads all of them as `collected_input` and writes the
-    asset's output. The job script takes `--phase map|reduce` and `--<collected_input> DIR`."""
+    """A Processing job that reads raw objects by key, planned before launch and spread over instances.
 
-    split_input: str
+    `plan` works out the job's read list from its inputs and arguments (tables only, never a raw
+    object); it is written where the backend says (`read_list_uri`) and handed to the job as the input
+    `reads_input`. The backend derives the instance count from it (`instance_count`). On several
+    instances a `map` stage runs on every one, each reading its part of the list (by its place among
+    the hosts, see read_list.ReadList.part) with the inputs `map_inputs`, and writing its own files; a
+    `reduce` stage on one instance reads all of them as `collected_input` and writes the asset's
+    output. The job script takes `--phase map|reduce` and `--<collected_input> DIR`."""
+
+    plan: Planner
     collected_input: str
+    reads_input: str = "reads"
+    map_inputs: tuple[str, ...] = ("reads",)
 
 
-def fan_out(request: JobRequest, plan: FanOut, instances: int) -> tuple[JobRequest, JobRequest]:
-    """The (map, reduce) requests that replace `request` on `instances` instances.
+@dataclass(frozen=True)
+class Work:
+    """What a planned job reads, for the backend to size it: objects, bytes, and `host_bytes(n)`, the
+    bytes the busiest of n hosts reads."""
+
+    objects: int
+    bytes: int
+    host_bytes: Callable[[int], int]
+
+
+def spread_over(
+    request: JobRequest,
+    spread: FanOut,
+    instance_count: Callable[[JobRequest, Work], int],
+    read_list_uri: str,
+    write: bool = True,
+) -> tuple[JobRequest | None, JobRequest]:
+    """(map stage or None, the job that writes the output) for `request`: its read list planned (and
+    with `write`, written at `read_list_uri`; render-jobs writes nothing), its instance count from
+    `instance_count` (the backend's), fanned out when that is 2 or more (see `fan_out`)."""
+    planned = spread.plan(request.inputs, request.arguments)
+    if write:
+        write_read_list(read_list_uri, planned)
+    work = Work(planned.objects, planned.read_bytes, planned.largest_part_bytes)
+    reads = Reads(read_list_uri, planned.raw_uri, planned.objects, planned.read_bytes, planned.read_bytes)
+    request = replace(request, inputs={**request.inputs, spread.reads_input: read_list_uri}, reads=reads)
+    instances = instance_count(request, work)
+    if instances < 2:
+        return None, request
+    return fan_out(request, spread, instances, work)
+
+
+def fan_out(request: JobRequest, plan: FanOut, instances: int, work: Work) -> tuple[JobRequest, JobRequest]:
+    """The (map, reduce) requests that replace the planned `request` on `instances` instances.
 
     Both keep the request's fingerprint, so the result is cached and named as one materialization
-    whatever the instance count; the map output sits in a `_map` folder beside the asset's output.
+    whatever the instance count; the map output sits in a `-map` folder beside the asset's output.
+    The map stage's volume is sized for its busiest host; the reduce stage reads no image of the list.
     """
-    if plan.split_input not in request.inputs:
+    missing = [name for name in (plan.reads_input, *plan.map_inputs) if name not in request.inputs]
+    if missing or request.reads is None:
         raise ValueError(
-            f"{request.asset}: cannot split input {plan.split_input!r}; its inputs are {sorted(request.inputs)}"
+            f"{request.asset}: a fan-out needs its read list planned (`spread_over`) and the inputs "
+            f"{list(plan.map_inputs)}; missing {missing or ['the read list']}, inputs are {sorted(request.inputs)}"
         )
     if instances < 2:
         raise ValueError(f"{request.asset}: a fan-out needs at least 2 instances, got {instances}")
@@ -115,17 +178,18 @@ def fan_out(request: JobRequest, plan: FanOut, instances: int) -> tuple[JobReque
         request,
         stage="map",
         instance_count=instances,
-        sharded_inputs=(plan.split_input,),
+        inputs={name: request.inputs[name] for name in plan.map_inputs},
         arguments={**request.arguments, "phase": "map"},
         outputs={"out": collected},
+        reads=request.reads.on(work.host_bytes(instances)),
     )
-    reduce_inputs = {name: uri for name, uri in request.inputs.items() if name != plan.split_input}
     reduced = replace(
         request,
         stage="reduce",
         instance_count=1,
-        inputs={**reduce_inputs, plan.collected_input: collected},
+        inputs={**request.inputs, plan.collected_input: collected},
         arguments={**request.arguments, "phase": "reduce"},
+        reads=request.reads.on(0),
     )
     return mapped, reduced
 

@@ -14,7 +14,7 @@ from dagster import AssetExecutionContext, DataVersion, MaterializeResult
 
 from zero_assets.backends.job_runner import JobRunner
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput
-from zero_assets.core.job_request import FanOut, JobRequest, build_job_request, fan_out
+from zero_assets.core.job_request import FanOut, JobRequest, build_job_request, spread_over
 from zero_assets.launch.metadata import job_result, upstream_metadata
 from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import context_partition
@@ -34,8 +34,9 @@ def launch_job(
     """Launch the asset's job unless an earlier materialization with the same inputs is still complete.
 
     `request_fields` (settings, kind, inputs, processes_per_host) go to `build_job_request` unchanged.
-    With `spread` and more than one instance configured for the asset, the job runs as a map stage
-    on every instance and a reduce stage on one (see `job_request.fan_out`). `data_version_of(output
+    With `spread` the job's read list is planned first, and on more than one instance (the backend
+    derives the count from that work) it runs as a map stage on every instance and a reduce stage on
+    one (see `job_request.spread_over`). `data_version_of(output
     uri)` gives the asset's data version where it is not the one the job reports (kept as `job_data_version`).
     The result carries Dagster's standard `dagster/uri` and `dagster/size_bytes` (the marked output's
     files), and `dagster/row_count` as the job script reports it; a hit carries the same keys.
@@ -81,10 +82,11 @@ def _run_job(
     spread: FanOut | None,
     upstream: list[UpstreamOutput],
 ) -> MaterializeResult:
-    instances = jobs.instance_count(request.asset) if spread else 1
     map_metadata: dict[str, Any] = {}
-    if instances > 1:
-        mapped, request = fan_out(request, spread, instances)
+    mapped, request = (
+        spread_over(request, spread, jobs.instance_count, jobs.read_list_uri(request)) if spread else (None, request)
+    )
+    if mapped is not None:
         map_invocation, map_run = jobs.run(context, mapped)
         # The map stage reports no materialization; what its launcher knows (job name, instances, time) is kept.
         map_metadata = {

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Optional
 
+import pyarrow as pa
 from dagster import Config, DagsterInstance
 
 from training_code.lib.hashing import sha256_json
+from training_code.lib.read_list import ReadList, read_list_of
 from zero_assets.backends.sagemaker.code_package import build_code_package
 from zero_assets.backends.sagemaker.fsx import shards_on_fsx
 from zero_assets.backends.sagemaker.fsx_warm import association_params, import_task_params, warm_job_request
@@ -32,8 +35,9 @@ from zero_assets.backends.sagemaker.pipes_io import bootstrap_environment
 from zero_assets.backends.sagemaker.settings import TRAINING_ASSET, SageMakerSettings
 from zero_assets.backends.sagemaker.training_plan import TrainingPlan, launch_problems, plan_name, utc_now
 from zero_assets.backends.sagemaker.training_set_channel import channel_training_set
+from zero_assets.backends.sagemaker.work_sizing import instances_for, read_list_uri
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput
-from zero_assets.core.job_request import JobRequest, build_job_request, fan_out, job_name
+from zero_assets.core.job_request import FanOut, JobRequest, build_job_request, job_name, spread_over
 from zero_assets.core.settings import ZeroSettings, source_uri
 from zero_assets.defs.assets import ALL_ASSETS
 from zero_assets.defs.assets.arrow_shards import ShardConfig
@@ -84,11 +88,15 @@ def render_jobs(
     run_config: Mapping[str, Any] | None = None,
     training_plan: TrainingPlan | None = None,
     now: datetime | None = None,
+    read_lists: dict[str, ReadList] | None = None,
 ) -> list[tuple[str, str, str, dict[str, Any]]]:
     """(label, service, operation, parameters) for every AWS call that launches work, in graph order; the
     label is the asset, with `-map` / `-reduce` for the two jobs of a validation spread over instances.
     Each asset's config is its default, or what `run_config` sets (see `job_configs`). `training_plan`:
-    the plan trained_checkpoint's compute names, as DescribeTrainingPlan read it at `now`."""
+    the plan trained_checkpoint's compute names, as DescribeTrainingPlan read it at `now`. A job that
+    reads raw objects by key is planned as the runner plans it (its read list from the upstream tables,
+    its instance count and volume from that); `read_lists` receives each such asset's list (nothing is
+    written)."""
     configs = job_configs(run_config or {})
     now = now or utc_now()
     code = build_code_package()
@@ -132,10 +140,24 @@ def render_jobs(
             _check_or_note(plan, request.asset, params, aws, now)
         rendered.append((request.label, "sagemaker", operation, params))
 
-    raw_uri, raw_folders = (
-        source_uri(settings, source),
-        {"raw": source},
-    )  # the source's raw folder only, at its place in the layout
+    def planned(request: JobRequest, spread: FanOut, raw_uri: str, upstream_known: bool) -> None:
+        """The request as the runner stages it: its read list planned from the upstream outputs (for a
+        stand-in one, which is nowhere, an empty list), its instances and volume from that."""
+        found = _planned_or_empty(spread, request, raw_uri, upstream_known)
+        if read_lists is not None:
+            read_lists[request.asset] = found
+        mapped, final = spread_over(
+            request,
+            replace(spread, plan=lambda inputs, arguments: found),
+            lambda staged, work: instances_for(staged.asset, aws.compute(staged.asset), work),
+            read_list_uri(aws, request),
+            write=False,
+        )
+        for staged in (mapped, final):
+            if staged is not None:
+                add(staged)
+
+    raw_uri = source_uri(settings, source)  # the source's raw folder: its images are fetched from there by key
     index = upstream("raw_image_index", source)
     validation = build_job_request(
         "validated_images",
@@ -145,27 +167,31 @@ def render_jobs(
         config=configs["validated_images"].model_dump(),
         upstream=[index],
         partition=source,
-        inputs={"index": index.uri, "raw": raw_uri, **previous("validated_images")},
-        input_folders=raw_folders,
+        inputs={"index": index.uri, **previous("validated_images")},
     )
-    instances = aws.compute("validated_images").instance_count
-    for request in fan_out(validation, VALIDATION_SPREAD, instances) if instances > 1 else [validation]:
-        add(request)
-    validated = upstream("validated_images", source)
+    planned(validation, VALIDATION_SPREAD, raw_uri, lookup("raw_image_index", source) is not None)
+    selection = upstream("training_set")
+    earlier = lookup("arrow_shards", None)  # the shard set whose shards it keeps, as the asset hands it over
     add(
         build_job_request(
             "arrow_shards",
             settings=settings,
             kind="processing",
             module="training_code.shard",
-            partition=source,
             config=configs["arrow_shards"].model_dump(),
-            upstream=[validated],
-            inputs={"validated": validated.uri, "raw": raw_uri, **previous("arrow_shards")},
-            input_folders=raw_folders,
+            tracking={
+                "selection_uri": selection.uri,
+                **({"previous_name": earlier.uri.rstrip("/").rpartition("/")[2]} if earlier else {}),
+            },
+            upstream=[selection],
+            inputs={
+                "selection": selection.uri,
+                "raw": settings.raw_uri,
+                **({"previous": earlier.uri} if earlier else {}),
+            },
         )
     )
-    shards = upstream("arrow_shards", source)
+    shards = upstream("arrow_shards")
     # The training set's jobs read the shard root, whatever the number of sources; its folder there is
     # named by its data version.
     chosen = upstream("training_set")
@@ -210,6 +236,23 @@ def render_jobs(
         )
     )
     return rendered
+
+
+def _planned_or_empty(spread: FanOut, request: JobRequest, raw_uri: str, upstream_known: bool) -> ReadList:
+    """The read list the runner would plan for `request` (reading its upstream tables); an empty one,
+    said on stderr, when the upstream outputs are stand-ins (nothing is read then: no AWS call)."""
+    if upstream_known:
+        return spread.plan(request.inputs, request.arguments)
+    print(
+        f"render-jobs: {request.asset}: its upstream outputs are stand-ins, so its read list (what its job fetches "
+        "by key) is rendered empty; --from-instance plans it from the latest upstream outputs, as the runner "
+        "does at launch",
+        file=sys.stderr,
+    )
+    empty = pa.table(
+        {"key": pa.array([], pa.string()), "size": pa.array([], pa.int64()), "etag": pa.array([], pa.string())}
+    )
+    return read_list_of(raw_uri, empty, 0)
 
 
 def _check_or_note(

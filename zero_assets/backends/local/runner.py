@@ -2,12 +2,12 @@
 
 Each run of a job gets its own folder, `<jobs root>/<asset>/<fingerprint[:16]>/runs/<run id>/<job name>/`,
 with the `/opt/ml` layout: inputs linked (or, for `s3://` inputs, downloaded as File mode would)
-under the paths SageMaker uses, outputs staged under it, `SM_*` variables set, training launched
-under `torchrun`. Two runs never share a folder, so neither can delete the other's work. When the
-script succeeds its staged outputs are moved to their destinations with the manifest last (copied,
-then removed, across file systems), as SageMaker uploads a job's outputs when it completes: no second
-copy stays behind. The job process runs in an allow-listed environment and dies with this process
-(see `local_process`).
+under the paths SageMaker uses (never a raw prefix: a job reads raw objects by key, from its read
+list), outputs staged under it, `SM_*` variables set, training launched under `torchrun`. Two runs
+never share a folder, so neither can delete the other's work. When the script succeeds its staged
+outputs are moved to their destinations with the manifest last (copied, then removed, across file
+systems), as SageMaker uploads a job's outputs when it completes: no second copy stays behind. The
+job process runs in an allow-listed environment and dies with this process (see `local_process`).
 """
 
 from __future__ import annotations
@@ -25,20 +25,13 @@ from typing import Any
 from dagster import AssetExecutionContext, Failure, MetadataValue, PipesClientCompletedInvocation
 from dagster._core.errors import DagsterPipesExecutionError  # not exported by dagster
 
-from training_code.lib.storage import (
-    MANIFEST_NAMES,
-    download_prefix,
-    is_s3,
-    list_objects,
-    publish_folder,
-    safe_relative_key,
-)
+from training_code.lib.storage import MANIFEST_NAMES, download_prefix, is_s3, publish_folder
 from zero_assets.backends.job_cost import local_cost
 from zero_assets.backends.job_runner import JobRunner, WarmedShards
 from zero_assets.backends.local.process import end_process_group, job_environment, run_with_pipes, start_job_process
 from zero_assets.backends.local.warm_state import SETS, set_channel, set_folder, warm_shard_set
 from zero_assets.core.fingerprints import UpstreamOutput
-from zero_assets.core.job_request import RUNS_FOLDER, JobRequest, materialization_folder
+from zero_assets.core.job_request import RUNS_FOLDER, JobRequest, Work, materialization_folder
 from zero_assets.core.settings import REPO_ROOT, ZeroSettings
 
 LOG_TAIL_LINES = 30
@@ -50,10 +43,16 @@ class LocalJobRunner(JobRunner):
     settings: ZeroSettings
     python: str = sys.executable
 
-    instances: dict[str, int] = {}  # asset -> hosts its Processing job spreads over (a fan-out), as on SageMaker
+    # asset -> hosts its planned Processing job spreads over (a fan-out: map on every host, reduce on one),
+    # as SageMaker derives from the work; one host unless set (this machine's cores serve either way).
+    instances: dict[str, int] = {}
 
-    def instance_count(self, asset: str) -> int:
-        return self.instances.get(asset, 1)
+    def instance_count(self, request: JobRequest, work: Work) -> int:
+        return self.instances.get(request.asset, 1)
+
+    def read_list_uri(self, request: JobRequest) -> str:
+        """Beside the output's lease, in its job folder: gc keeps it while the output is named."""
+        return str(materialization_folder(self.settings.jobs_root(), request) / "reads")
 
     def run(
         self, context: AssetExecutionContext, request: JobRequest
@@ -65,20 +64,10 @@ class LocalJobRunner(JobRunner):
                 f"{request.asset}: the local backend runs multi-instance jobs for Processing only; "
                 "training uses processes_per_host"
             )
-        # One host keeps the plain layout; several get one `/opt/ml` each, as separate instances would.
+        # One host keeps the plain layout; several get one `/opt/ml` each, as separate instances would. Every
+        # host gets every input: a map stage's hosts split their read list by their place among the hosts.
         layouts = {host: (run_dir / "hosts" / host if len(hosts) > 1 else run_dir) / "opt" / "ml" for host in hosts}
-        # A split input is listed once; each host gets its part (see `sharded_part`).
-        split_keys = (
-            {name: [obj.key for obj in list_objects(request.inputs[name])] for name in request.sharded_inputs}
-            if len(hosts) > 1
-            else {}
-        )
-        paths = {
-            host: self._lay_out(
-                opt_ml, request, {name: sharded_part(keys, index, len(hosts)) for name, keys in split_keys.items()}
-            )
-            for index, (host, opt_ml) in enumerate(layouts.items())
-        }
+        paths = {host: self._lay_out(opt_ml, request) for host, opt_ml in layouts.items()}
         first, others = hosts[0], hosts[1:]
         context.log.info(
             f"launching local {request.kind} job {request.job_name} on {len(hosts)} host(s): "
@@ -153,11 +142,9 @@ class LocalJobRunner(JobRunner):
         `warm_state.set_channel`), else None; the mount setting is read only for a `sets/<key>` path."""
         return set_channel(uri, self.settings.warm_mount()) if Path(uri).parent.name == SETS else None
 
-    def _lay_out(self, opt_ml: Path, request: JobRequest, parts: dict[str, list[str]]) -> dict[str, Path]:
+    def _lay_out(self, opt_ml: Path, request: JobRequest) -> dict[str, Path]:
         """Create the `/opt/ml` layout afresh in this run's folder (an earlier attempt of the same run may
-        have left one).
-
-        An input named in `parts` gets only those keys: this host's part of a split input."""
+        have left one)."""
         for stale in ("input", "processing", "model", "output", "config"):
             shutil.rmtree(opt_ml / stale, ignore_errors=True)
         if request.kind == "training":
@@ -169,18 +156,11 @@ class LocalJobRunner(JobRunner):
         for name, uri in request.inputs.items():
             if (warm := self.warm_set_channel(uri)) is not None:  # the mount, told the set (`_command`)
                 uri = str(warm[0])
-            folder = request.input_folders.get(name)
-            target = inputs[name] / folder if folder else inputs[name]
-            inputs[name].parent.mkdir(parents=True, exist_ok=True)
+            target = inputs[name]
+            target.parent.mkdir(parents=True, exist_ok=True)
             if is_s3(uri):
-                download_prefix(uri, target, parts.get(name))
-            elif name in parts:
-                for key in parts[name]:
-                    (target / key).parent.mkdir(parents=True, exist_ok=True)
-                    (target / key).symlink_to(Path(uri).resolve() / safe_relative_key(key))
+                download_prefix(uri, target)
             else:
-                if folder:  # one link to the folder's root keeps the layout the script resolves keys in
-                    target, uri = inputs[name], uri.rstrip("/")[: -len(folder)]
                 source = Path(uri).resolve()
                 if not source.exists():
                     raise FileNotFoundError(f"input {name!r} of job {request.job_name} does not exist: {source}")
@@ -253,14 +233,6 @@ class LocalJobRunner(JobRunner):
                 f"{request.asset} has {len(found)} warm shard-set inputs ({sorted(found)}); a job reads one"
             )
         return [argument for folder in found.values() for argument in ("--training-set", folder)]
-
-
-def sharded_part(keys: list[str], host_index: int, hosts: int) -> list[str]:
-    """The keys one host receives of an input split by S3 key: every `hosts`-th of the sorted keys.
-
-    SageMaker promises each instance about 1/N of the objects, not which ones; the job scripts rely
-    only on the parts being disjoint and together complete, which this keeps."""
-    return keys[host_index::hosts]
 
 
 def publish_output(staged: list[Path], destination: str, replaced: Path) -> None:

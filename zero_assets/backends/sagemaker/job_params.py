@@ -18,9 +18,11 @@ from zero_assets.backends.sagemaker.settings import (
     TRAINING_ASSET,
     TRAINING_PLAN_VARIABLE,
     SageMakerSettings,
+    compute_variable,
 )
 from zero_assets.backends.sagemaker.training_plan import TrainingPlan, bounded_runtime, plan_name, utc_now
 from zero_assets.backends.sagemaker.training_set_channel import FILE_LIST, split_training_set
+from zero_assets.backends.sagemaker.work_sizing import request_volume_gb
 from zero_assets.core.job_request import JobRequest
 
 OPERATIONS = {"training": "CreateTrainingJob", "processing": "CreateProcessingJob"}
@@ -215,19 +217,19 @@ def _processing_params(
     request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict, lake: str
 ) -> dict:
     compute = settings.compute(request.asset)
-    # A staged job (see job_request.fan_out) carries its own count: the map on every instance, the reduce on one.
-    instances = request.instance_count if request.stage else compute.instance_count
-    if instances > 1 and not request.sharded_inputs:
+    # A planned job carries its count (see job_request.spread_over): the map on every instance, the rest on one.
+    instances = request.instance_count
+    if compute.instance_count > 1 and request.reads is None:
         # Every instance would process the whole input and upload to the same output prefix.
         raise ValueError(
-            f"{request.asset}: instance_count={instances}, but its job splits no input across instances; "
-            f"set the {request.asset} instance count to 1"
+            f"{request.asset}: {compute_variable(request.asset, 'instance_count')}={compute.instance_count}, "
+            "but its job splits no work across instances; set it to 1"
         )
     if CODE_INPUT in request.inputs:
         raise ValueError(
             f"input name {CODE_INPUT!r} of {request.asset} is reserved for the code package; rename the input"
         )
-    inputs = [_processing_input(CODE_INPUT, code.files_uri(settings.s3_root()), sharded=False)]
+    inputs = [_processing_input(CODE_INPUT, code.files_uri(settings.s3_root()))]
     io_arguments: list[str] = []
     for name, uri in request.inputs.items():
         s3_uri = s3_behind_fsx(uri, lake) if is_fsx(uri) else uri
@@ -237,8 +239,7 @@ def _processing_params(
             inputs.append(_manifest_file_input(name, f"{found.uri}/{FILE_LIST}"))
             io_arguments += [f"--{name}", f"{PROCESSING_ROOT}/input/{name}", f"--{TRAINING_SET_ARGUMENT}", found.folder]
             continue
-        sharded = name in request.sharded_inputs and instances > 1
-        inputs.append(_processing_input(name, s3_uri, sharded=sharded, folder=request.input_folders.get(name)))
+        inputs.append(_processing_input(name, s3_uri))
         io_arguments += [f"--{name}", f"{PROCESSING_ROOT}/input/{name}"]
     outputs = []
     for name, uri in request.outputs.items():
@@ -267,7 +268,7 @@ def _processing_params(
                 {
                     "InstanceCount": instances,
                     "InstanceType": compute.instance_type,
-                    "VolumeSizeInGB": compute.volume_size_gb,
+                    "VolumeSizeInGB": request_volume_gb(request, compute),  # plus what its busiest host fetches
                 },
                 settings,
             )
@@ -296,18 +297,18 @@ def as_prefix(uri: str) -> str:
     return uri.rstrip("/") + "/"
 
 
-def _processing_input(name: str, uri: str, *, sharded: bool, folder: str | None = None) -> dict:
-    """One ProcessingInput; with `folder`, its objects land under `<input>/<folder>/` (one source's raw
-    folder keeps the raw layout the script reads, and only that source is downloaded)."""
+def _processing_input(name: str, uri: str) -> dict:
+    """One ProcessingInput: every object under the prefix, on every instance. Inputs are tables, read
+    lists, shard sets and code, never a raw prefix: a job reads raw objects by key (see `JobRequest.reads`),
+    and a map stage's hosts split their read list themselves, by their place among the hosts."""
     return {
         "InputName": name,
         "S3Input": {
             "S3Uri": as_prefix(uri),
-            "LocalPath": f"{PROCESSING_ROOT}/input/{name}" + (f"/{folder}" if folder else ""),
+            "LocalPath": f"{PROCESSING_ROOT}/input/{name}",
             "S3DataType": "S3Prefix",
             "S3InputMode": "File",
-            # Sharded: each instance receives a disjoint part of the objects under the prefix.
-            "S3DataDistributionType": "ShardedByS3Key" if sharded else "FullyReplicated",
+            "S3DataDistributionType": "FullyReplicated",
         },
     }
 

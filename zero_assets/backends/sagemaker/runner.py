@@ -46,8 +46,9 @@ from zero_assets.backends.sagemaker.training_plan import (
     utc_now,
 )
 from zero_assets.backends.sagemaker.training_set_channel import channel_training_set, write_channel_training_set
+from zero_assets.backends.sagemaker.work_sizing import instances_for, read_list_uri
 from zero_assets.core.fingerprints import UpstreamOutput
-from zero_assets.core.job_request import JobRequest
+from zero_assets.core.job_request import JobRequest, Work
 from zero_assets.core.output_marker import output_is_complete
 from zero_assets.core.settings import ZeroSettings
 
@@ -165,8 +166,12 @@ class SageMakerJobRunner(JobRunner):
             return outputs_as_recorded(self.aws.s3_root(), name, request.outputs)
         return all(output_is_complete(uri, request.fingerprint) for uri in request.outputs.values())
 
-    def instance_count(self, asset: str) -> int:
-        return self.aws.compute(asset).instance_count
+    def instance_count(self, request: JobRequest, work: Work) -> int:
+        """From the work and the asset's compute (see `work_sizing`); fails before launch when it cannot fit."""
+        return instances_for(request.asset, self.aws.compute(request.asset), work)
+
+    def read_list_uri(self, request: JobRequest) -> str:
+        return read_list_uri(self.aws, request)
 
     def warm_location(self, shards: UpstreamOutput) -> str:
         """The training set's folder under the shard root (see training_set_channel), on FSx when it is configured."""

@@ -28,19 +28,26 @@ JOB_ASSETS = (
 
 
 class JobCompute(Config):
-    """Instances of one job. Processing jobs split `sharded_inputs` across the instances."""
+    """Instances of one job. A Processing job that reads raw objects by key (a planned read list, see
+    `work_sizing`) spreads over instances by its work: `images_per_instance` objects or
+    `bytes_per_instance` bytes each, at least `instance_count`, at most `max_instance_count`; its volume
+    is `volume_size_gb` plus what its busiest instance reads. Other jobs run on `instance_count`."""
 
     instance_type: str
     instance_count: int = 1
     volume_size_gb: int = 100
     max_runtime_s: int = 24 * 3600
+    max_instance_count: int = 16
+    images_per_instance: Optional[int] = None
+    bytes_per_instance: Optional[int] = None
     # Training jobs: the SageMaker Training Plan whose reserved instances run the job (see training_plan.py).
     # Part of the compute, not of the settings: a profile that brings its own compute (rehearsal) runs off the plan.
     training_plan_arn: Optional[str] = None
 
 
 DEFAULT_COMPUTE = {
-    "validated_images": JobCompute(instance_type="ml.c5.4xlarge", volume_size_gb=500),
+    # 16 vCPUs decode ~250,000 photos in about a quarter of an hour; the volume holds them on top of 30 GB.
+    "validated_images": JobCompute(instance_type="ml.c5.4xlarge", volume_size_gb=30, images_per_instance=250_000),
     "arrow_shards": JobCompute(instance_type="ml.c5.4xlarge", volume_size_gb=500),
     "fsx_warm_state": JobCompute(instance_type="ml.m5.xlarge", volume_size_gb=30, max_runtime_s=6 * 3600),
     "trained_checkpoint": JobCompute(
@@ -61,6 +68,8 @@ TRAINING_ASSET = "trained_checkpoint"
 # The rehearsal's training: its attempts (a forced stop, then the resume) start on a warm pool when one is kept.
 REHEARSAL_ASSET = "training_rehearsal"
 TRAINING_PLAN_VARIABLE = "ZERO_SM_TRAINING_PLAN_ARN"
+# Per-job whole numbers, each set by ZERO_SM_<ASSET>_<FIELD> (see JobCompute).
+WHOLE_NUMBERS = ("instance_count", "max_instance_count", "images_per_instance", "bytes_per_instance", "volume_size_gb")
 # Whole-second settings: field -> (variable, least value).
 WHOLE_SECONDS = {
     "plan_checkpoint_margin_s": ("ZERO_SM_PLAN_CHECKPOINT_MARGIN_S", 0),
@@ -192,11 +201,12 @@ def _parsed_fields(environ: Optional[Mapping[str, str]]) -> dict:
     for asset in JOB_ASSETS:  # ZERO_SM_TRAINED_CHECKPOINT_INSTANCE_TYPE=ml.p5.48xlarge, ..._INSTANCE_COUNT=4
         var = f"ZERO_SM_{asset.upper()}"
         changes: dict = {"instance_type": env(f"{var}_INSTANCE_TYPE")} if env(f"{var}_INSTANCE_TYPE") else {}
-        count = env(f"{var}_INSTANCE_COUNT")
-        if count:
-            if not count.isdigit() or int(count) < 1:
-                raise ValueError(f"{var}_INSTANCE_COUNT={count!r} is not a whole number of instances (1 or more)")
-            changes["instance_count"] = int(count)
+        for field in WHOLE_NUMBERS:  # ..._INSTANCE_COUNT, ..._MAX_INSTANCE_COUNT, ..._IMAGES_PER_INSTANCE, ...
+            value = env(f"{var}_{field.upper()}")
+            if value:
+                if not value.isdigit() or int(value) < 1:
+                    raise ValueError(f"{var}_{field.upper()}={value!r} is not a whole number (1 or more)")
+                changes[field] = int(value)
         if asset == TRAINING_ASSET and env(TRAINING_PLAN_VARIABLE):
             changes["training_plan_arn"] = env(TRAINING_PLAN_VARIABLE)
         if changes:
@@ -205,7 +215,8 @@ def _parsed_fields(environ: Optional[Mapping[str, str]]) -> dict:
 
 
 def compute_variable(asset: str, field: str) -> str:
-    """The variable that sets `field` (instance_type, instance_count, training_plan_arn) of `asset`'s compute."""
+    """The variable that sets `field` (instance_type, training_plan_arn, or one of WHOLE_NUMBERS) of
+    `asset`'s compute."""
     if field == "training_plan_arn":
         return TRAINING_PLAN_VARIABLE
     return f"ZERO_SM_{asset.upper()}_{field.upper()}"

@@ -5,10 +5,11 @@ from pydantic import Field
 
 from training_code.lib.contact_sheet import SHEET_FILE
 from training_code.lib.tables import ACCEPTED
+from training_code.validate import planned_reads
 from zero_assets.backends.job_runner import JobRunner
 from zero_assets.core.fingerprints import code_version
 from zero_assets.core.job_request import FanOut
-from zero_assets.core.settings import ZeroSettings, source_uri
+from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.assets.raw_image_index import raw_image_index
 from zero_assets.defs.automation import EAGER
@@ -22,8 +23,10 @@ from zero_assets.launch.upstream import previous_output, upstream_output
 VALIDATE_MODULE = "training_code.validate"
 
 
-# On several instances each decodes its part of the raw images; one then decides (see training_code/validate.py).
-VALIDATION_SPREAD = FanOut(split_input="raw", collected_input="decoded")
+# The job reads only the images with no reusable verdict, fetched by key (its read list, planned before launch
+# from the index and the previous output); on several instances each decodes its part of them and one then
+# decides (see training_code/validate.py).
+VALIDATION_SPREAD = FanOut(plan=planned_reads, collected_input="decoded")
 
 
 class ValidationConfig(Config):
@@ -77,12 +80,7 @@ def validated_images(
         module=VALIDATE_MODULE,
         config=config.model_dump(),
         upstream=[index],
-        inputs={
-            "index": index.uri,
-            "raw": source_uri(settings, context.partition_key),
-            **({"previous": previous} if previous else {}),
-        },
-        input_folders={"raw": context.partition_key},
+        inputs={"index": index.uri, **({"previous": previous} if previous else {})},
         spread=VALIDATION_SPREAD,
     )
     shown = (result.metadata or {}).get("quarantined_images_shown")

@@ -1,0 +1,192 @@
+"""SageMaker I/O in proportion to the change (issue 20, done-when 2): the requests of a 1% refresh name only
+the new images as inputs, fan out when the work is large, and size their volumes from the bytes.
+
+The code location's resources on the SageMaker backend run the real job scripts under the fake (each
+Create*Job validated against botocore's model), on a moto S3 raw root and lake. The sizing rules are
+checked on their own too: the instance count from the work, each volume from its busiest host's bytes,
+and a job that cannot fit refused before launch, naming the setting.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from graph_runs import materialize_source
+from PIL import Image
+from sagemaker_fakes import FakeSageMaker, aws_env
+
+from training_code.lib.aws_clients import client as aws_client
+from training_code.lib.read_list import read_read_list
+from zero_assets.backends.from_env import resources_from_env
+from zero_assets.backends.sagemaker import runner as sagemaker_runner
+from zero_assets.backends.sagemaker.code_package import build_code_package
+from zero_assets.backends.sagemaker.job_params import build_job_params
+from zero_assets.backends.sagemaker.runner import AwsClients
+from zero_assets.backends.sagemaker.settings import JobCompute, sagemaker_settings_from_env
+from zero_assets.backends.sagemaker.work_sizing import GIB, instances_for
+from zero_assets.core.job_request import JobRequest, Reads, Work
+from zero_assets.core.settings import REPO_ROOT
+from zero_assets.defs.assets import raw_image_index, validated_images
+
+SOURCE = "cam"
+BUCKET = "zero-refresh-io"
+IMAGES = 200  # a refresh adds 1% of them
+SM_ENV = {
+    "ZERO_BACKEND": "sagemaker",
+    "ZERO_SM_REGION": "us-east-1",
+    "ZERO_SM_ROLE_ARN": "arn:aws:iam::123456789012:role/zero-jobs",
+    "ZERO_SM_BUCKET": BUCKET,
+    "ZERO_SM_TRAINING_IMAGE_URI": "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5-gpu-py311",
+    "ZERO_SM_PROCESSING_IMAGE_URI": "123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-processing:1",
+    "ZERO_SM_POLL_INTERVAL_S": "0.3",
+    # 100 images an instance: the first run (200 to decode) fans out over two, the refresh (2) runs on one.
+    "ZERO_SM_VALIDATED_IMAGES_IMAGES_PER_INSTANCE": "100",
+}
+
+
+def jpeg(seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, (160, 160, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def put_source(s3, names: list[str]) -> dict[str, bytes]:
+    """The source's images and its annotations.json (one box an image) under `raw/`; returns the images."""
+    images = {name: jpeg(n) for n, name in enumerate(names)}
+    document = {"images": [], "annotations": [], "categories": [{"id": 1, "name": "part"}]}
+    for n, name in enumerate(names, start=1):
+        document["images"].append({"id": n, "file_name": name, "width": 160, "height": 160})
+        document["annotations"].append({"id": n, "image_id": n, "category_id": 1, "bbox": [10, 10, 40, 40]})
+    for name, data in images.items():
+        s3.put_object(Bucket=BUCKET, Key=f"zero/raw/{SOURCE}/{name}", Body=data)
+    s3.put_object(Bucket=BUCKET, Key=f"zero/raw/{SOURCE}/annotations.json", Body=json.dumps(document).encode())
+    return images
+
+
+def new_jobs(fake: FakeSageMaker, before: set[str]) -> dict[str, dict]:
+    return {name: job["params"] for name, job in fake.jobs.items() if name not in before}
+
+
+def download_bytes(s3, params: dict) -> int:
+    """What a Processing request asks SageMaker to download (every object under each S3Prefix input but
+    the code package), plus what its read list names, which the job fetches by key."""
+    total = 0
+    for item in params["ProcessingInputs"]:
+        if item["InputName"] == "code":
+            continue
+        bucket, _, prefix = item["S3Input"]["S3Uri"][len("s3://") :].partition("/")
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+        total += sum(o["Size"] for o in listed)
+        if item["InputName"] == "reads":
+            total += read_read_list(item["S3Input"]["S3Uri"]).read_bytes
+    return total
+
+
+def test_a_one_percent_refresh_reads_only_the_new_images_on_sagemaker(moto_endpoint, instance, tmp_path, monkeypatch):
+    for key in [k for k in os.environ if k.startswith("ZERO_")]:
+        monkeypatch.delenv(key)
+    aws = aws_env(moto_endpoint)
+    for key, value in {**aws, **SM_ENV, "DAGSTER_HOME": instance.root_directory}.items():
+        monkeypatch.setenv(key, value)
+    s3, logs = aws_client("s3", endpoint_url=moto_endpoint), aws_client("logs", endpoint_url=moto_endpoint)
+    s3.create_bucket(Bucket=BUCKET)
+    images = put_source(s3, [f"lot_{n % 4}/img_{n:04d}.jpg" for n in range(IMAGES)])
+    fake = FakeSageMaker(tmp_path / "sm", s3, logs, {**aws, "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.2"})
+    monkeypatch.setattr(sagemaker_runner, "make_aws_clients", lambda region: AwsClients(fake, logs, s3, None))
+    resources = resources_from_env()
+    assets = [raw_image_index, validated_images]
+
+    assert materialize_source(SOURCE, instance=instance, resources=resources, assets=assets).success
+    first = new_jobs(fake, set())
+    mapped = next(params for name, params in first.items() if "-map-" in name)
+    assert mapped["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2, "200 images at 100 an instance"
+    assert read_read_list(input_uri(mapped, "reads")).objects == IMAGES
+
+    added = put_source(s3, [*images, "lot_9/new_a.jpg", "lot_9/new_b.jpg"])  # 1% new, the rest as it was
+    new = {f"{SOURCE}/{name}": data for name, data in added.items() if name not in images}
+    result = materialize_source(SOURCE, instance=instance, resources=resources, assets=assets)
+    refresh = new_jobs(fake, set(first))
+    assert list(refresh) and all("-map-" not in name for name in refresh), "2 images to decode: one instance"
+    (params,) = refresh.values()  # already validated against botocore's CreateProcessingJob by the fake
+    inputs = {item["InputName"]: item["S3Input"] for item in params["ProcessingInputs"]}
+    assert set(inputs) == {"code", "index", "previous", "reads"}, "no raw prefix among the inputs"
+    assert all("/zero/raw" not in item["S3Uri"] for item in inputs.values())
+    reads = read_read_list(inputs["reads"]["S3Uri"])
+    assert reads.keys() == sorted(new) and reads.raw_uri == f"s3://{BUCKET}/zero/raw"
+    assert reads.read_bytes == sum(map(len, new.values()))
+    # The volume: the configured base plus the bytes it fetches, rounded up to a GiB.
+    assert params["ProcessingResources"]["ClusterConfig"]["VolumeSizeInGB"] == 30 + 1
+    event = result.asset_materializations_for_node("validated_images")[0]
+    metadata = {key: value.value for key, value in event.metadata.items()}
+    assert (metadata["decoded"], metadata["reused"]) == (2, IMAGES)
+    # What it fetched by key: the images its list names, and the annotations.json it takes the labels from.
+    annotations = s3.head_object(Bucket=BUCKET, Key=f"zero/raw/{SOURCE}/annotations.json")["ContentLength"]
+    assert (metadata["fetched_objects"], metadata["fetched_bytes"]) == (3, reads.read_bytes + annotations)
+    source_bytes = sum(map(len, added.values())) + annotations
+    asked = download_bytes(s3, params) + annotations
+    assert asked <= 0.05 * source_bytes, (asked, source_bytes)
+
+
+def input_uri(params: dict, name: str) -> str:
+    return next(i["S3Input"]["S3Uri"] for i in params["ProcessingInputs"] if i["InputName"] == name)
+
+
+def work(objects: int, bytes_each: int) -> Work:
+    return Work(objects, objects * bytes_each, lambda hosts: math.ceil(objects / hosts) * bytes_each)
+
+
+def test_the_instance_count_comes_from_the_work_within_its_bounds():
+    compute = JobCompute(instance_type="ml.c5.4xlarge", volume_size_gb=30, images_per_instance=250_000)
+    assert instances_for("validated_images", compute, work(10_000, 200_000)) == 1  # a refresh
+    assert instances_for("validated_images", compute, work(1_000_000, 200_000)) == 4  # a million-image source
+    assert instances_for("validated_images", compute, work(40_000_000, 20_000)) == 16  # at the cap
+    rehearsal = compute.model_copy(update={"instance_count": 2})
+    assert instances_for("validated_images", rehearsal, work(3, 1000)) == 2, "at least instance_count"
+    assert instances_for("validated_images", compute.model_copy(update={"max_instance_count": 1}), work(10**6, 1)) == 1
+    # Bytes per instance, where set, count too: the busier measure wins.
+    packing = JobCompute(instance_type="ml.c5.4xlarge", volume_size_gb=30, bytes_per_instance=100 * GIB)
+    assert instances_for("arrow_shards", packing, work(1000, GIB)) == 10
+    # A source whose busiest host cannot fit even on the most instances allowed: refused, naming the setting.
+    with pytest.raises(
+        ValueError,
+        match="ZERO_SM_VALIDATED_IMAGES_MAX_INSTANCE_COUNT=16.*raise ZERO_SM_VALIDATED_IMAGES_MAX_INSTANCE_COUNT",
+    ):
+        instances_for("validated_images", compute, work(1_000_000, 300 * 1024**2))  # 286 TiB
+    # A volume too small to read anything onto: bigger instances would not help either.
+    lots = compute.model_copy(update={"images_per_instance": 1, "max_instance_count": 100})
+    assert instances_for("validated_images", lots, work(64, 400 * GIB)) == 64  # 400 GiB each fits one volume
+    with pytest.raises(ValueError, match="more than SageMaker's largest volume"):
+        instances_for("validated_images", lots, work(1, 20_000 * GIB))
+
+
+def test_each_volume_is_sized_from_the_bytes_its_busiest_host_reads():
+    aws = sagemaker_settings_from_env(
+        {key: value for key, value in SM_ENV.items() if key != "ZERO_SM_VALIDATED_IMAGES_IMAGES_PER_INSTANCE"}
+    )
+    request = JobRequest(
+        asset="validated_images",
+        kind="processing",
+        module="training_code.validate",
+        fingerprint="ab" * 32,
+        inputs={"index": f"s3://{BUCKET}/zero/lake/raw_image_index/cam/x", "reads": f"s3://{BUCKET}/zero/reads/x"},
+        outputs={"out": f"s3://{BUCKET}/zero/lake/validated_images/cam/abababababababab"},
+        reads=Reads(f"s3://{BUCKET}/zero/reads/x", f"s3://{BUCKET}/zero/raw", 1_000_000, 600 * GIB, 600 * GIB),
+    )
+    _, params = build_job_params(
+        request, aws, job_name="zero-validated-images-a1", code=build_code_package(), environment={}
+    )
+    assert params["ProcessingResources"]["ClusterConfig"]["VolumeSizeInGB"] == 30 + 600, "a 600 GiB source fits"
+    _, small = build_job_params(
+        JobRequest(**{**vars(request), "reads": request.reads.on(GIB // 2)}),
+        aws,
+        job_name="zero-validated-images-a1",
+        code=build_code_package(),
+        environment={},
+    )
+    assert small["ProcessingResources"]["ClusterConfig"]["VolumeSizeInGB"] == 31

@@ -1,0 +1,135 @@
+"""Where a validation run reads the raw objects the index listed, and the proof that it read those.
+
+- A local raw root is read in place: each file is fstat-checked against its listed `<mtime_ns>-<size>`
+  as it is read (`raw_files.read_limited`).
+- An S3 raw root is never downloaded whole: the run fetches by key exactly the objects it reads
+  (`raw_fetch`: parallel GETs with IfMatch on the listed ETag, so S3 proves each object is the listed
+  one) into a scratch folder laid out as the raw root, and reads them there. Those are the images of
+  its read list, the source's annotations.json (checked against the sha256 the index read too), and
+  the few quarantined images its contact sheet draws. An object past the run's size limit is never
+  fetched: its verdict (`too_large`) follows from its listed size.
+
+Either way a file that is not the one listed, or is gone, is `RawRootChanged`: the run fails and
+publishes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+import pandas as pd
+
+from . import job_env
+from .annotation_files import annotation_error, load_annotations
+from .coco import ANNOTATIONS_FILE, SourceAnnotations
+from .contact_sheet import DRAWABLE_REASONS, MAX_ATTEMPTS, Thumbnail, quarantine_thumbnails
+from .image_checks import ImageVerdict, check_image_file
+from .image_decoding import decode_all
+from .indexed_raw import ListedRoot
+from .raw_fetch import fetch_objects, scratch_folder
+from .raw_files import RawRootChanged, Refused
+from .read_list import ReadList
+from .storage import is_s3, key_problem
+
+log = logging.getLogger("zero.validate")
+
+
+class RawReader:
+    """The raw root of one run: `root` is the local root, or the scratch folder objects are fetched into."""
+
+    def __init__(self, listed: ListedRoot, local_root: Path | None = None) -> None:
+        self.listed = listed
+        self.local = not is_s3(listed.raw_uri)
+        if local_root is not None and not self.local:
+            raise ValueError(
+                f"--raw {local_root} names a local folder, but the index listed the S3 raw root {listed.raw_uri}: "
+                "an S3 root is fetched by key; leave --raw out"
+            )
+        self.root = (local_root or Path(listed.raw_uri)) if self.local else scratch_folder(job_env.opt_ml())
+        self.fetched_objects = self.fetched_bytes = 0
+
+    def __enter__(self) -> RawReader:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        if not self.local:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def fetch(self, rows: list[tuple[str, int, str]]) -> None:
+        """S3: fetch (key, size, etag) rows into the scratch root (nothing to do for a local root)."""
+        if self.local or not rows:
+            return
+        _, fetched = fetch_objects(self.listed.raw_uri, rows, self.root)
+        self.fetched_objects += fetched.objects
+        self.fetched_bytes += fetched.bytes
+
+    def fetch_counts(self) -> dict[str, int]:
+        """What this run fetched from an S3 raw root (objects, bytes); nothing for a local root, read in place."""
+        return {} if self.local else {"fetched_objects": self.fetched_objects, "fetched_bytes": self.fetched_bytes}
+
+    def decode(
+        self, reads: ReadList, args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file
+    ) -> dict[str, ImageVerdict]:
+        """A verdict per object of `reads`, each read from the object the index listed."""
+        rows = reads.rows()
+        if self.local:
+            return decode_all(self.root, [key for key, _, _ in rows], args, check, {k: e for k, _, e in rows})
+        unread = {
+            key: ImageVerdict.unread("too_large", f"{size} bytes, above the limit of {args.max_image_bytes}; not read")
+            for key, size, _ in rows
+            if size > args.max_image_bytes
+        }
+        readable = [row for row in rows if row[0] not in unread]
+        self.fetch(readable)
+        return {**unread, **decode_all(self.root, [key for key, _, _ in readable], args, check)}
+
+    def annotations(
+        self, sources: set[str], max_bytes: int
+    ) -> tuple[dict[str, SourceAnnotations | None], dict[str, str]]:
+        """Each source's parsed annotations.json (see `annotation_files.load_annotations`); on S3, a file
+        past `max_bytes` is not fetched, and its source loses its labels as a local one would."""
+        if self.local:
+            return load_annotations(self.root, sources, max_bytes, self.listed)
+        too_large: dict[str, str] = {}
+        rows = []
+        for source in sorted(sources):
+            key, indexed = f"{source}/{ANNOTATIONS_FILE}", self.listed.annotation_file(source)
+            if indexed is None or key_problem(key):
+                continue
+            if indexed.size > max_bytes:
+                refused = Refused("too_large", f"{indexed.size} bytes, above the limit of {max_bytes}; not read")
+                too_large[source] = annotation_error(key, refused)
+            else:
+                rows.append((key, indexed.size, indexed.etag))
+        self.fetch(rows)
+        parsed, errors = load_annotations(self.root, sources - set(too_large), max_bytes, self.listed)
+        for error in too_large.values():
+            log.error("%s; its images are reported as image_without_annotation, the other sources go on", error)
+        return {**parsed, **dict.fromkeys(too_large)}, {**errors, **too_large}
+
+    def thumbnails(self, quarantine: pd.DataFrame, index: pd.DataFrame, args: argparse.Namespace) -> list[Thumbnail]:
+        """The contact sheet's thumbnails (`contact_sheet.quarantine_thumbnails`). On S3 only the files it
+        may draw are fetched (at most MAX_ATTEMPTS); one that changed since the index is left out."""
+        if not self.local:
+            drawable = quarantine[quarantine["reason"].isin(DRAWABLE_REASONS) & quarantine["sha256"].notna()]
+            keys = set(drawable.sort_values("key", kind="stable").head(MAX_ATTEMPTS)["key"])
+            listed = index[index["key"].isin(keys) & (index["size"] <= args.max_image_bytes)]
+            for row in zip(listed["key"], listed["size"].astype(int), listed["etag"]):
+                if not (self.root / row[0]).is_file():
+                    try:
+                        self.fetch([row])
+                    except RawRootChanged as changed:
+                        log.warning("not drawn on the contact sheet: %s", changed)
+        return quarantine_thumbnails(
+            self.root,
+            quarantine,
+            max_bytes=args.max_image_bytes,
+            max_pixels=args.max_pixels,
+            timeout_s=args.timeout_s,
+            workers=args.workers,
+        )

@@ -1,0 +1,80 @@
+"""How many instances a planned Processing job runs on, and how large each one's volume is, from its work.
+
+A job that reads raw objects by key has its read list planned before launch (`core.job_request.spread_over`),
+so its work is known: objects and bytes, and what the busiest of n hosts reads. The instance count is
+what the asset's compute asks per instance (`images_per_instance` objects, `bytes_per_instance` bytes;
+whichever needs more), at least `instance_count` (the rehearsal sets 2 to prove the split pass), at most
+`max_instance_count`, and never more hosts than objects unless that least count says so. Each
+instance's volume is `volume_size_gb` (code, tables, outputs) plus the bytes its busiest host fetches.
+When the busiest host would still need more than SageMaker's largest volume at the most instances
+allowed, the job fails before launch, naming the setting to raise.
+"""
+
+from __future__ import annotations
+
+import math
+
+from zero_assets.backends.sagemaker.settings import JobCompute, SageMakerSettings, compute_variable
+from zero_assets.core.job_request import JobRequest, Work
+
+MAX_VOLUME_GB = 16384  # botocore: ProcessingClusterConfig.VolumeSizeInGB
+MAX_INSTANCES = 100  # botocore: ProcessingClusterConfig.InstanceCount
+GIB = 1 << 30
+
+
+def volume_gb(compute: JobCompute, read_bytes: int) -> int:
+    """The volume of an instance that fetches `read_bytes`: the configured base plus those bytes."""
+    return compute.volume_size_gb + math.ceil(read_bytes / GIB)
+
+
+def wanted_instances(asset: str, compute: JobCompute, work: Work) -> int:
+    """The count the work asks for, within the least and most the compute allows."""
+    least, most = compute.instance_count, min(compute.max_instance_count, MAX_INSTANCES)
+    if least > most:
+        raise ValueError(
+            f"{asset}: {compute_variable(asset, 'instance_count')}={least} is above "
+            f"{compute_variable(asset, 'max_instance_count')}={compute.max_instance_count} (SageMaker allows "
+            f"{MAX_INSTANCES}); lower the first or raise the second"
+        )
+    asked = [
+        math.ceil(amount / per)
+        for amount, per in ((work.objects, compute.images_per_instance), (work.bytes, compute.bytes_per_instance))
+        if per
+    ]
+    return max(least, min(most, max(asked, default=1), max(work.objects, 1)))
+
+
+def instances_for(asset: str, compute: JobCompute, work: Work) -> int:
+    """Instances for `work` (see the module docstring); ValueError naming the setting when it cannot fit."""
+    count = wanted_instances(asset, compute, work)
+    most = min(compute.max_instance_count, MAX_INSTANCES)
+    room = (MAX_VOLUME_GB - compute.volume_size_gb) * GIB
+    if room <= 0:
+        raise ValueError(
+            f"{asset}: {compute_variable(asset, 'volume_size_gb')}={compute.volume_size_gb} leaves no room for "
+            f"what it reads on SageMaker's largest volume ({MAX_VOLUME_GB} GB); lower it"
+        )
+    count = min(most, max(count, math.ceil(work.bytes / room)))  # evenly split, the least that could fit
+    while volume_gb(compute, work.host_bytes(count)) > MAX_VOLUME_GB and count < most:
+        count += 1
+    busiest = work.host_bytes(count)
+    if volume_gb(compute, busiest) > MAX_VOLUME_GB:
+        raise ValueError(
+            f"{asset}: {work.objects} objects, {work.bytes / GIB:,.0f} GiB to read; on {count} instances "
+            f"({compute_variable(asset, 'max_instance_count')}={compute.max_instance_count}) the busiest would "
+            f"read {busiest / GIB:,.0f} GiB, more than SageMaker's largest volume ({MAX_VOLUME_GB} GB) holds on "
+            f"top of {compute_variable(asset, 'volume_size_gb')}={compute.volume_size_gb}; raise "
+            f"{compute_variable(asset, 'max_instance_count')}, or split the source"
+        )
+    return count
+
+
+def request_volume_gb(request: JobRequest, compute: JobCompute) -> int:
+    """The volume of each instance of `request`: the base, plus what its busiest host fetches."""
+    return volume_gb(compute, request.reads.host_bytes if request.reads else 0)
+
+
+def read_list_uri(aws: SageMakerSettings, request: JobRequest) -> str:
+    """Where the runner writes `request`'s read list: `<s3 root>/reads/<asset>/<fingerprint16>`, beside
+    the Pipes messages and attempt records (render-jobs names the same place)."""
+    return f"{aws.s3_root()}/reads/{request.asset}/{request.fingerprint[:16]}"
