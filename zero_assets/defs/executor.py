@@ -1,6 +1,14 @@
-"""The code location's executor: Dagster's default (multiprocess, or in process by config), run by a
+"""The code location's executor: Dagster's multiprocess (or in process by config) executor, run by a
 process that first records itself as the run's worker and fails this host's dead runs, before any step
 claims a pool slot: a training launched after a killed one never waits on the slot the dead run holds.
+
+A step worker is not a fresh interpreter (Dagster's default, `spawn`, imports the code location again
+for every step: seconds a step). Unless the run config picks a start method:
+- a run whose steps can only run one after another and take no pool slot (a source's index, its
+  validation and their checks) runs its steps in this process, which has the code location loaded;
+- any other run (sources side by side, a training in the `training` pool, whose step worker ends the
+  run when its run worker is killed) starts its step workers from a `forkserver` that imports the code
+  location, the CLI and this instance's storage once per run, so each step is a fork.
 
 Runs of the code location (`dagster asset materialize`, the UI, sensors and schedules) start through
 it; the Python API's `materialize` runs in process without it, and its first step does the same
@@ -8,9 +16,15 @@ it; the Python API's `materialize` runs in process without it, and its first ste
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Sequence
+from types import ModuleType
 
-from dagster import DagsterEvent, Executor, ExecutorDefinition, multi_or_in_process_executor
+from dagster import DagsterEvent, DagsterInstance, Executor, ExecutorDefinition, multi_or_in_process_executor
+from dagster._core.definitions.executor_definition import (  # not exported by dagster
+    _core_in_process_executor_creation,
+    _core_multiprocess_executor_creation,
+)
 from dagster._core.events import EngineEventData  # not exported by dagster
 from dagster._core.execution.context.system import PlanOrchestrationContext  # not exported by dagster
 from dagster._core.execution.plan.plan import ExecutionPlan  # not exported by dagster
@@ -18,12 +32,15 @@ from dagster._core.execution.retries import RetryMode  # not exported by dagster
 
 from zero_assets.launch.run_owner import fail_dead_runs, record_run_worker
 
+CODE_LOCATION = "zero_assets.definitions"
+
 
 class RunWorkerExecutor(Executor):
-    """Dagster's executor `inner`, after recording the run worker and failing the dead runs."""
+    """Dagster's executor `inner`, after recording the run worker and failing the dead runs; `in_process`,
+    when given, runs the plans whose steps run one at a time and take no pool slot."""
 
-    def __init__(self, inner: Executor) -> None:
-        self.inner = inner
+    def __init__(self, inner: Executor, in_process: Executor | None = None) -> None:
+        self.inner, self.in_process = inner, in_process
 
     @property
     def retries(self) -> RetryMode:
@@ -39,11 +56,75 @@ class RunWorkerExecutor(Executor):
             yield DagsterEvent.engine_event(
                 plan_context, f"run {run_id}: {reason}; marked failed, its pool slots freed", EngineEventData()
             )
-        yield from self.inner.execute(plan_context, execution_plan)
+        if self.in_process is not None and one_step_at_a_time(execution_plan):
+            yield DagsterEvent.engine_event(
+                plan_context,
+                "its steps run one after another and take no pool slot: they run in this process",
+                EngineEventData(),
+            )
+            yield from self.in_process.execute(plan_context, execution_plan)
+        else:
+            yield from self.inner.execute(plan_context, execution_plan)
+
+
+def one_step_at_a_time(execution_plan: ExecutionPlan) -> bool:
+    """No step takes a pool slot, and no two steps that materialize assets could run side by side
+    (asset checks beside one are cheap reads of its metadata)."""
+    for level in execution_plan.get_steps_to_execute_by_level():
+        if any(step.pool for step in level):
+            return False
+        materializing = [
+            step
+            for step in level
+            if any(
+                output.properties.asset_key and not output.properties.asset_check_key for output in step.step_outputs
+            )
+        ]
+        if len(materializing) > 1:
+            return False
+    return True
+
+
+def step_worker_preload(instance: DagsterInstance) -> list[str]:
+    """What a step worker imports before its step: the code location, what the run worker's `__main__`
+    imports (a forked worker runs that script again: the `dagster` CLI), and the instance's storages,
+    launcher and log manager (the worker builds its instance from their class names)."""
+    parts = [
+        instance.run_storage,
+        instance.event_log_storage,
+        instance.schedule_storage,
+        instance.run_launcher,
+        instance.run_coordinator,
+        instance.compute_log_manager,
+    ]
+    return [CODE_LOCATION, *_main_module_imports(), *sorted({type(part).__module__ for part in parts if part})]
+
+
+def _main_module_imports() -> Sequence[str]:
+    main = sys.modules.get("__main__")
+    names = set()
+    for value in vars(main).values() if main else ():
+        name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
+        if isinstance(name, str) and name in sys.modules and not name.startswith("__"):
+            names.add(name)
+    return sorted(names)
 
 
 def _create(init_context) -> Executor:
-    return RunWorkerExecutor(multi_or_in_process_executor.executor_creation_fn(init_context))
+    config = init_context.executor_config
+    if "in_process" in config:
+        return RunWorkerExecutor(_core_in_process_executor_creation(config["in_process"]))
+    multiprocess = dict(config["multiprocess"])
+    if multiprocess.get("start_method"):  # the run config chose: as it says, every step in its own process
+        return RunWorkerExecutor(_core_multiprocess_executor_creation(multiprocess))
+    multiprocess["start_method"] = {"forkserver": {"preload_modules": step_worker_preload(init_context.instance)}}
+    in_process = {
+        "retries": multiprocess["retries"],
+        "step_dependency_config": multiprocess.get("step_dependency_config"),
+    }
+    return RunWorkerExecutor(
+        _core_multiprocess_executor_creation(multiprocess), _core_in_process_executor_creation(in_process)
+    )
 
 
 run_worker_executor = ExecutorDefinition(
@@ -51,5 +132,9 @@ run_worker_executor = ExecutorDefinition(
     config_schema=multi_or_in_process_executor.config_schema,
     requirements=multi_or_in_process_executor.get_requirements,
     executor_creation_fn=_create,
-    description="Dagster's multi_or_in_process_executor, after failing this host's runs whose worker is gone.",
+    description=(
+        "Dagster's multi_or_in_process_executor, after failing this host's runs whose worker is gone; by default "
+        "a run of one step at a time and no pool slot runs in process, others fork their step workers from a "
+        "forkserver that has the code location loaded."
+    ),
 )
