@@ -138,3 +138,9 @@ def test_a_tenth_selected_is_exactly_what_is_sharded_and_refreshes_are_increment
         small = [e for e in manifest3["shards"] if e["split"] == split and e["bytes"] < SHARD_BYTES]
         assert len(small) <= 1, f"{split}: at most the last shard packed is under the target, got {small}"
     assert len(small_before) > 2 and sum(e["bytes"] < SHARD_BYTES for e in manifest3["shards"]) <= 2
+    print(
+        f"selected {selected} of {accepted} accepted; first: {len(manifest['shards'])} shards packed; refresh: "
+        f"{work['shards_kept']} kept, {work['shards_compacted']} compacted, {work['shards_packed']} packed "
+        f"({work['rows_packed']} rows), {work['rows_masked']} rows masked, {warm['copied']} copied to the warm "
+        f"state; merge: {third['arrow_shards']['shards_merged']} merged into {len(manifest3['shards'])} shards"
+    )

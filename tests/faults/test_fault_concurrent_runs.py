@@ -192,7 +192,7 @@ def output_files(folder: Path) -> dict[str, int]:
 
 @pytest.mark.parametrize(
     ("asset", "prepare"),
-    [("raw_image_index", None), ("training_set", "raw_image_index,validated_images,arrow_shards")],
+    [("raw_image_index", None), ("training_set", "raw_image_index,validated_images")],
 )
 def test_two_runs_of_an_in_process_asset_with_the_same_inputs_build_it_once(tmp_path, tiny_raw_root, asset, prepare):
     """The in-process assets follow the same protocol as the job-backed ones: the first run holds the

@@ -28,6 +28,7 @@ from urllib.parse import quote_plus
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from conftest import make_resources
 from dagster import instance_for_test
@@ -35,6 +36,7 @@ from graph_runs import materialize_source
 from PIL import Image
 from process_tree import PEAK_RSS
 from raw_index_reference import build_raw_index
+from selections import write_selection
 
 from training_code.lib.raw_index import whole_root_manifest
 from training_code.lib.storage import download_prefix
@@ -454,14 +456,16 @@ def test_a_symlink_swapped_in_after_validation_fails_the_shard_job_unread(tmp_pa
         "1",
     ]
     assert subprocess.run(validate, cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 0
+    accepted = pq.read_table(tmp_path / "validated" / "accepted.parquet").to_pylist()
+    write_selection(tmp_path / "selection", accepted, ["part"])  # every accepted image selected
     (raw / "cam" / "b.jpg").unlink()
     (raw / "cam" / "b.jpg").symlink_to(outside / "target.jpg")  # after validation accepted cam/b.jpg
     shard = [
         sys.executable,
         "-m",
         "training_code.shard",
-        "--validated",
-        str(tmp_path / "validated"),
+        "--selection",
+        str(tmp_path / "selection"),
         "--raw",
         str(raw),
         "--out",
