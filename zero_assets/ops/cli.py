@@ -25,8 +25,8 @@ from zero_assets.ops.demo_data import make_demo_raw_root
 SUMMARY_KEYS = {
     "raw_image_index": ("dagster/row_count", "images_without_annotation", "annotations_without_image"),
     "validated_images": ("images_in", "accepted", "quarantined", "duplicates", "labels_rejected", "train", "val"),
+    "training_set": ("dagster/row_count", "excluded", "train", "val"),
     "arrow_shards": ("shards", "dagster/size_bytes", "train_rows", "val_rows"),
-    "training_set": ("dagster/row_count", "duplicates_across_sources", "over_cap", "shards"),
     "fsx_warm_state": ("shards", "dagster/size_bytes", "copied", "already_warm"),
     "trained_checkpoint": ("steps", "images_per_s", "final_loss", "world_size", "job_wall_s"),
     "map_report": ("mAP", "mAP_50", "mAP_75", "val_images"),
