@@ -164,6 +164,7 @@ def test_the_rehearsal_runs_on_two_instances_stops_resumes_and_evaluates_then_th
     }
     assert (proved["resumed_from_step"], proved["world_size"], proved["instance_count"]) == (2, 2, 2)
     assert proved["mAP"] == 0.04
+    assert proved["instance_seconds"] > 0, "the three jobs' instance-seconds, the forced stop's included"
     assert iam.calls and iam.calls[0]["PolicySourceArn"] == "arn:aws:iam::123456789012:role/zero-jobs"
 
     trained = run(instance, sagemaker, trained_checkpoint, training)

@@ -33,7 +33,7 @@ REHEARSAL_EVALUATION = "rehearsal_evaluation"  # the label (and SageMaker comput
 FORCED_STOP = "forced stop"  # how the trainer's failure reason for `--stop-after-steps` begins (training_code.train)
 RECORD = "rehearsal.json"
 RECORD_FORMAT = "zero-rehearsal/1"
-COST_KEYS = ("instance_seconds", "estimated_cost_usd")  # summed over the rehearsal's jobs
+COST_KEYS = ("instance_seconds", "estimated_cost_usd")  # summed over the rehearsal's three jobs
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def run_rehearsal(
         "jobs": {"training": launched.get("job_name"), "evaluation": evaluated.get("job_name")},
     }
     write_record(output, record)
-    costs = {key: round(sum(float(m.get(key) or 0) for m in (launched, evaluated)), 4) for key in COST_KEYS}
+    costs = {key: round(sum(float(m.get(key) or 0) for m in (stopped, launched, evaluated)), 4) for key in COST_KEYS}
     return MaterializeResult(
         metadata={
             REHEARSAL_KEY: planned.key,
@@ -167,7 +167,12 @@ def forced_stop(context: AssetExecutionContext, jobs: JobRunner, request: JobReq
                 allow_retries=False,
             ) from failure
         context.log.info(f"rehearsal: the first attempt stopped itself as asked ({reason.splitlines()[0][:200]})")
-        return {"after_steps": after, "reason": reason[reason.index(FORCED_STOP) :].splitlines()[0][:300]}
+        used = _plain(failure.metadata)  # a SageMaker job's instance-seconds and cost, in its failure
+        return {
+            "after_steps": after,
+            "reason": reason[reason.index(FORCED_STOP) :].splitlines()[0][:300],
+            **{key: used[key] for key in COST_KEYS if key in used},
+        }
     raise Failure(
         f"rehearsal: the first training attempt ran to its end instead of stopping after {after} steps: "
         f"{request.module} must take --stop-after-steps (README, 'Your own trainer')",
