@@ -329,6 +329,7 @@ def test_pool_overhead_is_small_next_to_decoding(tmp_path):
     direct = {str(p): check(p) for p in paths}
     in_process_s = time.perf_counter() - started
     with IsolatedPool(check, workers=1, timeout_s=20, preload=["training_code.lib.image_checks"]) as pool:
+        pool.wait_ready()
         started = time.perf_counter()
         pooled = dict(pool.imap_unordered([str(p) for p in paths]))
         pooled_s = time.perf_counter() - started

@@ -21,7 +21,7 @@ from pathlib import Path
 from .hashing import sha256_bytes
 from .image_checks import ImageVerdict, check_image_file
 from .isolated_pool import IsolatedPool, WorkerLost
-from .raw_files import RAW_CHANGED, RawChanged, RawRootChanged, Refused, locate, read_limited
+from .raw_files import RAW_CHANGED, Locator, RawChanged, RawRootChanged, Refused, read_limited
 from .storage import key_problem
 
 log = logging.getLogger("zero.validate")
@@ -47,22 +47,27 @@ def decode_all(
         _check_listed, check=check, allowed_formats=args.allowed_formats, min_side=args.min_side, **limits
     )
     verdicts: dict[str, ImageVerdict] = {}
-    keys_at: dict[tuple[str, str | None], list[str]] = defaultdict(list)  # (located path, listed etag) -> keys
-    for key in keys:
-        try:
-            path = str(locate(raw, key))
-        except Refused as refused:
-            verdicts[key] = ImageVerdict.unread(refused.reason, refused.detail)
-            continue
-        keys_at[(path, listed_etags[key] if listed_etags else None)].append(key)
-    if not keys_at:
+    if not keys:
         return verdicts
     started = last_log = time.monotonic()
-    workers = max(1, min(args.workers, len(keys_at)))
+    workers = max(1, min(args.workers, len(keys)))
+    # The workers start (the forkserver's imports, a fork each) while the keys are located here.
     with IsolatedPool(
         function, workers=workers, timeout_s=args.timeout_s, preload=[check.__module__, __name__]
     ) as pool:
-        log.info("started %d decode workers in %.1f s", workers, time.monotonic() - started)
+        keys_at: dict[tuple[str, str | None], list[str]] = defaultdict(list)  # (located path, listed etag) -> keys
+        locator = Locator(raw)
+        for key in keys:
+            try:
+                path = str(locator.locate(key))
+            except Refused as refused:
+                verdicts[key] = ImageVerdict.unread(refused.reason, refused.detail)
+                continue
+            keys_at[(path, listed_etags[key] if listed_etags else None)].append(key)
+        if not keys_at:  # every key refused: nothing to decode
+            return verdicts
+        pool.wait_ready()
+        log.info("located %d files; %d decode workers ready in %.1f s", len(keys), workers, time.monotonic() - started)
         for item, outcome in pool.imap_unordered(keys_at):
             first = keys_at[item][0]
             verdict = (

