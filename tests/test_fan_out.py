@@ -1,5 +1,5 @@
-"""A validation spread over several instances: its read list planned first, the map on every host (each
-decoding its part of the list), the reduce on one; the same two stages on the local backend and SageMaker."""
+"""Validation and packing spread over several instances: the read list planned first, the map on every host
+(each reading its part of the list), the reduce on one; the same two stages on the local backend and SageMaker."""
 
 from __future__ import annotations
 
@@ -15,15 +15,17 @@ import pytest
 from botocore.validate import validate_parameters
 from conftest import make_resources
 from dagster import asset, instance_for_test, materialize
-from graph_runs import materialize_source
+from graph_runs import materialize_source, materialize_tail, sources_of
 
 from training_code.lib.read_list import read_list_of
+from training_code.lib.shard_format import open_shard, read_manifest
 from zero_assets.backends.local.runner import LocalJobRunner
 from zero_assets.backends.sagemaker.code_package import build_code_package
 from zero_assets.backends.sagemaker.job_params import build_job_params
 from zero_assets.backends.sagemaker.settings import sagemaker_settings_from_env
 from zero_assets.core.job_request import JobRequest, spread_over
 from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs.assets import arrow_shards, training_set
 from zero_assets.defs.assets.raw_image_index import raw_image_index
 from zero_assets.defs.assets.validated_images import VALIDATION_SPREAD, validated_images
 
@@ -234,3 +236,42 @@ def test_when_the_first_host_fails_no_other_host_outlives_the_job(tmp_path, monk
     sleeper = int((run_dir / "hosts" / "algo-2" / "opt" / "ml" / "output" / "pid").read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(sleeper, 0)
+
+
+def _pack_locally(raw: Path, state: Path, hosts: int) -> tuple[dict, Path]:
+    """The tiny root's sources validated and selected, then packed on `hosts` local hosts."""
+    resources = make_resources(raw, state)
+    resources["jobs"] = LocalJobRunner(settings=resources["settings"], instances={"arrow_shards": hosts})
+    (state / "dagster").mkdir()
+    config = {"ops": {"arrow_shards": {"config": {"target_shard_bytes": 20_000}}}}
+    with instance_for_test(temp_dir=str(state / "dagster")) as instance:
+        for source in sources_of(raw):
+            assert materialize_source(source, instance=instance, resources=resources).success
+        result = materialize_tail(
+            instance=instance, resources=resources, assets=[training_set, arrow_shards], run_config=config
+        )
+    assert result.success
+    event = result.asset_materializations_for_node("arrow_shards")[0]
+    metadata = {key: value.value for key, value in event.metadata.items()}
+    return metadata, Path(metadata["dagster/uri"])
+
+
+def test_a_pack_on_two_hosts_holds_the_rows_one_host_packs(tiny_raw_root, tmp_path):
+    one, one_out = _pack_locally(tiny_raw_root, tmp_path / "one", hosts=1)
+    two, two_out = _pack_locally(tiny_raw_root, tmp_path / "two", hosts=2)
+    assert (two["instance_count"], two["map_instance_count"]) == (1, 2)
+    assert two["job_name"].startswith("zero-arrow-shards-reduce-") and two["map_job_name"].startswith(
+        "zero-arrow-shards-map-"
+    )
+    manifests = [read_manifest(out) for out in (one_out, two_out)]
+    # The map hosts wrote their shards into the set's own folder; the reduce listed them, manifest last.
+    assert all(
+        entry["path"].startswith("shards/") and (two_out / entry["path"]).is_file() for entry in manifests[1]["shards"]
+    )
+    assert sorted(p.name for p in Path(f"{two_out}-map").iterdir()) == ["part-algo-1.json", "part-algo-2.json"]
+    rows = [
+        sorted((key, e["split"]) for e in m["shards"] for key in open_shard(out / e["path"]).column("key").to_pylist())
+        for m, out in zip(manifests, (one_out, two_out))
+    ]
+    assert rows[0] == rows[1] and manifests[0]["rows"] == manifests[1]["rows"], "the same rows, in the same splits"
+    assert manifests[0]["categories"] == manifests[1]["categories"]

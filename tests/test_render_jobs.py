@@ -101,11 +101,12 @@ def test_every_rendered_request_is_valid(tmp_path, monkeypatch, profile, fsx, sp
             o["S3Output"]["S3Uri"] + "/" for o in mapped["ProcessingOutputConfig"]["Outputs"]
         ]
     assert training["CheckpointConfig"]["S3Uri"].startswith("s3://zero-ml-lake/zero/checkpoints/trained_checkpoint/")
-    # Validation is never handed a raw prefix: its read list names what it fetches by key (stand-in upstream
-    # versions here, so an empty one), under the runner's own prefix.
-    for name in validation:
+    # Validation and packing are never handed a raw prefix: a read list names what they fetch by key (stand-in
+    # upstream versions here, so an empty one), under the runner's own prefix.
+    for name in (*validation, "arrow_shards.CreateProcessingJob.json"):
         inputs = {i["InputName"]: i["S3Input"]["S3Uri"] for i in requests[name]["ProcessingInputs"]}
-        assert "raw" not in inputs and inputs["reads"].startswith("s3://zero-ml-lake/zero/reads/validated_images/")
+        asset = name.split(".")[0].split("-")[0]
+        assert "raw" not in inputs and inputs["reads"].startswith(f"s3://zero-ml-lake/zero/reads/{asset}/"), inputs
     # Prefixes SageMaker downloads end in "/": `s3://b/raw` would also pull `raw-old/`, `<fp>` its `<fp>-map` sibling.
     prefixes = [
         i["S3Input"]["S3Uri"]
@@ -133,8 +134,8 @@ def test_every_rendered_request_is_valid(tmp_path, monkeypatch, profile, fsx, sp
             warm["InputDataConfig"][0]["DataSource"]["FileSystemDataSource"]["DirectoryPath"]
             == "/abcdefgh/arrow_shards"
         )
-        paths = requests["fsx_warm_state.CreateDataRepositoryTask.json"]["Paths"]
-        assert paths == ["arrow_shards/" + paths[0].rsplit("/", 1)[1], f"arrow_shards/{folder}"]
+        # With stand-in upstream versions no shard is known to be new: the set's folder alone is imported.
+        assert requests["fsx_warm_state.CreateDataRepositoryTask.json"]["Paths"] == [f"arrow_shards/{folder}"]
     else:
         assert channel["DataSource"]["S3DataSource"]["S3Uri"] == "s3://zero-ml-lake/zero/lake/arrow_shards/"
     evaluation = requests["map_report.CreateProcessingJob.json"]

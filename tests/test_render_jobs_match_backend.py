@@ -95,20 +95,31 @@ def _backend_from(env: dict[str, str], moto_endpoint, tiny_raw_root, instance, t
     return resources, fake
 
 
+# Production packs on two instances here (a few KB an instance, at most two): both stages are compared too.
+PACKING_SPREAD_ENV = {
+    "ZERO_SM_ARROW_SHARDS_BYTES_PER_INSTANCE": "20000",
+    "ZERO_SM_ARROW_SHARDS_MAX_INSTANCE_COUNT": "2",
+}
+
+
 @pytest.mark.parametrize("profile", ["production", "rehearsal"])
-def test_render_jobs_renders_the_per_source_jobs_the_sagemaker_backend_sends(
+def test_render_jobs_renders_the_validation_and_packing_jobs_the_sagemaker_backend_sends(
     moto_endpoint, tiny_raw_root, instance, tmp_path, monkeypatch, profile
 ):
-    env = {"ZERO_SM_BUCKET": f"zero-render-{profile}", "ZERO_PROFILE": profile}
+    env = {"ZERO_SM_BUCKET": f"zero-render-{profile}", "ZERO_PROFILE": profile, **PACKING_SPREAD_ENV}
     resources, fake = _backend_from(env, moto_endpoint, tiny_raw_root, instance, tmp_path, monkeypatch)
     assert materialize_source(SOURCE, instance=instance, resources=resources, assets=[raw_image_index]).success
-    sent = []
-    for asset in (validated_images, arrow_shards):
-        rendered = _rendered(tmp_path, f"before-{asset.key.to_user_string()}")
-        assert materialize_source(SOURCE, instance=instance, resources=resources, assets=[asset]).success
-        sent += _assert_sent_as_rendered(fake, rendered, asset.key.to_user_string())
-    # Rehearsal spreads validation over two instances: both of its jobs were compared.
-    assert len(sent) == (3 if profile == "rehearsal" else 2), sent
+    rendered = _rendered(tmp_path, "before-validated_images")
+    assert materialize_source(SOURCE, instance=instance, resources=resources, assets=[validated_images]).success
+    sent = _assert_sent_as_rendered(fake, rendered, "validated_images")
+    assert materialize_tail(instance=instance, resources=resources, assets=[training_set]).success
+    rendered = _rendered(tmp_path, "before-arrow_shards")
+    assert materialize_tail(instance=instance, resources=resources, assets=[arrow_shards]).success
+    sent += _assert_sent_as_rendered(fake, rendered, "arrow_shards")
+    # Rehearsal spreads validation over two instances, production the pack: both jobs of each were compared.
+    assert len(sent) == 3, sent
+    packed = [name for name in sent if name.startswith("zero-arrow-shards-")]
+    assert (len(packed) == 2) == (profile == "production"), packed
 
 
 @pytest.mark.slow  # the whole graph on the SageMaker fake (a short training): about a minute on an idle machine
@@ -122,7 +133,9 @@ def test_render_jobs_renders_the_training_and_evaluation_jobs_the_sagemaker_back
     run_config.write_text(json.dumps(FAST_TRAINING))
     for source in sources_of(tiny_raw_root):  # a val split needs more than one source of the tiny root
         assert materialize_source(source, instance=instance, resources=resources).success
-    assert materialize_tail(instance=instance, resources=resources, assets=[training_set, fsx_warm_state]).success
+    assert materialize_tail(
+        instance=instance, resources=resources, assets=[training_set, arrow_shards, fsx_warm_state]
+    ).success
     sent = []
     for asset in (trained_checkpoint, map_report):
         name = asset.key.to_user_string()

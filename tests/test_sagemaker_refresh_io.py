@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 import pytest
-from graph_runs import materialize_source
+from graph_runs import materialize_source, materialize_tail
 from PIL import Image
 from sagemaker_fakes import FakeSageMaker, aws_env
 
@@ -31,7 +31,7 @@ from zero_assets.backends.sagemaker.settings import JobCompute, sagemaker_settin
 from zero_assets.backends.sagemaker.work_sizing import GIB, instances_for
 from zero_assets.core.job_request import JobRequest, Reads, Work
 from zero_assets.core.settings import REPO_ROOT
-from zero_assets.defs.assets import raw_image_index, validated_images
+from zero_assets.defs.assets import arrow_shards, raw_image_index, training_set, validated_images
 
 SOURCE = "cam"
 BUCKET = "zero-refresh-io"
@@ -44,8 +44,11 @@ SM_ENV = {
     "ZERO_SM_TRAINING_IMAGE_URI": "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5-gpu-py311",
     "ZERO_SM_PROCESSING_IMAGE_URI": "123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-processing:1",
     "ZERO_SM_POLL_INTERVAL_S": "0.3",
-    # 100 images an instance: the first run (200 to decode) fans out over two, the refresh (2) runs on one.
+    # 100 images (3 MB to pack) an instance: the first run (200 images, ~4.7 MB) fans out over two, the
+    # refresh (2 images) runs on one.
     "ZERO_SM_VALIDATED_IMAGES_IMAGES_PER_INSTANCE": "100",
+    "ZERO_SM_ARROW_SHARDS_BYTES_PER_INSTANCE": "3000000",
+    "ZERO_REHEARSAL_GATE": "off",
 }
 
 
@@ -89,6 +92,7 @@ def download_bytes(s3, params: dict) -> int:
 
 
 def test_a_one_percent_refresh_reads_only_the_new_images_on_sagemaker(moto_endpoint, instance, tmp_path, monkeypatch):
+    """Validation, then the selection and the pack, twice: everything, then a refresh of 1% new images."""
     for key in [k for k in os.environ if k.startswith("ZERO_")]:
         monkeypatch.delenv(key)
     aws = aws_env(moto_endpoint)
@@ -103,17 +107,25 @@ def test_a_one_percent_refresh_reads_only_the_new_images_on_sagemaker(moto_endpo
     assets = [raw_image_index, validated_images]
 
     assert materialize_source(SOURCE, instance=instance, resources=resources, assets=assets).success
+    pack = {"ops": {"arrow_shards": {"config": {"target_shard_bytes": 500_000}}}}  # shards of ~20 images
+    assert materialize_tail(
+        instance=instance, resources=resources, assets=[training_set, arrow_shards], run_config=pack
+    ).success
     first = new_jobs(fake, set())
-    mapped = next(params for name, params in first.items() if "-map-" in name)
-    assert mapped["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2, "200 images at 100 an instance"
-    assert read_read_list(input_uri(mapped, "reads")).objects == IMAGES
+    for asset in ("validated-images", "arrow-shards"):  # both passes spread over two instances
+        mapped = next(params for name, params in first.items() if name.startswith(f"zero-{asset}-map-"))
+        assert mapped["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 2, asset
+        assert read_read_list(input_uri(mapped, "reads")).objects == IMAGES, asset
 
     added = put_source(s3, [*images, "lot_9/new_a.jpg", "lot_9/new_b.jpg"])  # 1% new, the rest as it was
     new = {f"{SOURCE}/{name}": data for name, data in added.items() if name not in images}
     result = materialize_source(SOURCE, instance=instance, resources=resources, assets=assets)
+    tail = materialize_tail(
+        instance=instance, resources=resources, assets=[training_set, arrow_shards], run_config=pack
+    )
     refresh = new_jobs(fake, set(first))
-    assert list(refresh) and all("-map-" not in name for name in refresh), "2 images to decode: one instance"
-    (params,) = refresh.values()  # already validated against botocore's CreateProcessingJob by the fake
+    assert len(refresh) == 2 and all("-map-" not in name for name in refresh), "2 images: one instance each"
+    params = next(p for name, p in refresh.items() if name.startswith("zero-validated-images-"))  # botocore-valid
     inputs = {item["InputName"]: item["S3Input"] for item in params["ProcessingInputs"]}
     assert set(inputs) == {"code", "index", "previous", "reads"}, "no raw prefix among the inputs"
     assert all("/zero/raw" not in item["S3Uri"] for item in inputs.values())
@@ -130,6 +142,19 @@ def test_a_one_percent_refresh_reads_only_the_new_images_on_sagemaker(moto_endpo
     assert (metadata["fetched_objects"], metadata["fetched_bytes"]) == (3, reads.read_bytes + annotations)
     source_bytes = sum(map(len, added.values())) + annotations
     asked = download_bytes(s3, params) + annotations
+
+    # The pack of the refresh: handed the selection and its read list (the two new rows; the earlier shard
+    # set is read where it is, never downloaded), it fetches exactly those and packs them into a new shard.
+    packing = next(p for name, p in refresh.items() if name.startswith("zero-arrow-shards-"))
+    inputs = {item["InputName"]: item["S3Input"] for item in packing["ProcessingInputs"]}
+    assert set(inputs) == {"code", "selection", "reads"}
+    assert read_read_list(inputs["reads"]["S3Uri"]).keys() == sorted(new)
+    assert packing["ProcessingResources"]["ClusterConfig"]["VolumeSizeInGB"] == 30 + 1  # twice 47 KB, rounded up
+    packed = {
+        key: value.value for key, value in tail.asset_materializations_for_node("arrow_shards")[0].metadata.items()
+    }
+    assert (packed["rows_packed"], packed["fetched_objects"]) == (2, 2) and packed["shards_kept"] >= 1
+    asked += download_bytes(s3, packing)
     assert asked <= 0.05 * source_bytes, (asked, source_bytes)
 
 

@@ -15,7 +15,7 @@ from tests.local_s3 import LocalS3Server
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.detection_samples import iter_eval_samples, verified_split
 from training_code.lib.read_list import read_read_list
-from training_code.lib.shard_format import open_shard, verify_shard
+from training_code.lib.shard_format import verify_shard_file
 from training_code.lib.storage import publish_folder
 from training_code.warm import listed_shards
 from zero_assets.backends.sagemaker import runner as sagemaker_runner
@@ -127,7 +127,7 @@ FAST_TRAINING = {"max_steps": 4, "checkpoint_every": 2, "batch_size": 4}
 def test_two_source_training_set_warms_trains_and_evaluates(
     seaweed, cloudwatch, tiny_raw_root, instance, tmp_path, monkeypatch
 ):
-    """Two sources on the S3 path (no FSx): the warm step lays the training set out under the shard root,
+    """Two sources on the S3 path (no FSx): the warm step lays the shard set out under the shard root,
     manifest last; the real trainer and evaluator read it there (FastFile channel; ManifestFile input)."""
     monkeypatch.setenv("ZERO_REHEARSAL_GATE", "off")  # trains on SageMaker without a rehearsal: not the gate's test
     for key, value in seaweed.env().items():
@@ -162,28 +162,35 @@ def test_two_source_training_set_warms_trains_and_evaluates(
             ).asset_materialization.metadata.items()
         }
 
-    chosen, warm, trained, report = (
-        metadata("training_set"),
+    shards, warm, trained, report = (
+        metadata("arrow_shards"),
         metadata("fsx_warm_state"),
         metadata("trained_checkpoint"),
         metadata("map_report"),
     )
-    assert [r.data["source"] for r in chosen["sources"].records] == sources
     folder = warm["training_set_folder"]
+    assert folder.startswith("_training_sets/") and warm["dagster/uri"] == f"{lake}/arrow_shards/{folder}"
     assert (
-        warm["dagster/uri"] == f"{lake}/arrow_shards/{folder}"
-        and warm["sources"] == sources
-        and warm["shards"] == chosen["shards"]
+        warm["shards"] == shards["shards"]
+        and warm["dagster/row_count"]
+        == sum(
+            json.loads(
+                seaweed.client()
+                .get_object(Bucket=BUCKET, Key=f"zero/lake-set/arrow_shards/{folder}/manifest.json")["Body"]
+                .read()
+            )["rows"].values()
+        )
+        + shards["masked_rows"]
     )
-    # The warm state carries the training set's data version: warming the same bytes again does not make training stale.
+    # The warm state carries the shard set's data version: warming the same bytes again does not make training stale.
     versions = {
         asset: instance.get_latest_materialization_event(AssetKey(asset)).asset_materialization.tags[
             "dagster/data_version"
         ]
-        for asset in ("training_set", "fsx_warm_state")
+        for asset in ("arrow_shards", "fsx_warm_state")
     }
-    assert versions["fsx_warm_state"] == versions["training_set"]
-    # The channel is the shard root; the trainer is told the training set's folder there.
+    assert versions["fsx_warm_state"] == versions["arrow_shards"]
+    # The channel is the shard root; the trainer is told the set's folder there.
     training = fake.jobs[trained["job_name"]]["params"]
     assert training["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] == f"{lake}/arrow_shards/"
     assert training["HyperParameters"]["training-set"] == folder
@@ -191,14 +198,11 @@ def test_two_source_training_set_warms_trains_and_evaluates(
     manifest = json.loads(
         s3.get_object(Bucket=BUCKET, Key=f"zero/lake-set/arrow_shards/{folder}/manifest.json")["Body"].read()
     )
-    assert [s["folder"].split("/")[0] for s in manifest["sources"]] == sources  # relative to the shard root
-    rows = {
-        split: {s["source"]: sum(e["rows"] for e in s["shards"] if e["split"] == split) for s in manifest["sources"]}
-        for split in ("train", "val")
-    }
-    assert all(rows["train"][source] + rows["val"][source] for source in sources), rows  # both sources hold shards
-    # The evaluator got exactly the training set's files from S3 (no FSx mount for Processing jobs) and
-    # scored what the trainer's own reader yields there: both sources, excluded rows skipped.
+    # Laid out, not copied: every path leads from the set's folder to the shard where arrow_shards wrote it.
+    packed_in = str(shards["dagster/uri"]).rstrip("/").rpartition("/")[2]
+    assert {entry["path"].rsplit("/", 2)[0] for entry in manifest["shards"]} == {f"../../{packed_in}"}
+    # The evaluator got exactly the set's files from S3 (no FSx mount for Processing jobs) and scored
+    # what the trainer's own reader yields there.
     evaluation = fake.jobs[report["job_name"]]["params"]
     listed = next(i["S3Input"] for i in evaluation["ProcessingInputs"] if i["InputName"] == "shards")
     assert listed["S3DataType"] == "ManifestFile"
@@ -208,23 +212,12 @@ def test_two_source_training_set_warms_trains_and_evaluates(
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(s3.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read())
     _, val_shards = verified_split(local, "val", training_set_dir=folder)
-    val_rows = sum(ref.rows for ref in val_shards)
-    assert {ref.path.relative_to(local).parts[0] for ref in val_shards} == {
-        source for source, n in rows["val"].items() if n
-    }
-    assert val_rows == sum(rows["val"].values())
-    assert report["val_images"] == sum(1 for _ in iter_eval_samples(val_shards)) <= val_rows
-    # The rows trained on: the train split's, less the rows the training set excludes (line_b's copy of a line_a image).
+    assert sum(ref.live_rows for ref in val_shards) == manifest["rows"]["val"]
+    assert report["val_images"] == sum(1 for _ in iter_eval_samples(val_shards)) <= manifest["rows"]["val"]
     _, train_shards = verified_split(local, "train", training_set_dir=folder)
-    assert sum(ref.rows for ref in train_shards) == sum(rows["train"].values())
-    kept = sum(
-        key not in ref.excluded for ref in train_shards for key in open_shard(ref.path).column("key").to_pylist()
-    )
-    assert trained["dagster/row_count"] == kept, (rows, trained["dagster/row_count"])
-    # What the FSx warm job loads and verifies in that layout: every listed shard of every source.
-    _, located = listed_shards(local, folder)
-    assert len(located) == warm["shards"] and {where.relative_to(local).parts[0] for where, _ in located} == set(
-        sources
-    )
+    assert trained["dagster/row_count"] == sum(ref.live_rows for ref in train_shards) == manifest["rows"]["train"]
+    # What the FSx warm job restores and verifies in that layout: every listed shard, inside the root.
+    _, located, _ = listed_shards(local, folder)
+    assert len(located) == warm["shards"] and all(where.is_relative_to(local / packed_in) for where, _ in located)
     for where, entry in located:
-        verify_shard(where, entry)
+        verify_shard_file(where, entry)

@@ -1,12 +1,17 @@
 r"""Pack the training set's selected rows into Arrow IPC shards, keeping an earlier set's shards by reference.
 
-    python -m training_code.shard --selection DIR --raw DIR --out DIR [--previous DIR --previous-name NAME] \
+    python -m training_code.shard --selection DIR --out DIR (--reads DIR | --raw-uri URI | --raw DIR) \
+        [--previous DIR --previous-name NAME] \
         [--target-shard-bytes 1000000000] [--image-encoding original|resize] [--max-side 1024] \
         [--jpeg-quality 90] [--compact-masked-share 0.25] [--merge-small-share 0.5] [--merge-rows-share 0.1] \
-        [--workers N] [--selection-uri URI] [--rows-of N --rows-from I]
+        [--workers N] [--selection-uri URI] [--phase all|map|reduce --parts DIR]
 
-A SageMaker Processing job script. `--selection` is a training_set output (selection.parquet), `--raw`
-the raw root its keys are relative to (images of any number of sources). Image bytes are packed as
+A SageMaker Processing job script. `--selection` is a training_set output (selection.parquet); the
+images are read from the raw root its keys are relative to (images of any number of sources): the one
+its read list names (`--reads`, lib/read_list: planned before launch, `planned_reads`, exactly the
+rows to pack), else `--raw-uri`; a local root is read in place, an S3 one is never downloaded whole:
+the rows to pack are fetched by key (lib/raw_fetch, IfMatch on the etag validation saw). `--raw DIR`
+is a local raw root given as a folder. Image bytes are packed as
 they are, or resized to --max-side and re-encoded (preprocessing, part of the config; augmentation
 happens at read time, never here). Each image's sha256 is checked while it is packed, so bytes that
 changed after validation fail the job. With --previous (the earlier arrow_shards output, only its
@@ -14,15 +19,16 @@ manifest.json, rows.parquet and masked.parquet are read; NAME is its folder's na
 kept by reference and only the rows in none of them are packed: see lib/shard_plan for the rules and
 lib/shard_format for the layout (zero-shards/3). The manifest is written last.
 
-A map stage of a fan-out packs one part of the rows to pack (`--rows-of N --rows-from I`: the I-th of N
-contiguous parts of each split's, in pack order) and writes its shards with `part-<I>.json` (their
-entries and rows) instead of a manifest.
+On several instances the pack is two jobs (zero_assets/core/job_request.py `fan_out`): `--phase map` on
+every instance packs its part of the read list (every n-th row, by its place among the job's hosts), in
+pack order, into shards in `--out` (the set's own folder) and writes `part-<host>.json` (their entries
+and rows) to `--parts`; `--phase reduce` on one instance plans again, reads the parts' listings and
+writes masked.parquet, rows.parquet, the HF files and the manifest, last. No shard is moved.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import logging
 import multiprocessing
@@ -30,45 +36,47 @@ import os
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from training_code.lib import job_env
 from training_code.lib import training_set as ts
 from training_code.lib.hashing import sha256_bytes
+from training_code.lib.raw_fetch import readable_root
 from training_code.lib.raw_files import Refused, locate
-from training_code.lib.shard_format import FORMAT, MANIFEST, MASKED, ROWS, ROWS_SCHEMA, masked_keys
+from training_code.lib.read_list import ReadList, host_slot, read_read_list, resource_config
+from training_code.lib.shard_format import FORMAT, MANIFEST, MASKED, ROWS
 from training_code.lib.shard_hf import write_dataset_dict
 from training_code.lib.shard_plan import (
     PACK_ORDER,
     Compaction,
-    PreviousSet,
     ShardPlan,
     masked_table,
-    plan_shards,
     rows_table,
 )
-from training_code.lib.shard_rows import ENCODINGS, Encoding, label_digests, load_image_bytes, shard_labels
+from training_code.lib.shard_rows import ENCODINGS, Encoding, load_image_bytes, shard_labels
+from training_code.lib.shard_work import check_reads, collected_parts, plan_for, rows_to_pack
 from training_code.lib.shard_writer import ShardWriter
 from training_code.lib.storage import write_bytes_atomic
 from training_code.lib.tables import SPLITS
-from training_code.lib.verified_read import read_verified
 
 log = logging.getLogger("zero.shard")
 
 DEFAULT_COMPACTION = Compaction()
+PHASES = ("all", "map", "reduce")
 PREFETCH_PER_WORKER = 8  # images in flight per worker: enough to hide I/O and a flush, bounded so memory stays flat
 
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--selection", type=Path, required=True, help="the training set: selection.parquet")
-    parser.add_argument("--raw", type=Path, required=True, help="the raw root the selected keys are relative to")
+    parser.add_argument("--reads", type=Path, default=None, help="the read list: the only images this job reads")
+    parser.add_argument("--raw-uri", default=None, help="the raw root the selected keys are relative to")
+    parser.add_argument("--raw", type=Path, default=None, help="a local raw root, as a folder")
     parser.add_argument("--out", type=Path, required=True, help="folder for the shards and manifest.json")
     parser.add_argument("--target-shard-bytes", type=int, default=1_000_000_000)
     parser.add_argument("--image-encoding", choices=ENCODINGS, default="original")
@@ -80,63 +88,70 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--workers", type=int, default=os.cpu_count() or 1, help="threads (original) or processes (resize)"
     )
-    parser.add_argument("--previous", type=Path, default=None, help="the earlier shard set, whose shards are kept")
+    parser.add_argument(
+        "--previous", default=None, help="the earlier shard set (a folder or an s3:// URI), whose shards are kept"
+    )
     parser.add_argument("--previous-name", default=None, help="the earlier set's folder name, beside --out's")
     parser.add_argument("--selection-uri", default=None, help="where the training set is, as the manifest names it")
-    parser.add_argument("--rows-of", type=int, default=1, help="map stage: the rows to pack are cut in this many parts")
-    parser.add_argument("--rows-from", type=int, default=0, help="map stage: the part this instance packs (0-based)")
+    parser.add_argument("--phase", choices=PHASES, default="all", help="all, or a stage of a multi-instance pack")
+    parser.add_argument("--parts", type=Path, default=None, help="map: where its listing goes; reduce: all of them")
     return parser
 
 
-def read_previous(folder: Path, name: str | None) -> PreviousSet:
-    """What the planner reads of an earlier set: its manifest, and unless it is of another format
-    (then nothing of it is kept) its rows and masked rows, checked against the manifest."""
-    manifest = json.loads((folder / MANIFEST).read_text())
-    if not name:
-        raise ValueError(f"--previous {folder} needs --previous-name, the folder's name beside --out's")
-    if manifest.get("format") != FORMAT:
-        return PreviousSet(manifest, rows_table([]), frozenset(), name)
-    rows = pq.read_table(io.BytesIO(read_verified(folder / ROWS))).cast(ROWS_SCHEMA)
-    masked = frozenset((path, key) for path, keys in masked_keys(folder, manifest).items() for key in keys)
-    return PreviousSet(manifest, rows, masked, name)
+def planned_reads(inputs: Mapping[str, str], arguments: Mapping[str, Any]) -> ReadList:
+    """This job's read list for a request's `inputs` (the selection) and `arguments` (config, the raw
+    root as `raw_uri`, the earlier set as `previous`): the rows its plan packs. Tables only, never a
+    shard or an image: run before launch (spread_over)."""
+    flags = [token for key, value in arguments.items() for token in (f"--{key.replace('_', '-')}", str(value))]
+    args = get_args_parser().parse_args([*flags, "--selection", inputs["selection"], "--out", "-"])
+    config = {"target_shard_bytes": args.target_shard_bytes, **_encoding(args).config()}
+    _, table, _, plan = plan_for(inputs["selection"], config, _compaction(args), args.previous, args.previous_name)
+    return rows_to_pack(table, plan, args.raw_uri)
 
 
 def build_shards(
     selection: Path,
-    raw: Path,
+    raw: Path | None,
     out: Path,
     target_shard_bytes: int,
     encoding: Encoding = Encoding(),
     workers: int = 1,
-    previous: Path | None = None,
+    previous: str | Path | None = None,
     previous_name: str | None = None,
     compaction: Compaction = DEFAULT_COMPACTION,
     selection_uri: str | None = None,
-    part: tuple[int, int] = (0, 1),
+    reads: ReadList | None = None,
+    phase: str = "all",
+    parts: Path | None = None,
 ) -> tuple[dict[str, Any], dict[str, int]]:
-    """Write the shard set (or, with `part` (i, n) for n > 1, part i of its new shards); returns the
-    manifest (the part listing) and what was kept, masked or packed."""
-    chosen, table = ts.read_selection(selection)
-    keys = table.column("key").to_pylist()
-    identity = zip(table.column("split").to_pylist(), table.column("sha256").to_pylist(), label_digests(table))
-    selected = dict(zip(keys, identity))
-    groups = dict(zip(keys, zip(table.column("source").to_pylist(), table.column("group").to_pylist())))
+    """Write the shard set, or a stage of it (`phase`: map packs this host's part of `reads` and writes
+    its listing to `parts`; reduce assembles the set from the listings there); returns the manifest
+    (a map stage: its listing) and what was kept, masked or packed. The images come from `reads`'s raw
+    root (fetched by key when it is on S3), else the local folder `raw`."""
     config = {"target_shard_bytes": target_shard_bytes, **encoding.config()}
-    (out / MANIFEST).unlink(missing_ok=True)
-    plan = plan_shards(
-        selected,
-        groups,
-        chosen["categories"],
-        config,
-        compaction,
-        read_previous(previous, previous_name) if previous else None,
-    )
-    index = {key: position for position, key in enumerate(keys)}
-    entries, new_rows = _pack(raw, out, table, index, selected, plan, (target_shard_bytes, encoding, workers), part)
+    if phase != "map":
+        (out / MANIFEST).unlink(missing_ok=True)
+    chosen, table, selected, plan = plan_for(selection, config, compaction, previous, previous_name)
+    index = {key: position for position, key in enumerate(table.column("key").to_pylist())}
+    if reads is not None:
+        check_reads(reads, plan)
+    fetched = None
+    if phase == "reduce":
+        entries, new_rows = collected_parts(parts)
+    else:
+        todo = rows_to_pack(table, plan, reads.raw_uri if reads else str(raw))
+        mine = todo if phase == "all" else (reads or todo).part(*host_slot(resource_config(job_env.opt_ml())))
+        only = set(mine.keys())
+        with readable_root(mine.raw_uri, mine.rows(), job_env.opt_ml()) as (root, fetched):
+            packing = (target_shard_bytes, encoding, workers)
+            entries, new_rows = _pack(root, out, table, index, selected, plan, packing, only)
     work = {**plan.work(), "shards_packed": len(entries), "bytes_packed": sum(e["bytes"] for e in entries)}
-    if part[1] > 1:
-        listing = {"part": part[0], "of": part[1], "entries": entries, "rows": new_rows}
-        write_bytes_atomic(out / f"part-{part[0]:05d}.json", json.dumps(listing, indent=1).encode())
+    if fetched is not None:  # an S3 raw root: what was fetched by key
+        work.update(fetched_objects=fetched.objects, fetched_bytes=fetched.bytes)
+    if phase == "map":
+        host = job_env.current_host()
+        listing = {"host": host, "entries": entries, "rows": new_rows}
+        write_bytes_atomic(parts / f"part-{host}.json", json.dumps(listing, indent=1).encode())
         return listing, work
     entries = plan.kept + entries
     files = {
@@ -145,7 +160,7 @@ def build_shards(
     }
     for name, data in files.items():
         write_bytes_atomic(out / name, data)
-    listed = {name: {"bytes": len(data), "sha256": sha256_bytes(data)} for name, data in files.items()}
+    listed_files = {name: {"bytes": len(data), "sha256": sha256_bytes(data)} for name, data in files.items()}
     hf_files = write_dataset_dict(out, entries, plan.categories)  # `datasets.load_from_disk(out)`, by split
     manifest = {
         "format": FORMAT,
@@ -156,7 +171,7 @@ def build_shards(
         "selection": {"uri": selection_uri or str(selection), "data_version": chosen["data_version"]},
         "config": {**config, **vars(compaction)},
         "pack_order": PACK_ORDER,
-        "files": {**listed, **hf_files},
+        "files": {**listed_files, **hf_files},
     }
     write_bytes_atomic(out / MANIFEST, json.dumps(manifest, indent=1).encode())
     return manifest, work
@@ -170,17 +185,16 @@ def _pack(
     selected: dict[str, tuple[str, str, str]],
     plan: ShardPlan,
     packing: tuple[int, Encoding, int],
-    part: tuple[int, int],
+    only: set[str],
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """Pack the plan's rows (this part's) into new shards of about `target` bytes (`packing`: target,
-    encoding, workers); returns their entries and their rows."""
+    """Pack the plan's rows that are in `only` (this host's) into new shards of about `target` bytes
+    (`packing`: target, encoding, workers), in pack order; returns their entries and their rows."""
     target, encoding, workers = packing
     category_id = {c["name"]: c["id"] for c in plan.categories}
     entries: list[dict[str, Any]] = []
     rows: list[dict[str, str]] = []
     for split in SPLITS:
-        keys = plan.to_pack.get(split, [])
-        keys = keys[len(keys) * part[0] // part[1] : len(keys) * (part[0] + 1) // part[1]]
+        keys = [key for key in plan.to_pack.get(split, []) if key in only]
         records = table.take(pa.array([index[key] for key in keys], pa.int64())).to_pylist()
         labels = [shard_labels(record, category_id, encoding) for record in records]
         tasks = (_task(raw, record, label, encoding) for record, label in zip(records, labels))
@@ -263,13 +277,16 @@ def shard_sizes(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def main(args: argparse.Namespace) -> None:
     with job_env.pipes_session() as pipes:
         started = time.perf_counter()
-        encoding = Encoding(args.image_encoding, args.max_side, args.jpeg_quality)
-        compaction = Compaction(args.compact_masked_share, args.merge_small_share, args.merge_rows_share)
-        if not 0 <= args.rows_from < args.rows_of:
-            raise ValueError(f"--rows-from {args.rows_from} must be within 0..{args.rows_of - 1} (--rows-of)")
+        encoding, compaction = _encoding(args), _compaction(args)
+        if args.phase != "all" and args.parts is None:
+            raise ValueError(f"--phase {args.phase} needs --parts (the map stage's listings)")
+        reads = read_read_list(args.reads) if args.reads else None
+        if reads is None and args.raw is None and args.raw_uri is None:
+            raise ValueError("name the raw root: --reads (the read list), --raw-uri or --raw")
+        raw = args.raw if args.raw is not None or args.raw_uri is None else args.raw_uri
         manifest, work = build_shards(
             args.selection,
-            args.raw,
+            raw,
             args.out,
             args.target_shard_bytes,
             encoding,
@@ -278,11 +295,13 @@ def main(args: argparse.Namespace) -> None:
             args.previous_name,
             compaction,
             args.selection_uri,
-            (args.rows_from, args.rows_of),
+            reads,
+            args.phase,
+            args.parts,
         )
         wall = time.perf_counter() - started
         log.info("%s in %.1f s", work, wall)
-        if args.rows_of > 1:
+        if args.phase == "map":
             return  # a map stage reports nothing: its part listing is the reduce stage's input
         pipes.report_asset_materialization(
             metadata={
@@ -299,6 +318,14 @@ def main(args: argparse.Namespace) -> None:
             },
             data_version=sha256_bytes((args.out / MANIFEST).read_bytes()),
         )
+
+
+def _encoding(args: argparse.Namespace) -> Encoding:
+    return Encoding(args.image_encoding, args.max_side, args.jpeg_quality)
+
+
+def _compaction(args: argparse.Namespace) -> Compaction:
+    return Compaction(args.compact_masked_share, args.merge_small_share, args.merge_rows_share)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,17 @@
 (SageMaker Training job; FSx for Lustre mounted as channel `shards`)
 
 Load a shard set's file contents from S3 into FSx for Lustre ahead of training and prove each shard
-is complete. With `--training-set`, the channel is the shard root and every listed shard of every
-source of the training set in that folder is loaded and verified. The file system already lists
-the files (the data repository association imported their metadata); `lfs hsm_restore` asks Lustre
-to fetch the contents of a batch of files in parallel, then every shard is verified against the
-manifest (size, sha256, rows), which also reads any file whose restore had not finished. Reports
-through Dagster Pipes.
+is complete, doing so only for the shards not proven yet. With `--training-set`, the channel is the
+shard root and the set's manifest (zero-shards/3) is in that folder, its shards listed by paths
+relative to it, anywhere under the root. The file system already lists the files (the data
+repository association imported their metadata). A shard with a recorded verdict that holds
+(lib/warm_verdicts: `.verified/<name>.json` beside it, the file unchanged since it was verified) is
+neither restored nor read: one `stat` (and one `lfs hsm_state` for all of them). For the others, and
+for a proven one Lustre released since (its data dropped to free space: a restore rewrites it), `lfs
+hsm_restore` asks Lustre to fetch the contents of a batch of files in parallel, then each is verified
+against the manifest (size, sha256, rows), which also reads any file whose restore had not finished,
+and its verdict is recorded. Reports through
+Dagster Pipes: shards, rows, bytes, and what was verified and what reused.
 
 There is no temporary name to fetch to here, as the local warm has: on Lustre a shard's name exists
 before its bytes, and a restore fills the file in place with its lake object's bytes, exactly. So a
@@ -24,17 +29,15 @@ copy back over it.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
-from training_code.lib import job_env
-from training_code.lib import training_set as ts
+from training_code.lib import job_env, warm_verdicts
 from training_code.lib.hashing import sha256_bytes
-from training_code.lib.shard_format import MANIFEST, ShardIntegrityError, verify_shard
+from training_code.lib.shard_format import MASKED, ShardIntegrityError, masked_keys, read_manifest, shard_path
 
 log = logging.getLogger("zero.warm")
 
@@ -52,7 +55,7 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def restore_in_batches(paths: list[str], batch_files: int, timeout_s: float) -> int:
-    """Request restores, then wait until no file is still `released`; returns how many were released."""
+    """Request restores, then wait until none of `paths` is still `released`; returns how many were asked."""
     lfs = shutil.which("lfs")
     if lfs is None:
         log.warning("`lfs` is not in this image: shards load lazily while they are verified")
@@ -60,46 +63,47 @@ def restore_in_batches(paths: list[str], batch_files: int, timeout_s: float) -> 
     for start in range(0, len(paths), batch_files):
         subprocess.run([lfs, "hsm_restore", *paths[start : start + batch_files]], check=True)
     deadline = time.monotonic() + timeout_s
-    while True:
-        states = subprocess.run([lfs, "hsm_state", *paths], check=True, capture_output=True, text=True).stdout
-        released = sum("released" in line for line in states.splitlines())
+    while paths:
+        released = len(released_files(paths))
         if released == 0:
-            return len(paths)
+            break
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"{released} of {len(paths)} shards still released after {timeout_s:.0f}s of hsm_restore"
             )
         log.info("%d of %d shards still loading", released, len(paths))
         time.sleep(10)
+    return len(paths)
 
 
-def listed_shards(root: Path, training_set: str | None) -> tuple[bytes, list[tuple[Path, dict]]]:
-    """The manifest's bytes and (folder, entry) of every shard it lists: a shard set's at the channel
-    root, or every source's of the training set in `training_set` (source folders relative to the root)."""
-    if training_set is None:
-        manifest_bytes = (root / MANIFEST).read_bytes()
-        return manifest_bytes, [(root, entry) for entry in json.loads(manifest_bytes)["shards"]]
-    folder = root / training_set
-    manifest_bytes = (folder / ts.MANIFEST).read_bytes()
-    manifest = json.loads(manifest_bytes)
-    if manifest.get("format") != ts.FORMAT:
-        raise ValueError(
-            f"{folder / ts.MANIFEST} is not a training-set manifest ({ts.FORMAT}); warm the training set again"
-        )
-    ts.excluded_keys(folder)  # the excluded rows are there and readable, or this job fails
-    return manifest_bytes, [
-        (root / source["folder"], entry) for source in manifest["sources"] for entry in source["shards"]
-    ]
+def released_files(paths: list[str]) -> list[str]:
+    """Those of `paths` whose data Lustre holds no copy of (`lfs hsm_state`: released); none without lfs."""
+    lfs = shutil.which("lfs")
+    if lfs is None or not paths:
+        return []
+    states = subprocess.run([lfs, "hsm_state", *paths], check=True, capture_output=True, text=True).stdout
+    return [line.split(":", 1)[0] for line in states.splitlines() if "released" in line]
 
 
-def damaged_shards(located: list[tuple[Path, dict]]) -> list[tuple[Path, ShardIntegrityError]]:
-    """(path, what is wrong) of every listed shard that does not match its manifest entry."""
+def listed_shards(root: Path, training_set: str | None) -> tuple[bytes, list[tuple[Path, dict]], int]:
+    """The manifest's bytes, (path, entry) of every shard it lists, resolved inside the channel root,
+    and the bytes of the files beside it (the masked rows): the set at the root, or in `training_set`."""
+    folder = root / training_set if training_set else root
+    manifest = read_manifest(folder)  # zero-shards/3, or an error naming the file
+    masked_keys(folder, manifest)  # the masked rows are there and are the ones listed, or this job fails
+    located = [(shard_path(folder, entry, root), entry) for entry in manifest["shards"]]
+    beside = (folder / MASKED).stat().st_size if MASKED in manifest.get("files", {}) else 0
+    return (folder / "manifest.json").read_bytes(), located, beside
+
+
+def verify_unproven(located: list[tuple[Path, dict]]) -> list[tuple[Path, ShardIntegrityError]]:
+    """Verify each (path, entry) in full and record its verdict; (path, what is wrong) of each that fails."""
     damaged = []
-    for folder, entry in located:
+    for path, entry in located:
         try:
-            verify_shard(folder, entry)
+            warm_verdicts.verify_and_record(path, entry)
         except ShardIntegrityError as error:
-            damaged.append((folder / entry["file"], error))
+            damaged.append((path, error))
     return damaged
 
 
@@ -123,9 +127,8 @@ def release_damaged(path: Path, lake_key: str) -> str:
     return "released: these are its lake object's bytes, so the shard is damaged in the lake"
 
 
-def fail_on_damaged(root: Path, located: list[tuple[Path, dict]]) -> None:
+def fail_on_damaged(root: Path, damaged: list[tuple[Path, ShardIntegrityError]], checked: int) -> None:
     """Raise `ShardIntegrityError` naming every damaged shard and what became of it, if there is one."""
-    damaged = damaged_shards(located)
     if not damaged:
         return
     described = [
@@ -133,34 +136,43 @@ def fail_on_damaged(root: Path, located: list[tuple[Path, dict]]) -> None:
     ]
     folders = sorted({f"arrow_shards/{path.parent.relative_to(root)}" for path, _ in damaged})
     raise ShardIntegrityError(
-        f"{len(damaged)} of {len(located)} shards under {root} do not match their manifest, and this warm vouches "
+        f"{len(damaged)} of {checked} shards under {root} do not match their manifest, and this warm vouches "
         f"for none of them: {'; '.join(described[:10])}{' ...' if len(described) > 10 else ''}. Rebuild the shard "
         f"sets where they are damaged in the lake (delete {', '.join(folders)} there and "
-        "rematerialize arrow_shards for the source), then warm again"
+        "rematerialize arrow_shards), then warm again"
     )
 
 
 def main(args: argparse.Namespace) -> None:
     with job_env.pipes_session() as pipes:
         root = job_env.channel_dir("shards")
-        manifest_bytes, located = listed_shards(root, args.training_set)
+        manifest_bytes, located, beside = listed_shards(root, args.training_set)
+        holds = [warm_verdicts.verdict_holds(path, entry) for path, entry in located]  # one stat each
+        # A proven shard Lustre released since (its data dropped for space) comes back by a restore, which
+        # rewrites the file: it is verified again with the unproven ones.
+        released = set(released_files([str(path) for (path, _), held in zip(located, holds) if held]))
+        proven = [shard for shard, held in zip(located, holds) if held and str(shard[0]) not in released]
+        pending = [shard for shard, held in zip(located, holds) if not held or str(shard[0]) in released]
         started = time.perf_counter()
-        restore_in_batches([str(folder / e["file"]) for folder, e in located], args.batch_files, args.restore_timeout_s)
+        restore_in_batches([str(path) for path, _ in pending], args.batch_files, args.restore_timeout_s)
         restored_s = time.perf_counter() - started
-        fail_on_damaged(root, located)
-        log.info("%d shards loaded and verified under %s", len(located), root)
-        # The bytes the trainer reads here: every shard, the manifest and (a training set's) excluded rows.
-        excluded = root / args.training_set / ts.EXCLUDED if args.training_set else None
+        fail_on_damaged(root, verify_unproven(pending), len(located))
+        for path, _ in proven:
+            warm_verdicts.note_reuse(path)
+        log.info("%d shards verified, %d on their recorded verdict, under %s", len(pending), len(proven), root)
         pipes.report_asset_materialization(
             metadata={
                 "dagster/row_count": sum(e["rows"] for _, e in located),
-                "dagster/size_bytes": sum(e["bytes"] for _, e in located)
-                + len(manifest_bytes)
-                + (excluded.stat().st_size if excluded else 0),
+                # The bytes the trainer reads here: every shard, the manifest and the masked rows.
+                "dagster/size_bytes": sum(e["bytes"] for _, e in located) + len(manifest_bytes) + beside,
                 "shards": len(located),
+                "verified": len(pending),
+                "verified_bytes": sum(e["bytes"] for _, e in pending),
+                "reused_verdicts": len(proven),
+                "restored_again": len(released),
                 "restore_s": round(restored_s, 1),
                 "verify_s": round(time.perf_counter() - started - restored_s, 1),
-                "verified": "size, sha256 and row count of every shard, read from the file system",
+                "verified_by": "size, sha256 and rows of every shard without a holding verdict, on the file system",
             },
             data_version=sha256_bytes(manifest_bytes),
         )

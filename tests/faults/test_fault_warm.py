@@ -24,69 +24,16 @@ from test_fault_s3_outage import FaultProxy
 
 from tests.local_s3 import LocalS3Server
 from tests.shard_sets import image_row, pack, write_manifest
-from training_code.lib import training_set as ts
 from training_code.lib.aws_clients import AwsUnavailableError
-from training_code.lib.hashing import sha256_bytes
 from training_code.lib.shard_format import ShardIntegrityError, verify_shard_file
-from training_code.lib.shard_writer import ShardWriter
-from training_code.lib.storage import join, write_bytes_atomic
 from zero_assets.backends.local.warm_state import warm_shard_set
+from zero_assets.backends.sagemaker.training_set_channel import write_channel_training_set
 
 FAULTS = Path(__file__).resolve().parent
 REPO = FAULTS.parents[1]
 SOURCE = "line_a_camera"
 CATEGORIES = [{"id": 1, "name": "widget"}]
 BUCKET = "zero-warm"
-
-
-def write_shard_set(folder: Path, shards: int = 3, rows: int = 4) -> list[dict]:
-    """A real shard set of `shards` shards (Arrow IPC, as the shard job writes them); returns its entries."""
-    entries = []
-    for index in range(shards):
-        with ShardWriter(folder, "train", 1 << 30, categories=CATEGORIES, first_index=index) as writer:
-            for row in range(rows):
-                key = f"{SOURCE}/lot_{index}/{row}.png"
-                writer.write(
-                    {
-                        "image": os.urandom(2048),
-                        "image_format": "PNG",
-                        "width": 64,
-                        "height": 48,
-                        "boxes": [[1.0, 2.0, 30.0, 40.0]],
-                        "category_ids": [1],
-                        "category_names": ["widget"],
-                        "source": SOURCE,
-                        "key": key,
-                        "sha256": sha256_bytes(key.encode()),
-                    }
-                )
-        entries += writer.entries
-    write_bytes_atomic(folder / "manifest.json", json.dumps({"format": "zero-shards/2", "shards": entries}).encode())
-    return entries
-
-
-def write_training_set(lake: str, shards_folder: str, entries: list[dict]) -> str:
-    """The training set of that one shard set (`training_set`'s layout): excluded rows, manifest last."""
-    uri = join(lake, "training_set/0123456789abcdef")
-    excluded = ts.excluded_parquet([])
-    source = {
-        "source": SOURCE,
-        "folder": SOURCE,
-        "shards_uri": join(lake, shards_folder),
-        "data_version": "d" * 64,
-        "categories": CATEGORIES,
-        "shards": entries,
-    }
-    manifest = {
-        "format": ts.FORMAT,
-        "data_version": "e" * 64,
-        "sources": [source],
-        "categories": CATEGORIES,
-        "files": {ts.EXCLUDED: {"bytes": len(excluded), "sha256": sha256_bytes(excluded)}},
-    }
-    write_bytes_atomic(join(uri, ts.EXCLUDED), excluded)
-    write_bytes_atomic(join(uri, ts.MANIFEST), json.dumps(manifest).encode())
-    return uri
 
 
 def rows(index: int) -> list[dict]:
@@ -100,15 +47,6 @@ def shard_set(tmp_path) -> tuple[Path, list[dict], str]:
     entries = [entry for index in range(3) for entry in pack(lake, "fp", "train", rows(index), 1 << 30)]
     uri = write_manifest(lake, "fp", entries)
     return Path(uri) / "shards", entries, uri
-
-
-@pytest.fixture
-def lake(tmp_path) -> tuple[Path, list[dict], str]:
-    """The FSx warm job's input (the layout training_code/warm.py reads today): one shard set of the
-    `zero-shards/2` layout and a training set of it: (shard set folder, entries, training set)."""
-    shards = tmp_path / "lake" / "arrow_shards" / SOURCE / "fp"
-    entries = write_shard_set(shards)
-    return shards, entries, write_training_set(str(tmp_path / "lake"), f"arrow_shards/{SOURCE}/fp", entries)
 
 
 def flip_a_byte(path: Path) -> None:
@@ -249,37 +187,37 @@ def test_a_rewarm_whose_s3_fetch_is_cut_mid_way_leaves_nothing_on_the_mount(s3_s
 
 
 @pytest.fixture
-def channel(lake, tmp_path) -> Path:
-    """The SageMaker channel of a warmed training set: the shard root, the training set in a folder of it."""
-    shards, _, training_set = lake
-    root = tmp_path / "shard_root"
-    shutil.copytree(shards, root / SOURCE)
-    shutil.copytree(training_set, root / "_training_sets" / "chosen")
-    return root
+def channel(tmp_path) -> tuple[Path, str, list[Path]]:
+    """The SageMaker channel of a warm shard set, as the warm step lays it out: the shard root (a copy
+    of the lake's arrow_shards/, standing in for FSx), the set's folder in it, and its shards there."""
+    lake = str(tmp_path / "lake")
+    entries = [entry for index in range(3) for entry in pack(lake, "fp", "train", rows(index), 1 << 30)]
+    uri = write_manifest(lake, "fp", entries, masked={entries[0]["path"]: [rows(0)[0]["key"]]})
+    found, _ = write_channel_training_set(uri, lake, "c" * 64)
+    root = tmp_path / "fsx" / "arrow_shards"
+    shutil.copytree(Path(lake) / "arrow_shards", root)
+    return root, found.folder, [root / "fp" / entry["path"] for entry in entries]
 
 
-def run_warm_job(root: Path, tmp_path: Path, lake_shards: Path, with_lfs: bool) -> subprocess.CompletedProcess:
+def run_warm_job(root: Path, folder: str, tmp_path: Path, with_lfs: bool) -> subprocess.CompletedProcess:
     """`python -m training_code.warm` on `root`, with `fake_lfs.py` as `lfs` (its archive: the lake) or without."""
     tools = tmp_path / "tools"
     tools.mkdir(exist_ok=True)
     lfs = tools / "lfs"
     lfs.write_text(f'#!/bin/sh\nexec {sys.executable} {FAULTS / "fake_lfs.py"} "$@"\n')
     lfs.chmod(0o755)
-    archive = tmp_path / "archive"
-    if not archive.exists():
-        shutil.copytree(lake_shards, archive / SOURCE)
     environment = {
         **os.environ,
         "SM_CHANNEL_SHARDS": str(root),
         "ZERO_OPT_ML": str(tmp_path / "opt_ml"),
         "FAKE_LFS_ROOT": str(root),
-        "FAKE_LFS_ARCHIVE": str(archive),
+        "FAKE_LFS_ARCHIVE": str(tmp_path / "lake" / "arrow_shards"),
         "FAKE_LFS_STATE": str(tmp_path / "lfs_state.json"),
         "PATH": os.pathsep.join([str(tools)] * with_lfs + [os.environ["PATH"]]),
     }
     environment.pop("DAGSTER_PIPES_CONTEXT", None)
     return subprocess.run(
-        [sys.executable, "-m", "training_code.warm", "--training-set", "_training_sets/chosen"],
+        [sys.executable, "-m", "training_code.warm", "--training-set", folder],
         cwd=REPO,
         env=environment,
         capture_output=True,
@@ -293,45 +231,66 @@ def lfs_states(tmp_path: Path) -> dict[str, str]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def test_the_fsx_warm_job_restores_released_shards_and_verifies_them(lake, channel, tmp_path):
-    shards, entries, _ = lake
-    released = {str(channel / SOURCE / e["file"]): "released" for e in entries}
-    for name in released:
-        size = Path(name).stat().st_size
-        Path(name).write_bytes(b"\0" * size)  # imported metadata, no bytes yet
+def reported(done: subprocess.CompletedProcess) -> dict:
+    """The metadata the job reported (outside a Pipes session, its materialization line on stdout)."""
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith('{"event": "materialization"'))
+    return json.loads(line)["metadata"]
+
+
+def test_the_fsx_warm_job_restores_and_verifies_only_shards_without_a_holding_verdict(channel, tmp_path):
+    root, folder, shards = channel
+    released = {str(path): "released" for path in shards}
+    for path in shards:
+        path.write_bytes(b"\0" * path.stat().st_size)  # imported metadata, no bytes yet
     (tmp_path / "lfs_state.json").write_text(json.dumps(released))
-    done = run_warm_job(channel, tmp_path, shards, with_lfs=True)
+    done = run_warm_job(root, folder, tmp_path, with_lfs=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert set(lfs_states(tmp_path).values()) == {"archived"}
-    assert '{"event": "materialization"' in done.stdout
+    first = reported(done)
+    assert (first["shards"], first["verified"], first["reused_verdicts"]) == (3, 3, 0)
+    assert all((path.parent / ".verified" / f"{path.name}.json").is_file() for path in shards)
+
+    # Again: every shard on its recorded verdict, none restored or read.
+    again = reported(run_warm_job(root, folder, tmp_path, with_lfs=True))
+    assert (again["verified"], again["verified_bytes"], again["reused_verdicts"]) == (0, 0, 3)
+    # One Lustre released since (its data dropped for space) is restored, which rewrites it: verified again.
+    (tmp_path / "lfs_state.json").write_text(json.dumps({str(shards[1]): "released"}))
+    released = reported(run_warm_job(root, folder, tmp_path, with_lfs=True))
+    assert (released["verified"], released["reused_verdicts"], released["restored_again"]) == (1, 2, 1)
+    # A shard edited on the file system since has no holding verdict: it alone is verified again.
+    shards[2].write_bytes(shards[2].read_bytes())  # the same bytes, a new mtime and ctime
+    third = reported(run_warm_job(root, folder, tmp_path, with_lfs=True))
+    assert (third["verified"], third["reused_verdicts"]) == (1, 2)
 
 
-def test_the_fsx_warm_job_releases_a_shard_damaged_in_the_lake_and_names_a_dirty_one(lake, channel, tmp_path):
-    shards, entries, _ = lake
-    in_lake, on_fsx = entries[0]["file"], entries[2]["file"]
-    flip_a_byte(shards / in_lake)  # the lake's object is damaged: a restore copied it faithfully
-    shutil.copyfile(shards / in_lake, channel / SOURCE / in_lake)
-    flip_a_byte(channel / SOURCE / on_fsx)  # written on the file system after its restore
-    (tmp_path / "lfs_state.json").write_text(json.dumps({str(channel / SOURCE / on_fsx): "dirty"}))
-    damaged_bytes = (channel / SOURCE / in_lake).read_bytes()
+def test_the_fsx_warm_job_releases_a_shard_damaged_in_the_lake_and_names_a_dirty_one(channel, tmp_path):
+    root, folder, shards = channel
+    archive = tmp_path / "lake" / "arrow_shards"
+    in_lake, on_fsx = shards[0], shards[2]
+    flip_a_byte(archive / in_lake.relative_to(root))  # the lake's object is damaged: a restore copied it faithfully
+    shutil.copyfile(archive / in_lake.relative_to(root), in_lake)
+    flip_a_byte(on_fsx)  # written on the file system after its restore
+    (tmp_path / "lfs_state.json").write_text(json.dumps({str(on_fsx): "dirty"}))
+    damaged_bytes = in_lake.read_bytes()
 
-    done = run_warm_job(channel, tmp_path, shards, with_lfs=True)
+    done = run_warm_job(root, folder, tmp_path, with_lfs=True)
     assert done.returncode != 0 and '"event": "materialization"' not in done.stdout
-    assert f"2 of 3 shards under {channel} do not match their manifest" in done.stderr
-    assert f"{channel / SOURCE / in_lake}: sha256" in done.stderr and "damaged in the lake" in done.stderr
-    assert f"{channel / SOURCE / on_fsx}: sha256" in done.stderr and "hsm state dirty" in done.stderr
-    assert f"delete arrow_shards/{SOURCE} there" in done.stderr
+    assert f"2 of 3 shards under {root} do not match their manifest" in done.stderr
+    assert f"{in_lake}: sha256" in done.stderr and "damaged in the lake" in done.stderr
+    assert f"{on_fsx}: sha256" in done.stderr and "hsm state dirty" in done.stderr
+    assert "delete arrow_shards/fp/shards there" in done.stderr
     # The file system keeps no loaded copy of the lake-damaged bytes; the dirty file stays (Lustre keeps it).
     states = lfs_states(tmp_path)
-    assert states[str(channel / SOURCE / in_lake)] == "released"
-    assert (channel / SOURCE / in_lake).read_bytes() != damaged_bytes
-    assert states[str(channel / SOURCE / on_fsx)] == "dirty" and (channel / SOURCE / on_fsx).is_file()
+    assert states[str(in_lake)] == "released" and in_lake.read_bytes() != damaged_bytes
+    assert states[str(on_fsx)] == "dirty" and on_fsx.is_file()
+    assert not (in_lake.parent / ".verified" / f"{in_lake.name}.json").exists(), "no verdict for a damaged shard"
 
 
-def test_the_fsx_warm_job_without_lfs_names_every_damaged_shard(lake, channel, tmp_path):
-    shards, entries, _ = lake
-    for entry in entries[:2]:
-        flip_a_byte(channel / SOURCE / entry["file"])
-    done = run_warm_job(channel, tmp_path, shards, with_lfs=False)
+def test_the_fsx_warm_job_without_lfs_names_every_damaged_shard(channel, tmp_path):
+    root, folder, shards = channel
+    for path in shards[:2]:
+        flip_a_byte(path)
+    done = run_warm_job(root, folder, tmp_path, with_lfs=False)
     assert done.returncode != 0 and '"event": "materialization"' not in done.stdout
     assert "2 of 3 shards" in done.stderr and done.stderr.count("cannot be released") == 2

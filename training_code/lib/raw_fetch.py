@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from .raw_files import RawRootChanged
 from .s3_storage import s3_call, s3_client, split_s3
-from .storage import key_problem
+from .storage import is_s3, key_problem
 
 log = logging.getLogger("zero.fetch")
 
@@ -133,3 +135,21 @@ def scratch_folder(opt_ml: Path) -> Path:
     volume = Path(opt_ml) / "processing"
     base = volume if volume.is_dir() and os.access(volume, os.W_OK) else None
     return Path(tempfile.mkdtemp(prefix="zero-fetched-", dir=base))
+
+
+@contextmanager
+def readable_root(
+    raw_uri: str, rows: list[tuple[str, int, str]], opt_ml: Path
+) -> Iterator[tuple[Path, Fetched | None]]:
+    """A local folder holding the objects of `rows` at their keys, and what was fetched: a local raw root
+    itself (read in place, nothing fetched), or, for an S3 one, a scratch folder they are fetched into
+    (`fetch_objects`), removed on exit."""
+    if not is_s3(raw_uri):
+        yield Path(raw_uri), None
+        return
+    scratch = scratch_folder(opt_ml)
+    try:
+        _, fetched = fetch_objects(raw_uri, rows, scratch)
+        yield scratch, fetched
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

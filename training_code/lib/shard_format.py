@@ -30,6 +30,7 @@ from PIL import Image, ImageOps
 
 from . import relative_paths, shard_hf
 from .hashing import sha256_file
+from .storage import join
 from .verified_read import read_verified
 
 MANIFEST = "manifest.json"
@@ -108,12 +109,12 @@ def verify_shard(folder: Path, entry: dict[str, Any], check_sha256: bool = True,
     verify_shard_file(shard_path(folder, entry, root), entry, check_sha256)
 
 
-def masked_keys(folder: Path, manifest: dict[str, Any]) -> dict[str, frozenset[str]]:
+def masked_keys(folder: str | Path, manifest: dict[str, Any]) -> dict[str, frozenset[str]]:
     """Shard path (as the manifest lists it) -> the keys of its rows that readers skip; read from
     `masked.parquet`, checked against the manifest's sha256. A set that names no such file masks none."""
     if MASKED not in manifest.get("files", {}):
         return {}
-    table = pq.read_table(io.BytesIO(read_verified(Path(folder) / MASKED)))
+    table = pq.read_table(io.BytesIO(read_verified(join(folder, MASKED))))  # a local folder or an s3:// one
     by_path: dict[str, set[str]] = {}
     for path, key in zip(table.column("path").to_pylist(), table.column("key").to_pylist()):
         by_path.setdefault(path, set()).add(key)

@@ -49,9 +49,15 @@ class Reads:
     objects: int
     bytes: int  # of the objects the job reads
     host_bytes: int  # what the busiest host of the job reads: its volume is sized for these
+    disk_factor: float = 1.0  # its disk needs per byte read (a pack also writes shards of about those bytes)
 
     def on(self, host_bytes: int) -> Reads:
         return replace(self, host_bytes=host_bytes)
+
+    @property
+    def disk_bytes(self) -> int:
+        """What the busiest host holds on its volume for these reads."""
+        return int(self.host_bytes * self.disk_factor)
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,9 @@ class JobRequest:
     instance_count: int = 1
     processes_per_host: int = 1  # training: torchrun's --nproc_per_node (SageMaker: one per GPU of the instance)
     reads: Reads | None = None  # what the job fetches by key (see `spread_over`), never an input prefix
+    # Outputs an earlier stage of the same materialization wrote into too (a map stage's shards): the job's
+    # files join them there instead of replacing the folder.
+    merged_outputs: tuple[str, ...] = ()
     launcher: Literal["torchrun", "python"] = "torchrun"  # training: torchrun, or one plain process per instance
     fsx_access: Literal["ro", "rw"] = "ro"  # training: how an FSx input is mounted
     stage: Literal["", "map", "reduce"] = ""  # one of the two jobs of a fanned-out materialization (see `fan_out`)
@@ -123,7 +132,11 @@ class FanOut:
     plan: Planner
     collected_input: str
     reads_input: str = "reads"
-    map_inputs: tuple[str, ...] = ("reads",)
+    map_inputs: tuple[str, ...] = ("reads",)  # those of them the request has
+    # The map stage writes into the asset's output itself (a pack's shards, which are not moved again) and
+    # hands on only its listing, as `collected_input`; else all it writes is the reduce stage's input.
+    map_keeps_output: bool = False
+    disk_factor: float = 1.0  # volume bytes per byte read (see Reads)
 
 
 @dataclass(frozen=True)
@@ -134,6 +147,11 @@ class Work:
     objects: int
     bytes: int
     host_bytes: Callable[[int], int]
+    disk_factor: float = 1.0
+
+    def disk_bytes(self, hosts: int) -> int:
+        """What the busiest of `hosts` hosts holds on its volume."""
+        return int(self.host_bytes(hosts) * self.disk_factor)
 
 
 def spread_over(
@@ -149,8 +167,10 @@ def spread_over(
     planned = spread.plan(request.inputs, request.arguments)
     if write:
         write_read_list(read_list_uri, planned)
-    work = Work(planned.objects, planned.read_bytes, planned.largest_part_bytes)
-    reads = Reads(read_list_uri, planned.raw_uri, planned.objects, planned.read_bytes, planned.read_bytes)
+    work = Work(planned.objects, planned.read_bytes, planned.largest_part_bytes, spread.disk_factor)
+    reads = Reads(
+        read_list_uri, planned.raw_uri, planned.objects, planned.read_bytes, planned.read_bytes, spread.disk_factor
+    )
     request = replace(request, inputs={**request.inputs, spread.reads_input: read_list_uri}, reads=reads)
     instances = instance_count(request, work)
     if instances < 2:
@@ -165,11 +185,10 @@ def fan_out(request: JobRequest, plan: FanOut, instances: int, work: Work) -> tu
     whatever the instance count; the map output sits in a `-map` folder beside the asset's output.
     The map stage's volume is sized for its busiest host; the reduce stage reads no image of the list.
     """
-    missing = [name for name in (plan.reads_input, *plan.map_inputs) if name not in request.inputs]
-    if missing or request.reads is None:
+    if plan.reads_input not in request.inputs or request.reads is None:
         raise ValueError(
-            f"{request.asset}: a fan-out needs its read list planned (`spread_over`) and the inputs "
-            f"{list(plan.map_inputs)}; missing {missing or ['the read list']}, inputs are {sorted(request.inputs)}"
+            f"{request.asset}: a fan-out needs its read list planned first (`spread_over`); "
+            f"its inputs are {sorted(request.inputs)}"
         )
     if instances < 2:
         raise ValueError(f"{request.asset}: a fan-out needs at least 2 instances, got {instances}")
@@ -178,9 +197,9 @@ def fan_out(request: JobRequest, plan: FanOut, instances: int, work: Work) -> tu
         request,
         stage="map",
         instance_count=instances,
-        inputs={name: request.inputs[name] for name in plan.map_inputs},
+        inputs={name: request.inputs[name] for name in plan.map_inputs if name in request.inputs},
         arguments={**request.arguments, "phase": "map"},
-        outputs={"out": collected},
+        outputs={**request.outputs, plan.collected_input: collected} if plan.map_keeps_output else {"out": collected},
         reads=request.reads.on(work.host_bytes(instances)),
     )
     reduced = replace(
@@ -190,6 +209,7 @@ def fan_out(request: JobRequest, plan: FanOut, instances: int, work: Work) -> tu
         inputs={**request.inputs, plan.collected_input: collected},
         arguments={**request.arguments, "phase": "reduce"},
         reads=request.reads.on(0),
+        merged_outputs=tuple(request.outputs) if plan.map_keeps_output else (),
     )
     return mapped, reduced
 

@@ -4,9 +4,10 @@ Fingerprints use the upstream data versions of the latest materializations when 
 (`instance_lookup`: the Dagster instance), so each request is the one the next materialization of
 that asset sends; otherwise a stand-in version per asset, so the names and prefixes have the right
 shape but the fingerprint parts differ from a real run. The per-source jobs are rendered for
-one source (`source`): each gets only that source's raw folder, its output under `<asset>/<source>/`.
-The training set's jobs read the shard root holding every chosen source's shard sets, told the
-training set's folder there (`--training-set`), so their requests do not depend on how many sources.
+one source (`source`), their outputs under `<asset>/<source>/`. A job that reads raw images (validation,
+packing) is planned as the runner plans it: its read list (what it fetches by key) from the upstream
+tables, its instances and volumes from that; it is never handed a raw prefix. The jobs after the shards
+read the shard root, told the set's folder there (`--training-set`).
 
 On a Training Plan, the training request carries its ARN and is preceded by the DescribeTrainingPlan
 the runner sends before launching. Without the plan as read (`training_plan`: render-jobs makes no AWS
@@ -27,20 +28,26 @@ from dagster import Config, DagsterInstance
 
 from training_code.lib.hashing import sha256_json
 from training_code.lib.read_list import ReadList, read_list_of
+from training_code.lib.storage import join
 from zero_assets.backends.sagemaker.code_package import build_code_package
 from zero_assets.backends.sagemaker.fsx import shards_on_fsx
-from zero_assets.backends.sagemaker.fsx_warm import association_params, import_task_params, warm_job_request
+from zero_assets.backends.sagemaker.fsx_warm import (
+    association_params,
+    import_task_params,
+    new_to_file_system,
+    warm_job_request,
+)
 from zero_assets.backends.sagemaker.job_params import build_job_params
 from zero_assets.backends.sagemaker.pipes_io import bootstrap_environment
 from zero_assets.backends.sagemaker.settings import TRAINING_ASSET, SageMakerSettings
 from zero_assets.backends.sagemaker.training_plan import TrainingPlan, launch_problems, plan_name, utc_now
-from zero_assets.backends.sagemaker.training_set_channel import channel_training_set
+from zero_assets.backends.sagemaker.training_set_channel import channel_shards, channel_training_set
 from zero_assets.backends.sagemaker.work_sizing import instances_for, read_list_uri
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput
 from zero_assets.core.job_request import FanOut, JobRequest, build_job_request, job_name, spread_over
 from zero_assets.core.settings import ZeroSettings, source_uri
 from zero_assets.defs.assets import ALL_ASSETS
-from zero_assets.defs.assets.arrow_shards import ShardConfig
+from zero_assets.defs.assets.arrow_shards import PACKING_SPREAD, ShardConfig
 from zero_assets.defs.assets.map_report import EvalConfig
 from zero_assets.defs.assets.trained_checkpoint import TrainConfig
 from zero_assets.defs.assets.validated_images import VALIDATION_SPREAD, ValidationConfig
@@ -164,7 +171,7 @@ def render_jobs(
         settings=settings,
         kind="processing",
         module="training_code.validate",
-        config=configs["validated_images"].model_dump(),
+        config=configs["validated_images"].job_config(source),
         upstream=[index],
         partition=source,
         inputs={"index": index.uri, **previous("validated_images")},
@@ -172,41 +179,49 @@ def render_jobs(
     planned(validation, VALIDATION_SPREAD, raw_uri, lookup("raw_image_index", source) is not None)
     selection = upstream("training_set")
     earlier = lookup("arrow_shards", None)  # the shard set whose shards it keeps, as the asset hands it over
-    add(
-        build_job_request(
-            "arrow_shards",
-            settings=settings,
-            kind="processing",
-            module="training_code.shard",
-            config=configs["arrow_shards"].model_dump(),
-            tracking={
-                "selection_uri": selection.uri,
-                **({"previous_name": earlier.uri.rstrip("/").rpartition("/")[2]} if earlier else {}),
-            },
-            upstream=[selection],
-            inputs={
-                "selection": selection.uri,
-                "raw": settings.raw_uri,
-                **({"previous": earlier.uri} if earlier else {}),
-            },
-        )
+    packing = build_job_request(
+        "arrow_shards",
+        settings=settings,
+        kind="processing",
+        module="training_code.shard",
+        config=configs["arrow_shards"].model_dump(),
+        tracking={
+            "selection_uri": selection.uri,
+            "raw_uri": settings.raw_uri,
+            **(
+                {"previous": earlier.uri, "previous_name": earlier.uri.rstrip("/").rpartition("/")[2]}
+                if earlier
+                else {}
+            ),
+        },
+        upstream=[selection],
+        inputs={"selection": selection.uri},
     )
+    planned(packing, PACKING_SPREAD, settings.raw_uri, lookup("training_set", None) is not None)
     shards = upstream("arrow_shards")
-    # The training set's jobs read the shard root, whatever the number of sources; its folder there is
-    # named by its data version.
-    chosen = upstream("training_set")
-    warm_uri = channel_training_set(settings.lake_uri, chosen.data_version).uri
+    # The training set's jobs read the shard root; the set is laid out in a folder there named by its data version.
+    channel = channel_training_set(settings.lake_uri, shards.data_version)
+    warm_uri = channel.uri
     if aws.fsx_enabled():
         fs_id, mount = aws.fsx_file_system_id, aws.fsx_mount_name
         location = shards_on_fsx(warm_uri, settings.lake_uri, fs_id, mount)
-        paths = [shards_on_fsx(shards.uri, settings.lake_uri, fs_id, mount).path, location.path]
+        # As the runner imports: the set's folder and the shards new to the file system (known from the lake
+        # with --from-instance; with stand-ins, the set's folder only).
+        new = (
+            new_to_file_system(channel, channel_shards(shards.uri, channel.root)[1], fs_id)
+            if lookup("arrow_shards", None)
+            else []
+        )
+        paths = [location.path] + [
+            shards_on_fsx(join(channel.root, key), settings.lake_uri, fs_id, mount).path for key in new
+        ]
         rendered.append(
             ("fsx_warm_state", "fsx", "CreateDataRepositoryAssociation", association_params(fs_id, settings.lake_uri))
         )
         rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryTask", import_task_params(fs_id, paths)))
-        add(warm_job_request(chosen, location, settings))
+        add(warm_job_request(shards, location, settings))
         warm_uri = location.uri
-    warm = UpstreamOutput("fsx_warm_state", warm_uri, chosen.data_version)
+    warm = UpstreamOutput("fsx_warm_state", warm_uri, shards.data_version)
     train = configs["trained_checkpoint"]
     add(
         build_job_request(

@@ -99,7 +99,8 @@ class LocalJobRunner(JobRunner):
             name,
             destination,
         ) in request.outputs.items():  # every host uploads its own files to one destination, as S3 outputs do
-            publish_output([paths[host][name] for host in hosts], destination, run_dir / "replaced")
+            merged = name in request.merged_outputs  # an earlier stage's files are there: join them
+            publish_output([paths[host][name] for host in hosts], destination, run_dir / "replaced", merged)
         return invocation, {
             "job_name": request.job_name,
             "backend": "local",
@@ -235,11 +236,12 @@ class LocalJobRunner(JobRunner):
         return [argument for folder in found.values() for argument in ("--training-set", folder)]
 
 
-def publish_output(staged: list[Path], destination: str, replaced: Path) -> None:
+def publish_output(staged: list[Path], destination: str, replaced: Path, merged: bool = False) -> None:
     """Move the staged output folders' files to `destination`, manifests last, leaving no copy behind.
 
     A local destination that already exists (an earlier attempt that never got its marker) is first
-    moved aside to `replaced`, under this run's folder, and deleted once the new files are in place.
+    moved aside to `replaced`, under this run's folder, and deleted once the new files are in place;
+    unless `merged`: an earlier stage of this materialization wrote there (a map stage's shards).
     Files move by rename on one file system; elsewhere (or to S3) they are copied, then the staged
     folder is removed."""
     if is_s3(destination):
@@ -248,7 +250,7 @@ def publish_output(staged: list[Path], destination: str, replaced: Path) -> None
             shutil.rmtree(folder)
         return
     target = Path(destination)
-    if target.exists():
+    if target.exists() and not merged:
         shutil.rmtree(replaced, ignore_errors=True)
         replaced.parent.mkdir(parents=True, exist_ok=True)
         os.rename(target, replaced)

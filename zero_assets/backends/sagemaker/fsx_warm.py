@@ -1,17 +1,29 @@
-"""`fsx_warm_state` on AWS: link the shard prefix to FSx for Lustre, import its metadata, load and
-verify the shards with a small job that mounts the file system. Without FSx: check the shard set
-on S3 against its manifest; training then reads S3 in FastFile mode.
+"""`fsx_warm_state` on AWS: link the shard prefix to FSx for Lustre, import the metadata of the shards
+that are new to the file system, restore and verify with a small job that mounts it the shards with no
+recorded verdict there (training_code/warm.py). Without FSx: check the shard set on S3 against its
+manifest (sizes, one listing per folder); training then reads S3 in FastFile mode.
+
+What is new to a file system: every shard the set lists that the set warmed on it last did not
+(`<root>/_training_sets/warm-<fs-id>.json` names that set, written after each warm). A refresh's new
+shards are a few files; a kept shard was imported and verified with the set that first listed it (and
+the association imports every new object of the linked prefix by itself).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import defaultdict
 
-from training_code.lib import training_set as ts
 from training_code.lib.shard_format import MANIFEST
-from training_code.lib.storage import join, list_objects, read_bytes
+from training_code.lib.storage import join, list_objects, read_bytes, write_bytes_atomic
 from zero_assets.backends.sagemaker.fsx import LINKED_PATH, FsxLocation, linked_s3_prefix
+from zero_assets.backends.sagemaker.training_set_channel import (
+    FILE_LIST,
+    TRAINING_SETS,
+    ChannelShard,
+    ChannelTrainingSet,
+)
 from zero_assets.core.fingerprints import UpstreamOutput
 from zero_assets.core.job_request import JobRequest
 from zero_assets.core.settings import ZeroSettings
@@ -23,29 +35,58 @@ ASSOCIATION_TIMEOUT_S = 1800
 IMPORT_TIMEOUT_S = 3 * 3600
 
 
-def verify_on_s3(shards_uri: str) -> dict:
-    """Every shard of the manifest present with the manifest's size (no download: sizes from the listing)."""
-    entries = json.loads(read_bytes(join(shards_uri, MANIFEST)))["shards"]
-    sizes = {obj.key: obj.size for obj in list_objects(shards_uri)}
-    wrong = [e["file"] for e in entries if sizes.get(e["file"]) != e["bytes"]]
+def verify_on_s3(root: str, shards: list[ChannelShard]) -> dict:
+    """Every listed shard present under the shard root with its manifest's size (no download: sizes
+    from one listing per folder holding a listed shard)."""
+    folders: dict[str, list[ChannelShard]] = defaultdict(list)
+    for shard in shards:
+        folders[shard.key.rpartition("/")[0]].append(shard)
+    wrong = []
+    for folder, listed in folders.items():
+        sizes = {obj.key: obj.size for obj in list_objects(join(root, folder))}
+        wrong += [s.key for s in listed if sizes.get(s.key.rpartition("/")[2]) != s.entry["bytes"]]
     if wrong:
         raise RuntimeError(
-            f"{len(wrong)} shards under {shards_uri} are missing or differ in size from {MANIFEST}: {wrong[:5]}"
+            f"{len(wrong)} shards under {root} are missing or differ in size from their set's {MANIFEST}: "
+            f"{wrong[:5]}; rematerialize arrow_shards"
         )
-    return {"shards": len(entries), "bytes": sum(e["bytes"] for e in entries), "rows": sum(e["rows"] for e in entries)}
-
-
-def counted_on_s3(channel_uri: str, shard_uris: list[str]) -> dict:
-    """Without FSx (training reads S3 in FastFile mode): every shard set verified on S3 (`verify_on_s3`),
-    counted as the FSx warm job (training_code.warm) counts it on the file system: rows and shards of
-    every shard set; bytes of every shard plus the manifest and excluded rows at `channel_uri`."""
-    counts = [verify_on_s3(uri) for uri in shard_uris]
-    listed = {o.key: o.size for o in list_objects(channel_uri)}
     return {
-        "rows": sum(c["rows"] for c in counts),
-        "bytes": sum(c["bytes"] for c in counts) + sum(listed.get(name, 0) for name in (ts.MANIFEST, ts.EXCLUDED)),
-        "shards": sum(c["shards"] for c in counts),
+        "shards": len(shards),
+        "bytes": sum(s.entry["bytes"] for s in shards),
+        "rows": sum(s.entry["rows"] for s in shards),
     }
+
+
+def counted_on_s3(channel: ChannelTrainingSet, shards: list[ChannelShard]) -> dict:
+    """Without FSx (training reads S3 in FastFile mode): the set verified on S3 (`verify_on_s3`),
+    counted as the FSx warm job (training_code.warm) counts it on the file system: rows and shards;
+    bytes of every shard plus the files at the set's folder (the manifest, the masked rows)."""
+    counts = verify_on_s3(channel.root, shards)
+    listed = {o.key: o.size for o in list_objects(channel.uri)}
+    return {**counts, "bytes": counts["bytes"] + sum(size for name, size in listed.items() if name != FILE_LIST)}
+
+
+def warmed_set_record(channel: ChannelTrainingSet, file_system_id: str) -> str:
+    """Where the last set warmed on `file_system_id` is recorded, under the shard root."""
+    return join(channel.root, f"{TRAINING_SETS}/warm-{file_system_id}.json")
+
+
+def new_to_file_system(channel: ChannelTrainingSet, shards: list[ChannelShard], file_system_id: str) -> list[str]:
+    """The keys below the root of the listed shards the set last warmed on the file system did not list
+    (all of them when none is recorded, or its record cannot be read)."""
+    try:
+        record = json.loads(read_bytes(warmed_set_record(channel, file_system_id)))
+        earlier = json.loads(read_bytes(join(channel.root, f"{record['folder']}/{MANIFEST}")))
+        known = {path.removeprefix("../../") for path in (e["path"] for e in earlier["shards"])}
+    except (FileNotFoundError, KeyError, ValueError):
+        return [shard.key for shard in shards]
+    return [shard.key for shard in shards if shard.key not in known]
+
+
+def record_warmed_set(channel: ChannelTrainingSet, file_system_id: str) -> None:
+    """After a warm that verified every shard of the set on the file system: it is the one to compare with."""
+    data = json.dumps({"folder": channel.folder, "file_system_id": file_system_id}).encode()
+    write_bytes_atomic(warmed_set_record(channel, file_system_id), data)
 
 
 def association_params(file_system_id: str, lake_uri: str) -> dict:
@@ -140,8 +181,8 @@ def _import_batch(fsx, file_system_id: str, paths: list[str], log) -> str:
 
 
 def warm_job_request(shards: UpstreamOutput, location: FsxLocation, settings: ZeroSettings) -> JobRequest:
-    """The job that loads and verifies a shard set, or every shard set of a training set (its folder
-    under the shard root, see training_set_channel), on the file system (one plain process, no torchrun)."""
+    """The job that restores and verifies a shard set (its folder under the shard root, see
+    training_set_channel) on the file system, reusing the verdicts recorded there (one plain process)."""
     from zero_assets.core.job_request import build_job_request
 
     return build_job_request(

@@ -23,7 +23,7 @@ from typing import Any
 
 from dagster import AssetExecutionContext, Failure, PipesClientCompletedInvocation
 
-from training_code.lib.storage import exists, fetch_file, publish_folder
+from training_code.lib.storage import exists, fetch_file, join, publish_folder
 from zero_assets.backends.job_runner import JobRunner, WarmedShards
 from zero_assets.backends.sagemaker.code_package import build_code_package, upload_code_package
 from zero_assets.backends.sagemaker.fsx import shards_on_fsx
@@ -31,6 +31,8 @@ from zero_assets.backends.sagemaker.fsx_warm import (
     counted_on_s3,
     ensure_association,
     import_metadata,
+    new_to_file_system,
+    record_warmed_set,
     warm_job_request,
 )
 from zero_assets.backends.sagemaker.job_params import build_job_params, model_artifact_uri
@@ -174,51 +176,50 @@ class SageMakerJobRunner(JobRunner):
         return read_list_uri(self.aws, request)
 
     def warm_location(self, shards: UpstreamOutput) -> str:
-        """The training set's folder under the shard root (see training_set_channel), on FSx when it is configured."""
+        """The shard set's folder under the shard root (see training_set_channel), on FSx when it is configured."""
         warm_uri = channel_training_set(self.settings.lake_uri, shards.data_version).uri
         if not self.aws.fsx_enabled():
             return warm_uri
         return shards_on_fsx(warm_uri, self.settings.lake_uri, self.aws.fsx_file_system_id, self.aws.fsx_mount_name).uri
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> WarmedShards:
-        """FSx configured: link, import, load and verify on the file system; else verify on S3.
+        """FSx configured: link, import the new shards' metadata, restore and verify on the file system what
+        has no recorded verdict there; else verify on S3.
 
-        A training set is laid out under the shard root (see training_set_channel): the jobs' input is
-        the root holding every chosen source's shard sets, the training-set manifest written last."""
-        channel, manifest = write_channel_training_set(shards.uri, self.settings.lake_uri, shards.data_version)
-        warm_uri, shard_uris = channel.uri, [source["shards_uri"] for source in manifest["sources"]]
-        base = {
-            "backend": "sagemaker",
-            "training_set_folder": channel.folder,
-            "sources": [s["source"] for s in manifest["sources"]],
-        }
+        The set is laid out under the shard root (see training_set_channel): the jobs' input is the root,
+        the set's folder there written with the manifest last; no shard is copied."""
+        channel, listed = write_channel_training_set(shards.uri, self.settings.lake_uri, shards.data_version)
+        base = {"backend": "sagemaker", "training_set_folder": channel.folder}
         if not self.aws.fsx_enabled():
             return WarmedShards(
-                location=warm_uri,
-                **counted_on_s3(warm_uri, shard_uris),
+                location=channel.uri,
+                **counted_on_s3(channel, listed),
                 paths={"shards_uri": shards.uri},
                 details={
                     "file_system": "none: training reads S3 in FastFile mode",
-                    "verified": "every shard of every manifest present on S3 with its size",
+                    "verified": "every listed shard present on S3 with its size",
                     **base,
                 },
             )
         fs_id, mount = self.aws.fsx_file_system_id, self.aws.fsx_mount_name
         lake = self.settings.lake_uri
-        location = shards_on_fsx(warm_uri, lake, fs_id, mount)
+        location = shards_on_fsx(channel.uri, lake, fs_id, mount)
         fsx = self.clients().fsx
         association = ensure_association(fsx, fs_id, lake, context.log)
-        paths = [shards_on_fsx(uri, lake, fs_id, mount).path for uri in shard_uris] + [location.path]
+        new = new_to_file_system(channel, listed, fs_id)
+        # Only what the file system does not list yet: the set's own folder and the shards new to it.
+        paths = [location.path] + [shards_on_fsx(join(channel.root, key), lake, fs_id, mount).path for key in new]
         import_tasks = import_metadata(fsx, fs_id, paths, context.log)
         request = warm_job_request(shards, location, self.settings)
         invocation, extra = self.run(context, request)
+        record_warmed_set(channel, fs_id)
         report = dict(invocation.get_materialize_result().metadata or {})
         counts = {key: _reported_count(report, name, request) for key, name in WARM_JOB_COUNTS.items()}
         return WarmedShards(
             location=location.uri,
             **counts,
             # gc keeps what a materialization names: the S3 side of the warm folder, not only its fsx:// name.
-            paths={"shards_uri": shards.uri, "warm_s3_uri": warm_uri},
+            paths={"shards_uri": shards.uri, "warm_s3_uri": channel.uri},
             details={
                 **report,
                 **extra,
@@ -226,13 +227,21 @@ class SageMakerJobRunner(JobRunner):
                 "file_system_id": fs_id,
                 "mount_path": location.directory_path,
                 "association_id": association,
+                "imported_new_shards": len(new),
                 "import_task_ids": import_tasks,
             },
         )
 
 
 # WarmedShards' counts, from the metadata keys the warm job (training_code.warm) reports them under.
-WARM_JOB_COUNTS = {"rows": "dagster/row_count", "bytes": "dagster/size_bytes", "shards": "shards"}
+WARM_JOB_COUNTS = {
+    "rows": "dagster/row_count",
+    "bytes": "dagster/size_bytes",
+    "shards": "shards",
+    "verified": "verified",
+    "verified_bytes": "verified_bytes",
+    "reused_verdicts": "reused_verdicts",
+}
 
 
 def _reported_count(report: dict[str, Any], key: str, request: JobRequest) -> int:

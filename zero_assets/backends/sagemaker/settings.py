@@ -48,7 +48,8 @@ class JobCompute(Config):
 DEFAULT_COMPUTE = {
     # 16 vCPUs decode ~250,000 photos in about a quarter of an hour; the volume holds them on top of 30 GB.
     "validated_images": JobCompute(instance_type="ml.c5.4xlarge", volume_size_gb=30, images_per_instance=250_000),
-    "arrow_shards": JobCompute(instance_type="ml.c5.4xlarge", volume_size_gb=500),
+    # A pack is I/O: ~100 GB an instance in well under an hour; each holds what it fetched and the shards it wrote.
+    "arrow_shards": JobCompute(instance_type="ml.c5.4xlarge", volume_size_gb=30, bytes_per_instance=100 * 10**9),
     "fsx_warm_state": JobCompute(instance_type="ml.m5.xlarge", volume_size_gb=30, max_runtime_s=6 * 3600),
     "trained_checkpoint": JobCompute(
         instance_type="ml.p4d.24xlarge", instance_count=2, volume_size_gb=200, max_runtime_s=5 * 24 * 3600

@@ -1,25 +1,35 @@
-"""A training set of any number of sources as one SageMaker input: the shard root.
+"""A shard set as one SageMaker input: the shard root, the set's folder inside it.
 
-Every source's shard sets live under the lake's shard root `<lake>/arrow_shards/` (linked to
-`/arrow_shards` on FSx for Lustre), so the training channel is that root: `FileSystemDataSource` on
-FSx, or the S3 prefix in FastFile mode, which fetches only the files the trainer opens. The warm
-step writes the training set beside the shard sets, at `<root>/_training_sets/<key>/`, with each
-source's `folder` rewritten relative to the root; the jobs are told that folder (`--training-set`).
-A source folder named `_training_sets` cannot collide: sources are the raw root's folders, and
-their shard sets sit one level deeper (`<root>/<source>/<fingerprint16>/`).
+Every arrow_shards output lives under the lake's shard root `<lake>/arrow_shards/` (linked to
+`/arrow_shards` on FSx for Lustre), and a set lists its shards by paths relative to its folder: its own
+(`shards/<name>`) and those it keeps from earlier sets (`../<fp16>/shards/<name>`), all under that
+root. So the training channel is the root: `FileSystemDataSource` on FSx, or the S3 prefix in FastFile
+mode, which fetches only the files the trainer opens. The warm step writes the set where the jobs are
+told to find it (`--training-set`), `<root>/_training_sets/<key>/`: its manifest with every shard's path
+rewritten relative to that folder (`../../<fp16>/shards/<name>`; no shard is copied or moved), the
+masked rows with the same paths, the file list for Processing jobs, the manifest last. A source folder
+or an output named `_training_sets` cannot collide: outputs are `<root>/<fingerprint16>/`.
 
-Processing jobs cannot mount FSx and must not download the whole root: they read the same bytes
-from S3 through a SageMaker manifest file (`files.manifest`) naming exactly the training set's
-files, which land under the input folder at their paths relative to the root.
+Processing jobs cannot mount FSx and must not download the whole root: they read the same bytes from
+S3 through a SageMaker manifest file (`files.manifest`) naming exactly the set's files, which land
+under the input folder at their paths relative to the root.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
+from typing import Any
 
-from training_code.lib import training_set as ts
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from training_code.lib import relative_paths
+from training_code.lib.hashing import sha256_bytes
+from training_code.lib.shard_format import FORMAT, MANIFEST, MASKED
 from training_code.lib.storage import join, read_bytes, write_bytes_atomic
+from training_code.lib.verified_read import read_verified
 from zero_assets.backends.sagemaker.fsx import linked_s3_prefix
 
 TRAINING_SETS = "_training_sets"
@@ -29,7 +39,7 @@ FILE_LIST = "files.manifest"  # S3DataType=ManifestFile: a prefix line, then key
 @dataclass(frozen=True)
 class ChannelTrainingSet:
     root: str  # the shard root the channel mounts: s3://<lake>/arrow_shards/ or fsx://<fs>/<mount>/arrow_shards
-    folder: str  # the training set inside it: "_training_sets/<key>"
+    folder: str  # the set inside it: "_training_sets/<key>"
 
     @property
     def uri(self) -> str:
@@ -37,7 +47,7 @@ class ChannelTrainingSet:
 
 
 def split_training_set(uri: str) -> ChannelTrainingSet | None:
-    """A warmed training set's URI as (shard root, folder inside it); None for any other URI."""
+    """A warm set's URI as (shard root, folder inside it); None for any other URI."""
     head, marker, key = uri.rstrip("/").rpartition(f"/{TRAINING_SETS}/")
     if not marker or not key or "/" in key:
         return None
@@ -45,30 +55,70 @@ def split_training_set(uri: str) -> ChannelTrainingSet | None:
 
 
 def channel_training_set(lake_uri: str, data_version: str) -> ChannelTrainingSet:
-    """Where the training set of `data_version` is laid out: `<lake>/arrow_shards/_training_sets/<key>/`,
+    """Where the shard set of `data_version` is laid out: `<lake>/arrow_shards/_training_sets/<key>/`,
     `<key>` the data version's first 16 characters."""
     return ChannelTrainingSet(linked_s3_prefix(lake_uri), f"{TRAINING_SETS}/{data_version[:16]}")
 
 
+@dataclass(frozen=True)
+class ChannelShard:
+    key: str  # below the shard root: "<fp16>/shards/<name>"
+    entry: dict[str, Any]  # its manifest entry, as the set lists it
+
+
 def write_channel_training_set(
-    training_set_uri: str, lake_uri: str, data_version: str
-) -> tuple[ChannelTrainingSet, dict]:
-    """Write the training set at its `channel_training_set` folder: excluded rows, the file list for
-    Processing jobs, and the manifest last, its source folders relative to the shard root.
-    Returns where it is on S3 and the manifest."""
+    shards_uri: str, lake_uri: str, data_version: str
+) -> tuple[ChannelTrainingSet, list[ChannelShard]]:
+    """Write the shard set at `shards_uri` (an arrow_shards output) at its `channel_training_set` folder:
+    masked rows, the file list for Processing jobs, the manifest last (see the module docstring).
+    Returns where it is on S3 and each listed shard's key below the root."""
     channel = channel_training_set(lake_uri, data_version)
-    root = channel.root
-    manifest = json.loads(read_bytes(join(training_set_uri, ts.MANIFEST)))
-    for source in manifest["sources"]:
-        if not source["shards_uri"].startswith(root):
-            raise ValueError(
-                f"source {source['source']}'s shard set {source['shards_uri']} is not under the shard root {root}; "
-                "was it written by another lake? Re-materialize its arrow_shards with this ZERO_LAKE_URI"
-            )
-        source["folder"] = source["shards_uri"][len(root) :].strip("/")
-    files = [f"{channel.folder}/{ts.EXCLUDED}", f"{channel.folder}/{ts.MANIFEST}"]
-    files += [f"{source['folder']}/{entry['file']}" for source in manifest["sources"] for entry in source["shards"]]
-    write_bytes_atomic(join(channel.uri, ts.EXCLUDED), read_bytes(join(training_set_uri, ts.EXCLUDED)))
-    write_bytes_atomic(join(channel.uri, FILE_LIST), json.dumps([{"prefix": root}, *files]).encode())
-    write_bytes_atomic(join(channel.uri, ts.MANIFEST), json.dumps(manifest, indent=1).encode())
-    return channel, manifest
+    manifest, shards = channel_shards(shards_uri, channel.root)
+    moved = {shard.entry["path"]: f"../../{shard.key}" for shard in shards}
+    files: dict[str, dict[str, Any]] = {}
+    if MASKED in manifest.get("files", {}):
+        masked = pq.read_table(io.BytesIO(read_verified(join(shards_uri, MASKED))))
+        paths = [moved[path] for path in masked.column("path").to_pylist()]  # as the rewritten manifest lists them
+        data = _parquet(masked.set_column(masked.schema.get_field_index("path"), "path", pa.array(paths, pa.string())))
+        write_bytes_atomic(join(channel.uri, MASKED), data)
+        files[MASKED] = {"bytes": len(data), "sha256": sha256_bytes(data)}
+    listed = [f"{channel.folder}/{name}" for name in (*files, MANIFEST)] + [shard.key for shard in shards]
+    write_bytes_atomic(join(channel.uri, FILE_LIST), json.dumps([{"prefix": channel.root}, *listed]).encode())
+    rewritten = {
+        **manifest,
+        "shards": [{**shard.entry, "path": moved[shard.entry["path"]]} for shard in shards],
+        "files": files,  # what the set's folder holds beside the manifest (the HF view stays in the lake's folder)
+        "shard_set": shards_uri,
+    }
+    write_bytes_atomic(join(channel.uri, MANIFEST), json.dumps(rewritten, indent=1, sort_keys=True).encode())
+    return channel, shards
+
+
+def channel_shards(shards_uri: str, root: str) -> tuple[dict[str, Any], list[ChannelShard]]:
+    """The manifest of the shard set at `shards_uri` and each shard it lists, with its key below `root`."""
+    manifest = json.loads(read_bytes(join(shards_uri, MANIFEST)))
+    if manifest.get("format") != FORMAT:
+        raise ValueError(
+            f"{join(shards_uri, MANIFEST)}: format {manifest.get('format')!r}, the warm step reads {FORMAT!r}; "
+            "rematerialize arrow_shards"
+        )
+    return manifest, [ChannelShard(_below_root(shards_uri, root, entry["path"]), entry) for entry in manifest["shards"]]
+
+
+def _below_root(shards_uri: str, root: str, path: str) -> str:
+    """The key below the shard root of the shard a manifest in `shards_uri` lists as `path`; refused
+    (ValueError naming both) when it leaves the root."""
+    try:
+        where = relative_paths.resolve(shards_uri.rstrip("/"), path, root=root.rstrip("/"))
+    except ValueError as error:
+        raise ValueError(
+            f"{join(shards_uri, MANIFEST)}: shard {path!r} is not under the shard root {root} ({error}); "
+            "was it written by another lake? Rematerialize arrow_shards with this ZERO_LAKE_URI"
+        ) from error
+    return where[len(root.rstrip("/")) + 1 :]
+
+
+def _parquet(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()

@@ -54,15 +54,16 @@ def instances_for(asset: str, compute: JobCompute, work: Work) -> int:
             f"{asset}: {compute_variable(asset, 'volume_size_gb')}={compute.volume_size_gb} leaves no room for "
             f"what it reads on SageMaker's largest volume ({MAX_VOLUME_GB} GB); lower it"
         )
-    count = min(most, max(count, math.ceil(work.bytes / room)))  # evenly split, the least that could fit
-    while volume_gb(compute, work.host_bytes(count)) > MAX_VOLUME_GB and count < most:
+    # Evenly split, the least count that could fit; then as many more as the busiest host needs.
+    count = min(most, max(count, math.ceil(work.bytes * work.disk_factor / room)))
+    while volume_gb(compute, work.disk_bytes(count)) > MAX_VOLUME_GB and count < most:
         count += 1
-    busiest = work.host_bytes(count)
+    busiest = work.disk_bytes(count)
     if volume_gb(compute, busiest) > MAX_VOLUME_GB:
         raise ValueError(
             f"{asset}: {work.objects} objects, {work.bytes / GIB:,.0f} GiB to read; on {count} instances "
             f"({compute_variable(asset, 'max_instance_count')}={compute.max_instance_count}) the busiest would "
-            f"read {busiest / GIB:,.0f} GiB, more than SageMaker's largest volume ({MAX_VOLUME_GB} GB) holds on "
+            f"hold {busiest / GIB:,.0f} GiB, more than SageMaker's largest volume ({MAX_VOLUME_GB} GB) holds on "
             f"top of {compute_variable(asset, 'volume_size_gb')}={compute.volume_size_gb}; raise "
             f"{compute_variable(asset, 'max_instance_count')}, or split the source"
         )
@@ -71,7 +72,7 @@ def instances_for(asset: str, compute: JobCompute, work: Work) -> int:
 
 def request_volume_gb(request: JobRequest, compute: JobCompute) -> int:
     """The volume of each instance of `request`: the base, plus what its busiest host fetches."""
-    return volume_gb(compute, request.reads.host_bytes if request.reads else 0)
+    return volume_gb(compute, request.reads.disk_bytes if request.reads else 0)
 
 
 def read_list_uri(aws: SageMakerSettings, request: JobRequest) -> str:

@@ -14,8 +14,10 @@ from pydantic import Field
 from training_code.lib.relative_paths import inside, resolve
 from training_code.lib.shard_format import MANIFEST, SHARD_SCHEMA
 from training_code.lib.storage import join, read_bytes
+from training_code.shard import planned_reads
 from zero_assets.backends.job_runner import JobRunner
 from zero_assets.core.fingerprints import FingerprintInputs, code_version
+from zero_assets.core.job_request import FanOut
 from zero_assets.core.output_marker import output_is_complete
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
@@ -27,6 +29,17 @@ from zero_assets.launch.upstream import latest_materializations, upstream_output
 
 # The job script: its code version (the script and what it imports) is the asset's, in the UI and the cache alike.
 SHARD_MODULE = "training_code.shard"
+
+# The job reads only the rows it packs, fetched by key (its read list, planned before launch from the selection and
+# the previous shard set); on several instances each packs its part into the set's own folder and one then writes
+# the manifest (see training_code/shard.py). A host holds what it fetched and the shards it wrote: twice the bytes.
+PACKING_SPREAD = FanOut(
+    plan=planned_reads,
+    collected_input="parts",
+    map_inputs=("reads", "selection"),
+    map_keeps_output=True,
+    disk_factor=2.0,
+)
 
 
 class ShardConfig(Config):
@@ -87,10 +100,16 @@ def arrow_shards(
         module=SHARD_MODULE,
         config=hyperparameters,
         # Arguments the fingerprint leaves out, as it leaves out the previous output itself: where the inputs
-        # are, never what the job computes from them.
-        tracking={"selection_uri": selection.uri, **({"previous_name": previous[1]} if previous else {})},
+        # are, never what the job computes from them. The previous set is read where it is (its manifest,
+        # rows and masks, never its shards), not handed over as an input SageMaker would download whole.
+        tracking={
+            "selection_uri": selection.uri,
+            "raw_uri": settings.raw_uri,
+            **({"previous": previous[0], "previous_name": previous[1]} if previous else {}),
+        },
         upstream=[selection],
-        inputs={"selection": selection.uri, "raw": settings.raw_uri, **({"previous": previous[0]} if previous else {})},
+        inputs={"selection": selection.uri},
+        spread=PACKING_SPREAD,
     )
 
 

@@ -1,0 +1,92 @@
+"""What a pack of the selection works from, and what its map stage hands on: the shard plan, the rows
+it packs (its read list), and the map hosts' listings.
+
+`plan_for` reads the selection and the earlier shard set (its manifest, rows.parquet and masked.parquet,
+never a shard; local paths or s3:// URIs alike) and plans with lib/shard_plan. `rows_to_pack` is the
+read list of that plan: the Dagster side writes it before launch (`training_code.shard.planned_reads`),
+the job checks it names every row it packs (`check_reads`) and reads nothing else. `collected_parts`
+gathers the listings the map hosts wrote (`part-<host>.json`: their shards' entries and rows).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import training_set as ts
+from .read_list import ReadList, read_list_of
+from .shard_format import FORMAT, MANIFEST, ROWS, ROWS_SCHEMA, masked_keys
+from .shard_plan import Compaction, PreviousSet, ShardPlan, plan_shards, rows_table
+from .shard_rows import label_digests
+from .storage import join, read_bytes
+from .tables import SPLITS
+from .verified_read import read_verified
+
+ANY_SIZE = 1 << 62  # packing reads every selected image, whatever its size (validation bounded it)
+
+
+def read_previous(folder: Path, name: str | None) -> PreviousSet:
+    """What the planner reads of an earlier set: its manifest, and unless it is of another format
+    (then nothing of it is kept) its rows and masked rows, checked against the manifest."""
+    manifest = json.loads(read_bytes(join(folder, MANIFEST)))
+    if not name:
+        raise ValueError(f"--previous {folder} needs --previous-name, the folder's name beside --out's")
+    if manifest.get("format") != FORMAT:
+        return PreviousSet(manifest, rows_table([]), frozenset(), name)
+    rows = pq.read_table(io.BytesIO(read_verified(join(folder, ROWS)))).cast(ROWS_SCHEMA)
+    masked = frozenset((path, key) for path, keys in masked_keys(folder, manifest).items() for key in keys)
+    return PreviousSet(manifest, rows, masked, name)
+
+
+def plan_for(
+    selection: str | Path,
+    config: dict[str, Any],
+    compaction: Compaction,
+    previous: str | Path | None,
+    previous_name: str | None,
+) -> tuple[dict[str, Any], pa.Table, dict[str, tuple[str, str, str]], ShardPlan]:
+    """The selection (its manifest and table), each selected row's identity, and the shard plan."""
+    chosen, table = ts.read_selection(selection)
+    keys = table.column("key").to_pylist()
+    identity = zip(table.column("split").to_pylist(), table.column("sha256").to_pylist(), label_digests(table))
+    selected = dict(zip(keys, identity))
+    groups = dict(zip(keys, zip(table.column("source").to_pylist(), table.column("group").to_pylist())))
+    earlier = read_previous(previous, previous_name) if previous else None
+    plan = plan_shards(selected, groups, chosen["categories"], config, compaction, earlier)
+    return chosen, table, selected, plan
+
+
+def rows_to_pack(table: pa.Table, plan: ShardPlan, raw_uri: str) -> ReadList:
+    """The read list of a pack: the (key, size, etag) of every row the plan packs."""
+    packed = pa.array([key for split in SPLITS for key in plan.to_pack.get(split, [])], pa.string())
+    rows = table.filter(pc.is_in(table.column("key"), packed)).select(["key", "size", "etag"])
+    return read_list_of(raw_uri, rows, ANY_SIZE)
+
+
+def check_reads(reads: ReadList, plan: ShardPlan) -> None:
+    """The job reads only what its read list names: every row the plan packs must be in it."""
+    named = set(reads.keys())
+    missing = [key for split in SPLITS for key in plan.to_pack.get(split, []) if key not in named]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} rows to pack are not in the read list (e.g. {missing[0]}): it was planned from "
+            "another selection or earlier shard set than this job reads; materialize arrow_shards again"
+        )
+
+
+def collected_parts(parts: Path) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """The entries and rows the map hosts packed, from their listings, in host order."""
+    listings = [json.loads(path.read_text()) for path in sorted(Path(parts).glob("part-*.json"))]
+    if not listings:
+        raise FileNotFoundError(f"{parts} holds no part-<host>.json: the map stage wrote nothing; check its job logs")
+    by_split = {split: i for i, split in enumerate(SPLITS)}
+    entries = sorted(
+        (e for listing in listings for e in listing["entries"]), key=lambda e: (by_split[e["split"]], e["path"])
+    )
+    return entries, [row for listing in listings for row in listing["rows"]]
