@@ -107,10 +107,15 @@ RUNS_FOLDER = "runs"  # under a materialization folder: one folder per Dagster r
 
 
 def materialization_folder(jobs_root: Path, request: JobRequest) -> Path:
+    """The folder of the output `request` builds (see `output_jobs_folder`)."""
+    return output_jobs_folder(jobs_root, request.asset, request.fingerprint)
+
+
+def output_jobs_folder(jobs_root: Path, asset: str, fingerprint: str) -> Path:
     """`<jobs root>/<asset>/<fingerprint[:16]>`: everything the jobs of one output keep on this machine,
     beside the output's own `<lake>/<asset>/<fingerprint[:16]>`: its lease (`lease.json`), training
     checkpoints (`checkpoints/`) and each run's job folders (`runs/<run id>/<job name>/`)."""
-    return Path(jobs_root) / request.asset / request.fingerprint[:16]
+    return Path(jobs_root) / asset / fingerprint[:16]
 
 
 # (inputs, arguments) of a request -> the read list of its job

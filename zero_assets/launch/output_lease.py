@@ -20,6 +20,7 @@ from typing import Any
 
 from training_code.lib.aws_clients import AwsUnavailableError
 from training_code.lib.storage import is_s3
+from zero_assets.core.job_request import output_jobs_folder
 from zero_assets.launch.file_lease import LEASE_FILE, FileLeaseStore
 from zero_assets.launch.lease_store import Lease, LeaseStore, stale_after_s
 from zero_assets.launch.s3_lease import OutputLeaseError, S3LeaseStore, s3_lease_uri
@@ -29,11 +30,11 @@ log = logging.getLogger("zero.lease")
 
 def output_lease_path(jobs_root: Path, asset: str, fingerprint: str, output: str) -> Path | str:
     """Where the lease of the output at `output` is kept: `<output>.lease.json` on S3 for an s3://
-    output; else `<jobs root>/<asset>/<fingerprint[:16]>/lease.json`, in the folder that also holds the
-    output's job folders and checkpoints (`core.job_request.materialization_folder`) on this machine."""
+    output; else `lease.json` in the folder that also holds the output's job folders and checkpoints
+    on this machine (`core.job_request.output_jobs_folder`)."""
     if is_s3(output):
         return s3_lease_uri(output)
-    return Path(jobs_root) / asset / fingerprint[:16] / LEASE_FILE
+    return output_jobs_folder(jobs_root, asset, fingerprint) / LEASE_FILE
 
 
 def lease_store(location: Path | str) -> LeaseStore:
