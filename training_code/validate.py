@@ -22,7 +22,10 @@ an image the list lacks (the list was planned for other decode settings).
 
 The raw root is untrusted: an unsafe key, a symlink out of the root or a file past the size limits
 costs that file one verdict (`unsafe_key`, `outside_root`, `too_large`) and is never read or decoded;
-an annotations file that cannot be used costs its source its labels, named in the unmatched table.
+a source whose annotations.json is missing or cannot be used fails before any decode, naming the
+file, unless --unlabelled-sources names it (lib/label_policy.py). An image with no entry in
+annotations.json is reported (unmatched table) and is no training image, unless its source is in
+--unlabelled-are-negatives; an image listed with no annotations is a negative.
 
 What the job reads must be what the index listed (lib/indexed_raw.py): each image is checked against
 its index row and each annotations.json against what the index's manifest recorded, as they are read.
@@ -63,6 +66,7 @@ from training_code.lib.image_checks import (
     DEFAULT_MAX_PIXELS,
 )
 from training_code.lib.inline_pictures import inline_picture, markdown_metadata
+from training_code.lib.label_policy import STATE_MEANINGS, source_list
 from training_code.lib.read_list import ReadList
 from training_code.lib.reason_meanings import IMAGE_REASONS, LABEL_REASONS, meaning
 from training_code.lib.validation_pass import PHASES, decode_part, decode_settings, validate
@@ -134,7 +138,21 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--max-annotation-bytes",
         type=int,
         default=DEFAULT_MAX_ANNOTATION_BYTES,
-        help="a larger annotations.json is not parsed; its source's images are reported without annotations",
+        help="a larger annotations.json is not parsed: its source fails, as for any unusable annotations.json",
+    )
+    parser.add_argument(
+        "--unlabelled-are-negatives",
+        type=source_list,
+        default="",
+        help="sources (comma-separated) whose images with no entry in annotations.json are negatives (no boxes); "
+        "elsewhere such an image is reported and not a training image",
+    )
+    parser.add_argument(
+        "--unlabelled-sources",
+        type=source_list,
+        default="",
+        help="sources (comma-separated) with no labels: annotations.json is not read, their images are validated "
+        "and reported, never training images; any other source without a usable annotations.json fails",
     )
     parser.add_argument(
         "--phase",
@@ -175,6 +193,7 @@ def report_metadata(
         "quarantine_rate": round(counts["quarantined"] / counts["images_in"], 4),
         "quarantined_by_reason": reason_table(counts["quarantined_by_reason"], IMAGE_REASONS),
         "labels_rejected_by_reason": reason_table(counts["labels_rejected_by_reason"], LABEL_REASONS),
+        "accepted_by_annotation": reason_table(counts["accepted_by_annotation"], STATE_MEANINGS),
         "validator_version": manifest["validator_version"],
         **work,  # decoded + reused == images_in: how much of the pass was incremental
         "validate_wall_s": round(wall_s, 3),

@@ -4,12 +4,11 @@ The validation pass reads them here (on one host, or in the reduce stage); the r
 source's annotations per file here (`count_source_annotations`), recording the file's size, etag and
 the sha256 of the bytes it parsed. What the pass reads must be those bytes (see `indexed_raw`): a file
 that changed, appeared or vanished since the index is `RawRootChanged`, and the run fails. A file that
-cannot be used costs its source its labels, with an error naming the file; the other sources go on.
+cannot be used is an error naming the file, which fails its source's validation (`label_policy`).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,14 +19,12 @@ from .indexed_raw import IndexedFile, ListedRoot, proven_copy_bytes
 from .raw_files import RawChanged, RawRootChanged, Refused, locate, read_limited, read_with_stat
 from .storage import is_s3, join, key_problem, local_etag, s3_call, s3_client, split_s3
 
-log = logging.getLogger("zero.validate")
-
 
 def load_annotations(
     raw: Path, sources: set[str], max_bytes: int, listed: ListedRoot
 ) -> tuple[dict[str, SourceAnnotations | None], dict[str, str]]:
-    """Each source's parsed COCO file, None for a source without a usable one (its images are all
-    unmatched); and for each source whose file exists but cannot be used, the error naming it.
+    """Each source's parsed COCO file, None for a source without a usable one; and for each source
+    whose file exists but cannot be used, the error naming it (`label_policy` fails such a source).
 
     Sources are those in the index (one source, for a per-source validation; another source's file
     under `raw` is not this output's business). A source folder whose name is not a safe key is
@@ -44,13 +41,10 @@ def load_annotations(
         try:
             data = read_checked_annotations(raw, source, max_bytes, listed)
             if data is None:
-                log.warning("source %r has no %s: all its images are reported as image_without_annotation", source, key)
                 continue
             parsed[source] = parse_annotations(source, data, key, max_bytes)
         except (AnnotationError, Refused, OSError) as error:
             errors[source] = annotation_error(key, error)
-    for _source, error in sorted(errors.items()):
-        log.error("%s; its images are reported as image_without_annotation, the other sources go on", error)
     return parsed, errors
 
 

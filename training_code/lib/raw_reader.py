@@ -92,7 +92,7 @@ class RawReader:
         self, sources: set[str], max_bytes: int
     ) -> tuple[dict[str, SourceAnnotations | None], dict[str, str]]:
         """Each source's parsed annotations.json (see `annotation_files.load_annotations`); on S3, a file
-        past `max_bytes` is not fetched, and its source loses its labels as a local one would."""
+        past `max_bytes` is not fetched, and its source fails as a local one would (`label_policy`)."""
         if self.local:
             return load_annotations(self.root, sources, max_bytes, self.listed)
         too_large: dict[str, str] = {}
@@ -108,8 +108,6 @@ class RawReader:
                 rows.append((key, indexed.size, indexed.etag))
         self.fetch(rows)
         parsed, errors = load_annotations(self.root, sources - set(too_large), max_bytes, self.listed)
-        for error in too_large.values():
-            log.error("%s; its images are reported as image_without_annotation, the other sources go on", error)
         return {**parsed, **dict.fromkeys(too_large)}, {**errors, **too_large}
 
     def thumbnails(self, quarantine: pd.DataFrame, index: pd.DataFrame, args: argparse.Namespace) -> list[Thumbnail]:

@@ -2,6 +2,9 @@
 
 The rules, in this order, decided on the validated tables' columns with pyarrow (never image bytes,
 never a Python object per row):
+0. labels: an image that is not annotated (no entry in its source's annotations.json, or a source
+   configured unlabelled: the accepted table's `annotation`, see label_policy) is excluded, unless its
+   source's validation treats such images as negatives; then it is a negative like any other.
 1. categories: with `categories` set, a row keeps only its boxes of those categories; an image that
    had boxes but none of them is excluded (it shows objects no label would name). An image with no
    boxes at all (a negative) is selected unless `negatives` is off.
@@ -27,7 +30,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .label_policy import EXCLUDED_BECAUSE, TRAINING_STATES
 from .training_set import EXCLUDED_SCHEMA, SELECTION_SCHEMA
+
+ANNOTATION = "annotation"  # the accepted table's column that says whether an image has labels to train on
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ class SelectionPolicy:
             "source_weights": dict(sorted(self.source_weights.items())),
             "categories": sorted(self.categories),
             "negatives": self.negatives,
+            "not_annotated": "an image with no entry in its source's annotations.json is excluded, unless the "
+            "source's validation treats such images as negatives (unlabelled_are_negatives)",
             "duplicates": "an exact duplicate (same sha256) is kept in the source whose name sorts first",
             "over_cap": "a source keeps the images whose sha256 sorts lowest",
         }
@@ -70,12 +78,14 @@ class Selection:
 
 
 def select_rows(rows: pa.Table, policy: SelectionPolicy) -> Selection:
-    """Apply the policy to the accepted rows of every chosen source (SELECTION_SCHEMA columns)."""
-    rows = rows.cast(SELECTION_SCHEMA).sort_by([("source", "ascending"), ("key", "ascending")])
-    rows, had_boxes, has_boxes = _keep_chosen_boxes(rows, set(policy.categories))
+    """Apply the policy to the accepted rows of every chosen source (SELECTION_SCHEMA columns, and
+    the accepted table's `annotation` where the rows come from validated sets)."""
+    rows, not_annotated = _annotated_only(rows.sort_by([("source", "ascending"), ("key", "ascending")]))
+    rows, had_boxes, has_boxes = _keep_chosen_boxes(rows.cast(SELECTION_SCHEMA), set(policy.categories))
     outside = (had_boxes > 0) & (has_boxes == 0)
     negative_off = (had_boxes == 0) & (not policy.negatives)
     excluded = [
+        not_annotated,
         _reasons(rows.filter(pa.array(outside)), "no box of the chosen categories"),
         _reasons(rows.filter(pa.array(negative_off)), "a negative (no boxes), and negatives are off"),
     ]
@@ -93,6 +103,25 @@ def select_rows(rows: pa.Table, policy: SelectionPolicy) -> Selection:
     selected = unique.filter(pa.array(~over))
     left_out = pa.concat_tables(excluded).sort_by([("source", "ascending"), ("key", "ascending")])
     return Selection(selected, left_out)
+
+
+def _annotated_only(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """The rows that have labels to train on (without the `annotation` column), and the excluded rows
+    of those that do not, each with why. Rows without the column (a selection's own) all have labels."""
+    if ANNOTATION not in rows.column_names:
+        return rows, _reasons(rows.slice(0, 0), "")
+    states = rows.column(ANNOTATION)
+    trains = pc.is_in(states, value_set=pa.array(TRAINING_STATES, pa.string()))
+    kept, left_out = rows.filter(trains), rows.filter(pc.invert(trains))
+    known = pc.index_in(left_out.column(ANNOTATION), value_set=pa.array(list(EXCLUDED_BECAUSE), pa.string()))
+    if known.null_count:
+        bad = left_out.filter(pc.is_null(known)).slice(0, 1).to_pylist()[0]
+        raise ValueError(
+            f"accepted row {bad['key']!r}: annotation {bad[ANNOTATION]!r} is none of "
+            f"{[*TRAINING_STATES, *EXCLUDED_BECAUSE]}; rematerialize validated_images of its source"
+        )
+    reasons = pc.take(pa.array(list(EXCLUDED_BECAUSE.values()), pa.string()), known)
+    return kept.drop_columns([ANNOTATION]), _reasons(left_out, reasons)
 
 
 def _one_chunk(column: pa.ChunkedArray) -> pa.Array:

@@ -13,6 +13,7 @@ import os
 import pandas as pd
 import pandera.pandas as pa
 
+from .label_policy import STATE_MEANINGS
 from .storage import write_bytes_atomic
 from .verified_read import read_verified
 
@@ -50,6 +51,8 @@ LABEL_REASONS = (
     "unknown_image",
 )
 SPLITS = ("train", "val")
+# What an accepted image's labels are (training_code/lib/label_policy.py): only the first two train.
+ANNOTATION_STATES = tuple(STATE_MEANINGS)
 
 _key = pa.Column(str, pa.Check.str_length(min_value=1))
 _sha = pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{64}$"))
@@ -83,6 +86,7 @@ ACCEPTED = pa.DataFrameSchema(
         "split": pa.Column(str, pa.Check.isin(list(SPLITS))),
         "boxes": pa.Column(object),  # list of [x1, y1, x2, y2], upright frame
         "category_names": pa.Column(object),  # list of str, one per box
+        "annotation": pa.Column(str, pa.Check.isin(list(ANNOTATION_STATES))),
     },
     unique=["key"],
     name="validated_images",

@@ -19,6 +19,14 @@ import pandera.pandas as pa
 from .coco import SourceAnnotations, annotated_files_without_image
 from .hashing import sha256_file
 from .image_checks import ImageVerdict
+from .label_policy import (
+    TRAINING_STATES,
+    UNLABELLED_SOURCE,
+    UNLISTED,
+    UNLISTED_NEGATIVE,
+    LabelPolicy,
+    annotation_counts,
+)
 from .labels import check_labels, vocabulary
 from .split import assign_splits, find_exact_duplicates
 from .storage import write_bytes_atomic
@@ -37,7 +45,7 @@ class ValidationOutputs:
     unmatched: pd.DataFrame
     categories: list[dict[str, Any]]
     counts: dict[str, Any]
-    annotation_errors: dict[str, str] = field(default_factory=dict)  # source -> why its annotations.json is unusable
+    label_policy: LabelPolicy = field(default_factory=LabelPolicy)
 
 
 def build_outputs(
@@ -46,10 +54,12 @@ def build_outputs(
     annotations: dict[str, SourceAnnotations | None],
     seed: int,
     val_fraction: float,
-    annotation_errors: dict[str, str] | None = None,
+    label_policy: LabelPolicy | None = None,
 ) -> ValidationOutputs:
-    """`annotation_errors`: source -> why its annotations.json could not be used (its images are
-    reported as without annotation, with that reason)."""
+    """`annotations`: each source's parsed annotations.json; None only for a source `label_policy` names
+    unlabelled (what `LabelPolicy.require_annotation_files` let through). Each accepted image records
+    its `annotation` state: whether it has labels to train on."""
+    label_policy = label_policy or LabelPolicy()
     missing = set(index["key"]) - set(verdicts)
     if missing:
         raise RuntimeError(f"no verdict for {len(missing)} indexed images, e.g. {sorted(missing)[:3]}")
@@ -79,8 +89,10 @@ def build_outputs(
             continue  # its labels go with the kept copy's; the duplicates table says which
         verdict = verdicts[row.key]
         parsed = annotations.get(row.source)
-        file_annotations = parsed.annotations_for(_file_name(row.source, row.key)) if parsed else []
-        labels = check_labels(
+        file_name = _file_name(row.source, row.key)
+        state = label_policy.state(row.source, parsed, file_name)
+        file_annotations = parsed.annotations_for(file_name) if parsed and state in TRAINING_STATES else []
+        checked = check_labels(
             row.key,
             file_annotations,
             parsed.categories if parsed else {},
@@ -88,7 +100,7 @@ def build_outputs(
             verdict.width,
             verdict.height,
         )
-        rejected_rows += labels.rejected
+        rejected_rows += checked.rejected
         accepted_rows.append(
             {
                 "source": row.source,
@@ -102,8 +114,9 @@ def build_outputs(
                 "orientation": verdict.orientation,
                 "group": row.group,
                 "split": "",
-                "boxes": labels.boxes,
-                "category_names": labels.category_names,
+                "boxes": checked.boxes,
+                "category_names": checked.category_names,
+                "annotation": state,
             }
         )
     accepted = _frame(accepted_rows, ACCEPTED)
@@ -113,40 +126,29 @@ def build_outputs(
         quarantine=_frame(quarantine_rows, QUARANTINE),
         duplicates=duplicates if len(duplicates) else empty_frame(DUPLICATES),
         rejected_labels=_frame(rejected_rows, REJECTED_LABELS),
-        unmatched=_frame(unmatched_rows(index, annotations, annotation_errors or {}), UNMATCHED),
+        unmatched=_frame(unmatched_rows(index, annotations, label_policy), UNMATCHED),
         categories=vocabulary([parsed.categories for parsed in annotations.values() if parsed]),
         counts={},
-        annotation_errors=dict(annotation_errors or {}),
+        label_policy=label_policy,
     )
     outputs.counts = count_outputs(index, outputs)
     return outputs
 
 
 def unmatched_rows(
-    index: pd.DataFrame, annotations: dict[str, SourceAnnotations | None], annotation_errors: dict[str, str]
+    index: pd.DataFrame, annotations: dict[str, SourceAnnotations | None], label_policy: LabelPolicy
 ) -> list[dict[str, str]]:
-    """Images with no COCO image entry, and COCO entries with annotations whose image is not in the index."""
+    """Images with no COCO image entry (each saying what that makes it), and COCO entries with
+    annotations whose image is not in the index."""
     rows = []
     for source, key in zip(index["source"], index["key"]):
         parsed = annotations.get(source)
-        if source in annotation_errors:
+        if parsed is None or _file_name(source, key) not in parsed.image_entries:
             rows.append(
                 {
                     "kind": "image_without_annotation",
                     "key": key,
-                    "detail": f"annotations.json unusable: {annotation_errors[source]}",
-                }
-            )
-        elif parsed is None:
-            rows.append(
-                {"kind": "image_without_annotation", "key": key, "detail": f"source {source!r} has no annotations.json"}
-            )
-        elif _file_name(source, key) not in parsed.image_entries:
-            rows.append(
-                {
-                    "kind": "image_without_annotation",
-                    "key": key,
-                    "detail": f"no image entry in {source}/annotations.json",
+                    "detail": label_policy.unmatched_detail(source, parsed),
                 }
             )
     for source, parsed in sorted(annotations.items()):
@@ -168,6 +170,7 @@ def unmatched_rows(
 def count_outputs(index: pd.DataFrame, outputs: ValidationOutputs) -> dict[str, Any]:
     accepted, quarantine, rejected = outputs.accepted, outputs.quarantine, outputs.rejected_labels
     labels_accepted = int(accepted["boxes"].map(len).sum()) if len(accepted) else 0
+    by_annotation = annotation_counts(accepted["annotation"])
     counts = {
         "images_in": len(index),
         "accepted": len(accepted),
@@ -184,7 +187,10 @@ def count_outputs(index: pd.DataFrame, outputs: ValidationOutputs) -> dict[str, 
         "train": int((accepted["split"] == "train").sum()),
         "val": int((accepted["split"] == "val").sum()),
         "categories": len(outputs.categories),
-        "annotation_files_unusable": len(outputs.annotation_errors),
+        # Accepted images by what their labels are (label_policy): only annotated and unlisted_negative ones train.
+        "accepted_by_annotation": by_annotation,
+        "images_not_annotated": by_annotation[UNLISTED] + by_annotation[UNLABELLED_SOURCE],
+        "unlisted_negatives": by_annotation[UNLISTED_NEGATIVE],
         # Quarantined through no fault of their bytes (RETRIED_REASONS): the next run reads them again.
         "images_to_retry": int(quarantine["reason"].isin(RETRIED_REASONS).sum()),
     }

@@ -26,6 +26,7 @@ from .hashing import sha256_bytes
 from .image_checks import ImageVerdict, check_image_file
 from .image_decoding import refuse_unsafe_keys
 from .indexed_raw import ListedRoot, read_listed_root
+from .label_policy import LabelPolicy
 from .output_manifest import RETRY_NEXT_TIME
 from .raw_files import RawRootChanged
 from .raw_reader import RawReader
@@ -102,7 +103,12 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         "max_image_bytes": args.max_image_bytes,
         "max_pixels": args.max_pixels,
         "max_annotation_bytes": args.max_annotation_bytes,
+        **label_policy(args).as_config(),
     }
+
+
+def label_policy(args: argparse.Namespace) -> LabelPolicy:
+    return LabelPolicy(args.unlabelled_are_negatives, args.unlabelled_sources)
 
 
 def decode_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -147,17 +153,19 @@ def validate(
     verdicts.update(refused)
     pending = index[index["key"].isin(to_decode)]
     reads = checked_reads(args, pending, listed.raw_uri)
-    sources = set(index["source"])
+    sources, labels = set(index["source"]), label_policy(args)
     with RawReader(listed, args.raw) as raw:
+        # Before any decode: a source without a usable annotations.json fails here (see label_policy).
+        annotations, errors = raw.annotations(labels.sources_to_read(sources), args.max_annotation_bytes)
+        labels.require_annotation_files(sources, annotations, errors, listed.raw_uri)
         if args.phase == "reduce":
             verdicts.update(collect_map_verdicts(args.decoded, pending))
         else:
             log.info("decoding %d images, reusing %d verdicts from %s", work["decoded"], work["reused"], args.previous)
             verdicts.update(raw.decode(reads, args, check))
-        annotations, errors = raw.annotations(sources, args.max_annotation_bytes)
         write_table(verdict_frame(index, verdicts), VERDICTS, args.out / VERDICTS_FILE)
         outputs = build_outputs(
-            index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction, annotation_errors=errors
+            index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction, label_policy=labels
         )
         files = write_outputs(outputs, args.out)
         check_quarantine_rate(outputs.counts, args.max_quarantine_rate, args.out)

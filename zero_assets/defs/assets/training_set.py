@@ -31,7 +31,7 @@ from dagster import (
 from pydantic import Field
 
 from training_code.lib import training_set as ts
-from training_code.lib.selection import Selection, SelectionPolicy, select_rows
+from training_code.lib.selection import ANNOTATION, Selection, SelectionPolicy, select_rows
 from training_code.lib.storage import join
 from training_code.lib.verdict_cache import VERDICTS_FILE
 from training_code.lib.verified_read import read_verified
@@ -146,10 +146,17 @@ def training_set(
 
 
 def accepted_rows(validated: UpstreamOutput) -> pa.Table:
-    """A source's accepted rows as selection columns: the accepted table (checked against its manifest)
-    with the etag each image was validated at, from the verdicts of the same run."""
+    """A source's accepted rows as selection columns and their `annotation` (whether each has labels to
+    train on): the accepted table (checked against its manifest) with the etag each image was validated
+    at, from the verdicts of the same run."""
     accepted_uri = join(validated.uri, "accepted.parquet")
-    accepted = pq.read_table(io.BytesIO(read_verified(accepted_uri)), columns=ACCEPTED_COLUMNS)
+    accepted_file = pq.ParquetFile(io.BytesIO(read_verified(accepted_uri)))
+    if ANNOTATION not in accepted_file.schema_arrow.names:
+        raise Failure(
+            f"{accepted_uri} has no {ANNOTATION!r} column (written before unannotated images were told from "
+            f"negatives); rematerialize validated_images for source {validated.partition}"
+        )
+    accepted = accepted_file.read(columns=[*ACCEPTED_COLUMNS, ANNOTATION])
     verdicts = pq.read_table(io.BytesIO(read_verified(join(validated.uri, VERDICTS_FILE))), columns=["key", "etag"])
     etags = pc.take(verdicts.column("etag"), pc.index_in(accepted.column("key"), value_set=verdicts.column("key")))
     rows = accepted.append_column("etag", etags)
@@ -158,7 +165,8 @@ def accepted_rows(validated: UpstreamOutput) -> pa.Table:
             f"{join(validated.uri, VERDICTS_FILE)}: {missing} accepted images of source {validated.partition} have "
             "no verdict row (no etag to read them at); rematerialize validated_images for that source"
         )
-    return rows.select(ts.SELECTION_SCHEMA.names).cast(ts.SELECTION_SCHEMA)
+    schema = ts.SELECTION_SCHEMA.append(pa.field(ANNOTATION, pa.string(), nullable=False))
+    return rows.select(schema.names).cast(schema)
 
 
 def write_selection(out: str, chosen: list[UpstreamOutput], policy: SelectionPolicy) -> MaterializeResult:
@@ -184,6 +192,7 @@ def write_selection(out: str, chosen: list[UpstreamOutput], policy: SelectionPol
     reasons = selection.excluded.column("reason")
     duplicates = pc.sum(pc.starts_with(reasons, "duplicate")).as_py() or 0
     over = pc.sum(pc.starts_with(reasons, "over")).as_py() or 0
+    not_annotated = pc.sum(pc.starts_with(reasons, "not annotated")).as_py() or 0
     splits = selection.selected.column("split")
     return MaterializeResult(
         metadata={
@@ -192,9 +201,10 @@ def write_selection(out: str, chosen: list[UpstreamOutput], policy: SelectionPol
             "sources": source_table(sources),
             "accepted": rows.num_rows,
             "excluded": selection.excluded.num_rows,
+            "not_annotated": not_annotated,
             "duplicates_across_sources": duplicates,
             "over_cap": over,
-            "outside_categories": selection.excluded.num_rows - duplicates - over,
+            "outside_categories": selection.excluded.num_rows - not_annotated - duplicates - over,
             "train": pc.sum(pc.equal(splits, "train")).as_py() or 0,
             "val": pc.sum(pc.equal(splits, "val")).as_py() or 0,
             "categories": len(categories),
@@ -230,7 +240,9 @@ SOURCE_COLUMNS = {
     "source": "the source (a raw_image_index partition)",
     "accepted": "images its validated set accepted",
     "selected": "images selected for training",
-    "excluded": "images left out: duplicates of another source's, over a cap, outside the chosen categories",
+    "excluded": (
+        "images left out: not annotated, duplicates of another source's, over a cap, outside the chosen categories"
+    ),
     "data_version": "data version of its validated_images materialization",
 }
 

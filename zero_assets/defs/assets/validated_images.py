@@ -1,6 +1,8 @@
 """`validated_images`: the corrupt-image pass over the index, run as a Processing job."""
 
-from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
+from typing import Any
+
+from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, MetadataValue, asset
 from pydantic import Field
 
 from training_code.lib.contact_sheet import SHEET_FILE
@@ -9,7 +11,7 @@ from training_code.validate import planned_reads
 from zero_assets.backends.job_runner import JobRunner
 from zero_assets.core.fingerprints import code_version
 from zero_assets.core.job_request import FanOut
-from zero_assets.core.settings import ZeroSettings
+from zero_assets.core.settings import ZeroSettings, zero_env
 from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.assets.raw_image_index import raw_image_index
 from zero_assets.defs.automation import EAGER
@@ -27,6 +29,22 @@ VALIDATE_MODULE = "training_code.validate"
 # from the index and the previous output); on several instances each decodes its part of them and one then
 # decides (see training_code/validate.py).
 VALIDATION_SPREAD = FanOut(plan=planned_reads, collected_input="decoded")
+
+# The per-source label settings (training_code/lib/label_policy.py). Their defaults come from these variables
+# when the code location loads, so a run automation launches (with no run config) keeps them.
+UNLABELLED_ARE_NEGATIVES_VAR = "ZERO_UNLABELLED_ARE_NEGATIVES"
+UNLABELLED_SOURCES_VAR = "ZERO_UNLABELLED_SOURCES"
+LABEL_SETTINGS = ("unlabelled_are_negatives", "unlabelled_sources")
+UNLABELLED_IMAGES = {
+    "excluded": "an image with no entry in annotations.json is reported and not a training image (the default)",
+    "negatives": "an image with no entry in annotations.json is a negative: trained with no boxes",
+    "unlabelled": "the source is unlabelled: annotations.json is not read; its images are validated, selected for none",
+}
+
+
+def sources_from_env(var: str) -> list[str]:
+    """Source names, comma-separated, from `var`; none when it is unset."""
+    return sorted({name.strip() for name in zero_env(var).split(",") if name.strip()})
 
 
 class ValidationConfig(Config):
@@ -49,9 +67,50 @@ class ValidationConfig(Config):
     max_annotation_bytes: int = Field(
         1 << 30,
         description=(
-            "A larger annotations.json is not parsed: its source loses its labels, reported as a label rejection."
+            "A larger annotations.json is not parsed: like any unusable annotations.json, its source fails "
+            "(unless it is in unlabelled_sources)."
         ),
     )
+    unlabelled_are_negatives: list[str] = Field(
+        sources_from_env(UNLABELLED_ARE_NEGATIVES_VAR),
+        description=(
+            "Sources whose images with no entry in annotations.json are negatives (trained with no boxes); in any "
+            "other source such an image is reported and never a training image. Default from "
+            f"{UNLABELLED_ARE_NEGATIVES_VAR} (comma-separated). Only the validated source's own entry reaches its "
+            "fingerprint."
+        ),
+    )
+    unlabelled_sources: list[str] = Field(
+        sources_from_env(UNLABELLED_SOURCES_VAR),
+        description=(
+            "Sources with no labels: their annotations.json is not read (none is needed), their images are "
+            "validated and reported, and none is selected for training. Any other source whose annotations.json "
+            f"is missing or unusable fails its validation. Default from {UNLABELLED_SOURCES_VAR} (comma-separated)."
+        ),
+    )
+
+    def unlabelled_images(self, source: str) -> str:
+        """How `source` takes images with no entry in annotations.json: a key of UNLABELLED_IMAGES."""
+        if source in self.unlabelled_are_negatives and source in self.unlabelled_sources:
+            raise Failure(
+                f"source {source} is in both unlabelled_are_negatives and unlabelled_sources: a source either has an "
+                "annotations.json whose unlisted images are negatives, or none at all; name it in one of them"
+            )
+        if source in self.unlabelled_sources:
+            return "unlabelled"
+        return "negatives" if source in self.unlabelled_are_negatives else "excluded"
+
+    def job_config(self, source: str) -> dict[str, Any]:
+        """The job's arguments (and the fingerprint's config) for `source`: the label settings narrowed to
+        this source, so another source's setting never changes this one's fingerprint; a setting that does
+        not name it is left out."""
+        config = self.model_dump(exclude=set(LABEL_SETTINGS))
+        mode = self.unlabelled_images(source)
+        if mode == "negatives":
+            config["unlabelled_are_negatives"] = source
+        elif mode == "unlabelled":
+            config["unlabelled_sources"] = source
+        return config
 
 
 @asset(
@@ -69,7 +128,12 @@ def validated_images(
 ) -> MaterializeResult:
     """Accepted images (sha256, size, format, mode, split, labels) and the quarantine, duplicate and
     label-rejection tables, with a contact sheet of the quarantined images that still decode."""
-    index = upstream_output(context, "raw_image_index", context.partition_key)
+    source = context.partition_key
+    registered = set(context.instance.get_dynamic_partitions(RAW_SOURCES.name))
+    for setting in LABEL_SETTINGS:
+        if unknown := sorted(set(getattr(config, setting)) - registered):
+            context.log.warning(f"validated_images config {setting} names sources {unknown} that are not registered")
+    index = upstream_output(context, "raw_image_index", source)
     # The previous output lets the job decode only new or changed images (see training_code/lib/verdict_cache).
     previous = previous_output(context)
     result = launch_job(
@@ -78,15 +142,16 @@ def validated_images(
         settings=settings,
         kind="processing",
         module=VALIDATE_MODULE,
-        config=config.model_dump(),
+        config=config.job_config(source),
         upstream=[index],
         inputs={"index": index.uri, **({"previous": previous} if previous else {})},
         spread=VALIDATION_SPREAD,
     )
+    mode = config.unlabelled_images(source)
+    extra = {"unlabelled_images": MetadataValue.text(f"{mode}: {UNLABELLED_IMAGES[mode]}")}
     shown = (result.metadata or {}).get("quarantined_images_shown")
-    if not getattr(shown, "value", shown):  # none drawn, or a hit on an output another run published
-        return result
-    # The job drew the full-size sheet beside the tables; its path is where the output was published.
-    out = str(result.metadata["dagster/uri"].value).rstrip("/")
-    sheet = {"quarantine_contact_sheet_png": MetadataValue.path(f"{out}/{SHEET_FILE}")}
-    return MaterializeResult(metadata={**result.metadata, **sheet}, data_version=result.data_version)
+    if getattr(shown, "value", shown):  # none drawn, or a hit on an output another run published: no sheet
+        # The job drew the full-size sheet beside the tables; its path is where the output was published.
+        out = str(result.metadata["dagster/uri"].value).rstrip("/")
+        extra["quarantine_contact_sheet_png"] = MetadataValue.path(f"{out}/{SHEET_FILE}")
+    return MaterializeResult(metadata={**(result.metadata or {}), **extra}, data_version=result.data_version)
