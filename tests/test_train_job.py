@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageDraw
+from wandb_offline import offline_runs
 
+from training_code.lib import wandb_artifacts
 from training_code.lib.detection_data import (
     Augmentation,
     ShardDetectionStream,
@@ -28,6 +30,7 @@ from training_code.lib.detection_data import (
 )
 from training_code.lib.detection_samples import verified_split
 from training_code.lib.model import build_model, model_config
+from training_code.lib.model_version import model_version, payload_version
 from training_code.lib.shard_format import FORMAT, MANIFEST, ShardIntegrityError
 from training_code.lib.shard_writer import ShardWriter
 
@@ -314,7 +317,8 @@ def test_torchrun_trains_writes_the_model_and_resumes_from_the_latest_checkpoint
     assert payload["model_config"]["arch"] == "fcos_tiny" and payload["args"]["batch_size"] == 2
     build_model(payload["model_config"]).load_state_dict(payload["model"])
     report = next(json.loads(line) for line in first.stdout.splitlines() if '"materialization"' in line)
-    assert report["data_version"] == hashlib.sha256(model_file.read_bytes()).hexdigest()
+    assert report["data_version"] == payload_version(payload), "the data version is what was trained"
+    assert report["metadata"]["model_sha256"] == hashlib.sha256(model_file.read_bytes()).hexdigest()
     assert report["metadata"]["steps"] == 4 and report["metadata"]["world_size"] == 2
     assert report["metadata"]["images_seen"] == 4 * 2 * 2
     for key in ("images_per_s", "final_loss", "wall_s", "data_wait_fraction", "arch", "bad_samples_skipped"):
@@ -323,7 +327,7 @@ def test_torchrun_trains_writes_the_model_and_resumes_from_the_latest_checkpoint
     assert len(offline_runs) == 1, "wandb is offline by default, under the job's output data folder"
     assert not (REPO / "wandb").exists(), "nothing is written into the repository"
     assert (
-        json.loads((tmp_path / "model" / "training_summary.json").read_text())["model_sha256"] == report["data_version"]
+        json.loads((tmp_path / "model" / "training_summary.json").read_text())["data_version"] == report["data_version"]
     )
     assert len(events(first.stderr, "train")) == 4, "one structured line per step from rank 0 only"
 
@@ -337,6 +341,74 @@ def test_torchrun_trains_writes_the_model_and_resumes_from_the_latest_checkpoint
     assert (
         resumed_report["metadata"]["resumed_from_step"] == 4 and resumed_report["metadata"]["images_seen"] == 6 * 2 * 2
     )
+
+
+def materialization(stdout: str) -> dict:
+    return next(json.loads(line) for line in stdout.splitlines() if '"materialization"' in line)
+
+
+def test_two_trainings_that_end_with_equal_weights_have_one_data_version(tmp_path, shards):
+    reports, files = [], []
+    for name in ("first", "second"):  # the same configuration and seed, from scratch, on CPU
+        done = torchrun(job_environment(tmp_path / name, shards), "--max-steps", "3", "--checkpoint-every", "3")
+        assert done.returncode == 0, done.stderr[-3000:]
+        reports.append(materialization(done.stdout))
+        files.append((tmp_path / name / "model" / "model.pt").read_bytes())
+    assert reports[0]["data_version"] == reports[1]["data_version"]
+    assert files[0] == files[1], "model.pt's bytes too: its archive records no temporary file name"
+
+
+def test_the_data_version_is_the_weights_config_and_step_only():
+    config = model_config("fcos_tiny", CATEGORIES, width=16, fpn_channels=32)
+    torch.manual_seed(0)
+    model = build_model(config)
+    state = model.state_dict()
+    base = model_version(state, config, 5)
+    assert model_version({name: tensor.clone() for name, tensor in state.items()}, config, 5) == base
+    assert model_version(model.to(memory_format=torch.channels_last).state_dict(), config, 5) == base, "any layout"
+    assert model_version(state, config, 6) != base
+    renamed = model_config("fcos_tiny", [CATEGORIES[0], {"id": 2, "name": "disc"}], width=16, fpn_channels=32)
+    assert model_version(state, renamed, 5) != base
+    first = next(name for name, tensor in state.items() if tensor.is_floating_point())
+    assert model_version({**state, first: state[first] + 1e-6}, config, 5) != base
+
+
+def test_attempts_of_one_graph_job_log_into_one_wandb_run(tmp_path, shards):
+    job = "zero-trained-checkpoint-0123456789abcdef"  # job names as both backends give them, less the attempt
+    env = job_environment(tmp_path, shards)
+    steps = ["--max-steps", "4", "--checkpoint-every", "4"]
+    stopped = torchrun({**env, "ZERO_JOB_NAME": f"{job}-a1"}, *steps, "--stop-after-steps", "2")
+    assert stopped.returncode != 0 and "forced stop at step 2" in stopped.stderr, stopped.stderr[-3000:]
+    resumed = torchrun({**env, "ZERO_JOB_NAME": f"{job}-a2"}, *steps)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [e["step"] for e in events(resumed.stderr, "resumed")] == [2]
+
+    runs = offline_runs(tmp_path / "opt_ml" / "output" / "data" / "wandb")
+    assert [run["run_id"] for run in runs] == [job, job], "the second attempt continues the first one's run"
+    assert runs[1]["history"]["_step"] == 4
+    reported = materialization(resumed.stdout)
+    report = reported["metadata"]
+    assert report["wandb_run_id"] == job and report["wandb_model_artifact"] == "model-0123456789abcdef"
+    used = [run["used"] for run in runs]
+    assert used[0] == used[1] and list(used[0]) == [report["wandb_shard_set_artifact"]], used
+    shard_set = runs[1]["artifacts"][report["wandb_shard_set_artifact"]]
+    assert shard_set.type == "dataset" and {entry.path for entry in shard_set.manifest.contents} == {
+        "manifest.json",
+        *(
+            f"shards/{entry['path'].rpartition('/')[2]}"
+            for entry in json.loads((shards / "manifest.json").read_text())["shards"]
+        ),
+    }
+    assert all(entry.ref.startswith("file://") and not entry.local_path for entry in shard_set.manifest.contents), (
+        "pointers, no copy"
+    )
+    assert list(runs[1]["logged"]) == ["model-0123456789abcdef"]
+    model = runs[1]["artifacts"]["model-0123456789abcdef"]
+    assert model.type == "model" and json.loads(model.metadata)["data_version"] == reported["data_version"]
+    assert [entry.path for entry in model.manifest.contents] == ["model.pt"] and not model.manifest.contents[
+        0
+    ].local_path
+    assert wandb_artifacts.run_id("test-train") is None, "a job named by hand gets an id of W&B's"
 
 
 def test_a_non_finite_loss_fails_the_job_naming_the_step(tmp_path, shards):

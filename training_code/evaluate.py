@@ -21,11 +21,12 @@ from typing import Any
 
 import torch
 
-from training_code.lib import job_env, wandb_run
+from training_code.lib import job_env, wandb_artifacts, wandb_run
 from training_code.lib.coco_eval import score_detections
 from training_code.lib.detection_samples import EvalSample, iter_eval_samples, verified_split
 from training_code.lib.inline_pictures import inline_picture, markdown_metadata
-from training_code.lib.model import load_model_file
+from training_code.lib.model import MODEL_FILE, load_model_file
+from training_code.lib.model_version import payload_version
 from training_code.lib.output_manifest import write_output_manifest
 from training_code.lib.report_plots import (
     SamplePicture,
@@ -147,7 +148,8 @@ def predict(
     return images, annotations, predictions, pictures
 
 
-def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Score the model; return the metrics, the report's other metadata and the model file's payload."""
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
@@ -184,11 +186,15 @@ def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
         ["ground_truth.json", "predictions.json", "metrics.json", "pr_curve.png", "sample_predictions.png"],
         format="zero-eval/1",
     )
-    return metrics, {
-        "eval_wall_s": round(time.perf_counter() - started, 2),
-        "device": str(device),
-        **inline_pictures(metrics["pr_curve"], pictures),
-    }
+    return (
+        metrics,
+        {
+            "eval_wall_s": round(time.perf_counter() - started, 2),
+            "device": str(device),
+            **inline_pictures(metrics["pr_curve"], pictures),
+        },
+        payload,
+    )
 
 
 def inline_pictures(curve: dict[str, Any], pictures: list[SamplePicture]) -> dict[str, Any]:
@@ -230,11 +236,23 @@ def per_class_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def track(args: argparse.Namespace, metrics: dict[str, Any]) -> dict[str, Any]:
-    """Log the metrics to a W&B run in the checkpoint's group; what is recorded of it (see wandb_run.recorded)."""
+def track(args: argparse.Namespace, metrics: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    """Log the metrics to a W&B run in the checkpoint's group, which uses the shard set and the model
+    (the artifact training logged, when it names one); what is recorded of it (see wandb_run.recorded)."""
     run = wandb_run.start(args, job_type="evaluation", config={"model_step": metrics["model_step"]})
+    used: dict[str, str] = {}
     if run is not None:
         try:
+            shard_set = wandb_artifacts.shard_set_artifact(args.shards, args.training_set)
+            wandb_artifacts.use(run, shard_set)
+            used["shard_set_artifact"] = shard_set.name
+            if args.wandb_model_artifact:
+                model_file = (args.model if args.model.is_dir() else args.model.parent) / MODEL_FILE
+                model = wandb_artifacts.model_artifact(
+                    args.wandb_model_artifact, model_file, payload, payload_version(payload)
+                )
+                wandb_artifacts.use(run, model)
+                used["model_artifact"] = model.name
             per_class = per_class_rows(metrics)
             run.summary.update({name: float(metrics[name]) for name in SUMMARY_METRICS if metrics[name] is not None})
             run.summary.update({f"AP/{row['category']}": row["AP"] for row in per_class if row["AP"] is not None})
@@ -250,7 +268,7 @@ def track(args: argparse.Namespace, metrics: dict[str, Any]) -> dict[str, Any]:
             )
         finally:
             run.finish()
-    return wandb_run.recorded(args, run)
+    return {**wandb_run.recorded(args, run), **used}
 
 
 def report(pipes, metrics: dict[str, Any], run_info: dict[str, Any], metrics_path: Path) -> None:
@@ -293,8 +311,8 @@ def main(args: argparse.Namespace) -> None:
     if problem:
         raise SystemExit(problem)
     with job_env.pipes_session() as pipes:
-        metrics, run_info = evaluate_model(args)
-        tracking = track(args, metrics)
+        metrics, run_info, payload = evaluate_model(args)
+        tracking = track(args, metrics, payload)
         report(pipes, metrics, {**run_info, **wandb_run.report_metadata(tracking)}, args.out / "metrics.json")
 
 

@@ -20,14 +20,13 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from training_code.lib import job_env, wandb_run
+from training_code.lib import job_env, wandb_artifacts, wandb_run
 from training_code.lib.checkpoints import log_event, prepare_folder, resume_if_possible, save_checkpoint
 from training_code.lib.detection_data import Augmentation, ShardDetectionStream, build_train_loader
 from training_code.lib.detection_samples import ShardRef, verified_split
 from training_code.lib.distributed import DistributedContext, all_reduce_sum, distributed_session
-from training_code.lib.model import ARCHITECTURES, DEFAULT_ARCH, build_model, model_config, save_model_file
-from training_code.lib.output_manifest import write_output_manifest
-from training_code.lib.shard_format import sha256_file
+from training_code.lib.model import ARCHITECTURES, DEFAULT_ARCH, build_model, model_config
+from training_code.lib.model_output import publish_model
 from training_code.lib.train_step import StopRequest, train_step
 
 
@@ -145,8 +144,9 @@ class ProgressReport:
 
 def train(
     args: argparse.Namespace, ctx: DistributedContext, pipes
-) -> tuple[dict[str, Any], torch.nn.Module, dict[str, Any]]:
-    """Run (or finish) training; return the summary, the unwrapped model and its config."""
+) -> tuple[dict[str, Any], torch.nn.Module, dict[str, Any], Any]:
+    """Run (or finish) training; return the summary, the unwrapped model, its config and the W&B run
+    (rank 0, when tracking), still open for the model artifact (a failure finishes it as failed)."""
     started = time.perf_counter()
     torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // ctx.local_world_size))
     manifest, shards = verified_split(
@@ -188,6 +188,10 @@ def train(
     # Rank 0 tracks; SageMaker uploads its output data folder (the default offline location) with the job.
     tracker = wandb_run.start(args, job_type="training", config={"model_config": config}) if ctx.is_main else None
     tracking = wandb_run.recorded(args, tracker)
+    if tracker is not None:
+        shard_set = wandb_artifacts.shard_set_artifact(job_env.channel_dir("train"), args.training_set)
+        wandb_artifacts.use(tracker, shard_set)
+        tracking["shard_set_artifact"] = shard_set.name
     stop = StopRequest()
 
     def checkpoint_state(at_step: int) -> dict[str, Any]:
@@ -250,13 +254,15 @@ def train(
                     f"{FORCED_STOP} at step {step} of {args.max_steps} (--stop-after-steps "
                     f"{args.stop_after_steps}): checkpoint saved; the next attempt resumes from it"
                 )
+    except BaseException:
+        if tracker is not None:
+            tracker.finish(exit_code=1)  # the run's state says the job failed; the next attempt resumes it
+        raise
     finally:
         # Stop the loader's workers now, not at interpreter exit: they ignore SIGTERM (see build_train_loader),
         # and multiprocessing's exit hook stops children with SIGTERM and then waits for them.
         del batches
         stop.restore()
-        if tracker is not None:
-            tracker.finish()
     loop_seconds = time.perf_counter() - loop_started
     steps_run = step - start_step
     # Per-rank throughput figures, averaged over ranks.
@@ -282,6 +288,7 @@ def train(
         },
         model_without_ddp,
         config,
+        tracker,
     )
 
 
@@ -298,24 +305,19 @@ def report_metadata(summary: dict[str, Any]) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> None:
     with job_env.pipes_session() as pipes, distributed_session(args.pg_timeout_min) as ctx:
-        summary, model, config = train(args, ctx, pipes)
+        summary, model, config, tracker = train(args, ctx, pipes)
         if not ctx.is_main:
             return
-        model_path = save_model_file(
-            job_env.model_dir(), model, config, summary["steps"], wandb_run.without_tracking(vars(args))
-        )
-        digest = sha256_file(model_path)
-        summary.update(
-            {"model_path": str(model_path), "model_sha256": digest, "checkpoint_dir": str(job_env.checkpoint_dir())}
-        )
-        summary_path = model_path.with_name("training_summary.json")
-        temporary = summary_path.with_name(f".tmp-{summary_path.name}")
-        temporary.write_text(json.dumps(summary, indent=2))
-        os.replace(temporary, summary_path)
-        # Written last: what proves the model folder complete (see zero_assets/core/output_marker.py).
-        write_output_manifest(model_path.parent, [model_path.name, summary_path.name], format="zero-model/1")
+        try:
+            publish_model(model, config, summary, wandb_run.without_tracking(vars(args)), tracker)
+        except BaseException:
+            if tracker is not None:
+                tracker.finish(exit_code=1)
+            raise
+        if tracker is not None:
+            tracker.finish()
         log_event(ctx, "done", **summary)
-        pipes.report_asset_materialization(metadata=report_metadata(summary), data_version=digest)
+        pipes.report_asset_materialization(metadata=report_metadata(summary), data_version=summary["data_version"])
 
 
 if __name__ == "__main__":

@@ -135,11 +135,15 @@ MODEL_FILE = "model.pt"
 
 
 def atomic_torch_save(payload: dict[str, Any], path: Path) -> None:
-    """torch.save to a temporary name beside `path`, then rename: readers never see half a file."""
+    """torch.save to a temporary name beside `path`, then rename: readers never see half a file.
+
+    Saved through an open file, not by name: given a name, torch.save records it in the archive (every
+    entry under `.tmp-<pid>-model/`), so equal payloads written by two processes would differ in bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
-        torch.save(payload, temporary)
+        with open(temporary, "wb") as handle:
+            torch.save(payload, handle)
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)

@@ -5,6 +5,9 @@ Both `training_code.train` and `training_code.evaluate` take the same `--wandb-*
 else the job's output data folder, for `wandb sync`), `online` (sent to `--wandb-base-url`). The
 run's location goes into the job's report: the run URL online, the offline run's folder offline.
 
+A graph job's run id follows its input fingerprint, so a restarted job continues its run; the shard
+set it read and the model it wrote are W&B artifacts (see `wandb_artifacts`).
+
 The API key never travels in the job's environment on SageMaker: in online mode, when
 `ZERO_WANDB_SECRET_ARN` names an AWS Secrets Manager secret, the job reads it at start (through the
 shared AWS client policy) and hands it to W&B in memory. Without it, W&B finds its key as it always
@@ -19,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from training_code.lib import job_env
+from training_code.lib import job_env, wandb_artifacts
 
 MODES = ("disabled", "offline", "online")
 AS_TRAINING = "as_training"  # evaluation: the mode the checkpoint's training run recorded
@@ -78,6 +81,7 @@ def follow_training(args: argparse.Namespace, model_dir: Path) -> None:
         args.wandb_mode or "disabled"
     )  # a checkpoint that records no tracking (made by hand) is not tracked
     args.wandb_project = args.wandb_project or "zero"
+    args.wandb_model_artifact = recorded.get("model_artifact")  # the model artifact training logged, if any
 
 
 def api_key_from_secret(arn: str) -> str:
@@ -126,13 +130,17 @@ def start(args: argparse.Namespace, *, job_type: str, config: dict[str, Any], of
         arn = os.environ.get(SECRET_ARN_VARIABLE)
         if arn:
             options["api_key"] = api_key_from_secret(arn)  # in memory only: never an environment variable or a file
+    # One run per input fingerprint: a restarted attempt of the job continues it (see wandb_artifacts).
+    stable_id = wandb_artifacts.run_id(job_env.job_name())
     return wandb.init(
         mode=args.wandb_mode,
         project=args.wandb_project,
         entity=args.wandb_entity or None,
         group=args.wandb_group or None,
         job_type=job_type,
-        name=f"{job_env.job_name()}-{job_type}",
+        name=f"{stable_id or job_env.job_name()}-{job_type}",
+        id=stable_id,
+        resume="allow" if stable_id else None,
         dir=str(run_dir),
         config={**without_tracking(vars(args)), **config},
         settings=wandb.Settings(**options),
@@ -163,7 +171,7 @@ def location_of(run, mode: str) -> str:
 
 def report_metadata(tracking: dict[str, Any]) -> dict[str, Any]:
     """Pipes metadata from `recorded`: where the run is (a URL or a path, shown as such), its mode,
-    project and group."""
+    project, group and id, and the artifacts it names."""
     metadata: dict[str, Any] = {"wandb_mode": tracking["mode"]}
     if "location" in tracking:
         kind = "url" if tracking["mode"] == "online" else "path"
@@ -176,4 +184,8 @@ def report_metadata(tracking: dict[str, Any]) -> dict[str, Any]:
         )
         if tracking["entity"]:
             metadata["wandb_entity"] = tracking["entity"]
+        metadata["wandb_run_id"] = tracking["run_id"]
+        for kind in ("shard_set", "model"):  # the artifacts the run used or logged
+            if f"{kind}_artifact" in tracking:
+                metadata[f"wandb_{kind}_artifact"] = tracking[f"{kind}_artifact"]
     return metadata

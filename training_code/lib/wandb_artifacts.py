@@ -1,0 +1,117 @@
+"""W&B lineage of a job: a run id that follows its fingerprint, the shard set it read and the model it wrote.
+
+Run id. A graph job is named `zero-<label>-<fingerprint16>-a<attempt>` on both backends (`ZERO_JOB_NAME`);
+its run id is that name less the attempt, opened with `resume="allow"`: every attempt of one input
+fingerprint (a spot restart, a rematerialization after a kill, the rehearsal's forced stop and resume)
+logs into one run, and new inputs start another. A job named otherwise (run by hand) gets a fresh id.
+
+Shard set: a `dataset` artifact `shards-<sha256(manifest.json)[:16]>` of references, never copies:
+the manifest and `masked.parquet` with their checksums (small files), every shard as a `file://`
+pointer to where the job read it without a checksum, so W&B reads none of its bytes (the manifest it
+vouches for holds each shard's sha256). Training and evaluation both use it. The pointers name the
+job's own paths (on SageMaker, its input channel on the instance): the set is known by its name, the
+manifest's sha256, which is the same wherever the set was read.
+
+Model: a `model` artifact `model-<fingerprint16>` (the checkpoint's fingerprint; the data version's when
+the job name carries none): a reference to `model.pt` with its checksum, so equal bytes are one version
+wherever the file lies, and the data version, step, architecture and categories as metadata. Training
+logs it as its output; evaluation builds the same artifact from the model folder it reads and uses it.
+
+W&B refuses `use_artifact` offline although its transaction log carries a use (an artifact record
+with `use_after_commit`, which `wandb sync` turns into the use); offline, `use` writes that record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from training_code.lib import shard_format
+
+GRAPH_JOB_NAME = re.compile(r"^(?P<run>.+-(?P<fingerprint>[0-9a-f]{16}))-a\d+$")
+
+
+def run_id(job_name: str) -> str | None:
+    """The W&B run id of the graph job `job_name`: its name less the attempt; None for another name."""
+    found = GRAPH_JOB_NAME.match(job_name)
+    return found.group("run") if found else None
+
+
+def fingerprint16(job_name: str) -> str | None:
+    """The input fingerprint's first 16 hex digits in a graph job's name, else None."""
+    found = GRAPH_JOB_NAME.match(job_name)
+    return found.group("fingerprint") if found else None
+
+
+def use(run, artifact) -> None:
+    """Declare `artifact` an input of `run`, online or offline (see the module's docstring)."""
+    if run.offline:
+        run._log_artifact(artifact, is_user_created=True, use_after_commit=True)
+    else:
+        run.use_artifact(artifact)
+
+
+def _uri(path: Path) -> str:
+    return Path(os.path.realpath(path)).as_uri()  # through the channel's links: one pointer per file
+
+
+def shard_set_artifact(folder: Path, training_set_dir: str | None = None):
+    """The shard set at `folder` (with `training_set_dir`: the set's folder inside it, as the jobs take
+    it) as a reference artifact; paths are resolved as `detection_samples.verified_split` resolves them."""
+    import wandb
+
+    root = Path(folder)
+    if training_set_dir is not None:
+        folder = root / training_set_dir
+    else:
+        root = Path(os.path.abspath(root)).parent.parent
+    manifest = shard_format.read_manifest(folder)
+    manifest_bytes = (Path(folder) / shard_format.MANIFEST).read_bytes()
+    splits = sorted({entry["split"] for entry in manifest["shards"]})
+    artifact = wandb.Artifact(
+        f"shards-{hashlib.sha256(manifest_bytes).hexdigest()[:16]}",
+        type="dataset",
+        description="a zero-shards/3 shard set: pointers to its files (W&B holds no copy)",
+        metadata={
+            "format": manifest["format"],
+            "manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
+            "categories": [category["name"] for category in manifest["categories"]],
+            "shards": {split: len(shard_format.shards_for_split(manifest, split)) for split in splits},
+            "rows": {split: sum(e["rows"] for e in shard_format.shards_for_split(manifest, split)) for split in splits},
+        },
+    )
+    artifact.add_reference(_uri(Path(folder) / shard_format.MANIFEST), name=shard_format.MANIFEST)
+    if shard_format.MASKED in manifest.get("files", {}):
+        artifact.add_reference(_uri(Path(folder) / shard_format.MASKED), name=shard_format.MASKED)
+    for entry in manifest["shards"]:
+        path = shard_format.shard_path(folder, entry, root)
+        artifact.add_reference(_uri(path), name=f"shards/{path.name}", checksum=False)
+    return artifact
+
+
+def model_artifact_name(fingerprint: str | None, data_version: str) -> str:
+    return f"model-{fingerprint or data_version[:16]}"
+
+
+def model_artifact(name: str, model_path: Path, payload: dict[str, Any], data_version: str):
+    """`model.pt` at `model_path` (whose loaded `payload` has the data version `data_version`) as the
+    model artifact `name`; training and evaluation build it alike, so both name one version."""
+    import wandb
+
+    config = payload["model_config"]
+    artifact = wandb.Artifact(
+        name,
+        type="model",
+        description="model.pt of a trained_checkpoint: a pointer with its checksum (W&B holds no copy)",
+        metadata={
+            "data_version": data_version,
+            "step": int(payload["step"]),
+            "arch": config["arch"],
+            "categories": [category["name"] for category in config["categories"]],
+        },
+    )
+    artifact.add_reference(_uri(model_path), name=model_path.name)
+    return artifact
