@@ -10,6 +10,12 @@ its `__iter__` decodes in; one rank and one DataLoader worker, the trainer's def
 consecutive samples) against a full random permutation of the same rows. Rows are tiny images: the
 order is planned from row counts and never decodes. Goal: <= 1.2 (shards read one after another
 through a 256-row buffer measured 0.91 against 0.32, a ratio near 2.8).
+
+`batch_mix_per_rank`: the same figure for each rank of a 4- and an 8-rank job (every rank's batches,
+the mean over ranks and seeds) on a set whose shards hold one source each: 6 sources, each added by a
+refresh of its own (the earlier shards kept, the new source packed into one shard of its own, as a
+new source's images are). Goal: <= 1.2. Dealing whole shards to ranks measured 4.6 here (a rank read
+1 or 2 of the 6 sources).
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ SOURCES, ROWS_PER_SOURCE, LOT = 20, 2_000, 20
 SHARD_BYTES = 300_000  # about 1,000 of these rows
 BATCH = 32
 SEEDS = (0, 1, 2)
+REFRESHED_SOURCES = 6
+SOURCE_SHARD_BYTES = 700_000  # one source's 2,000 rows in one shard, over half the target: never merged
+PER_RANK_WORLDS = (4, 8)
 
 
 def tiny_png() -> bytes:
@@ -78,6 +87,25 @@ def shard_set_folder(work: Path) -> Path:
     return work / "shards"
 
 
+def one_shard_per_source(work: Path) -> Path:
+    """A set built by refreshes that each added one source: its shards hold one source each."""
+    rows, previous = [], None
+    for n in range(REFRESHED_SOURCES):
+        rows += source_rows(work, f"source_{n:02d}")
+        out = work / f"refresh_{n}"
+        selection = write_validated(rows, work / f"selection_{n}")
+        name = previous.name if previous else None
+        build_shards(selection, work / "raw", out, SOURCE_SHARD_BYTES, previous=previous, previous_name=name)
+        previous = out
+    return previous
+
+
+def shard_sources(folder: Path) -> tuple[list[ShardRef], list[list[str]]]:
+    """The train shards of a set and the source of each of their rows."""
+    _, refs = verified_split(folder, "train")
+    return refs, [open_shard(ref.path).column("source").to_pylist() for ref in refs]
+
+
 def mean_tv(sources: list[str], share: dict[str, float], batch: int = BATCH) -> float:
     """Mean total-variation distance between each full batch's source histogram and `share`."""
     distances = []
@@ -107,10 +135,36 @@ def first_epoch(refs: list[ShardRef], sources: list[list[str]], seed: int, rank:
     ]
 
 
+def per_rank(refs: list[ShardRef], sources: list[list[str]]) -> BenchResult:
+    """Every rank's batches against a permutation's, on a set of one shard per source."""
+    if sorted(len(set(shard)) for shard in sources) != [1] * REFRESHED_SOURCES:
+        raise RuntimeError(f"expected {REFRESHED_SOURCES} shards of one source each, got {len(sources)} shards")
+    rows = [source for shard in sources for source in shard]
+    share = {source: rows.count(source) / len(rows) for source in sorted(set(rows))}
+    details, ratios = {}, []
+    for world in PER_RANK_WORLDS:
+        ranks, permuted = [], []
+        for seed in SEEDS:
+            ranks += [mean_tv(first_epoch(refs, sources, seed, rank, world), share) for rank in range(world)]
+            shuffled = list(rows)
+            random.Random(seed).shuffle(shuffled)
+            permuted.append(mean_tv(shuffled, share))
+        ratios.append(statistics.fmean(ranks) / statistics.fmean(permuted))
+        details |= {f"tv_rank_of_{world}": statistics.fmean(ranks), f"tv_worst_rank_of_{world}": max(ranks)}
+        details[f"ratio_of_{world}_ranks"] = ratios[-1]
+        details["tv_permutation"] = statistics.fmean(permuted)
+    return BenchResult(
+        "batch_mix_per_rank",
+        max(ratios),
+        "<=1.2",
+        {**details, "sources": len(share), "rows": len(rows), "shards": len(refs), "batch": BATCH},
+    )
+
+
 def run() -> list[BenchResult]:
     with tempfile.TemporaryDirectory(prefix="bench-batch-mix-") as tmp:
-        _, refs = verified_split(shard_set_folder(Path(tmp)), "train")
-        sources = [open_shard(ref.path).column("source").to_pylist() for ref in refs]
+        refs, sources = shard_sources(shard_set_folder(Path(tmp) / "mixed"))
+        per_rank_line = per_rank(*shard_sources(one_shard_per_source(Path(tmp) / "by_source")))
     rows = [source for shard in sources for source in shard]
     share = {source: rows.count(source) / len(rows) for source in sorted(set(rows))}
     ours, permuted, four_ranks, steps, permuted_steps = [], [], [], [], []
@@ -138,5 +192,6 @@ def run() -> list[BenchResult]:
                 "shards": len(refs),
                 "batch": BATCH,
             },
-        )
+        ),
+        per_rank_line,
     ]

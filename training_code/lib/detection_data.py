@@ -1,8 +1,8 @@
 """The training stream of detection samples (see detection_samples): endless, deterministically mixed, augmented.
 
-Each rank reads its own shards each epoch, several open at once, so a batch mixes sources and groups
-(see read_order); the rank's DataLoader workers deal its stream by stride. Augmentation happens here,
-at read time, never in the shards.
+Each rank reads its own row ranges of many shards each epoch, several open at once, so a rank's batch
+mixes sources and groups (see read_order); the rank's DataLoader workers deal its stream by stride.
+Augmentation happens here, at read time, never in the shards.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ class ShardDetectionStream(IterableDataset):
                 tables[shard] = ShardRows(self.shards[shard].path)
                 if len(tables) > 2 * self.open_shards:
                     tables.popitem(last=False)
-            if self.shards[shard].masked and tables[shard].labels["key"][row] in self.shards[shard].masked:
+            if self.shards[shard].masked and tables[shard].key(row) in self.shards[shard].masked:
                 continue  # masked: no longer selected (or packed again elsewhere), skipped until compaction
             mine_this_epoch += 1
             if to_skip:  # counts the samples delivered before: exact unless a skipped sample was a bad one

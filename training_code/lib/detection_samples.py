@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
@@ -31,7 +32,8 @@ class ShardRef:
     rows: int  # the rows stored in it, masked ones included
     # Keys of its rows the manifest masks (no longer selected): read order counts them, samples skip them.
     masked: frozenset[str] = field(default=frozenset(), compare=False)
-    # The source of its rows ("" when it mixes sources, as the packer's shards do): lanes are per source.
+    # The source of more than half its rows, "" when none is (a mixed shard, as the packer's are): the
+    # read order deals each source's rows to every rank and gives it lanes of its own (see read_order).
     source: str = field(default="", compare=False)
 
     @property
@@ -75,20 +77,47 @@ def verified_split(
     located = [(shard_format.shard_path(folder, entry, root), entry) for entry in entries]
     for index, (path, entry) in enumerate(located):
         shard_format.verify_shard_file(path, entry, check_sha256=index % world_size == rank)
-    return manifest, [ShardRef(path, int(e["rows"]), masked.get(e["path"], frozenset())) for path, e in located]
+    return manifest, [
+        ShardRef(path, int(e["rows"]), masked.get(e["path"], frozenset()), shard_source(path)) for path, e in located
+    ]
+
+
+def shard_source(path: Path) -> str:
+    """The source of more than half the shard's rows, else "". Read from the shard's small `source`
+    column, as every rank opens every shard to check it: a shard packed of one source (one refresh's new
+    images, a small lake's) then reaches every rank in row ranges instead of one rank whole."""
+    counts = pc.value_counts(shard_format.open_shard(path).column("source")).to_pylist()
+    top = max(counts, key=lambda entry: entry["counts"], default=None)
+    return top["values"] if top and 2 * top["counts"] > sum(entry["counts"] for entry in counts) else ""
 
 
 class ShardRows:
     """One memory-mapped shard: image bytes read per row from the map, the small label columns read
-    into Python once (per-row Arrow scalar access cost a tenth of a JPEG decode)."""
+    into Python a chunk of rows at a time, when first needed (per-row Arrow scalar access cost a tenth of
+    a JPEG decode; a rank reading one row range of the shard converts only that range's chunks)."""
+
+    CHUNK_ROWS = 256
 
     def __init__(self, path: Path) -> None:
         self.table = shard_format.open_shard(path)
         self.images = shard_format.image_bytes(self.table)
-        self.labels = self.table.select(_LABEL_COLUMNS).to_pydict()
+        self._labels = self.table.select(_LABEL_COLUMNS)
+        self._chunks: dict[int, dict[str, list[Any]]] = {}
+
+    def _chunk(self, row: int) -> tuple[dict[str, list[Any]], int]:
+        """The converted chunk holding `row`, and the row's place in it."""
+        index, offset = divmod(row, self.CHUNK_ROWS)
+        if index not in self._chunks:
+            self._chunks[index] = self._labels.slice(index * self.CHUNK_ROWS, self.CHUNK_ROWS).to_pydict()
+        return self._chunks[index], offset
+
+    def key(self, row: int) -> str:
+        chunk, offset = self._chunk(row)
+        return chunk["key"][offset]
 
     def record(self, row: int) -> dict[str, Any]:
-        return {"image": self.images[row].as_py(), **{name: self.labels[name][row] for name in _LABEL_COLUMNS}}
+        chunk, offset = self._chunk(row)
+        return {"image": self.images[row].as_py(), **{name: chunk[name][offset] for name in _LABEL_COLUMNS}}
 
 
 def decode_sample(
@@ -138,7 +167,7 @@ def iter_eval_samples(shards: list[ShardRef]) -> Iterator[EvalSample]:
     for shard in shards:
         table = ShardRows(shard.path)
         for row in range(table.table.num_rows):
-            if shard.masked and table.labels["key"][row] in shard.masked:
+            if shard.masked and table.key(row) in shard.masked:
                 continue
             try:
                 picture, target, key = decode_sample(table, row)

@@ -1,16 +1,22 @@
-"""The order one training rank reads its samples in: its own shards each epoch, several open at once, mixed.
+"""The order one training rank reads its samples in: row ranges of many shards each epoch, several open at once, mixed.
 
-Each epoch the shards (cut into row ranges when there are fewer shards than ranks) are dealt to the
-ranks by a seeded shuffle, balanced by rows: every rank reads different shards, and together they read
-every row once. A rank reads its pieces in up to `open_shards` lanes at once. Each source gets lanes of
-its own (in proportion to its rows) while there are lanes enough; past that, sources share lanes. Every
-lane spreads its rows evenly over the epoch, so each source is read at a steady rate in proportion to its
-size and a batch mixes sources about as a random permutation does, while each shard is still read front
-to back (the packer already interleaved its groups, see shard_plan.pack_order). The merged stream then
-passes a seeded shuffle buffer.
+Each epoch every shard is cut into row ranges and the ranges are dealt to the ranks by a seeded
+shuffle, balanced by rows: a shard's ranges go to different ranks, and together the ranks read every
+row once. A shard is cut into as many ranges as it takes for each rank to read from `open_shards`
+shards (every rank reads a range of every shard when there are fewer shards than that; whole shards
+when there are enough for each rank to have that many), so a rank's rows are a sample of the whole
+set even when a shard holds one source (a source added by an incremental refresh, a small lake):
+dealing whole shards gave each of 4 ranks 1 or 2 of 6 one-source shards. A rank reads its ranges in
+up to `open_shards` lanes at once. Each source gets lanes of its own (in proportion to its rows)
+while there are lanes enough; past that, sources share lanes. Every lane spreads its rows evenly
+over the epoch, so each source is read at a steady rate in proportion to its size and a batch mixes
+sources about as a random permutation does, while each range is still read front to back (the
+packer already interleaved its groups, see shard_plan.pack_order). The merged stream then passes a
+seeded shuffle buffer.
 
-The order depends on the seed, the epoch, the rank and the number of ranks only; DataLoader workers deal
-a rank's stream by stride, so it continues exactly after a resume whatever the worker count.
+The order depends on the seed, the epoch, the rank, the number of ranks and `open_shards` only;
+DataLoader workers deal a rank's stream by stride, so it continues exactly after a resume whatever
+the worker count.
 """
 
 from __future__ import annotations
@@ -38,26 +44,51 @@ class Piece:
         return self.stop - self.start
 
 
-def cut_pieces(rows: Sequence[int], sources: Sequence[str], world_size: int) -> list[Piece]:
-    """Whole shards, or each shard cut into equal row ranges when there are fewer pieces than ranks."""
+def cut_pieces(rows: Sequence[int], sources: Sequence[str], world_size: int, spread: int) -> list[Piece]:
+    """Every shard cut into equal row ranges (but for a row), as many as it takes for each source's rows
+    to reach every rank in `spread` pieces or more: a source of at most `spread` shards has each cut into
+    `world_size` ranges, one of `spread * world_size` shards or more is dealt whole. More cuts where small
+    shards leave fewer pieces than ranks."""
     if sum(rows) < world_size:
         raise ValueError(f"{sum(rows)} rows cannot give each of {world_size} ranks rows of its own")
-    cuts = 1
-    while sum(min(count, cuts) for count in rows) < world_size:  # small shards give fewer pieces than cuts
-        cuts += 1
+    shards_of: dict[str, int] = {}
+    for count, source in zip(rows, sources):
+        shards_of[source] = shards_of.get(source, 0) + (1 if count else 0)
+    cuts = {source: min(world_size, -(-spread * world_size // max(1, n))) for source, n in shards_of.items()}
+    while sum(min(count, cuts[source]) for count, source in zip(rows, sources)) < world_size:
+        cuts = {source: min(world_size, cut + 1) for source, cut in cuts.items()}  # small shards: fewer pieces
     pieces = []
     for shard, (count, source) in enumerate(zip(rows, sources)):
-        bounds = [count * k // cuts for k in range(cuts + 1)]
-        pieces += [Piece(shard, start, stop, source) for start, stop in itertools.pairwise(bounds) if stop > start]
+        parts = min(count, cuts[source])
+        bounds = [count * k // parts for k in range(parts + 1)] if parts else []
+        pieces += [Piece(shard, start, stop, source) for start, stop in itertools.pairwise(bounds)]
     return pieces
 
 
 def deal_to_ranks(pieces: list[Piece], world_size: int, rng: random.Random) -> list[list[Piece]]:
-    """Each piece to the rank with the fewest rows so far (ties: the lowest rank), a source's pieces one
-    after another (sources and pieces in a seeded order): a source's pieces go to different ranks."""
+    """Source after source, shard after shard (seeded orders), the shard's pieces (the largest first) to
+    as many different ranks, those with the fewest of the source's rows so far (ties: the fewest rows in
+    all, then the lowest rank): every rank gets its share of every source and reads from as many of its
+    shards as there are pieces to go round, and the ranks' loads stay within a piece of each other."""
     groups = list(_by_source(pieces, rng).values())
     rng.shuffle(groups)
-    return _least_loaded([piece for group in groups for piece in group], world_size)
+    dealt: list[list[Piece]] = [[] for _ in range(world_size)]
+    loads = [0] * world_size
+    for group in groups:
+        by_shard: dict[int, list[Piece]] = {}
+        for piece in group:  # in the group's seeded order: shards in the order their first piece comes
+            by_shard.setdefault(piece.shard, []).append(piece)
+        # (rows of this source, rows in all, rank): only the ranks popped change, so the heap stays valid.
+        taken = [(0, loads[rank], rank) for rank in range(world_size)]
+        heapq.heapify(taken)
+        for shard_pieces in by_shard.values():
+            shard_pieces.sort(key=lambda piece: -piece.rows)  # stable: equal sizes keep the seeded order
+            takers = [heapq.heappop(taken) for _ in shard_pieces]  # never more pieces than ranks
+            for piece, (source_rows, _, rank) in zip(shard_pieces, takers):
+                dealt[rank].append(piece)
+                loads[rank] += piece.rows
+                heapq.heappush(taken, (source_rows + piece.rows, loads[rank], rank))
+    return dealt
 
 
 def _by_source(pieces: list[Piece], rng: random.Random) -> dict[str, list[Piece]]:
@@ -159,7 +190,8 @@ def rank_epoch(
     if open_shards < 1:
         raise ValueError(f"open_shards must be at least 1, got {open_shards}")
     # The same generator on every rank: they agree on the deal without talking.
-    dealt = deal_to_ranks(cut_pieces(rows, sources, world_size), world_size, random.Random(seed * _PRIME + epoch))
+    pieces = cut_pieces(rows, sources, world_size, open_shards)
+    dealt = deal_to_ranks(pieces, world_size, random.Random(seed * _PRIME + epoch))
     rng = random.Random((seed * _PRIME + epoch) * _PRIME + rank)
     lanes = plan_lanes(dealt[rank], open_shards, rng)
     merged = heapq.merge(*(_lane_rows(lane, rng.random()) for lane in lanes))
