@@ -65,7 +65,8 @@ def check_job_module(module: str, setting: str) -> None:
         )
     if spec.submodule_search_locations is not None or not spec.origin.endswith(".py"):
         raise Failure(
-            f"{setting}: {module!r} is {spec.origin}, not a Python module file; name the script's module (package.script)"
+            f"{setting}: {module!r} is {spec.origin}, not a Python module file; "
+            "name the script's module (package.script)"
         )
     try:
         current_code_version(module)

@@ -67,13 +67,13 @@ class RunCost:
             tags["spot_savings_usd"] = f"{self.spot_savings_usd:.2f}"
         notes = []
         if self.unpriced:
-            reasons = sorted(set(self.unpriced.values()))
-            notes.append(
-                f"{len(self.unpriced)} of {self.jobs} jobs not priced ({', '.join(sorted(self.unpriced))}): {'; '.join(reasons)}"
-            )
+            reasons = "; ".join(sorted(set(self.unpriced.values())))
+            unpriced = ", ".join(sorted(self.unpriced))
+            notes.append(f"{len(self.unpriced)} of {self.jobs} jobs not priced ({unpriced}): {reasons}")
         if self.retried_failures:
             notes.append(
-                f"{self.retried_failures} step attempts failed and were retried: a retry keeps no metadata, so a job behind one is not counted"
+                f"{self.retried_failures} step attempts failed and were retried: "
+                "a retry keeps no metadata, so a job behind one is not counted"
             )
         if notes:
             tags["cost_note"] = " | ".join(notes)[:4000]
@@ -115,7 +115,10 @@ def _cost_sensor(status: DagsterRunStatus) -> SensorDefinition:
         run_status=status,
         name=f"run_cost_on_{status.value.lower()}",
         default_status=DefaultSensorStatus.RUNNING,
-        description=f"tags each {status.value.lower()} run with what its jobs cost (zero/estimated_cost_usd, zero/instance_seconds)",
+        description=(
+            f"tags each {status.value.lower()} run with what its jobs cost "
+            "(zero/estimated_cost_usd, zero/instance_seconds)"
+        ),
     )
     def cost_sensor(context: RunStatusSensorContext) -> None:
         tag_run_cost(context)
