@@ -16,6 +16,7 @@ from pathlib import Path
 
 from training_code.lib.validation_pass import validate
 from training_code.validate import get_args_parser
+from zero_assets.defs.change_detection.raw_sources import list_sources
 
 from .bare_workers import bare_check
 from .images import best_of_interleaved, photo_set
@@ -48,6 +49,9 @@ def run() -> list[BenchResult]:
                 str(Path(tmp) / "out"),
                 "--workers",
                 str(workers),
+                # The photos carry no labels: each lot folder is a source configured unlabelled.
+                "--unlabelled-sources",
+                ",".join(list_sources(str(raw))),
             ]
         )
         # Warm-up, project first: it starts the shared forkserver with its preloads, as the validation job

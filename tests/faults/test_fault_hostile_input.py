@@ -191,13 +191,16 @@ def assert_one_verdict_each(out: Path, target_sha256: str) -> dict:
     for key, reason, text in REJECTED:
         assert [row for row in rejected if row[:2] == (key, reason) and text in row[2]], (key, reason, text, rejected)
     assert len(rejected) == len(REJECTED)
+    # The sources with an unusable annotations.json ran as unlabelled: validated, reported, no training image.
+    states = tables["accepted"].set_index("key")["annotation"].to_dict()
+    assert {states[f"{source}/good.jpg"] for source in UNUSABLE_COCO} == {"unlabelled_source"}
     details = tables["unmatched"].set_index("key")["detail"].to_dict()
-    for source, text in UNUSABLE_COCO.items():
-        assert f"{source}/annotations.json" in details[f"{source}/good.jpg"] and text in details[f"{source}/good.jpg"]
+    assert all("configured unlabelled" in details[f"{source}/good.jpg"] for source in UNUSABLE_COCO)
     counts = manifest["counts"]
     assert counts["images_in"] == len(QUARANTINED) + len(DUPLICATES) + len(ACCEPTED)
     assert counts["images_in"] == counts["accepted"] + counts["quarantined"] + counts["duplicates"]
-    assert counts["annotation_files_unusable"] == len(UNUSABLE_COCO)
+    not_annotated = tables["accepted"]["annotation"].isin(["unlisted", "unlabelled_source"])
+    assert counts["images_not_annotated"] == not_annotated.sum() >= len(UNUSABLE_COCO)
     # The symlink's target was never read: its sha256 appears in no output, and no image of the
     # folder the other symlink points at was listed.
     for path in out.rglob("*"):
@@ -247,6 +250,14 @@ def test_local_root_each_hostile_entry_costs_one_verdict_in_bounded_memory(hosti
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {
         "ZERO_OPT_ML": str(tmp_path / "opt_ml")
     }
+    # A source whose annotations.json is unusable fails the pass before any decode, naming each file.
+    refused = subprocess.run(job, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and not (out / "manifest.json").exists()
+    for source, text in UNUSABLE_COCO.items():
+        assert f"{raw / source / 'annotations.json'} is unusable: " in refused.stderr, refused.stderr[-3000:]
+        assert text in refused.stderr, refused.stderr[-3000:]
+    # Configured as unlabelled, they are validated with the rest.
+    job += ["--unlabelled-sources", ",".join(UNUSABLE_COCO)]
     result = subprocess.run(
         [sys.executable, "-c", PEAK_RSS, *job], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
@@ -283,9 +294,13 @@ def test_assets_on_two_hosts_give_the_same_verdicts(hostile, tmp_path):
     resources = make_resources(raw, tmp_path / "state")
     resources["jobs"] = LocalJobRunner(settings=resources["settings"], instances={"validated_images": 2})
     # One source (cam) holds nearly every hostile file: more than half of it is quarantined, by design.
-    run_config = {
-        "ops": {"validated_images": {"config": {"max_annotation_bytes": ANNOTATION_LIMIT, "max_quarantine_rate": 0.9}}}
+    # The sources whose annotations.json is unusable would fail (tests/test_unannotated_images): unlabelled here.
+    config = {
+        "max_annotation_bytes": ANNOTATION_LIMIT,
+        "max_quarantine_rate": 0.9,
+        "unlabelled_sources": [*UNUSABLE_COCO],
     }
+    run_config = {"ops": {"validated_images": {"config": config}}}
     (tmp_path / "dagster").mkdir()
     with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
         results = [
