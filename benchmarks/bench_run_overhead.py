@@ -31,7 +31,7 @@ from zero_assets.defs.executor import step_worker_preload
 from zero_assets.defs.partitions import RAW_SOURCES
 
 from .report import BenchResult
-from .small_images import add_small_images
+from .small_images import small_source
 
 IMAGES, SOURCE = 20_000, "cam"
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def _step_seconds(instance: DagsterInstance, run_id: str, step: str) -> float:
     return times[DagsterEventType.STEP_SUCCESS] - times[DagsterEventType.STEP_START]
 
 
-def source_run(work: Path, name: str, start_method: dict | None) -> dict[str, float]:
+def source_run(raw: Path, work: Path, name: str, start_method: dict | None) -> dict[str, float]:
     """One run of the source on a fresh instance and lake: its seconds in and outside the jobs."""
     home, lake = work / name / "dagster_home", work / name / "lake"
     home.mkdir(parents=True)
@@ -59,7 +59,7 @@ def source_run(work: Path, name: str, start_method: dict | None) -> dict[str, fl
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("ZERO_", "DAGSTER_"))},
         "DAGSTER_HOME": str(home),
-        "ZERO_RAW_URI": str(work / "raw"),
+        "ZERO_RAW_URI": str(raw),
         "ZERO_LAKE_URI": str(lake),
         "ZERO_FSX_MOUNT": str(work / name / "fsx"),
         "ZERO_BACKEND": "local",
@@ -95,8 +95,8 @@ def run() -> list[BenchResult]:
     }
     with tempfile.TemporaryDirectory(prefix="bench-run-overhead-") as tmp:
         work = Path(tmp)
-        add_small_images(work / "raw", SOURCE, 0, IMAGES)
-        runs = {name: source_run(work, name, start_method) for name, start_method in variants.items()}
+        raw, _ = small_source(SOURCE, IMAGES)
+        runs = {name: source_run(raw, work, name, start_method) for name, start_method in variants.items()}
     project = runs["project"]
     return [
         BenchResult(

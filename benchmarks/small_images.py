@@ -3,14 +3,20 @@
 A few photo-like pictures are encoded once (`images.photo_jpeg`); every file is one of them with its
 own JPEG comment (`images.unique_copy`), so each file has its own bytes and sha256 for the cost of a
 write, and decodes exactly like its picture. Each image gets one box in a COCO annotations.json.
+`small_source` keeps a raw root of one such source in the benchmark cache, made once.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import shutil
 from pathlib import Path
 
-from .images import photo_jpeg, unique_copy
+from PIL import Image
+
+from .images import CACHE, photo_jpeg, unique_copy
 
 # About 260x190 pixels and 17 KB: a strict decode and the checks take about 0.5 ms.
 SMALL_MEGAPIXELS = 0.05
@@ -35,7 +41,7 @@ def add_small_images(
         if annotations.is_file()
         else {"images": [], "annotations": [], "categories": [{"id": 1, "name": "part"}]}
     )
-    written = []
+    written, sizes = [], [Image.open(io.BytesIO(picture)).size for picture in pictures]
     for n in range(start, start + count):
         name = f"lot_{n // IMAGES_PER_LOT:04d}/img_{n:06d}.jpg"
         path = folder / name
@@ -44,7 +50,31 @@ def add_small_images(
         path.write_bytes(data)
         written.append((path, len(data)))
         image_id = len(coco["images"]) + 1
-        coco["images"].append({"id": image_id, "file_name": name, "width": 258, "height": 193})
+        width, height = sizes[n % len(pictures)]
+        coco["images"].append({"id": image_id, "file_name": name, "width": width, "height": height})
         coco["annotations"].append({"id": image_id, "image_id": image_id, "category_id": 1, "bbox": [10, 10, 120, 90]})
     annotations.write_text(json.dumps(coco))
     return written
+
+
+def small_source(source: str, count: int, megapixels: float = SMALL_MEGAPIXELS) -> tuple[Path, list[tuple[Path, int]]]:
+    """A cached raw root holding `source` with `count` images of `megapixels` (made on first use; never
+    modify it: copy or link it, see `linked_source`): the root and each image's (path, size), in key order."""
+    root = CACHE / f"small-{source}-{count}-{megapixels}"
+    if not (root / ".complete").is_file():
+        shutil.rmtree(root, ignore_errors=True)
+        add_small_images(root, source, 0, count, small_pictures(megapixels))
+        (root / ".complete").write_text("")
+    files = sorted((root / source).rglob("*.jpg"))
+    return root, [(path, path.stat().st_size) for path in files]
+
+
+def linked_source(cached: Path, source: str, raw: Path) -> None:
+    """`source` of the cached root `cached` under `raw`, to add images to: each image a hard link (no
+    bytes copied; the same file, mtime and etag), annotations.json a copy, since adding images
+    rewrites it. Needs `raw` on the cache's file system."""
+    for image in sorted((cached / source).rglob("*.jpg")):
+        target = raw / image.relative_to(cached)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.link(image, target)
+    shutil.copyfile(cached / source / "annotations.json", raw / source / "annotations.json")
