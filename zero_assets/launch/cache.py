@@ -7,8 +7,9 @@ and the sha256 of every small file (manifests, tables, metrics), so a same-size 
 noticed. Large files (shards) are checked by size from the listing; their sha256 is in the manifest,
 which their readers verify. Asked to materialize again, an asset looks for an earlier
 materialization with the same fingerprint whose output the marker still proves complete; if there is
-one, no job is launched and the earlier output and data version are reported as a `cache: hit`; if
-not, the metadata says what changed. A complete output whose manifest says it holds results that
+one, no job is launched and the earlier output and data version are reported as a `cache: hit`,
+naming the run and job that built it (`built_by_run`, `built_by_job`); if not, the metadata says
+what changed. A complete output whose manifest says it holds results that
 were not their input's fault (`retry_next_time`: images that could not be read) is never a hit: the
 next build redoes those (the validation job decodes only them again).
 """
@@ -25,6 +26,7 @@ from training_code.lib.output_manifest import MANIFEST, RETRY_NEXT_TIME
 from training_code.lib.storage import join, read_bytes
 from zero_assets.core.fingerprints import DATA_VERSION_TAG, FingerprintInputs
 from zero_assets.core.output_marker import output_is_complete
+from zero_assets.launch.metadata import hit_metadata, published_paths
 from zero_assets.launch.upstream import context_partition, latest_materializations
 
 SEARCH_LIMIT = 100  # earlier materializations examined for a matching fingerprint
@@ -61,7 +63,8 @@ def cache_decision(context: AssetExecutionContext, inputs: FingerprintInputs) ->
         if refusal is not None:
             return CacheDecision(None, f"same inputs as run {record.run_id}, but {refusal}")
         reason = f"same input fingerprint as run {record.run_id}; its output at {uri} is complete"
-        reused = {**event.metadata, "cache": "hit", "cache_reason": reason, "reused_run_id": record.run_id}
+        # Paths as published (a record from before jobs' paths were mapped may name the staging folder).
+        reused = hit_metadata(published_paths(event.metadata, {"out": uri}), reason, record.run_id)
         version = event.tags.get(DATA_VERSION_TAG) if event.tags else None
         return CacheDecision(
             MaterializeResult(metadata=reused, data_version=DataVersion(version) if version else None), reason
@@ -84,21 +87,16 @@ def reuse_refusal(uri: str) -> str | None:
 
 
 def published_hit(
-    uri: str, marker: dict[str, Any] | None, inputs: FingerprintInputs, reason: str, reused_run_id: str | None = None
+    uri: str, marker: dict[str, Any] | None, inputs: FingerprintInputs, reason: str, built_by_run: str | None = None
 ) -> MaterializeResult | None:
     """A hit on an output another run published under this fingerprint (one this instance may not have
     recorded yet), from its marker alone (`complete_marker`'s answer for `uri`); None unless the marker
-    proves it complete with a data version."""
+    proves it complete with a data version. `built_by_run`: the run this one waited for, when known."""
     version = None if marker is None else marker["data_versions"].get(inputs.fingerprint)
     if version is None:
         return None
-    metadata = {
-        "dagster/uri": MetadataValue.path(uri),
-        **standard_metadata(marker),
-        **miss_metadata(inputs, reason),
-        "cache": "hit",
-        **({"reused_run_id": reused_run_id} if reused_run_id else {}),
-    }
+    proven = {"dagster/uri": MetadataValue.path(uri), **standard_metadata(marker), **miss_metadata(inputs, reason)}
+    metadata = hit_metadata(proven, reason, built_by_run, recorded=False)
     return MaterializeResult(metadata=metadata, data_version=DataVersion(version))
 
 

@@ -1,8 +1,11 @@
-"""Metadata helpers shared by the assets: pandera and Arrow schemas as Dagster column schemas, job results."""
+"""Metadata helpers shared by the assets: pandera and Arrow schemas as Dagster column schemas, job results,
+paths a job reported moved to where its output was published, and what a cache hit says of its build."""
 
 from __future__ import annotations
 
+import re
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import pandera.pandas as pa
@@ -12,11 +15,13 @@ from dagster import (
     JsonMetadataValue,
     MaterializeResult,
     MetadataValue,
+    PathMetadataValue,
     PipesClientCompletedInvocation,
     TableColumn,
     TableColumnConstraints,
     TableSchema,
     TableSchemaMetadataValue,
+    TextMetadataValue,
 )
 from dagster_pandera import pandera_schema_to_dagster_type
 
@@ -62,3 +67,100 @@ def job_result(invocation: PipesClientCompletedInvocation, extra: dict[str, Any]
     return MaterializeResult(
         metadata={**(reported.metadata or {}), **extra}, data_version=DataVersion(reported.data_version.value)
     )
+
+
+# Where a job's container keeps its output until the job ends (SageMaker's contract, which the local
+# backend's `/opt/ml` layout copies): `/opt/ml/model` (a Training job's one output) and
+# `/opt/ml/processing/output/<name>`. The backend then publishes it and the folder is gone, so a path
+# the script reported inside it leads nowhere.
+_STAGED = re.compile(r"^(?:.*/)?opt/ml/(?:model|processing/output/(?P<name>[^/]+))(?:/(?P<rest>.*))?$")
+
+
+def published_paths(metadata: Mapping[str, Any], outputs: Mapping[str, str]) -> dict[str, Any]:
+    """`metadata` with every path a job reported inside its container's output folder (`metrics_path`,
+    `model_path`) replaced by the same file where that output was published (`outputs`: output name ->
+    destination), as a path entry; other entries unchanged."""
+    return {key: _published(value, outputs) for key, value in metadata.items()}
+
+
+def _published(value: Any, outputs: Mapping[str, str]) -> Any:
+    text = value.value if isinstance(value, (TextMetadataValue, PathMetadataValue)) else value
+    match = _STAGED.match(text) if isinstance(text, str) else None
+    if match is None:
+        return value
+    name = match["name"] or (next(iter(outputs)) if len(outputs) == 1 else None)
+    if name not in outputs:
+        return value  # an output this materialization does not publish: left as the job said
+    destination = outputs[name].rstrip("/")
+    return MetadataValue.path(f"{destination}/{match['rest']}" if match["rest"] else destination)
+
+
+# What a materialization says of the run that built its output rather than of the output: the
+# launcher's report (job, instances, time, cost, logs) and the script's own clock. A cache hit keeps
+# them as `built_<key>`, so no key reads as if this run had launched or timed anything.
+BUILD_KEYS = frozenset(
+    {
+        "job_name",
+        "job_status",
+        "backend",
+        "instance_type",
+        "instance_count",
+        "job_wall_s",
+        "wall_s",
+        "validate_wall_s",
+        "instance_seconds",
+        "billable_instance_seconds",
+        "estimated_cost_usd",
+        "spot_savings_usd",
+        "spot_savings_pct",
+        "managed_spot",
+        "on_demand_usd_per_instance_hour",
+        "spot_usd_per_instance_hour",
+        "price_source",
+        "cost_note",
+        "job_logs",
+        "console_url",
+        "logs_url",
+        "status_history",
+        "code_package",
+        "model_artifact",
+    }
+)
+BUILD_PREFIXES = ("map_", "training_plan")  # a map stage's launch; the Training Plan the job ran on
+CACHE_FIRST = ("cache", "cache_reason", "built_by_run", "built_by_job", "step_wall_s")
+BUILT = "built_"
+
+
+def hit_metadata(
+    earlier: Mapping[str, Any], reason: str, built_by_run: str | None, recorded: bool = True
+) -> dict[str, Any]:
+    """The metadata of a cache hit on an output built by run `built_by_run` (None: unknown), whose
+    metadata is `earlier` (`recorded`: a materialization this instance recorded, which names its job if
+    it had one; else what the output's marker proves): `cache: hit` and the reason, the run and job
+    that built the output, then the earlier entries with their build keys as `built_<key>`. A hit on
+    a hit names the run that built the output, not the one that reused it."""
+    carried = {key: value for key, value in earlier.items() if key not in CACHE_FIRST}
+    run = _plain(earlier.get("built_by_run")) or built_by_run
+    job = _plain(earlier.get("built_by_job")) or _plain(earlier.get("job_name"))
+    if job is None and recorded:
+        job = "none: built in the Dagster step"
+    built = {
+        "cache": "hit",
+        "cache_reason": reason,
+        **({"built_by_run": run} if run else {}),
+        **({"built_by_job": job} if job else {}),
+    }
+    for key, value in carried.items():
+        is_build_key = key in BUILD_KEYS or key.startswith(BUILD_PREFIXES)
+        built[f"{BUILT}{key}" if is_build_key and not key.startswith(BUILT) else key] = value
+    return built
+
+
+def cache_first(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """`metadata` with the cache's verdict and who built the output first: the UI lists entries in order."""
+    head = {key: metadata[key] for key in CACHE_FIRST if key in metadata}
+    return {**head, **{key: value for key, value in metadata.items() if key not in head}}
+
+
+def _plain(value: Any) -> Any:
+    return getattr(value, "value", value)

@@ -10,6 +10,7 @@ through `launch_job`; the in-process ones (index, training set, warm state) pass
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from zero_assets.launch.cache import (
     reuse_refusal,
     standard_metadata,
 )
+from zero_assets.launch.metadata import cache_first, published_paths
 from zero_assets.launch.output_lease import hold_lease, output_lease_path
 from zero_assets.launch.run_owner import watch_over_step
 
@@ -49,21 +51,25 @@ def materialize_once(
 ) -> MaterializeResult:
     """Materialize the asset's output at `output` (where `build` publishes it) unless it already is.
 
-    `build()` writes the output and returns its own metadata and data version. The result carries
-    `dagster/uri`, the cache keys (`cache`, `cache_reason`, `fingerprint`, `fingerprint_inputs`,
-    `code_version`) and `dagster/size_bytes` of the marked files, unless `build` counted that itself
-    (the warm state, whose readers also read shards kept elsewhere). The `dagster/row_count` it
-    reports, and a size it counted, are kept in the marker, so a later hit found through the marker
-    alone reports them too. An output that cannot be checked from here (`fsx://`) is not marked, and
+    `build()` writes the output and returns its own metadata and data version. The result carries,
+    first, the cache's verdict (`cache`, `cache_reason`), who built the output (`built_by_run`, and
+    `built_by_job` for a job) and this step's wall time (`step_wall_s`); then `dagster/uri`, the
+    other cache keys (`fingerprint`, `fingerprint_inputs`, `code_version`) and `dagster/size_bytes` of
+    the marked files, unless `build` counted that itself (the warm state, whose readers also read
+    shards kept elsewhere). A path a job reported inside its container's output folder names the
+    published file (see `metadata.published_paths`). The `dagster/row_count` it reports, and a size
+    it counted, are kept in the marker, so a later hit found through the marker alone reports them
+    too. An output that cannot be checked from here (`fsx://`) is not marked, and
     so never a hit. `known`: what this run knows of the output without building it (what it is built
     from), added to a hit on an output another run published. `skipped` says in the log what a hit
     spares ("no job launched").
     """
+    started = time.perf_counter()
     watch_over_step(context)  # a run whose worker is gone is failed, and a step worker ends with its run worker
     decision = cache_decision(context, inputs)
     if decision.hit is not None:
         context.log.info(f"cache hit, {skipped}: {decision.reason}")
-        return decision.hit
+        return _timed(decision.hit, started)
     context.log.info(f"cache miss: {decision.reason}")
     lease_path = output_lease_path(jobs_root, context.asset_key.to_user_string(), inputs.fingerprint, output)
 
@@ -87,7 +93,10 @@ def materialize_once(
         hit = None if refusal else published_hit(output, marker, inputs, reason, lease.waited_for)
         if hit is not None:
             context.log.info(f"cache hit, {skipped}: {reason}")
-            return MaterializeResult(metadata={**(hit.metadata or {}), **(known or {})}, data_version=hit.data_version)
+            return _timed(
+                MaterializeResult(metadata={**(hit.metadata or {}), **(known or {})}, data_version=hit.data_version),
+                started,
+            )
         if refusal:
             context.log.info(f"cache miss: the output published at {output} is complete, but {refusal}")
             decision = CacheDecision(None, f"an output of the same inputs is published, but {refusal}")
@@ -105,12 +114,21 @@ def materialize_once(
             if output_is_checkable(output)
             else None
         )
-    return MaterializeResult(
-        metadata={
-            "dagster/uri": MetadataValue.path(output),
-            **(standard_metadata(marker) if marker is not None else {}),
-            **(built.metadata or {}),
-            **miss_metadata(inputs, decision.reason),
-        },
-        data_version=built.data_version,
-    )
+    metadata = {
+        "dagster/uri": MetadataValue.path(output),
+        **(standard_metadata(marker) if marker is not None else {}),
+        # A job's paths inside its container's output folder, as published (that folder is gone now).
+        **published_paths(built.metadata or {}, {"out": output}),
+        **miss_metadata(inputs, decision.reason),
+        "built_by_run": context.run.run_id,
+    }
+    if "job_name" in metadata:
+        metadata["built_by_job"] = metadata["job_name"]
+    return _timed(MaterializeResult(metadata=metadata, data_version=built.data_version), started)
+
+
+def _timed(result: MaterializeResult, started: float) -> MaterializeResult:
+    """`result` with this step's own wall time (`step_wall_s`: a hit's is the look-up's, never the
+    build's), the cache's verdict and who built the output first."""
+    metadata = {**(result.metadata or {}), "step_wall_s": round(time.perf_counter() - started, 2)}
+    return MaterializeResult(metadata=cache_first(metadata), data_version=result.data_version)
