@@ -1,17 +1,14 @@
 """W&B from the graph: training and evaluation runs of one checkpoint in one group, their locations in
-the metadata, the API key kept out of jobs, requests and files, and W&B settings outside the cache fingerprint.
-
-The offline runs are read back from wandb's own `.wandb` transaction log (wandb 0.31 ships no Python
-reader for it): a 7-byte header (`:W&B`, magic 0xBEE1, version), then LevelDB-log style chunks in
-32 KiB blocks (crc32 4 bytes, length 2 bytes, type 1 byte: full, first, middle, last), each record a
-`wandb_internal_pb2.Record`.
+the metadata, the shard set and the model as artifacts both runs name, run ids from the jobs'
+fingerprints, the API key kept out of jobs, requests and files, and W&B settings outside the cache
+fingerprint. The offline runs are read back from their `.wandb` logs (tests/wandb_offline.py).
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import boto3
 import pytest
@@ -19,7 +16,7 @@ from conftest import make_resources
 from graph_runs import materialize_graph, materialize_tail
 from moto import mock_aws
 from test_render_jobs import BASE_ENV, render
-from wandb.proto import wandb_internal_pb2
+from wandb_offline import offline_run
 
 from training_code.lib import wandb_run
 from zero_assets.backends.sagemaker.code_package import build_code_package
@@ -30,39 +27,7 @@ from zero_assets.defs.assets import trained_checkpoint
 from zero_assets.defs.assets.trained_checkpoint import TRAIN_MODULE, TrainConfig
 
 KEY = "wandb-key-that-must-never-be-written-0123456789"
-BLOCK = 32 * 1024
 FAST = {"max_steps": 6, "checkpoint_every": 6, "batch_size": 4, "processes": 1}
-
-
-def wandb_records(path: Path):
-    data = path.read_bytes()
-    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
-    position, pending = 7, b""
-    while position + 7 <= len(data):
-        if BLOCK - position % BLOCK < 7:  # a block's tail too short for a chunk header is padding
-            position += BLOCK - position % BLOCK
-            continue
-        length, kind = struct.unpack("<HB", data[position + 4 : position + 7])
-        pending += data[position + 7 : position + 7 + length]
-        position += 7 + length
-        if kind in (1, 4):  # full, last
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            pending = b""
-            yield record
-
-
-def offline_run(folder: Path) -> dict:
-    """The run record, the last value of every history and summary key of one offline run folder."""
-    found = {"folder": folder, "history": {}, "summary": {}}
-    for record in wandb_records(next(folder.glob("run-*.wandb"))):
-        kind = record.WhichOneof("record_type")
-        if kind == "run":
-            found.update(group=record.run.run_group, job_type=record.run.job_type, project=record.run.project)
-        elif kind in ("history", "summary"):
-            items = record.history.item if kind == "history" else record.summary.update
-            found[kind].update({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items})
-    return found
 
 
 @pytest.mark.slow  # the whole graph on the tiny demo: about 2 minutes on 2 shared cores
@@ -97,12 +62,28 @@ def test_training_and_its_evaluation_log_to_one_group_and_the_metadata_says_wher
     )
     assert Path(report["wandb_run"]) == runs["evaluation"]["folder"]
     assert runs["training"]["history"]["_step"] == FAST["max_steps"] and runs["training"]["history"]["loss"] > 0
-    evaluation = runs["evaluation"]["summary"]
-    assert evaluation["mAP"] == pytest.approx(report["mAP"]) and evaluation["mAP_50"] == pytest.approx(report["mAP_50"])
-    per_class = {
-        row.data["category"]: row.data["AP"] for row in report["per_class_ap"].records if row.data["AP"] is not None
-    }
-    assert per_class and all(evaluation[f"AP/{name}"] == pytest.approx(ap) for name, ap in per_class.items())
+
+    # Lineage: both runs use the shard set (one artifact, one digest); training logs the model, evaluation uses it.
+    fingerprint16 = trained["fingerprint"][:16]
+    assert runs["training"]["run_id"] == trained["wandb_run_id"] == f"zero-trained-checkpoint-{fingerprint16}"
+    assert runs["evaluation"]["run_id"] == report["wandb_run_id"] == f"zero-map-report-{report['fingerprint'][:16]}"
+    model = f"model-{fingerprint16}"
+    assert trained["wandb_model_artifact"] == model and report["wandb_model_artifact"] == model
+    shard_set = trained["wandb_shard_set_artifact"]
+    assert report["wandb_shard_set_artifact"] == shard_set and shard_set.startswith("shards-")
+    assert runs["training"]["logged"] == {model: runs["evaluation"]["used"][model]}, "the model the evaluation used"
+    assert runs["training"]["used"] == {shard_set: runs["evaluation"]["used"][shard_set]}
+    assert set(runs["evaluation"]["used"]) == {shard_set, model}
+    assert not [name for name in runs["evaluation"]["logged"] if not name.startswith("run-")], "its tables only"
+    recorded = json.loads(runs["training"]["artifacts"][model].metadata)
+    assert (
+        recorded["data_version"]
+        == tail.asset_materializations_for_node("trained_checkpoint")[0].tags["dagster/data_version"]
+    ), "the model artifact names the checkpoint's data version"
+    pointers = runs["evaluation"]["artifacts"][shard_set].manifest.contents
+    assert "manifest.json" in {entry.path for entry in pointers} and any(e.path.startswith("shards/") for e in pointers)
+    assert all(entry.ref.startswith("file://") and not entry.local_path for entry in pointers), "pointers, no copy"
+    assert all(Path(unquote(urlparse(entry.ref).path)).is_file() for entry in pointers), "to the files the jobs read"
 
     # Nothing the jobs wrote (runs, job logs) holds the key that only the Dagster process had.
     written = [*wandb_dir.rglob("*"), *Path(resources["settings"].jobs_root()).rglob("*")]
