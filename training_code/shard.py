@@ -31,13 +31,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import multiprocessing
 import os
 import statistics
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +44,10 @@ from training_code.lib import job_env
 from training_code.lib import training_set as ts
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.raw_fetch import readable_root
-from training_code.lib.raw_files import Refused, locate
 from training_code.lib.read_list import ReadList, host_slot, read_read_list, resource_config
 from training_code.lib.shard_format import FORMAT, MANIFEST, MASKED, ROWS
 from training_code.lib.shard_hf import write_dataset_dict
+from training_code.lib.shard_packing import image_batches, label_columns
 from training_code.lib.shard_plan import (
     PACK_ORDER,
     Compaction,
@@ -58,7 +55,7 @@ from training_code.lib.shard_plan import (
     masked_table,
     rows_table,
 )
-from training_code.lib.shard_rows import ENCODINGS, Encoding, load_image_bytes, shard_labels
+from training_code.lib.shard_rows import ENCODINGS, Encoding
 from training_code.lib.shard_work import check_reads, collected_parts, plan_for, rows_to_pack
 from training_code.lib.shard_writer import ShardWriter
 from training_code.lib.storage import write_bytes_atomic
@@ -68,7 +65,6 @@ log = logging.getLogger("zero.shard")
 
 DEFAULT_COMPACTION = Compaction()
 PHASES = ("all", "map", "reduce")
-PREFETCH_PER_WORKER = 8  # images in flight per worker: enough to hide I/O and a flush, bounded so memory stays flat
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -190,18 +186,17 @@ def _pack(
     """Pack the plan's rows that are in `only` (this host's) into new shards of about `target` bytes
     (`packing`: target, encoding, workers), in pack order; returns their entries and their rows."""
     target, encoding, workers = packing
-    category_id = {c["name"]: c["id"] for c in plan.categories}
     entries: list[dict[str, Any]] = []
     rows: list[dict[str, str]] = []
     for split in SPLITS:
         keys = [key for key in plan.to_pack.get(split, []) if key in only]
-        records = table.take(pa.array([index[key] for key in keys], pa.int64())).to_pylist()
-        labels = [shard_labels(record, category_id, encoding) for record in records]
-        tasks = (_task(raw, record, label, encoding) for record, label in zip(records, labels))
-        images = _ordered_map(load_image_bytes, tasks, workers, processes=encoding.mode == "resize")
+        records = table.take(pa.array([index[key] for key in keys], pa.int64()))
+        labels = label_columns(records, plan.categories, encoding)
         with ShardWriter(out, split, target, categories=plan.categories) as writer:
-            for label, image in zip(labels, images):
-                writer.write({"image": image, **label})
+            done = 0
+            for images in image_batches(raw, records, labels, encoding, workers):
+                writer.write_batch(images, labels.slice(done, len(images)))
+                done += len(images)
         packed = iter(keys)
         for entry in writer.entries:
             for key in (next(packed) for _ in range(entry["rows"])):
@@ -209,37 +204,6 @@ def _pack(
                 rows.append({"path": entry["path"], "key": key, "sha256": sha, "split": split, "labels": digest})
         entries += writer.entries
     return entries, rows
-
-
-def _task(raw: Path, row: dict[str, Any], labels: dict[str, Any], encoding: Encoding) -> tuple:
-    # Located inside the raw root: a symlink swapped in after validation fails the job, its target
-    # unread, as a changed file fails the sha256 re-check.
-    try:
-        path = str(locate(raw, row["key"]))
-    except Refused as refused:
-        raise RuntimeError(
-            f"{row['key']}: {refused}; the raw root changed since validation, rematerialize validated_images"
-        ) from None
-    return (path, row["key"], row["sha256"], (labels["width"], labels["height"]), int(row["orientation"]), encoding)
-
-
-def _ordered_map(function: Callable[[Any], Any], tasks: Iterable[Any], workers: int, processes: bool) -> Iterator[Any]:
-    """`map(function, tasks)` on a pool, in order, with a bounded number of results in flight.
-
-    Threads for plain reads (hashing and file reads release the GIL); processes for decode and encode.
-    """
-    if processes:
-        executor: Executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
-    else:
-        executor = ThreadPoolExecutor(workers)
-    with executor:
-        window = deque()
-        for task in tasks:
-            window.append(executor.submit(function, task))
-            if len(window) >= workers * PREFETCH_PER_WORKER:
-                yield window.popleft().result()
-        while window:
-            yield window.popleft().result()
 
 
 SHARD_SIZE_COLUMNS = {

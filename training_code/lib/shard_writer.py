@@ -15,10 +15,13 @@ import hashlib
 import os
 import queue
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .shard_format import IMAGE_TYPE, LABEL_SCHEMA, SHARD_SCHEMA, SHARDS, shard_schema
 
@@ -28,9 +31,14 @@ _COLUMNS = SHARD_SCHEMA.names
 
 
 class ShardWriter:
-    """`with ShardWriter(out, "train", target_bytes, categories=manifest_categories) as writer: writer.write(row)`;
-    then `writer.entries`. A row holds every SHARD_SCHEMA column, `image` as the bytes to store. The
-    shards go to `out/shards/`."""
+    """`with ShardWriter(out, "train", target_bytes, categories=manifest_categories) as writer: ...`; then
+    `writer.entries`. The shards go to `out/shards/`.
+
+    `write_batch(images, labels)` takes rows as columns (the image bytes, and every other SHARD_SCHEMA
+    column as a table): they go into the shards as Arrow slices, with no Python work a row beyond its
+    size. `write(row)` takes one row as a dict (`image` as the bytes to store). Both cut record batches
+    and shards at the same rows: a batch at ROWS_PER_BATCH rows or BATCH_BYTES of images, a shard at
+    the row that takes it to the target size."""
 
     def __init__(self, out_dir: Path, split: str, target_bytes: int, *, categories: list[dict[str, Any]]) -> None:
         if target_bytes <= 0:
@@ -39,8 +47,10 @@ class ShardWriter:
         self.schema = shard_schema(categories)
         self.opened = 0
         self.entries: list[dict[str, Any]] = []
-        self._pending: list[dict[str, Any]] = []
-        self._pending_bytes = 0
+        self._dict_rows: list[dict[str, Any]] = []  # rows given one by one, not yet columns
+        self._pieces: list[tuple[pa.Array, pa.Table]] = []  # pending columns: (images, labels) slices
+        self._pending_rows = self._pending_bytes = 0
+        self._written = 0  # bytes of the open shard on disk, as of its last batch
         self._stream: pa.ipc.RecordBatchStreamWriter | None = None
         self._sink: pa.OSFile | None = None
         self._rows = 0
@@ -64,26 +74,82 @@ class ShardWriter:
                 f"shard row {row.get('key')!r}: column {missing[0]!r} is missing or None; "
                 "every shard column needs a value"
             )
-        self._pending.append(row)
-        self._pending_bytes += len(row["image"])
+        self._dict_rows.append(row)
+        self._add_row(len(row["image"]))
+
+    def write_batch(self, images: Sequence[bytes] | pa.Array | pa.ChunkedArray, labels: pa.Table) -> None:
+        """Rows as columns: `images` (the bytes to store, one per row) and `labels` (every other
+        SHARD_SCHEMA column, in any order; cast to the shard's types). The batches and shards are cut
+        where `write` would cut them, found from the running sum of the image sizes."""
+        if not isinstance(images, pa.Array | pa.ChunkedArray):
+            images = pa.array(images, pa.binary())  # chunked past 2 GiB
+        if len(images) != labels.num_rows:
+            raise ValueError(f"{len(images)} images for {labels.num_rows} label rows")
+        labels = _label_columns(labels)
+        if isinstance(images, pa.ChunkedArray):
+            done = 0
+            for chunk in images.chunks:
+                self.write_batch(chunk, labels.slice(done, len(chunk)))
+                done += len(chunk)
+            return
+        images = images.cast(pa.binary())
+        _refuse_nulls(images, labels)
+        self._pieces_from_dict_rows()
+        ends = np.cumsum(pc.binary_length(images).to_numpy(zero_copy_only=False), dtype=np.int64)
+        start = 0
+        while start < len(images):
+            before = int(ends[start - 1]) if start else 0
+            # The first row at which the pending batch reaches its row cap, its byte cap or the shard's target.
+            by_rows = start + ROWS_PER_BATCH - self._pending_rows - 1
+            room = min(BATCH_BYTES, self.target_bytes - self._written) - self._pending_bytes
+            by_bytes = max(start, int(np.searchsorted(ends, before + room, side="left")))
+            end = min(by_rows, by_bytes, len(images) - 1) + 1
+            self._pieces.append((images.slice(start, end - start), labels.slice(start, end - start)))
+            self._pending_rows += end - start
+            self._pending_bytes += int(ends[end - 1]) - before
+            start = end
+            if self._row_ends_batch():
+                self._end_batch()
+
+    def _add_row(self, size: int) -> None:
+        self._pending_rows += 1
+        self._pending_bytes += size
+        if self._row_ends_batch():
+            self._end_batch()
+
+    def _row_ends_batch(self) -> bool:
+        return (
+            self._written + self._pending_bytes >= self.target_bytes
+            or self._pending_rows >= ROWS_PER_BATCH
+            or self._pending_bytes >= BATCH_BYTES
+        )
+
+    def _end_batch(self) -> None:
         # Roll over by the row, not by the batch, so a shard ends close to the target whatever the batch size.
-        written = self._sink.tell() if self._sink is not None else 0
-        if written + self._pending_bytes >= self.target_bytes:
-            self._flush()
+        full = self._written + self._pending_bytes >= self.target_bytes
+        self._flush()
+        if full:
             self._close_shard()
-        elif len(self._pending) >= ROWS_PER_BATCH or self._pending_bytes >= BATCH_BYTES:
-            self._flush()
+
+    def _pieces_from_dict_rows(self) -> None:
+        if self._dict_rows:
+            rows, self._dict_rows = self._dict_rows, []
+            stored = pa.array([row["image"] for row in rows], pa.binary())
+            self._pieces.append((stored, pa.Table.from_pylist(rows, schema=LABEL_SCHEMA)))
 
     def _flush(self) -> None:
-        if not self._pending:
+        self._pieces_from_dict_rows()
+        if not self._pieces:
             return
-        batch = _record_batch(self._pending, self.schema)
-        self._pending, self._pending_bytes = [], 0
+        pieces, self._pieces = self._pieces, []
+        self._pending_rows = self._pending_bytes = 0
+        batch = _record_batch(pieces, self.schema)
         if self._stream is None:
             self._open_shard()
         self._stream.write_batch(batch)
         self._rows += batch.num_rows
-        self._hasher.submit(self._sink.tell())
+        self._written = self._sink.tell()
+        self._hasher.submit(self._written)
 
     def _open_shard(self) -> None:
         self._name = f"{self.split}-{self.opened:05d}"  # the temporary name's; the final one is the content's
@@ -116,6 +182,7 @@ class ShardWriter:
             }
         )
         self._stream = self._sink = None
+        self._written = 0
 
     def _abort(self) -> None:
         if self._stream is not None:
@@ -125,12 +192,44 @@ class ShardWriter:
             self._stream = self._sink = None
 
 
-def _record_batch(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.RecordBatch:
-    """The rows as one batch of `schema`: `image` built as its struct (bytes, null path) from the row's bytes."""
-    stored = pa.array([row["image"] for row in rows], pa.binary())
-    image = pa.StructArray.from_arrays([stored, pa.nulls(len(rows), pa.string())], fields=list(IMAGE_TYPE))
-    labels = pa.RecordBatch.from_pylist(rows, schema=LABEL_SCHEMA)
-    return pa.RecordBatch.from_arrays([image, *labels.columns], schema=schema)
+def _label_columns(labels: pa.Table) -> pa.Table:
+    """`labels` as LABEL_SCHEMA: its columns in the shard's order and types, or an error naming the column."""
+    if missing := [name for name in LABEL_SCHEMA.names if name not in labels.column_names]:
+        raise ValueError(f"write_batch labels lack column {missing[0]!r}; every shard column but image needs one")
+    columns = []
+    for field in LABEL_SCHEMA:
+        try:
+            columns.append(labels.column(field.name).cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+            raise ValueError(
+                f"write_batch labels: column {field.name!r} of type {labels.schema.field(field.name).type} "
+                f"does not convert to the shard's {field.type}: {error}"
+            ) from None
+    return pa.Table.from_arrays(columns, schema=LABEL_SCHEMA)
+
+
+def _refuse_nulls(images: pa.Array, labels: pa.Table) -> None:
+    """The schema's fields are nullable for `datasets`' sake, so Arrow would store a missing value as null."""
+    for name, column in [("image", images), *zip(labels.column_names, labels.columns)]:
+        if column.null_count:
+            first = pc.index(pc.is_null(column), True).as_py()
+            raise ValueError(
+                f"shard row {labels.column('key')[first].as_py()!r}: column {name!r} is missing or None; "
+                "every shard column needs a value"
+            )
+
+
+def _record_batch(pieces: list[tuple[pa.Array, pa.Table]], schema: pa.Schema) -> pa.RecordBatch:
+    """The pending pieces as one batch of `schema`, `image` as its struct (bytes, null path). Every
+    column is concatenated into fresh buffers (a slice would carry its offset into the stream), so a
+    shard's bytes depend on its rows only, however they were handed to the writer."""
+    stored = pa.concat_arrays([images for images, _ in pieces])
+    columns = [
+        pa.concat_arrays([chunk for _, table in pieces for chunk in table.column(name).chunks])
+        for name in LABEL_SCHEMA.names
+    ]
+    image = pa.StructArray.from_arrays([stored, pa.nulls(len(stored), pa.string())], fields=list(IMAGE_TYPE))
+    return pa.RecordBatch.from_arrays([image, *columns], schema=schema)
 
 
 class _TrailingHasher:

@@ -1,0 +1,125 @@
+"""A split's rows as the packing job hands them to the ShardWriter: columns, not one dict a row.
+
+`label_columns` builds every shard column but `image` from the selected rows (SELECTION_SCHEMA) with
+Arrow compute: what `shard_rows.shard_labels` gives one row, for all of them at once (a resized set's
+labels scale each row's boxes, and are made a row at a time: the re-encode costs far more). Each
+`image_batches` item is the stored bytes of a run of rows, read, located and sha256-checked on a pool
+a batch a task, so the pool's hand-off is paid once a batch rather than once a file. Together they feed
+`ShardWriter.write_batch`, which writes the same shards as `write` a row at a time.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .raw_files import Locator, Refused
+from .shard_format import LABEL_SCHEMA
+from .shard_rows import Encoding, load_image_bytes, shard_labels
+
+READ_ROWS = 64  # images a pool task reads: small files cost a hand-off each otherwise
+READ_BYTES = 8 << 20  # and at most about this many bytes, so large photos keep few in flight
+BATCHES_PER_WORKER = 3  # tasks in flight per worker: enough to hide I/O and a flush, bounded so memory stays flat
+
+
+def label_columns(rows: pa.Table, categories: list[dict[str, Any]], encoding: Encoding) -> pa.Table:
+    """Every shard column but `image` for the selected `rows`, in their order (LABEL_SCHEMA)."""
+    category_id = {c["name"]: c["id"] for c in categories}
+    if encoding.mode != "original":
+        labels = [shard_labels(row, category_id, encoding) for row in rows.to_pylist()]
+        return pa.Table.from_pylist(labels, schema=LABEL_SCHEMA)
+    names = rows.column("category_names").combine_chunks()
+    known = pa.array(list(category_id), pa.string())
+    position = pc.index_in(pc.list_flatten(names), value_set=known)
+    if position.null_count:
+        _refuse_unknown_category(rows, names, position)
+    ids = pc.take(pa.array(list(category_id.values()), pa.int64()), position)
+    offsets = pc.subtract(names.offsets, names.offsets[0])  # a slice's offsets start where its values do
+    columns = {
+        "image_format": rows.column("format"),
+        "width": rows.column("width"),
+        "height": rows.column("height"),
+        "boxes": rows.column("boxes"),
+        "category_ids": pa.ListArray.from_arrays(offsets, ids),
+        "category_names": names,
+        "source": rows.column("source"),
+        "key": rows.column("key"),
+        "sha256": rows.column("sha256"),
+    }
+    return pa.table([columns[f.name].cast(f.type) for f in LABEL_SCHEMA], schema=LABEL_SCHEMA)
+
+
+def _refuse_unknown_category(rows: pa.Table, names: pa.ListArray, position: pa.Array) -> None:
+    first = pc.index(pc.is_null(position), True).as_py()
+    row = pc.list_parent_indices(names)[first].as_py()
+    name = pc.list_flatten(names)[first].as_py()
+    raise ValueError(
+        f"{rows.column('key')[row].as_py()}: category {name!r} is not among the training set's categories; "
+        "materialize training_set again"
+    )
+
+
+def image_batches(
+    raw: Path, rows: pa.Table, labels: pa.Table, encoding: Encoding, workers: int
+) -> Iterator[list[bytes]]:
+    """The stored bytes of `rows` (selected rows, with `labels` their label_columns), in their order, a
+    batch of up to READ_ROWS rows (READ_BYTES of raw files) at a time. Threads read and hash original
+    bytes (both release the GIL); processes decode and re-encode resized ones."""
+    locator = Locator(raw)
+    columns = [rows.column(name).to_pylist() for name in ("key", "sha256", "size", "orientation")]
+    targets = zip(labels.column("width").to_pylist(), labels.column("height").to_pylist())
+    tasks = _batched(zip(*columns, targets), locator, encoding)
+    return _ordered_map(read_batch, tasks, workers, processes=encoding.mode == "resize")
+
+
+def _batched(rows: Iterable[tuple], locator: Locator, encoding: Encoding) -> Iterator[tuple]:
+    batch: list[tuple] = []
+    size = 0
+    for key, sha256, raw_size, orientation, target in rows:
+        batch.append((key, sha256, target, orientation))
+        size += raw_size
+        if len(batch) >= READ_ROWS or size >= READ_BYTES:
+            yield locator, batch, encoding
+            batch, size = [], 0
+    if batch:
+        yield locator, batch, encoding
+
+
+def read_batch(task: tuple[Locator, list[tuple], Encoding]) -> list[bytes]:
+    """The `image` column values of one batch of rows; runs in a worker (thread or process)."""
+    locator, batch, encoding = task
+    images = []
+    for key, sha256, target, orientation in batch:
+        # Located inside the raw root: a symlink swapped in after validation fails the job, its target
+        # unread, as a changed file fails the sha256 re-check.
+        try:
+            path = str(locator.locate(key))
+        except Refused as refused:
+            raise RuntimeError(
+                f"{key}: {refused}; the raw root changed since validation, rematerialize validated_images"
+            ) from None
+        images.append(load_image_bytes((path, key, sha256, target, int(orientation), encoding)))
+    return images
+
+
+def _ordered_map(function: Callable[[Any], Any], tasks: Iterable[Any], workers: int, processes: bool) -> Iterator[Any]:
+    """`map(function, tasks)` on a pool, in order, with a bounded number of results in flight."""
+    if processes:
+        executor: Executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
+    else:
+        executor = ThreadPoolExecutor(workers)
+    with executor:
+        window = deque()
+        for task in tasks:
+            window.append(executor.submit(function, task))
+            if len(window) >= workers * BATCHES_PER_WORKER:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
