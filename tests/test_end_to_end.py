@@ -62,18 +62,19 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
         == "annotation_without_image"
     )
 
-    # The copy in another source is validated there, then left out of the training set by the stated rule.
-    duplicate = planted["duplicate_across_sources"]
-    excluded = pd.read_parquet(f"{meta['training_set']['dagster/uri']}/excluded.parquet")
-    assert excluded["key"].tolist() == [duplicate] and excluded["reason"].iloc[0].startswith(
-        "duplicate of an image kept in source"
-    )
-    assert meta["training_set"]["duplicates_across_sources"] == 1
+    # The copy in another source is validated there, then left out of the training set by the stated rule;
+    # so is the image with no entry in its source's annotations.json (not annotated, no training image).
+    duplicate, unannotated = planted["duplicate_across_sources"], planted["image_without_annotation"]
+    excluded = pd.read_parquet(f"{meta['training_set']['dagster/uri']}/excluded.parquet").set_index("key")
+    assert sorted(excluded.index) == sorted([duplicate, unannotated])
+    assert excluded.loc[duplicate, "reason"].startswith("duplicate of an image kept in source")
+    assert excluded.loc[unannotated, "reason"].startswith("not annotated: no entry in its source's annotations.json")
+    assert meta["training_set"]["duplicates_across_sources"] == 1 and meta["training_set"]["not_annotated"] == 1
     accepted = sum(m["validated_images"]["accepted"] for m in sources.values())
-    assert meta["training_set"]["dagster/row_count"] == accepted - 1
-    # The shards hold the selection, nothing more: every accepted image but the duplicate.
+    assert meta["training_set"]["dagster/row_count"] == accepted - 2
+    # The shards hold the selection, nothing more: every accepted image but the duplicate and the unannotated one.
     shards = meta["arrow_shards"]
-    assert shards["train_rows"] + shards["val_rows"] == shards["dagster/row_count"] == accepted - 1
+    assert shards["train_rows"] + shards["val_rows"] == shards["dagster/row_count"] == accepted - 2
     assert meta["fsx_warm_state"]["shards"] == shards["shards"]
 
     assert meta["trained_checkpoint"]["steps"] == 12
@@ -95,11 +96,11 @@ def _check_lineage(instance, meta, sources, planted):
     assert {s: m.uri for s, m in found.validated_sets.items()} == {
         s: m["validated_images"]["dagster/uri"] for s, m in sources.items()
     }
-    duplicate = planted["duplicate_across_sources"]
+    duplicate, unannotated = planted["duplicate_across_sources"], planted["image_without_annotation"]
     assert (
         len(found.train_images) == meta["arrow_shards"]["train_rows"] == meta["trained_checkpoint"]["dagster/row_count"]
     )
-    assert duplicate not in set(found.train_images["key"])
+    assert duplicate not in set(found.train_images["key"]) and unannotated not in set(found.train_images["key"])
     assert [r.uri for r in found.reports] == [meta["map_report"]["dagster/uri"]]
     lines = found.lines()
     assert lines[2].startswith(f"shard set    {found.shard_set.uri}  ({meta['arrow_shards']['shards']} shards")
