@@ -82,7 +82,7 @@ class ShardWriter:
         SHARD_SCHEMA column, in any order; cast to the shard's types). The batches and shards are cut
         where `write` would cut them, found from the running sum of the image sizes."""
         if not isinstance(images, pa.Array | pa.ChunkedArray):
-            images = pa.array(images, pa.binary())  # chunked past 2 GiB
+            images = _binary_array(images)
         if len(images) != labels.num_rows:
             raise ValueError(f"{len(images)} images for {labels.num_rows} label rows")
         labels = _label_columns(labels)
@@ -134,7 +134,7 @@ class ShardWriter:
     def _pieces_from_dict_rows(self) -> None:
         if self._dict_rows:
             rows, self._dict_rows = self._dict_rows, []
-            stored = pa.array([row["image"] for row in rows], pa.binary())
+            stored = _binary_array([row["image"] for row in rows])
             self._pieces.append((stored, pa.Table.from_pylist(rows, schema=LABEL_SCHEMA)))
 
     def _flush(self) -> None:
@@ -190,6 +190,20 @@ class ShardWriter:
             self._hasher.finish(None)
             self._tmp_path().unlink(missing_ok=True)
             self._stream = self._sink = None
+
+
+def _binary_array(images: Sequence[bytes]) -> pa.Array | pa.ChunkedArray:
+    """`pa.array(images, pa.binary())` as one join and the offsets: Arrow's builder takes about 2.7 ms
+    for 64 images of 17 KB, the join 0.1. A list holding None, or past 2 GiB, goes to pa.array (which
+    keeps the null, refused then naming its row, and chunks the column)."""
+    sizes = np.fromiter((-1 if image is None else len(image) for image in images), np.int64, len(images))
+    if (sizes < 0).any() or sizes.sum() >= 1 << 31:
+        return pa.array(images, pa.binary())
+    offsets = np.zeros(len(images) + 1, np.int32)
+    np.cumsum(sizes, out=offsets[1:])
+    return pa.Array.from_buffers(
+        pa.binary(), len(images), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(images))]
+    )
 
 
 def _label_columns(labels: pa.Table) -> pa.Table:
