@@ -114,4 +114,5 @@ def _check_lineage(instance, meta, sources, planted):
         truncated["status"] == "quarantined" and truncated["reason"] == "truncated" and truncated["checkpoints"] == []
     )
     assert image_fate(instance, planted["duplicate_across_sources"])["status"] == "excluded from the training set"
-    assert image_fate(instance, "line_a_camera/lot_999/never_seen.jpg")["status"] == "not yet processed"
+    with pytest.raises(LookupError, match="is not in the index of any source"):
+        image_fate(instance, "line_a_camera/lot_999/never_seen.jpg")

@@ -2,6 +2,7 @@
 
 zero-assets make-demo-data --out DIR [--images N] [--seed S] [--shuffle-labels]
 zero-assets sources [--register]   # the raw root's sources (top-level folders); --register adds new ones
+zero-assets sources --remove NAME  # delete a partition that is no source of the raw root (a stray one)
 zero-assets summary            # the latest materialization of each asset (per source for those), from $DAGSTER_HOME
 zero-assets render-jobs --out DIR [--config RUN_CONFIG] [--from-instance]  # the SageMaker/FSx requests the
                                                  # graph would send (no AWS calls)
@@ -48,8 +49,16 @@ def _settings():
 
 
 def _sources(args: argparse.Namespace) -> int:
-    from zero_assets.defs.change_detection.raw_sources import list_sources, register_sources
+    from zero_assets.defs.change_detection.raw_sources import list_sources, register_sources, remove_source
 
+    if args.remove:
+        from dagster import DagsterInstance
+
+        with DagsterInstance.get() as instance:
+            for source in args.remove:
+                remove_source(instance, source)
+                print(f"{source}\tremoved")
+        return 0
     raw_uri = _settings().raw_uri
     sources = list_sources(raw_uri)
     if not args.register:
@@ -183,6 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sources.add_argument(
         "--register", action="store_true", help="add the sources that are not partitions yet to the instance"
+    )
+    sources.add_argument(
+        "--remove",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="delete the partition NAME (one added by hand, or whose folder is gone); repeatable",
     )
     sources.set_defaults(handler=_sources)
     summary = commands.add_parser(

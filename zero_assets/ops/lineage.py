@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from dagster import DagsterInstance
 
 from training_code.lib import training_set as ts
+from training_code.lib.raw_index import INDEX_FILE
 from training_code.lib.shard_format import MANIFEST, MASKED, ROWS
 from training_code.lib.storage import join, read_bytes
 from training_code.lib.verified_read import read_verified
@@ -178,6 +179,7 @@ def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
     whether the latest training set selected it (or excluded it, and why); the shards of the latest
     shard set holding it (masked there when no longer selected); the checkpoints that trained on it."""
     source = key.partition("/")[0]
+    _require_indexed(instance, source, key)
     latest = next(materializations(instance, "validated_images", source), None)
     if latest is None:
         return {
@@ -192,14 +194,46 @@ def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
     shards = next(materializations(instance, "arrow_shards"), None)
     fate["shards"] = _held_in(shards.uri, key) if shards is not None else []
     fate["masked"] = any(held["masked"] for held in fate["shards"])
-    fate["checkpoints"] = []
+    fate["checkpoints"], changed = [], []
     for checkpoint in materializations(instance, "trained_checkpoint"):
         # only the images it trained on: not the validated-set and report walks of checkpoint_lineage
         _, trained_shards, trained_on = _trained_from(instance, checkpoint)
-        if (_trained_rows(trained_on.uri, trained_shards.uri)["key"] == key).any():
-            fate["checkpoints"].append(checkpoint.uri)
+        rows = _trained_rows(trained_on.uri, trained_shards.uri)
+        trained = rows.loc[(rows["source"] == source) & (rows["key"] == key), "sha256"]
+        if trained.empty:
+            continue
+        fate["checkpoints"].append(checkpoint.uri)
+        if "sha256" in fate and trained.iloc[0] != fate["sha256"]:
+            changed.append({"checkpoint": checkpoint.uri, "trained_sha256": trained.iloc[0]})
     fate["trained"] = bool(fate["checkpoints"])
+    if changed:
+        # The image a checkpoint learned from is not the file there now: edited, replaced or unreadable.
+        now = fate.get("sha256") or "unreadable now"
+        fate["bytes_changed"] = changed
+        fate["bytes_changed_detail"] = (
+            f"its bytes changed since {len(changed)} checkpoint(s) trained on it: sha256 then "
+            f"{', '.join(sorted({c['trained_sha256'] for c in changed}))}, now {now} "
+            f"(latest validated set {latest.uri})"
+        )
     return fate
+
+
+def _require_indexed(instance: DagsterInstance, source: str, key: str) -> None:
+    """Raise `LookupError` unless `key` is in the latest index of its source (the only index that can list it)."""
+    index = next(materializations(instance, "raw_image_index", source), None)
+    if index is None:
+        raise LookupError(
+            f"{key} is not in the index of any source: source {source!r} (the key's top-level folder) has no "
+            f"raw_image_index materialization in this instance ($DAGSTER_HOME); a key is <source>/<path> as the "
+            "raw root holds it"
+        )
+    keys = _table(join(index.uri, INDEX_FILE), ("key",))["key"]
+    if not (keys == key).any():
+        raise LookupError(
+            f"{key} is not in the index of any source: the latest index of source {source} ({index.uri}, "
+            f"{len(keys)} images) does not list it; check the key (<source>/<path>, as `zero-assets summary` "
+            "counts them), or rematerialize raw_image_index for the source if the file was added since"
+        )
 
 
 def _selected(training_set_uri: str, source: str, key: str) -> dict[str, Any]:
@@ -248,7 +282,9 @@ def _verdict(validated_uri: str, key: str) -> dict[str, Any]:
             "reason": row["reason"],
             "stage": row["stage"],
             "error": row["error"],
+            "sha256": row["sha256"],
         }
     if not (duplicate := rows("duplicates.parquet")).empty:
-        return {"key": key, "status": "duplicate", "duplicate_of": duplicate.iloc[0]["duplicate_of"]}
+        row = duplicate.iloc[0]
+        return {"key": key, "status": "duplicate", "duplicate_of": row["duplicate_of"], "sha256": row["sha256"]}
     return {"key": key, "status": "not yet processed", "detail": f"not in the latest validated set {validated_uri}"}

@@ -25,6 +25,7 @@ from zero_assets.backends.job_runner import JobRunner
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.raw_data import raw_data
+from zero_assets.defs.change_detection.raw_sources import require_source
 from zero_assets.defs.partitions import RAW_SOURCES
 from zero_assets.launch.materialize import launch_job
 from zero_assets.launch.metadata import table_schema
@@ -75,6 +76,7 @@ def raw_image_index(
     """Index of every image of one source (the raw root's folder `<source>/`): key, size, etag, group,
     annotation count."""
     source = context.partition_key
+    require_source(settings.raw_uri, source)  # a stray partition or a missing root fails here, saying what to do
     # What downstream sees: the listing (key, size, etag; never image bytes), the code that reads it, the
     # grouping and the sample. The job's arguments are exactly this config, so both paths fingerprint alike.
     arguments = _job_arguments(settings, source, config)
