@@ -24,6 +24,7 @@ from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from . import jpeg_strict
 from .hashing import sha256_bytes
+from .perceptual_hash import phash
 from .raw_files import Refused, read_limited
 
 DEFAULT_ALLOWED_FORMATS = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF", "MPO")
@@ -74,6 +75,7 @@ class ImageVerdict:
     width: int = 0  # upright frame, after EXIF orientation
     height: int = 0
     orientation: int = 1  # the EXIF orientation exif_transpose applied (1 when absent or not 1..8)
+    phash: int | None = None  # perceptual_hash.phash of the upright picture, for a decoded image
 
     @property
     def accepted(self) -> bool:
@@ -264,6 +266,8 @@ def _upright_verdict(
         width=width,
         height=height,
         orientation=orientation,
+        # From the picture decoded above (upright already, or the small JPEG decode and its orientation).
+        phash=phash(image, 1) if turnable is None else phash(turnable(), orientation),
     )
     if width < min_side or height < min_side:
         return replace(

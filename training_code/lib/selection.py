@@ -16,7 +16,9 @@ never a Python object per row):
    keeps are those whose sha256 sorts lowest: a function of the content alone, the same on every
    machine, and stable as a source grows (a new image displaces a kept one only by hashing lower).
 4. the split: as validation assigned it, a pure function of the group, so a group is never split
-   across train and val and agrees across sources. It is not changed here.
+   across train and val and agrees across sources; then near-duplicates (the accepted table's `phash`,
+   see near_duplicate_split): groups linked by near-identical images, in any group or source, take
+   one split, that of the (source, group) that sorts first among them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .label_policy import EXCLUDED_BECAUSE, TRAINING_STATES
+from .near_duplicate_split import NEAR_DUPLICATES_SCHEMA, PHASH, split_by_near_duplicates
+from .near_duplicates import NearDuplicateSettings
 from .training_set import EXCLUDED_SCHEMA, SELECTION_SCHEMA
 
 ANNOTATION = "annotation"  # the accepted table's column that says whether an image has labels to train on
@@ -44,8 +48,10 @@ class SelectionPolicy:
     source_weights: Mapping[str, float] = field(default_factory=dict)
     categories: tuple[str, ...] = ()
     negatives: bool = True
+    near_duplicate_max_distance: int = NearDuplicateSettings.max_distance  # bits between perceptual hashes
 
     def __post_init__(self) -> None:
+        self.near_duplicates()  # checks the distance
         caps = {"max_images_per_source": self.max_images_per_source, "max_images": self.max_images}
         caps |= {f"source_caps[{s}]": cap for s, cap in self.source_caps.items()}
         for name, cap in caps.items():
@@ -54,6 +60,9 @@ class SelectionPolicy:
         for source, weight in self.source_weights.items():
             if not math.isfinite(weight) or weight < 0:
                 raise ValueError(f"source_weights[{source}] must be a finite number >= 0, got {weight}")
+
+    def near_duplicates(self) -> NearDuplicateSettings:
+        return NearDuplicateSettings(max_distance=self.near_duplicate_max_distance)
 
     def as_config(self) -> dict[str, Any]:
         """The policy as the manifest records it (part of the data version)."""
@@ -68,6 +77,11 @@ class SelectionPolicy:
             "source's validation treats such images as negatives (unlabelled_are_negatives)",
             "duplicates": "an exact duplicate (same sha256) is kept in the source whose name sorts first",
             "over_cap": "a source keeps the images whose sha256 sorts lowest",
+            "near_duplicates": {
+                **vars(self.near_duplicates()),
+                "rule": "images whose perceptual hashes are at most max_distance bits apart, and the groups they "
+                "link, take the split of the (source, group) that sorts first among them",
+            },
         }
 
 
@@ -75,12 +89,15 @@ class SelectionPolicy:
 class Selection:
     selected: pa.Table  # SELECTION_SCHEMA, sorted by (source, key)
     excluded: pa.Table  # EXCLUDED_SCHEMA, sorted by (source, key)
+    near_duplicates: pa.Table = field(default_factory=NEAR_DUPLICATES_SCHEMA.empty_table)  # near_duplicate_split's
 
 
 def select_rows(rows: pa.Table, policy: SelectionPolicy) -> Selection:
     """Apply the policy to the accepted rows of every chosen source (SELECTION_SCHEMA columns, and
-    the accepted table's `annotation` where the rows come from validated sets)."""
-    rows, not_annotated = _annotated_only(rows.sort_by([("source", "ascending"), ("key", "ascending")]))
+    the accepted table's `annotation` and `phash` where the rows come from validated sets)."""
+    rows = rows.sort_by([("source", "ascending"), ("key", "ascending")])
+    hashes = rows.select(["key", PHASH]) if PHASH in rows.column_names else None
+    rows, not_annotated = _annotated_only(rows.drop_columns([PHASH]) if hashes is not None else rows)
     rows, had_boxes, has_boxes = _keep_chosen_boxes(rows.cast(SELECTION_SCHEMA), set(policy.categories))
     outside = (had_boxes > 0) & (has_boxes == 0)
     negative_off = (had_boxes == 0) & (not policy.negatives)
@@ -102,7 +119,13 @@ def select_rows(rows: pa.Table, policy: SelectionPolicy) -> Selection:
     excluded.append(_reasons(unique.filter(pa.array(over)), over_reasons))
     selected = unique.filter(pa.array(~over))
     left_out = pa.concat_tables(excluded).sort_by([("source", "ascending"), ("key", "ascending")])
-    return Selection(selected, left_out)
+    if hashes is None:
+        return Selection(selected, left_out)
+    at = pc.index_in(selected.column("key"), value_set=hashes.column("key"))
+    with_hashes = selected.append_column(PHASH, pc.take(hashes.column(PHASH), at))
+    near = split_by_near_duplicates(with_hashes, policy.near_duplicates())
+    selected = selected.set_column(selected.schema.get_field_index("split"), "split", near.split)
+    return Selection(selected.cast(SELECTION_SCHEMA), left_out, near.members)
 
 
 def _annotated_only(rows: pa.Table) -> tuple[pa.Table, pa.Table]:

@@ -87,6 +87,7 @@ ACCEPTED = pa.DataFrameSchema(
         "boxes": pa.Column(object),  # list of [x1, y1, x2, y2], upright frame
         "category_names": pa.Column(object),  # list of str, one per box
         "annotation": pa.Column(str, pa.Check.isin(list(ANNOTATION_STATES))),
+        "phash": pa.Column("int64"),  # perceptual_hash.phash of the upright picture (64 bits, signed)
     },
     unique=["key"],
     name="validated_images",
@@ -123,6 +124,7 @@ VERDICTS = pa.DataFrameSchema(
         "width": pa.Column("int64"),
         "height": pa.Column("int64"),
         "orientation": pa.Column("int64"),
+        "phash": pa.Column("int64"),  # 0 when nothing was decoded (see `reason`)
     },
     unique=["key"],
     name="verdicts",

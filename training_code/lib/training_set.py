@@ -5,6 +5,8 @@
   (where its bytes are, their sha256, size and etag, the split and group validation gave it, its
   labels), sorted by (source, key);
 - `excluded.parquet` (source, key, reason): the chosen sources' accepted images left out, and why;
+- `near_duplicates.parquet` (near_duplicate_split.NEAR_DUPLICATES_SCHEMA): the selected images in
+  near-duplicate groups, the split validation gave each and the one it trains in;
 - `manifest.json` (format `zero-selection/1`), written last: per source where its validated set is,
   its data version and the counts; the policy as configured; the selected categories; the data
   version; each file with its bytes and sha256.
@@ -30,6 +32,7 @@ FORMAT = "zero-selection/1"
 MANIFEST = "manifest.json"
 SELECTION = "selection.parquet"
 EXCLUDED = "excluded.parquet"
+NEAR_DUPLICATES = "near_duplicates.parquet"
 
 # The accepted table's columns as validation wrote them (labels as they are), plus the etag the
 # validation read each image at: what a packing job needs to fetch, check and label every row.
@@ -68,7 +71,7 @@ def parquet_bytes(table: pa.Table) -> bytes:
 
 
 def write_training_set(
-    out: str, selected: pa.Table, excluded: pa.Table, fields: dict[str, Any]
+    out: str, selected: pa.Table, excluded: pa.Table, fields: dict[str, Any], near_duplicates: pa.Table | None = None
 ) -> tuple[dict[str, Any], int]:
     """Write the selection and the excluded rows, then the manifest (with `fields`: sources, policy,
     categories) last. Returns the manifest and the bytes written.
@@ -78,6 +81,8 @@ def write_training_set(
     validation run it came from, and its shards stay as they are."""
     selected = selected.cast(SELECTION_SCHEMA)
     files = {SELECTION: parquet_bytes(selected), EXCLUDED: parquet_bytes(excluded)}
+    if near_duplicates is not None:
+        files[NEAR_DUPLICATES] = parquet_bytes(near_duplicates)
     for name, data in files.items():
         write_bytes_atomic(join(out, name), data)
     listed = {name: {"bytes": len(data), "sha256": sha256_bytes(data)} for name, data in files.items()}

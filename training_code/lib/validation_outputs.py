@@ -117,6 +117,7 @@ def build_outputs(
                 "boxes": checked.boxes,
                 "category_names": checked.category_names,
                 "annotation": state,
+                "phash": verdict.phash,
             }
         )
     accepted = _frame(accepted_rows, ACCEPTED)

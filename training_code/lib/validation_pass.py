@@ -49,7 +49,8 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "zero-validated/1"
 # Bump when a change here or in image_checks/labels could change a verdict, so cached verdicts are redone.
 # 5: verdicts are proven to be of the file the index listed (earlier ones may have been reached on another).
-VALIDATOR_VERSION = "validate-5"
+# 6: an accepted image's verdict carries its perceptual hash (the accepted table's phash).
+VALIDATOR_VERSION = "validate-6"
 PHASES = ("all", "map", "reduce")
 
 

@@ -35,7 +35,7 @@ def verdict_frame(index: pd.DataFrame, verdicts: dict[str, ImageVerdict]) -> pd.
     rows = []
     for key, etag, listed_size in zip(index["key"], index["etag"], index["size"]):
         fields = dict(vars(verdicts[key]))  # the fields are plain values: asdict's deep copy cost 14 us a row
-        fields.update(sha256=fields["sha256"] or "", reason=fields["reason"] or "")
+        fields.update(sha256=fields["sha256"] or "", reason=fields["reason"] or "", phash=fields["phash"] or 0)
         rows.append({"key": key, "etag": etag, "listed_size": int(listed_size), **fields})
     frame = pd.DataFrame(rows, columns=list(VERDICTS.columns))
     if not rows:  # a host given no image of a small source: empty, with the schema's column types
@@ -77,6 +77,7 @@ def read_verdicts(path: Path) -> dict[tuple[str, str, int], ImageVerdict]:
             width=int(row.width),
             height=int(row.height),
             orientation=int(row.orientation),
+            phash=None if row.reason else int(row.phash),
         )
     return verdicts
 

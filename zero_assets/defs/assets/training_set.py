@@ -31,12 +31,14 @@ from dagster import (
 from pydantic import Field
 
 from training_code.lib import training_set as ts
+from training_code.lib.near_duplicate_split import PHASH
 from training_code.lib.selection import ANNOTATION, Selection, SelectionPolicy, select_rows
 from training_code.lib.storage import join
 from training_code.lib.verdict_cache import VERDICTS_FILE
 from training_code.lib.verified_read import read_verified
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version
 from zero_assets.core.settings import ZeroSettings
+from zero_assets.defs.assets.near_duplicate_report import near_duplicate_metadata
 from zero_assets.defs.assets.validated_images import validated_images
 from zero_assets.defs.automation import TRAINING_SET
 from zero_assets.defs.partitions import RAW_SOURCES
@@ -44,7 +46,7 @@ from zero_assets.launch.metadata import arrow_table_schema
 from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import latest_materializations, output_of
 
-TRAINING_SET_CODE = ("zero_assets.defs.assets.training_set",)  # with the lib modules it imports
+TRAINING_SET_CODE = ("zero_assets.defs.assets.training_set", "zero_assets.defs.assets.near_duplicate_report")
 ACCEPTED_COLUMNS = [name for name in ts.SELECTION_SCHEMA.names if name != "etag"]
 
 
@@ -77,6 +79,13 @@ class TrainingSetConfig(Config):
         ),
     )
     negatives: bool = Field(True, description="Select images with no boxes at all (negatives).")
+    near_duplicate_max_distance: int = Field(
+        SelectionPolicy.near_duplicate_max_distance,
+        description=(
+            "Images whose perceptual hashes are at most this many bits apart (of 64) are near-duplicates: they, "
+            "and the groups they link, take one split."
+        ),
+    )
 
     def policy(self) -> SelectionPolicy:
         return SelectionPolicy(
@@ -86,6 +95,7 @@ class TrainingSetConfig(Config):
             dict(self.source_weights),
             tuple(self.categories),
             self.negatives,
+            self.near_duplicate_max_distance,
         )
 
 
@@ -140,7 +150,7 @@ def training_set(
         inputs=inputs,
         output=out,
         jobs_root=settings.jobs_root(),
-        build=lambda: write_selection(out, chosen, config.policy()),
+        build=lambda: write_selection(out, chosen, config.policy(), settings.raw_uri),
         skipped="selection not rewritten",
     )
 
@@ -151,12 +161,13 @@ def accepted_rows(validated: UpstreamOutput) -> pa.Table:
     at, from the verdicts of the same run."""
     accepted_uri = join(validated.uri, "accepted.parquet")
     accepted_file = pq.ParquetFile(io.BytesIO(read_verified(accepted_uri)))
-    if ANNOTATION not in accepted_file.schema_arrow.names:
-        raise Failure(
-            f"{accepted_uri} has no {ANNOTATION!r} column (written before unannotated images were told from "
-            f"negatives); rematerialize validated_images for source {validated.partition}"
-        )
-    accepted = accepted_file.read(columns=[*ACCEPTED_COLUMNS, ANNOTATION])
+    for column, since in ((ANNOTATION, "unannotated images were told from negatives"), (PHASH, "perceptual hashes")):
+        if column not in accepted_file.schema_arrow.names:
+            raise Failure(
+                f"{accepted_uri} has no {column!r} column (written before {since}); rematerialize "
+                f"validated_images for source {validated.partition}"
+            )
+    accepted = accepted_file.read(columns=[*ACCEPTED_COLUMNS, ANNOTATION, PHASH])
     verdicts = pq.read_table(io.BytesIO(read_verified(join(validated.uri, VERDICTS_FILE))), columns=["key", "etag"])
     etags = pc.take(verdicts.column("etag"), pc.index_in(accepted.column("key"), value_set=verdicts.column("key")))
     rows = accepted.append_column("etag", etags)
@@ -166,11 +177,13 @@ def accepted_rows(validated: UpstreamOutput) -> pa.Table:
             "no verdict row (no etag to read them at); rematerialize validated_images for that source"
         )
     schema = ts.SELECTION_SCHEMA.append(pa.field(ANNOTATION, pa.string(), nullable=False))
+    schema = schema.append(pa.field(PHASH, pa.int64(), nullable=False))
     return rows.select(schema.names).cast(schema)
 
 
-def write_selection(out: str, chosen: list[UpstreamOutput], policy: SelectionPolicy) -> MaterializeResult:
-    """Select from the chosen validated sets and write the training set at `out`, manifest last."""
+def write_selection(out: str, chosen: list[UpstreamOutput], policy: SelectionPolicy, raw_uri: str) -> MaterializeResult:
+    """Select from the chosen validated sets and write the training set at `out`, manifest last (the
+    contact sheet of near-duplicates reads their images from `raw_uri`)."""
     rows = pa.concat_tables([accepted_rows(validated) for validated in chosen])
     names: set[str] = set()
     for validated in chosen:
@@ -188,6 +201,7 @@ def write_selection(out: str, chosen: list[UpstreamOutput], policy: SelectionPol
         selection.selected,
         selection.excluded,
         {"sources": sources, "policy": policy.as_config(), "categories": categories},
+        selection.near_duplicates,
     )
     reasons = selection.excluded.column("reason")
     duplicates = pc.sum(pc.starts_with(reasons, "duplicate")).as_py() or 0
@@ -209,6 +223,7 @@ def write_selection(out: str, chosen: list[UpstreamOutput], policy: SelectionPol
             "val": pc.sum(pc.equal(splits, "val")).as_py() or 0,
             "categories": len(categories),
             "selection_bytes": size,
+            **near_duplicate_metadata(selection.near_duplicates, selection.selected, raw_uri),
         },
         data_version=DataVersion(manifest["data_version"]),
     )
