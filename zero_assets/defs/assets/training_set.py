@@ -1,10 +1,11 @@
 """`training_set`: the selection, which validated images of which sources training reads, before anything is packed.
 
 In-process and cheap: it reads each chosen source's latest validated tables (the accepted rows'
-columns, the etags validation read them at, the categories) with pyarrow, never an image byte,
-applies the policy (training_code/lib/selection) and writes `<lake>/training_set/<fingerprint16>/`:
-`selection.parquet`, `excluded.parquet` and `manifest.json` (format `zero-selection/1`, last; see
-training_code/lib/training_set). Its data version is a hash of what it wrote, so an equal selection
+columns, the etags validation read them at, the categories) with pyarrow, never an image byte but
+the few the near-duplicate thumbnails show (near_duplicate_report), applies the policy
+(training_code/lib/selection) and writes `<lake>/training_set/<fingerprint16>/`: `selection.parquet`,
+`excluded.parquet`, `near_duplicates.parquet` and `manifest.json` (format `zero-selection/1`, last;
+see training_code/lib/training_set). Its data version is a hash of what it wrote, so an equal selection
 has an equal version and arrow_shards stays as it is.
 """
 
