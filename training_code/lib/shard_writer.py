@@ -48,7 +48,7 @@ class ShardWriter:
         self.opened = 0
         self.entries: list[dict[str, Any]] = []
         self._dict_rows: list[dict[str, Any]] = []  # rows given one by one, not yet columns
-        self._pieces: list[tuple[pa.Array, pa.Table]] = []  # pending columns: (images, labels) slices
+        self._pieces: list[tuple[list[bytes] | pa.Array, pa.Table]] = []  # pending (images, labels) slices
         self._pending_rows = self._pending_bytes = 0
         self._written = 0  # bytes of the open shard on disk, as of its last batch
         self._stream: pa.ipc.RecordBatchStreamWriter | None = None
@@ -78,11 +78,10 @@ class ShardWriter:
         self._add_row(len(row["image"]))
 
     def write_batch(self, images: Sequence[bytes] | pa.Array | pa.ChunkedArray, labels: pa.Table) -> None:
-        """Rows as columns: `images` (the bytes to store, one per row) and `labels` (every other
-        SHARD_SCHEMA column, in any order; cast to the shard's types). The batches and shards are cut
-        where `write` would cut them, found from the running sum of the image sizes."""
-        if not isinstance(images, pa.Array | pa.ChunkedArray):
-            images = _binary_array(images)
+        """Rows as columns: `images` (the bytes to store, one per row: a list, or a binary Arrow column)
+        and `labels` (every other SHARD_SCHEMA column, in any order; cast to the shard's types). The
+        batches and shards are cut where `write` would cut them, found from the running sum of the
+        image sizes; a list's bytes are copied once, into the batch that holds them."""
         if len(images) != labels.num_rows:
             raise ValueError(f"{len(images)} images for {labels.num_rows} label rows")
         labels = _label_columns(labels)
@@ -92,10 +91,15 @@ class ShardWriter:
                 self.write_batch(chunk, labels.slice(done, len(chunk)))
                 done += len(chunk)
             return
-        images = images.cast(pa.binary())
-        _refuse_nulls(images, labels)
+        if isinstance(images, pa.Array):
+            images = images.cast(pa.binary())
+            sizes = pc.binary_length(images).fill_null(-1).to_numpy(zero_copy_only=False)
+        else:
+            images = list(images)
+            sizes = np.fromiter((-1 if image is None else len(image) for image in images), np.int64, len(images))
+        _refuse_nulls(sizes, labels)
         self._pieces_from_dict_rows()
-        ends = np.cumsum(pc.binary_length(images).to_numpy(zero_copy_only=False), dtype=np.int64)
+        ends = np.cumsum(sizes, dtype=np.int64)
         start = 0
         while start < len(images):
             before = int(ends[start - 1]) if start else 0
@@ -104,7 +108,7 @@ class ShardWriter:
             room = min(BATCH_BYTES, self.target_bytes - self._written) - self._pending_bytes
             by_bytes = max(start, int(np.searchsorted(ends, before + room, side="left")))
             end = min(by_rows, by_bytes, len(images) - 1) + 1
-            self._pieces.append((images.slice(start, end - start), labels.slice(start, end - start)))
+            self._pieces.append((images[start:end], labels.slice(start, end - start)))
             self._pending_rows += end - start
             self._pending_bytes += int(ends[end - 1]) - before
             start = end
@@ -134,8 +138,7 @@ class ShardWriter:
     def _pieces_from_dict_rows(self) -> None:
         if self._dict_rows:
             rows, self._dict_rows = self._dict_rows, []
-            stored = _binary_array([row["image"] for row in rows])
-            self._pieces.append((stored, pa.Table.from_pylist(rows, schema=LABEL_SCHEMA)))
+            self._pieces.append(([row["image"] for row in rows], pa.Table.from_pylist(rows, schema=LABEL_SCHEMA)))
 
     def _flush(self) -> None:
         self._pieces_from_dict_rows()
@@ -192,15 +195,11 @@ class ShardWriter:
             self._stream = self._sink = None
 
 
-def _binary_array(images: Sequence[bytes]) -> pa.Array | pa.ChunkedArray:
+def _binary_array(images: list[bytes]) -> pa.Array:
     """`pa.array(images, pa.binary())` as one join and the offsets: Arrow's builder takes about 2.7 ms
-    for 64 images of 17 KB, the join 0.1. A list holding None, or past 2 GiB, goes to pa.array (which
-    keeps the null, refused then naming its row, and chunks the column)."""
-    sizes = np.fromiter((-1 if image is None else len(image) for image in images), np.int64, len(images))
-    if (sizes < 0).any() or sizes.sum() >= 1 << 31:
-        return pa.array(images, pa.binary())
+    for 64 images of 17 KB, the join 0.1. A batch holds a few MB, far from binary's 2 GiB."""
     offsets = np.zeros(len(images) + 1, np.int32)
-    np.cumsum(sizes, out=offsets[1:])
+    np.cumsum([len(image) for image in images], out=offsets[1:])
     return pa.Array.from_buffers(
         pa.binary(), len(images), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(images))]
     )
@@ -222,22 +221,31 @@ def _label_columns(labels: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=LABEL_SCHEMA)
 
 
-def _refuse_nulls(images: pa.Array, labels: pa.Table) -> None:
-    """The schema's fields are nullable for `datasets`' sake, so Arrow would store a missing value as null."""
-    for name, column in [("image", images), *zip(labels.column_names, labels.columns)]:
-        if column.null_count:
-            first = pc.index(pc.is_null(column), True).as_py()
+def _refuse_nulls(image_sizes: np.ndarray, labels: pa.Table) -> None:
+    """The schema's fields are nullable for `datasets`' sake, so Arrow would store a missing value as
+    null. `image_sizes` is -1 where an image is missing."""
+    columns = [
+        ("image", pa.array(image_sizes < 0)),
+        *((n, pc.is_null(c)) for n, c in zip(labels.column_names, labels.columns)),
+    ]
+    for name, missing in columns:
+        if pc.any(missing).as_py():
+            first = pc.index(missing, True).as_py()
             raise ValueError(
                 f"shard row {labels.column('key')[first].as_py()!r}: column {name!r} is missing or None; "
                 "every shard column needs a value"
             )
 
 
-def _record_batch(pieces: list[tuple[pa.Array, pa.Table]], schema: pa.Schema) -> pa.RecordBatch:
+def _record_batch(pieces: list[tuple[list[bytes] | pa.Array, pa.Table]], schema: pa.Schema) -> pa.RecordBatch:
     """The pending pieces as one batch of `schema`, `image` as its struct (bytes, null path). Every
-    column is concatenated into fresh buffers (a slice would carry its offset into the stream), so a
-    shard's bytes depend on its rows only, however they were handed to the writer."""
-    stored = pa.concat_arrays([images for images, _ in pieces])
+    column is built or concatenated into fresh buffers (a slice would carry its offset into the stream),
+    so a shard's bytes depend on its rows only, however they were handed to the writer."""
+    if all(isinstance(images, list) for images, _ in pieces):
+        stored = _binary_array([image for images, _ in pieces for image in images])
+    else:
+        arrays = [_binary_array(images) if isinstance(images, list) else images for images, _ in pieces]
+        stored = pa.concat_arrays(arrays)
     columns = [
         pa.concat_arrays([chunk for _, table in pieces for chunk in table.column(name).chunks])
         for name in LABEL_SCHEMA.names
