@@ -74,7 +74,7 @@ def shard_set_artifact(folder: Path, training_set_dir: str | None = None):
     artifact = wandb.Artifact(
         f"shards-{hashlib.sha256(manifest_bytes).hexdigest()[:16]}",
         type="dataset",
-        description="a zero-shards/3 shard set: pointers to its files (W&B holds no copy)",
+        description=f"a {manifest['format']} shard set: pointers to its files (W&B holds no copy)",
         metadata={
             "format": manifest["format"],
             "manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
