@@ -39,7 +39,6 @@ from raw_index_reference import build_raw_index
 from selections import write_selection
 
 from training_code.lib.raw_index import whole_root_manifest
-from training_code.lib.storage import download_prefix
 from training_code.lib.tables import RAW_INDEX, write_table
 from zero_assets.backends.local.runner import LocalJobRunner
 from zero_assets.defs.assets.raw_image_index import raw_image_index
@@ -399,8 +398,8 @@ def test_s3_keys_are_never_read_as_another_objects_bytes(s3_server, tmp_path, mo
         "s3://zero-hostile/raw", inventory_manifest_uri=_inventory(client, {**stored, **only_listed})
     )
     write_index(index, "s3://zero-hostile/raw", tmp_path / "index")
-    local = tmp_path / "work" / "raw"  # as the local runner lays out an s3:// input
-    download_prefix("s3://zero-hostile/raw", local)
+    # The job fetches by key what it decodes, into a scratch folder on its ML volume (here, under tmp_path).
+    (tmp_path / "work" / "opt_ml" / "processing").mkdir(parents=True)
     out = tmp_path / "work" / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {
         "ZERO_OPT_ML": str(tmp_path / "work" / "opt_ml")
@@ -411,8 +410,6 @@ def test_s3_keys_are_never_read_as_another_objects_bytes(s3_server, tmp_path, mo
         "training_code.validate",
         "--index",
         str(tmp_path / "index"),
-        "--raw",
-        str(local),
         "--out",
         str(out),
         "--workers",
@@ -436,11 +433,10 @@ def test_s3_keys_are_never_read_as_another_objects_bytes(s3_server, tmp_path, mo
         "cam/a.jpg": hashlib.sha256(jpeg(1)).hexdigest(),
         "cam/b.jpg": hashlib.sha256(jpeg(2)).hexdigest(),
     }
-    assert sorted(p.relative_to(tmp_path / "work").as_posix() for p in (tmp_path / "work").rglob("*.jpg")) == [
-        "raw/cam/a.jpg",
-        "raw/cam/b.jpg",
-    ], "an unsafe key was downloaded, or landed outside its folder"
-    assert not list(tmp_path.rglob("escape.jpg")) and not list(tmp_path.rglob("absolute.jpg"))
+    assert not list((tmp_path / "work" / "opt_ml" / "processing").iterdir()), "the job left its fetched objects"
+    assert not list(tmp_path.rglob("escape.jpg")) and not list(tmp_path.rglob("absolute.jpg")), (
+        "an unsafe key was fetched outside its folder"
+    )
 
 
 def test_a_symlink_swapped_in_after_validation_fails_the_shard_job_unread(tmp_path):

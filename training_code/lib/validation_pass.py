@@ -21,12 +21,14 @@ import pyarrow as pa
 import simplejpeg
 
 from . import job_env
+from .coco import ANNOTATIONS_FILE
 from .contact_sheet import SHEET_FILE, Thumbnail, contact_sheet_png
 from .hashing import sha256_bytes
 from .image_checks import ImageVerdict, check_image_file
 from .image_decoding import refuse_unsafe_keys
 from .indexed_raw import ListedRoot, read_listed_root
 from .label_policy import LabelPolicy
+from .object_keys import key_problem
 from .output_manifest import RETRY_NEXT_TIME
 from .raw_files import RawRootChanged
 from .raw_reader import RawReader
@@ -154,7 +156,10 @@ def validate(
     verdicts.update(refused)
     pending = index[index["key"].isin(to_decode)]
     reads = checked_reads(args, pending, listed.raw_uri)
-    sources, labels = set(index["source"]), label_policy(args)
+    # A source whose very name is unsafe ("" of "/x.jpg", "..") holds only unsafe keys, refused above:
+    # nothing of it is read, its annotations.json included.
+    sources = {source for source in set(index["source"]) if not key_problem(f"{source}/{ANNOTATIONS_FILE}")}
+    labels = label_policy(args)
     with RawReader(listed, args.raw) as raw:
         # Before any decode: a source without a usable annotations.json fails here (see label_policy).
         annotations, errors = raw.annotations(labels.sources_to_read(sources), args.max_annotation_bytes)
