@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 from dagster import AssetExecutionContext, AssetKey, AssetRecordsFilter, DagsterInstance, EventLogRecord, Failure
+from dagster._check import CheckError  # not exported by dagster
 
 from training_code.lib.storage import exists, join
 from zero_assets.core.fingerprints import DATA_VERSION_TAG, UpstreamOutput
+
+MATERIALIZE = "dagster asset materialize -m zero_assets.definitions"
 
 
 def latest_materializations(
@@ -30,14 +35,59 @@ def upstream_output(context: AssetExecutionContext, asset: str, partition: str |
     output is and its data version."""
     records = latest_materializations(context.instance, asset, partition)
     if not records or records[0].asset_materialization is None:
-        which = f"{asset} (source {partition})" if partition else asset
-        select = f"--select '{asset}' --partition {partition}" if partition else f"--select '{asset}+'"
-        raise Failure(
-            f"upstream asset {which} has no materialization in this Dagster instance. Materialize it first "
-            f"(for example {select}), and make sure DAGSTER_HOME points at the instance that holds "
-            "earlier runs: without it the Dagster CLI uses a throwaway instance."
-        )
+        raise Failure(description=missing_upstream_message(context, asset, partition), allow_retries=False)
     return output_of(records[0], asset, partition)
+
+
+def missing_upstream_message(context: AssetExecutionContext, asset: str, partition: str | None = None) -> str:
+    """Every ancestor of this materialization that has no materialization (per source for the per-source
+    ones) and the one command that builds them and then this asset: not one asset further up a try."""
+    try:  # the code location's whole graph (a run of `dagster asset materialize`, the UI, a sensor)
+        graph = context.repository_def.asset_graph
+    except CheckError:  # the Python API's `materialize`: no repository, the graph it was handed
+        graph = context.job_def.asset_layer.asset_graph
+    target = context.asset_key.to_user_string()
+    upstream = AssetKey.from_user_string(asset)
+    wanted = [k for k in graph.toposorted_asset_keys if k == upstream or k in graph.get_ancestor_asset_keys(upstream)]
+    missing, per_source, sources, registered = [], [], set(), [partition] if partition else []
+    for key in wanted:
+        node = graph.get(key)
+        if not node.is_materializable:
+            continue  # the raw data itself: observed, never built
+        name = key.to_user_string()
+        if node.is_partitioned:  # per source: the sources (dynamic partitions) registered in the instance
+            registered = registered or sorted(context.instance.get_dynamic_partitions(node.partitions_def.name))
+            per_source.append(name)
+            lacking = [s for s in registered if not latest_materializations(context.instance, key, s)]
+            if lacking or not registered:
+                sources.update(lacking)
+                missing.append(
+                    f"{name} (sources {', '.join(lacking)})" if lacking else f"{name} (no source registered)"
+                )
+        elif not latest_materializations(context.instance, key):
+            missing.append(name)
+    unpartitioned = [m for m in missing if "(" not in m]
+    steps = []
+    if per_source and (sources or not registered):
+        loop_over = " ".join(sorted(sources)) if sources else "$(zero-assets sources)"
+        if not registered:
+            steps.append("zero-assets sources --register")
+        steps.append(
+            f"for s in {loop_over}; do {MATERIALIZE} --select '{','.join(per_source)}' --partition \"$s\"; done"
+        )
+    if partition is None:
+        steps.append(f"{MATERIALIZE} --select '{','.join([*unpartitioned, target])}'")
+    else:
+        steps[-1:] = [
+            f"{MATERIALIZE} --select '{','.join(dict.fromkeys([*per_source, target]))}' --partition {partition}"
+        ]
+    home = os.environ.get("DAGSTER_HOME") or "unset: the Dagster CLI then uses a throwaway instance"
+    return (
+        f"{target}{f' (source {partition})' if partition else ''} needs upstream outputs that this Dagster "
+        f"instance has no materialization of: {'; '.join(missing) or asset}. One command builds them, then "
+        f"{target} (from the repo root, finished outputs are cache hits):\n  (set -e; {'; '.join(steps)})\n"
+        f"The instance is the one at DAGSTER_HOME ({home}): point it at the one that holds earlier runs."
+    )
 
 
 def output_of(record: EventLogRecord, asset: str, partition: str | None = None) -> UpstreamOutput:
