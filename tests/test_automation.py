@@ -9,7 +9,18 @@ import datetime as dt
 import uuid
 
 import pytest
-from dagster import AssetCheckEvaluation, AssetKey, AssetMaterialization, evaluate_automation_conditions
+from dagster import (
+    AssetCheckEvaluation,
+    AssetKey,
+    AssetMaterialization,
+    AssetRecordsFilter,
+    evaluate_automation_conditions,
+)
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationPlanned,
+    AssetCheckEvaluationTargetMaterializationData,
+)
+from dagster._core.definitions.partitions.context import partition_loading_context
 from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
 
 from zero_assets.definitions import defs
@@ -43,24 +54,38 @@ class Ticks:
 
 def _materialized(instance, asset, source=None, version="v1", check_passed=True):
     """Record what a run materializing `asset` (of `source`) records: the materialization with its
-    data version and, for a checked asset, its check's evaluation in the same run."""
+    data version and, for a checked asset, its check planned and evaluated against that materialization
+    in the same run (a per-source check for that source's partition)."""
     run_id = str(uuid.uuid4())
     materialization = AssetMaterialization(asset_key=asset, partition=source, tags={"dagster/data_version": version})
-    events = [(DagsterEventType.ASSET_MATERIALIZATION, StepMaterializationData(materialization))]
-    if asset in CHECKS:
-        events.append(
-            (
-                DagsterEventType.ASSET_CHECK_EVALUATION,
-                AssetCheckEvaluation(
-                    asset_key=AssetKey(asset), check_name=CHECKS[asset], passed=check_passed, partition=source
-                ),
-            )
-        )
-    for event_type, data in events:
-        instance.report_dagster_event(
-            DagsterEvent(event_type_value=event_type.value, event_specific_data=data, job_name="zero_whole_graph"),
-            run_id=run_id,
-        )
+    _report(instance, run_id, DagsterEventType.ASSET_MATERIALIZATION, StepMaterializationData(materialization))
+    if asset not in CHECKS:
+        return
+    with partition_loading_context(dynamic_partitions_store=instance):
+        checked = RAW_SOURCES.subset_with_partition_keys([source]) if source else None
+    planned = AssetCheckEvaluationPlanned(
+        asset_key=AssetKey(asset), check_name=CHECKS[asset], partitions_subset=checked
+    )
+    _report(instance, run_id, DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED, planned)
+    filter_ = AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[source] if source else None)
+    [target] = instance.fetch_materializations(filter_, limit=1).records
+    evaluation = AssetCheckEvaluation(
+        asset_key=AssetKey(asset),
+        check_name=CHECKS[asset],
+        passed=check_passed,
+        partition=source,
+        target_materialization_data=AssetCheckEvaluationTargetMaterializationData(
+            storage_id=target.storage_id, run_id=target.run_id, timestamp=target.timestamp
+        ),
+    )
+    _report(instance, run_id, DagsterEventType.ASSET_CHECK_EVALUATION, evaluation)
+
+
+def _report(instance, run_id, event_type, data):
+    instance.report_dagster_event(
+        DagsterEvent(event_type_value=event_type.value, event_specific_data=data, job_name="zero_whole_graph"),
+        run_id=run_id,
+    )
 
 
 @pytest.fixture

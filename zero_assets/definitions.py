@@ -3,7 +3,8 @@
 from dagster import Definitions
 
 from zero_assets.backends.from_env import resources_from_env
-from zero_assets.defs.assets import ALL_ASSETS, SOURCE_SPECS
+from zero_assets.defs.assets import ALL_ASSETS, JOB_SCRIPTS, SOURCE_SPECS
+from zero_assets.defs.assets.job_scripts import with_job_scripts
 from zero_assets.defs.campaign_ready import campaign_readiness_job, campaign_ready
 from zero_assets.defs.checks import ALL_CHECKS, freshness_sensor, limits_from_env
 from zero_assets.defs.executor import run_worker_executor
@@ -14,7 +15,7 @@ from zero_assets.defs.sensors import new_raw_data_sensor
 from zero_assets.defs.training_plan_start import training_plan_start_sensor
 
 defs = Definitions(
-    assets=[*SOURCE_SPECS, *ALL_ASSETS],
+    assets=[*SOURCE_SPECS, *with_job_scripts(ALL_ASSETS, JOB_SCRIPTS)],  # code links to the job scripts too
     asset_checks=[*ALL_CHECKS, campaign_ready],
     jobs=[*ALL_JOBS, campaign_readiness_job],
     sensors=[

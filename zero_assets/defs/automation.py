@@ -32,6 +32,10 @@ EAGER = AutomationCondition.eager()
 TRAINING_SET = (
     AutomationCondition.any_deps_updated().since_last_handled()
     & AutomationCondition.all_deps_blocking_checks_passed()
+    # The quarantine check is per source: a dep passes when any source passed, so a failed one holds here.
+    & ~AutomationCondition.any_deps_match(
+        AutomationCondition.any_checks_match(AutomationCondition.check_failed(), blocking_only=True)
+    )
     & ~AutomationCondition.any_deps_in_progress()
     & ~AutomationCondition.in_progress()
 ).with_label("eager over the sources that have validated sets, once their blocking checks passed")

@@ -2,18 +2,30 @@
 and validation), then the unpartitioned tail: the training set (the selection), its shards, the warm
 state, training and the report."""
 
-from zero_assets.defs.assets.arrow_shards import arrow_shards
+from zero_assets.defs.assets.arrow_shards import SHARD_MODULE, arrow_shards
 from zero_assets.defs.assets.fsx_warm_state import fsx_warm_state
-from zero_assets.defs.assets.map_report import map_report
+from zero_assets.defs.assets.map_report import EVALUATE_MODULE, map_report
 from zero_assets.defs.assets.raw_data import raw_data
-from zero_assets.defs.assets.raw_image_index import raw_image_index
-from zero_assets.defs.assets.trained_checkpoint import trained_checkpoint
-from zero_assets.defs.assets.training_rehearsal import training_rehearsal
+from zero_assets.defs.assets.raw_image_index import INDEX_MODULE, raw_image_index
+from zero_assets.defs.assets.trained_checkpoint import TRAIN_MODULE, trained_checkpoint
+from zero_assets.defs.assets.training_rehearsal import REHEARSAL_CODE, training_rehearsal
 from zero_assets.defs.assets.training_set import training_set
-from zero_assets.defs.assets.validated_images import validated_images
+from zero_assets.defs.assets.validated_images import VALIDATE_MODULE, validated_images
 
 PER_SOURCE_ASSETS = [raw_image_index, validated_images]
 TAIL_ASSETS = [training_set, arrow_shards, fsx_warm_state, trained_checkpoint, map_report]
 REHEARSAL_ASSETS = [training_rehearsal]  # the campaign's rehearsal: beside the tail, never part of its job
 ALL_ASSETS = [*PER_SOURCE_ASSETS, *TAIL_ASSETS, *REHEARSAL_ASSETS]  # materializable; raw_data is external
 SOURCE_SPECS = [raw_data]
+
+# The job script each asset runs (its default; a config may name a team's own), for the UI's code links.
+# The index runs in the Dagster process below its job threshold; the warm state's job is SageMaker's.
+JOB_SCRIPTS = {
+    "raw_image_index": (INDEX_MODULE,),
+    "validated_images": (VALIDATE_MODULE,),
+    "arrow_shards": (SHARD_MODULE,),
+    "fsx_warm_state": ("training_code.warm",),
+    "trained_checkpoint": (TRAIN_MODULE,),
+    "map_report": (EVALUATE_MODULE,),
+    "training_rehearsal": REHEARSAL_CODE,
+}

@@ -76,7 +76,7 @@ class ShardConfig(Config):
     deps=[training_set],
     automation_condition=EAGER,
     group_name="zero",
-    kinds={"arrow", "huggingface"},
+    kinds={"sagemaker", "arrow", "huggingface"},
     retry_policy=JOB_RETRY_POLICY,
     metadata={"dagster/column_schema": arrow_table_schema(SHARD_SCHEMA)},
 )

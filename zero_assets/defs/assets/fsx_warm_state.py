@@ -34,7 +34,7 @@ WARM_CODE = (
     deps=[arrow_shards],
     automation_condition=EAGER,
     group_name="zero",
-    kinds={"filesystem"},
+    kinds={"sagemaker", "arrow"},  # the warm is a SageMaker Processing job there; a folder copy locally
     retry_policy=JOB_RETRY_POLICY,
 )
 def fsx_warm_state(context: AssetExecutionContext, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:

@@ -66,7 +66,7 @@ class EvalConfig(Config):
     deps=[trained_checkpoint, fsx_warm_state],
     automation_condition=AFTER_CHECKPOINT,
     group_name="zero",
-    kinds={"json"},
+    kinds={"sagemaker", "pytorch", "wandb"},
     retry_policy=JOB_RETRY_POLICY,
 )
 def map_report(

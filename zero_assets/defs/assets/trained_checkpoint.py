@@ -105,7 +105,7 @@ WANDB_FIELDS = {"wandb_mode", "wandb_project", "wandb_entity", "wandb_group", "w
     automation_condition=TRAINING,
     pool=TRAINING_POOL,
     group_name="zero",
-    kinds={"pytorch"},
+    kinds={"sagemaker", "pytorch", "wandb"},
     retry_policy=JOB_RETRY_POLICY,
     check_specs=[
         AssetCheckSpec(

@@ -54,7 +54,7 @@ class RehearsalConfig(Config):
     deps=[fsx_warm_state],
     pool=TRAINING_POOL,
     group_name="zero",
-    kinds={"pytorch"},
+    kinds={"sagemaker", "pytorch", "wandb"},
 )
 def training_rehearsal(
     context: AssetExecutionContext, config: RehearsalConfig, settings: ZeroSettings, jobs: JobRunner

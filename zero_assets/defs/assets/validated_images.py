@@ -119,7 +119,7 @@ class ValidationConfig(Config):
     partitions_def=RAW_SOURCES,
     automation_condition=EAGER,
     group_name="zero",
-    kinds={"parquet"},
+    kinds={"sagemaker", "parquet"},
     metadata={"dagster/column_schema": table_schema(ACCEPTED)},
     retry_policy=JOB_RETRY_POLICY,
 )
