@@ -6,6 +6,11 @@ Event Notifications on an SQS queue (`ZERO_RAW_EVENTS_QUEUE_URL`), else S3 Inven
 per source (`ZERO_RAW_INVENTORY_MANIFEST_URI`), else a per-source listing digest (local roots). None of
 them lists the lake on S3, and the cursor never grows with the number of keys.
 
+The first tick after the sensor is turned on (no digests of an earlier tick) finds every source
+changed; a source whose latest `raw_image_index` recorded the listing the root has now (its
+`listing_fingerprint`, e.g. after `make demo`) is left out: only sources that changed since their last
+materialization are requested, not every source of the root again.
+
 Run keys are `<source>:<version token>:<change number>`: a root that returns to an earlier state gets
 a new number, so Dagster does not drop its run as seen before; a retried tick starts from the same
 cursor and repeats its keys, so a change never runs twice.
@@ -17,12 +22,14 @@ import json
 
 from dagster import AssetKey, AssetObservation, RunRequest, SensorEvaluationContext, SensorResult, sensor
 
+from training_code.lib.raw_index import source_listing_fingerprint
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.change_detection import Detection
 from zero_assets.defs.change_detection.inventory_diff import detect_from_inventory
 from zero_assets.defs.change_detection.listing_digest import detect_from_listing
 from zero_assets.defs.change_detection.sqs_detector import detect_from_queue
 from zero_assets.defs.partitions import RAW_SOURCES
+from zero_assets.launch.upstream import latest_materializations
 
 RAW_DATA = AssetKey("raw_data")
 RAW_IMAGE_INDEX = AssetKey("raw_image_index")
@@ -48,8 +55,30 @@ def new_sources(context: SensorEvaluationContext, sources: list[str]) -> list[st
     return [s for s in sources if not context.instance.has_dynamic_partition(RAW_SOURCES.name, s)]
 
 
-def sensor_result(context: SensorEvaluationContext, detection: Detection) -> SensorResult:
+def indexed_as_now(context: SensorEvaluationContext, raw_uri: str, sources: list[str]) -> list[str]:
+    """The sources whose latest raw_image_index recorded the listing fingerprint the root has now: one
+    listing of each source that has an index (a first tick's cost only, never a steady tick's)."""
+    unchanged = []
+    for source in sources:
+        records = latest_materializations(context.instance, RAW_IMAGE_INDEX, source)
+        recorded = records[0].asset_materialization.metadata.get("listing_fingerprint") if records else None
+        if recorded is None:
+            continue
+        try:
+            if source_listing_fingerprint(raw_uri, source) == recorded.value:
+                unchanged.append(source)
+        except (FileNotFoundError, ValueError):  # gone or unreadable since: the run says why
+            continue
+    return unchanged
+
+
+def sensor_result(context: SensorEvaluationContext, detection: Detection, raw_uri: str | None = None) -> SensorResult:
     cursor = json.dumps(detection.cursor, sort_keys=True)
+    if detection.baseline and raw_uri and (unchanged := indexed_as_now(context, raw_uri, sorted(detection.changed))):
+        context.log.info(
+            f"first look at {raw_uri}: {_some(unchanged)} unchanged since their latest index, not requested"
+        )
+        detection.changed = {s: v for s, v in detection.changed.items() if s not in unchanged}
     if not detection.changed:
         return SensorResult(skip_reason=f"no changed sources: {detection.summary}", cursor=cursor)
     sources = sorted(detection.changed)
@@ -94,4 +123,4 @@ def new_raw_data_sensor(context: SensorEvaluationContext, settings: ZeroSettings
     detection = detect(settings, cursor, context)
     for problem in detection.problems:  # hostile keys and bad messages cost a line each, never the tick
         context.log.warning(problem)
-    return sensor_result(context, detection)
+    return sensor_result(context, detection, settings.raw_uri)

@@ -22,3 +22,6 @@ class Detection:
     change_number: int = (
         0  # counts ticks that found changes: part of run keys, so a return to an earlier state still runs
     )
+    # No digests of an earlier tick to compare with (the sensor's first tick, or its state was lost):
+    # every source counts as changed, and the sensor drops those its latest index already covers.
+    baseline: bool = False

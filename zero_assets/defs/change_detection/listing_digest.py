@@ -32,4 +32,6 @@ def detect_from_listing(raw_uri: str, cursor: dict | None, store) -> Detection:
     state.write(tick + 1, digests)
     change_number = previous.get("changes", 0) + 1
     cursor = {"kind": KIND, "raw": raw_uri, "tick": tick + 1, "changes": change_number, "sources": len(digests)}
-    return Detection(changed, cursor, summary, problems + accumulator.problem_lines(), change_number)
+    return Detection(
+        changed, cursor, summary, problems + accumulator.problem_lines(), change_number, baseline=not before
+    )
