@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -93,3 +95,40 @@ def test_workers_lost_between_batches_and_exits_are_each_one_verdict(tmp_path):
     }
     assert len(results) == len(items)
     assert all(calls_of(calls).count(item) == 1 for item in lost), "a lost item is never run again"
+
+
+SCRIPT = """
+import sys
+from pathlib import Path
+
+from training_code.lib.isolated_pool import IsolatedPool
+
+with open(sys.argv[2], "a") as runs:  # one line each time this module's body runs, in any process
+    runs.write("ran\\n")
+
+
+def shout(item):
+    return item.upper()
+
+
+if __name__ == "__main__":
+    function = shout if sys.argv[1] == "own" else len
+    with IsolatedPool(function, workers=2, timeout_s=20) as pool:
+        print(sorted(result for _, result in pool.imap_unordered(["ab", "cde", "f"])))
+"""
+
+
+def test_workers_do_not_rerun_the_parents_main_unless_the_function_is_its_own(tmp_path):
+    """A job's `python -m` main imports pandas and friends; a worker running a library function must
+    not run that main again (nor the forkserver import what it imports). A function the script
+    defines still resolves in the workers, which then do run it."""
+    (tmp_path / "pool_script.py").write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])}
+    for function, expected, runs in (("library", "[1, 2, 3]", 1), ("own", "['AB', 'CDE', 'F']", 3)):
+        log = tmp_path / f"runs-{function}"
+        result = subprocess.run(
+            [sys.executable, "-m", "pool_script", function, str(log)], env=env, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == expected
+        assert calls_of(log) == ["ran"] * runs, f"{function}: the script's body ran {len(calls_of(log))} times"

@@ -20,12 +20,14 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import pickle
 import signal
 import sys
 import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from types import ModuleType
@@ -88,11 +90,12 @@ def _serve(conn: Connection, function: Callable[[Any], Any], progress: Any) -> N
 
 
 class _Worker:
-    def __init__(self, context: Any, function: Callable[[Any], Any]) -> None:
+    def __init__(self, context: Any, function: Callable[[Any], Any], rerun_main: bool) -> None:
         self.conn, child_conn = context.Pipe(duplex=True)
         self.progress = context.RawArray("d", 2)
         self.process = context.Process(target=_serve, args=(child_conn, function, self.progress), daemon=True)
-        self.process.start()
+        with nullcontext() if rerun_main else _main_not_rerun():
+            self.process.start()
         child_conn.close()
         self.batch: list[Any] = []
         self.assigned_at = 0.0
@@ -142,14 +145,35 @@ class _Worker:
         return f"worker exited with code {code}"
 
 
-def _main_module_imports() -> list[str]:
-    """The modules the parent's `__main__` imported.
+def _names_main(function: Callable[[Any], Any]) -> bool:
+    """Whether `function`, pickled, refers to the parent's `__main__` (a function a script defines)."""
+    return b"__main__" in pickle.dumps(function)
 
-    Every spawn or forkserver worker re-runs the parent's `__main__` (that is how children resolve
-    pickled functions), so a `python -m job` parent would make each worker, and each replacement,
-    import pandas and friends again. With those imports loaded once in the forkserver, the re-run
-    only defines the script's functions.
-    """
+
+@contextmanager
+def _main_not_rerun() -> Iterator[None]:
+    """While a worker starts, the parent's `__main__` names no module or file to multiprocessing.
+
+    Every spawn or forkserver child re-runs the parent's `__main__` as `__mp_main__` (that is how it
+    resolves functions a script defines), so a `python -m job` parent would make each worker import
+    the job's pandas, pyarrow and pandera, or the forkserver preload them all: 0.7 CPU-seconds for
+    a decode worker that needs Pillow and numpy (0.2). The worker's function names no `__main__`
+    (see `_names_main`), so nothing in the child needs it. Only the starting worker's preparation
+    data reads these two attributes, in this thread, and they are put back at once."""
+    main = sys.modules["__main__"]
+    saved = {name: vars(main)[name] for name in ("__spec__", "__file__") if name in vars(main)}
+    main.__spec__ = None
+    vars(main).pop("__file__", None)
+    try:
+        yield
+    finally:
+        vars(main).update(saved)
+
+
+def _main_module_imports() -> list[str]:
+    """The modules the parent's `__main__` imported, for a function that is the script's own: each
+    worker re-runs that `__main__` (see `_main_not_rerun`), and with its imports loaded once in the
+    forkserver the re-run only defines the script's functions."""
     names = set()
     for value in vars(sys.modules["__main__"]).values():
         name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
@@ -165,7 +189,8 @@ class IsolatedPool:
     modules the forkserver imports once, so starting or replacing a worker is a cheap fork. The
     forkserver starts with the interpreter's default sys.path (Python 3.11 does not pass the parent's
     on), so a preload must come from an installed package or the working folder; one that cannot be
-    imported there is imported by each worker instead: correct, only slower. A batch holds about
+    imported there is imported by each worker instead: correct, only slower. A worker does not re-run
+    the parent's `__main__` unless `fn` is the script's own (`_main_not_rerun`). A batch holds about
     `batch_s` of work, at most `max_batch` items (1: one item at a time).
     """
 
@@ -188,7 +213,8 @@ class IsolatedPool:
         self.max_batch, self.batch_s = max_batch, batch_s
         # forkserver, not fork: workers must not inherit the parent's threads and locks.
         self._context = multiprocessing.get_context("forkserver")
-        self._context.set_forkserver_preload([*preload, *_main_module_imports()])
+        self._rerun_main = _names_main(function)
+        self._context.set_forkserver_preload([*preload, *(_main_module_imports() if self._rerun_main else [])])
         self._pool: list[_Worker] = []
         self.replaced = 0
         self.batches = 0  # batches handed out, retried ones included
@@ -198,7 +224,7 @@ class IsolatedPool:
     def __enter__(self) -> IsolatedPool:
         """Starts the workers and returns at once: they get ready (the forkserver's imports, a fork
         each) while the caller prepares the items; `wait_ready` or the first `imap_unordered` waits."""
-        self._pool = [_Worker(self._context, self.function) for _ in range(self.workers)]
+        self._pool = [_Worker(self._context, self.function, self._rerun_main) for _ in range(self.workers)]
         return self
 
     def wait_ready(self) -> None:
@@ -297,7 +323,7 @@ class IsolatedPool:
             )
 
     def _replace(self, dead: _Worker, batch: list[Any]) -> _Worker:
-        fresh = _Worker(self._context, self.function)
+        fresh = _Worker(self._context, self.function, self._rerun_main)
         fresh.wait_ready()
         self._pool[self._pool.index(dead)] = fresh
         self.replaced += 1
