@@ -1,4 +1,4 @@
-"""arrow_shards outputs in the `zero-shards/3` layout, written for tests and benchmarks of what reads them.
+"""arrow_shards outputs in the `zero-shards/4` layout, written for tests and benchmarks of what reads them.
 
 `<lake>/arrow_shards/<fp16>/shards/<split>-<sha256[:16]>.arrow` (real Arrow IPC shards, written with
 `ShardWriter`, then named by their content), `masked.parquet` (path, key) and `manifest.json` last,
@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training_code.lib.hashing import sha256_bytes
+from training_code.lib.shard_format import FORMAT
 from training_code.lib.shard_writer import ShardWriter
 from training_code.lib.storage import join, write_bytes_atomic
 
-FORMAT = "zero-shards/3"
 CATEGORIES = [{"id": 1, "name": "widget"}]
 MASKED = "masked.parquet"
 

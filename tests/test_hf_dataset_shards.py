@@ -178,6 +178,15 @@ def test_the_spelled_out_features_are_what_datasets_writes():
             "source": datasets.Value("string"),
             "key": datasets.Value("string"),
             "sha256": datasets.Value("string"),
+            "image_id": datasets.Value("int64"),
+            "objects": datasets.Sequence(
+                {
+                    "id": datasets.Value("int64"),
+                    "area": datasets.Value("float32"),
+                    "bbox": datasets.Sequence(datasets.Value("float32"), length=4),
+                    "category": datasets.ClassLabel(names=names),
+                }
+            ),
         }
     )
     assert shard_hf.features(names) == expected.to_dict()

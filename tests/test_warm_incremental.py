@@ -5,7 +5,7 @@ real fsx_warm_state materialization reports what it copied, verified and reused,
 the shard set's, and a shard gone from the mount is a miss that brings it back. A job reads a warm set
 through the mount as its channel (`--training-set sets/<key>`), as SageMaker's jobs read theirs.
 
-The shard sets are real Arrow shards in the `zero-shards/3` layout (tests/shard_sets.py).
+The shard sets are real Arrow shards in the `zero-shards/4` layout (tests/shard_sets.py).
 """
 
 from __future__ import annotations

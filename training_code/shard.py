@@ -17,7 +17,7 @@ happens at read time, never here). Each image's sha256 is checked while it is pa
 changed after validation fail the job. With --previous (the earlier arrow_shards output, only its
 manifest.json, rows.parquet and masked.parquet are read; NAME is its folder's name) its shards are
 kept by reference and only the rows in none of them are packed: see lib/shard_plan for the rules and
-lib/shard_format for the layout (zero-shards/3). The manifest is written last.
+lib/shard_format for the layout (zero-shards/4). The manifest is written last.
 
 On several instances the pack is two jobs (zero_assets/core/job_request.py `fan_out`): `--phase map` on
 every instance packs its part of the read list (every n-th row, by its place among the job's hosts), in

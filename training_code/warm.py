@@ -3,7 +3,7 @@
 
 Load a shard set's file contents from S3 into FSx for Lustre ahead of training and prove each shard
 is complete, doing so only for the shards not proven yet. With `--training-set`, the channel is the
-shard root and the set's manifest (zero-shards/3) is in that folder, its shards listed by paths
+shard root and the set's manifest (zero-shards/4) is in that folder, its shards listed by paths
 relative to it, anywhere under the root. The file system already lists the files (the data
 repository association imported their metadata). A shard with a recorded verdict that holds
 (lib/warm_verdicts: `.verified/<name>.json` beside it, the file unchanged since it was verified) is
@@ -89,7 +89,7 @@ def listed_shards(root: Path, training_set: str | None) -> tuple[bytes, list[tup
     """The manifest's bytes, (path, entry) of every shard it lists, resolved inside the channel root,
     and the bytes of the files beside it (the masked rows): the set at the root, or in `training_set`."""
     folder = root / training_set if training_set else root
-    manifest = read_manifest(folder)  # zero-shards/3, or an error naming the file
+    manifest = read_manifest(folder)  # zero-shards/4, or an error naming the file
     masked_keys(folder, manifest)  # the masked rows are there and are the ones listed, or this job fails
     located = [(shard_path(folder, entry, root), entry) for entry in manifest["shards"]]
     beside = (folder / MASKED).stat().st_size if MASKED in manifest.get("files", {}) else 0

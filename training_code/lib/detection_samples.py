@@ -48,7 +48,7 @@ class BadSampleError(ValueError):
 def verified_split(
     folder: Path, split: str, rank: int = 0, world_size: int = 1, training_set_dir: str | None = None
 ) -> tuple[dict[str, Any], list[ShardRef]]:
-    """The shard-set manifest (zero-shards/3) and the split's shards, after checking them against it.
+    """The shard-set manifest (zero-shards/4) and the split's shards, after checking them against it.
 
     Shards are found by their `path`, relative to the manifest's folder, and may lie in other folders
     (an earlier set's, the warm mount's shared one) but never outside the root: with

@@ -1,6 +1,6 @@
 """The Arrow shard format: column schema, manifest layout, and verified reading.
 
-A shard set (`zero-shards/3`) is a `manifest.json`, written last, that lists every shard training
+A shard set (`zero-shards/4`) is a `manifest.json`, written last, that lists every shard training
 reads by `path`, relative to the manifest's folder: the shards its own materialization packed
 (`shards/<split>-<sha256[:16]>.arrow`) and the ones it kept from earlier sets (`../<their folder>/
 shards/...`), each with its split, rows, bytes and sha256. Shard names are content-addressed (the
@@ -13,7 +13,9 @@ without reading a shard (see shard_plan). Readers trust only the manifest. Boxes
 
 Each shard is also a Hugging Face dataset (see shard_hf): its schema carries the `datasets` features,
 so `datasets.Dataset.from_file(shard)` yields PIL images and `ClassLabel` category ids, and the folder
-loads with `datasets.load_from_disk` as a `DatasetDict` by split.
+loads with `datasets.load_from_disk` as a `DatasetDict` by split. Beside the flat columns the trainer
+reads, a shard holds `image_id` and `objects` in the Hugging Face detection convention (`bbox` COCO
+`x, y, w, h`, `category` a ClassLabel, `area`, `id`), which the writer derives from the flat ones.
 """
 
 from __future__ import annotations
@@ -37,7 +39,13 @@ MANIFEST = "manifest.json"
 # 2: image as struct<bytes, path>, category ids int64, every column nullable, `datasets` features in
 # the schema: the storage `datasets` needs to read the features (see shard_hf). 3: shards of the
 # selection listed by `path` (content-addressed, possibly in earlier sets' folders), masked rows.
-FORMAT = "zero-shards/3"
+# 4: `image_id` and `objects` (the Hugging Face detection convention) beside the flat columns.
+FORMAT = "zero-shards/4"
+# What an earlier set lacks, for the error that refuses it (the next set packs every row again).
+EARLIER_FORMATS = {
+    "zero-shards/3": "its shards have no `objects` and `image_id` columns (the Hugging Face detection convention)",
+    "zero-shards/2": "its shards are listed by file name, not by path, and have no `objects` column",
+}
 SHARDS = "shards"  # the folder of a set's own shards
 MASKED = "masked.parquet"
 ROWS = "rows.parquet"
@@ -48,7 +56,10 @@ ROWS_SCHEMA = pa.schema(
 )
 
 IMAGE_TYPE = pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.string())])
-BOXES_NOTE = {"boxes": "x1,y1,x2,y2 absolute pixels, upright frame (EXIF orientation applied)"}
+BOXES_NOTE = {
+    "boxes": "x1,y1,x2,y2 absolute pixels, upright frame (EXIF orientation applied)",
+    "objects.bbox": "x,y,w,h (COCO) absolute pixels, the same boxes",
+}
 
 # The columns and their storage. Nullable because `datasets` ignores a column's features when its field
 # is not: the writer refuses nulls instead (ShardWriter). A shard's own schema adds the features.
@@ -64,11 +75,15 @@ SHARD_SCHEMA = pa.schema(
         pa.field("source", pa.string()),
         pa.field("key", pa.string()),
         pa.field("sha256", pa.string()),
+        pa.field("image_id", pa.int64()),  # derived: shard_hf.image_ids
+        pa.field("objects", shard_hf.OBJECTS_TYPE),  # derived: shard_hf.objects_column
     ],
     metadata=BOXES_NOTE,
 )
-# Every column but the image: the labels a shard holds for each row.
-LABEL_SCHEMA = pa.schema([f for f in SHARD_SCHEMA if f.name != "image"])
+# The columns the writer derives from the others (shard_hf.convention_columns), last in a shard.
+DERIVED = ("image_id", "objects")
+# Every column a writer is given but the image: the labels a shard holds for each row.
+LABEL_SCHEMA = pa.schema([f for f in SHARD_SCHEMA if f.name != "image" and f.name not in DERIVED])
 
 
 def shard_schema(categories: list[dict[str, Any]]) -> pa.Schema:
@@ -90,7 +105,11 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     manifest = json.loads(path.read_text())
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise ValueError(f"{path}: format {found!r} is not {FORMAT!r}; rematerialize arrow_shards")
+        why = f" ({EARLIER_FORMATS[found]})" if isinstance(found, str) and found in EARLIER_FORMATS else ""
+        raise ValueError(
+            f"{path}: format {found!r} is not {FORMAT!r}{why}; rematerialize arrow_shards, which packs "
+            "every row again into a new set"
+        )
     return manifest
 
 

@@ -9,6 +9,13 @@ stored bytes; `path` always null), category ids as `ClassLabel`'s int64. The JSO
 imports `datasets` (seconds at start), and tests/test_hf_dataset_shards.py checks it against the
 installed `datasets`.
 
+Beside the flat columns the trainer reads (`boxes` xyxy, `category_ids`), each row carries the
+Hugging Face detection convention that `transformers`' object-detection recipes read: `image_id`, and
+`objects` with `bbox` (COCO `x, y, w, h` absolute pixels, the same boxes), `category` (a `ClassLabel`,
+the same ids), `area` (`w * h`) and `id`, one list entry an object. The writer derives both from the
+flat columns (`convention_columns`); ids are stable 63-bit hashes of the image's key (and the object's
+place in it), the same in every set that holds the row.
+
 Category ids are the detector's labels 1..K (torchvision keeps 0 for the background), so the
 `ClassLabel` names are `__background__` followed by the K category names: `int2str(id)` is the
 category's name for every stored id.
@@ -18,7 +25,9 @@ category's name for every stored id.
 folder up (`../shards/train-<sha16>.arrow`, `../../<earlier set>/shards/...`): the shards stay where
 every other reader finds them, and nothing is copied. `load_from_disk` knows no masked rows, so it
 yields every stored row; `load_live(folder)` is the same DatasetDict without the masked ones (an
-indices mapping over the same memory-mapped shards, nothing copied).
+indices mapping over the same memory-mapped shards, nothing copied). `load_from_disk` copies only a
+split's folder from a remote filesystem, not the shards it points at, so a set on S3 loads with
+`shard_hf_remote.load_url`.
 """
 
 from __future__ import annotations
@@ -28,10 +37,23 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from .hashing import sha256_bytes
 from .storage import write_bytes_atomic
 
 BACKGROUND = "__background__"
+# `objects` as `datasets` stores a sequence of dicts: a struct of one list per field, a row's lists aligned.
+OBJECTS_TYPE = pa.struct(
+    [
+        pa.field("id", pa.list_(pa.int64())),
+        pa.field("area", pa.list_(pa.float32())),
+        pa.field("bbox", pa.list_(pa.list_(pa.float32(), 4))),
+        pa.field("category", pa.list_(pa.int64())),
+    ]
+)
 DATASET_DICT = "dataset_dict.json"
 STATE = "state.json"
 INFO = "dataset_info.json"
@@ -71,7 +93,50 @@ def features(names: list[str]) -> dict[str, Any]:
         "source": _value("string"),
         "key": _value("string"),
         "sha256": _value("string"),
+        "image_id": _value("int64"),
+        "objects": {  # a sequence of dicts, as `datasets` writes it: a dict of lists
+            "id": _list(_value("int64")),
+            "area": _list(_value("float32")),
+            "bbox": _list(_list(_value("float32"), length=4)),  # COCO x, y, w, h
+            "category": _list({"names": list(names), "_type": "ClassLabel"}),
+        },
     }
+
+
+def _id63(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
+
+
+def image_ids(keys: pa.Array) -> pa.Array:
+    """A stable 63-bit id of each row's image: a hash of its key."""
+    return pa.array([_id63(key) for key in keys.to_pylist()], pa.int64())
+
+
+def objects_column(keys: pa.Array, boxes: pa.Array, category_ids: pa.Array) -> pa.StructArray:
+    """The `objects` of each row from its flat `boxes` (x1, y1, x2, y2) and `category_ids`: `bbox` as
+    COCO x, y, w, h, `area` w * h, `category` the id, `id` a hash of the key and the object's place."""
+    counts = pc.list_value_length(boxes).to_numpy(zero_copy_only=False)
+    if not np.array_equal(counts, pc.list_value_length(category_ids).to_numpy(zero_copy_only=False)):
+        row = int(np.flatnonzero(counts != pc.list_value_length(category_ids).to_numpy(zero_copy_only=False))[0])
+        raise ValueError(f"shard row {keys[row].as_py()!r}: {counts[row]} boxes but a different number of category ids")
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    xyxy = pc.list_flatten(pc.list_flatten(boxes)).to_numpy(zero_copy_only=False).reshape(-1, 4)
+    width, height = xyxy[:, 2] - xyxy[:, 0], xyxy[:, 3] - xyxy[:, 1]
+    xywh = np.stack([xyxy[:, 0], xyxy[:, 1], width, height], axis=1).astype(np.float32)
+    ids = [_id63(f"{key}#{index}") for key, count in zip(keys.to_pylist(), counts) for index in range(count)]
+    fields = {
+        "id": pa.array(ids, pa.int64()),
+        "area": pa.array((width * height).astype(np.float32)),
+        "bbox": pa.FixedSizeListArray.from_arrays(pa.array(xywh.reshape(-1)), 4),
+        "category": pc.list_flatten(category_ids).cast(pa.int64()),
+    }
+    lists = [pa.ListArray.from_arrays(offsets, fields[field.name]) for field in OBJECTS_TYPE]
+    return pa.StructArray.from_arrays(lists, fields=list(OBJECTS_TYPE))
+
+
+def convention_columns(columns: dict[str, pa.Array]) -> list[pa.Array]:
+    """The derived columns (shard_format.DERIVED: `image_id`, `objects`) of rows given as flat columns."""
+    return [image_ids(columns["key"]), objects_column(columns["key"], columns["boxes"], columns["category_ids"])]
 
 
 def schema_metadata(names: list[str]) -> bytes:
@@ -127,11 +192,19 @@ def load_live(folder: Path):
     of the rows training reads (imports `datasets`, which reading a shard otherwise never does)."""
     import datasets  # seconds to import: only where a `datasets` object is asked for
 
-    from .shard_format import masked_keys, read_manifest, shards_for_split
+    from .shard_format import masked_keys, read_manifest
 
     manifest = read_manifest(folder)
-    masked = masked_keys(folder, manifest)
-    loaded = datasets.load_from_disk(str(folder))
+    return without_masked(datasets.load_from_disk(str(folder)), manifest, masked_keys(folder, manifest))
+
+
+def without_masked(loaded, manifest: dict[str, Any], masked: dict[str, frozenset[str]]):
+    """A `DatasetDict` whose splits hold their shards' rows in manifest order, less the `masked` ones
+    (shard path -> keys): an indices mapping, nothing copied."""
+    import datasets
+
+    from .shard_format import shards_for_split
+
     live = {}
     for split, data in loaded.items():
         keys, kept, start = data["key"], [], 0

@@ -1,7 +1,7 @@
 """Plan a shard set of the selection from the previous one: the earlier shards it keeps, by reference,
 the rows of theirs it masks, and the rows it packs into new shards.
 
-Rules (the incremental contract of arrow_shards, format zero-shards/3):
+Rules (the incremental contract of arrow_shards, format zero-shards/4):
 - Nothing earlier is kept when the earlier set is of another format, shard config (target size,
   image encoding) or pack order: every selected row is packed again, and category ids start afresh.
 - An earlier shard is kept by reference (its path, relative to the new manifest) while it holds a

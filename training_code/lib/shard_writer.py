@@ -23,11 +23,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .shard_format import IMAGE_TYPE, LABEL_SCHEMA, SHARD_SCHEMA, SHARDS, shard_schema
+from .shard_format import IMAGE_TYPE, LABEL_SCHEMA, SHARDS, shard_schema
+from .shard_hf import convention_columns
 
 ROWS_PER_BATCH = 64  # small record batches keep memory flat and let readers slice cheaply
 BATCH_BYTES = 4 << 20  # and about this much image data per batch: short flushes keep the reader threads busy meanwhile
-_COLUMNS = SHARD_SCHEMA.names
+_COLUMNS = ["image", *LABEL_SCHEMA.names]  # the given ones: the writer derives `image_id` and `objects`
 
 
 class ShardWriter:
@@ -251,7 +252,8 @@ def _record_batch(pieces: list[tuple[list[bytes] | pa.Array, pa.Table]], schema:
         for name in LABEL_SCHEMA.names
     ]
     image = pa.StructArray.from_arrays([stored, pa.nulls(len(stored), pa.string())], fields=list(IMAGE_TYPE))
-    return pa.RecordBatch.from_arrays([image, *columns], schema=schema)
+    derived = convention_columns(dict(zip(LABEL_SCHEMA.names, columns)))
+    return pa.RecordBatch.from_arrays([image, *columns, *derived], schema=schema)
 
 
 class _TrailingHasher:

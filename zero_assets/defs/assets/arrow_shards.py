@@ -84,7 +84,7 @@ def arrow_shards(
     context: AssetExecutionContext, config: ShardConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> MaterializeResult:
     """Arrow IPC shards of the selected rows (`shards/<split>-<sha256[:16]>.arrow`, content-addressed; kept ones
-    in earlier outputs' folders), `masked.parquet`, `rows.parquet` and `manifest.json` (zero-shards/3).
+    in earlier outputs' folders), `masked.parquet`, `rows.parquet` and `manifest.json` (zero-shards/4).
 
     `dagster/row_count` is the live rows (train and val, masked ones left out); the shard list is in the
     manifest, the materialization keeps a summary (`shard_sizes`) and what was kept, masked and packed."""

@@ -1,0 +1,82 @@
+"""A shard set loaded with `datasets` wherever fsspec reaches it: `s3://` (s3fs, the `hf` extra) or a
+local folder, without this project's storage layer.
+
+`datasets.load_from_disk` copies only a split's own folder from a remote filesystem, never the shards
+its `state.json` points at one folder up (or in an earlier set's folder), so it cannot load a set on
+S3. `load_url` reads the set's `manifest.json` through fsspec, hands `datasets.load_dataset("arrow",
+...)` each split's shard URLs (resolved from the manifest's paths, kept shards included) with the set's
+features (the manifest's categories name the `ClassLabel`s: a kept shard's own names may be fewer), and
+leaves out the rows the manifest masks. As for any remote data files, `datasets` downloads and
+prepares the shards into its cache (`cache_dir`).
+
+Imports `datasets` and fsspec only when called: reading a shard never does.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+from . import relative_paths, shard_hf
+from .shard_format import FORMAT, MANIFEST, MASKED, shards_for_split
+from .storage import join
+
+
+def _read(url: str, storage_options: dict[str, Any] | None) -> bytes:
+    import fsspec
+
+    with fsspec.open(url, "rb", **(storage_options or {})) as file:
+        return file.read()
+
+
+def read_set(url: str, storage_options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """The set's manifest and, by split, the URL of each of its shards in manifest order."""
+    where = join(url, MANIFEST)
+    try:
+        manifest = json.loads(_read(where, storage_options))
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"no shard manifest at {where}: the shard set is incomplete or was never written"
+        ) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ValueError(f"{where}: format {found!r} is not {FORMAT!r}; rematerialize arrow_shards")
+    splits = dict.fromkeys(entry["split"] for entry in manifest["shards"])
+    files = {
+        split: [relative_paths.resolve(url, entry["path"]) for entry in shards_for_split(manifest, split)]
+        for split in splits
+    }
+    return manifest, files
+
+
+def masked_keys(url: str, manifest: dict[str, Any], storage_options: dict[str, Any] | None = None):
+    """Shard path (as the manifest lists it) -> the keys of its rows the manifest masks."""
+    if MASKED not in manifest.get("files", {}):
+        return {}
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(io.BytesIO(_read(join(url, MASKED), storage_options)))
+    by_path: dict[str, set[str]] = {}
+    for path, key in zip(table.column("path").to_pylist(), table.column("key").to_pylist()):
+        by_path.setdefault(path, set()).add(key)
+    return {path: frozenset(keys) for path, keys in by_path.items()}
+
+
+def load_url(
+    url: str, storage_options: dict[str, Any] | None = None, *, live: bool = True, cache_dir: str | None = None
+):
+    """The shard set at `url` as a `DatasetDict` by split, with the set's features (`objects` with
+    `bbox` and a `ClassLabel` `category`); `live` leaves out the masked rows, as training does."""
+    import datasets  # seconds to import: only where a `datasets` object is asked for
+
+    manifest, files = read_set(url, storage_options)
+    features = datasets.Features.from_dict(shard_hf.features(shard_hf.class_names(manifest["categories"])))
+    # A copy: `datasets` adds its own `hf` entry to the options it is given, which s3fs then refuses.
+    options = dict(storage_options) if storage_options else None
+    loaded = datasets.load_dataset(
+        "arrow", data_files=files, features=features, storage_options=options, cache_dir=cache_dir
+    )
+    if not live:
+        return loaded
+    return shard_hf.without_masked(loaded, manifest, masked_keys(url, manifest, storage_options))
