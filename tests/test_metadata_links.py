@@ -4,6 +4,7 @@ hit says so first, naming the run and job that built the output, with its own wa
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from dagster import MetadataValue, PathMetadataValue, TextMetadataValue, UrlMeta
 from graph_runs import materialize_graph, materialize_source, materialize_tail
 
 from zero_assets.defs.assets import PER_SOURCE_ASSETS, TAIL_ASSETS
-from zero_assets.launch.metadata import BUILD_KEYS, cache_first, hit_metadata, published_paths
+from zero_assets.launch.metadata import BUILD_KEYS, cache_first, hit_metadata, published_paths, rounded_for_display
 from zero_assets.launch.upstream import latest_materializations
 
 SOURCES = ["line_a_camera", "warehouse_scanner"]
@@ -99,6 +100,13 @@ def test_a_hit_says_so_first_and_names_the_build_it_reuses():
     assert not {"built_by_run", "built_by_job"} & set(hit_metadata({"accepted": 1}, "same", None, recorded=False))
 
 
+def test_numbers_are_rounded_for_display_and_nothing_else_is():
+    metadata = {"mAP": 0.6324876543210987, "loss": MetadataValue.float(0.000123456789), "steps": 200, "ok": True}
+    shown = rounded_for_display({**metadata, "name": "x", "nan": float("nan")})
+    assert shown["mAP"] == MetadataValue.float(0.6325) and shown["loss"] == MetadataValue.float(0.0001235)
+    assert (shown["steps"], shown["ok"], shown["name"]) == (200, True, "x") and shown["nan"] != shown["nan"]
+
+
 def _latest(instance) -> dict[str, tuple[str, dict]]:
     """`asset[source]` or `asset` -> (run id, metadata entries) of its latest materialization."""
 
@@ -162,6 +170,11 @@ def test_every_path_in_every_materialization_exists_after_the_run(graph):
         value = built[asset][1][key]
         assert isinstance(value, PathMetadataValue), (asset, key, value)
         assert value.value == f"{built[asset][1]['dagster/uri'].value}/{name}"
+    # mAP shows 4 digits; metrics.json, which the entry links, keeps the full value.
+    report = built["map_report"][1]
+    full = json.loads(Path(report["metrics_path"].value).read_text())
+    for key in ("mAP", "mAP_50", "AR_100"):
+        assert report[key].value == float(f"{full[key]:.4g}"), (key, report[key].value, full[key])
 
 
 @pytest.mark.slow

@@ -28,10 +28,10 @@ from training_code.lib.inline_pictures import inline_picture, markdown_metadata
 from training_code.lib.model import MODEL_FILE, load_model_file
 from training_code.lib.model_version import payload_version
 from training_code.lib.output_manifest import write_output_manifest
+from training_code.lib.pr_curve_plot import draw_pr_thumbnail
 from training_code.lib.report_plots import (
     SamplePicture,
     draw_pr_curve,
-    draw_pr_thumbnail,
     draw_sample,
     draw_samples,
     save_png,

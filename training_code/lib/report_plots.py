@@ -1,8 +1,9 @@
 """The evaluation report's pictures, drawn with Pillow: a precision-recall plot and sample predictions
 against ground truth.
 
-Each comes full size (a file in the report's output) and as a thumbnail drawn for a given width, which
-`inline_pictures.inline_picture` fits into a Markdown entry the Dagster UI draws in place.
+Each comes full size (a file in the report's output) and as a thumbnail drawn for a given width (the
+plot's in `pr_curve_plot`), which `inline_pictures.inline_picture` fits into a Markdown entry the
+Dagster UI draws in place.
 """
 
 from __future__ import annotations
@@ -67,33 +68,6 @@ def draw_pr_curve(curve: dict[str, Any]) -> Image.Image:
         colour = CLASS_COLOURS[index % len(CLASS_COLOURS)]
         draw.line([point(r, p) for r, p in zip(recall, precision)], fill=colour, width=1)
         draw.text((right - 110, top + 18 + 12 * index), name[:16], fill=colour)
-    if curve["mean"] is not None:
-        draw.line([point(r, p) for r, p in zip(recall, curve["mean"])], fill="black", width=2)
-    return image
-
-
-def draw_pr_thumbnail(curve: dict[str, Any], width: int) -> Image.Image:
-    """The plot redrawn small, without text (the entry's caption says what it is): a frame, the 0.5
-    grid lines, each class in its colour and the mean in black. Flat colours keep it a few hundred bytes."""
-    size = (width, max(2, round(width * THUMBNAIL_ASPECT)))
-    image = Image.new("RGB", size, "white")
-    draw = ImageDraw.Draw(image)
-    left, top, right, bottom = 1, 1, size[0] - 2, size[1] - 2
-
-    def point(recall: float, precision: float) -> tuple[float, float]:
-        return left + recall * (right - left), bottom - precision * (bottom - top)
-
-    draw.rectangle((left, top, right, bottom), outline=(150, 150, 150))
-    draw.line((*point(0.5, 0), *point(0.5, 1)), fill=(225, 225, 225))
-    draw.line((*point(0, 0.5), *point(1, 0.5)), fill=(225, 225, 225))
-    recall = curve["recall"]
-    for index, precision in enumerate(curve["per_class"].values()):
-        if precision is not None:
-            draw.line(
-                [point(r, p) for r, p in zip(recall, precision)],
-                fill=CLASS_COLOURS[index % len(CLASS_COLOURS)],
-                width=1,
-            )
     if curve["mean"] is not None:
         draw.line([point(r, p) for r, p in zip(recall, curve["mean"])], fill="black", width=2)
     return image

@@ -1,8 +1,10 @@
 """Metadata helpers shared by the assets: pandera and Arrow schemas as Dagster column schemas, job results,
-paths a job reported moved to where its output was published, and what a cache hit says of its build."""
+paths a job reported moved to where its output was published, what a cache hit says of its build, and
+numbers rounded for display."""
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from collections.abc import Mapping
@@ -12,6 +14,7 @@ import pandera.pandas as pa
 import pyarrow
 from dagster import (
     DataVersion,
+    FloatMetadataValue,
     JsonMetadataValue,
     MaterializeResult,
     MetadataValue,
@@ -164,3 +167,19 @@ def cache_first(metadata: Mapping[str, Any]) -> dict[str, Any]:
 
 def _plain(value: Any) -> Any:
     return getattr(value, "value", value)
+
+
+DISPLAY_DIGITS = 4  # significant digits a number shows in the UI (mAP 0.6325, a loss 0.0001234)
+
+
+def rounded_for_display(metadata: Mapping[str, Any], digits: int = DISPLAY_DIGITS) -> dict[str, Any]:
+    """`metadata` with every float entry rounded to `digits` significant digits: the UI shows the
+    number, the output's own file (metrics.json, training_summary.json) keeps the full value."""
+    return {key: _rounded(value, digits) for key, value in metadata.items()}
+
+
+def _rounded(value: Any, digits: int) -> Any:
+    number = value.value if isinstance(value, FloatMetadataValue) else value
+    if not isinstance(number, float) or isinstance(number, bool) or not math.isfinite(number):
+        return value
+    return MetadataValue.float(float(f"{number:.{digits}g}"))

@@ -15,6 +15,7 @@ from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.assets.trained_checkpoint import trained_checkpoint
 from zero_assets.defs.automation import AFTER_CHECKPOINT
 from zero_assets.launch.materialize import launch_job
+from zero_assets.launch.metadata import rounded_for_display
 from zero_assets.launch.upstream import upstream_output
 
 # The default job script. Its code version is the asset's in the UI; the cache fingerprints the module
@@ -95,4 +96,7 @@ def map_report(
         for name in ("pr_curve", "sample_predictions")
         if exists(f"{out}/{name}.png")
     }
-    return MaterializeResult(metadata={**result.metadata, **pictures}, data_version=result.data_version)
+    # mAP and AR shown to 4 digits; metrics.json, beside them, keeps the full values.
+    return MaterializeResult(
+        metadata={**rounded_for_display(result.metadata), **pictures}, data_version=result.data_version
+    )

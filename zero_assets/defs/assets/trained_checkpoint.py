@@ -15,6 +15,7 @@ from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.automation import TRAINING
 from zero_assets.defs.rehearsal_gate import REHEARSAL_CHECK, training_gate
 from zero_assets.launch.materialize import launch_job
+from zero_assets.launch.metadata import rounded_for_display
 from zero_assets.launch.upstream import upstream_output
 
 TRAINING_POOL = "training"  # how many train at once: the pool's limit in the instance config (dagster.yaml)
@@ -146,6 +147,8 @@ def trained_checkpoint(
         inputs={"train": warm.uri},
         processes_per_host=config.processes,
     )
-    yield MaterializeResult(
-        metadata=result.metadata, data_version=result.data_version, check_results=[gate.check_result()]
+    yield MaterializeResult(  # loss and throughput to 4 digits; training_summary.json keeps the full values
+        metadata=rounded_for_display(result.metadata),
+        data_version=result.data_version,
+        check_results=[gate.check_result()],
     )
