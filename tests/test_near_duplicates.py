@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from training_code.lib import perceptual_hash as ph
+from training_code.lib.image_checks import DEFAULT_ALLOWED_FORMATS, check_image_bytes
 from training_code.lib.near_duplicates import (
     NearDuplicateSettings,
     band_values,
@@ -17,7 +18,7 @@ from training_code.lib.near_duplicates import (
     near_duplicate_groups,
     near_duplicate_pairs,
 )
-from zero_assets.ops.demo_scenes import render_scene
+from zero_assets.ops.demo_scenes import encode_file, render_scene
 
 
 def scene(seed: int, size=(320, 240)) -> Image.Image:
@@ -58,6 +59,20 @@ def test_the_hash_is_of_the_upright_picture():
     stored = upright.transpose(Image.Transpose.ROTATE_90)
     assert distance(ph.phash(stored, orientation=6), ph.phash(upright)) <= 3  # resampling rounds apart
     assert distance(ph.phash(stored), ph.phash(upright)) > 10
+
+
+@pytest.mark.parametrize("orientation", [1, 3, 6, 8])
+def test_the_validator_hashes_a_turned_jpeg_as_its_upright_png(orientation):
+    """The two decode paths: a JPEG's 1/8-scale strict decode turned by its EXIF tag, a PNG's full decode."""
+    upright = scene(5, (480, 360))
+    # The stored frame whose EXIF `orientation` shows `upright` (exif_transpose undoes these turns).
+    turn = {1: None, 3: Image.Transpose.ROTATE_180, 6: Image.Transpose.ROTATE_90, 8: Image.Transpose.ROTATE_270}
+    stored = upright.transpose(turn[orientation]) if turn[orientation] else upright
+    jpeg = check_image_bytes(encode_file(stored, "JPEG", orientation), DEFAULT_ALLOWED_FORMATS, 8)
+    png = check_image_bytes(encode_file(upright, "PNG", 1), DEFAULT_ALLOWED_FORMATS, 8)
+    assert (jpeg.orientation, jpeg.width, png.width) == (orientation, 480, 480)
+    assert distance(jpeg.phash, png.phash) <= 4
+    assert distance(jpeg.phash, ph.phash(stored)) > 10 or orientation == 1
 
 
 @pytest.mark.parametrize("mode", ["L", "P", "RGBA", "CMYK", "I;16", "I", "F", "1", "LA"])
