@@ -170,6 +170,10 @@ def test_every_path_in_every_materialization_exists_after_the_run(graph):
         value = built[asset][1][key]
         assert isinstance(value, PathMetadataValue), (asset, key, value)
         assert value.value == f"{built[asset][1]['dagster/uri'].value}/{name}"
+    # The source without a drawable quarantined image says which source has a contact sheet.
+    sheets = reused["validated_images[warehouse_scanner]"][1]["quarantine_contact_sheets"].value
+    assert "| line_a_camera | 1 of 2 on its contact sheet |" in sheets, sheets
+    assert "| warehouse_scanner (this source) | 1 quarantined, none that still decodes: no sheet |" in sheets, sheets
     # mAP shows 4 digits; metrics.json, which the entry links, keeps the full value.
     report = built["map_report"][1]
     full = json.loads(Path(report["metrics_path"].value).read_text())

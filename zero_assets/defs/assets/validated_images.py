@@ -12,6 +12,7 @@ from zero_assets.backends.job_runner import JobRunner
 from zero_assets.core.fingerprints import code_version
 from zero_assets.core.job_request import FanOut
 from zero_assets.core.settings import ZeroSettings, zero_env
+from zero_assets.defs.assets.contact_sheets import contact_sheets_entry
 from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.assets.raw_image_index import raw_image_index
 from zero_assets.defs.automation import EAGER
@@ -154,4 +155,5 @@ def validated_images(
         # The job drew the full-size sheet beside the tables; its path is where the output was published.
         out = str(result.metadata["dagster/uri"].value).rstrip("/")
         extra["quarantine_contact_sheet_png"] = MetadataValue.path(f"{out}/{SHEET_FILE}")
+    extra.update(contact_sheets_entry(context.instance, source, result.metadata or {}))  # which sources show some
     return MaterializeResult(metadata={**(result.metadata or {}), **extra}, data_version=result.data_version)

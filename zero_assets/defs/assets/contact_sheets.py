@@ -1,0 +1,46 @@
+"""Which sources show quarantined images: one entry on every validated_images materialization, so the
+page of a source with no contact sheet (nothing quarantined, or nothing that still decodes) says
+which sources have one to open."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dagster import DagsterInstance, MetadataValue
+
+from zero_assets.defs.partitions import RAW_SOURCES
+from zero_assets.launch.upstream import latest_materializations
+
+ENTRY = "quarantine_contact_sheets"
+
+
+def contact_sheets_entry(instance: DagsterInstance, source: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """`{ENTRY: a Markdown table}`: each registered source's quarantined images and how many its
+    contact sheet shows, from its latest validated_images materialization (this source's from
+    `metadata`, the one being reported)."""
+    rows = []
+    for name in sorted(set(instance.get_dynamic_partitions(RAW_SOURCES.name)) | {source}):
+        if name == source:
+            found: Mapping[str, Any] | None = metadata
+        else:
+            records = latest_materializations(instance, "validated_images", name)
+            found = dict(records[0].asset_materialization.metadata) if records else None
+        rows.append(f"| {name}{' (this source)' if name == source else ''} | {_sheet(found)} |")
+    table = "\n".join(["| source | quarantined images shown |", "| --- | --- |", *rows])
+    return {ENTRY: MetadataValue.md(table)}
+
+
+def _sheet(metadata: Mapping[str, Any] | None) -> str:
+    if metadata is None:
+        return "not validated yet"
+    quarantined, shown = _int(metadata.get("quarantined")), _int(metadata.get("quarantined_images_shown"))
+    if not quarantined:
+        return "none quarantined"
+    if not shown:
+        return f"{quarantined} quarantined, none that still decodes: no sheet"
+    return f"{shown} of {quarantined} on its contact sheet"
+
+
+def _int(value: Any) -> int:
+    return int(getattr(value, "value", value) or 0)
