@@ -16,6 +16,7 @@ it; the Python API's `materialize` runs in process without it, and its first ste
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Iterator, Sequence
 from types import ModuleType
@@ -111,6 +112,7 @@ def _main_module_imports() -> Sequence[str]:
 
 
 def _create(init_context) -> Executor:
+    freeze_loaded_code()
     config = init_context.executor_config
     if "in_process" in config:
         return RunWorkerExecutor(_core_in_process_executor_creation(config["in_process"]))
@@ -126,6 +128,24 @@ def _create(init_context) -> Executor:
         _core_multiprocess_executor_creation(multiprocess), _core_in_process_executor_creation(in_process)
     )
 
+
+def freeze_loaded_code() -> None:
+    """Move every object alive now (the code location once loaded: Dagster, pandas, pyarrow, the
+    definitions) out of the collector's reach, for the life of the process.
+
+    A process that loaded the code location (the code server, a run worker, the forkserver and its step
+    workers) otherwise spends its exit in one last full collection over those objects: 2.5 to 3.8 s a
+    process on a loaded 2-core machine (0.5 to 0.7 s frozen), and `dagster dev` stops only after the
+    code server, which waits for each run worker it started, so Ctrl-C waited for them one after
+    another. Frozen objects are never collected, which costs nothing for objects that live as long as
+    the process, and a forked step worker no longer touches (copies) their pages when it collects.
+    Called when this module loads (the code location imports it after its assets and checks, which
+    import the heavy libraries) and again as a run starts, once Dagster has loaded the definitions.
+    """
+    gc.freeze()
+
+
+freeze_loaded_code()
 
 run_worker_executor = ExecutorDefinition(
     name="run_worker_executor",
