@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -193,3 +194,23 @@ def test_a_separate_datasets_install_sees_objects_with_bbox_and_a_classlabel_cat
     assert seen["category"] == "ClassLabel" and seen["names"] == ["__background__", *NAMES]
     rows = [row for split in seen["rows"].values() for row in split]
     assert rows and all(row["objects"]["bbox"] == [coco(box) for box in row["boxes"]] for row in rows)
+
+
+def test_a_set_of_the_earlier_format_is_refused_naming_what_it_lacks_and_packed_again(two_sets, tmp_path):
+    lake, rows = two_sets
+    earlier = tmp_path / "arrow_shards" / "earlier"
+    shutil.copytree(lake / "arrow_shards" / "first", earlier)
+    manifest = json.loads((earlier / "manifest.json").read_text())
+    (earlier / "manifest.json").write_text(json.dumps({**manifest, "format": "zero-shards/3"}))
+    with pytest.raises(ValueError, match=r"'zero-shards/3' is not 'zero-shards/4' \(its shards have no `objects`"):
+        read_manifest(earlier)
+    raw = lake.parent / "raw"  # the fixture's raw root, beside its lake
+    _, work = build_shards(
+        write_selection(tmp_path / "selection", rows, NAMES),
+        raw,
+        tmp_path / "arrow_shards" / "next",
+        2000,
+        previous=earlier,
+        previous_name="earlier",
+    )
+    assert work["shards_kept"] == 0 and work["rows_packed"] == len(rows), "no shard without `objects` is kept"

@@ -103,40 +103,62 @@ def features(names: list[str]) -> dict[str, Any]:
     }
 
 
-def _id63(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
+def _key_hashes(keys: pa.Array) -> np.ndarray:
+    """A stable 64-bit hash of each row's key (blake2b), as uint64."""
+    digests = b"".join(hashlib.blake2b(key.encode(), digest_size=8).digest() for key in keys.to_pylist())
+    return np.frombuffer(digests, dtype=">u8").astype(np.uint64)
 
 
-def image_ids(keys: pa.Array) -> pa.Array:
-    """A stable 63-bit id of each row's image: a hash of its key."""
-    return pa.array([_id63(key) for key in keys.to_pylist()], pa.int64())
+def _mix(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: distinct inputs give distinct, well-spread outputs (a bijection)."""
+    with np.errstate(over="ignore"):
+        z = values ^ (values >> np.uint64(30))
+        z = z * np.uint64(0xBF58476D1CE4E5B9)
+        z = z ^ (z >> np.uint64(27))
+        z = z * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
 
 
-def objects_column(keys: pa.Array, boxes: pa.Array, category_ids: pa.Array) -> pa.StructArray:
+def _id63(values: np.ndarray) -> pa.Array:
+    return pa.array((values >> np.uint64(1)).astype(np.int64))
+
+
+def objects_column(hashes: np.ndarray, keys: pa.Array, boxes: pa.Array, category_ids: pa.Array) -> pa.StructArray:
     """The `objects` of each row from its flat `boxes` (x1, y1, x2, y2) and `category_ids`: `bbox` as
-    COCO x, y, w, h, `area` w * h, `category` the id, `id` a hash of the key and the object's place."""
+    COCO x, y, w, h, `area` w * h, `category` the id, `id` a mix of the key's hash and the object's
+    place in the row. Columns only: no Python work an object."""
     counts = pc.list_value_length(boxes).to_numpy(zero_copy_only=False)
-    if not np.array_equal(counts, pc.list_value_length(category_ids).to_numpy(zero_copy_only=False)):
-        row = int(np.flatnonzero(counts != pc.list_value_length(category_ids).to_numpy(zero_copy_only=False))[0])
-        raise ValueError(f"shard row {keys[row].as_py()!r}: {counts[row]} boxes but a different number of category ids")
-    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    labels = pc.list_value_length(category_ids).to_numpy(zero_copy_only=False)
+    if not np.array_equal(counts, labels):
+        row = int(np.flatnonzero(counts != labels)[0])
+        raise ValueError(
+            f"shard row {keys[row].as_py()!r}: {counts[row]} boxes but {labels[row]} category ids; "
+            "every box needs one category"
+        )
+    starts = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=starts[1:])
     xyxy = pc.list_flatten(pc.list_flatten(boxes)).to_numpy(zero_copy_only=False).reshape(-1, 4)
     width, height = xyxy[:, 2] - xyxy[:, 0], xyxy[:, 3] - xyxy[:, 1]
     xywh = np.stack([xyxy[:, 0], xyxy[:, 1], width, height], axis=1).astype(np.float32)
-    ids = [_id63(f"{key}#{index}") for key, count in zip(keys.to_pylist(), counts) for index in range(count)]
+    place = np.arange(starts[-1], dtype=np.int64) - np.repeat(starts[:-1], counts)
+    with np.errstate(over="ignore"):
+        ids = _mix(np.repeat(hashes, counts) + place.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
     fields = {
-        "id": pa.array(ids, pa.int64()),
+        "id": _id63(ids),
         "area": pa.array((width * height).astype(np.float32)),
         "bbox": pa.FixedSizeListArray.from_arrays(pa.array(xywh.reshape(-1)), 4),
         "category": pc.list_flatten(category_ids).cast(pa.int64()),
     }
+    offsets = pa.array(starts.astype(np.int32))
     lists = [pa.ListArray.from_arrays(offsets, fields[field.name]) for field in OBJECTS_TYPE]
     return pa.StructArray.from_arrays(lists, fields=list(OBJECTS_TYPE))
 
 
 def convention_columns(columns: dict[str, pa.Array]) -> list[pa.Array]:
-    """The derived columns (shard_format.DERIVED: `image_id`, `objects`) of rows given as flat columns."""
-    return [image_ids(columns["key"]), objects_column(columns["key"], columns["boxes"], columns["category_ids"])]
+    """The derived columns (shard_format.DERIVED: `image_id`, `objects`) of rows given as flat columns:
+    `image_id` is a hash of the key, each object's `id` a mix of that hash and its place in the row."""
+    hashes = _key_hashes(columns["key"])
+    return [_id63(hashes), objects_column(hashes, columns["key"], columns["boxes"], columns["category_ids"])]
 
 
 def schema_metadata(names: list[str]) -> bytes:
