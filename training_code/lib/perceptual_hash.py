@@ -29,8 +29,6 @@ _UPRIGHT = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
-# Modes Pillow cannot resample smoothly (palettes, bilevel): converted first, at full size (rare).
-_CONVERT_FIRST = {"1": "L", "P": "RGB", "PA": "RGBA"}
 # Numeric modes whose values are not 0..255: their grey is the value itself (the bits only compare
 # coefficients with each other, so the scale does not matter).
 _NUMERIC = frozenset({"I", "F"})
@@ -52,17 +50,17 @@ _KEPT = np.array([r * (LOW + 1) + c for r in range(LOW) for c in range(LOW) if (
 
 def grey_picture(image: Image.Image, orientation: int = 1) -> np.ndarray:
     """`image` as a SIDE x SIDE float grey picture, turned upright by the EXIF `orientation` (1: as stored)."""
-    if image.mode in _CONVERT_FIRST:
-        image = image.convert(_CONVERT_FIRST[image.mode])
-    elif image.mode.startswith("I;16"):
+    if image.mode.startswith("I;16"):
         image = image.convert("I")
+    elif image.mode not in _NUMERIC:
+        # Grey first: one channel to resample instead of three or four (a third of the resize's cost),
+        # and palettes and bilevel pictures, which Pillow does not resample smoothly, become grey too.
+        image = image.convert("L")
     # reducing_gap: Pillow first shrinks by whole factors (a box filter), then resamples the rest: a
     # large picture costs little more than reading it once.
     small = image.resize((SIDE, SIDE), Image.Resampling.BILINEAR, reducing_gap=2.0)
     if orientation in _UPRIGHT:  # the square commutes with the turn, so turning the small one is enough
         small = small.transpose(_UPRIGHT[orientation])
-    if small.mode not in _NUMERIC:
-        small = small.convert("L")
     return np.asarray(small, dtype=np.float64)
 
 
