@@ -27,7 +27,7 @@ from training_code.shard import build_shards
 REPO = Path(__file__).resolve().parents[1]
 NAMES = [c["name"] for c in CATEGORIES]
 # Where the separate install's wheels are kept between runs: downloaded once, then installed offline.
-WHEELS = Path(os.environ.get("ZERO_HF_WHEELS", Path.home() / ".cache" / "zero-assets" / "hf-wheels"))
+WHEELS = Path.home() / ".cache" / "zero-assets" / "hf-wheels"
 
 
 @pytest.fixture(scope="module")
