@@ -40,7 +40,6 @@ from training_code.lib.verified_read import read_verified
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.near_duplicate_report import near_duplicate_metadata
-from zero_assets.defs.assets.validated_images import validated_images
 from zero_assets.defs.automation import TRAINING_SET
 from zero_assets.defs.partitions import RAW_SOURCES
 from zero_assets.launch.metadata import arrow_table_schema
@@ -131,7 +130,9 @@ def chosen_validated(context: AssetExecutionContext, config: TrainingSetConfig) 
 
 @asset(
     code_version=code_version(*TRAINING_SET_CODE),
-    deps=[validated_images],
+    # By key, not the asset object: importing its module would make validated_images' job script
+    # (training_code.validate) part of this asset's code version.
+    deps=["validated_images"],
     automation_condition=TRAINING_SET,
     group_name="zero",
     kinds={"parquet"},
