@@ -108,6 +108,7 @@ def _check_lineage(instance, meta, sources, planted):
     trained_key = found.train_images["key"].iloc[0]
     fate = image_fate(instance, trained_key)
     assert (fate["status"], fate["checkpoints"], fate["masked"]) == ("selected", [checkpoint_uri], False), fate
+    assert "bytes_changed" not in fate, "the bytes it trained on are the bytes there now"
     assert [held["shard_set"] for held in fate["shards"]] == [found.shard_set.uri]
     truncated = image_fate(instance, planted["truncated_jpeg"])
     assert (
