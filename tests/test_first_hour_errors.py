@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance
+from sensor_ticks import SensorDaemon
 
 from tests.conftest import make_resources
 from tests.graph_runs import materialize_source
+from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.raw_image_index import raw_image_index
 from zero_assets.defs.partitions import RAW_SOURCES
 from zero_assets.ops.cli import main
@@ -77,6 +79,14 @@ def test_a_missing_raw_root_says_so_wherever_it_is_met(home, tmp_path, monkeypat
         )
     text = failure_text(result)
     assert said in text and "check ZERO_RAW_URI" in text and "symlink" not in text, text
+    with DagsterInstance.get() as instance:  # the raw-data sensor's tick
+        daemon = SensorDaemon(instance, ZeroSettings(raw_uri=str(typo)))
+        with pytest.raises(Exception) as raised:
+            daemon.tick()
+        assert said in str(raised.value) or said in repr(raised.value.__cause__), raised.value
+        typo.mkdir()
+        result, launched = daemon.tick()
+        assert not launched and f"raw root {typo} holds no files" in result.skip_message, result.skip_message
 
 
 def test_lineage_image_on_a_key_no_index_lists_exits_non_zero(home, tiny_raw_root, tmp_path, monkeypatch):

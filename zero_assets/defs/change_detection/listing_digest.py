@@ -25,7 +25,9 @@ def detect_from_listing(raw_uri: str, cursor: dict | None, store) -> Detection:
     before, problems = previous_digests(state, tick)
     changed = changed_sources(before, digests)
     summary = f"listed {accumulator.keys} keys in {len(digests)} sources under {raw_uri}"
-    if is_s3(raw_uri):
+    if not accumulator.keys:  # an s3:// prefix that does not exist lists as empty, it raises nothing
+        summary += f": raw root {raw_uri} holds no files (does it exist? check ZERO_RAW_URI)"
+    elif is_s3(raw_uri):
         summary += " (the whole prefix, every tick: set ZERO_RAW_EVENTS_QUEUE_URL or ZERO_RAW_INVENTORY_MANIFEST_URI)"
     if not changed:
         return Detection({}, previous, summary, accumulator.problem_lines(), previous.get("changes", 0))
