@@ -19,6 +19,8 @@ from graph_runs import materialize_graph, materialize_source, materialize_tail
 
 from training_code.lib import training_set as ts
 from training_code.lib.shard_format import FORMAT, SHARD_SCHEMA, masked_keys, open_shard, read_manifest, shard_path
+from zero_assets.backends.sagemaker.fsx_warm import counted_on_s3
+from zero_assets.backends.sagemaker.training_set_channel import FILE_LIST, write_channel_training_set
 from zero_assets.core.output_marker import OUTPUT_MARKER
 from zero_assets.definitions import defs
 from zero_assets.defs.assets import PER_SOURCE_ASSETS, TAIL_ASSETS
@@ -181,18 +183,23 @@ def test_cache_hits_carry_the_standard_keys_of_the_miss(graph, tiny_raw_root):
 
 
 def test_fsx_warm_job_counts_what_the_local_warm_counts(graph, tmp_path):
-    """The FSx warm job (training_code.warm, run here on a folder laid out as the SageMaker channel: the
-    shard root with the training set in a folder of it) reports the rows and bytes the local warm state did."""
-    _, _, metadata = graph
-    chosen = Path(metadata["training_set"]["dagster/uri"])
-    root = tmp_path / "shard_root"
-    for source in json.loads((chosen / ts.MANIFEST).read_text())["sources"]:
-        shutil.copytree(source["shards_uri"], root / source["folder"])
-    shutil.copytree(chosen, root / "_training_sets" / "chosen", ignore=shutil.ignore_patterns(OUTPUT_MARKER))
+    """The FSx warm job (training_code.warm, run here on a copy of the lake's shard root laid out as the
+    SageMaker warm step lays out its channel: the set at `_training_sets/<data version16>/`, its shards
+    where arrow_shards wrote them) reports the rows and shard bytes the local warm state did, and as bytes
+    what its channel's set holds: the warm step without FSx (`counted_on_s3`) counts the same."""
+    instance, _, metadata = graph
+    shards_uri = Path(metadata["arrow_shards"]["dagster/uri"])
+    [record] = latest_materializations(instance, "arrow_shards", None)
+    data_version = record.asset_materialization.tags["dagster/data_version"]
+    lake = tmp_path / "lake"
+    shutil.copytree(shards_uri.parent, lake / "arrow_shards", ignore=shutil.ignore_patterns(OUTPUT_MARKER))
+    channel, listed = write_channel_training_set(str(lake / "arrow_shards" / shards_uri.name), str(lake), data_version)
+    root = Path(channel.root)
+    assert channel.folder == f"_training_sets/{data_version[:16]}"
     environment = {**os.environ, "SM_CHANNEL_SHARDS": str(root), "ZERO_OPT_ML": str(tmp_path / "opt_ml")}
     environment.pop("DAGSTER_PIPES_CONTEXT", None)
     done = subprocess.run(
-        [sys.executable, "-m", "training_code.warm", "--training-set", "_training_sets/chosen"],
+        [sys.executable, "-m", "training_code.warm", "--training-set", channel.folder],
         env=environment,
         capture_output=True,
         text=True,
@@ -200,6 +207,16 @@ def test_fsx_warm_job_counts_what_the_local_warm_counts(graph, tmp_path):
         check=True,
     )
     [event] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"event": "materialization"')]
-    warm = metadata["fsx_warm_state"]
-    assert event["metadata"]["dagster/row_count"] == warm["dagster/row_count"] == len(shard_rows(root))
-    assert event["metadata"]["dagster/size_bytes"] == warm["dagster/size_bytes"]
+    reported, warm = event["metadata"], metadata["fsx_warm_state"]
+    assert reported["dagster/row_count"] == warm["dagster/row_count"] == len(shard_rows(root / channel.folder))
+    # Each layout's set folder (its manifest names the shards by its own paths) around the same shards.
+    shard_bytes = sum(shard.entry["bytes"] for shard in listed)
+    local_set = [p for p in Path(warm["dagster/uri"]).iterdir() if p.is_file() and p.name != OUTPUT_MARKER]
+    assert warm["dagster/size_bytes"] == shard_bytes + sum(p.stat().st_size for p in local_set)
+    beside = [p for p in (root / channel.folder).iterdir() if p.is_file() and p.name != FILE_LIST]
+    assert reported["dagster/size_bytes"] == shard_bytes + sum(p.stat().st_size for p in beside)
+    assert counted_on_s3(channel, listed) == {
+        "shards": reported["shards"],
+        "rows": reported["dagster/row_count"],
+        "bytes": reported["dagster/size_bytes"],
+    }

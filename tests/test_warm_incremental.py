@@ -240,7 +240,7 @@ def test_a_job_reads_a_warm_set_through_the_mount_as_its_channel(tmp_path):
         outputs={"model": str(tmp_path / "model")},
     )
     opt_ml = tmp_path / "opt" / "ml"
-    paths = runner._lay_out(opt_ml, request, {})
+    paths = runner._lay_out(opt_ml, request)
     assert paths["train"].resolve() == mount.resolve() and paths["other"].resolve() == Path(lake).resolve()
     command = runner._command(request, paths)
     assert command[-2:] == ["--training-set", f"sets/{FIRST}"]
