@@ -127,8 +127,18 @@ def test_a_one_percent_refresh_reads_only_the_new_images_on_sagemaker(moto_endpo
     assert len(refresh) == 2 and all("-map-" not in name for name in refresh), "2 images: one instance each"
     params = next(p for name, p in refresh.items() if name.startswith("zero-validated-images-"))  # botocore-valid
     inputs = {item["InputName"]: item["S3Input"] for item in params["ProcessingInputs"]}
-    assert set(inputs) == {"code", "index", "previous", "reads"}, "no raw prefix among the inputs"
+    assert set(inputs) == {"code", "index", "reads"}, "no raw prefix among the inputs, nor the previous output"
     assert all("/zero/raw" not in item["S3Uri"] for item in inputs.values())
+    # The previous output is read where it is, its manifest and verdicts only (never its other tables or
+    # its contact sheet, which SageMaker would download whole as an input).
+    arguments = params["AppSpecification"]["ContainerArguments"]
+    previous = arguments[arguments.index("--previous") + 1]
+    assert previous.startswith(f"s3://{BUCKET}/zero/lake/validated_images/{SOURCE}/"), previous
+    previous_prefix = previous[len(f"s3://{BUCKET}/") :].rstrip("/")
+    previous_read = sum(
+        s3.head_object(Bucket=BUCKET, Key=f"{previous_prefix}/{name}")["ContentLength"]
+        for name in ("manifest.json", "verdicts.parquet")
+    )
     reads = read_read_list(inputs["reads"]["S3Uri"])
     assert reads.keys() == sorted(new) and reads.raw_uri == f"s3://{BUCKET}/zero/raw"
     assert reads.read_bytes == sum(map(len, new.values()))
@@ -141,7 +151,7 @@ def test_a_one_percent_refresh_reads_only_the_new_images_on_sagemaker(moto_endpo
     annotations = s3.head_object(Bucket=BUCKET, Key=f"zero/raw/{SOURCE}/annotations.json")["ContentLength"]
     assert (metadata["fetched_objects"], metadata["fetched_bytes"]) == (3, reads.read_bytes + annotations)
     source_bytes = sum(map(len, added.values())) + annotations
-    asked = download_bytes(s3, params) + annotations
+    asked = download_bytes(s3, params) + annotations + previous_read
 
     # The pack of the refresh: handed the selection and its read list (the two new rows; the earlier shard
     # set is read where it is, never downloaded), it fetches exactly those and packs them into a new shard.

@@ -2,7 +2,7 @@ r"""Decide which raw images and labels are fit to train on, and report every one
 
     python -m training_code.validate --index DIR --out DIR [--reads DIR] [--raw DIR] [--val-fraction 0.2] \
         [--split-seed 0] [--max-quarantine-rate 0.5] [--min-side 8] \
-        [--allowed-formats JPEG,PNG,GIF,WEBP,BMP,TIFF,MPO] [--workers N] [--timeout-s 20] [--previous DIR] \
+        [--allowed-formats JPEG,PNG,GIF,WEBP,BMP,TIFF,MPO] [--workers N] [--timeout-s 20] [--previous URI] \
         [--max-image-bytes 134217728] [--max-pixels 1000000000] [--max-annotation-bytes 1073741824] \
         [--phase all|map|reduce] [--decoded DIR]
 
@@ -12,7 +12,9 @@ upright frame, drops exact duplicates and assigns train/val by group. Writes acc
 duplicates, rejected_labels and unmatched tables, `categories.json`, the quarantine's contact sheet
 (`quarantine_contact_sheet.png`, when a quarantined image still decodes), then `manifest.json` last.
 Fails without a manifest when more images are quarantined than --max-quarantine-rate allows.
-With --previous (an earlier run's output) only new or changed images are decoded: see verdict_cache.
+With --previous (an earlier run's output, a folder or an s3:// URI read where it is: its manifest and
+verdicts table, never its other tables or contact sheet) only new or changed images are decoded: see
+verdict_cache.
 
 The raw root is the one the index lists: a local one is read in place, an S3 one is never downloaded
 whole: the job fetches by key exactly the images it decodes (lib/raw_reader.py, lib/raw_fetch.py). With
@@ -118,9 +120,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--previous",
-        type=Path,
         default=None,
-        help="an earlier run's output folder: verdicts of images whose key, etag and size are unchanged are reused",
+        help="an earlier run's output (a folder or an s3:// URI, read where it is: its manifest and verdicts only): "
+        "verdicts of images whose key, etag and size are unchanged are reused",
     )
     parser.add_argument(
         "--max-image-bytes",
@@ -215,12 +217,12 @@ def contact_sheet_entries(thumbnails: list[Thumbnail]) -> dict[str, Any]:
 
 
 def planned_reads(inputs: Mapping[str, str], arguments: Mapping[str, Any]) -> ReadList:
-    """The read list of this job for a request's `inputs` (index, previous) and `arguments` (config):
+    """The read list of this job for a request's `inputs` (index) and `arguments` (config, previous):
     the images it must decode, by the verdict cache's rule under the decode settings these arguments
     give (parsed as the job parses them). Tables only: run before launch (job_request.spread_over)."""
     flags = [token for key, value in arguments.items() for token in (f"--{key.replace('_', '-')}", str(value))]
     args = get_args_parser().parse_args([*flags, "--out", "-"])
-    return images_to_decode(inputs["index"], inputs.get("previous"), decode_settings(args))
+    return images_to_decode(inputs["index"], args.previous, decode_settings(args))
 
 
 def main(args: argparse.Namespace) -> None:

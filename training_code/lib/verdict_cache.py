@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
+import os
 from typing import Any
 
 import pandas as pd
 
 from .image_checks import ImageVerdict
+from .storage import exists, join, read_bytes
 from .tables import VERDICTS, read_table
 
 log = logging.getLogger("zero.validate")
@@ -45,24 +46,28 @@ def verdict_frame(index: pd.DataFrame, verdicts: dict[str, ImageVerdict]) -> pd.
     return frame
 
 
-def load_reusable(previous: Path, decode_settings: dict[str, Any]) -> dict[tuple[str, str, int], ImageVerdict]:
-    """(key, etag, listed_size) -> verdict from the previous run's output, or {} when nothing there may be reused."""
-    manifest_path = previous / "manifest.json"
-    if not manifest_path.is_file():
+def load_reusable(
+    previous: str | os.PathLike, decode_settings: dict[str, Any]
+) -> dict[tuple[str, str, int], ImageVerdict]:
+    """(key, etag, listed_size) -> verdict from the previous run's output (a folder or an s3:// URI, read
+    where it is: its manifest.json and verdicts table, nothing else of it), or {} when nothing there may
+    be reused."""
+    manifest_uri = join(previous, "manifest.json")
+    if not exists(manifest_uri):
         log.warning("--previous %s has no manifest.json (an unfinished run): every image is decoded", previous)
         return {}
-    manifest = json.loads(manifest_path.read_text())
+    manifest = json.loads(read_bytes(manifest_uri))
     earlier = manifest.get("decode_settings")
     if earlier != decode_settings:
         log.info(
             "decode settings changed since %s (%s -> %s): every image is decoded", previous, earlier, decode_settings
         )
         return {}
-    reusable = read_verdicts(previous / VERDICTS_FILE)
+    reusable = read_verdicts(join(previous, VERDICTS_FILE))
     return {identity: verdict for identity, verdict in reusable.items() if verdict.reason not in NEVER_REUSED}
 
 
-def read_verdicts(path: Path) -> dict[tuple[str, str, int], ImageVerdict]:
+def read_verdicts(path: str | os.PathLike) -> dict[tuple[str, str, int], ImageVerdict]:
     """(key, etag, listed_size) -> verdict from a VERDICTS table (a run's, or one host's part of a map stage)."""
     verdicts = {}
     for row in read_table(path, VERDICTS).itertuples(index=False):

@@ -172,9 +172,10 @@ def render_jobs(
         kind="processing",
         module="training_code.validate",
         config=configs["validated_images"].job_config(source),
+        tracking=previous("validated_images") or None,
         upstream=[index],
         partition=source,
-        inputs={"index": index.uri, **previous("validated_images")},
+        inputs={"index": index.uri},
     )
     planned(validation, VALIDATION_SPREAD, raw_uri, lookup("raw_image_index", source) is not None)
     selection = upstream("training_set")

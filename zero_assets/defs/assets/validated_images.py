@@ -136,6 +136,8 @@ def validated_images(
             context.log.warning(f"validated_images config {setting} names sources {unknown} that are not registered")
     index = upstream_output(context, "raw_image_index", source)
     # The previous output lets the job decode only new or changed images (see training_code/lib/verdict_cache).
+    # An argument the fingerprint leaves out, read where it is (its manifest and verdicts, never its other
+    # tables or contact sheet), not an input SageMaker would download whole.
     previous = previous_output(context)
     result = launch_job(
         context,
@@ -144,8 +146,9 @@ def validated_images(
         kind="processing",
         module=VALIDATE_MODULE,
         config=config.job_config(source),
+        tracking={"previous": previous} if previous else None,
         upstream=[index],
-        inputs={"index": index.uri, **({"previous": previous} if previous else {})},
+        inputs={"index": index.uri},
         spread=VALIDATION_SPREAD,
     )
     mode = config.unlabelled_images(source)
