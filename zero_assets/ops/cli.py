@@ -29,7 +29,8 @@ SUMMARY_KEYS = {
     "training_set": ("dagster/row_count", "excluded", "train", "val"),
     "arrow_shards": ("shards", "dagster/size_bytes", "train_rows", "val_rows"),
     "fsx_warm_state": ("shards", "dagster/size_bytes", "copied", "already_warm"),
-    "trained_checkpoint": ("steps", "images_per_s", "final_loss", "world_size", "job_wall_s"),
+    # A cache hit records its building job's wall time as built_job_wall_s (it launched none itself).
+    "trained_checkpoint": ("steps", "images_per_s", "final_loss", "world_size", "job_wall_s", "built_job_wall_s"),
     "map_report": ("mAP", "mAP_50", "mAP_75", "val_images"),
 }
 
