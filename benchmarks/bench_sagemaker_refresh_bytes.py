@@ -7,9 +7,11 @@ lake). Then 1% new photos arrive. The SageMaker requests of the refresh are what
 --from-instance` renders for it (the runner's own request builders and planner): validation's, rendered
 once the new index is there, and the pack's, once the new selection is (with the pack's config as the
 runs had it: a shard set of another target size is not kept). What they ask to download is
-every object under each S3Prefix input but the code package (tables: the index, the previous verdicts,
+every object under each S3Prefix input but the code package (tables: the index,
 the selection, the read lists), plus the objects their read lists name (fetched by key), plus the
-annotations.json validation fetches. The figure before issue 20, for comparison: each job handed the
+annotations.json validation fetches, and what each job reads of its previous output where it is
+(`--previous`: validation's manifest and verdicts, the pack's manifest, rows and masks). The figure
+before issue 20, for comparison: each job handed the
 whole source prefix (`whole_source_bytes`, twice the source). Goal: at most 5% of the source's bytes.
 """
 
@@ -89,7 +91,22 @@ def _asked(client, rendered, label: str, read_lists: dict[str, ReadList]) -> tup
             bucket, _, prefix = item["S3Input"]["S3Uri"][len("s3://") :].partition("/")
             pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
             total += sum(o["Size"] for page in pages for o in page.get("Contents", []))
+        total += _previous_read(client, params["AppSpecification"].get("ContainerArguments", []))
     return total + read_lists[label].read_bytes, instances
+
+
+# What each job reads by key of its previous output (`--previous`, read where it is, not an input).
+PREVIOUS_FILES = ("manifest.json", "verdicts.parquet", "rows.parquet", "masked.parquet")
+
+
+def _previous_read(client, arguments: list[str]) -> int:
+    """The bytes a job reads of its previous output: validation its manifest and verdicts, packing its
+    manifest, rows and masks (those of PREVIOUS_FILES the folder holds)."""
+    if "--previous" not in arguments:
+        return 0
+    bucket, _, prefix = arguments[arguments.index("--previous") + 1][len("s3://") :].partition("/")
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix.rstrip('/')}/", Delimiter="/")
+    return sum(o["Size"] for o in listed.get("Contents", []) if o["Key"].rsplit("/", 1)[-1] in PREVIOUS_FILES)
 
 
 def run() -> list[BenchResult]:
