@@ -17,6 +17,7 @@ MAX_VALUE_CHARS = 80  # a value from annotations.json quoted in a detail is cut 
 # Pixels a box may overshoot the image edge and still be clipped; annotation tools round, but a box
 # further out means the annotation and the image disagree, and clipping would hide that.
 EDGE_TOLERANCE_PX = 1.0
+_PLAIN_NUMBERS = frozenset({int, float})  # the types of the numbers json gives (bool is its own type)
 
 
 def upright_size(stored_width: int, stored_height: int, orientation: int) -> tuple[int, int]:
@@ -120,19 +121,28 @@ def _judge_box(
     bbox: Any, category_id: Any, categories: dict[int, str], width: int, height: int
 ) -> tuple[float, float, float, float] | Rejection:
     """The stored-frame box with sub-pixel overshoot clipped, or why it is rejected."""
-    if isinstance(bbox, (list, tuple)) and any(isinstance(v, HugeInteger) for v in bbox):
-        return Rejection("bad_number", f"bbox {short(bbox)} holds an integer too large for a float")
-    if not is_int(category_id) or not _is_number_list(bbox, 4):
-        return Rejection(
-            "malformed",
-            f"needs an integer 'category_id' and 'bbox' as 4 numbers; "
-            f"got category_id={short(category_id)}, bbox={short(bbox)}",
-        )
+    # What json gives nearly every box: an int category and a list of 4 ints and floats (no
+    # HugeInteger, no bool, whose type is bool); only the rest goes through the general checks.
+    plain = (
+        type(category_id) is int
+        and type(bbox) is list
+        and len(bbox) == 4
+        and all(type(v) in _PLAIN_NUMBERS for v in bbox)
+    )
+    if not plain:
+        if isinstance(bbox, (list, tuple)) and any(isinstance(v, HugeInteger) for v in bbox):
+            return Rejection("bad_number", f"bbox {short(bbox)} holds an integer too large for a float")
+        if not is_int(category_id) or not _is_number_list(bbox, 4):
+            return Rejection(
+                "malformed",
+                f"needs an integer 'category_id' and 'bbox' as 4 numbers; "
+                f"got category_id={short(category_id)}, bbox={short(bbox)}",
+            )
     try:
         x, y, w, h = (float(v) for v in bbox)
     except OverflowError:  # a 400-digit integer is valid JSON, but no float holds it
         return Rejection("bad_number", f"bbox {short(bbox)} holds an integer too large for a float")
-    if not all(math.isfinite(v) for v in (x, y, w, h)):
+    if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(w) and math.isfinite(h)):
         return Rejection("non_finite", f"bbox {short(bbox)} holds NaN or infinity")
     if category_id not in categories:
         return Rejection(
