@@ -69,6 +69,9 @@ class Locator:
 
     def __init__(self, raw: Path) -> None:
         self.real_root = os.path.realpath(str(raw))
+        # What every path under the root starts with (both sides are real paths: normalised and absolute,
+        # so a prefix test is commonpath's, without its splitting).
+        self._inside = self.real_root if self.real_root.endswith(os.sep) else self.real_root + os.sep
         self._folders: dict[str, str] = {}
 
     def locate(self, key: str) -> Path:
@@ -82,7 +85,7 @@ class Locator:
         listed = os.path.join(real_folder, name)
         is_link = os.path.islink(listed)
         real = os.path.realpath(listed) if is_link else listed
-        if os.path.commonpath([real, self.real_root]) != self.real_root:
+        if not (real == self.real_root or real.startswith(self._inside)):
             raise Refused(
                 "outside_root",
                 "a symlink on its path leads out of the raw root; not followed, the target was not opened",
