@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from training_code.lib.shard_rows import Encoding
+from training_code.lib.image_encoding import Encoding
 from training_code.shard import build_shards
 
 from .bare_workers import bare_resize

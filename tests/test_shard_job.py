@@ -13,9 +13,9 @@ from PIL import Image
 from selections import write_selection
 
 from training_code.lib.hashing import sha256_bytes
+from training_code.lib.image_encoding import Encoding
 from training_code.lib.shard_format import ShardIntegrityError, masked_keys, open_shard, read_manifest, verify_shard
 from training_code.lib.shard_plan import Compaction
-from training_code.lib.shard_rows import Encoding
 from training_code.shard import DEFAULT_COMPACTION, build_shards
 
 REPO = Path(__file__).resolve().parents[1]

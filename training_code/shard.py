@@ -43,11 +43,12 @@ import pyarrow as pa
 from training_code.lib import job_env
 from training_code.lib import training_set as ts
 from training_code.lib.hashing import sha256_bytes
+from training_code.lib.image_encoding import ENCODINGS, Encoding
 from training_code.lib.raw_fetch import readable_root
 from training_code.lib.read_list import ReadList, host_slot, read_read_list, resource_config
 from training_code.lib.shard_format import FORMAT, MANIFEST, MASKED, ROWS
 from training_code.lib.shard_hf import write_dataset_dict
-from training_code.lib.shard_packing import image_batches, label_columns
+from training_code.lib.shard_packing import image_batches, label_columns, reading_pool
 from training_code.lib.shard_plan import (
     PACK_ORDER,
     Compaction,
@@ -55,7 +56,6 @@ from training_code.lib.shard_plan import (
     masked_table,
     rows_table,
 )
-from training_code.lib.shard_rows import ENCODINGS, Encoding
 from training_code.lib.shard_work import check_reads, collected_parts, plan_for, rows_to_pack
 from training_code.lib.shard_writer import ShardWriter
 from training_code.lib.storage import write_bytes_atomic
@@ -188,21 +188,22 @@ def _pack(
     target, encoding, workers = packing
     entries: list[dict[str, Any]] = []
     rows: list[dict[str, str]] = []
-    for split in SPLITS:
-        keys = [key for key in plan.to_pack.get(split, []) if key in only]
-        records = table.take(pa.array([index[key] for key in keys], pa.int64()))
-        labels = label_columns(records, plan.categories, encoding)
-        with ShardWriter(out, split, target, categories=plan.categories) as writer:
-            done = 0
-            for images in image_batches(raw, records, labels, encoding, workers):
-                writer.write_batch(images, labels.slice(done, len(images)))
-                done += len(images)
-        packed = iter(keys)
-        for entry in writer.entries:
-            for key in (next(packed) for _ in range(entry["rows"])):
-                _, sha, digest = selected[key]
-                rows.append({"path": entry["path"], "key": key, "sha256": sha, "split": split, "labels": digest})
-        entries += writer.entries
+    with reading_pool(encoding, workers) as pool:
+        for split in SPLITS:
+            keys = [key for key in plan.to_pack.get(split, []) if key in only]
+            records = table.take(pa.array([index[key] for key in keys], pa.int64()))
+            labels = label_columns(records, plan.categories, encoding)
+            with ShardWriter(out, split, target, categories=plan.categories) as writer:
+                done = 0
+                for images in image_batches(raw, records, labels, encoding, pool, workers):
+                    writer.write_batch(images, labels.slice(done, len(images)))
+                    done += len(images)
+            packed = iter(keys)
+            for entry in writer.entries:
+                for key in (next(packed) for _ in range(entry["rows"])):
+                    _, sha, digest = selected[key]
+                    rows.append({"path": entry["path"], "key": key, "sha256": sha, "split": split, "labels": digest})
+            entries += writer.entries
     return entries, rows
 
 

@@ -14,18 +14,23 @@ import multiprocessing
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .raw_files import Locator, Refused
+from .image_encoding import Encoding, read_batch
+from .raw_files import Locator
 from .shard_format import LABEL_SCHEMA
-from .shard_rows import Encoding, load_image_bytes, shard_labels
+from .shard_rows import shard_labels
 
 READ_ROWS = 64  # images a pool task reads: small files cost a hand-off each otherwise
 READ_BYTES = 8 << 20  # and at most about this many bytes, so large photos keep few in flight
+# Resizing costs a decode and an encode an image: a task holds about one photo, so the last tasks
+# spread over every worker (64 photos in 8 MB tasks left one worker idle for a seventh of the run).
+RESIZE_BYTES = 1 << 20
 BATCHES_PER_WORKER = 3  # tasks in flight per worker: enough to hide I/O and a flush, bounded so memory stays flat
 
 
@@ -66,60 +71,52 @@ def _refuse_unknown_category(rows: pa.Table, names: pa.ListArray, position: pa.A
     )
 
 
+@contextmanager
+def reading_pool(encoding: Encoding, workers: int) -> Iterator[Executor]:
+    """The pool `image_batches` reads on, one for a whole pack: processes to resize (decode and encode
+    hold the GIL), threads to read originals. A process pool starts a forkserver child a worker, each
+    importing this module: a second or more on a loaded host, once a pool and not once a split."""
+    if encoding.mode == "resize":
+        executor: Executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
+    else:
+        executor = ThreadPoolExecutor(workers)
+    with executor:
+        yield executor
+
+
 def image_batches(
-    raw: Path, rows: pa.Table, labels: pa.Table, encoding: Encoding, workers: int
+    raw: Path, rows: pa.Table, labels: pa.Table, encoding: Encoding, pool: Executor, workers: int
 ) -> Iterator[list[bytes]]:
     """The stored bytes of `rows` (selected rows, with `labels` their label_columns), in their order, a
-    batch of up to READ_ROWS rows (READ_BYTES of raw files) at a time. Threads read and hash original
-    bytes (both release the GIL); processes decode and re-encode resized ones."""
+    batch of up to READ_ROWS rows (READ_BYTES of raw files) at a time, read on `pool` (`reading_pool`,
+    of `workers`): threads read and hash original bytes (both release the GIL); processes decode and
+    re-encode resized ones."""
     locator = Locator(raw)
     columns = [rows.column(name).to_pylist() for name in ("key", "sha256", "size", "orientation")]
     targets = zip(labels.column("width").to_pylist(), labels.column("height").to_pylist())
-    tasks = _batched(zip(*columns, targets), locator, encoding)
-    return _ordered_map(read_batch, tasks, workers, processes=encoding.mode == "resize")
+    max_bytes = RESIZE_BYTES if encoding.mode == "resize" else READ_BYTES
+    return _ordered_map(pool, read_batch, _batched(zip(*columns, targets), locator, encoding, max_bytes), workers)
 
 
-def _batched(rows: Iterable[tuple], locator: Locator, encoding: Encoding) -> Iterator[tuple]:
+def _batched(rows: Iterable[tuple], locator: Locator, encoding: Encoding, max_bytes: int) -> Iterator[tuple]:
     batch: list[tuple] = []
     size = 0
     for key, sha256, raw_size, orientation, target in rows:
         batch.append((key, sha256, target, orientation))
         size += raw_size
-        if len(batch) >= READ_ROWS or size >= READ_BYTES:
+        if len(batch) >= READ_ROWS or size >= max_bytes:
             yield locator, batch, encoding
             batch, size = [], 0
     if batch:
         yield locator, batch, encoding
 
 
-def read_batch(task: tuple[Locator, list[tuple], Encoding]) -> list[bytes]:
-    """The `image` column values of one batch of rows; runs in a worker (thread or process)."""
-    locator, batch, encoding = task
-    images = []
-    for key, sha256, target, orientation in batch:
-        # Located inside the raw root: a symlink swapped in after validation fails the job, its target
-        # unread, as a changed file fails the sha256 re-check.
-        try:
-            path = str(locator.locate(key))
-        except Refused as refused:
-            raise RuntimeError(
-                f"{key}: {refused}; the raw root changed since validation, rematerialize validated_images"
-            ) from None
-        images.append(load_image_bytes((path, key, sha256, target, int(orientation), encoding)))
-    return images
-
-
-def _ordered_map(function: Callable[[Any], Any], tasks: Iterable[Any], workers: int, processes: bool) -> Iterator[Any]:
-    """`map(function, tasks)` on a pool, in order, with a bounded number of results in flight."""
-    if processes:
-        executor: Executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
-    else:
-        executor = ThreadPoolExecutor(workers)
-    with executor:
-        window = deque()
-        for task in tasks:
-            window.append(executor.submit(function, task))
-            if len(window) >= workers * BATCHES_PER_WORKER:
-                yield window.popleft().result()
-        while window:
+def _ordered_map(pool: Executor, function: Callable[[Any], Any], tasks: Iterable[Any], workers: int) -> Iterator[Any]:
+    """`map(function, tasks)` on `pool`, in order, with a bounded number of results in flight."""
+    window: deque = deque()
+    for task in tasks:
+        window.append(pool.submit(function, task))
+        if len(window) >= workers * BATCHES_PER_WORKER:
             yield window.popleft().result()
+    while window:
+        yield window.popleft().result()
