@@ -30,7 +30,7 @@ from PIL import Image
 PRECISION_BITS = 22  # Resample.c: 32 bits less 8 for the value and 2 for the sign and overflow
 REDUCING_GAP = 2.0  # the reducing_gap perceptual_hash resizes with; a picture it would shrink first is Pillow's
 PROBES = 16  # pictures of one size hashed both ways before a size whose orders never differ stays with Pillow
-MAX_SIZES = 4096  # picture sizes remembered (learned or being learned); past that a new size is Pillow's
+MAX_SIZES = 4096  # picture sizes remembered; past that a new size is Pillow's
 _LUMA = np.array([19595.0, 38470.0, 7471.0])
 _HALF, _INVERSE_ONE = float(1 << (PRECISION_BITS - 1)), 1.0 / (1 << PRECISION_BITS)
 _HORIZONTAL_FIRST, _VERTICAL_FIRST, _PILLOW = "horizontal first", "vertical first", "pillow"
@@ -117,7 +117,7 @@ def grey_square(rgb: np.ndarray, side: int) -> np.ndarray | None:
 def _learn(size: tuple[int, int, int], rgb: np.ndarray, grey: np.ndarray) -> np.ndarray:
     """Pillow's picture for `rgb`, and the pass order learned from it where it tells them apart."""
     pillow = pillow_grey_square(rgb, size[2])
-    if len(_orders) + len(_probes) >= MAX_SIZES:
+    if len(_orders) >= MAX_SIZES:
         return pillow
     matching = [
         order
