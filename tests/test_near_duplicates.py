@@ -89,31 +89,6 @@ def test_every_decoded_mode_hashes(mode):
         assert distance(value, ph.phash(original)) <= 6, mode
 
 
-def test_the_small_decode_hashes_as_pillow_would_hash_it():
-    """phash_of_rgb (Pillow's grey and resize redone in numpy, the pass order learned per size) gives
-    phash's value for the same pixels: every size, turn and kind of picture, the learning included."""
-    from training_code.lib import rgb_resize
-
-    rng = np.random.default_rng(11)
-    sizes = [(25, 33), (33, 25), (60, 80), (32, 32), (32, 50), (50, 32), (1, 40), (127, 127), (130, 40)]
-    sizes += [tuple(int(side) for side in rng.integers(2, 127, 2)) for _ in range(40)]
-    learned = 0
-    for height, width in sizes:
-        yy, xx = np.mgrid[0:height, 0:width]
-        pictures = [
-            np.full((height, width, 3), 77, np.uint8),  # flat: both orders agree, so it teaches nothing
-            rng.integers(0, 256, (height, width, 3), dtype=np.uint8),
-            np.stack([xx * 7 % 256, yy * 3 % 256, xx * yy % 256], -1).astype(np.uint8),
-            np.asarray(scene(int(height), (width, height))),
-        ]
-        for picture in pictures:
-            for orientation in range(1, 9):
-                expected = ph.phash(Image.fromarray(picture), orientation)
-                assert ph.phash_of_rgb(picture, orientation) == expected, (height, width, orientation)
-        learned += rgb_resize._orders.get((height, width, ph.SIDE)) in ("horizontal first", "vertical first")
-    assert learned >= len(sizes) - 3  # most sizes are computed here, not left to Pillow
-
-
 def test_signed_storage_round_trips_the_bits():
     for bits in (0, 1, 2**63 - 1, 2**63, 2**64 - 1):
         assert int(ph.as_unsigned([ph.to_signed(bits)])[0]) == bits

@@ -24,7 +24,7 @@ from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from . import jpeg_strict
 from .hashing import sha256_bytes
-from .perceptual_hash import phash, phash_of_rgb
+from .perceptual_hash import phash
 from .raw_files import Refused, read_limited
 
 DEFAULT_ALLOWED_FORMATS = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF", "MPO")
@@ -197,7 +197,6 @@ def _strict_jpeg(data: bytes, digest: str, min_side: int, quarantine, header: Im
         image_format=header.format,
         stored_size=header.size,
         turnable=small_picture,
-        hash_upright=lambda orientation: phash_of_rgb(small, orientation),
     )
 
 
@@ -239,14 +238,12 @@ def _upright_verdict(
     image_format: str,
     stored_size: tuple[int, int],
     turnable: Callable[[], Image.Image] | None = None,
-    hash_upright: Callable[[int], int] | None = None,
 ) -> ImageVerdict:
     """Apply EXIF orientation exactly as training will read the image, then check the upright size
     (the stored frame's, `stored_size`, with its sides swapped where the orientation turns it).
 
     `image` holds the EXIF (and the pixels, unless `turnable` makes a picture to turn: made only when
-    the orientation turns it, since for any other tag exif_transpose only reads the EXIF), and
-    `hash_upright` hashes the picture `turnable` makes, turned by an orientation, without making it."""
+    the orientation turns it, since for any other tag exif_transpose only reads the EXIF)."""
     try:
         tag = image.getexif().get(ORIENTATION_TAG, 1)
         if turnable is None:
@@ -270,7 +267,7 @@ def _upright_verdict(
         height=height,
         orientation=orientation,
         # From the picture decoded above (upright already, or the small JPEG decode and its orientation).
-        phash=phash(image, 1) if hash_upright is None else hash_upright(orientation),
+        phash=phash(image, 1) if turnable is None else phash(turnable(), orientation),
     )
     if width < min_side or height < min_side:
         return replace(

@@ -7,10 +7,6 @@ picture, without the constant term (it only says how bright the picture is), eac
 coefficient is above their median. Brightness and contrast, re-encoding, resizing and a light crop
 move few of them. The picture is hashed upright (the EXIF orientation applied), as training sees it.
 
-A JPEG's small decode is an RGB array; `phash_of_rgb` hashes it without making a Pillow picture of
-it (`rgb_resize`: Pillow's grey conversion and resize redone in numpy, the same bytes), so the hash
-is the one `phash` gives the same pixels.
-
 Stored as a signed int64 (the 64 bits in two's complement): Parquet and pandas have no uint64 that
 every reader agrees on. `as_unsigned` turns a column back into the bits.
 """
@@ -19,8 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 from PIL import Image
-
-from . import rgb_resize
 
 SIDE = 32  # the grey picture the DCT is taken of
 LOW = 8  # the low-frequency block kept: LOW x LOW coefficients, less the constant one, plus one more
@@ -34,16 +28,6 @@ _UPRIGHT = {
     6: Image.Transpose.ROTATE_270,
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
-}
-# The same turns on an array (rows top to bottom, columns left to right).
-_UPRIGHT_ARRAY = {
-    2: lambda a: a[:, ::-1],
-    3: lambda a: a[::-1, ::-1],
-    4: lambda a: a[::-1],
-    5: lambda a: a.T,
-    6: lambda a: np.rot90(a, -1),
-    7: lambda a: a[::-1, ::-1].T,
-    8: lambda a: np.rot90(a, 1),
 }
 # Numeric modes whose values are not 0..255: their grey is the value itself (the bits only compare
 # coefficients with each other, so the scale does not matter).
@@ -83,26 +67,13 @@ def grey_picture(image: Image.Image, orientation: int = 1) -> np.ndarray:
 def phash_bits(grey: np.ndarray) -> int:
     """The 64-bit hash of a SIDE x SIDE grey picture, as an unsigned int (first kept coefficient: top bit)."""
     coefficients = (_DCT @ grey @ _DCT.T).reshape(-1)[_KEPT]
-    low, high = np.partition(coefficients, [BITS // 2 - 1, BITS // 2])[BITS // 2 - 1 : BITS // 2 + 1]
-    # The median of an even count: the mean of the middle two (numpy's mean of two is this sum over 2).
-    return int.from_bytes(np.packbits(coefficients > (low + high) / 2).tobytes(), "big")
+    middle = np.partition(coefficients, [BITS // 2 - 1, BITS // 2])[BITS // 2 - 1 : BITS // 2 + 1]
+    return int.from_bytes(np.packbits(coefficients > middle.mean()).tobytes(), "big")
 
 
 def phash(image: Image.Image, orientation: int = 1) -> int:
     """The picture's hash as a signed int64 (the storage form): `image` as decoded, `orientation` its EXIF tag."""
     return to_signed(phash_bits(grey_picture(image, orientation)))
-
-
-def phash_of_rgb(rgb: np.ndarray, orientation: int = 1) -> int:
-    """`phash` of the height x width x 3 uint8 picture `rgb` (`phash(Image.fromarray(rgb), orientation)`)."""
-    grey = rgb_resize.grey_square(rgb, SIDE)
-    if grey is None:  # a size the numpy resize does not reproduce: Pillow's own
-        return phash(Image.fromarray(rgb), orientation)
-    if orientation in _UPRIGHT_ARRAY:
-        # Contiguous, as Pillow's turned picture reads: the DCT's sums then run in the same order (a
-        # strided view can round the near-zero coefficients of a flat picture differently).
-        grey = np.ascontiguousarray(_UPRIGHT_ARRAY[orientation](grey))
-    return to_signed(phash_bits(grey))
 
 
 def to_signed(bits: int) -> int:
