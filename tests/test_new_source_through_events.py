@@ -19,7 +19,7 @@ from zero_assets.definitions import defs
 from zero_assets.defs.assets import ALL_ASSETS, SOURCE_SPECS
 
 BUCKET, PREFIX = "zero-raw", "plant"
-PER_SOURCE = ("raw_image_index", "validated_images", "arrow_shards")
+PER_SOURCE = ("raw_image_index", "validated_images")  # arrow_shards packs the training set, unpartitioned
 OLD, NEW = "line_a_camera", "warehouse_scanner"
 
 
@@ -112,7 +112,7 @@ def test_a_new_source_on_the_queue_becomes_a_partition_and_is_materialized_alone
     _announce(queue_url, _upload_source(client, tiny_raw_root, OLD))
     assert daemon.tick() == [OLD]
     before = {a: daemon.materializations(a, OLD) for a in PER_SOURCE}
-    assert before == {a: 1 for a in PER_SOURCE}, "the first source went through index, validation and shards"
+    assert before == {a: 1 for a in PER_SOURCE}, "the first source went through index and validation"
 
     _announce(queue_url, _upload_source(client, tiny_raw_root, NEW))
     assert daemon.tick() == [NEW], "one run, for the new source only"

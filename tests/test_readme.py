@@ -91,7 +91,7 @@ def test_cli_block_materializes_selections_against_the_demo_instance(demo_repo):
     result = run_block(block("cli"), repo, timeout_s=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     after = _materialization_counts(repo)
-    # one source's two assets, 'training_set*', then 'raw_image_index+' for that source again
+    # one source's two assets, 'key:training_set+' less the rehearsal, then 'raw_image_index+' for that source again
     expected = {a: 1 for a in ASSETS} | {"raw_image_index": 2, "validated_images": 2}
     assert {a: after[a] - before[a] for a in ASSETS} == expected
     with _instance(repo) as instance:

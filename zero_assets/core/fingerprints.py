@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import threading
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -93,9 +94,27 @@ def _import_closure(module: str, packages: set[str]) -> set[str]:
         seen.add(name)
         path = _source(name)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(_parse(path)):
             pending += [m for m in _imported_modules(node, package, packages) if m not in seen]
     return seen
+
+
+_PARSING = threading.Lock()
+
+
+def _parse(path: Path) -> ast.Module:
+    """`ast.parse` of the file, one thread at a time. On CPython 3.11.7 a parse can fail with "SystemError:
+    AST constructor recursion depth mismatch" when another thread parses at the same time (seen once in
+    CI, deriving a code version during a test run); the converter's depth counter is shared. A parse
+    elsewhere, not under this lock, can still collide, so that error is tried once more."""
+    source = path.read_text()
+    with _PARSING:
+        try:
+            return ast.parse(source, filename=str(path))
+        except SystemError as error:
+            if "recursion depth mismatch" not in str(error):
+                raise
+            return ast.parse(source, filename=str(path))
 
 
 def _imported_modules(node: ast.AST, package: str, packages: set[str]) -> list[str]:
