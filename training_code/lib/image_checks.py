@@ -15,16 +15,17 @@ from __future__ import annotations
 import io
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from . import jpeg_strict
 from .hashing import sha256_bytes
-from .perceptual_hash import phash
+from .perceptual_hash import phash, phash_pixels
 from .raw_files import Refused, read_limited
 
 DEFAULT_ALLOWED_FORMATS = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF", "MPO")
@@ -181,13 +182,6 @@ def _strict_jpeg(data: bytes, digest: str, min_side: int, quarantine, header: Im
         # libjpeg-turbo refuses, a header it cannot parse. Pillow's passes judge it as any other file.
         return None
 
-    def small_picture() -> Image.Image:
-        # EXIF orientation is applied to the small picture carrying the file's own metadata: the same
-        # exif_transpose, on the same EXIF and XMP, as a full-size decode, for a fraction of the pixels.
-        image = Image.fromarray(small)
-        image.info = dict(header.info)
-        return image
-
     return _upright_verdict(
         header,
         digest,
@@ -196,7 +190,7 @@ def _strict_jpeg(data: bytes, digest: str, min_side: int, quarantine, header: Im
         min_side=min_side,
         image_format=header.format,
         stored_size=header.size,
-        turnable=small_picture,
+        small=small,
     )
 
 
@@ -237,21 +231,25 @@ def _upright_verdict(
     min_side: int,
     image_format: str,
     stored_size: tuple[int, int],
-    turnable: Callable[[], Image.Image] | None = None,
+    small: np.ndarray | None = None,
 ) -> ImageVerdict:
     """Apply EXIF orientation exactly as training will read the image, then check the upright size
     (the stored frame's, `stored_size`, with its sides swapped where the orientation turns it).
 
-    `image` holds the EXIF (and the pixels, unless `turnable` makes a picture to turn: made only when
-    the orientation turns it, since for any other tag exif_transpose only reads the EXIF)."""
+    `image` holds the EXIF, and the pixels unless `small` (a JPEG's 1/8-scale strict decode) has them."""
     try:
         tag = image.getexif().get(ORIENTATION_TAG, 1)
-        if turnable is None:
+        if small is None:
             # In place: for the common orientation 1 it does nothing, where a copy would duplicate every
             # decoded pixel; it still rewrites the EXIF of a rotated image, which is where broken EXIF fails.
             ImageOps.exif_transpose(image, in_place=True)
         elif tag in _TURNS:
-            ImageOps.exif_transpose(turnable(), in_place=True)
+            # The small picture carrying the file's own metadata: the same exif_transpose, on the same
+            # EXIF and XMP, as a full-size decode, for a fraction of the pixels. Any other tag only reads
+            # the EXIF, done above.
+            picture = Image.fromarray(small)
+            picture.info = dict(image.info)
+            ImageOps.exif_transpose(picture, in_place=True)
     except Exception as error:  # noqa: BLE001 - broken EXIF raises arbitrary types from Pillow's parser
         text = f"exif_transpose(): {_describe(error)}"
         return ImageVerdict(sha256=digest, size=size, reason="exif", stage="decode", error=text)
@@ -267,7 +265,7 @@ def _upright_verdict(
         height=height,
         orientation=orientation,
         # From the picture decoded above (upright already, or the small JPEG decode and its orientation).
-        phash=phash(image, 1) if turnable is None else phash(turnable(), orientation),
+        phash=phash(image) if small is None else phash_pixels(small, orientation),
     )
     if width < min_side or height < min_side:
         return replace(

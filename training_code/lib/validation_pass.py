@@ -52,7 +52,8 @@ MANIFEST_FORMAT = "zero-validated/1"
 # Bump when a change here or in image_checks/labels could change a verdict, so cached verdicts are redone.
 # 5: verdicts are proven to be of the file the index listed (earlier ones may have been reached on another).
 # 6: an accepted image's verdict carries its perceptual hash (the accepted table's phash).
-VALIDATOR_VERSION = "validate-6"
+# 7: the perceptual hash is one resample-and-DCT matrix product per side (perceptual_hash), not Pillow's resize.
+VALIDATOR_VERSION = "validate-7"
 PHASES = ("all", "map", "reduce")
 
 
