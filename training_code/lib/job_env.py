@@ -8,6 +8,7 @@ Processing does); training scripts read channels from `SM_CHANNEL_<NAME>` and wr
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -84,6 +85,13 @@ def _plain(metadata: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+# A job keeps most of what it allocates (verdicts, rows, frames) until it writes its tables: the cyclic
+# collector's default first threshold (700 allocations) had it walk the growing heap over 600 times, 5
+# of them whole, in a validation of 20,000 images (0.3 CPU-s of its main process's 2). Collected every
+# 100,000 allocations it walks it 4 times (0.07 s); garbage with cycles is still collected.
+GC_THRESHOLDS = (100_000, 50, 1000)
+
+
 @contextmanager
 def pipes_session() -> Iterator[Any]:
     """Open Dagster Pipes on rank 0 when launched by Dagster; otherwise a reporter that only logs.
@@ -91,6 +99,7 @@ def pipes_session() -> Iterator[Any]:
     On failure, write `/opt/ml/output/failure` (SageMaker's FailureReason) before re-raising.
     """
     _configure_logging()
+    gc.set_threshold(*GC_THRESHOLDS)
     params = PipesEnvVarParamsLoader()
     try:
         if params.is_dagster_pipes_process() and is_rank_zero():
