@@ -48,8 +48,11 @@ demo: venv $(HOME_CONFIG)
 	ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/dagster asset materialize --select 'key:training_set+ and not key:training_rehearsal' -m zero_assets.definitions
 	ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/zero-assets summary
 
+# Two pytest-xdist workers, each taking whole files (a module's fixtures are built once): most tests wait on
+# jobs, servers and subprocesses, so two share 2 cores well. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
 test: venv $(HOME_CONFIG)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # What CI checks before the tests: ruff's lint rules and its formatting (config in pyproject.toml).
 lint: venv
