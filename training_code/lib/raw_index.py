@@ -38,7 +38,7 @@ from .indexed_raw import ANNOTATION_FILES
 from .raw_index_groups import GroupCounts, group_hash, group_of
 from .raw_index_listing import check_source, list_source
 from .storage import ObjectInfo, copy_file_atomic, delete_file, join, key_problem, printable_key, write_bytes_atomic
-from .tables import RAW_INDEX
+from .tables import RAW_INDEX, as_checked
 
 INDEX_FILE = "index.parquet"
 MANIFEST = "manifest.json"
@@ -255,7 +255,7 @@ class _IndexWriter:
         self._writer.close()
 
     def write(self, frame: pd.DataFrame, hashes: np.ndarray) -> None:
-        frame = RAW_INDEX.validate(frame, lazy=True)
+        frame = as_checked(RAW_INDEX).validate(frame, lazy=True)
         self._writer.write_table(pa.Table.from_pandas(frame, schema=ARROW_SCHEMA, preserve_index=False))
         self.images += len(frame)
         self.bytes += int(frame["size"].sum())
