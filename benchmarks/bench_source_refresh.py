@@ -9,7 +9,6 @@ touched, and inside the changed source only the new images are decoded and packe
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -21,30 +20,12 @@ from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets import PER_SOURCE_ASSETS, SOURCE_SPECS, TAIL_ASSETS, training_set
 from zero_assets.defs.partitions import RAW_SOURCES
 
-from .images import photo_jpeg, unique_copy
+from .images import photo_jpeg
 from .report import BenchResult
+from .small_images import add_small_images
 
 SOURCES, IMAGES_PER_SOURCE, ADDED_FRACTION = 10, 1000, 0.01
 EVERYTHING = [*SOURCE_SPECS, *PER_SOURCE_ASSETS, *TAIL_ASSETS]
-
-
-def _add_images(raw: Path, source: str, base: bytes, start: int, count: int) -> None:
-    """`count` unique JPEGs in lots of 50, each with one box, appended to the source's annotations.json."""
-    folder = raw / source
-    annotations = folder / "annotations.json"
-    coco = (
-        json.loads(annotations.read_text())
-        if annotations.is_file()
-        else {"images": [], "annotations": [], "categories": [{"id": 1, "name": "part"}]}
-    )
-    for n in range(start, start + count):
-        name = f"lot_{n // 50:03d}/img_{n:05d}.jpg"
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(unique_copy(base, f"{source} image {n}"))
-        image_id = len(coco["images"]) + 1
-        coco["images"].append({"id": image_id, "file_name": name, "width": 640, "height": 480})
-        coco["annotations"].append({"id": image_id, "image_id": image_id, "category_id": 1, "bbox": [10, 10, 120, 90]})
-    annotations.write_text(json.dumps(coco))
 
 
 def _refresh(sources: list[str], resources, instance) -> tuple[float, dict[str, str]]:
@@ -74,7 +55,7 @@ def run() -> list[BenchResult]:
     with tempfile.TemporaryDirectory(prefix="zero-bench-refresh-") as tmp, instance_for_test(temp_dir=tmp) as instance:
         root = Path(tmp)
         for source in sources:
-            _add_images(root / "raw", source, base, 0, IMAGES_PER_SOURCE)
+            add_small_images(root / "raw", source, 0, IMAGES_PER_SOURCE, pictures=[base])
         (root / "fsx").mkdir()
         settings = ZeroSettings(raw_uri=str(root / "raw"), lake_uri=str(root / "lake"), fsx_mount=str(root / "fsx"))
         resources = {"settings": settings, "jobs": LocalJobRunner(settings=settings)}
@@ -82,7 +63,7 @@ def run() -> list[BenchResult]:
         full_s, _ = _refresh(sources, resources, instance)
         version_before = _data_version(instance)
         added = int(SOURCES * IMAGES_PER_SOURCE * ADDED_FRACTION)
-        _add_images(root / "raw", sources[3], base, IMAGES_PER_SOURCE, added)
+        add_small_images(root / "raw", sources[3], IMAGES_PER_SOURCE, added, pictures=[base])
         refresh_s, caches = _refresh([sources[3]], resources, instance)
         version_after = _data_version(instance)
     if version_before == version_after:
