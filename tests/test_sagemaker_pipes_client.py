@@ -21,7 +21,7 @@ from zero_assets.core.job_request import JobRequest
 BUCKET = "zero-test"
 FINGERPRINT = "0123456789abcdef" * 4
 TEST_JOB = '''
-"""python -m zero_test_jobs.pipes_job --mode ok|fail|sleep [--seconds S] [--out DIR]"""
+"""python -m zero_test_jobs.pipes_job --mode ok|fail|sleep [--seconds S] [--out DIR] [--release FILE]"""
 import argparse, logging, time
 from pathlib import Path
 from training_code.lib import job_env
@@ -30,10 +30,14 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--mode", default="ok")
 parser.add_argument("--seconds", type=float, default=0)
 parser.add_argument("--out", type=Path)
+parser.add_argument("--release", type=Path, help="run on until this file exists (at most 300 s)")
 args = parser.parse_args()
 with job_env.pipes_session() as pipes:
     logging.getLogger("zero.test").info("job %s running in mode %s", job_env.job_name(), args.mode)
     time.sleep(args.seconds)
+    deadline = time.monotonic() + 300
+    while args.release and not args.release.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     if args.mode == "fail":
         raise RuntimeError("planted failure: shard train-00007 is truncated")
     if args.out:
@@ -78,7 +82,9 @@ def make_client(aws, client=None, **kwargs) -> PipesSageMakerClient:
     )
 
 
-def job_params(aws, kind: str, *, mode: str, seconds: float = 0, max_runtime_s: int | None = None, attempt: int = 1):
+def job_params(
+    aws, kind: str, *, mode: str, seconds: float = 0, max_runtime_s: int | None = None, attempt: int = 1, release=None
+):
     asset_name = "trained_checkpoint" if kind == "training" else "map_report"
     request = JobRequest(
         asset=asset_name,
@@ -87,7 +93,7 @@ def job_params(aws, kind: str, *, mode: str, seconds: float = 0, max_runtime_s: 
         fingerprint=FINGERPRINT,
         inputs={"train": f"s3://{BUCKET}/zero/lake/arrow_shards/{FINGERPRINT[:16]}"} if kind == "training" else {},
         outputs={} if kind == "training" else {"out": f"s3://{BUCKET}/zero/lake/{asset_name}/{FINGERPRINT[:16]}"},
-        arguments={"mode": mode, "seconds": seconds},
+        arguments={"mode": mode, "seconds": seconds, **({"release": str(release)} if release else {})},
     )
     _, params = build_job_params(
         request,
@@ -191,10 +197,13 @@ def test_termination_stops_the_job(aws, instance):
     assert fake.wait_until_done(name, timeout=30)["status"] == "Stopped"
 
 
-def test_restarted_run_reattaches_instead_of_launching(aws, instance):
+def test_restarted_run_reattaches_instead_of_launching(aws, instance, tmp_path):
     fake = aws["fake"]
     name_for = lambda attempt: job_name("map_report", FINGERPRINT, attempt)  # noqa: E731
-    params = job_params(aws, "processing", mode="ok", seconds=12)
+    # The job runs until the probe below has found it (not for a fixed time, which a loaded machine
+    # can outlast before the second run looks).
+    release = tmp_path / "release"
+    params = job_params(aws, "processing", mode="ok", release=release)
     # The first run dies while the job runs (no stop forwarded: the Dagster process itself went away).
     dying = make_client(aws, InterruptAfterStart(fake), forward_termination=False)
     assert not materialize_job(dying, "processing", params, instance).success
@@ -206,6 +215,7 @@ def test_restarted_run_reattaches_instead_of_launching(aws, instance):
     def probe(context):
         name = client.resolve_job_name(context, "processing", name_for)
         assert name == params["ProcessingJobName"]
+        release.touch()
         return client.run(context=context, kind="processing", params=params).get_materialize_result()
 
     assert materialize([probe], instance=instance).success
