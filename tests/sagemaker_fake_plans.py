@@ -11,6 +11,7 @@ CapacityError. `extend_training_plan` moves a plan's end later, as a plan extens
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -73,6 +74,29 @@ class FakeTrainingPlans:
             "failed": False,
         }
         return arn
+
+    def start_plan_once_a_job_waits(self, name: str, held_s: float = 2.0, timeout_s: float = 300.0) -> threading.Thread:
+        """Move the Scheduled plan `name` to start now, keeping its length, once a job has waited `Pending`
+        on it for `held_s` (long enough for the client's polls to see the wait): a thread, returned to
+        join. A start a fixed time ahead can pass on a loaded machine before the job is even submitted,
+        and then nothing waits."""
+
+        def start_when_held() -> None:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                if any(
+                    job["secondary"] == "Pending" and self._plan_name(job) == name for job in list(self.jobs.values())
+                ):
+                    plan = self.plans[name]
+                    length = plan["end"] - plan["start"]
+                    plan["start"] = datetime.now(UTC)
+                    plan["end"] = plan["start"] + length
+                    return
+                time.sleep(0.05)
+
+        thread = threading.Thread(target=start_when_held, daemon=True)
+        thread.start()
+        return thread
 
     def extend_training_plan(self, name: str, seconds: float) -> None:
         self.plans[name]["end"] += timedelta(seconds=seconds)

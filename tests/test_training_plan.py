@@ -136,9 +136,13 @@ def created(fake) -> list[str]:
 
 def test_a_scheduled_plan_holds_the_job_as_waiting_and_it_trains_once_the_plan_is_active(plan_aws, instance, tmp_path):
     fake = plan_aws.fake
-    arn = fake.add_training_plan(PLAN, instance_type=INSTANCE, instance_count=2, starts_in_s=6, lasts_s=3600)
+    arn = fake.add_training_plan(PLAN, instance_type=INSTANCE, instance_count=2, starts_in_s=600, lasts_s=3600)
+    # The window DescribeTrainingPlan gave at launch; the fake moves it to start now once the job waits.
+    announced = fake.plans[PLAN]["start"], fake.plans[PLAN]["end"]
+    starter = fake.start_plan_once_a_job_waits(PLAN)
     settings, jobs = runner(plan_aws, tmp_path, arn)
     result = train(instance, settings, jobs, max_steps=3)
+    starter.join()
 
     assert result.success
     [name] = created(fake)
@@ -156,9 +160,7 @@ def test_a_scheduled_plan_holds_the_job_as_waiting_and_it_trains_once_the_plan_i
     metadata = training_metadata(instance)
     assert metadata["training_plan"] == PLAN and metadata["training_plan_arn"] == arn
     assert metadata["training_plan_reserved"] == f"2 x {INSTANCE}"
-    assert metadata["training_plan_window"] == (
-        f"{plan_start:%Y-%m-%dT%H:%M:%SZ} to {fake.plans[PLAN]['end']:%Y-%m-%dT%H:%M:%SZ}"
-    )
+    assert metadata["training_plan_window"] == f"{announced[0]:%Y-%m-%dT%H:%M:%SZ} to {announced[1]:%Y-%m-%dT%H:%M:%SZ}"
     # The cost is the job's share of the upfront fee: 7200 USD over 2 instances x 1 h is 3600 USD an instance-hour.
     assert metadata["training_plan_fee_per_instance_hour"] == 3600.0
     share = round(metadata["billable_instance_seconds"] / 3600 * 3600.0, 4)
