@@ -39,6 +39,7 @@ STARTUP_TIMEOUT_S = 120.0  # a worker that cannot even import its modules in thi
 BATCH_S = 0.02  # the work a batch aims at: long enough that a message is cheap next to it, short enough to balance
 MAX_BATCH = 256
 MAX_UNEXPLAINED_LOSSES = 8
+BETWEEN_ITEMS_S = 30.0  # see IsolatedPool._limit_s
 # The shared progress: 2 * position + 1 while that item runs, 2 * position + 2 once done, and since when
 # (time.monotonic() is CLOCK_MONOTONIC, one clock for every process of the machine).
 _STEP, _SINCE = 0, 1
@@ -271,15 +272,23 @@ class IsolatedPool:
         assert not todo
 
     def _wait_s(self, busy: list[_Worker]) -> float:
-        """Until the earliest deadline of the items the workers are on (as they were when read)."""
-        nearest = min(worker.step()[1] for worker in busy) + self.timeout_s
-        return max(0.0, nearest - time.monotonic())
+        """Until the earliest deadline of the workers' states as they were when read, and no longer than
+        `timeout_s`: a worker read between items may have started one since, whose limit is shorter."""
+        nearest = min(since + self._limit_s(step) for step, since in (worker.step() for worker in busy))
+        return max(0.0, min(nearest - time.monotonic(), self.timeout_s))
+
+    def _limit_s(self, step: int) -> float:
+        """The time limit of a worker's state: `timeout_s` while it runs an item (odd steps); between
+        items (a batch handed over, not yet started, or results being sent) at least BETWEEN_ITEMS_S:
+        that is the machine's scheduling, not an item's fault, and a loaded machine can take more than
+        a short item limit to run a process that was just handed work."""
+        return self.timeout_s if step % 2 else max(self.timeout_s, BETWEEN_ITEMS_S)
 
     def _overdue(self, worker: _Worker) -> int | None:
         """The position of the item past its deadline, -1 when the worker is stuck between items, or
         None when nothing is overdue."""
         step, since = worker.step()
-        if time.monotonic() < since + self.timeout_s:
+        if time.monotonic() < since + self._limit_s(step):
             return None
         return (step - 1) // 2 if step % 2 else -1
 
