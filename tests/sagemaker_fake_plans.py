@@ -87,6 +87,7 @@ class FakeTrainingPlans:
                 if any(
                     job["secondary"] == "Pending" and self._plan_name(job) == name for job in list(self.jobs.values())
                 ):
+                    time.sleep(held_s)
                     plan = self.plans[name]
                     length = plan["end"] - plan["start"]
                     plan["start"] = datetime.now(UTC)
