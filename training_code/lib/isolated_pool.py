@@ -20,29 +20,21 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
-import pickle
-import signal
-import sys
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
-from types import ModuleType
+from multiprocessing.connection import wait
 from typing import Any
+
+from .pool_worker import Worker, main_module_imports, names_main
 
 log = logging.getLogger("zero.pool")
 
-STARTUP_TIMEOUT_S = 120.0  # a worker that cannot even import its modules in this long is a broken environment
 BATCH_S = 0.02  # the work a batch aims at: long enough that a message is cheap next to it, short enough to balance
 MAX_BATCH = 256
 MAX_UNEXPLAINED_LOSSES = 8
 BETWEEN_ITEMS_S = 30.0  # see IsolatedPool._limit_s
-# The shared progress: 2 * position + 1 while that item runs, 2 * position + 2 once done, and since when
-# (time.monotonic() is CLOCK_MONOTONIC, one clock for every process of the machine).
-_STEP, _SINCE = 0, 1
 
 
 @dataclass(frozen=True)
@@ -57,132 +49,6 @@ class TaskRaised(RuntimeError):
     """The function raised inside a worker; the message holds the item and the worker's traceback."""
 
 
-def _serve(conn: Connection, function: Callable[[Any], Any], progress: Any) -> None:
-    """Worker loop: receive a batch, send back ("ok", results), or (status, position, payload) when the
-    item at `position` ran out of memory or raised."""
-    conn.send(("ready", None))
-    while True:
-        try:
-            batch = conn.recv()
-        except EOFError:  # the parent is gone
-            return
-        if batch is None:
-            return
-        results = []
-        for position, item in enumerate(batch):
-            progress[_SINCE] = time.monotonic()
-            progress[_STEP] = 2 * position + 1
-            try:
-                results.append(function(item))
-            except MemoryError:
-                # One file's fault, not a bug; the worker ends (its heap may be in pieces) and is replaced.
-                conn.send(("out_of_memory", position, results))
-                return
-            except Exception:  # noqa: BLE001 - sent to the parent, which fails the pass with it
-                conn.send(("raised", position, traceback.format_exc()))
-                break
-            progress[_SINCE] = time.monotonic()
-            progress[_STEP] = 2 * position + 2
-        else:
-            try:
-                conn.send(("ok", None, results))
-            except Exception:  # noqa: BLE001 - a result that cannot be sent (not picklable) is a bug too
-                conn.send(("raised", None, traceback.format_exc()))
-
-
-class _Worker:
-    def __init__(self, context: Any, function: Callable[[Any], Any], rerun_main: bool) -> None:
-        self.conn, child_conn = context.Pipe(duplex=True)
-        self.progress = context.RawArray("d", 2)
-        self.process = context.Process(target=_serve, args=(child_conn, function, self.progress), daemon=True)
-        with nullcontext() if rerun_main else _main_not_rerun():
-            self.process.start()
-        child_conn.close()
-        self.batch: list[Any] = []
-        self.assigned_at = 0.0
-        self.ready = False
-
-    def wait_ready(self) -> None:
-        if not self.conn.poll(STARTUP_TIMEOUT_S):
-            self.kill()
-            raise RuntimeError(f"a worker process did not start within {STARTUP_TIMEOUT_S:.0f} s")
-        try:
-            status, _ = self.conn.recv()
-        except EOFError:
-            raise RuntimeError(
-                f"a worker process died while starting ({self.death_detail()}); its traceback is on stderr above"
-            ) from None
-        if status != "ready":
-            raise RuntimeError(f"worker sent {status!r} before 'ready'")
-        self.ready = True
-
-    def assign(self, batch: list[Any]) -> None:
-        self.progress[_SINCE], self.progress[_STEP] = time.monotonic(), 0.0
-        self.batch, self.assigned_at = batch, time.monotonic()
-        self.conn.send(batch)
-
-    def step(self) -> tuple[int, float]:
-        """(step, since) of the shared progress, read consistently while the worker writes it."""
-        while True:
-            step, since = self.progress[_STEP], self.progress[_SINCE]
-            if self.progress[_STEP] == step:
-                return int(step), since
-
-    def running(self) -> int | None:
-        """The position in its batch of the item the worker is on; None between items."""
-        step, _ = self.step()
-        return (step - 1) // 2 if step % 2 else None
-
-    def kill(self) -> None:
-        self.process.kill()  # SIGKILL: a decoder stuck in C code may never return to handle SIGTERM
-        self.process.join()
-        self.conn.close()
-
-    def death_detail(self) -> str:
-        self.process.join(5)
-        code = self.process.exitcode
-        if code is not None and code < 0:
-            return f"worker killed by {signal.Signals(-code).name}"
-        return f"worker exited with code {code}"
-
-
-def _names_main(function: Callable[[Any], Any]) -> bool:
-    """Whether `function`, pickled, refers to the parent's `__main__` (a function a script defines)."""
-    return b"__main__" in pickle.dumps(function)
-
-
-@contextmanager
-def _main_not_rerun() -> Iterator[None]:
-    """While a worker starts, the parent's `__main__` names no module or file to multiprocessing.
-
-    Every spawn or forkserver child re-runs the parent's `__main__` as `__mp_main__` (that is how it
-    resolves functions a script defines), so a `python -m job` parent would make each worker import
-    the job's pandas, pyarrow and pandera, or the forkserver preload them all: 0.7 CPU-seconds for
-    a decode worker that needs Pillow and numpy (0.2). The worker's function names no `__main__`
-    (see `_names_main`), so nothing in the child needs it. Only the starting worker's preparation
-    data reads these two attributes, in this thread, and they are put back at once."""
-    main = sys.modules["__main__"]
-    saved = {name: vars(main)[name] for name in ("__spec__", "__file__") if name in vars(main)}
-    main.__spec__ = None
-    vars(main).pop("__file__", None)
-    try:
-        yield
-    finally:
-        vars(main).update(saved)
-
-
-def _main_module_imports() -> list[str]:
-    """The modules the parent's `__main__` imported, for a function that is the script's own: each
-    worker re-runs that `__main__` (see `_main_not_rerun`), and with its imports loaded once in the
-    forkserver the re-run only defines the script's functions."""
-    names = set()
-    for value in vars(sys.modules["__main__"]).values():
-        name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
-        if isinstance(name, str) and name in sys.modules and not name.startswith("__"):
-            names.add(name)
-    return sorted(names)
-
-
 class IsolatedPool:
     """`with IsolatedPool(fn, workers=4, timeout_s=20) as pool: for item, result in pool.imap_unordered(items): ...`
 
@@ -191,7 +57,7 @@ class IsolatedPool:
     forkserver starts with the interpreter's default sys.path (Python 3.11 does not pass the parent's
     on), so a preload must come from an installed package or the working folder; one that cannot be
     imported there is imported by each worker instead: correct, only slower. A worker does not re-run
-    the parent's `__main__` unless `fn` is the script's own (`_main_not_rerun`). A batch holds about
+    the parent's `__main__` unless `fn` is the script's own (`main_not_rerun`). A batch holds about
     `batch_s` of work, at most `max_batch` items (1: one item at a time).
     """
 
@@ -214,9 +80,9 @@ class IsolatedPool:
         self.max_batch, self.batch_s = max_batch, batch_s
         # forkserver, not fork: workers must not inherit the parent's threads and locks.
         self._context = multiprocessing.get_context("forkserver")
-        self._rerun_main = _names_main(function)
-        self._context.set_forkserver_preload([*preload, *(_main_module_imports() if self._rerun_main else [])])
-        self._pool: list[_Worker] = []
+        self._rerun_main = names_main(function)
+        self._context.set_forkserver_preload([*preload, *(main_module_imports() if self._rerun_main else [])])
+        self._pool: list[Worker] = []
         self.replaced = 0
         self.batches = 0  # batches handed out, retried ones included
         self._done, self._done_s = 0, 0.0  # items finished and the batch time they took: the batch size
@@ -225,7 +91,7 @@ class IsolatedPool:
     def __enter__(self) -> IsolatedPool:
         """Starts the workers and returns at once: they get ready (the forkserver's imports, a fork
         each) while the caller prepares the items; `wait_ready` or the first `imap_unordered` waits."""
-        self._pool = [_Worker(self._context, self.function, self._rerun_main) for _ in range(self.workers)]
+        self._pool = [Worker(self._context, self.function, self._rerun_main) for _ in range(self.workers)]
         return self
 
     def wait_ready(self) -> None:
@@ -246,7 +112,7 @@ class IsolatedPool:
         """Yield (item, result) as results arrive; result is a `WorkerLost` for a hung or crashed item."""
         todo = deque(items)
         self.wait_ready()
-        busy: list[_Worker] = []
+        busy: list[Worker] = []
         for worker in list(self._pool):
             if assigned := self._assign_next(worker, todo):
                 busy.append(assigned)
@@ -271,7 +137,7 @@ class IsolatedPool:
                     busy.append(assigned)
         assert not todo
 
-    def _wait_s(self, busy: list[_Worker]) -> float:
+    def _wait_s(self, busy: list[Worker]) -> float:
         """Until the earliest deadline of the workers' states as they were when read, and no longer than
         `timeout_s`: a worker read between items may have started one since, whose limit is shorter."""
         nearest = min(since + self._limit_s(step) for step, since in (worker.step() for worker in busy))
@@ -284,7 +150,7 @@ class IsolatedPool:
         a short item limit to run a process that was just handed work."""
         return self.timeout_s if step % 2 else max(self.timeout_s, BETWEEN_ITEMS_S)
 
-    def _overdue(self, worker: _Worker) -> int | None:
+    def _overdue(self, worker: Worker) -> int | None:
         """The position of the item past its deadline, -1 when the worker is stuck between items, or
         None when nothing is overdue."""
         step, since = worker.step()
@@ -292,13 +158,13 @@ class IsolatedPool:
             return None
         return (step - 1) // 2 if step % 2 else -1
 
-    def _time_out(self, worker: _Worker, position: int) -> list[tuple[int, Any]]:
+    def _time_out(self, worker: Worker, position: int) -> list[tuple[int, Any]]:
         worker.kill()
         if position < 0 or worker.running() != position:  # it moved on just as the deadline came: no verdict
             return []
         return [(position, WorkerLost("timeout", f"no result within {self.timeout_s:g} s; worker killed"))]
 
-    def _receive(self, worker: _Worker) -> tuple[list[tuple[int, Any]], bool]:
+    def _receive(self, worker: Worker) -> tuple[list[tuple[int, Any]], bool]:
         """The (position, result) pairs of a worker that sent or died, and whether it died."""
         try:
             status, position, payload = worker.conn.recv()
@@ -331,8 +197,8 @@ class IsolatedPool:
                 f"{len(batch)} from {batch[0]!r}); no item explains it: check the machine's memory and logs"
             )
 
-    def _replace(self, dead: _Worker, batch: list[Any]) -> _Worker:
-        fresh = _Worker(self._context, self.function, self._rerun_main)
+    def _replace(self, dead: Worker, batch: list[Any]) -> Worker:
+        fresh = Worker(self._context, self.function, self._rerun_main)
         fresh.wait_ready()
         self._pool[self._pool.index(dead)] = fresh
         self.replaced += 1
@@ -348,7 +214,7 @@ class IsolatedPool:
             size = 1  # nothing known yet: the first results size the next batches
         return max(1, min(size, self.max_batch, math.ceil(left / self.workers)))
 
-    def _assign_next(self, worker: _Worker, todo: deque[Any]) -> _Worker | None:
+    def _assign_next(self, worker: Worker, todo: deque[Any]) -> Worker | None:
         """Give `worker` the next batch; returns the worker that took it, or None when none are left."""
         if not todo:
             return None

@@ -1,0 +1,150 @@
+"""The worker side of `IsolatedPool`: a process that runs the function over the batches it receives.
+
+Before each item the worker writes the item's position and start time to memory it shares with the
+parent (`Worker.step`), which is how the parent enforces a time limit per item without a message per
+item. `Worker` is the parent's handle on one such process.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from multiprocessing.connection import Connection
+from types import ModuleType
+from typing import Any
+
+STARTUP_TIMEOUT_S = 120.0  # a worker that cannot even import its modules in this long is a broken environment
+# The shared progress: 2 * position + 1 while that item runs, 2 * position + 2 once done, and since when
+# (time.monotonic() is CLOCK_MONOTONIC, one clock for every process of the machine).
+_STEP, _SINCE = 0, 1
+
+
+def serve(conn: Connection, function: Callable[[Any], Any], progress: Any) -> None:
+    """Worker loop: receive a batch, send back ("ok", results), or (status, position, payload) when the
+    item at `position` ran out of memory or raised."""
+    conn.send(("ready", None))
+    while True:
+        try:
+            batch = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        if batch is None:
+            return
+        results = []
+        for position, item in enumerate(batch):
+            progress[_SINCE] = time.monotonic()
+            progress[_STEP] = 2 * position + 1
+            try:
+                results.append(function(item))
+            except MemoryError:
+                # One file's fault, not a bug; the worker ends (its heap may be in pieces) and is replaced.
+                conn.send(("out_of_memory", position, results))
+                return
+            except Exception:  # noqa: BLE001 - sent to the parent, which fails the pass with it
+                conn.send(("raised", position, traceback.format_exc()))
+                break
+            progress[_SINCE] = time.monotonic()
+            progress[_STEP] = 2 * position + 2
+        else:
+            try:
+                conn.send(("ok", None, results))
+            except Exception:  # noqa: BLE001 - a result that cannot be sent (not picklable) is a bug too
+                conn.send(("raised", None, traceback.format_exc()))
+
+
+class Worker:
+    def __init__(self, context: Any, function: Callable[[Any], Any], rerun_main: bool) -> None:
+        self.conn, child_conn = context.Pipe(duplex=True)
+        self.progress = context.RawArray("d", 2)
+        self.process = context.Process(target=serve, args=(child_conn, function, self.progress), daemon=True)
+        with nullcontext() if rerun_main else main_not_rerun():
+            self.process.start()
+        child_conn.close()
+        self.batch: list[Any] = []
+        self.assigned_at = 0.0
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        if not self.conn.poll(STARTUP_TIMEOUT_S):
+            self.kill()
+            raise RuntimeError(f"a worker process did not start within {STARTUP_TIMEOUT_S:.0f} s")
+        try:
+            status, _ = self.conn.recv()
+        except EOFError:
+            raise RuntimeError(
+                f"a worker process died while starting ({self.death_detail()}); its traceback is on stderr above"
+            ) from None
+        if status != "ready":
+            raise RuntimeError(f"worker sent {status!r} before 'ready'")
+        self.ready = True
+
+    def assign(self, batch: list[Any]) -> None:
+        self.progress[_SINCE], self.progress[_STEP] = time.monotonic(), 0.0
+        self.batch, self.assigned_at = batch, time.monotonic()
+        self.conn.send(batch)
+
+    def step(self) -> tuple[int, float]:
+        """(step, since) of the shared progress, read consistently while the worker writes it."""
+        while True:
+            step, since = self.progress[_STEP], self.progress[_SINCE]
+            if self.progress[_STEP] == step:
+                return int(step), since
+
+    def running(self) -> int | None:
+        """The position in its batch of the item the worker is on; None between items."""
+        step, _ = self.step()
+        return (step - 1) // 2 if step % 2 else None
+
+    def kill(self) -> None:
+        self.process.kill()  # SIGKILL: a decoder stuck in C code may never return to handle SIGTERM
+        self.process.join()
+        self.conn.close()
+
+    def death_detail(self) -> str:
+        self.process.join(5)
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            return f"worker killed by {signal.Signals(-code).name}"
+        return f"worker exited with code {code}"
+
+
+def names_main(function: Callable[[Any], Any]) -> bool:
+    """Whether `function`, pickled, refers to the parent's `__main__` (a function a script defines)."""
+    return b"__main__" in pickle.dumps(function)
+
+
+@contextmanager
+def main_not_rerun() -> Iterator[None]:
+    """While a worker starts, the parent's `__main__` names no module or file to multiprocessing.
+
+    Every spawn or forkserver child re-runs the parent's `__main__` as `__mp_main__` (that is how it
+    resolves functions a script defines), so a `python -m job` parent would make each worker import
+    the job's pandas, pyarrow and pandera, or the forkserver preload them all: 0.7 CPU-seconds for
+    a decode worker that needs Pillow and numpy (0.2). The worker's function names no `__main__`
+    (see `names_main`), so nothing in the child needs it. Only the starting worker's preparation
+    data reads these two attributes, in this thread, and they are put back at once."""
+    main = sys.modules["__main__"]
+    saved = {name: vars(main)[name] for name in ("__spec__", "__file__") if name in vars(main)}
+    main.__spec__ = None
+    vars(main).pop("__file__", None)
+    try:
+        yield
+    finally:
+        vars(main).update(saved)
+
+
+def main_module_imports() -> list[str]:
+    """The modules the parent's `__main__` imported, for a function that is the script's own: each
+    worker re-runs that `__main__` (see `main_not_rerun`), and with its imports loaded once in the
+    forkserver the re-run only defines the script's functions."""
+    names = set()
+    for value in vars(sys.modules["__main__"]).values():
+        name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
+        if isinstance(name, str) and name in sys.modules and not name.startswith("__"):
+            names.add(name)
+    return sorted(names)
