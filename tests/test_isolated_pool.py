@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -95,6 +96,29 @@ def test_workers_lost_between_batches_and_exits_are_each_one_verdict(tmp_path):
     }
     assert len(results) == len(items)
     assert all(calls_of(calls).count(item) == 1 for item in lost), "a lost item is never run again"
+
+
+def test_a_worker_the_machine_has_not_run_yet_is_not_timed_out(tmp_path):
+    """A worker handed a batch it has not started after the item limit has not hung on an item: the
+    machine has not run it yet (a loaded one can take that long). Here the worker is stopped (SIGSTOP)
+    before its batch arrives and resumed 3 s later, three times the 1-s limit: it keeps its batch."""
+    calls = tmp_path / "calls"
+    with IsolatedPool(partial(record_and_misbehave, calls=str(calls)), workers=1, timeout_s=1.0) as pool:
+        pool.wait_ready()
+        (pid,) = pool.worker_pids()
+        os.kill(pid, signal.SIGSTOP)
+        resume = threading.Timer(3.0, os.kill, (pid, signal.SIGCONT))
+        resume.start()
+        started = time.monotonic()
+        try:
+            results = dict(pool.imap_unordered(["a", "b"]))
+        finally:
+            resume.join()
+        assert pool.replaced == 0, "the stopped worker was killed as if it had hung"
+        assert pool.worker_pids() == [pid]
+    assert time.monotonic() - started >= 2.5, "the batch was run while the worker was stopped"
+    assert results == {"a": "A", "b": "B"}
+    assert calls_of(calls) == ["a", "b"]
 
 
 SCRIPT = """

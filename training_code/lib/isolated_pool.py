@@ -99,6 +99,10 @@ class IsolatedPool:
             if not worker.ready:
                 worker.wait_ready()
 
+    def worker_pids(self) -> list[int]:
+        """The process ids of the workers now in the pool (a replaced worker's is gone)."""
+        return [worker.process.pid for worker in self._pool]
+
     def __exit__(self, *exc: Any) -> None:
         for worker in self._pool:
             if worker.ready and not worker.batch and worker.process.is_alive():
