@@ -111,6 +111,10 @@ def pipes_session() -> Iterator[Any]:
         if not isinstance(error, SystemExit) or error.code not in (0, None):
             write_failure_reason(error)
         raise
+    # The job is done. The collections the interpreter runs while it shuts down walked the whole heap
+    # (pandas, pyarrow, the run's rows) for 0.28 s of a 4.4-s validation of 20,000 images; frozen, the
+    # heap is only freed. Nothing waits on them: outputs are written and closed, Pipes is closed.
+    gc.freeze()
 
 
 def _pipes_io(params: PipesEnvVarParamsLoader) -> dict[str, Any]:
