@@ -58,6 +58,8 @@ def serve(conn: Connection, function: Callable[[Any], Any], progress: Any) -> No
 
 
 class Worker:
+    """The parent's handle on one worker process: its pipe, the progress it shares, the batch it holds."""
+
     def __init__(self, context: Any, function: Callable[[Any], Any], rerun_main: bool) -> None:
         self.conn, child_conn = context.Pipe(duplex=True)
         self.progress = context.RawArray("d", 2)
