@@ -85,8 +85,11 @@ def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Pope
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
-def kill_after_a_checkpoint_past(process: subprocess.Popen, lake: Path, step: int, log: Path) -> list[int]:
-    """SIGKILL `process` once training saved a checkpoint past `step`; the processes it had below it."""
+def kill_after_a_checkpoint_past(process: subprocess.Popen, lake: Path, step: int, log: Path) -> dict[int, list[str]]:
+    """SIGKILL `process` once training saved a checkpoint past `step`; the processes it had below it.
+
+    Their command lines are read before the kill: the job's children end within moments of their parent.
+    """
     wait_for(
         lambda: (checkpoint_steps(lake) or [0])[-1] > step or process.poll() is not None or blocked(log),
         timeout=300,
@@ -96,7 +99,7 @@ def kill_after_a_checkpoint_past(process: subprocess.Popen, lake: Path, step: in
         process.kill()
         raise AssertionError(f"the training waits for a pool slot a dead run holds:\n{log.read_text()[-3000:]}")
     assert process.poll() is None, f"it ended before it was killed:\n{log.read_text()[-3000:]}"
-    tree = descendants(process.pid)
+    tree = {pid: command_line(pid) for pid in descendants(process.pid)}
     process.kill()
     process.wait(timeout=30)
     return tree
@@ -111,8 +114,8 @@ def resumed_line(step: int) -> str:
     return f'"event": "resumed", "step": {step},'
 
 
-def training_processes(tree: list[int]) -> list[int]:
-    return [pid for pid in tree if "training_code.train" in command_line(pid)]
+def training_processes(tree: dict[int, list[str]]) -> list[int]:
+    return [pid for pid, command in tree.items() if "training_code.train" in command]
 
 
 @pytest.mark.slow
@@ -131,7 +134,7 @@ def test_a_killed_training_run_never_blocks_the_next_one(tmp_path, tiny_raw_root
         "ZERO_FSX_MOUNT": settings.fsx_mount,
         "ZERO_BACKEND": "local",
     }
-    trees: list[int] = []
+    trees: dict[int, list[str]] = {}
     try:
         with DagsterInstance.from_config(str(home)) as instance:
             for source in sources_of(tiny_raw_root):
@@ -143,7 +146,7 @@ def test_a_killed_training_run_never_blocks_the_next_one(tmp_path, tiny_raw_root
             # 1. A Python API run killed during training: no process of it is left to report.
             log1 = tmp_path / "run1.log"
             api = start([sys.executable, "-c", PYTHON_API_RUN, json.dumps(TINY_TRAINING)], env, log1)
-            trees += kill_after_a_checkpoint_past(api, lake, 0, log1)
+            trees |= kill_after_a_checkpoint_past(api, lake, 0, log1)
             run1 = newest_run(instance, before)
             assert run1.status == DagsterRunStatus.STARTED
             pool = instance.event_log_storage.get_concurrency_info("training")
@@ -155,10 +158,10 @@ def test_a_killed_training_run_never_blocks_the_next_one(tmp_path, tiny_raw_root
             log2 = tmp_path / "run2.log"
             cli = start(CLI, env, log2)
             tree = kill_after_a_checkpoint_past(cli, lake, saved1, log2)
-            trees += tree
+            trees |= tree
             killed_at = time.monotonic()
             assert len(training_processes(tree)) >= 3, f"torchrun and its two ranks below the CLI: {tree}"
-            left = wait_gone(tree, timeout=5)
+            left = wait_gone(list(tree), timeout=5)
             assert not left, f"processes of the killed run alive 5 s later: {[(p, command_line(p)) for p in left]}"
             print(f"{len(tree)} processes of the run gone {time.monotonic() - killed_at:.2f} s after kill -9")
             assert instance.get_run_by_id(run1.run_id).status == DagsterRunStatus.FAILURE
