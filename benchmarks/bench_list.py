@@ -3,7 +3,8 @@
 Runs on the local S3-compatible server (SeaweedFS on loopback, about 20 s to start). The project indexes
 each source with `write_source_index` (as each partition's run does; WORKERS sources side by side, as
 concurrent runs are), which also reads the source's annotations.json and writes index.parquet and manifest.json;
-the baseline only lists.
+the baseline only lists, with a plain `boto3.client("s3")` as anyone would make one (botocore's defaults,
+its dateutil timestamp parser included; the project's clients parse S3's timestamps with `aws_timestamps`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from unittest import mock
+
+import boto3
 
 from tests.local_s3 import LocalS3Server
 from training_code.lib.raw_index import write_source_index
@@ -43,12 +46,18 @@ def _upload(client) -> None:
 
 def run() -> list[BenchResult]:
     with tempfile.TemporaryDirectory(prefix="bench-list-") as tmp, LocalS3Server(Path(tmp) / "s3") as server:
-        client = server.client()
-        _upload(client)
+        _upload(server.client())
+        plain = boto3.client(
+            "s3",
+            endpoint_url=server.endpoint_url,
+            region_name=server.region,
+            aws_access_key_id=server.access_key,
+            aws_secret_access_key=server.secret_key,
+        )
 
         def baseline() -> int:
             keys = 0
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="raw/"):
+            for page in plain.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="raw/"):
                 keys += len(page.get("Contents", []))
             return keys
 
