@@ -212,8 +212,12 @@ def _label_columns(labels: pa.Table) -> pa.Table:
         raise ValueError(f"write_batch labels lack column {missing[0]!r}; every shard column but image needs one")
     columns = []
     for field in LABEL_SCHEMA:
+        column = labels.column(field.name)
+        if column.type == field.type:  # as the shard job hands them: a cast would copy them for nothing
+            columns.append(column)
+            continue
         try:
-            columns.append(labels.column(field.name).cast(field.type))
+            columns.append(column.cast(field.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
             raise ValueError(
                 f"write_batch labels: column {field.name!r} of type {labels.schema.field(field.name).type} "
@@ -224,18 +228,21 @@ def _label_columns(labels: pa.Table) -> pa.Table:
 
 def _refuse_nulls(image_sizes: np.ndarray, labels: pa.Table) -> None:
     """The schema's fields are nullable for `datasets`' sake, so Arrow would store a missing value as
-    null. `image_sizes` is -1 where an image is missing."""
-    columns = [
-        ("image", pa.array(image_sizes < 0)),
-        *((n, pc.is_null(c)) for n, c in zip(labels.column_names, labels.columns)),
-    ]
-    for name, missing in columns:
-        if pc.any(missing).as_py():
-            first = pc.index(missing, True).as_py()
-            raise ValueError(
-                f"shard row {labels.column('key')[first].as_py()!r}: column {name!r} is missing or None; "
-                "every shard column needs a value"
-            )
+    null. `image_sizes` is -1 where an image is missing. A column's null count is kept with it by
+    Arrow, so a batch without nulls costs no compute call (two a column cost 0.3 s of 20,000 small images)."""
+    if (image_sizes < 0).any():
+        _refuse_missing(labels, "image", pa.array(image_sizes < 0))
+    for name, column in zip(labels.column_names, labels.columns):
+        if column.null_count:
+            _refuse_missing(labels, name, pc.is_null(column))
+
+
+def _refuse_missing(labels: pa.Table, name: str, missing: pa.Array | pa.ChunkedArray) -> None:
+    first = pc.index(missing, True).as_py()
+    raise ValueError(
+        f"shard row {labels.column('key')[first].as_py()!r}: column {name!r} is missing or None; "
+        "every shard column needs a value"
+    )
 
 
 def _record_batch(pieces: list[tuple[list[bytes] | pa.Array, pa.Table]], schema: pa.Schema) -> pa.RecordBatch:
