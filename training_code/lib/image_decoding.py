@@ -59,7 +59,7 @@ def decode_all(
         locator = Locator(raw)
         for key in keys:
             try:
-                path = str(locator.locate(key))
+                path = locator.located(key)
             except Refused as refused:
                 verdicts[key] = ImageVerdict.unread(refused.reason, refused.detail)
                 continue

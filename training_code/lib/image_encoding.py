@@ -98,7 +98,7 @@ def read_batch(task: tuple[Locator, list[tuple], Encoding]) -> list[bytes]:
         # Located inside the raw root: a symlink swapped in after validation fails the job, its target
         # unread, as a changed file fails the sha256 re-check.
         try:
-            path = str(locator.locate(key))
+            path = locator.located(key)
         except Refused as refused:
             raise RuntimeError(
                 f"{key}: {refused}; the raw root changed since validation, rematerialize validated_images"

@@ -75,6 +75,10 @@ class Locator:
         self._folders: dict[str, str] = {}
 
     def locate(self, key: str) -> Path:
+        return Path(self.located(key))
+
+    def located(self, key: str) -> str:
+        """`locate` as a str: the pool's items are str, and a Path a file costs more than the lstat."""
         problem = key_problem(key)
         if problem:
             raise Refused("unsafe_key", f"the key has {problem}; not read")
@@ -92,7 +96,7 @@ class Locator:
             )
         if is_link and not os.path.lexists(real):
             raise Refused("unreadable", "a symbolic link to a file that does not exist")
-        return Path(real)
+        return real
 
 
 def read_limited(path: Path, max_bytes: int, listed_etag: str | None = None) -> bytes:
