@@ -89,7 +89,7 @@ class ImageVerdict:
 
 
 def check_image_file(
-    path: Path,
+    path: str | Path,
     allowed_formats: tuple[str, ...],
     min_side: int,
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
@@ -100,7 +100,7 @@ def check_image_file(
     or may not be read is a `read` verdict, never a crash, and a file past `max_bytes` is not read.
     `listed_etag`: see `raw_files.read_limited` (a file that is not the one listed: reason raw_changed)."""
     try:
-        data = read_limited(Path(path), max_bytes, listed_etag)
+        data = read_limited(path, max_bytes, listed_etag)
     except Refused as refused:
         return ImageVerdict.unread(refused.reason, refused.detail)
     except OSError as error:

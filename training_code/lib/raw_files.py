@@ -99,14 +99,14 @@ class Locator:
         return real
 
 
-def read_limited(path: Path, max_bytes: int, listed_etag: str | None = None) -> bytes:
+def read_limited(path: str | Path, max_bytes: int, listed_etag: str | None = None) -> bytes:
     """The bytes of the located file `path`, refused as `too_large` past `max_bytes` before any is read.
 
     With `listed_etag`, `RawChanged` unless the file read is the one listed (see the module docstring)."""
     return read_with_stat(path, max_bytes, listed_etag)[0]
 
 
-def read_with_stat(path: Path, max_bytes: int, listed_etag: str | None = None) -> tuple[bytes, os.stat_result]:
+def read_with_stat(path: str | Path, max_bytes: int, listed_etag: str | None = None) -> tuple[bytes, os.stat_result]:
     """`read_limited`, and the fstat of the file that was read (what a listing of it would record).
 
     Opened without following a final symlink and without blocking (a FIFO put there after listing
