@@ -194,3 +194,36 @@ def test_editing_the_warm_job_script_misses_the_warm_state_on_the_local_backend_
     assert after != before, "the declared code version follows training_code/warm.py"
     assert edited["cache"] == "miss" and f"code version {before} -> {after}" in edited["cache_reason"], edited
     assert edited["recorded"] == edited["code_version"] == after, "Dagster and the cache record one version"
+
+
+def test_a_launch_sees_every_edit_in_the_same_process(tmp_path, monkeypatch):
+    """`current_code_version` parses each distinct source once (what a launch costs), yet an edit made
+    after a first derivation, in the same process, is a new version: a changed body, and an import
+    added to a module it already read, which brings a new module into the closure."""
+    from zero_assets.core.fingerprints import current_code_version
+
+    package = tmp_path / "acme_versions"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helper.py").write_text("SCALE = 1\n")
+    (package / "extra.py").write_text("OFFSET = 2\n")
+    (package / "train.py").write_text("from acme_versions.helper import SCALE\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+
+    first = current_code_version("acme_versions.train")
+    assert current_code_version("acme_versions.train") == first  # same files, same version
+    (package / "extra.py").write_text("OFFSET = 3\n")
+    assert current_code_version("acme_versions.train") == first, "a module it does not import is not its code"
+
+    (package / "helper.py").write_text("SCALE = 2\n")
+    edited = current_code_version("acme_versions.train")
+    assert edited != first
+
+    (package / "train.py").write_text(
+        "from acme_versions.helper import SCALE\n\n\ndef offset():\n    from . import extra\n"
+    )
+    with_import = current_code_version("acme_versions.train")
+    assert with_import != edited
+    (package / "extra.py").write_text("OFFSET = 4\n")
+    assert current_code_version("acme_versions.train") != with_import, "the lazily imported module is now its code"

@@ -11,7 +11,7 @@ import ast
 import importlib.util
 import threading
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +45,10 @@ def current_code_version(*modules: str) -> str:
     if not modules:
         raise ValueError("code_version needs at least one module name")
     packages = {*CODE_PACKAGES, *(module.split(".")[0] for module in modules)}
-    closure = set().union(*(_import_closure(module, packages) for module in modules))
-    return sha256_bytes(b"".join(name.encode() + b"\0" + _source(name).read_bytes() for name in sorted(closure)))[:16]
+    closure: dict[str, bytes] = {}
+    for module in modules:
+        closure.update(_import_closure(module, packages))
+    return sha256_bytes(b"".join(name.encode() + b"\0" + closure[name] for name in sorted(closure)))[:16]
 
 
 def check_job_module(module: str, setting: str) -> None:
@@ -84,47 +86,71 @@ def _source(module: str) -> Path:
     return Path(spec.origin)
 
 
-def _import_closure(module: str, packages: set[str]) -> set[str]:
-    seen: set[str] = set()
+def _import_closure(module: str, packages: set[str]) -> dict[str, bytes]:
+    """Every module of `packages` that `module` imports, transitively, and its source as read now."""
+    sources: dict[str, bytes] = {}
     pending = [module]
     while pending:
         name = pending.pop()
-        if name in seen:
+        if name in sources:
             continue
-        seen.add(name)
         path = _source(name)
+        sources[name] = path.read_bytes()
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(_parse(path)):
-            pending += [m for m in _imported_modules(node, package, packages) if m not in seen]
-    return seen
+        for statement in _import_statements(sources[name], str(path)):
+            pending += [m for m in _imported_modules(statement, package, packages) if m not in sources]
+    return sources
+
+
+@dataclass(frozen=True)
+class _Import:
+    """One `import a.b` (`module` "a.b", no names) or `from ..a import x, y` (level 2, names x, y)."""
+
+    module: str
+    level: int = 0
+    names: tuple[str, ...] = ()
+    is_from: bool = False
+
+
+@lru_cache(maxsize=4096)
+def _import_statements(source: bytes, filename: str) -> tuple[_Import, ...]:
+    """The import statements anywhere in a module's source (a function's lazy import counts too),
+    parsed once per distinct source: a code version is derived at every launch, and parsing the
+    closure was most of a small refresh's time in the asset (0.1-0.16 s a launch), while the files
+    rarely change between two launches. Keyed by the bytes themselves, so an edit is always seen."""
+    statements: list[_Import] = []
+    for node in ast.walk(_parse(source, filename)):
+        if isinstance(node, ast.Import):
+            statements += [_Import(alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = tuple(alias.name for alias in node.names)
+            statements.append(_Import(node.module or "", node.level, names, is_from=True))
+    return tuple(statements)
 
 
 _PARSING = threading.Lock()
 
 
-def _parse(path: Path) -> ast.Module:
+def _parse(source: bytes, filename: str) -> ast.Module:
     """`ast.parse` of the file, one thread at a time. On CPython 3.11.7 a parse can fail with "SystemError:
     AST constructor recursion depth mismatch" when another thread parses at the same time (seen once in
     CI, deriving a code version during a test run); the converter's depth counter is shared. A parse
     elsewhere, not under this lock, can still collide, so that error is tried once more."""
-    source = path.read_text()
     with _PARSING:
         try:
-            return ast.parse(source, filename=str(path))
+            return ast.parse(source, filename=filename)
         except SystemError as error:
             if "recursion depth mismatch" not in str(error):
                 raise
-            return ast.parse(source, filename=str(path))
+            return ast.parse(source, filename=filename)
 
 
-def _imported_modules(node: ast.AST, package: str, packages: set[str]) -> list[str]:
-    if isinstance(node, ast.Import):
-        return [alias.name for alias in node.names if alias.name.split(".")[0] in packages]
-    if not isinstance(node, ast.ImportFrom):
-        return []
-    base = node.module or ""
-    if node.level:  # relative import: resolve against the importing package
-        parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+def _imported_modules(statement: _Import, package: str, packages: set[str]) -> list[str]:
+    if not statement.is_from:
+        return [statement.module] if statement.module.split(".")[0] in packages else []
+    base = statement.module
+    if statement.level:  # relative import: resolve against the importing package
+        parent = package.rsplit(".", statement.level - 1)[0] if statement.level > 1 else package
         base = f"{parent}.{base}" if base else parent
     # `from pkg import name` may name a submodule: count it when one exists
     if base.split(".")[0] not in packages:
@@ -132,7 +158,7 @@ def _imported_modules(node: ast.AST, package: str, packages: set[str]) -> list[s
     spec = importlib.util.find_spec(base)
     if spec is None or spec.submodule_search_locations is None:
         return [base]
-    submodules = [f"{base}.{alias.name}" for alias in node.names]
+    submodules = [f"{base}.{name}" for name in statement.names]
     return [base, *(m for m in submodules if importlib.util.find_spec(m) is not None)]
 
 
