@@ -15,6 +15,10 @@ import time
 from functools import partial
 from pathlib import Path
 
+import numpy  # noqa: F401 - loaded before a worker runs blas_threads_here (see there)
+import pytest
+from threadpoolctl import threadpool_info
+
 from training_code.lib.isolated_pool import IsolatedPool, WorkerLost
 
 
@@ -156,3 +160,36 @@ def test_workers_do_not_rerun_the_parents_main_unless_the_function_is_its_own(tm
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == expected
         assert calls_of(log) == ["ran"] * runs, f"{function}: the script's body ran {len(calls_of(log))} times"
+
+
+def blas_threads_here(_: object) -> int:
+    """numpy's BLAS threads in this process (numpy is loaded with this module: before the worker runs)."""
+    [blas] = [library for library in threadpool_info() if library["user_api"] == "blas"]
+    return blas["num_threads"]
+
+
+ONE_THREAD_SCRIPT = """
+import sys
+from training_code.lib.isolated_pool import IsolatedPool
+from test_isolated_pool import blas_threads_here
+preload = ["numpy"] if sys.argv[1] == "numpy-preloaded" else []  # the forkserver's own OpenBLAS, or none
+with IsolatedPool(blas_threads_here, workers=2, timeout_s=60, max_batch=1, preload=preload) as pool:
+    print(sorted(result for _, result in pool.imap_unordered(range(4))), blas_threads_here(None))
+"""
+
+
+def test_workers_compute_on_one_thread_and_leave_the_parents_setting_alone():
+    """A pool has a worker per core: a BLAS thread pool per worker spun on the cores the others needed
+    (twice the CPU a file). Workers compute on one thread whether numpy loaded in the forkserver or in
+    the worker; the parent, and what it starts later (torchrun), keep one per core. In a fresh
+    interpreter each: the forkserver is one per process, set up by its first pool."""
+    if os.cpu_count() == 1:
+        pytest.skip("one core: numpy's default is one BLAS thread already, so this could not fail")
+    env = {key: value for key, value in os.environ.items() if not key.endswith("_NUM_THREADS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])])
+    for case in ("numpy-preloaded", "numpy-in-the-worker"):
+        result = subprocess.run(
+            [sys.executable, "-c", ONE_THREAD_SCRIPT, case], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["[1,", "1,", "1,", "1]", str(os.cpu_count())], (case, result.stdout)
