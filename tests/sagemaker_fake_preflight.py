@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import botocore.session
 from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
+from loopback_http import QuietHandler, loopback_server
 
 _SESSION = botocore.session.get_session()
 
@@ -133,33 +132,17 @@ def wandb_server(good_key: str, username: str = "rehearsal-bot"):
     HTTP 401 as W&B's does. Yields its base URL; `.logins` counts the queries."""
     logins: list[str] = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:  # noqa: N802 - the http.server hook's name
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             logins.append(body.get("query", ""))
             auth = self.headers.get("Authorization", "")
             key = base64.b64decode(auth.split(" ", 1)[1]).decode().split(":", 1)[1] if " " in auth else ""
             if self.path != "/graphql" or key != good_key:
-                self.send_response(401)
-                self.end_headers()
-                self.wfile.write(b'{"errors": [{"message": "user is not logged in"}]}')
+                self.reply(401, b'{"errors": [{"message": "user is not logged in"}]}')
                 return
             answer = {"data": {"viewer": {"id": "VXNlcjox", "username": username, "entity": username}}}
-            data = json.dumps(answer).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.reply(200, json.dumps(answer).encode(), "application/json")
 
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield SimpleNamespace(url=f"http://127.0.0.1:{server.server_address[1]}", logins=logins)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_server(Handler) as url:
+        yield SimpleNamespace(url=url, logins=logins)

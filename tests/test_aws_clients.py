@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import ClientError, ConnectionClosedError, IncompleteReadError, ReadTimeoutError
+from loopback_http import QuietHandler, loopback_server
 
 from training_code.lib import aws_clients
 
@@ -121,31 +121,20 @@ def test_backoff_grows_and_resets():
     assert backoff.ready() and backoff.failed() == 1
 
 
-class _ThrottledPrefix(BaseHTTPRequestHandler):
+class _ThrottledPrefix(QuietHandler):
     """A minimal S3 endpoint: every GET under `hot/` answers 503 SlowDown, every other GET a small body."""
 
-    def log_message(self, *args) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        throttled = "/hot/" in self.path
-        body = (
-            b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>" if throttled else b"ok"
-        )
-        self.send_response(503 if throttled else 200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if "/hot/" in self.path:
+            self.reply(503, b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>")
+        else:
+            self.reply(200, b"ok")
 
 
 @pytest.fixture
 def throttling_endpoint():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _ThrottledPrefix)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with loopback_server(_ThrottledPrefix) as url:
+        yield url
 
 
 def test_a_throttled_prefix_does_not_slow_the_shared_s3_client_down_for_other_prefixes(

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
 import dateutil.parser
 import pytest
 from botocore.utils import parse_timestamp
 from dateutil.tz import tzutc
+from loopback_http import QuietHandler, loopback_server
 
 from training_code.lib import aws_clients, aws_timestamps
 from training_code.lib.aws_timestamps import parse_aws_timestamp
@@ -65,25 +64,15 @@ def test_s3s_form_does_not_reach_the_general_parser(monkeypatch):
     assert parse_aws_timestamp("2026-12-02T05:11:04.123Z") == datetime(2026, 12, 2, 5, 11, 4, 123000, tzinfo=tzutc())
 
 
-class _Listing(BaseHTTPRequestHandler):
+class _Listing(QuietHandler):
     def do_GET(self):  # noqa: N802 - http.server's name
-        self.send_response(200)
-        self.send_header("Content-Type", "application/xml")
-        self.send_header("Content-Length", str(len(LISTING)))
-        self.end_headers()
-        self.wfile.write(LISTING)
-
-    def log_message(self, *args):
-        pass
+        self.reply(200, LISTING, "application/xml")
 
 
 def test_a_listing_through_the_projects_client_needs_no_dateutil(monkeypatch):
     """A plain boto3 client parses LastModified with dateutil; the project's does not, to the same values."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Listing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
     credentials = {"aws_access_key_id": "k", "aws_secret_access_key": "s", "region_name": "us-east-1"}
-    try:
+    with loopback_server(_Listing) as endpoint:
         plain = boto3.session.Session().client("s3", endpoint_url=endpoint, **credentials)
         expected = [o["LastModified"] for o in plain.list_objects_v2(Bucket="lake")["Contents"]]
         assert expected[0] == datetime(2026, 12, 2, 5, 11, 4, 123000, tzinfo=tzutc())
@@ -97,6 +86,3 @@ def test_a_listing_through_the_projects_client_needs_no_dateutil(monkeypatch):
         ours = aws_clients.client("s3", endpoint_url=endpoint, region="us-east-1", access_key="k", secret_key="s")
         got = [o["LastModified"] for o in ours.list_objects_v2(Bucket="lake")["Contents"]]
         assert got == expected and all(t.tzinfo == tzutc() for t in got)
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -15,8 +15,6 @@ import json
 import logging
 import os
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from unittest import mock
 
@@ -30,6 +28,7 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster._daemon.monitoring.run_monitoring import monitor_started_run
 from dagster._grpc.types import ExecuteRunArgs, ResumeRunArgs
 from dagster._serdes import deserialize_value
+from loopback_http import QuietHandler, loopback_server
 from moto.server import ThreadedMotoServer
 
 from zero_assets.definitions import defs
@@ -78,27 +77,14 @@ def task_metadata_endpoint(cluster_arn: str, task_arn: str, family: str):
     }
     bodies = {"/": task["Containers"][0], "/task": task}
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
             path = self.path.removeprefix("/v4/daemon").rstrip("/") or "/"
             body = json.dumps(bodies[path]).encode() if path in bodies else b"{}"
-            self.send_response(200 if path in bodies else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(200 if path in bodies else 404, body, "application/json")
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v4/daemon"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_server(Handler) as url:
+        yield f"{url}/v4/daemon"
 
 
 def start_daemon_task(endpoint: str) -> dict:
