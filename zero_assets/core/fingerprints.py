@@ -97,35 +97,18 @@ def _import_closure(module: str, packages: set[str]) -> dict[str, bytes]:
         path = _source(name)
         sources[name] = path.read_bytes()
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for statement in _import_statements(sources[name], str(path)):
-            pending += [m for m in _imported_modules(statement, package, packages) if m not in sources]
+        for node in _import_statements(sources[name], str(path)):
+            pending += [m for m in _imported_modules(node, package, packages) if m not in sources]
     return sources
 
 
-@dataclass(frozen=True)
-class _Import:
-    """One `import a.b` (`module` "a.b", no names) or `from ..a import x, y` (level 2, names x, y)."""
-
-    module: str
-    level: int = 0
-    names: tuple[str, ...] = ()
-    is_from: bool = False
-
-
 @lru_cache(maxsize=4096)
-def _import_statements(source: bytes, filename: str) -> tuple[_Import, ...]:
+def _import_statements(source: bytes, filename: str) -> tuple[ast.Import | ast.ImportFrom, ...]:
     """The import statements anywhere in a module's source (a function's lazy import counts too),
     parsed once per distinct source: a code version is derived at every launch, and parsing the
     closure was most of a small refresh's time in the asset (0.1-0.16 s a launch), while the files
     rarely change between two launches. Keyed by the bytes themselves, so an edit is always seen."""
-    statements: list[_Import] = []
-    for node in ast.walk(_parse(source, filename)):
-        if isinstance(node, ast.Import):
-            statements += [_Import(alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names = tuple(alias.name for alias in node.names)
-            statements.append(_Import(node.module or "", node.level, names, is_from=True))
-    return tuple(statements)
+    return tuple(node for node in ast.walk(_parse(source, filename)) if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 _PARSING = threading.Lock()
@@ -145,12 +128,12 @@ def _parse(source: bytes, filename: str) -> ast.Module:
             return ast.parse(source, filename=filename)
 
 
-def _imported_modules(statement: _Import, package: str, packages: set[str]) -> list[str]:
-    if not statement.is_from:
-        return [statement.module] if statement.module.split(".")[0] in packages else []
-    base = statement.module
-    if statement.level:  # relative import: resolve against the importing package
-        parent = package.rsplit(".", statement.level - 1)[0] if statement.level > 1 else package
+def _imported_modules(node: ast.Import | ast.ImportFrom, package: str, packages: set[str]) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name.split(".")[0] in packages]
+    base = node.module or ""
+    if node.level:  # relative import: resolve against the importing package
+        parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
         base = f"{parent}.{base}" if base else parent
     # `from pkg import name` may name a submodule: count it when one exists
     if base.split(".")[0] not in packages:
@@ -158,7 +141,7 @@ def _imported_modules(statement: _Import, package: str, packages: set[str]) -> l
     spec = importlib.util.find_spec(base)
     if spec is None or spec.submodule_search_locations is None:
         return [base]
-    submodules = [f"{base}.{name}" for name in statement.names]
+    submodules = [f"{base}.{alias.name}" for alias in node.names]
     return [base, *(m for m in submodules if importlib.util.find_spec(m) is not None)]
 
 
