@@ -32,14 +32,14 @@ INSTANCE = "ml.p5.48xlarge"
 TRAINER = '''
 """python -m zero_plan_jobs.trainer --max-steps N: a step every PLAN_TRAINER_STEP_S s, a checkpoint on SIGTERM."""
 import argparse, json, os, signal, sys, time
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))  # before the imports: a loaded host is slow
 from training_code.lib import job_env
 from training_code.lib.output_manifest import write_output_manifest
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--max-steps", type=int, required=True)
 args, _ = parser.parse_known_args()
-stopping = []
-signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
 checkpoints = job_env.checkpoint_dir()
 checkpoints.mkdir(parents=True, exist_ok=True)
 saved = sorted(checkpoints.glob("step-*.json"))
