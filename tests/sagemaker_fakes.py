@@ -5,8 +5,9 @@ a folder, downloads code and inputs from S3 (a moto server or SeaweedFS), runs t
 subprocess with the Environment it was given, ships its output lines to CloudWatch Logs (moto),
 and maps the exit to job states: 0 -> Completed (outputs uploaded), non-zero -> Failed with
 FailureReason / ExitMessage from `/opt/ml/output/{failure,message}`, Stop*Job -> Stopping -> Stopped,
-MaxRuntimeInSeconds exceeded -> Stopped / MaxRuntimeExceeded. A Processing job with several instances
-runs one process per host, each with its own `/opt/ml` and `config/resourceconfig.json`; a
+MaxRuntimeInSeconds exceeded -> Stopped / MaxRuntimeExceeded. List*Jobs (StatusEquals, pages of
+MaxResults) and ListTags answer from the jobs created, botocore-validated both ways. A Processing
+job with several instances runs one process per host, each with its own `/opt/ml` and `config/resourceconfig.json`; a
 ShardedByS3Key input gives each host every n-th object; a ManifestFile input the objects its manifest
 names, at their keys relative to its prefix; every host uploads its outputs. An S3Prefix
 input is every key that starts with the URI exactly as written, as SageMaker reads it (`s3://b/raw`
@@ -110,6 +111,19 @@ class FakeSageMaker(FakeTrainingPlans):
     def stop_processing_job(self, ProcessingJobName: str):
         return self._stop("processing", ProcessingJobName)
 
+    def list_training_jobs(self, **params):
+        return self._list("training", "ListTrainingJobs", params)
+
+    def list_processing_jobs(self, **params):
+        return self._list("processing", "ListProcessingJobs", params)
+
+    def list_tags(self, **params):
+        """The tags a job was created with (one page; the jobs here carry few)."""
+        validate_parameters(params, _MODEL.operation_model("ListTags").input_shape)
+        self.calls.append(("ListTags", params["ResourceArn"]))
+        name = params["ResourceArn"].rsplit("/", 1)[1]
+        return validated_response("ListTags", {"Tags": list(self.jobs[name]["params"].get("Tags", []))})
+
     def wait_until_done(self, name: str, timeout: float = 120) -> dict:
         deadline = time.monotonic() + timeout
         while self.jobs[name]["status"] not in ("Completed", "Failed", "Stopped"):
@@ -149,6 +163,29 @@ class FakeSageMaker(FakeTrainingPlans):
             if kind == "training"
             else "ProcessingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:{kind}-job/{name}"
         }
+
+    def _list(self, kind: str, operation: str, params: dict) -> dict:
+        """List*Jobs filtered by StatusEquals, pages of MaxResults (NextToken: the next page's start)."""
+        validate_parameters(params, _MODEL.operation_model(operation).input_shape)
+        self.calls.append((operation, params.get("StatusEquals", "")))
+        names = [
+            name
+            for name, job in self.jobs.items()
+            if job["kind"] == kind and params.get("StatusEquals") in (None, job["status"])
+        ]
+        start, size = int(params.get("NextToken") or 0), params.get("MaxResults", 10)
+        prefix = "Training" if kind == "training" else "Processing"
+        summaries = [
+            {
+                f"{prefix}JobName": name,
+                f"{prefix}JobArn": f"arn:aws:sagemaker:{self.region}:123456789012:{kind}-job/{name}",
+                "CreationTime": self.jobs[name]["created"],
+                f"{prefix}JobStatus": self.jobs[name]["status"],
+            }
+            for name in names[start : start + size]
+        ]
+        more = str(start + size) if start + size < len(names) else None
+        return validated_response(operation, {f"{prefix}JobSummaries": summaries, "NextToken": more})
 
     def add_stopping_job(self, kind: str, params: dict, polls: int = 3) -> None:
         """A job someone stopped that is still `Stopping`: it turns `Stopped` after `polls` describes."""

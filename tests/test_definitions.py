@@ -80,6 +80,7 @@ def test_jobs_sensor_schedule_and_checks_are_wired():
         "run_cost_on_canceled",
         "training_plan_start_sensor",
         "campaign_readiness_sensor",
+        "orphaned_jobs_sensor",
     }
     assert {s.name for s in defs.schedules} == {"weekly_full_refresh"}
     checks = {k.name for k in defs.resolve_asset_graph().asset_check_keys}

@@ -20,9 +20,11 @@ from sagemaker_fakes import FakeSageMaker, fake_aws, fake_settings
 
 from zero_assets.backends.sagemaker import preflight as sagemaker_preflight
 from zero_assets.backends.sagemaker import runner as sagemaker_runner
+from zero_assets.backends.sagemaker.job_tags import LEASE_TAG
 from zero_assets.backends.sagemaker.preflight import PreflightClients
 from zero_assets.backends.sagemaker.runner import AwsClients, SageMakerJobRunner
 from zero_assets.core.fingerprints import DATA_VERSION_TAG
+from zero_assets.core.job_request import LEASE_SUFFIX
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets import fsx_warm_state, trained_checkpoint, training_rehearsal
 from zero_assets.defs.rehearsal_gate import GATE_VARIABLE
@@ -165,6 +167,10 @@ def test_the_rehearsal_runs_on_two_instances_stops_resumes_and_evaluates_then_th
     assert (proved["resumed_from_step"], proved["world_size"], proved["instance_count"]) == (2, 2, 2)
     assert proved["mAP"] == 0.04
     assert proved["instance_seconds"] > 0, "the three jobs' instance-seconds, the forced stop's included"
+    leases = {
+        tag["Value"] for job in (stop, resume, evaluate) for tag in job["params"]["Tags"] if tag["Key"] == LEASE_TAG
+    }
+    assert leases == {proved["dagster/uri"] + LEASE_SUFFIX}, "each job names the lease its build holds (orphaned_jobs)"
     assert iam.calls and iam.calls[0]["PolicySourceArn"] == "arn:aws:iam::123456789012:role/zero-jobs"
 
     trained = run(instance, sagemaker, trained_checkpoint, training)

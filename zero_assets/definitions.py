@@ -9,6 +9,7 @@ from zero_assets.defs.campaign_ready import campaign_readiness_job, campaign_rea
 from zero_assets.defs.checks import ALL_CHECKS, freshness_sensor, limits_from_env
 from zero_assets.defs.executor import run_worker_executor
 from zero_assets.defs.jobs import ALL_JOBS, weekly_full_refresh
+from zero_assets.defs.orphaned_jobs import orphaned_jobs_sensor
 from zero_assets.defs.readiness_sensor import campaign_readiness_sensor
 from zero_assets.defs.run_cost import run_cost_sensors
 from zero_assets.defs.sensors import new_raw_data_sensor
@@ -24,6 +25,7 @@ defs = Definitions(
         *run_cost_sensors,
         training_plan_start_sensor,
         campaign_readiness_sensor,
+        orphaned_jobs_sensor,
     ],
     schedules=[weekly_full_refresh],
     resources={**resources_from_env(), "limits": limits_from_env()},

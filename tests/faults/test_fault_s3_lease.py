@@ -34,9 +34,9 @@ from test_fault_concurrent_runs import Tail
 
 from training_code.lib import storage
 from training_code.lib.s3_storage import s3_client, split_s3
+from zero_assets.core.job_request import LEASE_SUFFIX, output_lease_location
 from zero_assets.core.output_marker import OUTPUT_MARKER, output_is_complete
-from zero_assets.launch.output_lease import hold_lease, lease_store, output_lease_path, try_acquire
-from zero_assets.launch.s3_lease import LEASE_SUFFIX
+from zero_assets.launch.output_lease import hold_lease, lease_store, try_acquire
 from zero_assets.ops.garbage import unit_of
 
 BUCKET = "zero-lease"
@@ -187,11 +187,11 @@ def test_an_s3_outputs_lease_is_beside_it_and_a_local_outputs_on_this_machine(tm
         ("training_set", "training_set/0123456789abcdef"),
     ]:
         out = f"s3://bucket/lake/{key}"
-        assert output_lease_path(tmp_path, asset, fingerprint, out) == out + LEASE_SUFFIX
+        assert output_lease_location(tmp_path, asset, fingerprint, out) == out + LEASE_SUFFIX
         assert unit_of(key + LEASE_SUFFIX, {asset}) is None, "gc never takes a lease for an output or deletes it"
         assert unit_of(f"{key}/{OUTPUT_MARKER}", {asset}) == (key, "output")
-    local = output_lease_path(tmp_path, "validated_images", fingerprint, str(tmp_path / "lake" / "x"))
-    assert local == tmp_path / "validated_images" / "0123456789abcdef" / "lease.json"
+    local = output_lease_location(tmp_path, "validated_images", fingerprint, str(tmp_path / "lake" / "x"))
+    assert local == str(tmp_path / "validated_images" / "0123456789abcdef" / "lease.json")
 
 
 def _etag(uri: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from training_code.lib.read_list import ReadList, write_read_list
+from training_code.lib.storage import is_s3
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput
 from zero_assets.core.settings import ZeroSettings
 
@@ -79,6 +80,9 @@ class JobRequest:
     launcher: Literal["torchrun", "python"] = "torchrun"  # training: torchrun, or one plain process per instance
     fsx_access: Literal["ro", "rw"] = "ro"  # training: how an FSx input is mounted
     stage: Literal["", "map", "reduce"] = ""  # one of the two jobs of a fanned-out materialization (see `fan_out`)
+    # The lease of the materialization's output (`output_lease_location`): a run building it holds it while
+    # the job runs, so a job whose lease no live run holds has no one waiting on it (`defs/orphaned_jobs`).
+    lease: str = ""
 
     @property
     def label(self) -> str:
@@ -116,6 +120,19 @@ def output_jobs_folder(jobs_root: Path, asset: str, fingerprint: str) -> Path:
     beside the output's own `<lake>/<asset>/<fingerprint[:16]>`: its lease (`lease.json`), training
     checkpoints (`checkpoints/`) and each run's job folders (`runs/<run id>/<job name>/`)."""
     return Path(jobs_root) / asset / fingerprint[:16]
+
+
+LEASE_FILE = "lease.json"
+LEASE_SUFFIX = ".lease.json"
+
+
+def output_lease_location(jobs_root: Path, asset: str, fingerprint: str, output: str) -> str:
+    """Where the lease of the output at `output` is kept (`launch.output_lease` holds it): beside an
+    s3:// output, `<output>.lease.json` (runs on any host look there); else `lease.json` in the output's
+    jobs folder on this machine (`output_jobs_folder`)."""
+    if is_s3(output):
+        return output.rstrip("/") + LEASE_SUFFIX
+    return str(output_jobs_folder(jobs_root, asset, fingerprint) / LEASE_FILE)
 
 
 # (inputs, arguments) of a request -> the read list of its job
@@ -240,13 +257,15 @@ def build_job_request(
     what it computes. `fingerprint_inputs`: those a caller already derived from the same module, config and
     upstream (the code version is read from the files each time, so it is derived once per launch)."""
     fingerprint = (fingerprint_inputs or FingerprintInputs.of(module, config, upstream)).fingerprint
+    output = settings.asset_uri(asset, fingerprint[:16], partition)
     return JobRequest(
         asset=asset,
         kind=kind,
         module=module,
         fingerprint=fingerprint,
         inputs=inputs,
-        outputs={"out": settings.asset_uri(asset, fingerprint[:16], partition)},
+        outputs={"out": output},
+        lease=output_lease_location(settings.jobs_root(), asset, fingerprint, output),
         arguments={**config, **(tracking or {})},
         processes_per_host=processes_per_host,
         **options,

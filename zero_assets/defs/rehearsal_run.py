@@ -70,9 +70,11 @@ def rehearsal_jobs(
     key: str,
     key_inputs: dict[str, Any],
     warm: UpstreamOutput,
+    lease: str = "",
 ) -> RehearsalJobs:
     """The requests: `training` and `evaluation` are (module, arguments) as the production assets pass them;
-    the jobs write under the rehearsal's `output`; `build_id` makes this build's jobs its own."""
+    the jobs write under the rehearsal's `output`; `build_id` makes this build's jobs its own; `lease` is
+    the rehearsal output's lease, which its build holds while they run (`JobRequest.lease`)."""
     fingerprint = sha256_json({"output": output, "build": build_id})
     (train_module, train_arguments), (eval_module, eval_arguments) = training, evaluation
     resume = JobRequest(
@@ -84,6 +86,7 @@ def rehearsal_jobs(
         outputs={"out": join(output, "model")},
         arguments=train_arguments,
         processes_per_host=processes,
+        lease=lease,
     )
     evaluate = JobRequest(
         asset=REHEARSAL_EVALUATION,
@@ -93,6 +96,7 @@ def rehearsal_jobs(
         inputs={"model": resume.outputs["out"], "shards": warm.uri},
         outputs={"out": join(output, "report")},
         arguments=eval_arguments,
+        lease=lease,
     )
     stop = replace(resume, arguments={**train_arguments, "stop_after_steps": stop_after_steps})
     return RehearsalJobs(stop, resume, evaluate, stop_after_steps, steps, key, key_inputs, warm)

@@ -23,8 +23,6 @@ from typing import Any
 from training_code.lib.storage import write_bytes_atomic
 from zero_assets.launch.lease_store import Lease, LeaseStore, owner_record, process_start
 
-LEASE_FILE = "lease.json"
-
 
 def owner_gone(record: dict[str, Any], heartbeat_age_s: float, stale_after_s: float) -> str | None:
     """Why the lease's owner is gone (None while it is alive): a dead process on this host, or a stale heartbeat."""
@@ -60,6 +58,12 @@ class FileLeaseStore(LeaseStore):
             mine = owner_record(run_id, token)
             write_bytes_atomic(self.path, json.dumps(mine, indent=1).encode())
         return Lease(self.location, token, mine, None, took_over=took_over), None
+
+    def holder(self, stale_after_s: float) -> dict[str, Any] | None:
+        current = self._read()
+        if current is None or owner_gone(*current, stale_after_s) is not None:
+            return None
+        return current[0]
 
     def renew(self, lease: Lease) -> Lease | None:
         with self._guard():

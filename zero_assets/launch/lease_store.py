@@ -47,6 +47,11 @@ class LeaseStore(ABC):
         """Take the lease if it is free or its owner is gone; else (None, the owner's record)."""
 
     @abstractmethod
+    def holder(self, stale_after_s: float) -> dict[str, Any] | None:
+        """The record of the lease's live owner, read only; None when it is free or its owner is gone (as
+        `try_acquire` judges it)."""
+
+    @abstractmethod
     def renew(self, lease: Lease) -> Lease | None:
         """The heartbeat: renew `lease` (as last written); the lease as now written, or None when it is
         not this holding's any more (it was judged gone and taken over)."""

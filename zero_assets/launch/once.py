@@ -18,6 +18,7 @@ from typing import Any
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue
 
 from zero_assets.core.fingerprints import FingerprintInputs
+from zero_assets.core.job_request import output_lease_location
 from zero_assets.core.output_marker import (
     complete_marker,
     mark_output_complete,
@@ -35,7 +36,7 @@ from zero_assets.launch.cache import (
     standard_metadata,
 )
 from zero_assets.launch.metadata import cache_first, published_paths
-from zero_assets.launch.output_lease import hold_lease, output_lease_path
+from zero_assets.launch.output_lease import hold_lease
 from zero_assets.launch.run_owner import watch_over_step
 
 
@@ -71,7 +72,7 @@ def materialize_once(
         context.log.info(f"cache hit, {skipped}: {decision.reason}")
         return _timed(decision.hit, started)
     context.log.info(f"cache miss: {decision.reason}")
-    lease_path = output_lease_path(jobs_root, context.asset_key.to_user_string(), inputs.fingerprint, output)
+    lease_path = output_lease_location(jobs_root, context.asset_key.to_user_string(), inputs.fingerprint, output)
 
     def waiting(owner: dict[str, Any]) -> None:
         context.log.info(

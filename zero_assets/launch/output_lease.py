@@ -20,21 +20,11 @@ from typing import Any
 
 from training_code.lib.aws_clients import AwsUnavailableError
 from training_code.lib.storage import is_s3
-from zero_assets.core.job_request import output_jobs_folder
-from zero_assets.launch.file_lease import LEASE_FILE, FileLeaseStore
+from zero_assets.launch.file_lease import FileLeaseStore
 from zero_assets.launch.lease_store import Lease, LeaseStore, stale_after_s
-from zero_assets.launch.s3_lease import OutputLeaseError, S3LeaseStore, s3_lease_uri
+from zero_assets.launch.s3_lease import OutputLeaseError, S3LeaseStore
 
 log = logging.getLogger("zero.lease")
-
-
-def output_lease_path(jobs_root: Path, asset: str, fingerprint: str, output: str) -> Path | str:
-    """Where the lease of the output at `output` is kept: `<output>.lease.json` on S3 for an s3://
-    output; else `lease.json` in the folder that also holds the output's job folders and checkpoints
-    on this machine (`core.job_request.output_jobs_folder`)."""
-    if is_s3(output):
-        return s3_lease_uri(output)
-    return output_jobs_folder(jobs_root, asset, fingerprint) / LEASE_FILE
 
 
 def lease_store(location: Path | str) -> LeaseStore:
@@ -48,6 +38,11 @@ def try_acquire(
     """Take the lease at `location` if it is free or its owner is gone; else (None, the owner's record).
     Nothing renews a lease taken here: `hold_lease` is how a build holds one."""
     return lease_store(location).try_acquire(run_id, _stale(stale_after_s))
+
+
+def live_holder(location: Path | str, stale_after_s: float | None = None) -> dict[str, Any] | None:
+    """The record of the run that holds the lease at `location` and is alive; None when none does."""
+    return lease_store(location).holder(_stale(stale_after_s))
 
 
 @contextmanager

@@ -1,11 +1,11 @@
 """An output's lease as an object on S3 beside the output: for outputs on an `s3://` lake, which runs on
 any host or ECS task may build, so the lease must be where all of them look.
 
-The key is `<output uri>.lease.json`: a sibling of the output's folder, never inside it, so nothing
-that lists the output (its completion marker, the checks, a SageMaker channel, which always ends its
-prefix with `/`) ever sees it, and `zero-assets gc` (which judges `<asset>/[<source>/]<fingerprint16>/`
-folders) never takes it for an output. It is written where the output is, so any run that may write
-the output may write its lease.
+The key is `<output uri>.lease.json` (`core.job_request.output_lease_location`): a sibling of the
+output's folder, never inside it, so nothing that lists the output (its completion marker, the checks,
+a SageMaker channel, which always ends its prefix with `/`) ever sees it, and `zero-assets gc` (which
+judges `<asset>/[<source>/]<fingerprint16>/` folders) never takes it for an output. It is written where
+the output is, so any run that may write the output may write its lease.
 
 Every change is a conditional write, so S3 itself decides between racing runs: `If-None-Match: *`
 takes a free lease, `If-Match: <ETag>` renews it (the heartbeat: the owner rewrites it with the time,
@@ -33,7 +33,6 @@ from training_code.lib.aws_clients import is_retryable
 from training_code.lib.s3_storage import s3_call, s3_client, split_s3
 from zero_assets.launch.lease_store import Lease, LeaseStore, owner_record
 
-LEASE_SUFFIX = ".lease.json"
 LEASE_FORMAT = "zero-output-lease/1"
 # A refused conditional write means another run wrote or removed the lease in between: look again,
 # a few times, before reporting whoever holds it now.
@@ -43,11 +42,6 @@ ACQUIRE_ROUNDS = 4
 REFUSED = {"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404", "409", "412"}
 MISSING = {"NoSuchKey", "404", "NotFound"}
 HTTP_DATE = re.compile(r"[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT")  # RFC 9110's IMF-fixdate
-
-
-def s3_lease_uri(output: str) -> str:
-    """The lease of the output at `output`: `<output>.lease.json`, beside its folder (see the module doc)."""
-    return output.rstrip("/") + LEASE_SUFFIX
 
 
 class OutputLeaseError(RuntimeError):
@@ -94,6 +88,10 @@ class S3LeaseStore(LeaseStore):
             if written is not None:
                 return Lease(self.location, token, mine, written, took_over=took_over), None
         return None, current.record if current is not None else {"run_id": "another run"}
+
+    def holder(self, stale_after_s: float) -> dict[str, Any] | None:
+        current = self._get()
+        return current.record if current is not None and current.age_s <= stale_after_s else None
 
     def renew(self, lease: Lease) -> Lease | None:
         written = self._put(self._body(lease.record), IfMatch=lease.version)

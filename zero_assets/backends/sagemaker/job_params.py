@@ -13,6 +13,7 @@ from typing import Any, Optional
 from training_code.lib.wandb_run import SECRET_ARN_VARIABLE
 from zero_assets.backends.sagemaker.code_package import CodePackage
 from zero_assets.backends.sagemaker.fsx import is_fsx, parse_fsx_uri, s3_behind_fsx
+from zero_assets.backends.sagemaker.job_tags import job_tags
 from zero_assets.backends.sagemaker.settings import (
     REHEARSAL_ASSET,
     TRAINING_ASSET,
@@ -58,8 +59,7 @@ def build_job_params(
         _on_plan_or_warm_pool(params, request, settings, training_plan, now or utc_now())
     else:
         params = _processing_params(request, settings, job_name, code, environment, lake)
-    all_tags = {**settings.tags, "zero:asset": request.asset, "zero:fingerprint": request.fingerprint[:16]}
-    params["Tags"] = [{"Key": key, "Value": str(value)[:256]} for key, value in all_tags.items()]
+    params["Tags"] = job_tags(request, settings.tags)
     if settings.wandb_secret_arn and "wandb_mode" in request.arguments:  # a job that tracks to W&B
         # The job reads the W&B API key from this secret at start (training_code.lib.wandb_run): only the
         # reference travels.

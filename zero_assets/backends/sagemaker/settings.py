@@ -76,6 +76,7 @@ WHOLE_SECONDS = {
     "plan_checkpoint_margin_s": ("ZERO_SM_PLAN_CHECKPOINT_MARGIN_S", 0),
     "plan_min_time_left_s": ("ZERO_SM_PLAN_MIN_TIME_LEFT_S", 0),
     "warm_pool_keep_alive_s": ("ZERO_SM_WARM_POOL_KEEP_ALIVE_S", 0),
+    "orphaned_job_grace_s": ("ZERO_SM_ORPHANED_JOB_GRACE_S", 0),
 }
 
 
@@ -121,6 +122,9 @@ class SageMakerSettings(ConfigurableResource):
     # same instances starts on them without provisioning (rehearsal iterations). 0: none.
     warm_pool_keep_alive_s: int = 0
     infra_check: bool = True  # SageMaker's instance and network health check before multi-node training
+    # A running job whose output lease no live run has held for this long is stopped (defs/orphaned_jobs):
+    # long enough for a step retry (60 s, then 120 s) to reattach and take the lease again.
+    orphaned_job_grace_s: int = 600
 
     def compute(self, asset: str) -> JobCompute:
         if asset not in JOB_ASSETS:

@@ -6,6 +6,7 @@ from pydantic import Field
 
 from zero_assets.backends.job_runner import JobRunner
 from zero_assets.core.fingerprints import FingerprintInputs, check_job_module, code_version, current_code_version
+from zero_assets.core.job_request import output_lease_location
 from zero_assets.core.rehearsal_key import rehearsal_key
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.fsx_warm_state import fsx_warm_state
@@ -111,6 +112,7 @@ def training_rehearsal(
         key=key,
         key_inputs=key_inputs,
         warm=warm,
+        lease=output_lease_location(settings.jobs_root(), "training_rehearsal", inputs.fingerprint, output),
     )
     return materialize_once(
         context,
