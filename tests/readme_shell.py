@@ -146,6 +146,15 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT and SIGQUIT back to their default, as a terminal starts a
+    command. A test session started in the background (`make test &`, a CI runner's non-interactive
+    shell) has them ignored, every child inherits that, and bash cannot reset a signal ignored on entry:
+    Ctrl-C would then reach a `dagster dev` that ignores it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 class BackgroundBlock:
     """A block that serves until stopped (`dagster dev`), in its own process group."""
 
@@ -159,6 +168,7 @@ class BackgroundBlock:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_as_in_a_terminal,
             )
 
     def wait_for_http(self, url: str, timeout_s: float) -> float:

@@ -319,6 +319,9 @@ class FakeSageMaker(FakeTrainingPlans):
             for host, (command, env) in launches.items()
         }
         job["process"] = list(processes.values())
+        if job["status"] == "Stopping":  # stopped between the look above and this: _stop found no process
+            for process in job["process"]:
+                process.terminate()
         shippers = [
             threading.Thread(target=self._ship_logs, args=(job, name, host, process), daemon=True)
             for host, process in processes.items()

@@ -33,7 +33,8 @@ from zero_assets.launch.output_lease import live_holder
 BUCKET = "zero-orphans"
 FINGERPRINT = "fedcba9876543210" * 4
 STALE_S = 10  # the shortest stale limit allowed (lease_store.MIN_STALE_S): a killed holder is gone after it
-SLEEPER = "import time\ntime.sleep(300)\n"
+# SIGTERM back to its default: a disposition ignored by the test session would be inherited.
+SLEEPER = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_DFL)\ntime.sleep(300)\n"
 HOLDER = """
 import sys
 from zero_assets.launch.output_lease import hold_lease
@@ -144,8 +145,8 @@ def test_a_job_is_stopped_only_once_no_live_run_has_held_its_lease_for_the_grace
     time.sleep(2.5)
     result, cursor = tick(cursor, grace_s=2)
     assert json.loads(cursor) == {}, result.skip_message
-    assert setup.fake.wait_until_done(job, timeout=30)["status"] == "Stopped"
-    assert ("Stopprocessing", job) in setup.fake.calls
+    assert [name for operation, name in setup.fake.calls if operation.startswith("Stop")] == [job]
+    assert setup.fake.wait_until_done(job, timeout=60)["status"] == "Stopped"
     assert status(setup, untagged) == "InProgress", "a job without a lease tag is never stopped"
 
 
