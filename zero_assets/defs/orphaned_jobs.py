@@ -74,7 +74,7 @@ def orphaned_jobs_sensor(context: SensorEvaluationContext, jobs: JobRunner):
     running = running_jobs(sagemaker)
     judged = judge(running, json.loads(context.cursor or "{}"), time.time(), jobs.aws.orphaned_job_grace_s)
     for job in judged.stop:
-        refused = stop_job(sagemaker, job)
+        refused = stop_job(sagemaker, job.kind, job.name)
         if refused is None:
             context.log.warning(
                 f"stopped SageMaker {job.kind} job {job.name}: no live run has held its output lease "

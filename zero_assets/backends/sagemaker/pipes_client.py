@@ -44,6 +44,7 @@ from zero_assets.backends.sagemaker.pipes_io import (
     message_reader_for,
     report_message_stream,
 )
+from zero_assets.backends.sagemaker.running_jobs import stop_job
 from zero_assets.backends.sagemaker.training_plan import PendingWait, TrainingPlan, plan_metadata
 
 
@@ -268,11 +269,9 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
             time.sleep(self.poll_interval)
 
     def _terminate(self, context, kind: Kind, name: str) -> None:
-        api = API[kind]
-        try:
-            getattr(self._client, api.stop)(**{api.name_key: name})
-        except ClientError as error:  # already ending: nothing to stop, but say so
-            context.log.warning(f"[pipes] could not stop SageMaker {kind} job {name}: {error}")
+        refused = stop_job(self._client, kind, name)
+        if refused is not None:  # already ending: nothing to stop, but say so
+            context.log.warning(f"[pipes] could not stop SageMaker {kind} job {name}: {refused}")
 
     def _extract_dagster_metadata(
         self, kind: Kind, job: dict, history: list[str], plan: Optional[TrainingPlan] = None

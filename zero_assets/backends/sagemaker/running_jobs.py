@@ -42,11 +42,11 @@ def running_jobs(sagemaker: Any) -> list[RunningJob]:
     return found
 
 
-def stop_job(sagemaker: Any, job: RunningJob) -> str | None:
-    """Stop `job`; None once asked, else why it could not be (it ended meanwhile, say)."""
-    api = API[job.kind]
+def stop_job(sagemaker: Any, kind: Kind, name: str) -> str | None:
+    """Stop the job; None once asked, else why it could not be (it is ending already, say)."""
+    api = API[kind]
     try:
-        getattr(sagemaker, api.stop)(**{api.name_key: job.name})
+        getattr(sagemaker, api.stop)(**{api.name_key: name})
     except ClientError as error:
         return str(error)
     return None
