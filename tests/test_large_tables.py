@@ -18,6 +18,7 @@ from training_code.lib.storage import write_bytes_atomic
 from training_code.lib.tables import ACCEPTED, read_table, write_table
 from training_code.lib.verified_read import FileIntegrityError
 from zero_assets.core.fingerprints import FingerprintInputs
+from zero_assets.core.job_request import output_lease_location
 from zero_assets.core.output_marker import (
     OUTPUT_MARKER,
     SMALL_FILE_BYTES,
@@ -98,7 +99,8 @@ def large_table_asset(built_from: Path, lake: Path):
             version = sha256_bytes((out / "manifest.json").read_bytes())
             return MaterializeResult(metadata={"dagster/row_count": ROWS}, data_version=DataVersion(version))
 
-        return materialize_once(context, inputs=inputs, output=str(out), jobs_root=lake / "_jobs", build=build)
+        lease = output_lease_location(lake / "_jobs", "large_table", inputs.fingerprint, str(out))
+        return materialize_once(context, inputs=inputs, output=str(out), lease=lease, build=build)
 
     return large_table
 

@@ -20,6 +20,7 @@ from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.detection_samples import verified_split
 from training_code.lib.storage import read_bytes
 from zero_assets.backends.sagemaker import runner as sagemaker_runner
+from zero_assets.backends.sagemaker.job_tags import LEASE_TAG
 from zero_assets.backends.sagemaker.runner import AwsClients, SageMakerJobRunner
 from zero_assets.core.fingerprints import UpstreamOutput
 from zero_assets.core.settings import REPO_ROOT, ZeroSettings
@@ -65,7 +66,8 @@ def test_a_refreshed_set_imports_only_its_new_shards_and_masks_what_it_masked(mo
     def warm(name: str, uri: str, version: str):
         @asset(name=name)
         def warming(context):  # no annotation: postponed annotations are strings Dagster cannot read
-            warmed[name] = runner.warm_shards(context, UpstreamOutput("arrow_shards", uri, version))
+            lease = str(tmp_path / "jobs" / name / "lease.json")  # the step's, for an fsx:// output: on its host
+            warmed[name] = runner.warm_shards(context, UpstreamOutput("arrow_shards", uri, version), lease)
             return MaterializeResult()
 
         assert materialize([warming]).success
@@ -84,6 +86,10 @@ def test_a_refreshed_set_imports_only_its_new_shards_and_masks_what_it_masked(mo
     job = fake.jobs[second_warm.details["job_name"].value]["params"]
     assert job["InputDataConfig"][0]["DataSource"]["FileSystemDataSource"]["DirectoryPath"] == f"/{MOUNT}/arrow_shards"
     assert job["HyperParameters"]["training-set"] == folder
+    # The job names the lease the warm step holds; that one is on the step's host, so no zero:lease tag: the
+    # orphaned-job sensor never judges it (it once named its own request's lease on S3, which no run held,
+    # and would have been stopped 10 minutes in).
+    assert LEASE_TAG not in {tag["Key"] for tag in job["Tags"]}, job["Tags"]
 
     # Laid out, not copied: the set's manifest leads to the shards where arrow_shards wrote them, and the
     # masked row is still skipped through the rewritten paths.

@@ -65,5 +65,6 @@ class JobRunner(ConfigurableResource):
         warming, so a run that waited for another one warming it finds that work there."""
 
     @abstractmethod
-    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> WarmedShards:
-        """Make the shard set `shards` readable by the trainer at `warm_location(shards)`, verified."""
+    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput, lease: str) -> WarmedShards:
+        """Make the shard set `shards` readable by the trainer at `warm_location(shards)`, verified. `lease`:
+        the warm's output lease, which the step holds meanwhile; a job the warm launches names it."""

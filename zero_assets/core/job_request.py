@@ -249,13 +249,15 @@ def build_job_request(
     partition: str | None = None,
     tracking: dict[str, Any] | None = None,
     fingerprint_inputs: FingerprintInputs | None = None,
+    lease: str | None = None,
     **options: Any,
 ) -> JobRequest:
     """The request for one materialization; its output goes under the input fingerprint (and, for a
     per-source asset, under its source: `<lake>/<asset>/<source>/<fingerprint16>`). `tracking` are
     arguments the script also gets but the fingerprint leaves out: where a run is logged (W&B), never
     what it computes. `fingerprint_inputs`: those a caller already derived from the same module, config and
-    upstream (the code version is read from the files each time, so it is derived once per launch)."""
+    upstream (the code version is read from the files each time, so it is derived once per launch).
+    `lease`: the one its materialization holds where that is not its own output's (the warm's)."""
     fingerprint = (fingerprint_inputs or FingerprintInputs.of(module, config, upstream)).fingerprint
     output = settings.asset_uri(asset, fingerprint[:16], partition)
     return JobRequest(
@@ -265,7 +267,7 @@ def build_job_request(
         fingerprint=fingerprint,
         inputs=inputs,
         outputs={"out": output},
-        lease=output_lease_location(settings.jobs_root(), asset, fingerprint, output),
+        lease=lease or output_lease_location(settings.jobs_root(), asset, fingerprint, output),
         arguments={**config, **(tracking or {})},
         processes_per_host=processes_per_host,
         **options,

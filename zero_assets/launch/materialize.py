@@ -68,7 +68,7 @@ def launch_job(
         context,
         inputs=fingerprint_inputs,
         output=output,
-        jobs_root=request_fields["settings"].jobs_root(),
+        lease=request.lease,
         build=build,
         known={"upstream": upstream_metadata(upstream)},
         skipped="no job launched",

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue
 
 from zero_assets.core.fingerprints import FingerprintInputs
-from zero_assets.core.job_request import output_lease_location
 from zero_assets.core.output_marker import (
     complete_marker,
     mark_output_complete,
@@ -45,13 +43,16 @@ def materialize_once(
     *,
     inputs: FingerprintInputs,
     output: str,
-    jobs_root: Path,
+    lease: str,
     build: Callable[[], MaterializeResult],
     known: Mapping[str, Any] | None = None,
     skipped: str = "nothing built",
 ) -> MaterializeResult:
     """Materialize the asset's output at `output` (where `build` publishes it) unless it already is.
 
+    `lease`: where the output's lease is (`core.job_request.output_lease_location`), held while it is
+    built; the asset derives it once, and a job the build launches names that same one
+    (`JobRequest.lease`), which is how the orphaned-job sensor tells a job someone waits on.
     `build()` writes the output and returns its own metadata and data version. The result carries,
     first, the cache's verdict (`cache`, `cache_reason`), who built the output (`built_by_run`, and
     `built_by_job` for a job) and this step's wall time (`step_wall_s`); then `dagster/uri`, the
@@ -72,7 +73,6 @@ def materialize_once(
         context.log.info(f"cache hit, {skipped}: {decision.reason}")
         return _timed(decision.hit, started)
     context.log.info(f"cache miss: {decision.reason}")
-    lease_path = output_lease_location(jobs_root, context.asset_key.to_user_string(), inputs.fingerprint, output)
 
     def waiting(owner: dict[str, Any]) -> None:
         context.log.info(
@@ -80,18 +80,18 @@ def materialize_once(
             "waiting for it"
         )
 
-    with hold_lease(lease_path, context.run.run_id, on_wait=waiting) as lease:
-        if lease.took_over:
-            context.log.warning(f"took over the lease on {output} from run {lease.took_over}")
+    with hold_lease(lease, context.run.run_id, on_wait=waiting) as held:
+        if held.took_over:
+            context.log.warning(f"took over the lease on {output} from run {held.took_over}")
         # The run we waited for (or one this instance never recorded) may have published it meanwhile.
         reason = (
-            f"run {lease.waited_for} built the same inputs while this run waited; its output at {output} is complete"
-            if lease.waited_for
+            f"run {held.waited_for} built the same inputs while this run waited; its output at {output} is complete"
+            if held.waited_for
             else f"an output of the same input fingerprint is published at {output} and is complete"
         )
         marker = complete_marker(output, inputs.fingerprint)  # one listing and hashing pass for both questions
         refusal = None if marker is None else reuse_refusal(output)
-        hit = None if refusal else published_hit(output, marker, inputs, reason, lease.waited_for)
+        hit = None if refusal else published_hit(output, marker, inputs, reason, held.waited_for)
         if hit is not None:
             context.log.info(f"cache hit, {skipped}: {reason}")
             return _timed(

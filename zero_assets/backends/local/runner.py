@@ -130,9 +130,10 @@ class LocalJobRunner(JobRunner):
         """`<warm mount>/sets/<data version[:16]>`: the shard set's folder in the folder standing in for FSx."""
         return str(set_folder(self.settings.warm_mount(), shards.data_version))
 
-    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> WarmedShards:
+    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput, lease: str) -> WarmedShards:
         """Make the arrow_shards shard set warm in the folder standing in for the FSx mount: only the shards
-        not warm and verified there yet are copied or read (see `warm_state`)."""
+        not warm and verified there yet are copied or read (see `warm_state`). In this step: no job, so
+        nothing names `lease`."""
         mount = self.settings.warm_mount()
         warmed = warm_shard_set(shards.uri, mount, key=Path(self.warm_location(shards)).name)
         context.log.info(f"{warmed.summary()} under {mount}")

@@ -180,9 +180,10 @@ def _import_batch(fsx, file_system_id: str, paths: list[str], log) -> str:
         time.sleep(15)
 
 
-def warm_job_request(shards: UpstreamOutput, location: FsxLocation, settings: ZeroSettings) -> JobRequest:
+def warm_job_request(shards: UpstreamOutput, location: FsxLocation, settings: ZeroSettings, lease: str) -> JobRequest:
     """The job that restores and verifies a shard set (its folder under the shard root, see
-    training_set_channel) on the file system, reusing the verdicts recorded there (one plain process)."""
+    training_set_channel) on the file system, reusing the verdicts recorded there (one plain process).
+    `lease`: the fsx_warm_state step's (its output is the set on the file system, not this request's)."""
     from zero_assets.core.job_request import build_job_request
 
     return build_job_request(
@@ -195,4 +196,5 @@ def warm_job_request(shards: UpstreamOutput, location: FsxLocation, settings: Ze
         inputs={"shards": location.uri},
         launcher="python",
         fsx_access="rw",  # lfs hsm_restore writes
+        lease=lease,
     )

@@ -182,7 +182,7 @@ class SageMakerJobRunner(JobRunner):
             return warm_uri
         return shards_on_fsx(warm_uri, self.settings.lake_uri, self.aws.fsx_file_system_id, self.aws.fsx_mount_name).uri
 
-    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput) -> WarmedShards:
+    def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput, lease: str) -> WarmedShards:
         """FSx configured: link, import the new shards' metadata, restore and verify on the file system what
         has no recorded verdict there; else verify on S3.
 
@@ -210,7 +210,7 @@ class SageMakerJobRunner(JobRunner):
         # Only what the file system does not list yet: the set's own folder and the shards new to it.
         paths = [location.path] + [shards_on_fsx(join(channel.root, key), lake, fs_id, mount).path for key in new]
         import_tasks = import_metadata(fsx, fs_id, paths, context.log)
-        request = warm_job_request(shards, location, self.settings)
+        request = warm_job_request(shards, location, self.settings, lease)
         invocation, extra = self.run(context, request)
         record_warmed_set(channel, fs_id)
         report = dict(invocation.get_materialize_result().metadata or {})

@@ -7,6 +7,7 @@ from dagster import AssetExecutionContext, DataVersion, MaterializeResult, Metad
 
 from zero_assets.backends.job_runner import JobRunner, WarmedShards
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version, current_code_version
+from zero_assets.core.job_request import output_lease_location
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.arrow_shards import arrow_shards
 from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
@@ -49,17 +50,25 @@ def fsx_warm_state(context: AssetExecutionContext, settings: ZeroSettings, jobs:
     `copied`, `already_warm`, `verified`, `reused_verdicts` (and their bytes) what this warm did.
     """
     shards = upstream_output(context, "arrow_shards")
-    # As a launch does: the code as it is now (the warm job is packaged from the files when it runs).
-    code = current_code_version(*WARM_CODE)
-    inputs = FingerprintInputs(code, {"backend": type(jobs).__name__}, {shards.asset: shards.data_version})
+    inputs = warm_inputs(type(jobs).__name__, shards)
+    output = jobs.warm_location(shards)
+    lease = output_lease_location(settings.jobs_root(), "fsx_warm_state", inputs.fingerprint, output)
     return materialize_once(
         context,
         inputs=inputs,
-        output=jobs.warm_location(shards),
-        jobs_root=settings.jobs_root(),
-        build=lambda: warm_materialization(jobs.warm_shards(context, shards), shards),
+        output=output,
+        lease=lease,
+        build=lambda: warm_materialization(jobs.warm_shards(context, shards, lease), shards),
         known={"upstream": upstream_metadata([shards])},
         skipped="shards already warm",
+    )
+
+
+def warm_inputs(backend: str, shards: UpstreamOutput) -> FingerprintInputs:
+    """What a warm of `shards` by the backend (its runner's class name) is keyed by. As a launch does: the
+    code as it is now (the warm job is packaged from the files when it runs)."""
+    return FingerprintInputs(
+        current_code_version(*WARM_CODE), {"backend": backend}, {shards.asset: shards.data_version}
     )
 
 

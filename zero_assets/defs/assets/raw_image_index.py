@@ -23,6 +23,7 @@ from training_code.lib.storage import copy_file_atomic, join, read_bytes, write_
 from training_code.lib.tables import RAW_INDEX
 from zero_assets.backends.job_runner import JobRunner
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version
+from zero_assets.core.job_request import output_lease_location
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.raw_data import raw_data
 from zero_assets.defs.change_detection.raw_sources import require_source
@@ -148,7 +149,7 @@ def _index_in_process(
             context,
             inputs=inputs,
             output=out,
-            jobs_root=settings.jobs_root(),
+            lease=output_lease_location(settings.jobs_root(), "raw_image_index", inputs.fingerprint, out),
             build=publish,
             known=_metadata(settings, manifest, inputs),
             skipped="index not rewritten",

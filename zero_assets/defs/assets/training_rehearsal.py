@@ -101,6 +101,7 @@ def training_rehearsal(
             allow_retries=False,
         )
     output = settings.asset_uri("training_rehearsal", inputs.fingerprint[:16])
+    lease = output_lease_location(settings.jobs_root(), "training_rehearsal", inputs.fingerprint, output)
     planned = rehearsal_jobs(
         output=output,
         build_id=f"{context.run.run_id}/{context.retry_number}",
@@ -112,13 +113,13 @@ def training_rehearsal(
         key=key,
         key_inputs=key_inputs,
         warm=warm,
-        lease=output_lease_location(settings.jobs_root(), "training_rehearsal", inputs.fingerprint, output),
+        lease=lease,
     )
     return materialize_once(
         context,
         inputs=inputs,
         output=output,
-        jobs_root=settings.jobs_root(),
+        lease=lease,
         build=lambda: run_rehearsal(context, jobs, planned, findings, output),
         known={
             REHEARSAL_KEY: key,

@@ -38,6 +38,7 @@ from training_code.lib.storage import join
 from training_code.lib.verdict_cache import VERDICTS_FILE
 from training_code.lib.verified_read import read_verified
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version
+from zero_assets.core.job_request import output_lease_location
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.near_duplicate_report import near_duplicate_metadata
 from zero_assets.defs.automation import TRAINING_SET
@@ -151,7 +152,7 @@ def training_set(
         context,
         inputs=inputs,
         output=out,
-        jobs_root=settings.jobs_root(),
+        lease=output_lease_location(settings.jobs_root(), "training_set", inputs.fingerprint, out),
         build=lambda: write_selection(out, chosen, config.policy(), settings.raw_uri),
         skipped="selection not rewritten",
     )
