@@ -138,7 +138,7 @@ def test_ctrl_c_stops_dagster_dev_with_sensors_on_and_a_run_in_flight(tmp_path):
         time.sleep(2)  # the job's decode workers start
         in_flight = session_processes(server.process.pid)
         os.killpg(server.process.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
-        interrupted, gone, left = time.monotonic(), {}, in_flight
+        interrupted, gone = time.monotonic(), {}
         while left := session_processes(server.process.pid):
             elapsed = time.monotonic() - interrupted
             gone |= {pid: elapsed for pid in in_flight if pid not in left and pid not in gone}

@@ -39,23 +39,17 @@ from zero_assets.backends.sagemaker.fsx_warm import (
 )
 from zero_assets.backends.sagemaker.job_params import build_job_params
 from zero_assets.backends.sagemaker.pipes_io import bootstrap_environment
+from zero_assets.backends.sagemaker.runner import SageMakerJobRunner
 from zero_assets.backends.sagemaker.settings import TRAINING_ASSET, SageMakerSettings
 from zero_assets.backends.sagemaker.training_plan import TrainingPlan, launch_problems, plan_name, utc_now
 from zero_assets.backends.sagemaker.training_set_channel import channel_shards, channel_training_set
 from zero_assets.backends.sagemaker.work_sizing import instances_for, read_list_uri
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput
-from zero_assets.core.job_request import (
-    FanOut,
-    JobRequest,
-    build_job_request,
-    job_name,
-    output_lease_location,
-    spread_over,
-)
+from zero_assets.core.job_request import FanOut, JobRequest, build_job_request, job_name, spread_over
 from zero_assets.core.settings import ZeroSettings, source_uri
 from zero_assets.defs.assets import ALL_ASSETS
 from zero_assets.defs.assets.arrow_shards import PACKING_SPREAD, ShardConfig
-from zero_assets.defs.assets.fsx_warm_state import warm_inputs
+from zero_assets.defs.assets.fsx_warm_state import warm_inputs, warm_lease
 from zero_assets.defs.assets.map_report import EvalConfig
 from zero_assets.defs.assets.trained_checkpoint import TrainConfig
 from zero_assets.defs.assets.validated_images import VALIDATION_SPREAD, ValidationConfig
@@ -229,8 +223,7 @@ def render_jobs(
         )
         rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryTask", import_task_params(fs_id, paths)))
         # The lease the fsx_warm_state step holds while its job runs (on this host: an fsx:// output).
-        fingerprint = warm_inputs("SageMakerJobRunner", shards).fingerprint
-        lease = output_lease_location(settings.jobs_root(), "fsx_warm_state", fingerprint, location.uri)
+        lease = warm_lease(settings, warm_inputs(SageMakerJobRunner.__name__, shards), location.uri)
         add(warm_job_request(shards, location, settings, lease))
         warm_uri = location.uri
     warm = UpstreamOutput("fsx_warm_state", warm_uri, shards.data_version)

@@ -52,7 +52,7 @@ def fsx_warm_state(context: AssetExecutionContext, settings: ZeroSettings, jobs:
     shards = upstream_output(context, "arrow_shards")
     inputs = warm_inputs(type(jobs).__name__, shards)
     output = jobs.warm_location(shards)
-    lease = output_lease_location(settings.jobs_root(), "fsx_warm_state", inputs.fingerprint, output)
+    lease = warm_lease(settings, inputs, output)
     return materialize_once(
         context,
         inputs=inputs,
@@ -70,6 +70,12 @@ def warm_inputs(backend: str, shards: UpstreamOutput) -> FingerprintInputs:
     return FingerprintInputs(
         current_code_version(*WARM_CODE), {"backend": backend}, {shards.asset: shards.data_version}
     )
+
+
+def warm_lease(settings: ZeroSettings, inputs: FingerprintInputs, output: str) -> str:
+    """The lease the fsx_warm_state step holds while it warms into `output` (its warm_location), keyed by
+    `inputs` (warm_inputs); the warm job, where there is one, names this one."""
+    return output_lease_location(settings.jobs_root(), "fsx_warm_state", inputs.fingerprint, output)
 
 
 # What a backend counted of its warm, reported as they are where it counted them.
