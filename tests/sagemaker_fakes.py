@@ -21,6 +21,9 @@ while the job runs.
 
 For attempt states: `add_stopping_job` presents a job that is `Stopping` and turns `Stopped` after a
 few describes; every create records the state of every other job at that moment (`seen_at_create`);
+with `record_leases` on, every create of a job tagged `zero:lease` records its asset, that lease and whether a
+live run held it at that moment (`leases_at_create`: the orphaned-job sensor would stop a job whose lease no
+live run holds);
 with `throttle_every = n`, every n-th Describe*Job is refused with ThrottlingException.
 `ThrottledLogs` wraps a CloudWatch Logs client and refuses reads with ThrottlingException.
 
@@ -55,8 +58,10 @@ from sagemaker_fake_plans import FakeTrainingPlans, validated_response
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import split_s3
 from zero_assets.backends.sagemaker.code_package import CodePackage, build_code_package
+from zero_assets.backends.sagemaker.job_tags import ASSET_TAG, LEASE_TAG
 from zero_assets.backends.sagemaker.settings import SageMakerSettings
 from zero_assets.core.settings import REPO_ROOT
+from zero_assets.launch.output_lease import live_holder
 
 _MODEL = botocore.session.get_session().get_service_model("sagemaker")
 
@@ -85,6 +90,8 @@ class FakeSageMaker(FakeTrainingPlans):
         self.jobs: dict[str, dict] = {}
         self.plans: dict[str, dict] = {}
         self.seen_at_create: dict[str, dict[str, str]] = {}  # new job -> {other job: its status then}
+        self.record_leases = False  # off: a lease check reads S3, which not every test's requests can reach
+        self.leases_at_create: dict[str, tuple[str, str, bool]] = {}  # job -> (asset, zero:lease, held by a live run)
         self.throttle_every, self.throttled = 0, 0
         # Set: every job that ended reports it ran this many seconds per instance, so costs compare exactly;
         # a managed spot training job bills `spot_billed_share` of them (BillableTimeInSeconds), as spot discounts show.
@@ -137,6 +144,10 @@ class FakeSageMaker(FakeTrainingPlans):
         validate_parameters(params, _MODEL.operation_model(operation).input_shape)
         self.calls.append((operation, name))
         self.seen_at_create[name] = {other: job["status"] for other, job in self.jobs.items()}
+        tags = {tag["Key"]: tag["Value"] for tag in params.get("Tags", [])}
+        if self.record_leases and LEASE_TAG in tags:
+            lease = tags[LEASE_TAG]
+            self.leases_at_create[name] = (tags.get(ASSET_TAG, ""), lease, live_holder(lease) is not None)
         if kind == "training":
             self.check_plan_request(params)
         with self._lock:

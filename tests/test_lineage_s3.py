@@ -154,12 +154,20 @@ def test_lineage_answers_for_a_checkpoint_and_an_image_on_an_s3_lake_warmed_on_f
         {**s3_env.env(), "PYTHONPATH": str(REPO_ROOT), "ZERO_PIPES_FLUSH_S": "0.3"},
         fsx=fsx,
     )
+    fake.record_leases = True
     monkeypatch.setattr(sagemaker_runner, "make_aws_clients", lambda region: AwsClients(fake, cloudwatch, s3, fsx))
     resources = {"settings": settings, "jobs": SageMakerJobRunner(settings=settings, aws=aws)}
     sources = ["line_a_camera", "line_b_camera"]
     for source in sources:
         assert materialize_source(source, instance=instance, resources=resources).success
     assert materialize_tail(instance=instance, resources=resources, run_config=FAST_TRAINING).success
+
+    # Every job tagged with a lease was created while a live run held that lease: otherwise the
+    # orphaned-job sensor would stop it (the FSx warm job, whose step holds its fsx:// lease, carries none).
+    tagged = {asset for asset, _, _ in fake.leases_at_create.values()}
+    assert {"validated_images", "arrow_shards", "trained_checkpoint", "map_report"} <= tagged, tagged
+    unheld = {job: lease for job, (_, lease, held) in fake.leases_at_create.items() if not held}
+    assert not unheld, f"jobs created while no live run held their zero:lease: {unheld}"
 
     def metadata(asset: str, partition: str | None = None) -> dict:
         event = (
