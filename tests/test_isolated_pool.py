@@ -53,6 +53,16 @@ def test_small_items_go_out_in_batches_with_one_result_each(tmp_path):
     assert batches < len(items) / 10, f"{batches} batches for {len(items)} quick items"
 
 
+def test_a_worker_that_cannot_start_is_raised_in_the_callers_thread():
+    # Entering returns while the workers start, from a thread (the caller's work meanwhile is not held
+    # up by the forkserver's imports); what stops a start (here: a function that cannot be pickled for
+    # the worker) is raised where the caller first needs the workers, not lost with that thread.
+    unpicklable = threading.Lock()
+    with pytest.raises(TypeError, match="pickle"):
+        with IsolatedPool(partial(record_and_misbehave, calls=unpicklable), workers=2, timeout_s=5) as pool:
+            list(pool.imap_unordered(["a"]))
+
+
 def test_a_crash_costs_its_item_one_verdict_and_the_rest_of_its_batch_goes_round_again(tmp_path):
     calls = tmp_path / "calls"
     items = ["first", "b", "segfault", "c", "d"]

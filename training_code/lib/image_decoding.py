@@ -15,12 +15,13 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
 from .hashing import sha256_bytes
 from .image_checks import ImageVerdict, check_image_file
-from .isolated_pool import IsolatedPool, WorkerLost
+from .isolated_pool import IsolatedPool, WorkerLost, start_forkserver
 from .raw_files import RAW_CHANGED, Locator, RawChanged, RawRootChanged, Refused, read_limited
 from .storage import key_problem
 
@@ -29,65 +30,91 @@ log = logging.getLogger("zero.validate")
 PROGRESS_EVERY_S = 10.0
 
 
+def start_decoders(check: Callable[..., ImageVerdict] = check_image_file) -> None:
+    """Start the decode workers' forkserver now, in the background: it imports what they need while the
+    pass reads its tables, so `decode_workers` later only forks."""
+    start_forkserver(_preload(check))
+
+
+def _preload(check: Callable[..., ImageVerdict]) -> list[str]:
+    return [check.__module__, __name__]
+
+
+def decode_workers(
+    args: argparse.Namespace, images: int, check: Callable[..., ImageVerdict] = check_image_file
+) -> IsolatedPool | nullcontext[None]:
+    """The isolated workers that will decode `images` files, to enter before the work that precedes the
+    decode (annotations, an S3 fetch): entering starts them and returns at once, so they get ready (the
+    forkserver's imports, a fork each) meanwhile. No worker starts for no image. `check` is injectable
+    so tests can hang or crash one."""
+    if images < 1:
+        return nullcontext()
+    function = partial(
+        _check_listed,
+        check=check,
+        allowed_formats=args.allowed_formats,
+        min_side=args.min_side,
+        max_bytes=args.max_image_bytes,
+        max_pixels=args.max_pixels,
+    )
+    workers = max(1, min(args.workers, images))
+    return IsolatedPool(function, workers=workers, timeout_s=args.timeout_s, preload=_preload(check))
+
+
 def decode_all(
     raw: Path,
     keys: list[str],
-    args: argparse.Namespace,
-    check: Callable[..., ImageVerdict] = check_image_file,
+    pool: IsolatedPool | None,
+    max_image_bytes: int,
     listed_etags: dict[str, str] | None = None,
 ) -> dict[str, ImageVerdict]:
-    """A verdict per key of the raw root `raw`, decoded in isolated workers. `check` is injectable so
-    tests can hang or crash one.
+    """A verdict per key of the raw root `raw`, decoded by `pool` (`decode_workers`, entered; None only
+    when there are no keys).
 
     `listed_etags`: key -> the etag the index listed, checked as each file is read (a local raw root;
     without it, `raw` holds objects already proven, fetched with IfMatch: see `raw_reader`).
     Keys that are the same file (a symlink inside the root) are decoded once."""
-    limits = {"max_bytes": args.max_image_bytes, "max_pixels": args.max_pixels}
-    function = partial(
-        _check_listed, check=check, allowed_formats=args.allowed_formats, min_side=args.min_side, **limits
-    )
     verdicts: dict[str, ImageVerdict] = {}
     if not keys:
         return verdicts
+    if pool is None:
+        raise ValueError(f"{len(keys)} images to decode, but no decode workers were started for them")
     started = last_log = time.monotonic()
-    workers = max(1, min(args.workers, len(keys)))
-    # The workers start (the forkserver's imports, a fork each) while the keys are located here.
-    with IsolatedPool(
-        function, workers=workers, timeout_s=args.timeout_s, preload=[check.__module__, __name__]
-    ) as pool:
-        keys_at: dict[tuple[str, str | None], list[str]] = defaultdict(list)  # (located path, listed etag) -> keys
-        locator = Locator(raw)
-        for key in keys:
-            try:
-                path = locator.located(key)
-            except Refused as refused:
-                verdicts[key] = ImageVerdict.unread(refused.reason, refused.detail)
-                continue
-            keys_at[(path, listed_etags[key] if listed_etags else None)].append(key)
-        if not keys_at:  # every key refused: nothing to decode
-            return verdicts
-        pool.wait_ready()
-        log.info("located %d files; %d decode workers ready in %.1f s", len(keys), workers, time.monotonic() - started)
-        for item, outcome in pool.imap_unordered(keys_at):
-            first = keys_at[item][0]
-            verdict = (
-                _verdict_for_lost(first, Path(item[0]), item[1], outcome, args.max_image_bytes)
-                if isinstance(outcome, WorkerLost)
-                else outcome
+    keys_at: dict[tuple[str, str | None], list[str]] = defaultdict(list)  # (located path, listed etag) -> keys
+    locator = Locator(raw)
+    for key in keys:
+        try:
+            path = locator.located(key)
+        except Refused as refused:
+            verdicts[key] = ImageVerdict.unread(refused.reason, refused.detail)
+            continue
+        keys_at[(path, listed_etags[key] if listed_etags else None)].append(key)
+    if not keys_at:  # every key refused: nothing to decode
+        return verdicts
+    pool.wait_ready()
+    log.info(
+        "located %d files; %d decode workers ready %.1f s later", len(keys), pool.workers, time.monotonic() - started
+    )
+    for item, outcome in pool.imap_unordered(keys_at):
+        first = keys_at[item][0]
+        verdict = (
+            _verdict_for_lost(first, Path(item[0]), item[1], outcome, max_image_bytes)
+            if isinstance(outcome, WorkerLost)
+            else outcome
+        )
+        if verdict.reason == RAW_CHANGED:
+            raise RawRootChanged(first, verdict.error)
+        verdicts.update({key: verdict for key in keys_at[item]})
+        if time.monotonic() - last_log > PROGRESS_EVERY_S:
+            last_log = time.monotonic()
+            log.info(
+                "decoded %d/%d files (%.0f files/s)", len(verdicts), len(keys), len(verdicts) / (last_log - started)
             )
-            if verdict.reason == RAW_CHANGED:
-                raise RawRootChanged(first, verdict.error)
-            verdicts.update({key: verdict for key in keys_at[item]})
-            if time.monotonic() - last_log > PROGRESS_EVERY_S:
-                last_log = time.monotonic()
-                log.info(
-                    "decoded %d/%d files (%.0f files/s)", len(verdicts), len(keys), len(verdicts) / (last_log - started)
-                )
     log.info(
         "decoded %d files in %.1f s with %d workers (%d replaced after a hang, crash or running out of memory)",
         len(keys_at),
         time.monotonic() - started,
-        workers,
+        pool.workers,
         pool.replaced,
     )
     return verdicts

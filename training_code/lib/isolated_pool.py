@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import multiprocessing.forkserver
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -35,6 +37,15 @@ BATCH_S = 0.02  # the work a batch aims at: long enough that a message is cheap 
 MAX_BATCH = 256
 MAX_UNEXPLAINED_LOSSES = 8
 BETWEEN_ITEMS_S = 30.0  # see IsolatedPool._limit_s
+
+
+def start_forkserver(preload: Sequence[str]) -> None:
+    """Start the forkserver the pools use now, importing `preload` (see IsolatedPool), and return at once:
+    for a caller with other work before its pool starts, so the imports are done when the workers fork.
+    A forkserver already running is kept, and so are its imports."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))
+    multiprocessing.forkserver.ensure_running()
 
 
 @dataclass(frozen=True)
@@ -83,27 +94,52 @@ class IsolatedPool:
         self._rerun_main = names_main(function)
         self._context.set_forkserver_preload([*preload, *(main_module_imports() if self._rerun_main else [])])
         self._pool: list[Worker] = []
+        self._starter: threading.Thread | None = None
+        self._start_error: BaseException | None = None
         self.replaced = 0
         self.batches = 0  # batches handed out, retried ones included
         self._done, self._done_s = 0, 0.0  # items finished and the batch time they took: the batch size
         self._losses_in_a_row = 0  # workers lost with no item to blame since the last batch that came back
 
     def __enter__(self) -> IsolatedPool:
-        """Starts the workers and returns at once: they get ready (the forkserver's imports, a fork
-        each) while the caller prepares the items; `wait_ready` or the first `imap_unordered` waits."""
-        self._pool = [Worker(self._context, self.function, self._rerun_main) for _ in range(self.workers)]
+        """Starts the workers from a thread and returns at once: they get ready (the forkserver's
+        imports, a fork each) while the caller prepares the items (a process start waits for the
+        forkserver: the first, for all its imports); `wait_ready` or the first `imap_unordered` waits."""
+        self._start_error = None
+        self._starter = threading.Thread(target=self._start_workers, name="isolated-pool-start", daemon=True)
+        self._starter.start()
         return self
 
+    def _start_workers(self) -> None:
+        try:
+            for _ in range(self.workers):
+                self._pool.append(Worker(self._context, self.function, self._rerun_main))
+        except BaseException as error:  # noqa: BLE001 - raised in the caller's thread by _started
+            self._start_error = error
+
+    def _started(self) -> None:
+        """Wait for the starting thread; raise what stopped it, in the caller's thread."""
+        if self._starter is not None:
+            self._starter.join()
+            self._starter = None
+        if self._start_error is not None:
+            raise self._start_error
+
     def wait_ready(self) -> None:
+        self._started()
         for worker in self._pool:
             if not worker.ready:
                 worker.wait_ready()
 
     def worker_pids(self) -> list[int]:
         """The process ids of the workers now in the pool (a replaced worker's is gone)."""
+        self._started()
         return [worker.process.pid for worker in self._pool]
 
     def __exit__(self, *exc: Any) -> None:
+        if self._starter is not None:
+            self._starter.join()
+            self._starter = None
         for worker in self._pool:
             if worker.ready and not worker.batch and worker.process.is_alive():
                 worker.conn.send(None)

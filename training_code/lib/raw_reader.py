@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -28,9 +27,10 @@ from . import job_env
 from .annotation_files import annotation_error, load_annotations
 from .coco import ANNOTATIONS_FILE, SourceAnnotations
 from .contact_sheet import DRAWABLE_REASONS, MAX_ATTEMPTS, Thumbnail, quarantine_thumbnails
-from .image_checks import ImageVerdict, check_image_file
+from .image_checks import ImageVerdict
 from .image_decoding import decode_all
 from .indexed_raw import ListedRoot
+from .isolated_pool import IsolatedPool
 from .raw_fetch import fetch_objects, scratch_folder
 from .raw_files import RawRootChanged, Refused
 from .read_list import ReadList
@@ -72,13 +72,13 @@ class RawReader:
         """What this run fetched from an S3 raw root (objects, bytes); nothing for a local root, read in place."""
         return {} if self.local else {"fetched_objects": self.fetched_objects, "fetched_bytes": self.fetched_bytes}
 
-    def decode(
-        self, reads: ReadList, args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file
-    ) -> dict[str, ImageVerdict]:
-        """A verdict per object of `reads`, each read from the object the index listed."""
+    def decode(self, reads: ReadList, args: argparse.Namespace, pool: IsolatedPool | None) -> dict[str, ImageVerdict]:
+        """A verdict per object of `reads`, each read from the object the index listed, decoded by `pool`
+        (`image_decoding.decode_workers` for `reads.objects`, entered: it started while the objects were fetched)."""
         rows = reads.rows()
         if self.local:
-            return decode_all(self.root, [key for key, _, _ in rows], args, check, {k: e for k, _, e in rows})
+            etags = {key: etag for key, _, etag in rows}
+            return decode_all(self.root, [key for key, _, _ in rows], pool, args.max_image_bytes, etags)
         unread = {
             key: ImageVerdict.unread("too_large", f"{size} bytes, above the limit of {args.max_image_bytes}; not read")
             for key, size, _ in rows
@@ -86,7 +86,7 @@ class RawReader:
         }
         readable = [row for row in rows if row[0] not in unread]
         self.fetch(readable)
-        return {**unread, **decode_all(self.root, [key for key, _, _ in readable], args, check)}
+        return {**unread, **decode_all(self.root, [key for key, _, _ in readable], pool, args.max_image_bytes)}
 
     def annotations(
         self, sources: set[str], max_bytes: int

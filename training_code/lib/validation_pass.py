@@ -25,7 +25,7 @@ from .coco import ANNOTATIONS_FILE
 from .contact_sheet import SHEET_FILE, Thumbnail, contact_sheet_png
 from .hashing import sha256_bytes
 from .image_checks import ImageVerdict, check_image_file
-from .image_decoding import refuse_unsafe_keys
+from .image_decoding import decode_workers, refuse_unsafe_keys, start_decoders
 from .indexed_raw import ListedRoot, read_listed_root
 from .label_policy import LabelPolicy
 from .object_keys import key_problem
@@ -148,6 +148,8 @@ def validate(
     """Run the whole pass (or its reduce stage); returns the manifest, its exact bytes, how many
     images were decoded, reused and fetched, and the thumbnails on the quarantine's contact sheet."""
     check_args(args)
+    if args.phase == "all":
+        start_decoders(check)  # its imports run while the tables below are read
     (args.out / MANIFEST).unlink(missing_ok=True)  # a manifest from an earlier run must not vouch for these tables
     index = load_index(args.index)
     listed = read_listed_root(args.index)  # what every read is checked against (see indexed_raw)
@@ -162,14 +164,18 @@ def validate(
     sources = {source for source in set(index["source"]) if not key_problem(f"{source}/{ANNOTATIONS_FILE}")}
     labels = label_policy(args)
     with RawReader(listed, args.raw) as raw:
-        # Before any decode: a source without a usable annotations.json fails here (see label_policy).
-        annotations, errors = raw.annotations(labels.sources_to_read(sources), args.max_annotation_bytes)
-        labels.require_annotation_files(sources, annotations, errors, listed.raw_uri)
-        if args.phase == "reduce":
-            verdicts.update(collect_map_verdicts(args.decoded, pending))
-        else:
-            log.info("decoding %d images, reusing %d verdicts from %s", work["decoded"], work["reused"], args.previous)
-            verdicts.update(raw.decode(reads, args, check))
+        # The decode workers start first and get ready while the annotations are read.
+        with decode_workers(args, 0 if args.phase == "reduce" else reads.objects, check) as pool:
+            # Before any decode: a source without a usable annotations.json fails here (see label_policy).
+            annotations, errors = raw.annotations(labels.sources_to_read(sources), args.max_annotation_bytes)
+            labels.require_annotation_files(sources, annotations, errors, listed.raw_uri)
+            if args.phase == "reduce":
+                verdicts.update(collect_map_verdicts(args.decoded, pending))
+            else:
+                log.info(
+                    "decoding %d images, reusing %d verdicts from %s", work["decoded"], work["reused"], args.previous
+                )
+                verdicts.update(raw.decode(reads, args, pool))
         write_table(verdict_frame(index, verdicts), VERDICTS, args.out / VERDICTS_FILE)
         outputs = build_outputs(
             index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction, label_policy=labels
@@ -252,8 +258,9 @@ def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = c
         slot + 1,
         hosts,
     )
-    with RawReader(ListedRoot(reads.raw_uri, {}), args.raw) as raw:  # reads images only, no annotations
-        verdicts = raw.decode(part, args, check)
+    # Reads images only, no annotations; the workers get ready while the images are fetched.
+    with RawReader(ListedRoot(reads.raw_uri, {}), args.raw) as raw, decode_workers(args, part.objects, check) as pool:
+        verdicts = raw.decode(part, args, pool)
         fetched = raw.fetch_counts()
     rows = part.table.to_pandas()
     write_table(verdict_frame(rows, verdicts), VERDICTS, args.out / f"verdicts-{host}.parquet")
