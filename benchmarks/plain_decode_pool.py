@@ -5,8 +5,8 @@ r"""The baseline of `validate_same_work`: a plain script decoding a folder's JPE
 What anyone would write for the job: list the folder, `multiprocessing.Pool(WORKERS).map` (the default
 start method and chunking) over the files, and per file what the validator's decode does: read the
 bytes, hash them, read the header with Pillow, decode with the project's strict libjpeg-turbo pass
-(`jpeg_strict`), and Pillow's `verify()` + `load()` for what that pass does not take. Prints
-`{"files": N, "ok": M}`.
+(`jpeg_strict`; its luma alone, as the validator decodes L and RGB JPEGs), and Pillow's `verify()` +
+`load()` for what that pass does not take. Prints `{"files": N, "ok": M}`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def strict_check(path: str) -> bool:
     with Image.open(io.BytesIO(data)) as image:
         if image.format == "JPEG" and image.mode in ("L", "RGB", "CMYK"):
             try:
-                jpeg_strict.decode_small(data)
+                jpeg_strict.decode_small(data, grey=image.mode != "CMYK")
                 return True
             except jpeg_strict.CorruptData:
                 return False

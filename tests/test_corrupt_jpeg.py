@@ -134,6 +134,7 @@ def test_reduced_scale_decode_gives_the_full_size_verdict(damaged):
         with Image.open(io.BytesIO(jpeg)) as image:
             eighth = (-(-image.height // 8), -(-image.width // 8))
         assert jpeg_strict.decode_small(jpeg).shape[:2] == eighth, "decoded at 1/8 scale"
+        assert jpeg_strict.decode_small(jpeg, grey=True).shape == eighth, "its luma alone at 1/8 scale"
         for _ in range(DAMAGED_PER_PHOTO):
             copy = flip_three_bytes_after_sos(jpeg, rng)
             try:
@@ -141,14 +142,15 @@ def test_reduced_scale_decode_gives_the_full_size_verdict(damaged):
                 full = None
             except ValueError as error:
                 full = str(error)
-            try:
-                jpeg_strict.decode_small(copy)
-                small = None
-            except ValueError as error:  # a hard error, as it is
-                small = str(error)
-            except jpeg_strict.CorruptData as error:
-                small = str(error)
-            assert small == full
+            for grey in (False, True):  # the luma alone entropy-decodes the chroma all the same
+                try:
+                    jpeg_strict.decode_small(copy, grey=grey)
+                    small = None
+                except ValueError as error:  # a hard error, as it is
+                    small = str(error)
+                except jpeg_strict.CorruptData as error:
+                    small = str(error)
+                assert small == full, f"grey={grey}"
 
 
 def test_a_rotated_photo_is_upright_through_the_strict_path(tmp_path):

@@ -43,6 +43,9 @@ _TURNS = frozenset(range(2, 9))  # the tags exif_transpose acts on (it looks the
 # libjpeg-turbo decodes too (L: grayscale, RGB: YCbCr or RGB, CMYK: CMYK or YCCK).
 _STRICT_FORMATS = frozenset({"JPEG", "MPO"})
 _STRICT_MODES = frozenset({"L", "RGB", "CMYK"})
+# The modes whose grey libjpeg-turbo decodes itself (a grey stream, the Y of YCbCr, or BT.601 of an RGB
+# stream), which is the grey the perceptual hash takes; a CMYK picture's goes through RGB.
+_LUMA_MODES = frozenset({"L", "RGB"})
 
 # Pillow reports problems through exception text only (SyntaxError and OSError cover both corrupt and
 # unsupported files), so the message decides; each pattern below is copied from Pillow's own raises.
@@ -174,7 +177,7 @@ def _strict_jpeg(data: bytes, digest: str, min_side: int, quarantine, header: Im
     if header.mode not in _STRICT_MODES:
         return None
     try:
-        small = jpeg_strict.decode_small(data)
+        small = jpeg_strict.decode_small(data, grey=header.mode in _LUMA_MODES)
     except jpeg_strict.CorruptData as error:
         return quarantine("corrupt_data", f"strict_decode(): {_describe(error)}")
     except ValueError:

@@ -1,7 +1,8 @@
 """A 64-bit perceptual hash (DCT pHash) of a decoded picture: near-identical pictures get hashes a few bits apart.
 
-Made from the picture the validator already decoded (a JPEG's 1/8-scale strict decode, any other
-format's full decode), never another decode. The bits: the picture in grey (ITU-R BT.601 luma),
+Made from the picture the validator already decoded (a JPEG's 1/8-scale strict decode, of its luma
+alone where libjpeg-turbo decodes that: see image_checks; any other format's full decode), never
+another decode. The bits: the picture in grey (ITU-R BT.601 luma),
 resampled to 32x32 with a triangle filter as wide as the reduction (antialiased), then the 8x8 lowest
 frequencies of its 2-D DCT without the constant term (it only says how bright the picture is), each
 1 where its coefficient is above their median. Brightness and contrast, re-encoding, resizing and a

@@ -53,7 +53,8 @@ MANIFEST_FORMAT = "zero-validated/1"
 # 5: verdicts are proven to be of the file the index listed (earlier ones may have been reached on another).
 # 6: an accepted image's verdict carries its perceptual hash (the accepted table's phash).
 # 7: the perceptual hash is one resample-and-DCT matrix product per side (perceptual_hash), not Pillow's resize.
-VALIDATOR_VERSION = "validate-7"
+# 8: a JPEG's perceptual hash is of the luma libjpeg-turbo decodes at 1/8 scale, not of its RGB decode.
+VALIDATOR_VERSION = "validate-8"
 PHASES = ("all", "map", "reduce")
 
 
