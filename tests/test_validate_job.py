@@ -98,6 +98,21 @@ def test_bad_label_is_rejected_with_its_reason(case):
     assert row["detail"]
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16"])
+def test_an_integer_of_thousands_of_digits_is_a_bad_number_not_an_unreadable_file(encoding):
+    # Python's int() refuses 6,000 digits; the file is still valid JSON, so only that box is rejected.
+    # (A UTF-8 file without such a run of digits is parsed by json's C scanner alone: both paths.)
+    box = '{"id": 1, "image_id": 1, "category_id": 1, "bbox": [%s, 1, 5, 5]}'
+    for digits, kept in [(6000, False), (101, False), (100, True)]:
+        text = '{"categories": [{"id": 1, "name": "part"}], "images": [{"id": 1, "file_name": "a.jpg"}], '
+        text += f'"annotations": [{box % ("9" * digits)}]}}'
+        parsed = parse_annotations("cam", text.encode(encoding), "cam/annotations.json")
+        value = parsed.annotations_for("a.jpg")[0]["bbox"][0]
+        assert (value == int("9" * digits)) if kept else (isinstance(value, HugeInteger) and value.digits == digits)
+        checked = check_labels("cam/a.jpg", parsed.annotations_for("a.jpg"), parsed.categories, 1, 64, 64)
+        assert [row["reason"] for row in checked.rejected] == ["bad_number" if not kept else "outside_image"]
+
+
 def test_malformed_coco_entries_are_rejected_one_by_one_naming_the_field():
     document = {
         "categories": [{"id": 1, "name": "part"}, {"name": "no id"}, "not an object"],

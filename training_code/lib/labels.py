@@ -57,6 +57,8 @@ def box_to_upright(
 ) -> list[float]:
     """Map a stored-frame `x1, y1, x2, y2` box to the upright frame (corners mapped, then re-sorted)."""
     x1, y1, x2, y2 = box
+    if orientation == 1:  # nearly every photo: the box is upright already
+        return [x1, y1, x2, y2]
     ax, ay = point_to_upright(x1, y1, orientation, stored_width, stored_height)
     bx, by = point_to_upright(x2, y2, orientation, stored_width, stored_height)
     return [min(ax, bx), min(ay, by), max(ax, bx), max(ay, by)]
@@ -127,7 +129,7 @@ def _judge_box(
         type(category_id) is int
         and type(bbox) is list
         and len(bbox) == 4
-        and all(type(v) in _PLAIN_NUMBERS for v in bbox)
+        and _PLAIN_NUMBERS.issuperset(map(type, bbox))
     )
     if not plain:
         if isinstance(bbox, (list, tuple)) and any(isinstance(v, HugeInteger) for v in bbox):
@@ -139,7 +141,7 @@ def _judge_box(
                 f"got category_id={short(category_id)}, bbox={short(bbox)}",
             )
     try:
-        x, y, w, h = (float(v) for v in bbox)
+        x, y, w, h = map(float, bbox)
     except OverflowError:  # a 400-digit integer is valid JSON, but no float holds it
         return Rejection("bad_number", f"bbox {short(bbox)} holds an integer too large for a float")
     if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(w) and math.isfinite(h)):
@@ -158,7 +160,15 @@ def _judge_box(
             "outside_image",
             f"box {x1:g},{y1:g},{x2:g},{y2:g} runs more than {tol:g} px outside the stored image {width}x{height}",
         )
-    clipped = (min(max(x1, 0.0), width), min(max(y1, 0.0), height), min(max(x2, 0.0), width), min(max(y2, 0.0), height))
+    if x1 >= 0 and y1 >= 0 and x2 <= width and y2 <= height:
+        clipped = (x1, y1, x2, y2)  # within the image: nothing to clip (most boxes)
+    else:
+        clipped = (
+            min(max(x1, 0.0), width),
+            min(max(y1, 0.0), height),
+            min(max(x2, 0.0), width),
+            min(max(y2, 0.0), height),
+        )
     if clipped[2] <= clipped[0] or clipped[3] <= clipped[1]:
         return Rejection("degenerate", f"bbox {short(bbox)} has no area left inside the {width}x{height} image")
     return clipped

@@ -29,16 +29,37 @@ NEVER_REUSED = frozenset({"unreadable", "unsafe_key", "outside_root"})
 # holds any is never a cache hit either (validation_pass.retry_next_time), so the next run of its
 # source decodes exactly these again.
 RETRIED_REASONS = frozenset({"unreadable"})
+# The VERDICTS columns an ImageVerdict holds, in the table's order.
+_VERDICT_FIELDS = (
+    "sha256",
+    "size",
+    "reason",
+    "stage",
+    "error",
+    "format",
+    "mode",
+    "width",
+    "height",
+    "orientation",
+    "phash",
+)
 
 
 def verdict_frame(index: pd.DataFrame, verdicts: dict[str, ImageVerdict]) -> pd.DataFrame:
     """One VERDICTS row per index row, in index order."""
-    rows = []
-    for key, etag, listed_size in zip(index["key"], index["etag"], index["size"]):
-        fields = dict(vars(verdicts[key]))  # the fields are plain values: asdict's deep copy cost 14 us a row
-        fields.update(sha256=fields["sha256"] or "", reason=fields["reason"] or "", phash=fields["phash"] or 0)
-        rows.append({"key": key, "etag": etag, "listed_size": int(listed_size), **fields})
-    frame = pd.DataFrame(rows, columns=list(VERDICTS.columns))
+    keys = index["key"].tolist()
+    rows = [verdicts[key] for key in keys]
+    # Column by column from the verdicts' attributes: a dict a row cost 6 us of 10,000 rows' 60 ms.
+    columns = {name: [getattr(verdict, name) for verdict in rows] for name in _VERDICT_FIELDS}
+    columns.update(
+        sha256=[value or "" for value in columns["sha256"]],
+        reason=[value or "" for value in columns["reason"]],
+        phash=[value or 0 for value in columns["phash"]],
+    )
+    frame = pd.DataFrame(
+        {"key": keys, "etag": index["etag"].tolist(), "listed_size": index["size"].astype("int64").tolist(), **columns},
+        columns=list(VERDICTS.columns),
+    )
     if not rows:  # a host given no image of a small source: empty, with the schema's column types
         frame = frame.astype(
             {name: str(column.dtype) for name, column in VERDICTS.columns.items() if column.dtype is not None}
@@ -69,20 +90,37 @@ def load_reusable(
 
 def read_verdicts(path: str | os.PathLike) -> dict[tuple[str, str, int], ImageVerdict]:
     """(key, etag, listed_size) -> verdict from a VERDICTS table (a run's, or one host's part of a map stage)."""
+    table = read_table(path, VERDICTS)
+    columns = [table[name].tolist() for name in ("key", "etag", "listed_size", *_VERDICT_FIELDS)]
     verdicts = {}
-    for row in read_table(path, VERDICTS).itertuples(index=False):
-        verdicts[(row.key, row.etag, int(row.listed_size))] = ImageVerdict(
-            sha256=row.sha256 or None,
-            size=int(row.size),
-            reason=row.reason or None,
-            stage=row.stage,
-            error=row.error,
-            format=row.format,
-            mode=row.mode,
-            width=int(row.width),
-            height=int(row.height),
-            orientation=int(row.orientation),
-            phash=None if row.reason else int(row.phash),
+    for (
+        key,
+        etag,
+        listed_size,
+        sha256,
+        size,
+        reason,
+        stage,
+        error,
+        image_format,
+        mode,
+        width,
+        height,
+        orientation,
+        phash,
+    ) in zip(*columns):
+        verdicts[(key, etag, listed_size)] = ImageVerdict(
+            sha256=sha256 or None,
+            size=size,
+            reason=reason or None,
+            stage=stage,
+            error=error,
+            format=image_format,
+            mode=mode,
+            width=width,
+            height=height,
+            orientation=orientation,
+            phash=None if reason else phash,
         )
     return verdicts
 
@@ -92,7 +130,7 @@ def split_reused(
 ) -> tuple[dict[str, ImageVerdict], list[str]]:
     """The verdicts reused for this index, and the keys that must be decoded (new or changed)."""
     reused, to_decode = {}, []
-    for key, etag, listed_size in zip(index["key"], index["etag"], index["size"]):
+    for key, etag, listed_size in zip(index["key"].tolist(), index["etag"].tolist(), index["size"].tolist()):
         verdict = reusable.get((key, etag, int(listed_size)))
         if verdict is None:
             to_decode.append(key)
