@@ -24,6 +24,7 @@ from . import job_env
 from .coco import ANNOTATIONS_FILE
 from .contact_sheet import SHEET_FILE, Thumbnail, contact_sheet_png
 from .hashing import sha256_bytes
+from .heap_freeze import heap_frozen
 from .image_checks import ImageVerdict, check_image_file
 from .image_decoding import decode_workers, refuse_unsafe_keys, start_decoders
 from .indexed_raw import ListedRoot, read_listed_root
@@ -143,6 +144,7 @@ def check_quarantine_rate(counts: dict[str, Any], max_rate: float, out: Path) ->
         raise SystemExit(message)
 
 
+@heap_frozen()
 def validate(
     args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file
 ) -> tuple[dict[str, Any], bytes, dict[str, int], list[Thumbnail]]:
