@@ -35,7 +35,7 @@ def test_nulls_only_where_the_column_allows_them():
 
 def test_the_column_checks_still_run(tmp_path):
     assert failures(frame(key="", reason="no_such_reason")) == [
-        ("key", "str_length(1, None)"),
+        ("key", "a key is never empty"),
         (
             "reason",
             "isin(['empty', 'unidentified', 'truncated', 'checksum', 'bomb', 'timeout', 'crash', "

@@ -54,7 +54,8 @@ SPLITS = ("train", "val")
 # What an accepted image's labels are (training_code/lib/label_policy.py): only the first two train.
 ANNOTATION_STATES = tuple(STATE_MEANINGS)
 
-_key = pa.Column(str, pa.Check.str_length(min_value=1))
+# ne, a vectorised compare; str_length(min_value=1) called Python a value (6 ms of 10,000 keys, each check)
+_key = pa.Column(str, pa.Check.ne("", error="a key is never empty"))
 _sha = pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{64}$"))
 
 RAW_INDEX = pa.DataFrameSchema(
