@@ -53,6 +53,16 @@ def test_small_items_go_out_in_batches_with_one_result_each(tmp_path):
     assert batches < len(items) / 10, f"{batches} batches for {len(items)} quick items"
 
 
+def test_a_worker_has_its_next_batch_before_its_results_reach_the_caller(tmp_path):
+    # Whatever the caller does with a result (the validation pass records each verdict), the worker that
+    # sent it is already on its next batch: one worker, one item a batch, so each hand-out is counted.
+    items = [f"item{n}" for n in range(5)]
+    record = partial(record_and_misbehave, calls=str(tmp_path / "calls"))
+    with IsolatedPool(record, workers=1, timeout_s=5, max_batch=1) as pool:
+        handed_out = [pool.batches for _ in pool.imap_unordered(items)]
+    assert handed_out == [2, 3, 4, 5, 5], "the next batch goes out before a result is yielded"
+
+
 def test_a_worker_that_cannot_start_is_raised_in_the_callers_thread():
     # Entering returns while the workers start, from a thread (the caller's work meanwhile is not held
     # up by the forkserver's imports); what stops a start (here: a function that cannot be pickled for

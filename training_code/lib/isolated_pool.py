@@ -172,9 +172,11 @@ class IsolatedPool:
                     worker = self._replace(worker, batch)
                     returned = {position for position, _ in outcomes}  # the rest of the batch goes round again
                     todo.extendleft(reversed([item for n, item in enumerate(batch) if n not in returned]))
-                yield from ((batch[position], result) for position, result in outcomes)
+                # The worker's next batch first, then this one's results: whatever the caller does with
+                # them, the worker is not left waiting for it.
                 if assigned := self._assign_next(worker, todo):
                     busy.append(assigned)
+                yield from ((batch[position], result) for position, result in outcomes)
         assert not todo
 
     def _wait_s(self, busy: list[Worker]) -> float:
