@@ -213,17 +213,18 @@ def test_a_job_reaching_the_plans_end_checkpoints_and_the_next_materialization_r
 ):
     fake = plan_aws.fake
     margin = 8
-    # Active now, ending in 19 s: the job may run 19 - 8 = 11 s, the plan's instances go back 8 s later.
-    arn = fake.add_training_plan(PLAN, instance_type=INSTANCE, instance_count=1, starts_in_s=-1, lasts_s=20)
+    # Active now, ending in 29 s: the job may run 29 - 8 = 21 s, the plan's instances go back 8 s later.
+    # (With 11 s, on a host loaded by the rest of the suite the trainer's imports alone could outlast it.)
+    arn = fake.add_training_plan(PLAN, instance_type=INSTANCE, instance_count=1, starts_in_s=-1, lasts_s=30)
     settings, jobs = runner(plan_aws, tmp_path, arn, margin_s=margin)
-    steps = 150  # 15 s of steps: more than the plan has left
+    steps = 300  # 30 s of steps: more than the plan has left
     first = train(instance, settings, jobs, max_steps=steps)
 
     assert not first.success
     [stopped] = created(fake)
     job = fake.jobs[stopped]
     assert job["status"] == "Stopped" and job["secondary"] == "MaxRuntimeExceeded", (job["status"], job["failure"])
-    assert job["params"]["StoppingCondition"]["MaxRuntimeInSeconds"] <= 19 - margin
+    assert job["params"]["StoppingCondition"]["MaxRuntimeInSeconds"] <= 29 - margin
     message = failure_message(first)
     checkpoints = job["params"]["CheckpointConfig"]["S3Uri"]
     assert f"at the end of its time on training plan {PLAN}" in message, message
