@@ -37,7 +37,7 @@ DEFAULT_ALLOWED_FORMATS = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF", "MPO")
 DEFAULT_MAX_IMAGE_BYTES = 128 << 20
 DEFAULT_MAX_PIXELS = 1_000_000_000
 ORIENTATION_TAG = 0x0112
-T = TypeVar("T")
+_T = TypeVar("_T")
 _ORIENTATIONS = frozenset(range(1, 9))
 _SWAPS_SIDES = frozenset(range(5, 9))  # transpose, rotate 270, transverse, rotate 90
 _TURNS = frozenset(range(2, 9))  # the tags exif_transpose acts on (it looks them up in a dict, so 6.0 acts too)
@@ -129,7 +129,7 @@ def check_image_bytes(
     return _judge(data, digest, allowed_formats, min_side, max_pixels)
 
 
-def _bomb_warning_is_an_error(function: Callable[..., T]) -> Callable[..., T]:
+def _bomb_warning_is_an_error(function: Callable[..., _T]) -> Callable[..., _T]:
     """Run `function` with Pillow's DecompressionBombWarning (a picture past MAX_IMAGE_PIXELS, short of
     twice that) raised as an error, so such a file is quarantined `bomb`, never decoded. For the steps
     where Pillow checks that limit: its passes and the plugins `_diagnose_unidentified` reruns. The
@@ -137,7 +137,7 @@ def _bomb_warning_is_an_error(function: Callable[..., T]) -> Callable[..., T]:
     skips this: setting the filter up and back costs ~10 us, about 3% of a small JPEG's verdict."""
 
     @wraps(function)
-    def with_bomb_errors(*args: Any, **kwargs: Any) -> T:
+    def with_bomb_errors(*args: Any, **kwargs: Any) -> _T:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             return function(*args, **kwargs)
