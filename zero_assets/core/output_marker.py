@@ -38,7 +38,7 @@ class OutputNotComplete(ValueError):
 
 
 def is_temporary(key: str) -> bool:
-    """Names an atomic writer uses before its rename (`.name.XXXX.tmp`, `.tmp-name`), and hidden files:
+    """Names an atomic writer uses before its rename (`.name.<random>.tmp`, `.tmp-name`), and hidden files:
     never outputs."""
     return any(part.startswith(".") for part in PurePosixPath(key).parts) or key.endswith((".tmp", ".partial"))
 
