@@ -33,7 +33,10 @@ from .pool_worker import Worker, main_module_imports, names_main
 
 log = logging.getLogger("zero.pool")
 
-BATCH_S = 0.02  # the work a batch aims at: long enough that a message is cheap next to it, short enough to balance
+# The work a batch aims at: long enough that a message is cheap next to it, short enough to balance.
+# 0.1 s, not 0.02: on 20,000 small JPEGs (2 workers) a fifth of the round trips cut the pass's CPU and
+# wall time by 1-2% (interleaved runs); a lost worker's batch, decoded again, is still a tenth of a second.
+BATCH_S = 0.1
 MAX_BATCH = 256
 MAX_UNEXPLAINED_LOSSES = 8
 BETWEEN_ITEMS_S = 30.0  # see IsolatedPool._limit_s
