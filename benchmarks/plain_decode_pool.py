@@ -49,6 +49,11 @@ def main(folder: str, workers: int) -> None:
     paths = sorted(str(path) for path in Path(folder).rglob("*.jpg"))
     with multiprocessing.Pool(workers) as pool:
         verdicts = pool.map(strict_check, paths)
+        # Let the workers finish on their own before the with block's terminate(): that SIGTERMs them, and
+        # a worker started with SIGTERM ignored (inherited, as in one `make bench` of 2026-12-04) that
+        # missed its stop sentinel (terminate drains the task queue) then kept the script waiting for ever.
+        pool.close()
+        pool.join()
     print(json.dumps({"files": len(paths), "ok": sum(verdicts)}))
 
 
