@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.report import BenchResult
 from benchmarks.scene_shards import write_scene_shards
+from benchmarks.scripts import REPO, run_script
 from training_code.train import get_args_parser
 
-REPO = Path(__file__).resolve().parents[1]
 PROCESSES = 2
 STEPS = 100
 
@@ -51,9 +50,7 @@ def run() -> list[BenchResult]:
             "--checkpoint-every",
             str(STEPS),
         ]
-        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-        if result.returncode != 0:
-            raise RuntimeError(f"training for the data_wait benchmark failed:\n{result.stderr[-3000:]}")
+        run_script(command, "training for the data_wait benchmark", env=env, timeout=900)
         summary = json.loads((root / "model" / "training_summary.json").read_text())
     return [
         BenchResult(

@@ -21,7 +21,6 @@ import io
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +29,7 @@ from urllib.parse import quote_plus
 from tests.local_s3 import LocalS3Server
 
 from .report import BenchResult
+from .scripts import run_script
 
 BUCKET, INVENTORY = "zero-bench-index", "zero-bench-inventory"
 LARGE, SMALL, ANNOTATED = 2_000_000, 20_000, 200_000
@@ -135,12 +135,8 @@ def _lake(client, lake: str, source: str, images: int, annotated: bool) -> str:
 
 def _index_in_child(env: dict[str, str], lake: str, source: str, manifest_uri: str, out: Path) -> dict:
     command = [sys.executable, "-c", CHILD, f"s3://{BUCKET}/{lake}", source, str(out), manifest_uri]
-    result = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1]
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"indexing {lake}/{source} failed: {result.stderr[-2000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    stdout = run_script(command, f"indexing {lake}/{source}", env=env, timeout=600)
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def run() -> list[BenchResult]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,11 +24,11 @@ from training_code.lib.shard_format import MANIFEST
 from training_code.shard import build_shards
 
 from .report import BenchResult
+from .scripts import run_script
 from .shard_inputs import validated_folder
 from .small_images import small_source
 
 IMAGES, WORKERS, RUNS, SOURCE = 20_000, 2, 3, "cam"
-REPO = Path(__file__).resolve().parents[1]
 
 
 def run() -> list[BenchResult]:
@@ -42,10 +41,7 @@ def run() -> list[BenchResult]:
         plain = [sys.executable, "-m", "benchmarks.plain_ipc_stream", str(selection), str(raw), str(work / "plain")]
 
         def baseline() -> float:
-            result = subprocess.run(plain, cwd=REPO, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise RuntimeError(f"the plain stream failed ({result.returncode}):\n{result.stderr[-3000:]}")
-            report = json.loads(result.stdout)
+            report = json.loads(run_script(plain, "the plain stream"))
             if report["rows"] != IMAGES:
                 raise RuntimeError(f"the plain stream wrote {report['rows']} rows, not {IMAGES}")
             return report["seconds"]

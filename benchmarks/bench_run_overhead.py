@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,10 +30,10 @@ from zero_assets.defs.executor import step_worker_preload
 from zero_assets.defs.partitions import RAW_SOURCES
 
 from .report import BenchResult
+from .scripts import REPO, run_script
 from .small_images import small_source
 
 IMAGES, SOURCE = 20_000, "cam"
-REPO = Path(__file__).resolve().parents[1]
 SELECTION = "raw_image_index,validated_images"
 
 
@@ -72,10 +71,8 @@ def source_run(raw: Path, work: Path, name: str, start_method: dict | None) -> d
             forced = {"execution": {"config": {"multiprocess": {"start_method": start_method(instance)}}}}
             command += ["--config-json", json.dumps(forced)]
         started = time.perf_counter()
-        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+        run_script(command, f"the source run ({name})", env=env)
         cli_s = time.perf_counter() - started
-        if result.returncode != 0:
-            raise RuntimeError(f"the source run ({name}) failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
         (record,) = instance.get_run_records()
         run_s = record.end_time - record.start_time
         validated = instance.get_latest_materialization_event(AssetKey("validated_images")).asset_materialization

@@ -13,7 +13,6 @@ afterwards: the `lake_over_selected` figure is what that ratio would have been, 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,10 +28,10 @@ from zero_assets.core.fingerprints import UpstreamOutput
 from zero_assets.defs.assets.training_set import write_selection
 
 from .report import BenchResult
+from .scripts import run_script
 from .small_images import add_small_images, small_pictures
 
 SOURCES, IMAGES_PER_SOURCE, SHARE, WORKERS = 10, 1_000, 0.1, 2
-REPO = Path(__file__).resolve().parents[1]
 
 
 def validated_source(raw: Path, source: str, work: Path) -> UpstreamOutput:
@@ -41,9 +40,7 @@ def validated_source(raw: Path, source: str, work: Path) -> UpstreamOutput:
     out = work / f"validated-{source}"
     job = [sys.executable, "-m", "training_code.validate", "--index", str(work / f"index-{source}")]
     job += ["--raw", str(raw), "--out", str(out), "--workers", str(WORKERS)]
-    result = subprocess.run(job, cwd=REPO, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"validation of {source} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    run_script(job, f"validation of {source}")
     return UpstreamOutput("validated_images", str(out), f"bench-{source}", source)
 
 

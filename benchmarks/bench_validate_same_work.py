@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,19 +24,16 @@ from pathlib import Path
 from training_code.lib.raw_index import write_source_index
 
 from .report import BenchResult
+from .scripts import run_script
 from .small_images import small_source
 
 IMAGES, WORKERS, RUNS, SOURCE = 20_000, 2, 2, "cam"
-REPO = Path(__file__).resolve().parents[1]
 
 
 def timed(command: list[str]) -> tuple[float, str]:
     started = time.perf_counter()
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    elapsed = time.perf_counter() - started
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
-    return elapsed, result.stdout
+    stdout = run_script(command, " ".join(command))
+    return time.perf_counter() - started, stdout
 
 
 def run() -> list[BenchResult]:
