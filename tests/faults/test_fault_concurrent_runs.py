@@ -57,14 +57,17 @@ def test_two_runs_with_the_same_inputs_launch_one_job_and_both_succeed(tmp_path,
     lab = make_lab(tmp_path, tiny_raw_root)
     assert lab.run("raw_image_index")["success"]
 
-    first = lab.start("validated_images")
-    wait_for(lambda: lease_files(lab), what="the first run taking the lease")
-    os.kill(first.pid, signal.SIGSTOP)  # hold the first run inside its lease until the second is seen waiting
+    # The first run builds the output and stays inside its lease, the marker unwritten, until released: alive,
+    # renewing the lease. A run frozen with SIGSTOP instead could be frozen holding the instance's database lock
+    # (the second run then never reached the lease) or let its heartbeat go stale (the second took it over).
+    first = lab.start("validated_images", "--hold-before-marker")
     try:
+        wait_for(lambda: (lab.state / "held-before-marker").is_file(), what="the first run holding the lease")
+        assert lease_files(lab), "the first run holds the output's lease"
         second = Tail(lab.start("validated_images"))
         wait_for(lambda: "waiting for it" in second.text, what="the second run waiting on the lease")
     finally:
-        os.kill(first.pid, signal.SIGCONT)
+        (lab.state / "release").touch()
     one, two = finish(first), second.result()
 
     assert one["success"] and two["success"], (one["log"][-2000:], two["log"][-2000:])
