@@ -10,15 +10,14 @@ launch to size the job and write its read list, and the job checks it needs no i
 
 from __future__ import annotations
 
-import io
 import json
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .indexed_raw import INDEX_MANIFEST
+from .parquet_bytes import read_parquet_bytes
 from .read_list import SCHEMA as ROWS
 from .read_list import ReadList, read_list_of
 from .storage import join, key_problem, read_bytes
@@ -34,7 +33,7 @@ def images_to_decode(index_uri: str, previous_uri: str | None, decode_settings: 
     manifest = json.loads(read_bytes(join(index_uri, INDEX_MANIFEST)))
     if "raw_uri" not in manifest:
         raise ValueError(f"{join(index_uri, INDEX_MANIFEST)} names no raw_uri; rematerialize raw_image_index")
-    index = pq.read_table(io.BytesIO(read_bytes(join(index_uri, INDEX_TABLE))), columns=list(ROWS.names)).cast(ROWS)
+    index = read_parquet_bytes(read_bytes(join(index_uri, INDEX_TABLE)), ROWS.names).cast(ROWS)
     reusable = _reusable_verdicts(previous_uri, decode_settings)
     if reusable is not None:
         index = index.join(reusable, keys=["key", "etag", "size"], join_type="left anti")
@@ -53,8 +52,8 @@ def _reusable_verdicts(previous_uri: str | None, decode_settings: dict[str, Any]
         return None  # an unfinished run: every image is decoded, as the job decides too
     if previous.get("decode_settings") != decode_settings:
         return None
-    verdicts = pq.read_table(
-        io.BytesIO(read_bytes(join(previous_uri, VERDICTS_FILE))), columns=["key", "etag", "listed_size", "reason"]
+    verdicts = read_parquet_bytes(
+        read_bytes(join(previous_uri, VERDICTS_FILE)), ["key", "etag", "listed_size", "reason"]
     )
     kept = verdicts.filter(pc.invert(pc.is_in(pc.fill_null(verdicts.column("reason"), ""), pa.array(NEVER_REUSED))))
     return (

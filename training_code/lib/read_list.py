@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .hashing import sha256_bytes
+from .parquet_bytes import read_parquet_bytes
 from .storage import join, read_bytes, write_bytes_atomic
 
 FORMAT = "zero-reads/1"
@@ -124,7 +125,7 @@ def read_read_list(folder: str | Path) -> ReadList:
     expected = manifest["files"][TABLE]
     if len(table_bytes) != expected["bytes"] or sha256_bytes(table_bytes) != expected["sha256"]:
         raise ValueError(f"{join(folder, TABLE)} is not the table {manifest_uri} lists; materialize the asset again")
-    table = pq.read_table(io.BytesIO(table_bytes)).cast(SCHEMA)
+    table = read_parquet_bytes(table_bytes).cast(SCHEMA)
     return ReadList(str(manifest["raw_uri"]), table, int(manifest["max_object_bytes"]), manifest.get("basis") or {})
 
 

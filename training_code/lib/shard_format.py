@@ -27,11 +27,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from PIL import Image, ImageOps
 
 from . import relative_paths, shard_hf
 from .hashing import sha256_file
+from .parquet_bytes import read_parquet_bytes
 from .storage import join
 from .verified_read import read_verified
 
@@ -133,7 +133,7 @@ def masked_keys(folder: str | Path, manifest: dict[str, Any]) -> dict[str, froze
     `masked.parquet`, checked against the manifest's sha256. A set that names no such file masks none."""
     if MASKED not in manifest.get("files", {}):
         return {}
-    table = pq.read_table(io.BytesIO(read_verified(join(folder, MASKED))))  # a local folder or an s3:// one
+    table = read_parquet_bytes(read_verified(join(folder, MASKED)))  # a local folder or an s3:// one
     by_path: dict[str, set[str]] = {}
     for path, key in zip(table.column("path").to_pylist(), table.column("key").to_pylist()):
         by_path.setdefault(path, set()).add(key)

@@ -14,7 +14,6 @@ Imports `datasets` and fsspec only when called: reading a shard never does.
 
 from __future__ import annotations
 
-import io
 import json
 from typing import Any
 
@@ -54,9 +53,9 @@ def masked_keys(url: str, manifest: dict[str, Any], storage_options: dict[str, A
     """Shard path (as the manifest lists it) -> the keys of its rows the manifest masks."""
     if MASKED not in manifest.get("files", {}):
         return {}
-    import pyarrow.parquet as pq
+    from .parquet_bytes import read_parquet_bytes
 
-    table = pq.read_table(io.BytesIO(_read(join(url, MASKED), storage_options)))
+    table = read_parquet_bytes(_read(join(url, MASKED), storage_options))
     by_path: dict[str, set[str]] = {}
     for path, key in zip(table.column("path").to_pylist(), table.column("key").to_pylist()):
         by_path.setdefault(path, set()).add(key)

@@ -10,16 +10,15 @@ gathers the listings the map hosts wrote (`part-<host>.json`: their shards' entr
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from . import training_set as ts
+from .parquet_bytes import read_parquet_bytes
 from .read_list import ReadList, read_list_of
 from .shard_format import FORMAT, MANIFEST, ROWS, ROWS_SCHEMA, masked_keys
 from .shard_plan import Compaction, PreviousSet, ShardPlan, plan_shards, rows_table
@@ -39,7 +38,7 @@ def read_previous(folder: Path, name: str | None) -> PreviousSet:
         raise ValueError(f"--previous {folder} needs --previous-name, the folder's name beside --out's")
     if manifest.get("format") != FORMAT:
         return PreviousSet(manifest, rows_table([]), frozenset(), name)
-    rows = pq.read_table(io.BytesIO(read_verified(join(folder, ROWS)))).cast(ROWS_SCHEMA)
+    rows = read_parquet_bytes(read_verified(join(folder, ROWS))).cast(ROWS_SCHEMA)
     masked = frozenset((path, key) for path, keys in masked_keys(folder, manifest).items() for key in keys)
     return PreviousSet(manifest, rows, masked, name)
 

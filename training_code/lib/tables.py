@@ -197,7 +197,7 @@ def write_table(frame: pd.DataFrame, schema: pa.DataFrameSchema, uri: str | os.P
 def read_table(uri: str | os.PathLike, schema: pa.DataFrameSchema) -> pd.DataFrame:
     """Read the Parquet table at `uri` (local path or s3:// URI) whole, check its bytes against its
     folder's manifest (`FileIntegrityError` when they differ) and its rows against `schema`."""
-    frame = pd.read_parquet(io.BytesIO(read_verified(uri)))
+    frame = pd.read_parquet(io.BytesIO(read_verified(uri)), pre_buffer=False)  # why not pre-buffered: parquet_bytes
     return as_checked(schema).validate(frame, lazy=True)
 
 

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .hashing import sha256_bytes, sha256_json
+from .parquet_bytes import read_parquet_bytes
 from .storage import join, read_bytes, write_bytes_atomic
 from .verified_read import read_verified
 
@@ -113,7 +114,7 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
 def read_selection(folder: str | os.PathLike) -> tuple[dict[str, Any], pa.Table]:
     """The manifest and the selected rows, the table checked against the manifest's sha256."""
     manifest = read_manifest(folder)
-    table = pq.read_table(io.BytesIO(read_verified(join(folder, SELECTION))))
+    table = read_parquet_bytes(read_verified(join(folder, SELECTION)))
     if not table.schema.equals(SELECTION_SCHEMA):
         raise ValueError(
             f"{join(folder, SELECTION)}: columns {table.schema.names} are not the selection's "
@@ -124,4 +125,4 @@ def read_selection(folder: str | os.PathLike) -> tuple[dict[str, Any], pa.Table]
 
 def read_excluded(folder: str | os.PathLike) -> pa.Table:
     """The excluded (source, key, reason) rows, checked against the manifest's sha256."""
-    return pq.read_table(io.BytesIO(read_verified(join(folder, EXCLUDED))))
+    return read_parquet_bytes(read_verified(join(folder, EXCLUDED)))

@@ -14,17 +14,16 @@ FSx answers like a local one.
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import pandas as pd
-import pyarrow.parquet as pq
 from dagster import DagsterInstance
 
 from training_code.lib import training_set as ts
+from training_code.lib.parquet_bytes import read_parquet_bytes
 from training_code.lib.raw_index import INDEX_FILE
 from training_code.lib.shard_format import MANIFEST, MASKED, ROWS
 from training_code.lib.storage import join, read_bytes
@@ -156,7 +155,7 @@ def _json(uri: str) -> dict[str, Any]:
 @lru_cache(maxsize=64)
 def _table(uri: str, columns: tuple[str, ...]) -> pd.DataFrame:
     """Some columns of a Parquet table its folder's manifest vouches for, local or on S3."""
-    return pq.read_table(io.BytesIO(read_verified(uri)), columns=list(columns)).to_pandas()
+    return read_parquet_bytes(read_verified(uri), columns).to_pandas()
 
 
 @lru_cache(maxsize=32)
@@ -268,7 +267,7 @@ def _held_in(shards_uri: str, key: str) -> list[dict[str, Any]]:
 
 def _verdict(validated_uri: str, key: str) -> dict[str, Any]:
     def rows(table: str) -> pd.DataFrame:
-        frame = pq.read_table(io.BytesIO(read_bytes(join(validated_uri, table)))).to_pandas()
+        frame = read_parquet_bytes(read_bytes(join(validated_uri, table))).to_pandas()
         return frame[frame["key"] == key]
 
     if not (accepted := rows("accepted.parquet")).empty:

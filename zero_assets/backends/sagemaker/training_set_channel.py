@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from training_code.lib import relative_paths
 from training_code.lib.hashing import sha256_bytes
+from training_code.lib.parquet_bytes import read_parquet_bytes
 from training_code.lib.shard_format import FORMAT, MANIFEST, MASKED
 from training_code.lib.storage import join, read_bytes, write_bytes_atomic
 from training_code.lib.verified_read import read_verified
@@ -77,7 +78,7 @@ def write_channel_training_set(
     moved = {shard.entry["path"]: f"../../{shard.key}" for shard in shards}
     files: dict[str, dict[str, Any]] = {}
     if MASKED in manifest.get("files", {}):
-        masked = pq.read_table(io.BytesIO(read_verified(join(shards_uri, MASKED))))
+        masked = read_parquet_bytes(read_verified(join(shards_uri, MASKED)))
         paths = [moved[path] for path in masked.column("path").to_pylist()]  # as the rewritten manifest lists them
         data = _parquet(masked.set_column(masked.schema.get_field_index("path"), "path", pa.array(paths, pa.string())))
         write_bytes_atomic(join(channel.uri, MASKED), data)

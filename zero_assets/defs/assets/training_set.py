@@ -9,13 +9,11 @@ see training_code/lib/training_set). Its data version is a hash of what it wrote
 has an equal version and arrow_shards stays as it is.
 """
 
-import io
 import json
 from typing import Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from dagster import (
     AssetExecutionContext,
     Config,
@@ -33,6 +31,7 @@ from pydantic import Field
 
 from training_code.lib import training_set as ts
 from training_code.lib.near_duplicate_split import PHASH
+from training_code.lib.parquet_bytes import parquet_file_of_bytes, read_parquet_bytes
 from training_code.lib.selection import ANNOTATION, Selection, SelectionPolicy, select_rows
 from training_code.lib.storage import join
 from training_code.lib.verdict_cache import VERDICTS_FILE
@@ -163,7 +162,7 @@ def accepted_rows(validated: UpstreamOutput) -> pa.Table:
     train on): the accepted table (checked against its manifest) with the etag each image was validated
     at, from the verdicts of the same run."""
     accepted_uri = join(validated.uri, "accepted.parquet")
-    accepted_file = pq.ParquetFile(io.BytesIO(read_verified(accepted_uri)))
+    accepted_file = parquet_file_of_bytes(read_verified(accepted_uri))
     for column, since in ((ANNOTATION, "unannotated images were told from negatives"), (PHASH, "perceptual hashes")):
         if column not in accepted_file.schema_arrow.names:
             raise Failure(
@@ -171,7 +170,7 @@ def accepted_rows(validated: UpstreamOutput) -> pa.Table:
                 f"validated_images for source {validated.partition}"
             )
     accepted = accepted_file.read(columns=[*ACCEPTED_COLUMNS, ANNOTATION, PHASH])
-    verdicts = pq.read_table(io.BytesIO(read_verified(join(validated.uri, VERDICTS_FILE))), columns=["key", "etag"])
+    verdicts = read_parquet_bytes(read_verified(join(validated.uri, VERDICTS_FILE)), ["key", "etag"])
     etags = pc.take(verdicts.column("etag"), pc.index_in(accepted.column("key"), value_set=verdicts.column("key")))
     rows = accepted.append_column("etag", etags)
     if missing := etags.null_count:
