@@ -1,25 +1,34 @@
-"""Parquet read from bytes already in memory (a verified read, an S3 object's body), without Arrow's pre-buffering.
+"""Parquet read from bytes already in memory (a verified read, an S3 object's body), from a copy Arrow owns.
 
-Pre-buffering (`pre_buffer=True`, pyarrow's default) hands the reads to Arrow's I/O threads, whose cache
-keeps a reference to the Python buffer. When an I/O thread drops the last one after the interpreter
-began to exit, taking the GIL ends that thread inside a C++ destructor and the process aborts
-("terminate called without an active exception", exit -6; apache/arrow#34314). `zero-assets lineage`
-did so about once in 13 runs under load, after printing its answer. The bytes are in memory already,
-so there is nothing for a pre-buffer to gain.
+Arrow's threads must never hold the last reference to a Python object. A Python source (`io.BytesIO`, or a
+`pa.py_buffer` over `bytes`) is released by whichever thread drops its last `shared_ptr`: the pre-buffer
+cache of an I/O thread, or the dataset scan `pq.read_table` and `pd.read_parquet` run, whose fragments die
+on a CPU thread after the read returned. Releasing it takes the GIL; once the interpreter has begun to exit
+that ends the thread inside a C++ destructor and the process aborts ("terminate called without an active
+exception", exit -6; apache/arrow#34314). gdb caught both paths in `zero-assets lineage` (about one run in
+13 under load, after printing its answer). The copy costs one memcpy of the file; with it, the reader and
+every thread's reference to it are plain Arrow memory. Pre-buffering is off too: the bytes are in memory.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 
+def arrow_owned_reader(data: bytes) -> pa.BufferReader:
+    """A reader over an Arrow-allocated copy of `data`: safe to hand to Arrow's thread pools."""
+    buffer = pa.allocate_buffer(len(data))
+    pa.FixedSizeBufferWriter(buffer).write(data)
+    return pa.BufferReader(buffer)
+
+
 def read_parquet_bytes(data: bytes, columns: Sequence[str] | None = None) -> pa.Table:
-    return pq.read_table(io.BytesIO(data), columns=None if columns is None else list(columns), pre_buffer=False)
+    columns = None if columns is None else list(columns)
+    return pq.read_table(arrow_owned_reader(data), columns=columns, pre_buffer=False)
 
 
 def parquet_file_of_bytes(data: bytes) -> pq.ParquetFile:
-    return pq.ParquetFile(io.BytesIO(data), pre_buffer=False)
+    return pq.ParquetFile(arrow_owned_reader(data), pre_buffer=False)

@@ -7,13 +7,13 @@ against the sha256 its folder's manifest records for it (`verified_read`) whatev
 
 from __future__ import annotations
 
-import io
 import os
 
 import pandas as pd
 import pandera.pandas as pa
 
 from .label_policy import STATE_MEANINGS
+from .parquet_bytes import arrow_owned_reader
 from .storage import write_bytes_atomic
 from .verified_read import read_verified
 
@@ -197,7 +197,7 @@ def write_table(frame: pd.DataFrame, schema: pa.DataFrameSchema, uri: str | os.P
 def read_table(uri: str | os.PathLike, schema: pa.DataFrameSchema) -> pd.DataFrame:
     """Read the Parquet table at `uri` (local path or s3:// URI) whole, check its bytes against its
     folder's manifest (`FileIntegrityError` when they differ) and its rows against `schema`."""
-    frame = pd.read_parquet(io.BytesIO(read_verified(uri)), pre_buffer=False)  # why not pre-buffered: parquet_bytes
+    frame = pd.read_parquet(arrow_owned_reader(read_verified(uri)), pre_buffer=False)  # why: parquet_bytes
     return as_checked(schema).validate(frame, lazy=True)
 
 
