@@ -11,7 +11,8 @@ watches the run worker) kills every job this process started, their whole trees,
 The environment is built from an allow-list instead of the Dagster process's own: job scripts decode
 untrusted files and must not see the database password or API keys. `run_with_pipes` is the local
 Pipes client: Dagster's subprocess client always passes the whole environment on, so the session is
-opened here with the same temp-file context injector and message reader.
+opened here with the same temp-file context injector, and a temp-file message reader that parses whole
+lines only (`pipes_messages`).
 
 A job's output (stdout and stderr, merged as CloudWatch keeps them) goes through a pipe that a thread
 copies to its `job.log` and to this process's stdout, which Dagster captures as the step's stdout:
@@ -38,10 +39,11 @@ from dagster import (
     DagsterExecutionInterruptedError,
     PipesClientCompletedInvocation,
     PipesTempFileContextInjector,
-    PipesTempFileMessageReader,
     open_pipes_session,
 )
 from dagster._core.errors import DagsterPipesExecutionError  # not exported by dagster
+
+from .pipes_messages import WholeLineMessageReader
 
 log = logging.getLogger("zero.jobs")
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -247,7 +249,7 @@ def run_with_pipes(
     Its output goes to `log` and the step's stdout (see `JobProcess`). A terminated Dagster run stops
     the job (SIGTERM, then SIGKILL); however the job ends, nothing it started outlives it."""
     with open_pipes_session(
-        context=context, context_injector=PipesTempFileContextInjector(), message_reader=PipesTempFileMessageReader()
+        context=context, context_injector=PipesTempFileContextInjector(), message_reader=WholeLineMessageReader()
     ) as session:
         process = start_job_process(command, {**env, **session.get_bootstrap_env_vars()}, cwd, log, prefix)
         try:
