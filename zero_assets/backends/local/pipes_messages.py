@@ -50,7 +50,8 @@ def whole_lines(path: str, finished: Callable[[], bool]) -> Iterator[str]:
 
 class WholeLineMessageReader(PipesMessageReader):
     """Reads a local job's Pipes messages from a temp file (what `PipesTempFileMessageReader` does),
-    parsing each line only once it is whole."""
+    parsing each line only once it is whole. Built on the public `PipesMessageReader` rather than a
+    subclass of `PipesFileMessageReader`, whose reading thread is a private method."""
 
     @contextmanager
     def read_messages(self, handler: PipesMessageHandler) -> Iterator[PipesParams]:
