@@ -3,6 +3,7 @@ and keeps an earlier set's shards by reference: changed rows masked and packed a
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,10 +98,16 @@ def test_shards_roll_over_and_every_shard_opens_with_datasets(tmp_path):
     assert not list(out.rglob(".*.tmp")), "temporary shard files must not be left behind"
 
 
-def test_bytes_changed_after_validation_fail_loudly(tmp_path):
+@pytest.mark.parametrize("change", ["edit", "gone", "fifo"])
+def test_bytes_changed_after_validation_fail_loudly(tmp_path, change):
     raw, selection = _selection(tmp_path, images=3)
     changed = raw / "src/lot_1/img_001.png"
-    changed.write_bytes(changed.read_bytes() + b"tampered")
+    if change == "edit":
+        changed.write_bytes(changed.read_bytes() + b"tampered")
+    else:
+        changed.unlink()
+        if change == "fifo":  # a reader that opened it blocking would wait for a writer that never comes
+            os.mkfifo(changed)
     result = _run_shard_job(raw, selection, tmp_path / "shards", target=1 << 30)
     assert result.returncode != 0
     assert "src/lot_1/img_001.png" in result.stderr and "changed after validation" in result.stderr

@@ -10,20 +10,25 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from PIL import Image, ImageOps
 
 from .hashing import sha256_bytes
 from .labels import upright_size
-from .raw_files import Locator, Refused
+from .raw_files import Locator, Refused, read_regular
 
 ENCODINGS = ("original", "resize")
 
 
 class ChangedAfterValidation(RuntimeError):
     """Raw bytes no longer match the sha256 recorded by validation."""
+
+
+_REDO = (
+    "the raw file changed after validation. "
+    "Re-materialize validated_images of its source, then training_set and arrow_shards."
+)
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,14 @@ def resized_size(width: int, height: int, max_side: int) -> tuple[int, int]:
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
-def read_checked(path: Path, key: str, sha256: str) -> bytes:
-    data = path.read_bytes()
+def read_checked(path: str, key: str, sha256: str) -> bytes:
+    try:
+        data = read_regular(path)
+    except (Refused, OSError) as error:  # gone, or no longer a regular file at the located path
+        why = error.detail if isinstance(error, Refused) else error.strerror or str(error)
+        raise ChangedAfterValidation(f"{key}: cannot be read ({why}); {_REDO}") from None
     if (digest := sha256_bytes(data)) != sha256:
-        raise ChangedAfterValidation(
-            f"{key}: sha256 is {digest} but validation recorded {sha256}; the raw file changed after validation. "
-            "Re-materialize validated_images of its source, then training_set and arrow_shards."
-        )
+        raise ChangedAfterValidation(f"{key}: sha256 is {digest} but validation recorded {sha256}; {_REDO}")
     return data
 
 
@@ -84,7 +90,7 @@ def resize_encode(data: bytes, upright_target: tuple[int, int], orientation: int
 def load_image_bytes(task: tuple[str, str, str, tuple[int, int], int, Encoding]) -> bytes:
     """The `image` column value for one row; runs in a worker (thread or process)."""
     path, key, sha256, upright_target, orientation, encoding = task
-    data = read_checked(Path(path), key, sha256)  # the raw bytes are checked before anything is derived from them
+    data = read_checked(path, key, sha256)  # the raw bytes are checked before anything is derived from them
     if encoding.mode == "original":
         return data
     return resize_encode(data, upright_target, orientation, encoding.jpeg_quality)

@@ -142,6 +142,30 @@ def read_with_stat(path: str | Path, max_bytes: int, listed_etag: str | None = N
         os.close(fd)
 
 
+def read_regular(path: str) -> bytes:
+    """The whole of the located regular file `path`, for a reader that checks the bytes themselves (a
+    sha256 recorded earlier). Not following a final symlink, and not blocking on a FIFO put there since;
+    anything but a regular file is `Refused`. Four system calls, where pathlib's read_bytes makes seven
+    (its buffered reader also asks whether the file is a terminal and where it stands): on small files
+    that was a tenth of packing's time a row."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Refused("unreadable", "not a regular file")
+        # O_NONBLOCK does not apply to a regular file's reads. One byte more than its size: a read that
+        # returns no more than the size reached the end; one that fills it means the file grew.
+        data = os.read(fd, info.st_size + 1)
+        if len(data) <= info.st_size:
+            return data
+        chunks = [data]
+        while block := os.read(fd, READ_CHUNK):
+            chunks.append(block)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _check_listed(info: os.stat_result, listed_etag: str | None, when: str) -> None:
     if listed_etag is not None and local_etag(info) != listed_etag:
         raise RawChanged(f"its mtime-size is {local_etag(info)} {when}, the index listed {listed_etag}")
