@@ -124,20 +124,13 @@ def read_with_stat(path: str | Path, max_bytes: int, listed_etag: str | None = N
         _check_listed(info, listed_etag, "when opened")
         if not stat.S_ISREG(info.st_mode):
             raise Refused("unreadable", "not a regular file")
-        opened = f"/proc/self/fd/{fd}"
-        if os.path.islink(opened) and os.readlink(opened) != str(path):
+        if _opened_path(fd) not in (None, str(path)):
             raise Refused("outside_root", "a folder on its path became a symlink after it was located; not read")
         if info.st_size > max_bytes:
             raise Refused("too_large", f"{info.st_size} bytes, above the limit of {max_bytes}; not read")
-        os.set_blocking(fd, True)
-        chunks, total = [], 0
-        while block := os.read(fd, min(READ_CHUNK, max_bytes + 1 - total)):
-            chunks.append(block)
-            total += len(block)
-            if total > max_bytes:  # it grew after the size check
-                raise Refused("too_large", f"more than {max_bytes} bytes (it grew while being read); not kept")
+        data = _read_regular_fd(fd, info.st_size, max_bytes)
         _check_listed(os.fstat(fd), listed_etag, "while it was read")
-        return b"".join(chunks), info
+        return data, info
     finally:
         os.close(fd)
 
@@ -153,17 +146,37 @@ def read_regular(path: str) -> bytes:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise Refused("unreadable", "not a regular file")
-        # O_NONBLOCK does not apply to a regular file's reads. One byte more than its size: a read that
-        # returns no more than the size reached the end; one that fills it means the file grew.
-        data = os.read(fd, info.st_size + 1)
-        if len(data) <= info.st_size:
-            return data
-        chunks = [data]
-        while block := os.read(fd, READ_CHUNK):
-            chunks.append(block)
-        return b"".join(chunks)
+        return _read_regular_fd(fd, info.st_size)
     finally:
         os.close(fd)
+
+
+def _read_regular_fd(fd: int, size: int, max_bytes: int | None = None) -> bytes:
+    """The rest of the open regular file `fd`, whose fstat gave `size`; past `max_bytes` (it grew after
+    the size check) `Refused` as `too_large`. O_NONBLOCK does not apply to a regular file's reads. The
+    first read asks for one byte more than the size: one that returns no more reached the end, one that
+    fills it means the file grew, and the rest is read in chunks."""
+    limit = size if max_bytes is None else min(size, max_bytes)
+    data = os.read(fd, limit + 1)
+    if len(data) <= limit:
+        return data
+    chunks, total = [data], len(data)
+    while True:
+        if max_bytes is not None and total > max_bytes:
+            raise Refused("too_large", f"more than {max_bytes} bytes (it grew while being read); not kept")
+        block = os.read(fd, READ_CHUNK if max_bytes is None else min(READ_CHUNK, max_bytes + 1 - total))
+        if not block:
+            return b"".join(chunks)
+        chunks.append(block)
+        total += len(block)
+
+
+def _opened_path(fd: int) -> str | None:
+    """The path the kernel has for the open `fd` (None where there is no /proc to ask)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
 
 
 def _check_listed(info: os.stat_result, listed_etag: str | None, when: str) -> None:
