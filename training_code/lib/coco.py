@@ -14,7 +14,6 @@ by the annotations file and naming the entry, and the rest of the file is used.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +31,10 @@ INDEX_FIELDS = frozenset({"images", "annotations", "categories", "id", "file_nam
 SECTIONS = ("images", "annotations", "categories")
 # Integers longer than this are not parsed into Python ints (a 5,000-digit one raises in int()).
 MAX_INT_DIGITS = 100
-_LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (MAX_INT_DIGITS + 1))
+# Every digit as "0", so a run of more than MAX_INT_DIGITS digits is a plain substring search: 3 ms on
+# a 3 MB file where the regex `[0-9]{101}` took 39 ms (it restarts at every digit).
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"0" * 9)
+_LONG_RUN = b"0" * (MAX_INT_DIGITS + 1)
 
 
 class AnnotationError(ValueError):
@@ -136,7 +138,7 @@ def load_document(
     # Python's own int parsing stays in the C scanner, 2.5x faster than a call per integer; it is
     # enough when no run of digits is long enough to be a HugeInteger (in UTF-8, where a run of digits
     # is a run of bytes).
-    long_digits = json.detect_encoding(raw) != "utf-8" or _LONG_DIGITS.search(raw) is not None
+    long_digits = json.detect_encoding(raw) != "utf-8" or _LONG_RUN in raw.translate(_DIGITS_AS_ZERO)
     try:
         document = json.loads(raw, object_hook=hook, parse_int=_parse_int if long_digits else None)
     except RecursionError:
