@@ -47,3 +47,14 @@ def test_a_file_that_grew_after_its_fstat_is_read_to_its_end_or_refused_past_the
             assert _read_regular_fd(fd, 10, max_bytes) == data
     finally:
         os.close(fd)
+
+
+def test_short_reads_are_read_on_to_the_end(tmp_path, monkeypatch):
+    # A read may return fewer bytes than asked without being at the end (Linux caps one at 2 GiB).
+    path = tmp_path / "img.jpg"
+    data = os.urandom(1000)
+    path.write_bytes(data)
+    real_read = os.read
+    monkeypatch.setattr(os, "read", lambda fd, n: real_read(fd, min(n, 300)))
+    assert read_regular(str(path)) == data
+    assert read_limited(path, len(data)) == data

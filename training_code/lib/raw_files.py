@@ -156,11 +156,12 @@ def read_regular(path: str) -> bytes:
 def _read_regular_fd(fd: int, size: int, max_bytes: int | None = None) -> bytes:
     """The rest of the open regular file `fd`, whose fstat gave `size`; past `max_bytes` (it grew after
     the size check) `Refused` as `too_large`. O_NONBLOCK does not apply to a regular file's reads. The
-    first read asks for one byte more than the size: one that returns no more reached the end, one that
-    fills it means the file grew, and the rest is read in chunks."""
+    first read asks for one byte more than the size: one that returns exactly the size reached the end.
+    Anything else (the file grew, or the read came back short: Linux returns at most 2 GiB a read) is
+    read on in chunks until a read returns nothing."""
     limit = size if max_bytes is None else min(size, max_bytes)
     data = os.read(fd, limit + 1)
-    if len(data) <= limit:
+    if len(data) == size <= limit:
         return data
     chunks, total = [data], len(data)
     while True:
