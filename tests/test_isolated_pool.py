@@ -213,3 +213,37 @@ def test_workers_compute_on_one_thread_and_leave_the_parents_setting_alone():
         )
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == ["[1,", "1,", "1,", "1]", str(os.cpu_count())], (case, result.stdout)
+
+
+FORKSERVER_SCRIPT = """
+import os, time
+from multiprocessing import forkserver
+from training_code.lib.isolated_pool import start_forkserver
+start_forkserver(["numpy"])
+server = forkserver._forkserver._forkserver_pid
+deadline = time.monotonic() + 60
+while "openblas" not in open(f"/proc/{server}/maps").read():  # numpy's BLAS not loaded in it yet
+    assert time.monotonic() < deadline, "the forkserver did not load numpy in a minute"
+    time.sleep(0.01)
+time.sleep(0.5)  # OpenBLAS starts its threads as it loads
+print(len(os.listdir(f"/proc/{server}/task")), os.environ.get("OPENBLAS_NUM_THREADS", "unset"))
+"""
+
+
+@pytest.mark.parametrize("parents_setting", [None, "3"])
+def test_the_forkserver_starts_no_blas_threads_and_the_parents_environment_stays(parents_setting):
+    """numpy loaded in the forkserver (its preload) would start OpenBLAS's thread per core there: idle
+    threads that spin for work until its first fork, on the cores the pass needs as it starts. The
+    forkserver asks for one; the parent's environment, whatever it holds, is as it was. (Read before
+    any worker starts: OpenBLAS stops its threads in a process that forks.)"""
+    if os.cpu_count() == 1:
+        pytest.skip("one core: OpenBLAS starts no threads of its own, so this could not fail")
+    env = {key: value for key, value in os.environ.items() if not key.endswith("_NUM_THREADS")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    if parents_setting is not None:
+        env["OPENBLAS_NUM_THREADS"] = parents_setting
+    result = subprocess.run(
+        [sys.executable, "-c", FORKSERVER_SCRIPT], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", parents_setting or "unset"], result.stdout
