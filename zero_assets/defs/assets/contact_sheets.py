@@ -10,7 +10,7 @@ from typing import Any
 from dagster import DagsterInstance, MetadataValue
 
 from zero_assets.defs.partitions import RAW_SOURCES
-from zero_assets.launch.upstream import latest_materializations
+from zero_assets.launch.upstream import latest_by_partition
 
 ENTRY = "quarantine_contact_sheets"
 
@@ -19,13 +19,14 @@ def contact_sheets_entry(instance: DagsterInstance, source: str, metadata: Mappi
     """`{ENTRY: a Markdown table}`: each registered source's quarantined images and how many its
     contact sheet shows, from its latest validated_images materialization (this source's from
     `metadata`, the one being reported)."""
-    rows = []
-    for name in sorted(set(instance.get_dynamic_partitions(RAW_SOURCES.name)) | {source}):
+    rows, others = [], set(instance.get_dynamic_partitions(RAW_SOURCES.name)) - {source}
+    latest = latest_by_partition(instance, "validated_images", others)
+    for name in sorted(others | {source}):
         if name == source:
             found: Mapping[str, Any] | None = metadata
         else:
-            records = latest_materializations(instance, "validated_images", name)
-            found = dict(records[0].asset_materialization.metadata) if records else None
+            record = latest.get(name)
+            found = dict(record.asset_materialization.metadata) if record and record.asset_materialization else None
         rows.append(f"| {name}{' (this source)' if name == source else ''} | {_sheet(found)} |")
     table = "\n".join(["| source | quarantined images shown |", "| --- | --- |", *rows])
     return {ENTRY: MetadataValue.md(table)}

@@ -44,7 +44,7 @@ from zero_assets.defs.automation import TRAINING_SET
 from zero_assets.defs.partitions import RAW_SOURCES
 from zero_assets.launch.metadata import arrow_table_schema
 from zero_assets.launch.once import materialize_once
-from zero_assets.launch.upstream import latest_materializations, output_of
+from zero_assets.launch.upstream import latest_by_partition, output_of
 
 TRAINING_SET_CODE = ("zero_assets.defs.assets.training_set", "zero_assets.defs.assets.near_duplicate_report")
 ACCEPTED_COLUMNS = [name for name in ts.SELECTION_SCHEMA.names if name != "etag"]
@@ -111,11 +111,11 @@ def chosen_validated(context: AssetExecutionContext, config: TrainingSetConfig) 
                 f"training_set config {setting} names sources {unknown} that are not registered "
                 f"({sorted(registered)}); run `zero-assets sources --register` or fix the config"
             )
-    chosen = []
-    for source in sorted(config.sources or registered):
-        records = latest_materializations(context.instance, "validated_images", source)
-        if records:
-            chosen.append(output_of(records[0], "validated_images", source))
+    chosen, wanted = [], sorted(config.sources or registered)
+    latest = latest_by_partition(context.instance, "validated_images", wanted)
+    for source in wanted:
+        if source in latest:
+            chosen.append(output_of(latest[source], "validated_images", source))
         elif config.sources:
             raise Failure(
                 f"source {source} has no validated_images materialization; materialize it first "
