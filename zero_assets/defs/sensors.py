@@ -29,7 +29,7 @@ from zero_assets.defs.change_detection.inventory_diff import detect_from_invento
 from zero_assets.defs.change_detection.listing_digest import detect_from_listing
 from zero_assets.defs.change_detection.sqs_detector import detect_from_queue
 from zero_assets.defs.partitions import RAW_SOURCES
-from zero_assets.launch.upstream import latest_materializations
+from zero_assets.launch.upstream import latest_by_partition
 
 RAW_DATA = AssetKey("raw_data")
 RAW_IMAGE_INDEX = AssetKey("raw_image_index")
@@ -56,12 +56,13 @@ def new_sources(context: SensorEvaluationContext, sources: list[str]) -> list[st
 
 
 def indexed_as_now(context: SensorEvaluationContext, raw_uri: str, sources: list[str]) -> list[str]:
-    """The sources whose latest raw_image_index recorded the listing fingerprint the root has now: one
-    listing of each source that has an index (a first tick's cost only, never a steady tick's)."""
-    unchanged = []
+    """The sources whose latest raw_image_index recorded the listing fingerprint the root has now: their
+    indexes found in two queries, then one listing of each source that has one (a first tick's cost
+    only, never a steady tick's)."""
+    unchanged, latest = [], latest_by_partition(context.instance, RAW_IMAGE_INDEX, sources)
     for source in sources:
-        records = latest_materializations(context.instance, RAW_IMAGE_INDEX, source)
-        recorded = records[0].asset_materialization.metadata.get("listing_fingerprint") if records else None
+        materialization = latest[source].asset_materialization if source in latest else None
+        recorded = materialization.metadata.get("listing_fingerprint") if materialization else None
         if recorded is None:
             continue
         try:

@@ -83,21 +83,26 @@ def _summary(_: argparse.Namespace) -> int:
 
     from zero_assets.defs.assets import PER_SOURCE_ASSETS
     from zero_assets.defs.partitions import RAW_SOURCES
-    from zero_assets.launch.upstream import latest_materializations
+    from zero_assets.launch.upstream import latest_by_partition, latest_materializations
 
     per_source = {key.to_user_string() for asset in PER_SOURCE_ASSETS for key in asset.keys}
     instance = DagsterInstance.get()
     sources = instance.get_dynamic_partitions(RAW_SOURCES.name)
     missing = False
     for asset, keys in SUMMARY_KEYS.items():
+        if asset in per_source:  # every source's newest in two queries, not one a source
+            latest = latest_by_partition(instance, AssetKey(asset), sources)
+        else:
+            records = latest_materializations(instance, AssetKey(asset))
+            latest = {None: records[0]} if records else {}
         for source in sorted(sources) if asset in per_source else [None]:
             label = f"{asset}[{source}]" if source else asset
-            records = latest_materializations(instance, AssetKey(asset), source)
-            if not records or records[0].asset_materialization is None:
+            record = latest.get(source)
+            if record is None or record.asset_materialization is None:
                 print(f"{label:<40} not materialized")
                 missing = True
                 continue
-            metadata = records[0].asset_materialization.metadata
+            metadata = record.asset_materialization.metadata
             values = ", ".join(f"{k}={_plain(metadata[k].value)}" for k in keys if k in metadata)
             uri = metadata["dagster/uri"].value if "dagster/uri" in metadata else "?"
             print(f"{label:<40} {values}\n{'':<40} uri={uri}")
