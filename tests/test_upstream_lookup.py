@@ -37,4 +37,5 @@ def test_each_partition_gets_its_newest_materialization_of_that_asset_only(insta
     for source, record in found.items():
         assert record.storage_id == latest_materializations(instance, "validated_images", source)[0].storage_id
     assert latest_by_partition(instance, "validated_images", []) == {}
+    assert latest_by_partition(instance, "validated_images", ["cam_d"]) == {}, "cam_d has only an index"
     assert latest_by_partition(instance, "arrow_shards", ["cam_a"]) == {}

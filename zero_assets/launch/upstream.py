@@ -29,7 +29,7 @@ def latest_materializations(
 
     A per-source asset is looked up in its own partition only: another source's latest
     materialization is never this source's upstream, previous output or cache hit."""
-    key = AssetKey.from_user_string(asset) if isinstance(asset, str) else asset
+    key = _asset_key(asset)
     records_filter = AssetRecordsFilter(asset_key=key, asset_partitions=[partition]) if partition else key
     return list(instance.fetch_materializations(records_filter, limit=limit).records)
 
@@ -40,18 +40,22 @@ def latest_by_partition(
     """The newest materialization of each of `partitions` that has one: two queries, however many
     partitions, where `latest_materializations` per source is one each (a training set over 1,000
     sources, and every validated_images materialization's entry naming every source, paid 1,000)."""
-    key, wanted = AssetKey.from_user_string(asset) if isinstance(asset, str) else asset, set(partitions)
+    key, wanted = _asset_key(asset), set(partitions)
     if not wanted:  # Dagster reads no partitions as every partition
         return {}
     newest = instance.event_log_storage.get_latest_storage_id_by_partition(
         key, DagsterEventType.ASSET_MATERIALIZATION, wanted
     )
-    if not newest:
+    if not newest:  # and no storage ids as no filter: none was materialized, so nothing to fetch
         return {}
     found = instance.fetch_materializations(
         AssetRecordsFilter(asset_key=key, storage_ids=list(newest.values())), limit=len(newest)
     ).records
     return {record.partition_key: record for record in found if record.partition_key is not None}
+
+
+def _asset_key(asset: str | AssetKey) -> AssetKey:
+    return AssetKey.from_user_string(asset) if isinstance(asset, str) else asset
 
 
 def context_partition(context: AssetExecutionContext) -> str | None:
