@@ -91,7 +91,8 @@ def missing_upstream_message(context: AssetExecutionContext, asset: str, partiti
         if node.is_partitioned:  # per source: the sources (dynamic partitions) registered in the instance
             registered = registered or sorted(context.instance.get_dynamic_partitions(node.partitions_def.name))
             per_source.append(name)
-            lacking = [s for s in registered if not latest_materializations(context.instance, key, s)]
+            materialized = latest_by_partition(context.instance, key, registered)
+            lacking = [s for s in registered if s not in materialized]
             if lacking or not registered:
                 sources.update(lacking)
                 missing.append(

@@ -91,11 +91,11 @@ def _summary(_: argparse.Namespace) -> int:
     missing = False
     for asset, keys in SUMMARY_KEYS.items():
         if asset in per_source:  # every source's newest in two queries, not one a source
-            latest = latest_by_partition(instance, AssetKey(asset), sources)
+            partitions, latest = sorted(sources), latest_by_partition(instance, AssetKey(asset), sources)
         else:
             records = latest_materializations(instance, AssetKey(asset))
-            latest = {None: records[0]} if records else {}
-        for source in sorted(sources) if asset in per_source else [None]:
+            partitions, latest = [None], {None: records[0]} if records else {}
+        for source in partitions:
             label = f"{asset}[{source}]" if source else asset
             record = latest.get(source)
             if record is None or record.asset_materialization is None:
