@@ -5,10 +5,10 @@ ratio = bytes of the shard set (every file `build_shards` writes: the shards, ro
 masked.parquet, the Hugging Face files and the manifest) / bytes of the selected raw images. The lake
 is 10 sources of 1,000 small JPEGs (`small_images`, about 17 KB each, one box each). Each source goes
 through what its assets run: the index (`write_source_index`, as raw_image_index) and the validation
-job (`python -m training_code.validate`, as the local backend launches it); then the selection of
-`training_set` (`write_selection`, with `max_images` a tenth of the lake shared by the sources) and the
-shard job (`build_shards`). Before issue 20 every accepted image was packed and the selection made
-afterwards: the `lake_over_selected` figure is what that ratio would have been, at the least.
+job (`python -m training_code.validate`, as the local backend launches it); then the selection job
+(`python -m training_code.selection`, with `max_images` a tenth of the lake shared by the sources) and the
+shard job (`build_shards`). Had every accepted image been packed and the selection made afterwards, the
+ratio would have been `lake_over_selected`, at the least.
 """
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from training_code.lib.raw_index import write_source_index
-from training_code.lib.selection import SelectionPolicy
+from training_code.lib.selection_plan import DEFAULT_POLICY, SelectionPlan, SelectionPolicy, write_plan
 from training_code.lib.training_set import SELECTION
 from training_code.shard import build_shards
-from zero_assets.core.fingerprints import UpstreamOutput
-from zero_assets.defs.assets.training_set import write_selection
 
 from .report import BenchResult
 from .scripts import run_script
@@ -34,14 +32,14 @@ from .small_images import add_small_images, small_pictures
 SOURCES, IMAGES_PER_SOURCE, SHARE, WORKERS = 10, 1_000, 0.1, 2
 
 
-def validated_source(raw: Path, source: str, work: Path) -> UpstreamOutput:
-    """The source's index and validation, as its assets write them; the validated set's output."""
+def validated_source(raw: Path, source: str, work: Path) -> dict[str, str]:
+    """The source's index and validation, as its assets write them; the validated set, as a plan names it."""
     write_source_index(str(raw), source, work / f"index-{source}")
     out = work / f"validated-{source}"
     job = [sys.executable, "-m", "training_code.validate", "--index", str(work / f"index-{source}")]
     job += ["--raw", str(raw), "--out", str(out), "--workers", str(WORKERS)]
     run_script(job, f"validation of {source}")
-    return UpstreamOutput("validated_images", str(out), f"bench-{source}", source)
+    return {"source": source, "validated_uri": str(out), "data_version": f"bench-{source}"}
 
 
 def run() -> list[BenchResult]:
@@ -56,7 +54,9 @@ def run() -> list[BenchResult]:
         chosen = [validated_source(raw, source, work) for source in sources]
         selection = work / "training_set"
         policy = SelectionPolicy(max_images=int(SHARE * SOURCES * IMAGES_PER_SOURCE))
-        write_selection(str(selection), chosen, policy, str(raw))
+        write_plan(str(work / "plan"), SelectionPlan(chosen, policy, {}, str(raw)), DEFAULT_POLICY.read_text())
+        job = [sys.executable, "-m", "training_code.selection", "--plan", str(work / "plan"), "--out", str(selection)]
+        run_script(job, "the selection")
         selected = pq.read_table(selection / SELECTION, columns=["size"])
         selected_bytes = pc.sum(selected.column("size")).as_py()
 

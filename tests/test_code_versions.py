@@ -26,7 +26,7 @@ CODE_OF = {
     "raw_image_index": ("raw_image_index", "INDEX_MODULE"),
     "validated_images": ("validated_images", "VALIDATE_MODULE"),
     "arrow_shards": ("arrow_shards", "SHARD_MODULE"),
-    "training_set": ("training_set", "TRAINING_SET_CODE"),
+    "training_set": ("training_set", "SELECT_MODULE"),
     "fsx_warm_state": ("fsx_warm_state", "WARM_CODE"),
     "trained_checkpoint": ("trained_checkpoint", "TRAIN_MODULE"),
     "map_report": ("map_report", "EVALUATE_MODULE"),

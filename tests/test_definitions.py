@@ -86,6 +86,7 @@ def test_jobs_sensor_schedule_and_checks_are_wired():
     checks = {k.name for k in defs.resolve_asset_graph().asset_check_keys}
     assert checks == {
         "quarantine_rate_under_limit",
+        "val_share_held",
         "shard_manifest_integrity",
         "map_not_regressed",
         "freshness_check",

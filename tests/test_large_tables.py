@@ -52,7 +52,8 @@ def accepted_frame(rows: int) -> pd.DataFrame:
             "boxes": [[[1.0, 2.0, 30.0, 40.0]]] * rows,
             "category_names": [["widget"]] * rows,
             "annotation": "annotated",
-            "phash": 0,
+            "phash": [[0, 0, 0]] * rows,
+            "dhash": [[0, 0, 0]] * rows,
         }
     )
 

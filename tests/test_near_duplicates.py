@@ -1,173 +1,159 @@
-"""The perceptual hash and the near-duplicate grouping: copies hash close, others far, and the grouping
-finds every pair the bands promise, checked against all pairs compared."""
+"""Near-duplicates are found on real photographs and resolved per image: a copy never trains on the other side of
+its original, and a link never moves a whole validation group.
+
+Hashes are the validator's (check_image_bytes) for photographs, hand-made for the rule itself; the policy runs
+in an in-memory engine (tests/policy_runs.py). The graph test plants chained copies through the real jobs.
+"""
 
 from __future__ import annotations
 
 import io
+import json
 
-import numpy as np
+import pyarrow.parquet as pq
 import pytest
+from conftest import make_resources
+from dagster import materialize
+from graph_runs import materialize_source
 from PIL import Image
+from policy_runs import accepted, run_policy_over, unrelated_hashes
 
-from training_code.lib import perceptual_hash as ph
+from benchmarks.images import photo_jpeg
+from benchmarks.real_photos import centre_crop, copies, jpeg, originals
+from training_code.lib import training_set as ts
+from training_code.lib.coco import ANNOTATIONS_FILE
 from training_code.lib.image_checks import DEFAULT_ALLOWED_FORMATS, check_image_bytes
-from training_code.lib.near_duplicates import (
-    NearDuplicateSettings,
-    band_values,
-    connected_components,
-    near_duplicate_groups,
-    near_duplicate_pairs,
-)
-from zero_assets.ops.demo_scenes import encode_file, render_scene
+from training_code.lib.selection_plan import SelectionPolicy
+from zero_assets.defs.assets import PER_SOURCE_ASSETS, SOURCE_SPECS, training_set
+from zero_assets.defs.checks import val_share_held
 
 
-def scene(seed: int, size=(320, 240)) -> Image.Image:
-    return render_scene(np.random.default_rng(seed), *size)[0].convert("RGB")
+def validated_row(key: str, data: bytes, split: str = "train") -> dict:
+    verdict = check_image_bytes(data, DEFAULT_ALLOWED_FORMATS, min_side=16)
+    assert verdict.accepted, (key, verdict.reason)
+    return {"source": key.partition("/")[0], "key": key, "split": split, "phash": verdict.phash, "dhash": verdict.dhash}
 
 
-def reencoded(image: Image.Image, fmt: str = "JPEG", **options) -> Image.Image:
-    buffer = io.BytesIO()
-    image.save(buffer, fmt, **options)
-    decoded = Image.open(io.BytesIO(buffer.getvalue()))
-    decoded.load()
-    return decoded
+def test_copies_of_real_photographs_are_found_and_nothing_else():
+    """scikit-image's photographs, each re-encoded, resized, cropped to 90% and to 95% of each side: every copy
+    lands in its original's cluster, and no cluster holds two photographs."""
+    rows, original_of = [], {}
+    for name, image in originals().items():
+        rows.append(validated_row(f"photos/{name}/original.jpg", jpeg(image, 95)))
+        files = {**copies(image), "cropped_95": jpeg(centre_crop(image, 0.95), 85)}
+        for kind, data in files.items():
+            key = f"copies/{name}_{kind}/copy.jpg"
+            rows.append(validated_row(key, data))
+            original_of[key] = f"photos/{name}/original.jpg"
+    engine = run_policy_over(accepted(rows))
+    cluster = dict(engine.execute("SELECT key, cluster FROM near_duplicates").fetchall())
+    missed = [key for key, original in original_of.items() if key not in cluster or cluster[key] != cluster[original]]
+    assert len(original_of) > 200 and not missed
+    photographs = {}
+    for key, found in cluster.items():
+        photographs.setdefault(found, set()).add(original_of.get(key, key))
+    assert all(len(named) == 1 for named in photographs.values())
 
 
-def distance(a: int, b: int) -> int:
-    return int(ph.hamming(ph.as_unsigned([a]), ph.as_unsigned([b]))[0])
+def hashed(key: str, split: str, phash: int, dhash: int = 0) -> dict:
+    """A row whose whole picture hashes to `phash` and `dhash`; its crop views hash like nothing else."""
+    views = unrelated_hashes(key, "views")
+    return {"source": key.partition("/")[0], "key": key, "split": split, "phash": [phash, *views[1:]],
+            "dhash": [dhash, *unrelated_hashes(key, "dviews")[1:]]}  # fmt: skip
 
 
-def test_copies_hash_close_and_other_scenes_far():
-    original = scene(1)
-    width, height = original.size
-    base = ph.phash(original)
-    copies = {
-        "jpeg q50": reencoded(original, quality=50),
-        "png": reencoded(original, "PNG"),
-        "half size": reencoded(original.resize((width // 2, height // 2)), quality=85),
-        "2% cropped": reencoded(original.crop((6, 5, width - 6, height - 5)), quality=85),
+def test_a_val_copy_of_a_train_image_leaves_val_and_its_group_stays():
+    far = [0x0F0F0F0F0F0F0F0F, 0x7FFF0000FFFF0000, 0x3C3C3C3C3C3C3C3C]
+    rows = accepted(
+        [
+            hashed("a/g1/x.jpg", "val", far[0]),
+            hashed("a/g1/y.jpg", "val", far[1]),  # x's group: not linked itself, stays in val
+            hashed("b/g2/x_copy.jpg", "train", far[0] ^ 0b101),  # 2 bits from a/g1/x.jpg
+            hashed("b/g2/z.jpg", "train", far[2]),
+            hashed("c/g3/v1.jpg", "val", 0x1234, 7),  # a cluster all in val stays in val
+            hashed("c/g4/v2.jpg", "val", 0x1235, 7),
+        ]
+    )
+    engine = run_policy_over(rows)
+    decided = {key: (split, rule, copy_of) for key, split, rule, copy_of in engine.execute(
+        "SELECT key, split, rule, copy_of FROM decisions").fetchall()}  # fmt: skip
+    assert decided == {
+        "a/g1/x.jpg": ("val", "near_duplicate", "b/g2/x_copy.jpg"),
+        "a/g1/y.jpg": ("val", None, None),
+        "b/g2/x_copy.jpg": ("train", None, None),
+        "b/g2/z.jpg": ("train", None, None),
+        "c/g3/v1.jpg": ("val", None, None),
+        "c/g4/v2.jpg": ("val", None, None),
     }
-    for name, copy in copies.items():
-        assert distance(base, ph.phash(copy)) <= 8, name
-    others = [distance(base, ph.phash(scene(seed))) for seed in range(2, 12)]
-    assert min(others) > 10, others
+    outcomes = dict(engine.execute("SELECT key, outcome FROM near_duplicates").fetchall())
+    assert outcomes == {
+        "a/g1/x.jpg": "left val",
+        "b/g2/x_copy.jpg": "train",
+        "c/g3/v1.jpg": "val",
+        "c/g4/v2.jpg": "val",
+    }
+    # The difference hashes must agree too: the same pHash pair with unrelated difference hashes is no pair.
+    unconfirmed = accepted([hashed("a/g1/x.jpg", "val", far[0], 0), hashed("b/g2/x.jpg", "train", far[0], -1)])
+    assert run_policy_over(unconfirmed).execute("SELECT count(*) FROM near_duplicates").fetchone() == (0,)
+    # Under the pair's distance, no near-duplicates.
+    apart = run_policy_over(rows, SelectionPolicy(near_duplicate_max_distance=1))
+    assert apart.execute("SELECT count(*) FROM decisions WHERE rule IS NOT NULL").fetchone() == (0,)
 
 
-def test_the_hash_is_of_the_upright_picture():
-    upright = scene(3)
-    # Stored turned 90 degrees with EXIF orientation 6 ("rotate 270 to show"): as exif_transpose shows it.
-    stored = upright.transpose(Image.Transpose.ROTATE_90)
-    assert distance(ph.phash(stored, orientation=6), ph.phash(upright)) <= 3  # resampling rounds apart
-    assert distance(ph.phash(stored), ph.phash(upright)) > 10
+@pytest.mark.slow
+def test_chained_copies_move_only_the_linked_pictures(tmp_path, instance):
+    """30 lots of 20 pictures in one source, and 29 re-encoded copies, each of a lot's first picture placed
+    in the next lot: the chain once moved every lot to one side. Now only a pair whose lots straddle the
+    split loses its val picture; every other picture trains where validation put it, and the check reports
+    the shares."""
+    raw = tmp_path / "raw"
+    pictures, copy_of = {}, {}
+    for lot in range(30):
+        for n in range(20):
+            pictures[f"cams/lot_{lot:02d}/p{n:02d}.jpg"] = photo_jpeg(10_000 + 100 * lot + n, 0.02)
+    for lot in range(29):
+        original = f"cams/lot_{lot:02d}/p00.jpg"
+        copy = Image.open(io.BytesIO(pictures[original]))
+        pictures[f"cams/lot_{lot + 1:02d}/copy_of_{lot:02d}.jpg"] = jpeg(copy, 60)
+        copy_of[f"cams/lot_{lot + 1:02d}/copy_of_{lot:02d}.jpg"] = original
+    for key, data in pictures.items():
+        (raw / key).parent.mkdir(parents=True, exist_ok=True)
+        (raw / key).write_bytes(data)
+    names = sorted(key.partition("/")[2] for key in pictures)
+    coco = {"categories": [{"id": 1, "name": "part"}], "annotations": [],
+            "images": [{"id": n, "file_name": name} for n, name in enumerate(names, start=1)]}  # fmt: skip
+    (raw / "cams" / ANNOTATIONS_FILE).write_text(json.dumps(coco))
+    resources = make_resources(raw, tmp_path / "state")
+    assert materialize_source("cams", instance=instance, resources=resources).success
+    result = materialize(
+        [*SOURCE_SPECS, *PER_SOURCE_ASSETS, training_set, val_share_held],
+        selection=[training_set],
+        resources=resources,
+        instance=instance,
+        raise_on_error=False,
+    )
 
+    meta = {k: v.value for k, v in result.asset_materializations_for_node("training_set")[0].metadata.items()}
+    folder = meta["dagster/uri"]
+    near = {row["key"]: row for row in pq.read_table(f"{folder}/{ts.NEAR_DUPLICATES}").to_pylist()}
+    validated = {key: row["validated_split"] for key, row in near.items()}
+    straddling = {c: o for c, o in copy_of.items() if validated[c] != validated[o]}
+    assert straddling and set(copy_of) | set(copy_of.values()) == set(near), "every pair found, nothing else"
+    left_val = {key for key, row in near.items() if row["outcome"] == "left val"}
+    assert left_val == {c if validated[c] == "val" else o for c, o in straddling.items()}
+    _, selection = ts.read_selection(folder)
+    assert not left_val & set(selection["key"].to_pylist())
+    excluded = {row["key"]: row for row in ts.read_excluded(folder).to_pylist()}
+    assert set(excluded) == left_val and all(row["rule"] == "near_duplicate" for row in excluded.values())
+    # Every other picture trains on the side validation gave its lot: lots move as nothing.
+    lot_split = {row["group"]: row["split"] for row in selection.to_pylist()}
+    assert len(set(lot_split.values())) == 2
+    assert all(lot_split[row["group"]] == row["split"] for row in selection.to_pylist())
+    assert meta["near_duplicate_clusters"] == 29 and meta["largest_near_duplicate_cluster"] == 2
+    assert meta["near_duplicate_images_left_val"] == len(left_val)
 
-@pytest.mark.parametrize("orientation", [1, 3, 6, 8])
-def test_the_validator_hashes_a_turned_jpeg_as_its_upright_png(orientation):
-    """The two decode paths: a JPEG's 1/8-scale strict decode turned by its EXIF tag, a PNG's full decode."""
-    upright = scene(5, (480, 360))
-    # The stored frame whose EXIF `orientation` shows `upright` (exif_transpose undoes these turns).
-    turn = {1: None, 3: Image.Transpose.ROTATE_180, 6: Image.Transpose.ROTATE_90, 8: Image.Transpose.ROTATE_270}
-    stored = upright.transpose(turn[orientation]) if turn[orientation] else upright
-    jpeg = check_image_bytes(encode_file(stored, "JPEG", orientation), DEFAULT_ALLOWED_FORMATS, 8)
-    png = check_image_bytes(encode_file(upright, "PNG", 1), DEFAULT_ALLOWED_FORMATS, 8)
-    assert (jpeg.orientation, jpeg.width, png.width) == (orientation, 480, 480)
-    assert distance(jpeg.phash, png.phash) <= 4
-    assert distance(jpeg.phash, ph.phash(stored)) > 10 or orientation == 1
-
-
-@pytest.mark.parametrize("mode", ["L", "P", "RGBA", "CMYK", "I;16", "I", "F", "1", "LA"])
-def test_every_decoded_mode_hashes(mode):
-    original = scene(4)
-    if mode in ("I;16", "I", "F"):
-        converted = Image.fromarray((np.asarray(original.convert("L"), np.uint16) * 257).astype(np.uint16))
-        converted = converted.convert(mode) if mode != "I;16" else converted
-    else:
-        converted = original.convert(mode)
-    value = ph.phash(converted)
-    assert -(2**63) <= value < 2**63
-    if mode not in ("1",):  # bilevel keeps too little of the picture to be near it
-        assert distance(value, ph.phash(original)) <= 6, mode
-
-
-def test_signed_storage_round_trips_the_bits():
-    for bits in (0, 1, 2**63 - 1, 2**63, 2**64 - 1):
-        assert int(ph.as_unsigned([ph.to_signed(bits)])[0]) == bits
-
-
-def brute_force_pairs(hashes: np.ndarray, max_distance: int) -> set[tuple[int, int]]:
-    left, right = np.triu_indices(len(hashes), 1)
-    near = ph.hamming(hashes[left], hashes[right]) <= max_distance
-    return set(zip(left[near].tolist(), right[near].tolist()))
-
-
-def planted_hashes(rng: np.random.Generator, originals: int, flips: list[int]) -> np.ndarray:
-    base = rng.integers(0, 2**63, originals, dtype=np.int64).view(np.uint64) * np.uint64(2) + np.uint64(1)
-    copies = []
-    for count in flips:
-        masks = np.zeros(originals, np.uint64)
-        for row in range(originals):
-            for bit in rng.choice(64, count, replace=False):
-                masks[row] |= np.uint64(1) << np.uint64(bit)
-        copies.append(base ^ masks)
-    return np.unique(np.concatenate([base, *copies]))
-
-
-def test_pairs_are_those_within_the_distance_that_share_a_band():
-    rng = np.random.default_rng(7)
-    settings = NearDuplicateSettings(max_distance=10, band_bits=16, layouts=2)
-    hashes = planted_hashes(rng, 400, [2, 3, 6, 9])
-    found = near_duplicate_pairs(hashes, settings)
-    pairs = set(zip(found.left.tolist(), found.right.tolist()))
-    truth = brute_force_pairs(hashes, settings.max_distance)
-    bands = np.stack(band_values(hashes, settings))
-    share_a_band = {(a, b) for a, b in truth if (bands[:, a] == bands[:, b]).any()}
-    assert pairs == share_a_band
-    assert {(a, b) for a, b in truth if distance_of(hashes, a, b) <= 3} <= pairs  # 4 bands a layout: up to 3 bits
-    assert found.candidates >= len(pairs)
-    assert np.array_equal(found.distance, ph.hamming(hashes[found.left], hashes[found.right]))
-
-
-def distance_of(hashes: np.ndarray, a: int, b: int) -> int:
-    return int(ph.hamming(hashes[[a]], hashes[[b]])[0])
-
-
-def python_components(count: int, edges: list[tuple[int, int]]) -> list[int]:
-    parent = list(range(count))
-
-    def root(node: int) -> int:
-        while parent[node] != node:
-            node = parent[node]
-        return node
-
-    for a, b in edges:
-        low, high = sorted((root(a), root(b)))
-        parent[high] = low
-    return [root(node) for node in range(count)]
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_connected_components_match_a_plain_union_find(seed):
-    rng = np.random.default_rng(seed)
-    count = 300
-    edges = [tuple(rng.integers(0, count, 2).tolist()) for _ in range(200)]
-    edges += [(n, n + 1) for n in range(100, 160)]  # a long chain
-    left, right = np.array([e[0] for e in edges]), np.array([e[1] for e in edges])
-    assert connected_components(count, left, right).tolist() == python_components(count, edges)
-
-
-def test_groups_join_equal_hashes_and_chains_named_by_their_first_image():
-    settings = NearDuplicateSettings(max_distance=2)
-    far = np.uint64(0xF0F0F0F0F0F0F0F0)
-    hashes = np.array([far, 0b0, 0b111, far, 0b1, 0b11, 0xFFFF00000000FFFF], dtype=np.uint64)
-    groups = near_duplicate_groups(hashes, settings)
-    # 0b0 - 0b1 - 0b11 - 0b111 are each 1 bit apart: one group through the chain, as its first image 1
-    assert groups.group.tolist() == [0, 1, 1, 0, 1, 1, 6]
-
-
-def test_settings_are_checked():
-    with pytest.raises(ValueError, match="band_bits"):
-        NearDuplicateSettings(band_bits=10)
-    with pytest.raises(ValueError, match="max_distance"):
-        NearDuplicateSettings(max_distance=64)
-    with pytest.raises(ValueError, match="distinct"):
-        near_duplicate_pairs(np.array([1, 1], np.uint64), NearDuplicateSettings())
+    moved = meta["val_share_after"] - meta["val_share_before"]
+    assert moved < 0 and meta["val_share_moved"] == pytest.approx(moved, abs=1e-6)
+    evaluations = result.get_asset_check_evaluations()
+    assert evaluations and evaluations[0].metadata["val_share_moved"].value == meta["val_share_moved"]
+    assert evaluations[0].passed == (abs(moved) <= 0.005)

@@ -62,6 +62,7 @@ def test_every_rendered_request_is_valid(tmp_path, monkeypatch, profile, fsx, sp
         else {"validated_images.CreateProcessingJob.json"}
     )
     expected = validation | {
+        "training_set.CreateProcessingJob.json",
         "arrow_shards.CreateProcessingJob.json",
         "trained_checkpoint.CreateTrainingJob.json",
         "map_report.CreateProcessingJob.json",

@@ -124,7 +124,7 @@ def test_a_one_percent_refresh_reads_only_the_new_images_on_sagemaker(moto_endpo
         instance=instance, resources=resources, assets=[training_set, arrow_shards], run_config=pack
     )
     refresh = new_jobs(fake, set(first))
-    assert len(refresh) == 2 and all("-map-" not in name for name in refresh), "2 images: one instance each"
+    assert len(refresh) == 3 and all("-map-" not in name for name in refresh), "2 images: one instance each"
     params = next(p for name, p in refresh.items() if name.startswith("zero-validated-images-"))  # botocore-valid
     inputs = {item["InputName"]: item["S3Input"] for item in params["ProcessingInputs"]}
     assert set(inputs) == {"code", "index", "reads"}, "no raw prefix among the inputs, nor the previous output"
@@ -165,7 +165,17 @@ def test_a_one_percent_refresh_reads_only_the_new_images_on_sagemaker(moto_endpo
     }
     assert (packed["rows_packed"], packed["fetched_objects"]) == (2, 2) and packed["shards_kept"] >= 1
     asked += download_bytes(s3, packing)
+
+    # The selection: handed its plan (the validated set by reference), on the smallest memory-optimised
+    # instance for its rows. It reads that set's tables by key: every row of the source, and no image.
+    selecting = next(p for name, p in refresh.items() if name.startswith("zero-training-set-"))
+    assert {item["InputName"] for item in selecting["ProcessingInputs"]} == {"code", "plan"}
+    assert selecting["ProcessingResources"]["ClusterConfig"]["InstanceType"] == "ml.r5.large"
     assert asked <= 0.05 * source_bytes, (asked, source_bytes)
+    validated = metadata["dagster/uri"][len(f"s3://{BUCKET}/") :]
+    tables = ("accepted.parquet", "verdicts.parquet", "categories.json", "manifest.json")
+    table_bytes = sum(s3.head_object(Bucket=BUCKET, Key=f"{validated}/{name}")["ContentLength"] for name in tables)
+    assert download_bytes(s3, selecting) < 64 * 1024 and table_bytes < 0.1 * source_bytes, (table_bytes, source_bytes)
 
 
 def input_uri(params: dict, name: str) -> str:

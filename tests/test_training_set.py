@@ -1,67 +1,56 @@
 """The training set is the selection: the policy's rules on the validated tables (sources, caps and
-weights, categories, negatives, exact duplicates across sources, the split as validated), and a data
-version that follows what was selected, so an unchanged selection leaves the shards alone."""
+weights, categories, negatives, exact duplicates across sources, the split as validated), run as a job,
+and a data version that follows what was selected, so an unchanged selection leaves the shards alone."""
 
 import shutil
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from conftest import make_resources
+from dagster import AssetKey
 from graph_runs import materialize_source, materialize_tail
+from policy_runs import accepted, outcome, run_policy_over
 
+from benchmarks.pyarrow_selection.selection import SelectionPolicy as BaselinePolicy
+from benchmarks.pyarrow_selection.selection import select_rows
 from training_code.lib import training_set as ts
-from training_code.lib.selection import SelectionPolicy, select_rows, weighted_shares
+from training_code.lib.selection_engine import explain
+from training_code.lib.selection_plan import SelectionPolicy
+from zero_assets.core.settings import REPO_ROOT as REPO
 from zero_assets.defs.assets import training_set
 
-
-def _row(source: str, name: str, sha: str, names: list[str], split: str = "train") -> dict:
-    return {
-        "source": source,
-        "key": f"{source}/{name}",
-        "sha256": sha * 64,
-        "size": 10,
-        "etag": "e",
-        "format": "PNG",
-        "mode": "RGB",
-        "width": 10,
-        "height": 10,
-        "orientation": 1,
-        "group": f"{source}/lot",
-        "split": split,
-        "boxes": [[0.0, 0.0, 5.0, 5.0]] * len(names),
-        "category_names": names,
-    }
-
-
-ROWS = [
-    _row("b_cam", "1.png", "1", ["bolt"]),
-    _row("b_cam", "2.png", "2", ["nut"], split="val"),
-    _row("b_cam", "3.png", "3", ["bolt", "nut"]),
-    _row("a_cam", "9.png", "2", ["nut", "bolt"], split="val"),  # the same bytes as b_cam/2.png
-    _row("a_cam", "8.png", "4", []),  # a negative
-    _row("c_cam", "5.png", "5", ["nut"]),
-]
+ROWS = accepted(
+    [
+        {"key": "b_cam/lot/1.png", "source": "b_cam", "sha256": "1" * 64, "category_names": ["bolt"]},
+        {"key": "b_cam/lot/2.png", "source": "b_cam", "sha256": "2" * 64, "category_names": ["nut"], "split": "val"},
+        {"key": "b_cam/lot/3.png", "source": "b_cam", "sha256": "3" * 64, "category_names": ["bolt", "nut"]},
+        # the same bytes as b_cam/lot/2.png
+        {"key": "a_cam/lot/9.png", "source": "a_cam", "sha256": "2" * 64, "category_names": ["nut", "bolt"]},
+        {"key": "a_cam/lot/8.png", "source": "a_cam", "sha256": "4" * 64},  # a negative
+        {"key": "c_cam/lot/5.png", "source": "c_cam", "sha256": "5" * 64, "category_names": ["nut"]},
+    ]
+)
 
 
 def _select(**policy) -> tuple[list[str], dict[str, str]]:
-    chosen = select_rows(pa.Table.from_pylist(ROWS, schema=ts.SELECTION_SCHEMA), SelectionPolicy(**policy))
-    excluded = chosen.excluded.to_pylist()
-    return chosen.selected.column("key").to_pylist(), {row["key"]: row["reason"] for row in excluded}
+    return outcome(run_policy_over(ROWS, SelectionPolicy(**policy)))
 
 
-def test_an_exact_duplicate_stays_in_the_source_that_sorts_first_with_its_split():
+def test_an_exact_duplicate_stays_in_the_source_that_sorts_first():
     selected, excluded = _select()
-    assert selected == ["a_cam/8.png", "a_cam/9.png", "b_cam/1.png", "b_cam/3.png", "c_cam/5.png"]
-    assert excluded == {"b_cam/2.png": "duplicate of an image kept in source a_cam"}
+    assert selected == ["a_cam/lot/8.png", "a_cam/lot/9.png", "b_cam/lot/1.png", "b_cam/lot/3.png", "c_cam/lot/5.png"]
+    assert excluded == {"b_cam/lot/2.png": "duplicate of an image kept in source a_cam"}
 
 
 @pytest.mark.parametrize(
     ("policy", "selected", "reason"),
     [
-        ({"max_images_per_source": 1}, ["a_cam/9.png", "b_cam/1.png", "c_cam/5.png"], "over the cap of 1 images per"),
-        ({"source_caps": {"b_cam": 0}}, ["a_cam/8.png", "a_cam/9.png", "c_cam/5.png"], "over the cap of 0 images for"),
-        ({"max_images": 2, "source_weights": {"c_cam": 0}}, ["a_cam/9.png", "b_cam/1.png"], "over source"),
+        ({"max_images_per_source": 1}, ["a_cam/lot/9.png", "b_cam/lot/1.png", "c_cam/lot/5.png"], "over the cap of 1 "),
+        ({"source_caps": {"b_cam": 0}}, ["a_cam/lot/8.png", "a_cam/lot/9.png", "c_cam/lot/5.png"], "over the cap of 0"),
+        ({"max_images": 2, "source_weights": {"c_cam": 0}}, ["a_cam/lot/9.png", "b_cam/lot/1.png"], "over source"),
     ],
     ids=["per source", "one source", "weighted total"],
 )
@@ -70,28 +59,73 @@ def test_caps_keep_the_images_whose_sha256_sorts_lowest(policy, selected, reason
     assert kept == selected
     over = [key for key, why in excluded.items() if why.startswith("over")]
     assert over and all(excluded[key].startswith(reason) for key in over)
-    assert set(kept) | set(excluded) == {row["key"] for row in ROWS}, "every row is selected or says why not"
+    assert set(kept) | set(excluded) == set(ROWS.column("key").to_pylist()), "every row is selected or says why not"
 
 
 def test_categories_keep_their_boxes_and_exclude_images_left_with_none():
-    chosen = select_rows(
-        pa.Table.from_pylist(ROWS, schema=ts.SELECTION_SCHEMA), SelectionPolicy(categories=("bolt",), negatives=False)
-    )
-    labels = {row["key"]: row["category_names"] for row in chosen.selected.to_pylist()}
-    boxes = {row["key"]: len(row["boxes"]) for row in chosen.selected.to_pylist()}
-    assert labels == {"a_cam/9.png": ["bolt"], "b_cam/1.png": ["bolt"], "b_cam/3.png": ["bolt"]}
-    assert boxes == {"a_cam/9.png": 1, "b_cam/1.png": 1, "b_cam/3.png": 1}
-    reasons = {row["key"]: row["reason"] for row in chosen.excluded.to_pylist()}
-    assert reasons["c_cam/5.png"] == "no box of the chosen categories"
-    assert reasons["a_cam/8.png"].startswith("a negative")
+    engine = run_policy_over(ROWS, SelectionPolicy(categories=("bolt",), negatives=False))
+    rows = engine.execute("SELECT key, category_names, len(boxes) FROM selected ORDER BY key").fetchall()
+    assert rows == [
+        ("a_cam/lot/9.png", ["bolt"], 1),
+        ("b_cam/lot/1.png", ["bolt"], 1),
+        ("b_cam/lot/3.png", ["bolt"], 1),
+    ]
+    _, reasons = outcome(engine)
+    assert reasons["c_cam/lot/5.png"] == "no box of the chosen categories"
+    assert reasons["a_cam/lot/8.png"].startswith("a negative")
     # A duplicate is judged among the rows still eligible: b_cam/2.png has no bolt, so it is out for that.
-    assert reasons["b_cam/2.png"] == "no box of the chosen categories"
+    assert reasons["b_cam/lot/2.png"] == "no box of the chosen categories"
 
 
-def test_weighted_shares_give_a_full_source_s_rest_to_the_others():
-    assert weighted_shares({"a": 5, "b": 100, "c": 100}, {"a": 1, "b": 1, "c": 2}, 30) == {"a": 5, "b": 8, "c": 17}
-    assert weighted_shares({"a": 5, "b": 5}, {"a": 1, "b": 1}, 30) == {"a": 5, "b": 5}
-    assert sum(weighted_shares({s: 10 for s in "abc"}, dict.fromkeys("abc", 1.0), 10).values()) == 10
+@pytest.mark.parametrize(
+    ("images", "weights", "total", "shares"),
+    [
+        ({"a": 5, "b": 100, "c": 100}, {"c": 2.0}, 30, {"a": 5, "b": 8, "c": 17}),
+        ({"a": 5, "b": 5}, {}, 30, {"a": 5, "b": 5}),
+        ({"a": 10, "b": 10, "c": 10}, {}, 10, {"a": 4, "b": 3, "c": 3}),
+    ],
+    ids=["a full source's rest to the others", "fewer than the total", "the last image to the first name"],
+)
+def test_max_images_is_shared_by_weight_and_a_full_source_leaves_the_rest(images, weights, total, shares):
+    rows = accepted([{"source": s, "key": f"{s}/lot/{n}.png"} for s, count in images.items() for n in range(count)])
+    engine = run_policy_over(rows, SelectionPolicy(max_images=total, source_weights=weights))
+    assert dict(engine.execute("SELECT source, count(*) FROM selected GROUP BY source").fetchall()) == shares
+
+
+def test_the_policy_selects_what_the_in_process_selection_selected():
+    """The SQL policy against the pyarrow selection it replaced (benchmarks/pyarrow_selection), on rows of
+    four sources with exact copies across them, unannotated images and negatives, under every setting."""
+    rows = []
+    for n in range(400):
+        source = f"cam_{n % 4}"
+        rows.append(
+            {
+                "source": source,
+                "key": f"{source}/lot_{n % 9}/{n}.png",
+                "sha256": f"{(n * 7919) % 397:064x}",  # some bytes in two sources
+                "category_names": [["bolt", "nut", "gear"][(n + k) % 3] for k in range(n % 3)],
+                "split": "val" if n % 9 == 2 else "train",
+                "annotation": "unlisted" if n % 37 == 0 else "annotated",
+            }
+        )
+    table = accepted(rows)
+    baseline_rows = table.select([*ts.SELECTION_SCHEMA.names, "annotation"])
+    policies = [
+        {},
+        {"max_images_per_source": 60},
+        {"source_caps": {"cam_1": 10}, "max_images_per_source": 80},
+        {"max_images": 150, "source_weights": {"cam_0": 3.0, "cam_2": 0.5, "cam_3": 0}},
+        {"categories": ("nut",), "negatives": False},
+        {"categories": ("gear", "bolt"), "max_images": 77},
+    ]
+    for policy in policies:
+        before = select_rows(baseline_rows, BaselinePolicy(**policy))
+        engine = run_policy_over(table, SelectionPolicy(**policy))
+        columns = ", ".join(f'"{name}"' for name in ts.SELECTION_SCHEMA.names if name != "etag")
+        now = engine.sql(f"SELECT {columns} FROM selected ORDER BY source, key").to_arrow_table()
+        assert now.num_rows > 0 and now.to_pylist() == before.selected.drop_columns(["etag"]).to_pylist(), policy
+        reasons = engine.execute("SELECT key, reason FROM decisions WHERE rule IS NOT NULL ORDER BY source, key")
+        assert reasons.fetchall() == [(r["key"], r["reason"]) for r in before.excluded.to_pylist()], policy
 
 
 def test_a_policy_that_cannot_be_met_is_refused_naming_the_setting():
@@ -122,6 +156,28 @@ def _touch_one_image(raw: Path, source: str) -> None:
     image.write_bytes(image.read_bytes() + b"\0")  # a trailing byte PNG decoders ignore: a new version of the source
 
 
+def _assert_as_the_in_process_selection_selected(folder: str, manifest: dict) -> None:
+    """The job's selection on the demo lake against the in-process selection it replaced, wherever the
+    near-duplicate rule (resolved per group before, per image now) is not involved."""
+    tables = []
+    for source in manifest["sources"]:
+        validated = Path(source["validated_uri"])
+        rows = pq.read_table(validated / "accepted.parquet")
+        verdicts = pq.read_table(validated / "verdicts.parquet", columns=["key", "etag"])
+        rows = rows.append_column(
+            "etag", pc.take(verdicts["etag"], pc.index_in(rows["key"], value_set=verdicts["key"]))
+        )
+        rows = rows.set_column(rows.schema.get_field_index("phash"), "phash", pc.list_element(rows["phash"], 0))
+        tables.append(rows.select([*ts.SELECTION_SCHEMA.names, "annotation", "phash"]))
+    before = select_rows(pa.concat_tables(tables), BaselinePolicy())
+    now = pq.read_table(Path(folder) / ts.NEAR_DUPLICATES)
+    involved = set(now["key"].to_pylist()) | set(before.near_duplicates["key"].to_pylist())
+    _, selection = ts.read_selection(folder)
+    kept = {row["key"]: row for row in selection.to_pylist() if row["key"] not in involved}
+    earlier = {row["key"]: row for row in before.selected.to_pylist() if row["key"] not in involved}
+    assert kept and kept == earlier
+
+
 @pytest.mark.slow
 def test_training_set_changes_only_when_what_it_selects_changes(tiny_raw_root, tmp_path, instance):
     raw = tmp_path / "raw"
@@ -133,7 +189,8 @@ def test_training_set_changes_only_when_what_it_selects_changes(tiny_raw_root, t
     assert _sources(meta) == ["line_a_camera", "line_b_camera"]
     manifest, selection = ts.read_selection(meta["dagster/uri"])
     assert [s["source"] for s in manifest["sources"]] == _sources(meta)
-    assert manifest["policy"]["duplicates"].startswith("an exact duplicate (same sha256) is kept in the source")
+    assert manifest["policy"] == SelectionPolicy().as_config() and "policy.sql" in manifest["files"]
+    _assert_as_the_in_process_selection_selected(meta["dagster/uri"], manifest)
     assert selection.num_rows == meta["dagster/row_count"] == sum(s["selected"] for s in manifest["sources"])
     assert set(selection.column("source").to_pylist()) == {"line_a_camera", "line_b_camera"}
 
@@ -162,9 +219,17 @@ def test_training_set_changes_only_when_what_it_selects_changes(tiny_raw_root, t
 
     # The cap: each source keeps at most that many images, the rest are listed with the reason.
     _, meta = _version(instance, resources, max_images_per_source=3)
-    excluded = ts.read_excluded(meta["dagster/uri"]).to_pylist()
     assert meta["dagster/row_count"] == 3 * 3
-    assert meta["over_cap"] == sum(row["reason"].startswith("over the cap") for row in excluded) > 0
+    manifest, selection = ts.read_selection(meta["dagster/uri"])
+    assert meta["over_cap"] == sum(s["excluded_by_rule"].get("over_cap", 0) for s in manifest["sources"]) > 0
+    # Images over a cap are counted, not listed; the policy, run again, says why one was left out.
+    validated = Path(manifest["sources"][0]["validated_uri"])
+    left_out = sorted(
+        set(pq.read_table(validated / "accepted.parquet")["key"].to_pylist()) - set(selection["key"].to_pylist())
+    )
+    assert left_out and left_out[0] not in ts.read_excluded(meta["dagster/uri"])["key"].to_pylist()
+    decided = explain(meta["dagster/uri"], left_out[0], tmp_path / "explain")
+    assert decided["rule"] == "over_cap" and decided["reason"] == "over the cap of 3 images per source"
 
     # A config naming an unknown source or category fails before anything is written, saying which.
     for config, named in (({"sources": ["no_such_cam"]}, "no_such_cam"), ({"categories": ["unicorn"]}, "unicorn")):
@@ -176,3 +241,28 @@ def test_training_set_changes_only_when_what_it_selects_changes(tiny_raw_root, t
             raise_on_error=False,
         )
         assert not result.success and named in str(result.all_events)
+
+
+@pytest.mark.slow
+def test_a_policy_of_your_own_selects_by_your_own_table(tiny_raw_root, tmp_path, instance):
+    """docs/policies/site_scores.sql with a table of scores the user made: the images scored 0.5 or more
+    are selected, the rest are counted under the policy's own rule; a new table is a new training set."""
+    resources = make_resources(tiny_raw_root, tmp_path / "state")
+    assert materialize_source("line_a_camera", instance=instance, resources=resources).success
+    validated = instance.get_latest_materialization_event(AssetKey("validated_images")).asset_materialization
+    accepted_rows = pq.read_table(Path(validated.metadata["dagster/uri"].value) / "accepted.parquet")
+    keys = accepted_rows.filter(pc.equal(accepted_rows["annotation"], "annotated"))["key"].to_pylist()
+    scores = tmp_path / "site_scores.parquet"
+    pq.write_table(pa.table({"key": keys, "score": [n % 2 * 0.9 for n in range(len(keys))]}), scores)
+    config = {"policy_sql": str(REPO / "docs" / "policies" / "site_scores.sql"), "tables": {"site_scores": str(scores)}}
+
+    _, meta = _version(instance, resources, **config)
+    manifest, selection = ts.read_selection(meta["dagster/uri"])
+    assert sorted(selection["key"].to_pylist()) == sorted(keys[1::2]) and keys[1::2]
+    assert manifest["sources"][0]["excluded_by_rule"]["site_score"] == len(keys[::2])
+    assert meta["excluded_by_other_rules"] == {"site_score": len(keys[::2])}
+
+    pq.write_table(pa.table({"key": keys, "score": [0.9] * len(keys)}), scores)
+    _, meta = _version(instance, resources, **config)
+    assert meta["cache"] == "miss" and "config tables" in meta["cache_reason"]
+    assert meta["dagster/row_count"] == len(keys)

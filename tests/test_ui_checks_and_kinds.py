@@ -32,7 +32,17 @@ from zero_assets.defs.checks import quarantine_rate_under_limit
 from zero_assets.defs.partitions import RAW_SOURCES
 
 DEFINITIONS = str(REPO_ROOT / "zero_assets" / "definitions.py")
-UI_ICONS = {"sagemaker", "pytorch", "huggingface", "wandb", "parquet", "arrow", "json", "s3"}  # shipped by the UI
+UI_ICONS = {
+    "sagemaker",
+    "pytorch",
+    "huggingface",
+    "wandb",
+    "parquet",
+    "arrow",
+    "json",
+    "s3",
+    "duckdb",
+}  # shipped by the UI
 
 CHECK_STATUS = """
 { assetNodes { assetKey { path } kinds

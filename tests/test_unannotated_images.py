@@ -16,17 +16,20 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import policy_runs
 import pyarrow as pa
 import pytest
 from conftest import make_resources
 from graph_runs import materialize_source, materialize_tail
 from PIL import Image
+from policy_runs import outcome, run_policy_over
 from raw_index_reference import build_raw_index
 
 from training_code.lib import training_set as ts
 from training_code.lib.coco import ANNOTATIONS_FILE
 from training_code.lib.raw_index import whole_root_manifest
-from training_code.lib.selection import SelectionPolicy, select_rows
+from training_code.lib.selection_engine import explain
+from training_code.lib.selection_plan import SelectionPolicy
 from training_code.lib.shard_format import masked_keys, open_shard, read_manifest, shard_path
 from training_code.lib.tables import RAW_INDEX, write_table
 from training_code.lib.validation_pass import MANIFEST, validate
@@ -95,11 +98,10 @@ def test_listed_without_annotations_is_a_negative_and_unlisted_is_not_a_training
     assert "not a training image" in unmatched.loc["cam/lot_0/unlisted.jpg", "detail"]
 
     # The selection: the negative is selected, the unannotated image is left out saying why.
-    rows = pa.Table.from_pandas(table.reset_index().assign(etag="e"), preserve_index=False)
-    chosen = select_rows(rows.select([*ts.SELECTION_SCHEMA.names, "annotation"]), SelectionPolicy())
-    assert chosen.selected.column("key").to_pylist() == ["cam/lot_0/boxed.jpg", "cam/lot_0/empty.jpg"]
-    [left_out] = chosen.excluded.to_pylist()
-    assert left_out["key"] == "cam/lot_0/unlisted.jpg" and left_out["reason"].startswith("not annotated: no entry")
+    selected, excluded = outcome(run_policy_over(policy_rows(table)))
+    assert selected == ["cam/lot_0/boxed.jpg", "cam/lot_0/empty.jpg"]
+    assert list(excluded) == ["cam/lot_0/unlisted.jpg"]
+    assert excluded["cam/lot_0/unlisted.jpg"].startswith("not annotated: no entry")
 
 
 def test_a_source_opted_in_takes_its_unlisted_images_as_negatives(tmp_path):
@@ -110,11 +112,9 @@ def test_a_source_opted_in_takes_its_unlisted_images_as_negatives(tmp_path):
     assert len(table.loc["cam/lot_0/unlisted.jpg", "boxes"]) == 0
     assert manifest["counts"]["unlisted_negatives"] == 1 and manifest["counts"]["images_not_annotated"] == 0
     assert manifest["config"]["unlabelled_are_negatives"] == ["cam"], "the setting is part of the data version"
-    rows = pa.Table.from_pandas(table.reset_index().assign(etag="e"), preserve_index=False)
-    rows = rows.select([*ts.SELECTION_SCHEMA.names, "annotation"])
-    assert select_rows(rows, SelectionPolicy()).selected.num_rows == 3
-    off = select_rows(rows, SelectionPolicy(negatives=False))  # a negative like any other
-    assert off.selected.column("key").to_pylist() == ["cam/lot_0/boxed.jpg"]
+    assert len(outcome(run_policy_over(policy_rows(table)))[0]) == 3
+    off = outcome(run_policy_over(policy_rows(table), SelectionPolicy(negatives=False)))  # a negative like any other
+    assert off[0] == ["cam/lot_0/boxed.jpg"]
 
 
 PADDED = b'{"images": [], "annotations": [], "categories": [], "pad": "' + b"x" * 2000 + b'"}'
@@ -149,10 +149,9 @@ def test_a_missing_or_unusable_annotations_json_fails_the_source_naming_the_file
     assert counts["images_not_annotated"] == 3 and counts["labels_in"] == 0
     unmatched = pd.read_parquet(tmp_path / "out" / "unmatched.parquet")
     assert len(unmatched) == 3 and all("configured unlabelled" in detail for detail in unmatched["detail"])
-    rows = pa.Table.from_pandas(table.reset_index().assign(etag="e"), preserve_index=False)
-    chosen = select_rows(rows.select([*ts.SELECTION_SCHEMA.names, "annotation"]), SelectionPolicy())
-    assert chosen.selected.num_rows == 0 and chosen.excluded.num_rows == 3
-    assert all("configured unlabelled" in reason for reason in chosen.excluded.column("reason").to_pylist())
+    selected, excluded = outcome(run_policy_over(policy_rows(table)))
+    assert not selected and len(excluded) == 3
+    assert all("configured unlabelled" in reason for reason in excluded.values())
 
 
 def test_an_unannotated_copy_never_takes_the_place_of_an_annotated_one_across_sources():
@@ -160,29 +159,17 @@ def test_an_unannotated_copy_never_takes_the_place_of_an_annotated_one_across_so
     unannotated does not keep it from the source that annotated it."""
 
     def row(source: str, annotation: str, names: list[str]) -> dict:
-        return {
-            "source": source,
-            "key": f"{source}/x.png",
-            "sha256": "a" * 64,
-            "size": 10,
-            "etag": "e",
-            "format": "PNG",
-            "mode": "RGB",
-            "width": 10,
-            "height": 10,
-            "orientation": 1,
-            "group": f"{source}/lot",
-            "split": "train",
-            "boxes": [[0.0, 0.0, 5.0, 5.0]] * len(names),
-            "category_names": names,
-            "annotation": annotation,
-        }
+        return {"source": source, "key": f"{source}/x.png", "sha256": "a" * 64, "annotation": annotation,
+                "category_names": names}  # fmt: skip
 
-    schema = ts.SELECTION_SCHEMA.append(pa.field("annotation", pa.string(), nullable=False))
-    rows = pa.Table.from_pylist([row("a_cam", "unlisted", []), row("b_cam", "annotated", ["bolt"])], schema=schema)
-    chosen = select_rows(rows, SelectionPolicy())
-    assert chosen.selected.column("key").to_pylist() == ["b_cam/x.png"]
-    assert chosen.excluded.column("key").to_pylist() == ["a_cam/x.png"]
+    rows = policy_runs.accepted([row("a_cam", "unlisted", []), row("b_cam", "annotated", ["bolt"])])
+    selected, excluded = outcome(run_policy_over(rows))
+    assert selected == ["b_cam/x.png"] and list(excluded) == ["a_cam/x.png"]
+
+
+def policy_rows(table: pd.DataFrame) -> pa.Table:
+    """The validation job's accepted table (by key) as the policy reads it."""
+    return policy_runs.accepted(table.reset_index().to_dict("records"))
 
 
 def shard_rows(shard_set: str) -> dict[str, dict]:
@@ -214,7 +201,7 @@ def validated_metadata(result) -> dict:
 
 @pytest.mark.slow
 def test_the_demos_unlabelled_image_is_reported_and_not_sharded_until_its_source_opts_in(
-    tiny_demo, tiny_raw_root, instance, resources
+    tiny_demo, tiny_raw_root, instance, resources, tmp_path
 ):
     unlabelled = tiny_demo["planted"]["image_without_annotation"]
     assert unlabelled.startswith(f"{UNLABELLED_DEMO_SOURCE}/")
@@ -232,9 +219,10 @@ def test_the_demos_unlabelled_image_is_reported_and_not_sharded_until_its_source
     assert "not a training image" in unmatched.loc[unlabelled, "detail"]
 
     first = tail(instance, resources)
-    excluded = ts.read_excluded(first["training_set"]["dagster/uri"]).to_pylist()
-    [why] = [row["reason"] for row in excluded if row["key"] == unlabelled]
-    assert why.startswith("not annotated: no entry in its source's annotations.json")
+    # Not listed (a rule a user acts on in the source, not in the training set): said on demand, by the policy.
+    decided = explain(first["training_set"]["dagster/uri"], unlabelled, tmp_path / "explain")
+    assert decided["rule"] == "not_annotated"
+    assert decided["reason"].startswith("not annotated: no entry in its source's annotations.json")
     assert first["training_set"]["not_annotated"] == 1
     sharded = shard_rows(first["arrow_shards"]["dagster/uri"])
     assert unlabelled not in sharded and len(sharded) == first["arrow_shards"]["dagster/row_count"]

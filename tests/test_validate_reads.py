@@ -140,7 +140,8 @@ def test_a_key_no_map_host_received_fails_the_reduce(tmp_path):
             **{c: [v] for c, v in {"sha256": "a" * 64, "size": 1, "reason": "", "stage": "decode"}.items()},
             **{c: [v] for c, v in {"error": "", "format": "JPEG", "mode": "RGB", "width": 9, "height": 9}.items()},
             "orientation": [1],
-            "phash": [0],
+            "phash": [[1, 2, 3]],
+            "dhash": [[4, 5, 6]],
         }
     )
     (tmp_path / "decoded").mkdir()

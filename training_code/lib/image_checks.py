@@ -26,7 +26,7 @@ from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from . import jpeg_strict
 from .hashing import sha256_bytes
-from .perceptual_hash import phash, phash_pixels
+from .perceptual_hash import hashes_of, hashes_of_pixels
 from .raw_files import Refused, read_limited
 
 DEFAULT_ALLOWED_FORMATS = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF", "MPO")
@@ -83,7 +83,9 @@ class ImageVerdict(NamedTuple):
     width: int = 0  # upright frame, after EXIF orientation
     height: int = 0
     orientation: int = 1  # the EXIF orientation exif_transpose applied (1 when absent or not 1..8)
-    phash: int | None = None  # perceptual_hash.phash of the upright picture, for a decoded image
+    # perceptual_hash.Hashes of the upright picture (one per view), for a decoded image
+    phash: tuple[int, ...] | None = None
+    dhash: tuple[int, ...] | None = None
 
     @property
     def accepted(self) -> bool:
@@ -278,6 +280,8 @@ def _upright_verdict(
     # exif_transpose looks the tag up in a dict, so 6.0 (a rational) acts as 6 and 0 or 9 act as 1.
     orientation = int(tag) if tag in _ORIENTATIONS else 1
     width, height = stored_size[::-1] if orientation in _SWAPS_SIDES else stored_size
+    # From the picture decoded above (upright already, or the small JPEG decode and its orientation).
+    hashes = hashes_of(image) if small is None else hashes_of_pixels(small, orientation)
     verdict = ImageVerdict(
         sha256=digest,
         size=size,
@@ -286,8 +290,8 @@ def _upright_verdict(
         width=width,
         height=height,
         orientation=orientation,
-        # From the picture decoded above (upright already, or the small JPEG decode and its orientation).
-        phash=phash(image) if small is None else phash_pixels(small, orientation),
+        phash=hashes.phash,
+        dhash=hashes.dhash,
     )
     if width < min_side or height < min_side:
         return verdict._replace(

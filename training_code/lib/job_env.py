@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +41,17 @@ def channel_dir(name: str) -> Path:
     path = Path(value) if value else opt_ml() / "input" / "data" / name
     if not path.is_dir():
         raise FileNotFoundError(f"input channel {name!r} is missing: expected a folder at {path}")
+    return path
+
+
+def scratch_root() -> Path:
+    """Where a Processing job keeps files while it runs: on its volume (SageMaker mounts it under
+    /opt/ml/processing), never in an output; the system's temporary folder for a script run by hand."""
+    processing = opt_ml() / "processing"
+    if not processing.is_dir():
+        return Path(tempfile.gettempdir())
+    path = processing / "scratch"
+    path.mkdir(exist_ok=True)
     return path
 
 

@@ -33,7 +33,7 @@ STATE_MEANINGS = {
     UNLISTED: "no entry in annotations.json: not annotated, so not a training image",
     UNLABELLED_SOURCE: "its source is configured unlabelled: not a training image",
 }
-# How the training set's excluded.parquet says why (training_code/lib/selection.py), after "<source>/".
+# Why the selection leaves an image out, by its annotation state (the policy reads it as `annotation_reasons`).
 EXCLUDED_BECAUSE = {
     UNLISTED: (
         "not annotated: no entry in its source's annotations.json (the source does not treat such images as "

@@ -1,27 +1,17 @@
-"""A 64-bit perceptual hash (DCT pHash) of a decoded picture: near-identical pictures get hashes a few bits apart.
+"""Perceptual hashes of a decoded picture: re-encoded, resized and cropped copies get hashes a few bits apart.
 
-Made from the picture the validator already decoded (a JPEG's 1/8-scale strict decode, of its luma
-alone where libjpeg-turbo decodes that: see image_checks; any other format's full decode), never
-another decode. The bits: the picture in grey (ITU-R BT.601 luma),
-resampled to 32x32 with a triangle filter as wide as the reduction (antialiased), then the 8x8 lowest
-frequencies of its 2-D DCT without the constant term (it only says how bright the picture is), each
-1 where its coefficient is above their median. Brightness and contrast, re-encoding, resizing and a
-light crop move few of them. The picture is hashed upright (the EXIF orientation applied), as
-training sees it.
-
-The resampling and the DCT are both linear, so they are one matrix per side: for an h x w grey
-picture the kept coefficients are `A(h) @ grey @ A(w).T`, with `A(n) = DCT[:9] @ resample(n -> 32)` (9
-x n) made once per picture size. On the small pictures the validator mostly sees that is two tiny
-products, a tenth of the cost of resizing through Pillow. A large picture is first shrunk by a whole
-factor (Pillow's `reduce`, a box filter) so the products stay small.
-
-Stored as a signed int64 (the 64 bits in two's complement): Parquet and pandas have no uint64 that
-every reader agrees on. `as_unsigned` turns a column back into the bits.
+Two 64-bit hashes of each of three centre views (VIEWS), from the picture the validator already decoded
+(a JPEG's 1/8-scale luma, any other format's full decode), upright as training sees it: the DCT pHash
+(the 8x8 lowest frequencies of the view resampled to 32x32, each bit 1 above their median) and the
+difference hash (the view resampled to 8x9, each bit 1 where a sample is brighter than its left
+neighbour). Resampling and DCT are linear, so all six are one matrix product per side. Stored as
+signed int64 (Parquet has no uint64 every reader agrees on).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -29,6 +19,10 @@ from PIL import Image
 SIDE = 32  # the grey picture the DCT is taken of
 LOW = 8  # the low-frequency block kept: LOW x LOW coefficients, less the constant one, plus one more
 BITS = 64
+# The centre share of each side each pair of hashes is taken of: a copy cropped to 90-100% of each side
+# hashes within a few bits of one of its original's views (benchmarks/bench_near_dup_photos.py).
+VIEWS = (1.0, 0.95, 0.9)
+DHASH_ROWS, DHASH_COLUMNS = 8, 9  # the difference hash compares each of 8x9 samples with its right neighbour
 LUMA = np.array([0.299, 0.587, 0.114])  # ITU-R BT.601, the weights of Pillow's own "L" conversion
 # The EXIF orientations as the turn exif_transpose applies for each (Pillow's ImageOps table), on an
 # array: np.rot90 turns counter-clockwise by k quarters; `flip` mirrors left-right before the turn.
@@ -36,6 +30,14 @@ _UPRIGHT = {2: (0, True), 3: (2, False), 4: (2, True), 5: (1, True), 6: (3, Fals
 # Numeric modes whose values are not 0..255: their grey is the value itself (the bits only compare
 # coefficients with each other, so the scale does not matter).
 _NUMERIC = frozenset({"I", "F"})
+
+
+class Hashes(NamedTuple):
+    """A picture's hashes, one per view of VIEWS, signed int64: the DCT pHash finds candidate copies,
+    the difference hash (another transform of the same view) confirms them."""
+
+    phash: tuple[int, ...]
+    dhash: tuple[int, ...]
 
 
 def _dct_matrix(n: int) -> np.ndarray:
@@ -52,21 +54,26 @@ _DCT = _dct_matrix(SIDE)[: LOW + 1]  # only the rows of the frequencies kept
 _KEPT = np.array([r * (LOW + 1) + c for r in range(LOW) for c in range(LOW) if (r, c) != (0, 0)] + [LOW])
 
 
-def resample_matrix(n: int, side: int = SIDE) -> np.ndarray:
-    """side x n: row i weighs the n samples into output sample i with a triangle filter centred on it,
-    as wide as one output sample when shrinking (so every input sample counts) and one input sample
-    when enlarging (linear interpolation); each row sums to 1."""
-    scale = n / side
+def resample_matrix(n: int, side: int = SIDE, share: float = 1.0) -> np.ndarray:
+    """side x n: row i weighs the n samples of the centre `share` of the side into output sample i with
+    a triangle filter centred on it, as wide as one output sample when shrinking (so every input sample
+    counts) and one input sample when enlarging (linear interpolation); each row sums to 1."""
+    start = n * (1 - share) / 2
+    scale = n * share / side
     support = max(scale, 1.0)
-    centres = (np.arange(side) + 0.5) * scale
+    centres = start + (np.arange(side) + 0.5) * scale
     weights = np.clip(1 - np.abs((np.arange(n)[None, :] + 0.5 - centres[:, None]) / support), 0, None)
     return weights / weights.sum(axis=1, keepdims=True)
 
 
 @lru_cache(maxsize=512)
-def _kept_rows(n: int) -> np.ndarray:
-    """The 9 low DCT rows of a side resampled from n samples to SIDE: `_DCT @ resample_matrix(n)`."""
-    return _DCT @ resample_matrix(n)
+def _side_rows(n: int, columns: bool) -> np.ndarray:
+    """For a side of n samples, every view's rows stacked: its 9 low DCT rows (`_DCT @ resample`), then
+    the difference hash's resampling (8 rows down a picture, 9 across it)."""
+    dhash_side = DHASH_COLUMNS if columns else DHASH_ROWS
+    blocks = [_DCT @ resample_matrix(n, SIDE, share) for share in VIEWS]
+    blocks += [resample_matrix(n, dhash_side, share) for share in VIEWS]
+    return np.vstack(blocks)
 
 
 def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
@@ -79,25 +86,43 @@ def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
     return np.rot90(pixels[:, ::-1] if flip else pixels, quarters)
 
 
-def phash_bits(grey: np.ndarray) -> int:
-    """The 64-bit hash of a grey picture (h x w, any size), as an unsigned int (first kept coefficient: top bit)."""
+def hash_bits(grey: np.ndarray) -> Hashes:
+    """The hashes of a grey picture (h x w, any size), as unsigned ints (the first bit is the top one)."""
     height, width = grey.shape
-    coefficients = (_kept_rows(height) @ grey @ _kept_rows(width).T).reshape(-1)[_KEPT]
-    ordered = np.sort(coefficients)  # on 64 values a sort is cheaper than np.partition or np.median
-    median = (ordered[BITS // 2 - 1] + ordered[BITS // 2]) / 2
-    return int.from_bytes(np.packbits(coefficients > median).tobytes(), "big")
+    # One product per side for all six hashes; the blocks on the diagonal are each view's.
+    product = _side_rows(height, False) @ grey @ _side_rows(width, True).T
+    low, views = LOW + 1, len(VIEWS)
+    phashes, dhashes = [], []
+    for view in range(views):
+        at = view * low
+        coefficients = product[at : at + low, at : at + low].reshape(-1)[_KEPT]
+        ordered = np.sort(coefficients)  # on 64 values a sort is cheaper than np.partition or np.median
+        median = (ordered[BITS // 2 - 1] + ordered[BITS // 2]) / 2
+        phashes.append(_bits(coefficients > median))
+        row, column = views * low + view * DHASH_ROWS, views * low + view * DHASH_COLUMNS
+        samples = product[row : row + DHASH_ROWS, column : column + DHASH_COLUMNS]
+        dhashes.append(_bits(samples[:, 1:] > samples[:, :-1]))
+    return Hashes(tuple(phashes), tuple(dhashes))
 
 
-def phash_pixels(pixels: np.ndarray, orientation: int = 1) -> int:
-    """The hash (signed int64) of decoded 8-bit pixels: h x w grey or h x w x 3 RGB, as stored; `orientation`
-    its EXIF tag. What the validator hashes a JPEG's 1/8-scale strict decode with."""
+def _bits(flags: np.ndarray) -> int:
+    return int.from_bytes(np.packbits(flags.reshape(-1)).tobytes(), "big")
+
+
+def hashes_of_pixels(pixels: np.ndarray, orientation: int = 1) -> Hashes:
+    """The hashes (signed int64) of decoded 8-bit pixels: h x w grey or h x w x 3 RGB, as stored;
+    `orientation` its EXIF tag. What the validator hashes a JPEG's 1/8-scale strict decode with."""
     grey = pixels @ LUMA if pixels.ndim == 3 else pixels.astype(np.float64)
-    return to_signed(phash_bits(upright(grey, orientation)))
+    return _signed(hash_bits(upright(grey, orientation)))
 
 
-def phash(image: Image.Image, orientation: int = 1) -> int:
-    """The picture's hash as a signed int64 (the storage form): `image` as decoded, `orientation` its EXIF tag."""
-    return to_signed(phash_bits(upright(_grey(image), orientation)))
+def hashes_of(image: Image.Image, orientation: int = 1) -> Hashes:
+    """The picture's hashes as signed int64s (the storage form): `image` as decoded, `orientation` its EXIF tag."""
+    return _signed(hash_bits(upright(_grey(image), orientation)))
+
+
+def _signed(hashes: Hashes) -> Hashes:
+    return Hashes(tuple(map(to_signed, hashes.phash)), tuple(map(to_signed, hashes.dhash)))
 
 
 def _grey(image: Image.Image) -> np.ndarray:

@@ -31,7 +31,7 @@ def serve(conn: Connection, function: Callable[[Any], Any], progress: Any) -> No
     item at `position` ran out of memory or raised."""
     # A worker is one of the pool's processes, one per core: each must compute on one thread. numpy's
     # OpenBLAS otherwise gives a worker a thread per core for a matrix product as small as the
-    # perceptual hash's (perceptual_hash.phash_pixels), which then spins on a core the other workers
+    # perceptual hash's (perceptual_hash.hashes_of_pixels), which then spins on a core the other workers
     # need: 2 workers on 2 cores used twice the CPU a file (96 photos: 1.98 CPU-s -> 0.91, 1.10 s ->
     # 0.48 s). The function's modules are loaded by now (the forkserver's preload, or unpickling the
     # function), so their libraries are the ones limited; the parent's own setting is left alone.

@@ -102,6 +102,23 @@ def exists(uri: str) -> bool:
     return s3_call(head, f"HEAD s3://{bucket}/{key}")
 
 
+def etag(uri: str) -> str:
+    """The object's ETag (a HEAD); FileNotFoundError when there is none at exactly this key."""
+    from botocore.exceptions import ClientError
+
+    bucket, key = split_s3(uri)
+
+    def head() -> str:
+        try:
+            return s3_client().head_object(Bucket=bucket, Key=key)["ETag"].strip('"')
+        except ClientError as error:
+            if _is_missing(error):
+                raise FileNotFoundError(uri) from None
+            raise
+
+    return s3_call(head, f"HEAD s3://{bucket}/{key}")
+
+
 class ObjectChanged(Exception):
     """The object is not the version asked for: another ETag, or gone."""
 

@@ -43,6 +43,7 @@ __all__ = [
     "s3_client",
     "safe_relative_key",
     "split_s3",
+    "version",
     "write_bytes_atomic",
 ]
 
@@ -119,6 +120,13 @@ def read_bytes(uri: str | os.PathLike) -> bytes:
     if is_s3(uri):
         return s3_storage.read_bytes(str(uri))
     return Path(uri).read_bytes()
+
+
+def version(uri: str | os.PathLike) -> str:
+    """What changes when the file at `uri` does: its S3 ETag, or a local file's `<mtime_ns>-<size>`."""
+    if is_s3(uri):
+        return s3_storage.etag(str(uri))
+    return local_etag(os.stat(uri))
 
 
 def exists(uri: str | os.PathLike) -> bool:

@@ -88,7 +88,9 @@ ACCEPTED = pa.DataFrameSchema(
         "boxes": pa.Column(object),  # list of [x1, y1, x2, y2], upright frame
         "category_names": pa.Column(object),  # list of str, one per box
         "annotation": pa.Column(str, pa.Check.isin(list(ANNOTATION_STATES))),
-        "phash": pa.Column("int64"),  # perceptual_hash.phash of the upright picture (64 bits, signed)
+        # perceptual_hash.Hashes of the upright picture: one int64 per view of perceptual_hash.VIEWS
+        "phash": pa.Column(object),
+        "dhash": pa.Column(object),
     },
     unique=["key"],
     name="validated_images",
@@ -125,7 +127,8 @@ VERDICTS = pa.DataFrameSchema(
         "width": pa.Column("int64"),
         "height": pa.Column("int64"),
         "orientation": pa.Column("int64"),
-        "phash": pa.Column("int64"),  # 0 when nothing was decoded (see `reason`)
+        "phash": pa.Column(object),  # as in ACCEPTED; [] when nothing was decoded (see `reason`)
+        "dhash": pa.Column(object),
     },
     unique=["key"],
     name="verdicts",

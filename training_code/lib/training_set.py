@@ -3,37 +3,41 @@
 `<lake>/training_set/<fingerprint16>/` holds
 - `selection.parquet` (SELECTION_SCHEMA): one row per selected image with everything packing needs
   (where its bytes are, their sha256, size and etag, the split and group validation gave it, its
-  labels), sorted by (source, key);
-- `excluded.parquet` (source, key, reason): the chosen sources' accepted images left out, and why;
-- `near_duplicates.parquet` (near_duplicate_split.NEAR_DUPLICATES_SCHEMA): the selected images in
-  near-duplicate groups, the split validation gave each and the one it trains in;
-- `manifest.json` (format `zero-selection/1`), written last: per source where its validated set is,
-  its data version and the counts; the policy as configured; the selected categories; the data
-  version; each file with its bytes and sha256.
-
-The rules that decide the rows are `selection`'s; this module is the format and its reading.
+  labels as trained), sorted by (source, key);
+- `excluded.parquet` (EXCLUDED_SCHEMA): the images left out by the rules a user acts on
+  (selection.LISTED_RULES), each with its reason and the image it copies; the manifest counts the rest;
+- `near_duplicates.parquet` (NEAR_DUPLICATES_SCHEMA): the near-duplicate clusters, what became of each image;
+- `policy.sql`, the policy that chose them;
+- `manifest.json` (format `zero-selection/2`), written last: per source where its validated set is, its
+  data version and counts; the policy's settings; the selected categories; the data version; each
+  file with its bytes and sha256.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .hashing import sha256_bytes, sha256_json
+from .hashing import sha256_bytes, sha256_file, sha256_json
 from .parquet_bytes import read_parquet_bytes
 from .storage import join, read_bytes, write_bytes_atomic
 from .verified_read import read_verified
 
-FORMAT = "zero-selection/1"
+FORMAT = "zero-selection/2"
 MANIFEST = "manifest.json"
 SELECTION = "selection.parquet"
 EXCLUDED = "excluded.parquet"
 NEAR_DUPLICATES = "near_duplicates.parquet"
+POLICY = "policy.sql"
 
 # The accepted table's columns as validation wrote them (labels as they are), plus the etag the
 # validation read each image at: what a packing job needs to fetch, check and label every row.
@@ -59,9 +63,24 @@ EXCLUDED_SCHEMA = pa.schema(
     [
         pa.field("source", pa.string(), nullable=False),
         pa.field("key", pa.string(), nullable=False),
+        pa.field("rule", pa.string(), nullable=False),
         pa.field("reason", pa.string(), nullable=False),
+        pa.field("copy_of", pa.string()),  # the kept image it copies
     ]
 )
+# One row per image in a near-duplicate cluster of two or more, named by its first image (by source, key).
+NEAR_DUPLICATES_SCHEMA = pa.schema(
+    [
+        pa.field("cluster", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("group", pa.string(), nullable=False),
+        pa.field("validated_split", pa.string(), nullable=False),
+        pa.field("outcome", pa.string(), nullable=False),  # train, val, or "left val" (it copies a train image)
+        pa.field("copy_of", pa.string()),
+    ]
+)
+CHUNK_ROWS = 1 << 16  # rows in a Parquet row group, and in a piece of the content hash
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
@@ -71,28 +90,104 @@ def parquet_bytes(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
+Rows = pa.Table | pa.RecordBatchReader | Callable[[], pa.RecordBatchReader]  # a callable: started when written
+
+
 def write_training_set(
-    out: str, selected: pa.Table, excluded: pa.Table, fields: dict[str, Any], near_duplicates: pa.Table | None = None
+    out: str | os.PathLike,
+    selected: Rows,
+    excluded: Rows,
+    fields: dict[str, Any],
+    near_duplicates: Rows | None = None,
+    policy_sql: str | None = None,
 ) -> tuple[dict[str, Any], int]:
-    """Write the selection and the excluded rows, then the manifest (with `fields`: sources, policy,
+    """Stream the files into the local folder `out`, then the manifest (with `fields`: sources, policy,
     categories) last. Returns the manifest and the bytes written.
 
     The data version is a hash of what was selected (the rows but their etags, which locally hold a
-    file's mtime), the policy and the categories: an equal selection has an equal version whatever
-    validation run it came from, and its shards stay as they are."""
-    selected = selected.cast(SELECTION_SCHEMA)
-    files = {SELECTION: parquet_bytes(selected), EXCLUDED: parquet_bytes(excluded)}
-    if near_duplicates is not None:
-        files[NEAR_DUPLICATES] = parquet_bytes(near_duplicates)
-    for name, data in files.items():
-        write_bytes_atomic(join(out, name), data)
-    listed = {name: {"bytes": len(data), "sha256": sha256_bytes(data)} for name, data in files.items()}
-    content = sha256_bytes(parquet_bytes(selected.drop_columns(["etag"])))
-    version = sha256_json([content, fields.get("policy"), fields.get("categories")])
+    file's mtime), the policy, its SQL and the categories: an equal selection has an equal version
+    whatever validation run it came from, and its shards stay as they are."""
+    out = Path(out)
+    content = hashlib.sha256()
+    listed = {SELECTION: _write_parquet(out / SELECTION, selected, SELECTION_SCHEMA, content)}
+    listed[EXCLUDED] = _write_parquet(out / EXCLUDED, excluded, EXCLUDED_SCHEMA)
+    near = NEAR_DUPLICATES_SCHEMA.empty_table() if near_duplicates is None else near_duplicates
+    listed[NEAR_DUPLICATES] = _write_parquet(out / NEAR_DUPLICATES, near, NEAR_DUPLICATES_SCHEMA)
+    if policy_sql is not None:
+        write_bytes_atomic(out / POLICY, policy_sql.encode())
+        listed[POLICY] = {"bytes": len(policy_sql.encode()), "sha256": sha256_bytes(policy_sql.encode())}
+    policy_sha256 = listed.get(POLICY, {}).get("sha256")
+    version = sha256_json([content.hexdigest(), fields.get("policy"), fields.get("categories"), policy_sha256])
     manifest = {"format": FORMAT, "data_version": version, **fields, "files": listed}
     data = json.dumps(manifest, indent=1, sort_keys=True).encode()
-    write_bytes_atomic(join(out, MANIFEST), data)
-    return manifest, sum(len(d) for d in files.values()) + len(data)
+    write_bytes_atomic(out / MANIFEST, data)
+    return manifest, sum(entry["bytes"] for entry in listed.values()) + len(data)
+
+
+def _write_parquet(path: Path, rows: Rows, schema: pa.Schema, content: Any = None) -> dict[str, Any]:
+    """`rows`, in the order given, as Parquet at `path` (atomically) in row groups of CHUNK_ROWS, so the same
+    rows write the same bytes however they were batched. `content`, a hash object, is fed the rows but
+    their etags (an Arrow IPC stream of the same pieces)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    hashed = None
+    if content is not None:
+        hashed = pa.ipc.new_stream(
+            pa.PythonFile(_HashSink(content), mode="w"), schema.remove(schema.get_field_index("etag"))
+        )
+    try:
+        with pq.ParquetWriter(tmp, schema) as writer:
+            for piece in _pieces(rows, schema):
+                writer.write_table(piece, row_group_size=CHUNK_ROWS)
+                if hashed is not None:  # fresh arrays (take): a slice's IPC bytes depend on where it was cut
+                    hashed.write_table(piece.drop_columns(["etag"]).take(pa.array(range(piece.num_rows))))
+        if hashed is not None:
+            hashed.close()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def _pieces(rows: Rows, schema: pa.Schema) -> Iterator[pa.Table]:
+    """`rows` as tables of CHUNK_ROWS rows (the last one fewer) with `schema`'s columns and types."""
+    pending, count = [], 0
+    rows = rows() if callable(rows) else rows
+    for batch in rows.to_batches() if isinstance(rows, pa.Table) else rows:
+        pending.append(batch)
+        count += batch.num_rows
+        while count >= CHUNK_ROWS:
+            table = pa.Table.from_batches(pending)
+            yield _conformed(table.slice(0, CHUNK_ROWS), schema)
+            rest = table.slice(CHUNK_ROWS)
+            pending, count = rest.to_batches(), rest.num_rows
+    if count:
+        yield _conformed(pa.Table.from_batches(pending), schema)
+
+
+def _conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with `schema`'s columns and types; a null where the schema allows none fails, naming the row."""
+    for field in schema:
+        column = table.column(field.name)
+        if not field.nullable and column.null_count:
+            at = pc.index(pc.is_null(column), True).as_py()
+            raise ValueError(f"{field.name!r} is missing (null) in row {table.slice(at, 1).to_pylist()[0]}")
+    return table.select(schema.names).cast(schema).combine_chunks()
+
+
+class _HashSink(io.RawIOBase):
+    """A writable stream that only hashes what is written to it."""
+
+    def __init__(self, digest: Any) -> None:
+        self.digest = digest
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return len(data)
 
 
 def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
@@ -124,5 +219,5 @@ def read_selection(folder: str | os.PathLike) -> tuple[dict[str, Any], pa.Table]
 
 
 def read_excluded(folder: str | os.PathLike) -> pa.Table:
-    """The excluded (source, key, reason) rows, checked against the manifest's sha256."""
+    """The listed excluded rows (EXCLUDED_SCHEMA), checked against the manifest's sha256."""
     return read_parquet_bytes(read_verified(join(folder, EXCLUDED)))

@@ -117,7 +117,8 @@ def build_outputs(
                 "boxes": checked.boxes,
                 "category_names": checked.category_names,
                 "annotation": state,
-                "phash": verdict.phash,
+                "phash": list(verdict.phash),
+                "dhash": list(verdict.dhash),
             }
         )
     accepted = _frame(accepted_rows, ACCEPTED)

@@ -55,7 +55,8 @@ MANIFEST_FORMAT = "zero-validated/1"
 # 6: an accepted image's verdict carries its perceptual hash (the accepted table's phash).
 # 7: the perceptual hash is one resample-and-DCT matrix product per side (perceptual_hash), not Pillow's resize.
 # 8: a JPEG's perceptual hash is of the luma libjpeg-turbo decodes at 1/8 scale, not of its RGB decode.
-VALIDATOR_VERSION = "validate-8"
+# 9: an accepted image's verdict carries a pHash and a difference hash of three centre views (perceptual_hash).
+VALIDATOR_VERSION = "validate-9"
 PHASES = ("all", "map", "reduce")
 
 

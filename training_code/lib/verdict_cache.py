@@ -36,12 +36,13 @@ def verdict_frame(index: pd.DataFrame, verdicts: dict[str, ImageVerdict]) -> pd.
     keys = index["key"].tolist()
     rows = [verdicts[key] for key in keys]
     # Column by column (a dict a row was most of this function's time). The table has no nulls: it
-    # stores a missing sha256 or reason as "" and a missing phash as 0, which read_verdicts undoes.
+    # stores a missing sha256 or reason as "" and missing hashes as [], which read_verdicts undoes.
     columns = {name: [getattr(verdict, name) for verdict in rows] for name in ImageVerdict._fields}
     columns.update(
         sha256=[value or "" for value in columns["sha256"]],
         reason=[value or "" for value in columns["reason"]],
-        phash=[value or 0 for value in columns["phash"]],
+        phash=[list(value or ()) for value in columns["phash"]],
+        dhash=[list(value or ()) for value in columns["dhash"]],
     )
     frame = pd.DataFrame(
         {"key": keys, "etag": index["etag"].tolist(), "listed_size": index["size"].astype("int64").tolist(), **columns},
@@ -79,8 +80,9 @@ def read_verdicts(path: str | os.PathLike) -> dict[tuple[str, str, int], ImageVe
     """(key, etag, listed_size) -> verdict from a VERDICTS table (a run's, or one host's part of a map stage)."""
     table = read_table(path, VERDICTS)
     columns = {name: table[name].tolist() for name in ImageVerdict._fields}
-    # The nulls verdict_frame stored as "" and 0; a phash can be 0, so whether there is one is the reason's call.
-    columns["phash"] = [None if reason else phash for reason, phash in zip(columns["reason"], columns["phash"])]
+    # The nulls verdict_frame stored as "" and []: an accepted verdict has its hashes, a quarantined one none.
+    for name in ("phash", "dhash"):
+        columns[name] = [None if reason else tuple(map(int, h)) for reason, h in zip(columns["reason"], columns[name])]
     columns.update(
         sha256=[value or None for value in columns["sha256"]], reason=[value or None for value in columns["reason"]]
     )

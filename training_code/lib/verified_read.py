@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .hashing import sha256_bytes
+from .hashing import sha256_bytes, sha256_file
 from .output_manifest import MANIFEST, named_files
-from .storage import is_s3, join, read_bytes
+from .storage import fetch_file, is_s3, join, read_bytes
 
 
 class FileIntegrityError(RuntimeError):
@@ -30,15 +31,34 @@ def read_verified(uri: str | os.PathLike) -> bytes:
     folder, name = split_folder(uri)
     expected = manifest_entry(folder, name)
     data = read_bytes(uri)
-    if expected is None:
-        return data
+    if expected is not None:
+        _verify(uri, folder, expected, len(data), lambda: sha256_bytes(data))
+    return data
+
+
+def local_verified_copy(uri: str | os.PathLike, dest: Path) -> Path:
+    """A local file holding the bytes at `uri`, verified as `read_verified` does but hashed as a stream, so
+    a table of any size is checked in bounded memory: a local `uri` itself (read in place), an s3:// one
+    fetched to `dest`."""
+    folder, name = split_folder(uri)
+    expected = manifest_entry(folder, name)
+    path = dest if is_s3(uri) else Path(uri)
+    if is_s3(uri):
+        fetch_file(str(uri), dest)
+    if expected is not None:
+        _verify(uri, folder, expected, path.stat().st_size, lambda: sha256_file(path))
+    return path
+
+
+def _verify(
+    uri: str | os.PathLike, folder: str, expected: dict[str, Any], size: int, digest: Callable[[], str]
+) -> None:
     manifest_uri = join(folder, MANIFEST)
     advice = f"the file changed after the job that wrote {folder} finished; rematerialize the asset that wrote it"
-    if "bytes" in expected and len(data) != expected["bytes"]:
-        raise FileIntegrityError(f"{uri}: {len(data)} bytes, {manifest_uri} says {expected['bytes']}: {advice}")
-    if "sha256" in expected and (digest := sha256_bytes(data)) != expected["sha256"]:
-        raise FileIntegrityError(f"{uri}: sha256 {digest}, {manifest_uri} says {expected['sha256']}: {advice}")
-    return data
+    if "bytes" in expected and size != expected["bytes"]:
+        raise FileIntegrityError(f"{uri}: {size} bytes, {manifest_uri} says {expected['bytes']}: {advice}")
+    if "sha256" in expected and (found := digest()) != expected["sha256"]:
+        raise FileIntegrityError(f"{uri}: sha256 {found}, {manifest_uri} says {expected['sha256']}: {advice}")
 
 
 def manifest_entry(folder: str, name: str) -> dict[str, Any] | None:

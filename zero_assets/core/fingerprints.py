@@ -155,7 +155,7 @@ class FingerprintInputs:
 
     @classmethod
     def of(cls, module: str, config: dict[str, Any], upstream: list[UpstreamOutput]) -> FingerprintInputs:
-        return cls(current_code_version(module), config, {u.asset: u.data_version for u in upstream})
+        return cls(current_code_version(module), config, {upstream_name(u, upstream): u.data_version for u in upstream})
 
     def as_metadata(self) -> dict[str, Any]:
         return {"code": self.code, "config": self.config, "upstream": self.upstream}
@@ -171,3 +171,10 @@ class UpstreamOutput:
     uri: str
     data_version: str
     partition: str | None = None  # the source, for a per-source asset
+
+
+def upstream_name(output: UpstreamOutput, upstream: list[UpstreamOutput]) -> str:
+    """How a materialization names one of its upstream outputs: the asset, or `asset[source]` where it
+    reads several sources of one asset (the training set)."""
+    shared = sum(u.asset == output.asset for u in upstream) > 1
+    return f"{output.asset}[{output.partition}]" if shared and output.partition else output.asset

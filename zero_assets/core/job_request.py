@@ -62,6 +62,15 @@ class Reads:
 
 
 @dataclass(frozen=True)
+class TableScan:
+    """Tables a job reads whole, by key (the selection's validated tables): its memory and volume are sized
+    from them."""
+
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class JobRequest:
     asset: str
     kind: Literal["processing", "training"]
@@ -74,6 +83,7 @@ class JobRequest:
     instance_count: int = 1
     processes_per_host: int = 1  # training: torchrun's --nproc_per_node (SageMaker: one per GPU of the instance)
     reads: Reads | None = None  # what the job fetches by key (see `spread_over`), never an input prefix
+    scan: TableScan | None = None  # the tables it reads whole
     # Outputs an earlier stage of the same materialization wrote into too (a map stage's shards): the job's
     # files join them there instead of replacing the folder.
     merged_outputs: tuple[str, ...] = ()
@@ -250,6 +260,7 @@ def build_job_request(
     tracking: dict[str, Any] | None = None,
     fingerprint_inputs: FingerprintInputs | None = None,
     lease: str | None = None,
+    arguments: dict[str, Any] | None = None,
     **options: Any,
 ) -> JobRequest:
     """The request for one materialization; its output goes under the input fingerprint (and, for a
@@ -257,7 +268,8 @@ def build_job_request(
     arguments the script also gets but the fingerprint leaves out: where a run is logged (W&B), never
     what it computes. `fingerprint_inputs`: those a caller already derived from the same module, config and
     upstream (the code version is read from the files each time, so it is derived once per launch).
-    `lease`: the one its materialization holds where that is not its own output's (the warm's)."""
+    `lease`: the one its materialization holds where that is not its own output's (the warm's).
+    `arguments`: the script's own where they are not its config (a job given its settings in a file)."""
     fingerprint = (fingerprint_inputs or FingerprintInputs.of(module, config, upstream)).fingerprint
     output = settings.asset_uri(asset, fingerprint[:16], partition)
     return JobRequest(
@@ -268,7 +280,7 @@ def build_job_request(
         inputs=inputs,
         outputs={"out": output},
         lease=lease or output_lease_location(settings.jobs_root(), asset, fingerprint, output),
-        arguments={**config, **(tracking or {})},
+        arguments={**(config if arguments is None else arguments), **(tracking or {})},
         processes_per_host=processes_per_host,
         **options,
     )

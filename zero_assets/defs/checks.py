@@ -1,5 +1,6 @@
-"""Asset checks: the quarantine rate (per source) and the shard manifest (of the one shard set) block
-downstream work; mAP is watched, and `map_report` must have been refreshed since the previous training tick.
+"""Asset checks: the quarantine rate (per source), the val share the near-duplicate rule left and the shard
+manifest (of the one shard set) block downstream work; mAP is watched, and `map_report` must have been
+refreshed since the previous training tick.
 
 A check says what it checked: one that cannot check (its asset never materialized for this source,
 shards it cannot see from here) fails with WARN severity and `skipped` in its metadata, never a silent
@@ -33,7 +34,8 @@ from dagster._utils.schedules import cron_string_iterator
 from training_code.lib.relative_paths import resolve
 from training_code.lib.shard_format import FORMAT, MANIFEST, ShardIntegrityError, read_manifest, verify_shard
 from training_code.lib.storage import is_s3, join, list_objects, read_bytes
-from zero_assets.defs.assets import arrow_shards, map_report, validated_images
+from zero_assets.defs.assets import arrow_shards, map_report, training_set, validated_images
+from zero_assets.defs.assets.training_set import TrainingSetConfig
 from zero_assets.defs.automation import train_cron
 from zero_assets.defs.limits import max_quarantine_rate, rate_from_env
 from zero_assets.defs.partitions import RAW_SOURCES
@@ -116,6 +118,37 @@ with warnings.catch_warnings():
         description="quarantined / images_in stays under the limit the asset ran with",
         partitions_def=RAW_SOURCES,
     )(_quarantine_rate)
+
+
+@asset_check(
+    asset=training_set,
+    blocking=True,
+    description="the near-duplicate rule moved the val share by no more than the config's max_val_share_shift",
+)
+def val_share_held(context: AssetCheckExecutionContext) -> AssetCheckResult:
+    metadata = _latest_metadata(context, "training_set")
+    if metadata is None:
+        return _never_materialized(context, "training_set")
+    if "val_share_moved" not in metadata:
+        return _skipped(context, "the latest training_set materialization records no val shares")
+    config = (metadata.get("fingerprint_inputs") or {}).get("config") or {}
+    limit = float(config.get("max_val_share_shift", TrainingSetConfig().max_val_share_shift))
+    before, after, moved = metadata["val_share_before"], metadata["val_share_after"], metadata["val_share_moved"]
+    return AssetCheckResult(
+        passed=abs(moved) <= limit,
+        metadata={
+            "val_share_before": before,
+            "val_share_after": after,
+            "val_share_moved": moved,
+            "limit": limit,
+            "near_duplicate_images_left_val": metadata.get("near_duplicate_images_left_val", 0),
+            "largest_near_duplicate_cluster": metadata.get("largest_near_duplicate_cluster", 0),
+        },
+        description=(
+            f"val share {before:.4f} -> {after:.4f} ({moved:+.4f}, limit {limit:g}): "
+            f"{metadata.get('near_duplicate_images_left_val', 0)} near-duplicates of train images left val"
+        ),
+    )
 
 
 @asset_check(
@@ -232,4 +265,10 @@ def limits_from_env() -> CheckLimits:
     return CheckLimits(map_regression_margin=rate_from_env("ZERO_MAP_REGRESSION_MARGIN", DEFAULT_MAP_REGRESSION_MARGIN))
 
 
-ALL_CHECKS = [quarantine_rate_under_limit, shard_manifest_integrity, map_not_regressed, *MAP_REPORT_FRESHNESS]
+ALL_CHECKS = [
+    quarantine_rate_under_limit,
+    val_share_held,
+    shard_manifest_integrity,
+    map_not_regressed,
+    *MAP_REPORT_FRESHNESS,
+]

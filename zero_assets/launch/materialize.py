@@ -8,6 +8,7 @@ instead of launching the job again.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from dagster import AssetExecutionContext, DataVersion, MaterializeResult
@@ -28,12 +29,15 @@ def launch_job(
     config: dict[str, Any],
     upstream: list[UpstreamOutput],
     spread: FanOut | None = None,
+    plan: Callable[[str], None] | None = None,
     data_version_of: Callable[[str], str] | None = None,
     **request_fields: Any,
 ) -> MaterializeResult:
     """Launch the asset's job unless an earlier materialization with the same inputs is still complete.
 
-    `request_fields` (settings, kind, inputs, processes_per_host) go to `build_job_request` unchanged.
+    `request_fields` (settings, kind, inputs, arguments, scan) go to `build_job_request` unchanged.
+    `plan(uri)` writes what the job reads (the selection's plan) where the backend stages it, before
+    launch and only when the job runs; it reaches the job as the input `plan`.
     With `spread` the job's read list is planned first, and on more than one instance (the backend
     derives the count from that work) it runs as a map stage on every instance and a reduce stage on
     one (see `job_request.spread_over`). `data_version_of(output
@@ -54,7 +58,11 @@ def launch_job(
     output = request.outputs["out"]
 
     def build() -> MaterializeResult:
-        result = _run_job(context, jobs, request, spread, upstream)
+        staged = request
+        if plan is not None:
+            plan(location := jobs.read_list_uri(request))
+            staged = replace(request, inputs={**request.inputs, "plan": location})
+        result = _run_job(context, jobs, staged, spread, upstream)
         if data_version_of is None:
             return result
         reported = result.data_version.value if result.data_version else None

@@ -28,12 +28,14 @@ from dagster import (
 )
 from dagster_pandera import pandera_schema_to_dagster_type
 
-from zero_assets.core.fingerprints import UpstreamOutput
+from zero_assets.core.fingerprints import UpstreamOutput, upstream_name
 
 
 def upstream_metadata(upstream: list[UpstreamOutput]) -> JsonMetadataValue:
     """What a materialization was built from (asset -> uri, data version): the links lineage walks."""
-    return MetadataValue.json({u.asset: {"uri": u.uri, "data_version": u.data_version} for u in upstream})
+    return MetadataValue.json(
+        {upstream_name(u, upstream): {"uri": u.uri, "data_version": u.data_version} for u in upstream}
+    )
 
 
 def table_schema(schema: pa.DataFrameSchema) -> TableSchemaMetadataValue:
@@ -111,6 +113,7 @@ BUILD_KEYS = frozenset(
         "job_wall_s",
         "wall_s",
         "validate_wall_s",
+        "select_wall_s",
         "instance_seconds",
         "billable_instance_seconds",
         "estimated_cost_usd",

@@ -45,13 +45,14 @@ from zero_assets.backends.sagemaker.training_plan import TrainingPlan, launch_pr
 from zero_assets.backends.sagemaker.training_set_channel import channel_shards, channel_training_set
 from zero_assets.backends.sagemaker.work_sizing import instances_for, read_list_uri
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput
-from zero_assets.core.job_request import FanOut, JobRequest, build_job_request, job_name, spread_over
+from zero_assets.core.job_request import FanOut, JobRequest, TableScan, build_job_request, job_name, spread_over
 from zero_assets.core.settings import ZeroSettings, source_uri
 from zero_assets.defs.assets import ALL_ASSETS
 from zero_assets.defs.assets.arrow_shards import PACKING_SPREAD, ShardConfig
 from zero_assets.defs.assets.fsx_warm_state import warm_inputs, warm_lease
 from zero_assets.defs.assets.map_report import EvalConfig
 from zero_assets.defs.assets.trained_checkpoint import TrainConfig
+from zero_assets.defs.assets.training_set import SELECT_MODULE, TrainingSetConfig, selection_job
 from zero_assets.defs.assets.validated_images import VALIDATION_SPREAD, ValidationConfig
 from zero_assets.launch.upstream import latest_materializations, output_of
 
@@ -61,6 +62,7 @@ Lookup = Callable[[str, Optional[str]], Optional[UpstreamOutput]]  # (asset, sou
 EXAMPLE_SOURCE = "example_source"
 JOB_CONFIGS = {
     "validated_images": ValidationConfig,
+    "training_set": TrainingSetConfig,
     "arrow_shards": ShardConfig,
     "trained_checkpoint": TrainConfig,
     "map_report": EvalConfig,
@@ -180,6 +182,23 @@ def render_jobs(
         inputs={"index": index.uri},
     )
     planned(validation, VALIDATION_SPREAD, raw_uri, lookup("raw_image_index", source) is not None)
+    # The selection over the one source rendered; its instance is sized from the rows it reads, which the
+    # runner takes from the validated sets' materializations (unknown here: the smallest).
+    validated = upstream("validated_images", source)
+    fingerprinted, _, _ = selection_job(configs["training_set"], [validated], settings.raw_uri)
+    selecting = build_job_request(
+        "training_set",
+        settings=settings,
+        kind="processing",
+        module=SELECT_MODULE,
+        config=fingerprinted,
+        arguments={},
+        tracking=configs["training_set"].tracking(),
+        upstream=[validated],
+        inputs={},
+        scan=TableScan(0, 0),
+    )
+    add(replace(selecting, inputs={"plan": read_list_uri(aws, selecting)}))
     selection = upstream("training_set")
     earlier = lookup("arrow_shards", None)  # the shard set whose shards it keeps, as the asset hands it over
     packing = build_job_request(

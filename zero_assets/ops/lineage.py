@@ -15,8 +15,10 @@ FSx answers like a local one.
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -25,6 +27,7 @@ from dagster import DagsterInstance
 from training_code.lib import training_set as ts
 from training_code.lib.parquet_bytes import read_parquet_bytes
 from training_code.lib.raw_index import INDEX_FILE
+from training_code.lib.selection_engine import explain
 from training_code.lib.shard_format import MANIFEST, MASKED, ROWS
 from training_code.lib.storage import join, read_bytes
 from training_code.lib.verified_read import read_verified
@@ -236,7 +239,8 @@ def _require_indexed(instance: DagsterInstance, source: str, key: str) -> None:
 
 
 def _selected(training_set_uri: str, source: str, key: str) -> dict[str, Any]:
-    """What the training set at `training_set_uri` decided for an accepted image."""
+    """What the training set at `training_set_uri` decided for an accepted image: from its files for a
+    selected image or one of the excluded ones it lists, else from its policy, run again (`explain`)."""
     selected = _table(join(training_set_uri, ts.SELECTION), ("source", "key", "sha256", "split"))
     if ((selected["source"] == source) & (selected["key"] == key)).any():
         return {"status": "selected", "training_set": training_set_uri}
@@ -245,6 +249,16 @@ def _selected(training_set_uri: str, source: str, key: str) -> dict[str, Any]:
     if not reason.empty:
         return {"status": "excluded from the training set", "reason": reason.iloc[0], "training_set": training_set_uri}
     chosen = {s["source"] for s in _json(join(training_set_uri, ts.MANIFEST))["sources"]}
+    if source in chosen:
+        with tempfile.TemporaryDirectory(prefix="zero-lineage-") as scratch:
+            decided = explain(training_set_uri, key, Path(scratch))
+        if decided is not None and decided["rule"] is not None:
+            return {
+                "status": "excluded from the training set",
+                "reason": decided["reason"],
+                "training_set": training_set_uri,
+                "detail": "from its policy, run again over the validated sets it chose from",
+            }
     why = (
         f"source {source} is not among the training set's sources"
         if source not in chosen

@@ -25,6 +25,7 @@ PACKAGE_DIRS = ("training_code",)
 JOB_REQUIREMENTS = (
     "dagster-pipes",
     "pyarrow",
+    "duckdb",
     "pandas",
     "pandera",
     "pillow",

@@ -23,7 +23,7 @@ from zero_assets.backends.sagemaker.settings import (
 )
 from zero_assets.backends.sagemaker.training_plan import TrainingPlan, bounded_runtime, plan_name, utc_now
 from zero_assets.backends.sagemaker.training_set_channel import FILE_LIST, split_training_set
-from zero_assets.backends.sagemaker.work_sizing import request_volume_gb
+from zero_assets.backends.sagemaker.work_sizing import request_instance_type, request_volume_gb
 from zero_assets.core.job_request import JobRequest
 
 OPERATIONS = {"training": "CreateTrainingJob", "processing": "CreateProcessingJob"}
@@ -267,7 +267,7 @@ def _processing_params(
             "ClusterConfig": _with_volume_kms(
                 {
                     "InstanceCount": instances,
-                    "InstanceType": compute.instance_type,
+                    "InstanceType": request_instance_type(request, compute),
                     "VolumeSizeInGB": request_volume_gb(request, compute),  # plus what its busiest host fetches
                 },
                 settings,

@@ -18,6 +18,7 @@ from zero_assets.core.settings import SAGEMAKER_VARIABLES, env_bindings, zero_en
 # (training_rehearsal: its training, then its evaluation), whatever the profile.
 JOB_ASSETS = (
     "validated_images",
+    "training_set",
     "arrow_shards",
     "fsx_warm_state",
     "trained_checkpoint",
@@ -31,7 +32,10 @@ class JobCompute(Config):
     """Instances of one job. A Processing job that reads raw objects by key (a planned read list, see
     `work_sizing`) spreads over instances by its work: `images_per_instance` objects or
     `bytes_per_instance` bytes each, at least `instance_count`, at most `max_instance_count`; its volume
-    is `volume_size_gb` plus what its busiest instance reads. Other jobs run on `instance_count`."""
+    is `volume_size_gb` plus what its busiest instance reads. A job that reads tables whole (the selection)
+    runs on one instance of `instance_type`'s family with at least `memory_bytes_per_row` for each row it
+    reads, its volume `volume_size_gb` plus room for the tables, their copy and what the engine spills.
+    Other jobs run on `instance_count`."""
 
     instance_type: str
     instance_count: int = 1
@@ -40,6 +44,7 @@ class JobCompute(Config):
     max_instance_count: int = 16
     images_per_instance: Optional[int] = None
     bytes_per_instance: Optional[int] = None
+    memory_bytes_per_row: Optional[int] = None
     # Training jobs: the SageMaker Training Plan whose reserved instances run the job (see training_plan.py).
     # Part of the compute, not of the settings: a profile that brings its own compute (rehearsal) runs off the plan.
     training_plan_arn: Optional[str] = None
@@ -48,6 +53,10 @@ class JobCompute(Config):
 DEFAULT_COMPUTE = {
     # 16 vCPUs decode ~250,000 photos in about a quarter of an hour; the volume holds them on top of 30 GB.
     "validated_images": JobCompute(instance_type="ml.c5.4xlarge", volume_size_gb=30, images_per_instance=250_000),
+    # DuckDB over the validated tables, in memory to ~100 bytes a row and spilling past it: r5 from 16 GiB.
+    "training_set": JobCompute(
+        instance_type="ml.r5.large", volume_size_gb=30, memory_bytes_per_row=100, max_runtime_s=6 * 3600
+    ),
     # A pack is I/O: ~100 GB an instance in well under an hour; each holds what it fetched and the shards it wrote.
     "arrow_shards": JobCompute(instance_type="ml.c5.4xlarge", volume_size_gb=30, bytes_per_instance=100 * 10**9),
     "fsx_warm_state": JobCompute(instance_type="ml.m5.xlarge", volume_size_gb=30, max_runtime_s=6 * 3600),
@@ -70,7 +79,14 @@ TRAINING_ASSET = "trained_checkpoint"
 REHEARSAL_ASSET = "training_rehearsal"
 TRAINING_PLAN_VARIABLE = "ZERO_SM_TRAINING_PLAN_ARN"
 # Per-job whole numbers, each set by ZERO_SM_<ASSET>_<FIELD> (see JobCompute).
-WHOLE_NUMBERS = ("instance_count", "max_instance_count", "images_per_instance", "bytes_per_instance", "volume_size_gb")
+WHOLE_NUMBERS = (
+    "instance_count",
+    "max_instance_count",
+    "images_per_instance",
+    "bytes_per_instance",
+    "memory_bytes_per_row",
+    "volume_size_gb",
+)
 # Whole-second settings: field -> (variable, least value).
 WHOLE_SECONDS = {
     "plan_checkpoint_margin_s": ("ZERO_SM_PLAN_CHECKPOINT_MARGIN_S", 0),
@@ -95,6 +111,7 @@ class SageMakerSettings(ConfigurableResource):
     training_image_uri: str  # a PyTorch Deep Learning Container (its toolkit launches torchrun)
     processing_image_uri: str  # any image with python3 and requirements.txt of the code package installed
     validated_images: JobCompute = DEFAULT_COMPUTE["validated_images"]
+    training_set: JobCompute = DEFAULT_COMPUTE["training_set"]
     arrow_shards: JobCompute = DEFAULT_COMPUTE["arrow_shards"]
     fsx_warm_state: JobCompute = DEFAULT_COMPUTE["fsx_warm_state"]
     trained_checkpoint: JobCompute = DEFAULT_COMPUTE["trained_checkpoint"]

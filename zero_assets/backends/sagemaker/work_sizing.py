@@ -20,6 +20,17 @@ from zero_assets.core.job_request import JobRequest, Work
 MAX_VOLUME_GB = 16384  # botocore: ProcessingClusterConfig.VolumeSizeInGB
 MAX_INSTANCES = 100  # botocore: ProcessingClusterConfig.InstanceCount
 GIB = 1 << 30
+# Memory-optimised instances and their memory (GiB), from the smallest: what a table job is sized along.
+MEMORY_LADDER = (
+    ("ml.r5.large", 16),
+    ("ml.r5.xlarge", 32),
+    ("ml.r5.2xlarge", 64),
+    ("ml.r5.4xlarge", 128),
+    ("ml.r5.8xlarge", 256),
+    ("ml.r5.12xlarge", 384),
+    ("ml.r5.16xlarge", 512),
+    ("ml.r5.24xlarge", 768),
+)
 
 
 def volume_gb(compute: JobCompute, read_bytes: int) -> int:
@@ -71,8 +82,24 @@ def instances_for(asset: str, compute: JobCompute, work: Work) -> int:
 
 
 def request_volume_gb(request: JobRequest, compute: JobCompute) -> int:
-    """The volume of each instance of `request`: the base, plus what its busiest host fetches."""
-    return volume_gb(compute, request.reads.disk_bytes if request.reads else 0)
+    """The volume of each instance of `request`: the base, plus what its busiest host fetches, or three
+    times the tables it reads whole (fetched, spilled by the engine, written again)."""
+    scanned = 3 * request.scan.bytes if request.scan else 0
+    return volume_gb(compute, (request.reads.disk_bytes if request.reads else 0) + scanned)
+
+
+def request_instance_type(request: JobRequest, compute: JobCompute) -> str:
+    """`compute.instance_type`, or for a job that reads tables whole, the smallest instance of that
+    family (MEMORY_LADDER) with `memory_bytes_per_row` for each row, never smaller than the one set; the
+    largest where none has that much (the engine spills to the volume past its memory)."""
+    if request.scan is None or not compute.memory_bytes_per_row:
+        return compute.instance_type
+    names = [name for name, _ in MEMORY_LADDER]
+    if compute.instance_type not in names:
+        return compute.instance_type
+    wanted = request.scan.rows * compute.memory_bytes_per_row
+    ladder = MEMORY_LADDER[names.index(compute.instance_type) :]
+    return next((name for name, gib in ladder if gib * GIB >= wanted), ladder[-1][0])
 
 
 def read_list_uri(aws: SageMakerSettings, request: JobRequest) -> str:

@@ -9,7 +9,7 @@ from zero_assets.defs.assets.raw_data import raw_data
 from zero_assets.defs.assets.raw_image_index import INDEX_MODULE, raw_image_index
 from zero_assets.defs.assets.trained_checkpoint import TRAIN_MODULE, trained_checkpoint
 from zero_assets.defs.assets.training_rehearsal import REHEARSAL_CODE, training_rehearsal
-from zero_assets.defs.assets.training_set import training_set
+from zero_assets.defs.assets.training_set import SELECT_MODULE, training_set
 from zero_assets.defs.assets.validated_images import VALIDATE_MODULE, validated_images
 
 PER_SOURCE_ASSETS = [raw_image_index, validated_images]
@@ -23,6 +23,7 @@ SOURCE_SPECS = [raw_data]
 JOB_SCRIPTS = {
     "raw_image_index": (INDEX_MODULE,),
     "validated_images": (VALIDATE_MODULE,),
+    "training_set": (SELECT_MODULE,),
     "arrow_shards": (SHARD_MODULE,),
     "fsx_warm_state": ("training_code.warm",),
     "trained_checkpoint": (TRAIN_MODULE,),

@@ -16,8 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from training_code.lib.perceptual_hash import as_unsigned
+
 from .near_duplicates import NearDuplicateSettings, connected_components, near_duplicate_groups
-from .perceptual_hash import as_unsigned
 
 PHASH = "phash"  # the accepted table's column of perceptual hashes
 # One row per selected image in a near-duplicate group of two or more: the group is named by its first

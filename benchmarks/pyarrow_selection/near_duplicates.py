@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .perceptual_hash import BITS, hamming
+from training_code.lib.perceptual_hash import BITS, hamming
 
 JOIN_ROWS = 1 << 18  # rows of one band joined with the rest at a time
 LAYOUT_SEED = 22  # the bit orders are part of the method: fixed, so the same hashes give the same candidates

@@ -32,10 +32,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .label_policy import EXCLUDED_BECAUSE, TRAINING_STATES
+from training_code.lib.label_policy import EXCLUDED_BECAUSE, TRAINING_STATES
+from training_code.lib.training_set import SELECTION_SCHEMA
+
 from .near_duplicate_split import NEAR_DUPLICATES_SCHEMA, PHASH, split_by_near_duplicates
 from .near_duplicates import NearDuplicateSettings
-from .training_set import EXCLUDED_SCHEMA, SELECTION_SCHEMA
+
+EXCLUDED_SCHEMA = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+    ]
+)
 
 ANNOTATION = "annotation"  # the accepted table's column that says whether an image has labels to train on
 

@@ -1,0 +1,69 @@
+"""`selection_scale`: the selection job on 10,000,000 accepted rows in 100 sources, against 1,000,000.
+
+Both runs are the job as the local backend launches it (`python -m training_code.selection`, a fresh
+process) with one policy: a training set of 400,000 images shared among the sources (`max_images`), as
+the reference training picked ~4 million of ~1 billion, and the engine held to 1 GB on 2 threads, so
+the larger lake spills. The figures are the ratios of wall time (goal: no worse than linear, <= 12)
+and of peak RSS (goal: bounded, <= 1.5).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from training_code.lib.selection_plan import DEFAULT_POLICY, SelectionPlan, SelectionPolicy, write_plan
+
+from .accepted_lake import accepted_lake
+from .report import BenchResult
+
+SMALL, LARGE, SOURCES, SELECTED = 1_000_000, 10_000_000, 100, 400_000
+MEMORY_LIMIT_GB = 1
+
+
+def job_run(rows: int) -> tuple[float, int]:
+    """(wall seconds, peak RSS bytes) of the selection job over `rows` accepted rows."""
+    sources = accepted_lake(rows, SOURCES)
+    with tempfile.TemporaryDirectory(prefix="zero-bench-scale-") as folder:
+        work = Path(folder)
+        write_plan(
+            str(work / "plan"), SelectionPlan(sources, SelectionPolicy(max_images=SELECTED)), DEFAULT_POLICY.read_text()
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "training_code.selection",
+            "--plan",
+            str(work / "plan"),
+            "--out",
+            str(work / "out"),
+        ]
+        command += ["--memory-limit-gb", str(MEMORY_LIMIT_GB), "--threads", "2"]
+        started = time.perf_counter()
+        process = subprocess.Popen(
+            command, env={**os.environ, "ZERO_OPT_ML": str(work / "opt_ml")}, stdout=subprocess.DEVNULL
+        )
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.perf_counter() - started
+        if status != 0:
+            raise RuntimeError(f"the selection job over {rows} rows failed (status {status}): {' '.join(command)}")
+    return wall, usage.ru_maxrss * 1024
+
+
+def run() -> list[BenchResult]:
+    small_s, small_rss = job_run(SMALL)
+    large_s, large_rss = job_run(LARGE)
+    details = {"small_s": small_s, "large_s": large_s, "us_per_row_large": large_s * 1e6 / LARGE}
+    return [
+        BenchResult("selection_scale", large_s / small_s, "<=12", details),
+        BenchResult(
+            "selection_scale_memory",
+            large_rss / small_rss,
+            "<=1.5",
+            {"small_rss_mb": small_rss / 2**20, "large_rss_mb": large_rss / 2**20, "memory_limit_gb": MEMORY_LIMIT_GB},
+        ),
+    ]
