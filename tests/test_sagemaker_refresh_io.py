@@ -13,6 +13,7 @@ import io
 import json
 import math
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -27,9 +28,9 @@ from zero_assets.backends.sagemaker import runner as sagemaker_runner
 from zero_assets.backends.sagemaker.code_package import build_code_package
 from zero_assets.backends.sagemaker.job_params import build_job_params
 from zero_assets.backends.sagemaker.runner import AwsClients
-from zero_assets.backends.sagemaker.settings import JobCompute, sagemaker_settings_from_env
-from zero_assets.backends.sagemaker.work_sizing import GIB, instances_for
-from zero_assets.core.job_request import JobRequest, Reads, Work
+from zero_assets.backends.sagemaker.settings import DEFAULT_COMPUTE, JobCompute, sagemaker_settings_from_env
+from zero_assets.backends.sagemaker.work_sizing import GIB, instances_for, request_instance_type, request_volume_gb
+from zero_assets.core.job_request import JobRequest, Reads, TableScan, Work
 from zero_assets.core.settings import REPO_ROOT
 from zero_assets.defs.assets import arrow_shards, raw_image_index, training_set, validated_images
 
@@ -235,3 +236,19 @@ def test_each_volume_is_sized_from_the_bytes_its_busiest_host_reads():
         environment={},
     )
     assert small["ProcessingResources"]["ClusterConfig"]["VolumeSizeInGB"] == 31
+
+
+def test_the_selection_instance_is_sized_from_the_rows_it_reads():
+    compute = DEFAULT_COMPUTE["training_set"]  # ml.r5.large and up, 100 bytes of memory a row
+    request = JobRequest("training_set", "processing", "training_code.selection", "0" * 64)
+
+    def sized(rows: int, table_bytes: int = 0) -> tuple[str, int]:
+        scanned = replace(request, scan=TableScan(rows, table_bytes))
+        return request_instance_type(scanned, compute), request_volume_gb(scanned, compute)
+
+    assert sized(4_000_000) == ("ml.r5.large", 30)  # 0.4 GB of rows: the smallest
+    assert sized(1_000_000_000, 200 * GIB) == ("ml.r5.4xlarge", 30 + 600)  # 100 GB: 128 GiB; its tables thrice
+    assert sized(20_000_000_000)[0] == "ml.r5.24xlarge", "the largest, spilling past its memory"
+    larger = compute.model_copy(update={"instance_type": "ml.r5.2xlarge"})
+    assert request_instance_type(replace(request, scan=TableScan(10, 0)), larger) == "ml.r5.2xlarge", "never smaller"
+    assert request_instance_type(request, compute) == "ml.r5.large", "a job that reads no tables whole: as set"

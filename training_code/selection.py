@@ -113,9 +113,9 @@ def main(args: argparse.Namespace) -> None:
         plan, sql = read_plan(args.plan)
         with tempfile.TemporaryDirectory(prefix="zero-select-", dir=job_env.scratch_root()) as scratch:
             engine = open_engine(Path(scratch), args.memory_limit_gb, args.threads)
-            staged = stage_inputs(engine, plan, Path(scratch))
+            categories = stage_inputs(engine, plan, Path(scratch))
             run_policy(engine, sql, "policy.sql of the plan")
-            manifest, size = write_selection(engine, Path(args.out), plan, sql, staged)
+            manifest, size = write_selection(engine, Path(args.out), plan, sql, categories)
             wall_s = time.perf_counter() - started
             metadata = report_metadata(engine, manifest, size, wall_s, plan.raw_uri)
             engine.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,8 @@ SELECTED_COLUMNS = tuple(name for name in SELECTION_SCHEMA.names if name != "eta
 # selection grows (n^2 / 2^21 a band); copies 8 bits apart over both hashes share a band 98.6% of the time,
 # 6 bits apart always (benchmarks/bench_near_dup_photos measures it on photographs).
 BAND_BITS, BANDS_PER_LAYOUT, BAND_LAYOUTS, LAYOUT_SEED = 21, 6, 2, 22
+# The relations the job provides: a user's table may not take one of their names.
+RESERVED_NAMES = frozenset({"accepted", "etags", "annotation_reasons", "source_caps", "source_weights", "band_masks"})
 ACCEPTED_FILE = "accepted.parquet"
 CATEGORIES_FILE = "categories.json"
 
@@ -91,23 +92,17 @@ def host_memory_bytes() -> int:
     return min(total, int(limit)) if limit.isdigit() else total
 
 
-@dataclass(frozen=True)
-class StagedInputs:
-    categories: list[str]  # every category name of the chosen sources
-    table_bytes: int  # of the validated tables the engine reads
-
-
-def stage_inputs(engine, plan: SelectionPlan, scratch: Path) -> StagedInputs:
+def stage_inputs(engine, plan: SelectionPlan, scratch: Path) -> list[str]:
     """Make the policy's inputs (docs/selection.md): the view `accepted` over every source's tables,
-    the settings' tables and variables, and the user's tables by their names."""
-    accepted_files, verdict_files, names, table_bytes = [], [], set(), 0
+    the settings' tables and variables, and the user's tables by their names. Returns every category
+    name of the chosen sources."""
+    accepted_files, verdict_files, names = [], [], set()
     for entry in plan.sources:
         source, uri = entry["source"], entry["validated_uri"]
         local = scratch / "inputs" / f"{len(accepted_files):06d}"
         accepted = local_verified_copy(join(uri, ACCEPTED_FILE), local / ACCEPTED_FILE)
         verdicts = local_verified_copy(join(uri, VERDICTS_FILE), local / VERDICTS_FILE)
         _check_accepted(accepted, join(uri, ACCEPTED_FILE), source)
-        table_bytes += accepted.stat().st_size + verdicts.stat().st_size
         names |= {c["name"] for c in json.loads(read_verified(join(uri, CATEGORIES_FILE)))}
         accepted_files.append(accepted)
         verdict_files.append(verdicts)
@@ -126,11 +121,11 @@ def stage_inputs(engine, plan: SelectionPlan, scratch: Path) -> StagedInputs:
     engine.execute(f"CREATE VIEW etags AS SELECT key, etag FROM read_parquet({_file_list(verdict_files)})")
     provide_settings(engine, plan.policy)
     for name, uri in sorted(plan.tables.items()):
-        if not name.isidentifier():
-            raise ValueError(f"training_set config tables: {name!r} is no SQL name (letters, digits, _); rename it")
+        if not name.isidentifier() or name in RESERVED_NAMES:
+            raise ValueError(f"training_set config tables: {name!r} is no SQL name of its own; rename it")
         path = local_verified_copy(uri, scratch / "tables" / f"{name}.parquet")
         engine.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{_quoted(path)}')")
-    return StagedInputs(sorted(names), table_bytes)
+    return sorted(names)
 
 
 def provide_settings(engine, policy: SelectionPolicy) -> None:
@@ -224,7 +219,7 @@ def run_policy(engine, sql: str, name: str) -> None:
             raise PolicyError(f"policy {name}: table {table} has no column(s) {missing}; docs/selection.md")
 
 
-def write_selection(engine, out: Path, plan: SelectionPlan, sql: str, staged: StagedInputs) -> tuple[dict, int]:
+def write_selection(engine, out: Path, plan: SelectionPlan, sql: str, categories: list[str]) -> tuple[dict, int]:
     """Write the training set the policy decided (training_set's files) into the local folder `out`,
     each table streamed from the engine in order, the manifest last."""
     listed = ", ".join(f"'{rule}'" for rule in LISTED_RULES)
@@ -241,7 +236,7 @@ def write_selection(engine, out: Path, plan: SelectionPlan, sql: str, staged: St
         "sources": source_counts(engine, plan),
         "policy": plan.policy.as_config(),
         "tables": dict(sorted(plan.tables.items())),
-        "categories": sorted(plan.policy.categories or staged.categories),
+        "categories": sorted(plan.policy.categories or categories),
     }
     return write_training_set(
         out,

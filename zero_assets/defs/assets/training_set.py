@@ -13,6 +13,7 @@ from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, a
 from pydantic import Field
 
 from training_code.lib.hashing import sha256_bytes
+from training_code.lib.selection_engine import RESERVED_NAMES
 from training_code.lib.selection_plan import DEFAULT_POLICY, SelectionPlan, SelectionPolicy, write_plan
 from training_code.lib.storage import read_bytes, version
 from training_code.lib.training_set import SELECTION_SCHEMA
@@ -118,6 +119,11 @@ class TrainingSetConfig(Config):
         """Each of the user's tables with what changes when it does (part of the fingerprint)."""
         found = {}
         for name, uri in sorted(self.tables.items()):
+            if not name.isidentifier() or name in RESERVED_NAMES:
+                raise Failure(
+                    f"training_set config tables: {name!r} cannot name a view (a name of letters, digits and _, "
+                    f"none of {sorted(RESERVED_NAMES)}); rename it"
+                )
             try:
                 found[name] = {"uri": uri, "version": version(uri)}
             except FileNotFoundError:
