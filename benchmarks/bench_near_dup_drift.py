@@ -72,6 +72,10 @@ def run() -> list[BenchResult]:
             "near_dup_drift_unconfirmed",
             max(moved for moved, _ in unconfirmed),
             "<=0.005",
-            {**details, "left_val": sum(left for _, left in unconfirmed)},
+            {
+                **details,
+                "left_val": sum(left for _, left in unconfirmed),
+                "largest_move": max(m for m, _ in unconfirmed),
+            },
         ),
     ]

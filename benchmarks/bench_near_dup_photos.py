@@ -78,9 +78,10 @@ def run() -> list[BenchResult]:
             if key.endswith(f"/{kind}.jpg")
         ]
         recall[kind] = sum(found) / len(found)
+    # The pairs the policy counted (between looks: an image's hashes) as pairs of images.
     pairs = engine.execute(
-        "SELECT a.key, b.key FROM near_pairs JOIN kept_images AS a ON a.id = near_pairs.a "
-        "JOIN kept_images AS b ON b.id = near_pairs.b"
+        "SELECT a.key, b.key FROM near_pairs JOIN kept_images AS a ON a.look = near_pairs.a "
+        "JOIN kept_images AS b ON b.look = near_pairs.b"
     ).fetchall()
     false_pairs = sum(files[a][0] != files[b][0] for a, b in pairs)
     false_rate = false_pairs / max(1, len(pairs))

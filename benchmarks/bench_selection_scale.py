@@ -9,8 +9,8 @@ and of peak RSS (goal: bounded, <= 1.5).
 
 from __future__ import annotations
 
+import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,38 +20,27 @@ from training_code.lib.selection_plan import DEFAULT_POLICY, SelectionPlan, Sele
 
 from .accepted_lake import accepted_lake
 from .report import BenchResult
+from .scripts import run_script
 
 SMALL, LARGE, SOURCES, SELECTED = 1_000_000, 10_000_000, 100, 400_000
 MEMORY_LIMIT_GB = 1
 
 
 def job_run(rows: int) -> tuple[float, int]:
-    """(wall seconds, peak RSS bytes) of the selection job over `rows` accepted rows."""
+    """(wall seconds, peak RSS bytes) of the selection job over `rows` accepted rows: the peak is the one the
+    job reports of its own program (the rusage of a child would count the benchmark's pages it forked from)."""
     sources = accepted_lake(rows, SOURCES)
     with tempfile.TemporaryDirectory(prefix="zero-bench-scale-") as folder:
         work = Path(folder)
-        write_plan(
-            str(work / "plan"), SelectionPlan(sources, SelectionPolicy(max_images=SELECTED)), DEFAULT_POLICY.read_text()
-        )
-        command = [
-            sys.executable,
-            "-m",
-            "training_code.selection",
-            "--plan",
-            str(work / "plan"),
-            "--out",
-            str(work / "out"),
-        ]
-        command += ["--memory-limit-gb", str(MEMORY_LIMIT_GB), "--threads", "2"]
+        policy = SelectionPolicy(max_images=SELECTED)
+        write_plan(str(work / "plan"), SelectionPlan(sources, policy), DEFAULT_POLICY.read_text())
+        command = [sys.executable, "-m", "training_code.selection", "--plan", str(work / "plan"), "--out"]
+        command += [str(work / "out"), "--memory-limit-gb", str(MEMORY_LIMIT_GB), "--threads", "2"]
         started = time.perf_counter()
-        process = subprocess.Popen(
-            command, env={**os.environ, "ZERO_OPT_ML": str(work / "opt_ml")}, stdout=subprocess.DEVNULL
-        )
-        _, status, usage = os.wait4(process.pid, 0)
+        printed = run_script(command, f"the selection job over {rows} rows", env={**os.environ, "ZERO_OPT_ML": folder})
         wall = time.perf_counter() - started
-        if status != 0:
-            raise RuntimeError(f"the selection job over {rows} rows failed (status {status}): {' '.join(command)}")
-    return wall, usage.ru_maxrss * 1024
+    report = next(json.loads(line) for line in printed.splitlines() if line.startswith('{"event": "materialization"'))
+    return wall, int(report["metadata"]["peak_rss_mb"] * 2**20)
 
 
 def run() -> list[BenchResult]:

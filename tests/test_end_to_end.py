@@ -64,7 +64,7 @@ def test_whole_graph_materializes_and_reports_every_planted_case(instance, resou
 
     # The copy in another source is validated there, then left out of the training set by the stated rule and
     # listed; the image with no entry in its source's annotations.json (no training image) is counted.
-    duplicate, unannotated = planted["duplicate_across_sources"], planted["image_without_annotation"]
+    duplicate = planted["duplicate_across_sources"]
     excluded = pd.read_parquet(f"{meta['training_set']['dagster/uri']}/excluded.parquet").set_index("key")
     assert list(excluded.index) == [duplicate] and excluded.loc[duplicate, "rule"] == "duplicate"
     assert excluded.loc[duplicate, "reason"].startswith("duplicate of an image kept in source")

@@ -41,7 +41,7 @@ RULE_COUNTS = {
     "negative": "negatives_off",
     "duplicate": "duplicates_across_sources",
     "over_cap": "over_cap",
-    NEAR_DUPLICATE_RULE: "near_duplicates_left_val",
+    NEAR_DUPLICATE_RULE: "near_duplicate_images_left_val",
 }
 
 
@@ -102,6 +102,7 @@ def report_metadata(engine, manifest: dict[str, Any], size: int, wall_s: float, 
         "policy_sql_sha256": manifest["files"]["policy.sql"]["sha256"],
         "engine": f"duckdb {duckdb.__version__}",
         "select_wall_s": round(wall_s, 3),
+        "peak_rss_mb": round((job_env.peak_rss_bytes() or 0) / 2**20, 1),
     }
     metadata.update(near_duplicate_metadata(engine, raw_uri))
     return metadata

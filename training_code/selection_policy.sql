@@ -164,18 +164,28 @@ SELECT source, key, split, rule, detail FROM eligible WHERE rule IS NOT NULL
 UNION ALL
 SELECT source, key, split, rule, detail FROM labelled WHERE rule IS NOT NULL;
 
--- 5. Near-duplicates (re-encoded, resized, cropped copies) among the images kept so far. A pair is a candidate when
---    one image's whole picture and a view of the other's (the whole, or a centre crop) are equal on a band of the
---    bits of their pHash and difference hash (band_masks); it counts when their pHashes are within
---    near_duplicate_max_distance bits and their difference hashes, an independent signal, within
---    near_duplicate_confirm_distance. Pairs join into clusters.
-CREATE TABLE kept_images AS
+-- 5. Near-duplicates (re-encoded, resized, cropped copies) among the images kept so far. Images with the same
+--    hashes are near-duplicates of each other whatever their number: they share a look, and looks are compared,
+--    not images. A pair of looks is a candidate when one's whole picture and a view of the other's (the whole, or
+--    a centre crop) are equal on a band of the bits of their pHash and difference hash (band_masks); it counts
+--    when their pHashes are within near_duplicate_max_distance bits and their difference hashes, an independent
+--    signal, within near_duplicate_confirm_distance. Pairs join into clusters.
+CREATE TABLE looks AS
 SELECT
-    row_number() OVER () AS id, ruled.source, ruled.key, accepted."group", ruled.split,
-    accepted.phash[1] AS phash, accepted.dhash[1] AS dhash,  -- the whole picture's
-    accepted.phash[2] AS phash_95, accepted.dhash[2] AS dhash_95,  -- its centre 95%
-    accepted.phash[3] AS phash_90, accepted.dhash[3] AS dhash_90  -- its centre 90%
-FROM ruled JOIN accepted USING (source, key)
+    row_number() OVER () AS look, phash, dhash, images,
+    phash[1] AS phash_whole, dhash[1] AS dhash_whole,  -- the whole picture's
+    phash[2] AS phash_95, dhash[2] AS dhash_95,  -- its centre 95%
+    phash[3] AS phash_90, dhash[3] AS dhash_90  -- its centre 90%
+FROM (
+    SELECT accepted.phash, accepted.dhash, count(*) AS images
+    FROM ruled JOIN accepted USING (source, key)
+    WHERE ruled.rule IS NULL
+    GROUP BY accepted.phash, accepted.dhash
+);
+
+CREATE TABLE kept_images AS
+SELECT ruled.source, ruled.key, accepted."group", ruled.split, looks.look
+FROM ruled JOIN accepted USING (source, key) JOIN looks ON looks.phash = accepted.phash AND looks.dhash = accepted.dhash
 WHERE ruled.rule IS NULL;
 
 CREATE TABLE near_pairs AS
@@ -183,48 +193,52 @@ WITH
 -- A band's key: its number and its bits, hashed into one value (a collision only adds a candidate, which the
 -- distances then turn down).
 whole AS (
-    SELECT id, phash, dhash, hash(band, phash & phash_mask, dhash & dhash_mask) AS band_key
-    FROM kept_images, band_masks
+    SELECT look, phash_whole AS phash, dhash_whole AS dhash,
+           hash(band, phash_whole & phash_mask, dhash_whole & dhash_mask) AS band_key
+    FROM looks, band_masks
 ),
 views AS (
-    SELECT id, phash, dhash FROM kept_images
-    UNION ALL SELECT id, phash_95, dhash_95 FROM kept_images
-    UNION ALL SELECT id, phash_90, dhash_90 FROM kept_images
+    SELECT look, phash_whole AS phash, dhash_whole AS dhash FROM looks
+    UNION ALL SELECT look, phash_95, dhash_95 FROM looks
+    UNION ALL SELECT look, phash_90, dhash_90 FROM looks
 ),
 view_bands AS (
     SELECT views.*, hash(band, views.phash & phash_mask, views.dhash & dhash_mask) AS band_key
     FROM views, band_masks
 )
-SELECT DISTINCT least(whole.id, other.id) AS a, greatest(whole.id, other.id) AS b
+SELECT DISTINCT least(whole.look, other.look) AS a, greatest(whole.look, other.look) AS b
 FROM view_bands AS other
-JOIN whole ON whole.band_key = other.band_key AND whole.id <> other.id
+JOIN whole ON whole.band_key = other.band_key AND whole.look <> other.look
 WHERE bit_count(xor(whole.phash, other.phash)) <= getvariable('near_duplicate_max_distance')
   AND bit_count(xor(whole.dhash, other.dhash)) <= getvariable('near_duplicate_confirm_distance');
 
--- Each image's cluster: the smallest id linked to it, spread along the pairs until nothing changes.
+-- Each look's cluster: the smallest look linked to it, spread along the pairs until nothing changes; a look of
+-- several images is a cluster of its own where nothing links it.
 CREATE TABLE clusters AS
 WITH RECURSIVE edges AS (
-    SELECT a AS id, b AS other FROM near_pairs UNION ALL SELECT b, a FROM near_pairs
+    SELECT a AS look, b AS other FROM near_pairs UNION ALL SELECT b, a FROM near_pairs
 ),
-cluster_of(id, cluster) USING KEY (id) AS (
-    SELECT DISTINCT id, id FROM edges
+cluster_of(look, cluster) USING KEY (look) AS (
+    SELECT DISTINCT look, look FROM edges
     UNION
     SELECT edges.other, min(cluster_of.cluster)
     FROM cluster_of
-    JOIN edges ON edges.id = cluster_of.id
-    JOIN recurring.cluster_of AS now ON now.id = edges.other
+    JOIN edges ON edges.look = cluster_of.look
+    JOIN recurring.cluster_of AS now ON now.look = edges.other
     WHERE cluster_of.cluster < now.cluster
     GROUP BY edges.other
 )
-SELECT id, cluster FROM cluster_of;
+SELECT look, cluster FROM cluster_of
+UNION ALL
+SELECT look, look FROM looks WHERE images > 1 AND look NOT IN (SELECT a FROM near_pairs UNION SELECT b FROM near_pairs);
 
 -- 6. A cluster never straddles train and val, and is resolved per image: in a cluster with a train image, each val
---    image leaves val (excluded, naming the train image it copies: one it pairs with, else the cluster's first).
---    No validation group moves as a whole, so a chance link costs at most the images it links.
+--    image leaves val, excluded, naming the train image it copies (one of its look, else of a look it pairs
+--    with, else the cluster's first). No validation group moves as a whole: a chance link costs the images it links.
 CREATE TABLE near_duplicates AS
 WITH
 members AS (
-    SELECT kept_images.*, clusters.cluster FROM kept_images JOIN clusters USING (id)
+    SELECT kept_images.*, clusters.cluster FROM kept_images JOIN clusters USING (look)
 ),
 named AS (  -- a cluster by its first image, and its first train image (by source, then key)
     SELECT
@@ -234,20 +248,25 @@ named AS (  -- a cluster by its first image, and its first train image (by sourc
     FROM members
     GROUP BY cluster
 ),
-train_partners AS (
-    SELECT pairs.id, min({'source': other.source, 'key': other.key}).key AS partner
-    FROM (SELECT a AS id, b AS other FROM near_pairs UNION ALL SELECT b, a FROM near_pairs) AS pairs
-    JOIN kept_images AS other ON other.id = pairs.other AND other.split = 'train'
-    GROUP BY pairs.id
+look_train AS (  -- each look's first train image
+    SELECT look, min({'source': source, 'key': key}).key AS train FROM members WHERE split = 'train' GROUP BY look
+),
+paired_train AS (  -- the first train image of the looks each look pairs with
+    SELECT pairs.look, min(look_train.train) AS train
+    FROM (SELECT a AS look, b AS other FROM near_pairs UNION ALL SELECT b, a FROM near_pairs) AS pairs
+    JOIN look_train ON look_train.look = pairs.other
+    GROUP BY pairs.look
 ),
 fates AS (
     SELECT
         members.*,
         named.first AS cluster_key,
-        CASE WHEN members.split = 'val' THEN coalesce(train_partners.partner, named.first_train) END AS copy_of
+        CASE WHEN members.split = 'val'
+             THEN coalesce(look_train.train, paired_train.train, named.first_train) END AS copy_of
     FROM members
     JOIN named USING (cluster)
-    LEFT JOIN train_partners USING (id)
+    LEFT JOIN look_train USING (look)
+    LEFT JOIN paired_train USING (look)
 )
 SELECT
     cluster_key AS cluster,

@@ -3,7 +3,7 @@
 Runs inside the isolated decode workers (`isolated_pool`), one file at a time. Every failure maps to
 one reason code of `tables.REASONS`, with the exception text kept for the quarantine table.
 
-A JPEG goes through a strict libjpeg-turbo decode at 1/8 scale (`jpeg_strict`): it catches the
+A JPEG goes through a strict libjpeg-turbo decode, reduced (`jpeg_strict`): it catches the
 mid-stream damage Pillow lets through (`corrupt_data`) and costs about half of Pillow's full-size
 decode. What that decoder does not accept for any other reason (a truncation, a variant it cannot
 decode, a hard error) goes through Pillow's passes exactly like every other format, so those
@@ -189,7 +189,7 @@ def _judge(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side:
 
 def _strict_jpeg(data: bytes, digest: str, min_side: int, quarantine, header: Image.Image) -> ImageVerdict | None:
     """The JPEG pass: Pillow has read the header (`header`: mode, EXIF; opened once, its pixels never
-    loaded), libjpeg-turbo decodes the pixels at 1/8 scale with warnings as errors. None hands the
+    loaded), libjpeg-turbo decodes the pixels reduced with warnings as errors. None hands the
     file to Pillow's passes."""
     width, height = header.size
     if Image.MAX_IMAGE_PIXELS is not None and max(1, width) * max(1, height) > Image.MAX_IMAGE_PIXELS:
@@ -260,7 +260,7 @@ def _upright_verdict(
     """Apply EXIF orientation exactly as training will read the image, then check the upright size
     (the stored frame's, `stored_size`, with its sides swapped where the orientation turns it).
 
-    `image` holds the EXIF, and the pixels unless `small` (a JPEG's 1/8-scale strict decode) has them."""
+    `image` holds the EXIF, and the pixels unless `small` (a JPEG's reduced strict decode) has them."""
     try:
         tag = image.getexif().get(ORIENTATION_TAG, 1)
         if small is None:

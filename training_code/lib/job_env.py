@@ -44,6 +44,16 @@ def channel_dir(name: str) -> Path:
     return path
 
 
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident memory since it started its program (Linux's VmHWM; None elsewhere)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    found = next((line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")), None)
+    return int(found) * 1024 if found else None
+
+
 def scratch_root() -> Path:
     """Where a Processing job keeps files while it runs: on its volume (SageMaker mounts it under
     /opt/ml/processing), never in an output; the system's temporary folder for a script run by hand."""

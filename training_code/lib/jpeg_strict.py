@@ -25,7 +25,7 @@ import simplejpeg
 # The warnings (libjpeg-turbo jerror.h, JWRN_*) that mean the compressed data itself is damaged.
 # Other warnings ("Premature end of JPEG file": truncation; an unknown JFIF revision or Adobe
 # transform code) and hard errors are not ours to judge: the caller hands those files to Pillow.
-MIN_SIDE = 64  # twice perceptual_hash.SIDE: hashed from fewer pixels, small copies drift apart (bench_near_dup_photos)
+MIN_SIDE = 32  # perceptual_hash.SIDE: hashed from fewer pixels, small copies drift apart (bench_near_dup_photos)
 _CORRUPT = re.compile(r"^(Corrupt JPEG data|Invalid SOS parameters|Inconsistent progression sequence)")
 
 

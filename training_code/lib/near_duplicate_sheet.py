@@ -36,15 +36,14 @@ COLUMN_MEANINGS = {
 def near_duplicate_metadata(engine, raw_uri: str) -> dict[str, Any]:
     """Counts, the table and the contact sheet of the policy's `near_duplicates` (with `accepted` for
     each image's sha256)."""
-    clusters, images, largest, left_val = engine.execute(
-        """SELECT count(DISTINCT cluster), count(*), coalesce(max(size), 0), count(*) FILTER (outcome = 'left val')
+    clusters, images, largest = engine.execute(
+        """SELECT count(DISTINCT cluster), count(*), coalesce(max(size), 0)
         FROM (SELECT *, count(*) OVER (PARTITION BY cluster) AS size FROM near_duplicates)"""
     ).fetchone()
     metadata: dict[str, Any] = {
         "near_duplicate_clusters": clusters,
         "near_duplicate_images": images,
         "largest_near_duplicate_cluster": largest,
-        "near_duplicate_images_left_val": left_val,
     }
     shown = engine.execute(
         f"SELECT {quoted(COLUMN_MEANINGS)} FROM near_duplicates ORDER BY cluster, source, key LIMIT {TABLE_ROWS}"

@@ -1,7 +1,7 @@
 """Perceptual hashes of a decoded picture: re-encoded, resized and cropped copies get hashes a few bits apart.
 
 Two 64-bit hashes of each of three centre views (VIEWS), from the picture the validator already decoded
-(a JPEG's 1/8-scale luma, any other format's full decode), upright as training sees it: the DCT pHash
+(a JPEG's reduced luma, any other format's full decode), upright as training sees it: the DCT pHash
 (the 8x8 lowest frequencies of the view resampled to 32x32, each bit 1 above their median) and the
 difference hash (the view resampled to 8x9, each bit 1 where a sample is brighter than its left
 neighbour). Resampling and DCT are linear, so all six are one matrix product per side. Stored as
@@ -111,7 +111,7 @@ def _bits(flags: np.ndarray) -> int:
 
 def hashes_of_pixels(pixels: np.ndarray, orientation: int = 1) -> Hashes:
     """The hashes (signed int64) of decoded 8-bit pixels: h x w grey or h x w x 3 RGB, as stored;
-    `orientation` its EXIF tag. What the validator hashes a JPEG's 1/8-scale strict decode with."""
+    `orientation` its EXIF tag. What the validator hashes a JPEG's reduced strict decode with."""
     grey = pixels @ LUMA if pixels.ndim == 3 else pixels.astype(np.float64)
     return _signed(hash_bits(upright(grey, orientation)))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from .perceptual_hash import BITS
 from .selection_plan import SelectionPlan, SelectionPolicy
 from .storage import join
 from .training_set import CHUNK_ROWS, POLICY, SELECTION_SCHEMA, read_manifest, write_training_set
-from .verdict_cache import VERDICTS_FILE
+from .validated_files import ACCEPTED_FILE, CATEGORIES_FILE, VERDICTS_FILE
 from .verified_read import local_verified_copy, read_verified
 
 # The rules whose excluded images a run lists by key: the ones a user acts on. The others are counted, and
@@ -40,9 +41,8 @@ SELECTED_COLUMNS = tuple(name for name in SELECTION_SCHEMA.names if name != "eta
 # 6 bits apart always (benchmarks/bench_near_dup_photos measures it on photographs).
 BAND_BITS, BANDS_PER_LAYOUT, BAND_LAYOUTS, LAYOUT_SEED = 21, 6, 2, 22
 # The relations the job provides: a user's table may not take one of their names.
+FETCH_THREADS = 8  # validated sets fetched or checked at a time
 RESERVED_NAMES = frozenset({"accepted", "etags", "annotation_reasons", "source_caps", "source_weights", "band_masks"})
-ACCEPTED_FILE = "accepted.parquet"
-CATEGORIES_FILE = "categories.json"
 
 
 class PolicyError(RuntimeError):
@@ -96,16 +96,21 @@ def stage_inputs(engine, plan: SelectionPlan, scratch: Path) -> list[str]:
     """Make the policy's inputs (docs/selection.md): the view `accepted` over every source's tables,
     the settings' tables and variables, and the user's tables by their names. Returns every category
     name of the chosen sources."""
-    accepted_files, verdict_files, names = [], [], set()
-    for entry in plan.sources:
-        source, uri = entry["source"], entry["validated_uri"]
-        local = scratch / "inputs" / f"{len(accepted_files):06d}"
+
+    def fetch(numbered: tuple[int, dict[str, str]]) -> tuple[Path, Path, set[str]]:
+        number, entry = numbered
+        uri, local = entry["validated_uri"], scratch / "inputs" / f"{number:06d}"
         accepted = local_verified_copy(join(uri, ACCEPTED_FILE), local / ACCEPTED_FILE)
+        _check_accepted(accepted, join(uri, ACCEPTED_FILE), entry["source"])
         verdicts = local_verified_copy(join(uri, VERDICTS_FILE), local / VERDICTS_FILE)
-        _check_accepted(accepted, join(uri, ACCEPTED_FILE), source)
-        names |= {c["name"] for c in json.loads(read_verified(join(uri, CATEGORIES_FILE)))}
-        accepted_files.append(accepted)
-        verdict_files.append(verdicts)
+        return accepted, verdicts, {c["name"] for c in json.loads(read_verified(join(uri, CATEGORIES_FILE)))}
+
+    # Sources side by side: each fetch (S3) or sha256 check (local) releases the interpreter while it works.
+    with ThreadPoolExecutor(FETCH_THREADS) as pool:
+        fetched = list(pool.map(fetch, enumerate(plan.sources)))
+    accepted_files = [accepted for accepted, _, _ in fetched]
+    verdict_files = [verdicts for _, verdicts, _ in fetched]
+    names = set().union(*(found for _, _, found in fetched))
     if unknown := sorted(set(plan.policy.categories) - names):
         raise ValueError(
             f"training_set config categories names {unknown}, which no chosen source has ({sorted(names)}); "

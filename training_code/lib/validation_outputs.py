@@ -31,9 +31,8 @@ from .labels import check_labels, vocabulary
 from .split import assign_splits, find_exact_duplicates
 from .storage import write_bytes_atomic
 from .tables import ACCEPTED, DUPLICATES, QUARANTINE, REJECTED_LABELS, UNMATCHED, empty_frame, write_table
+from .validated_files import ACCEPTED_FILE, CATEGORIES_FILE
 from .verdict_cache import RETRIED_REASONS
-
-CATEGORIES_FILE = "categories.json"
 
 
 @dataclass
@@ -204,7 +203,7 @@ def count_outputs(index: pd.DataFrame, outputs: ValidationOutputs) -> dict[str, 
 def write_outputs(outputs: ValidationOutputs, out: Path) -> dict[str, str]:
     """Write the five tables (schema-checked) and categories.json; returns file name -> sha256."""
     tables = {
-        "accepted.parquet": (outputs.accepted, ACCEPTED),
+        ACCEPTED_FILE: (outputs.accepted, ACCEPTED),
         "quarantine.parquet": (outputs.quarantine, QUARANTINE),
         "duplicates.parquet": (outputs.duplicates, DUPLICATES),
         "rejected_labels.parquet": (outputs.rejected_labels, REJECTED_LABELS),

@@ -20,10 +20,10 @@ import pandas as pd
 from .image_checks import ImageVerdict
 from .storage import exists, join, read_bytes
 from .tables import VERDICTS, read_table
+from .validated_files import VERDICTS_FILE
 
 log = logging.getLogger("zero.validate")
 
-VERDICTS_FILE = "verdicts.parquet"
 NEVER_REUSED = frozenset({"unreadable", "unsafe_key", "outside_root"})
 # Of those, the verdicts that are not the file's own fault (permissions, I/O errors): an output that
 # holds any is never a cache hit either (validation_pass.retry_next_time), so the next run of its

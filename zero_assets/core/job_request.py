@@ -68,6 +68,7 @@ class TableScan:
 
     rows: int
     bytes: int
+    uris: tuple[str, ...] = ()  # where they are: the job is handed these through a file, not as inputs
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ class JobRequest:
     def reads_s3(self) -> bool:
         """Whether the script itself is handed an s3:// location (an input, an argument, the raw root it
         fetches from)."""
-        fetched = [self.reads.raw_uri] if self.reads else []
+        fetched = ([self.reads.raw_uri] if self.reads else []) + list(self.scan.uris if self.scan else ())
         return any(
             str(value).startswith("s3://") for value in [*self.inputs.values(), *self.arguments.values(), *fetched]
         )

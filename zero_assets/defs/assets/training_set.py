@@ -7,6 +7,7 @@ user's tables) and launches the job, sized from the rows it will read. The data 
 what was selected, so an equal selection leaves arrow_shards as it is.
 """
 
+from dataclasses import replace
 from typing import Any, Optional
 
 from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, asset
@@ -184,6 +185,8 @@ def training_set(
     (`excluded.parquet`), the near-duplicate clusters, the policy and the manifest."""
     chosen, scan = chosen_validated(context, config)
     fingerprinted, plan, sql = selection_job(config, chosen, settings.raw_uri)
+    # Where the job reads: the validated sets, your tables, and the raw root for the near-duplicates' sheet.
+    scan = replace(scan, uris=(*(v.uri for v in chosen), *plan.tables.values(), settings.raw_uri))
     return launch_job(
         context,
         jobs=jobs,
