@@ -23,15 +23,27 @@ from training_code.lib.aws_clients import client as aws_client
 
 STARTUP_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 3
+START_ATTEMPTS = 3
+
+
+def _ephemeral_ports_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _free_port() -> int:
-    """A free port whose +10000 is free too: SeaweedFS puts each service's gRPC port there."""
+    """A free port whose +10000 is free too (SeaweedFS puts each service's gRPC port there).
+
+    Both stay below the kernel's ephemeral range, so no outgoing connection can take one between
+    this check and weed's bind."""
+    top = _ephemeral_ports_start() - 10000 - 1
     for _ in range(200):
-        port = random.randint(20000, 45000)
+        port = random.randint(10000, top)
         if _is_free(port) and _is_free(port + 10000):
             return port
-    raise RuntimeError("no free port pair found on 127.0.0.1 in 20000-55000")
+    raise RuntimeError(f"no free port pair found on 127.0.0.1 in 10000-{top + 10000}")
 
 
 def _is_free(port: int) -> bool:
@@ -41,6 +53,10 @@ def _is_free(port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+class _ExitedAtStart(RuntimeError):
+    pass
 
 
 def weed_binary() -> str:
@@ -60,11 +76,22 @@ class LocalS3Server:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = Path(data_dir)
-        self.port = _free_port()
-        self.endpoint_url = f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen | None = None
 
     def __enter__(self) -> LocalS3Server:
+        # Another server starting at the same moment can bind a port picked here first; weed then exits, so retry.
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._start()
+                return self
+            except _ExitedAtStart:
+                if attempt == START_ATTEMPTS:
+                    raise
+        return self
+
+    def _start(self) -> None:
+        self.port = _free_port()
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         ports = {"master.port": _free_port(), "volume.port": _free_port(), "filer.port": _free_port()}
         command = [
@@ -82,11 +109,10 @@ class LocalS3Server:
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
         ]
-        log = open(self.data_dir / "weed.log", "wb")
+        log = open(self.data_dir / "weed.log", "ab")  # every attempt in one log
         self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self._wait_until_ready()
-        return self
 
     def __exit__(self, *exc) -> None:
         if self._process is not None:
@@ -122,7 +148,7 @@ class LocalS3Server:
         probe_bucket = "zero-ready-probe"
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise RuntimeError(f"weed exited with {self._process.returncode}; see {self.data_dir / 'weed.log'}")
+                raise _ExitedAtStart(f"weed exited with {self._process.returncode}; see {self.data_dir / 'weed.log'}")
             try:  # ready means a write goes through, not only that the port answers
                 client = self.client(max_attempts=1)  # this loop is the retry while weed starts
                 client.create_bucket(Bucket=probe_bucket)
