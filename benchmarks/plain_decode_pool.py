@@ -1,4 +1,4 @@
-r"""The baseline of `validate_same_work`: a plain script decoding a folder's JPEGs strictly in a process pool.
+r"""The baseline of `validate_marginal`: a plain script decoding a folder's JPEGs strictly in a process pool.
 
     python -m benchmarks.plain_decode_pool FOLDER WORKERS
 

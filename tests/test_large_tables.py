@@ -125,7 +125,7 @@ def test_a_same_size_edit_in_a_table_over_16_mib_is_a_cache_miss(validated, tmp_
     assert cache == "miss" and "missing or incomplete" in reason, reason
     # The rebuild published the job's bytes again; the next materialization is a hit on them.
     assert sha256_file(out / "accepted.parquet") == sha256_file(validated / "accepted.parquet")
-    assert old in set(read_table(out / "accepted.parquet", ACCEPTED)["sha256"])
+    assert old in set(read_table(out / "accepted.parquet", ACCEPTED)["sha256"].to_pylist())
     assert cache_of(materialize([large_table], instance=instance))[0] == "hit"
 
 

@@ -20,7 +20,7 @@ from training_code.lib.image_checks import ImageVerdict
 from training_code.lib.raw_files import RawRootChanged
 from training_code.lib.read_list import read_list_of, read_read_list, write_read_list
 from training_code.lib.tables import VERDICTS, write_table
-from training_code.lib.verdict_cache import split_reused, verdict_frame
+from training_code.lib.verdict_cache import reusable_verdicts, split_reused, verdict_table
 
 BUCKET = "zero-fetch"
 
@@ -86,18 +86,17 @@ def _index(folder, rows) -> None:
     (folder / "manifest.json").write_text(json.dumps({"raw_uri": "s3://b/raw", "annotation_files": {}}))
 
 
-def _previous(folder, index_rows, reasons, settings) -> dict:
+def _previous(folder, index_rows, reasons, settings) -> None:
     folder.mkdir(parents=True)
-    index = pd.DataFrame(index_rows, columns=["key", "size", "etag"])
+    listed = pa.table(pd.DataFrame(index_rows, columns=["key", "size", "etag"]))
     verdicts = {
         key: ImageVerdict(sha256="a" * 64, size=size, reason=reasons.get(key), stage="decode")
         if reasons.get(key) not in ("unreadable", "unsafe_key")
         else ImageVerdict.unread(reasons[key], "x")
         for key, size, _ in index_rows
     }
-    write_table(verdict_frame(index, verdicts), VERDICTS, folder / "verdicts.parquet")
+    write_table(verdict_table(listed, verdicts), VERDICTS, folder / "verdicts.parquet")
     (folder / "manifest.json").write_text(json.dumps({"decode_settings": settings}))
-    return {(key, etag, size): verdicts[key] for key, size, etag in index_rows}
 
 
 def test_the_plan_picks_what_the_verdict_cache_decodes(tmp_path):
@@ -112,10 +111,10 @@ def test_the_plan_picks_what_the_verdict_cache_decodes(tmp_path):
         ("cam/bad\nname.jpg", 1, "6"),  # not a safe key: refused without a read, not listed
     ]
     _index(tmp_path / "index", now)
-    reusable = _previous(tmp_path / "previous", earlier, reasons, SETTINGS)
+    _previous(tmp_path / "previous", earlier, reasons, SETTINGS)
     planned = images_to_decode(str(tmp_path / "index"), str(tmp_path / "previous"), SETTINGS)
-    reusable = {identity: v for identity, v in reusable.items() if v.reason != "unreadable"}
-    _, to_decode = split_reused(pd.DataFrame(now, columns=["key", "size", "etag"]), reusable)
+    reusable = reusable_verdicts(tmp_path / "previous", SETTINGS)
+    _, to_decode = split_reused(pa.table(pd.DataFrame(now, columns=["key", "size", "etag"])), reusable)
     assert planned.keys() == sorted(k for k in to_decode if "\n" not in k) == ["cam/b.jpg", "cam/c.jpg", "cam/e.jpg"]
     assert (planned.raw_uri, planned.read_bytes, planned.basis) == ("s3://b/raw", 21 + 30, SETTINGS)
     # Other decode settings, or no previous output: every image is decoded.

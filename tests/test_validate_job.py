@@ -14,11 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from PIL import Image, ImageDraw, ImageOps
 from test_image_checks import check_that_hangs_or_crashes  # its light module keeps worker start-up fast
 from test_report_pictures import decode_inline
 
+from training_code.lib import validation_pass
 from training_code.lib.coco import ANNOTATIONS_FILE, AnnotationError, parse_annotations
 from training_code.lib.image_checks import check_image_file
 from training_code.lib.labels import HugeInteger, box_to_upright, check_labels, upright_size, vocabulary
@@ -190,17 +193,19 @@ def test_split_is_the_documented_hash_and_stable_as_groups_grow():
     group, seed = "line_a_camera/lot_003", 4
     point = int(hashlib.sha256(f"{seed}:{group}".encode()).hexdigest()[:8], 16) / 2**32
     assert split_of_group(group, seed, 0.2) == ("val" if point < 0.2 else "train")
-    few = pd.Series([f"src/lot_{n:03d}" for n in range(50)])
-    more = pd.concat([few, pd.Series([f"src/lot_{n:03d}" for n in range(50, 400)])], ignore_index=True)
-    assert assign_splits(few, seed, 0.2).tolist() == assign_splits(more, seed, 0.2).tolist()[:50]
-    assert 0.1 < (assign_splits(more, seed, 0.2) == "val").mean() < 0.3
+    few = [f"src/lot_{n:03d}" for n in range(50)]
+    more = pa.array(few + [f"src/lot_{n:03d}" for n in range(50, 400)] + few)  # groups repeat across rows
+    assert assign_splits(pa.array(few), seed, 0.2).to_pylist() == assign_splits(more, seed, 0.2).to_pylist()[:50]
+    assert assign_splits(more, seed, 0.2).to_pylist()[-50:] == assign_splits(more, seed, 0.2).to_pylist()[:50]
+    assert 0.1 < assign_splits(more, seed, 0.2).to_pylist().count("val") / len(more) < 0.3
 
 
 def test_exact_duplicates_keep_the_first_key_in_sorted_order():
-    keys = pd.Series(["b/2.jpg", "a/1.jpg", "c/3.jpg", "a/0.jpg"])
-    shas = pd.Series(["x" * 64, "x" * 64, "y" * 64, "x" * 64])
-    duplicates = find_exact_duplicates(keys, shas)
-    assert duplicates.to_dict("records") == [
+    rows = pa.table(
+        {"key": ["b/2.jpg", "a/1.jpg", "c/3.jpg", "a/0.jpg"], "sha256": ["x" * 64, "x" * 64, "y" * 64, "x" * 64]}
+    )
+    duplicates = find_exact_duplicates(rows)
+    assert duplicates.to_pylist() == [
         {"key": "a/1.jpg", "sha256": "x" * 64, "duplicate_of": "a/0.jpg"},
         {"key": "b/2.jpg", "sha256": "x" * 64, "duplicate_of": "a/0.jpg"},
     ]
@@ -498,3 +503,36 @@ def test_previous_verdicts_are_reused_only_for_unchanged_files_and_settings(tmp_
 
     _, _, work = run("stricter", "changed", "--min-side", "16")
     assert work == {"decoded": 7, "reused": 0}, "another decode setting invalidates every cached verdict"
+
+
+def test_a_refresh_makes_rows_only_of_what_it_decodes_and_writes_what_a_full_run_writes(tmp_path, monkeypatch):
+    names = [f"lot_{n % 4}/img_{n}.jpg" for n in range(40)]
+    make_small_raw(tmp_path / "raw", names)
+    build_index(tmp_path / "raw", tmp_path / "index")
+    rows_made: list[list[str]] = []  # the keys of every verdict that became a Python row, a call each
+    made = validation_pass.verdict_table
+
+    def counted(listed, verdicts):
+        rows_made.append(listed.column("key").to_pylist())
+        return made(listed, verdicts)
+
+    monkeypatch.setattr(validation_pass, "verdict_table", counted)
+
+    def run(out: str, previous: str | None) -> bytes:
+        arguments = ["--index", str(tmp_path / "index"), "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / out)]
+        arguments += ["--workers", "1"] + (["--previous", str(tmp_path / previous)] if previous else [])
+        return validate(get_args_parser().parse_args(arguments))[1]
+
+    run("first", None)
+    assert sorted(key for keys in rows_made for key in keys) == sorted(f"cam/{name}" for name in names)
+    (tmp_path / "raw" / "cam" / names[3]).write_bytes(jpeg_bytes(77))  # changed: a new etag
+    (tmp_path / "raw" / "cam" / "lot_2" / "new.jpg").write_bytes(jpeg_bytes(78))
+    build_index(tmp_path / "raw", tmp_path / "index")
+    rows_made.clear()
+    refreshed = run("refresh", "first")
+    assert rows_made == [["cam/lot_2/new.jpg", f"cam/{names[3]}"]], "the 39 reused verdicts stay columns"
+    assert refreshed == run("full", None), "a refresh writes the manifest a full run does"
+    for table in [*TABLES, "verdicts"]:
+        assert pq.read_table(tmp_path / "refresh" / f"{table}.parquet").equals(
+            pq.read_table(tmp_path / "full" / f"{table}.parquet")
+        ), table

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from training_code.lib.coco import ANNOTATIONS_FILE
@@ -131,7 +132,7 @@ def test_unreadable_images_are_recorded_and_decoded_again_next_time(tmp_path):
 
 
 def test_a_key_no_map_host_received_fails_the_reduce(tmp_path):
-    pending = pd.DataFrame({"key": ["cam/a.jpg", "cam/b.jpg"], "etag": ["1-1", "2-2"], "size": [1, 2]})
+    pending = pa.table({"key": ["cam/a.jpg", "cam/b.jpg"], "etag": ["1-1", "2-2"], "size": [1, 2]})
     verdicts = pd.DataFrame(
         {
             "key": ["cam/a.jpg"],

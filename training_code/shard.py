@@ -41,9 +41,9 @@ from typing import Any
 import pyarrow as pa
 
 from training_code.lib import job_env
-from training_code.lib import training_set as ts
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.image_encoding import ENCODINGS, Encoding
+from training_code.lib.parquet_bytes import parquet_bytes
 from training_code.lib.raw_fetch import readable_root
 from training_code.lib.read_list import ReadList, host_slot, read_read_list, resource_config
 from training_code.lib.shard_format import FORMAT, MANIFEST, MASKED, ROWS
@@ -151,8 +151,8 @@ def build_shards(
         return listing, work
     entries = plan.kept + entries
     files = {
-        MASKED: ts.parquet_bytes(masked_table(plan.masked)),
-        ROWS: ts.parquet_bytes(rows_table(plan.kept_rows + new_rows)),
+        MASKED: parquet_bytes(masked_table(plan.masked)),
+        ROWS: parquet_bytes(rows_table(plan.kept_rows + new_rows)),
     }
     for name, data in files.items():
         write_bytes_atomic(out / name, data)

@@ -173,8 +173,3 @@ def _json_type(value: Any) -> str:
 def _parse_int(text: str) -> int | HugeInteger:
     digits = len(text.lstrip("-"))
     return int(text) if digits <= MAX_INT_DIGITS else HugeInteger(digits)
-
-
-def annotated_files_without_image(parsed: SourceAnnotations, listed_files: set[str]) -> list[str]:
-    """COCO image entries that carry annotations but whose file is not in the listing."""
-    return sorted(f for f, anns in parsed.by_file.items() if anns and f not in listed_files)

@@ -1,4 +1,5 @@
-"""Parquet read from bytes already in memory (a verified read, an S3 object's body), from a copy Arrow owns.
+"""Parquet as bytes: read from bytes already in memory (a verified read, an S3 object's body), from a copy
+Arrow owns; written whole, the same table to the same bytes.
 
 Arrow's threads must never hold the last reference to a Python object. A Python source (`io.BytesIO`, or a
 `pa.py_buffer` over `bytes`) is released by whichever thread drops its last `shared_ptr`: the pre-buffer
@@ -28,6 +29,13 @@ def arrow_owned_reader(data: bytes) -> pa.BufferReader:
 def read_parquet_bytes(data: bytes, columns: Sequence[str] | None = None) -> pa.Table:
     columns = None if columns is None else list(columns)
     return pq.read_table(arrow_owned_reader(data), columns=columns, pre_buffer=False)
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """The table as Parquet bytes: the same table writes the same bytes (a data version may hash them)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
 
 
 def parquet_file_of_bytes(data: bytes) -> pq.ParquetFile:

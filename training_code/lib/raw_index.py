@@ -23,22 +23,24 @@ import json
 import re
 import tempfile
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .annotation_files import AnnotationCounts, count_source_annotations
 from .coco import ANNOTATIONS_FILE, DEFAULT_MAX_ANNOTATION_BYTES
 from .hashing import sha256_file
+from .heap_freeze import heap_frozen
 from .indexed_raw import ANNOTATION_FILES
 from .raw_index_groups import GroupCounts, group_hash, group_of
 from .raw_index_listing import check_source, list_source
 from .storage import ObjectInfo, copy_file_atomic, delete_file, join, key_problem, printable_key, write_bytes_atomic
-from .tables import RAW_INDEX, as_checked
+from .tables import RAW_INDEX, checked
 
 INDEX_FILE = "index.parquet"
 MANIFEST = "manifest.json"
@@ -46,24 +48,18 @@ MANIFEST_FORMAT = "zero-raw-index/3"  # 3: annotation_files (what the jobs check
 BATCH_ROWS = 50_000  # rows per record batch (and Parquet row group)
 EXAMPLES = 20  # keys kept per kind of reported entry; the counts are complete
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".mpo")
-COLUMNS = ("source", "key", "size", "etag", "group", "annotation_count")
-ARROW_SCHEMA = pa.schema(
-    [
-        ("source", pa.string()),
-        ("key", pa.string()),
-        ("size", pa.int64()),
-        ("etag", pa.string()),
-        ("group", pa.string()),
-        ("annotation_count", pa.int64()),
-    ]
-)
+COLUMNS = tuple(RAW_INDEX.arrow.names)
 HASH_COLUMN = "group_hash"  # only in the scratch copy the rehearsal sample is cut from
 # Every key `key_problem` refuses, once escaped by printable_key, matches this (a backslash, a '.',
 # '..' or empty segment, a leading '/'); most safe keys do not.
 MAYBE_UNSAFE = r"\\|(?:^|/)\.\.?(?:/|$)|^/|//|/$|^$"
 _json_string = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str
+_PLAIN_JSON = r"^[ !#-\[\]-~]*$"  # printable ASCII but '"' and '\\': json.dumps writes such text as is, quoted
+_ESCAPED = r"[\x00-\x1f\x7f\\]"  # what printable_key escapes (besides lone surrogates)
+_IMAGE_SUFFIX = "(" + "|".join(re.escape(suffix) for suffix in IMAGE_SUFFIXES) + ")$"
 
 
+@heap_frozen()
 def write_source_index(
     raw_uri: str,
     source: str,
@@ -127,6 +123,7 @@ def write_source_index(
     return {**manifest, "uri": str(out_dir_or_uri)}
 
 
+@heap_frozen()
 def source_listing_fingerprint(
     raw_uri: str,
     source: str,
@@ -174,16 +171,31 @@ class _ListingPass:
 
     def __init__(self, source: str, pattern: re.Pattern[str] | None, annotations: AnnotationCounts) -> None:
         self.source, self.pattern, self.annotations = source, pattern, annotations
-        self.unclaimed = annotations.per_file  # annotated file names not listed (yet); consumed as listed
+        # Annotated file names and their counts as columns; `claimed` marks those the listing has shown.
+        self._annotated = pa.array(list(annotations.per_file), pa.string())
+        self._counts = np.fromiter(annotations.per_file.values(), dtype=np.int64, count=len(annotations.per_file))
+        self._claimed = np.zeros(len(self._counts), dtype=bool)
         self.images = self.ignored = 0
         self.ignored_examples: list[str] = []
         self._hash, self._first = hashlib.sha256(b"["), True
 
-    def _hash_entry(self, key: str, size: int, etag: str) -> None:
-        # json.dumps([key, size, etag], separators=(",", ":")), a few times faster
-        self._hash.update(
-            f"{'' if self._first else ','}[{_json_string(key)},{int(size)},{_json_string(etag)}]".encode()
-        )
+    def _hash_entries(self, keys: pa.Array, sizes: pa.Array, etags: pa.Array) -> None:
+        """Feed `[key,size,etag]` of each entry to the fingerprint: json.dumps(..., separators=(",", ":")),
+        by columns where every text is plain printable ASCII (its JSON is itself in quotes)."""
+        if not len(keys):
+            return
+        if (
+            pc.all(pc.match_substring_regex(keys, _PLAIN_JSON)).as_py()
+            and pc.all(pc.match_substring_regex(etags, _PLAIN_JSON)).as_py()
+        ):
+            entries = pc.binary_join_element_wise('["', keys, '",', pc.cast(sizes, pa.string()), ',"', etags, '"]', "")
+            text = ",".join(entries.to_pylist())
+        else:
+            text = ",".join(
+                f"[{_json_string(k)},{int(n)},{_json_string(e)}]"
+                for k, n, e in zip(keys.to_pylist(), sizes.to_pylist(), etags.to_pylist())
+            )
+        self._hash.update(("" if self._first else ",").encode() + text.encode())
         self._first = False
 
     def fingerprint(self) -> str:
@@ -199,51 +211,78 @@ class _ListingPass:
 
     def missing_annotated(self) -> list[str]:
         """Keys of image entries with annotations whose file was not listed (after the whole listing)."""
-        return [f"{self.source}/{name}" for name, count in sorted(self.unclaimed.items()) if count]
+        missing = self._annotated.filter(pa.array(~self._claimed & (self._counts > 0))).to_pylist()
+        return [f"{self.source}/{name}" for name in sorted(missing)]
 
-    def batches(self, listing: Iterator[ObjectInfo]) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
-        rows: dict[str, list] = {name: [] for name in COLUMNS}
-        hashes: list[int] = []
-        last_group, last_hash = None, 0
-        start = len(self.source) + 1
-        for obj in listing:
-            key = printable_key(obj.key)
-            rest = key[start:]
-            if rest == ANNOTATIONS_FILE:
-                continue  # hashed from what was parsed; see fingerprint()
-            self._hash_entry(key, obj.size, obj.etag)
-            if not rest.lower().endswith(IMAGE_SUFFIXES):
-                self.ignored += 1
-                if len(self.ignored_examples) < EXAMPLES:
-                    self.ignored_examples.append(key)
-                continue
-            problem = key_problem(key)
-            if self.pattern is None and problem is None:
-                group = key.rpartition("/")[0]  # group_of's folder of a canonical key, without a PurePosixPath
-            else:
-                group = group_of(key, None if problem else self.pattern)
-            if group != last_group:  # neighbours in key order mostly share a folder
-                last_group, last_hash = group, group_hash(group)
-            for name, value in zip(COLUMNS, (self.source, key, obj.size, obj.etag, group, self.unclaimed.pop(rest, 0))):
-                rows[name].append(value)
-            hashes.append(last_hash)
-            self.images += 1
-            if len(hashes) == BATCH_ROWS:
-                yield _frame(rows), np.array(hashes, dtype=np.uint64)
-                rows, hashes = {name: [] for name in COLUMNS}, []
-        if hashes:
-            yield _frame(rows), np.array(hashes, dtype=np.uint64)
+    def batches(self, listing: Iterator[ObjectInfo]) -> Iterator[tuple[pa.Table, np.ndarray]]:
+        """The index rows of the listing, by columns, a chunk of BATCH_ROWS listed objects at a time."""
+        while chunk := list(islice(listing, BATCH_ROWS)):
+            rows, hashes = self._rows(chunk)
+            if rows.num_rows:
+                yield rows, hashes
+
+    def _rows(self, chunk: list[ObjectInfo]) -> tuple[pa.Table, np.ndarray]:
+        keys = _printable_keys([obj.key for obj in chunk])
+        sizes = pa.array([obj.size for obj in chunk], pa.int64())
+        etags = pa.array([obj.etag for obj in chunk], pa.string())
+        listed = pc.not_equal(keys, f"{self.source}/{ANNOTATIONS_FILE}")  # that one is hashed from what was parsed
+        keys, sizes, etags = keys.filter(listed), sizes.filter(listed), etags.filter(listed)
+        self._hash_entries(keys, sizes, etags)
+        image = pc.match_substring_regex(pc.utf8_lower(keys), _IMAGE_SUFFIX)
+        others = keys.filter(pc.invert(image))
+        self.ignored += len(others)
+        self.ignored_examples += others[: max(EXAMPLES - len(self.ignored_examples), 0)].to_pylist()
+        keys, sizes, etags = keys.filter(image), sizes.filter(image), etags.filter(image)
+        groups = self._groups(keys)
+        distinct = pc.unique(groups)
+        group_hashes = np.array([group_hash(group) for group in distinct.to_pylist()], dtype=np.uint64)
+        where = pc.index_in(pc.utf8_slice_codeunits(keys, len(self.source) + 1), value_set=self._annotated)
+        found = where.drop_null().to_numpy()
+        self._claimed[found] = True
+        counts = np.zeros(len(keys), dtype=np.int64)
+        counts[pc.is_valid(where).to_numpy(zero_copy_only=False)] = self._counts[found]
+        self.images += len(keys)
+        rows = pa.table(
+            [pa.array([self.source] * len(keys), pa.string()), keys, sizes, etags, groups, counts],
+            schema=RAW_INDEX.arrow,
+        )
+        return rows, group_hashes[pc.index_in(groups, value_set=distinct).to_numpy()]
+
+    def _groups(self, keys: pa.Array) -> pa.Array:
+        """Each key's split group: its folder (group_of's, by columns for canonical keys), or the pattern's."""
+        if self.pattern is not None:
+            return pa.array(
+                [group_of(key, None if key_problem(key) else self.pattern) for key in keys.to_pylist()], pa.string()
+            )
+        folders = pc.replace_substring_regex(keys, r"/[^/]*$", "")
+        maybe_unsafe = pc.match_substring_regex(keys, MAYBE_UNSAFE)
+        if not pc.any(maybe_unsafe).as_py():
+            return folders
+        return pa.array(
+            [
+                group_of(key) if unsafe and key_problem(key) else folder
+                for key, folder, unsafe in zip(keys.to_pylist(), folders.to_pylist(), maybe_unsafe.to_pylist())
+            ],
+            pa.string(),
+        )
 
 
-def _frame(rows: dict[str, list]) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=list(COLUMNS)).astype({"size": "int64", "annotation_count": "int64"})
+def _printable_keys(keys: list[str]) -> pa.Array:
+    """`printable_key` of each key, by columns where no key needs escaping."""
+    try:
+        column = pa.array(keys, pa.string())
+    except (UnicodeEncodeError, pa.ArrowInvalid):  # a lone surrogate: a name that is not valid UTF-8
+        return pa.array([printable_key(key) for key in keys], pa.string())
+    if not pc.any(pc.match_substring_regex(column, _ESCAPED)).as_py():
+        return column
+    return pa.array([printable_key(key) for key in keys], pa.string())
 
 
 class _IndexWriter:
     """index.parquet one validated batch at a time, with the counts of what it wrote."""
 
     def __init__(self, path: Path) -> None:
-        self._writer = pq.ParquetWriter(path, ARROW_SCHEMA)
+        self._writer = pq.ParquetWriter(path, RAW_INDEX.arrow)
         self.images = self.bytes = self.without_annotation = self.unsafe = 0
         self.unsafe_examples: list[str] = []
         self.groups = GroupCounts()
@@ -254,16 +293,15 @@ class _IndexWriter:
     def __exit__(self, *exc: Any) -> None:
         self._writer.close()
 
-    def write(self, frame: pd.DataFrame, hashes: np.ndarray) -> None:
-        frame = as_checked(RAW_INDEX).validate(frame, lazy=True)
-        self._writer.write_table(pa.Table.from_pandas(frame, schema=ARROW_SCHEMA, preserve_index=False))
-        self.images += len(frame)
-        self.bytes += int(frame["size"].sum())
-        self.without_annotation += int((frame["annotation_count"] == 0).sum())
-        candidates = frame["key"][
-            frame["key"].str.contains(MAYBE_UNSAFE)
-        ]  # key_problem itself only where it may say yes
-        unsafe = [key for key in candidates if key_problem(key)]
+    def write(self, table: pa.Table, hashes: np.ndarray) -> None:
+        self._writer.write_table(checked(table, RAW_INDEX))
+        self.images += table.num_rows
+        self.bytes += pc.sum(table.column("size")).as_py() or 0
+        self.without_annotation += pc.sum(pc.equal(table.column("annotation_count"), 0)).as_py() or 0
+        keys = table.column("key")  # key_problem itself only where it may say yes
+        unsafe = [
+            key for key in keys.filter(pc.match_substring_regex(keys, MAYBE_UNSAFE)).to_pylist() if key_problem(key)
+        ]
         self.unsafe += len(unsafe)
         self.unsafe_examples += unsafe[: EXAMPLES - len(self.unsafe_examples)]
         self.groups.add(hashes)
@@ -278,22 +316,21 @@ class _IndexWriter:
         }
 
 
-def _write_all_with_hashes(batches: Iterator[tuple[pd.DataFrame, np.ndarray]], path: Path) -> GroupCounts:
+def _write_all_with_hashes(batches: Iterator[tuple[pa.Table, np.ndarray]], path: Path) -> GroupCounts:
     """The whole index to scratch with each row's group hash, counting images per group for the sample."""
     groups = GroupCounts()
-    with pq.ParquetWriter(path, ARROW_SCHEMA.append(pa.field(HASH_COLUMN, pa.uint64()))) as writer:
-        for frame, hashes in batches:
-            table = pa.Table.from_pandas(frame, schema=ARROW_SCHEMA, preserve_index=False)
+    with pq.ParquetWriter(path, RAW_INDEX.arrow.append(pa.field(HASH_COLUMN, pa.uint64()))) as writer:
+        for table, hashes in batches:
             writer.write_table(table.append_column(HASH_COLUMN, pa.array(hashes, pa.uint64())))
             groups.add(hashes)
     return groups
 
 
-def _read_back(path: Path, limit: int | None) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
+def _read_back(path: Path, limit: int | None) -> Iterator[tuple[pa.Table, np.ndarray]]:
     """The scratch index a batch at a time, only the rows of groups hashed up to `limit` (all if None)."""
     for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS):
         hashes = batch.column(HASH_COLUMN).to_numpy()
         keep = np.ones(len(hashes), dtype=bool) if limit is None else hashes <= np.uint64(limit)
         if keep.any():
-            frame = batch.drop_columns([HASH_COLUMN]).to_pandas()[keep].reset_index(drop=True)
-            yield frame, hashes[keep]
+            rows = pa.Table.from_batches([batch.drop_columns([HASH_COLUMN])]).filter(pa.array(keep))
+            yield rows, hashes[keep]

@@ -21,7 +21,8 @@ import shutil
 from pathlib import Path
 from types import TracebackType
 
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import job_env
 from .annotation_files import annotation_error, load_annotations
@@ -110,10 +111,12 @@ class RawReader:
         parsed, errors = load_annotations(self.root, sources - set(too_large), max_bytes, self.listed)
         return {**parsed, **dict.fromkeys(too_large)}, {**errors, **too_large}
 
-    def thumbnails(self, quarantine: pd.DataFrame, index: pd.DataFrame, args: argparse.Namespace) -> list[Thumbnail]:
+    def thumbnails(self, quarantine: pa.Table, index: pa.Table, args: argparse.Namespace) -> list[Thumbnail]:
         """The contact sheet's thumbnails (`contact_sheet.quarantine_thumbnails`). On S3 only the files it
         may draw are fetched (at most MAX_ATTEMPTS); one that changed since the index is left out."""
+        quarantine = quarantine.to_pandas()  # the quarantined rows only
         if not self.local:
+            index = index.filter(pc.is_in(index.column("key"), pa.array(quarantine["key"], pa.string()))).to_pandas()
             drawable = quarantine[quarantine["reason"].isin(DRAWABLE_REASONS) & quarantine["sha256"].notna()]
             keys = set(drawable.sort_values("key", kind="stable").head(MAX_ATTEMPTS)["key"])
             listed = index[index["key"].isin(keys) & (index["size"] <= args.max_image_bytes)]

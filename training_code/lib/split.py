@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 
 def split_of_group(group: str, seed: int, val_fraction: float) -> str:
@@ -17,19 +18,19 @@ def split_of_group(group: str, seed: int, val_fraction: float) -> str:
     return "val" if point < val_fraction else "train"
 
 
-def assign_splits(groups: pd.Series, seed: int, val_fraction: float) -> pd.Series:
+def assign_splits(groups: pa.Array | pa.ChunkedArray, seed: int, val_fraction: float) -> pa.Array:
+    """Each row's split: one hash a distinct group, taken back to the rows by column."""
     if not 0.0 <= val_fraction <= 1.0:
         raise ValueError(f"--val-fraction must be within [0, 1], got {val_fraction}")
-    by_group = {group: split_of_group(group, seed, val_fraction) for group in groups.unique()}
-    return groups.map(by_group)
+    distinct = pc.unique(groups)
+    splits = pa.array([split_of_group(group, seed, val_fraction) for group in distinct.to_pylist()], pa.string())
+    return splits.take(pc.index_in(groups, value_set=distinct)) if len(groups) else pa.array([], pa.string())
 
 
-def find_exact_duplicates(keys: pd.Series, sha256s: pd.Series) -> pd.DataFrame:
-    """Rows (key, sha256, duplicate_of) for every image whose bytes equal an earlier key's, in key order.
-
-    The first key in sorted order is kept, so the choice does not depend on listing or worker order.
-    """
-    frame = pd.DataFrame({"key": keys.values, "sha256": sha256s.values}).sort_values("key", kind="stable")
-    kept = frame.groupby("sha256", sort=False)["key"].transform("first")
-    duplicates = frame[frame["key"] != kept].assign(duplicate_of=kept[frame["key"] != kept])
-    return duplicates.reset_index(drop=True)
+def find_exact_duplicates(rows: pa.Table) -> pa.Table:
+    """Rows (key, sha256, duplicate_of) of `rows` (key, sha256) for every image whose bytes equal an
+    earlier key's, in key order. The first key in sorted order is kept, so the choice does not depend on
+    listing or worker order."""
+    first = rows.group_by("sha256").aggregate([("key", "min")]).rename_columns(["sha256", "duplicate_of"])
+    joined = rows.select(["key", "sha256"]).join(first, keys="sha256")
+    return joined.filter(pc.not_equal(joined["key"], joined["duplicate_of"])).sort_by("key")

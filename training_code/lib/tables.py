@@ -1,4 +1,5 @@
-"""Pandera schemas for the pipeline's tables, checked whenever one is written and read.
+"""The pipeline's tables: each an Arrow schema with pandera checks, run on the Arrow table (pandera's
+pyarrow backend, no pandas frame) whenever one is written and read.
 
 Each table is a Parquet file. The Dagster side shows the same schemas as column schemas in the UI,
 so a malformed table fails at the boundary where it was produced. A table is read whole, and checked
@@ -8,12 +9,17 @@ against the sha256 its folder's manifest records for it (`verified_read`) whatev
 from __future__ import annotations
 
 import os
+import threading
+from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
-import pandera.pandas as pa
+import pandera.pyarrow as pandera
+import pyarrow
+import pyarrow.parquet as pq
 
 from .label_policy import STATE_MEANINGS
-from .parquet_bytes import arrow_owned_reader
+from .parquet_bytes import arrow_owned_reader, parquet_bytes
 from .storage import write_bytes_atomic
 from .verified_read import read_verified
 
@@ -54,158 +60,204 @@ SPLITS = ("train", "val")
 # What an accepted image's labels are (training_code/lib/label_policy.py): only the first two train.
 ANNOTATION_STATES = tuple(STATE_MEANINGS)
 
-# ne, a vectorised compare; str_length(min_value=1) called Python a value (6 ms of 10,000 keys, each check)
-_key = pa.Column(str, pa.Check.ne("", error="a key is never empty"))
-_sha = pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{64}$"))
 
-RAW_INDEX = pa.DataFrameSchema(
+@dataclass(frozen=True)
+class TableSpec:
+    """A table's Arrow schema and the pandera checks (pyarrow backend) its rows must pass."""
+
+    name: str
+    arrow: pyarrow.Schema
+    checks: pandera.DataFrameSchema
+
+    def empty(self) -> pyarrow.Table:
+        return self.arrow.empty_table()
+
+
+def table_spec(
+    name: str,
+    columns: dict[str, pyarrow.DataType | tuple[pyarrow.DataType, list[pandera.Check]]],
+    *,
+    nullable: tuple[str, ...] = (),
+    unique: list[str] | None = None,
+) -> TableSpec:
+    """A TableSpec from `column: type` or `column: (type, checks)`; no column holds nulls unless named."""
+    typed = {name: value if isinstance(value, tuple) else (value, []) for name, value in columns.items()}
+    return TableSpec(
+        name,
+        pyarrow.schema([(column, kind) for column, (kind, _) in typed.items()]),
+        pandera.DataFrameSchema(
+            {
+                column: pandera.Column(kind, rules or None, nullable=column in nullable)
+                for column, (kind, rules) in typed.items()
+            },
+            unique=unique,
+            name=name,
+            strict=True,
+        ),
+    )
+
+
+_str, _int = pyarrow.string(), pyarrow.int64()
+_key = (_str, [pandera.Check.ne("", error="a key is never empty")])
+_sha = (_str, [pandera.Check.str_matches(r"^[0-9a-f]{64}$")])
+
+RAW_INDEX = table_spec(
+    "raw_image_index",
     {
-        "source": pa.Column(str),
+        "source": _str,
         "key": _key,  # path relative to the raw root: "<source>/<file>"
-        "size": pa.Column("int64", pa.Check.ge(0)),
-        "etag": pa.Column(str),  # S3 ETag, or "<mtime_ns>-<size>" for local files
-        "group": pa.Column(str),
-        "annotation_count": pa.Column("int64", pa.Check.ge(0)),
+        "size": (_int, [pandera.Check.ge(0)]),
+        "etag": _str,  # S3 ETag, or "<mtime_ns>-<size>" for local files
+        "group": _str,
+        "annotation_count": (_int, [pandera.Check.ge(0)]),
     },
     unique=["key"],
-    name="raw_image_index",
-    strict=True,
 )
 
-ACCEPTED = pa.DataFrameSchema(
+ACCEPTED = table_spec(
+    "validated_images",
     {
-        "source": pa.Column(str),
+        "source": _str,
         "key": _key,
         "sha256": _sha,
-        "size": pa.Column("int64", pa.Check.gt(0)),
-        "format": pa.Column(str),
-        "mode": pa.Column(str),  # the decoder's original mode (CMYK, I;16, P, RGBA...)
-        "width": pa.Column("int64", pa.Check.gt(0)),  # upright frame
-        "height": pa.Column("int64", pa.Check.gt(0)),
-        "orientation": pa.Column("int64", pa.Check.isin(list(range(1, 9)))),
-        "group": pa.Column(str),
-        "split": pa.Column(str, pa.Check.isin(list(SPLITS))),
-        "boxes": pa.Column(object),  # list of [x1, y1, x2, y2], upright frame
-        "category_names": pa.Column(object),  # list of str, one per box
-        "annotation": pa.Column(str, pa.Check.isin(list(ANNOTATION_STATES))),
+        "size": (_int, [pandera.Check.gt(0)]),
+        "format": _str,
+        "mode": _str,  # the decoder's original mode (CMYK, I;16, P, RGBA...)
+        "width": (_int, [pandera.Check.gt(0)]),  # upright frame
+        "height": (_int, [pandera.Check.gt(0)]),
+        "orientation": (_int, [pandera.Check.isin(list(range(1, 9)))]),
+        "group": _str,
+        "split": (_str, [pandera.Check.isin(list(SPLITS))]),
+        "boxes": pyarrow.list_(pyarrow.list_(pyarrow.float64())),  # [x1, y1, x2, y2] each, upright frame
+        "category_names": pyarrow.list_(_str),  # one per box
+        "annotation": (_str, [pandera.Check.isin(list(ANNOTATION_STATES))]),
         # perceptual_hash.Hashes of the upright picture: one int64 per view of perceptual_hash.VIEWS
-        "phash": pa.Column(object),
-        "dhash": pa.Column(object),
+        "phash": pyarrow.list_(_int),
+        "dhash": pyarrow.list_(_int),
     },
     unique=["key"],
-    name="validated_images",
-    strict=True,
 )
 
-QUARANTINE = pa.DataFrameSchema(
+QUARANTINE = table_spec(
+    "quarantine",
     {
         "key": _key,
-        "sha256": pa.Column(str, nullable=True),  # null when the bytes could not be read
-        "stage": pa.Column(str),
-        "reason": pa.Column(str, pa.Check.isin(list(REASONS))),
-        "error": pa.Column(str),
+        "sha256": _str,  # null when the bytes could not be read
+        "stage": _str,
+        "reason": (_str, [pandera.Check.isin(list(REASONS))]),
+        "error": _str,
     },
-    name="quarantine",
-    strict=True,
+    nullable=("sha256",),
 )
 
 # Every image verdict of a validation run with the listing identity it was reached for: the cache an
-# incremental run reuses for keys whose etag and size did not change. Not part of the data version
-# (a local etag holds an mtime), so it is left out of the manifest's file hashes.
-VERDICTS = pa.DataFrameSchema(
+# incremental run reuses for keys whose etag and size did not change (verdict_cache). Not part of the
+# data version (a local etag holds an mtime), so it is left out of the manifest's file hashes.
+VERDICTS = table_spec(
+    "verdicts",
     {
         "key": _key,
-        "etag": pa.Column(str),
-        "listed_size": pa.Column("int64", pa.Check.ge(0)),  # the index's size, compared with the next listing
-        "sha256": pa.Column(str),  # "" when the bytes could not be read
-        "size": pa.Column("int64", pa.Check.ge(0)),  # bytes actually read
-        "reason": pa.Column(str),  # "" for an accepted image
-        "stage": pa.Column(str),
-        "error": pa.Column(str),
-        "format": pa.Column(str),
-        "mode": pa.Column(str),
-        "width": pa.Column("int64"),
-        "height": pa.Column("int64"),
-        "orientation": pa.Column("int64"),
-        "phash": pa.Column(object),  # as in ACCEPTED; [] when nothing was decoded (see `reason`)
-        "dhash": pa.Column(object),
+        "etag": _str,
+        "listed_size": (_int, [pandera.Check.ge(0)]),  # the index's size, compared with the next listing
+        "sha256": _str,  # "" when the bytes could not be read
+        "size": _int,  # bytes actually read
+        "reason": _str,  # "" for an accepted image
+        "stage": _str,
+        "error": _str,
+        "format": _str,
+        "mode": _str,
+        "width": _int,
+        "height": _int,
+        "orientation": _int,
+        "phash": pyarrow.list_(_int),  # as in ACCEPTED; [] when nothing was decoded (see `reason`)
+        "dhash": pyarrow.list_(_int),
     },
     unique=["key"],
-    name="verdicts",
-    strict=True,
 )
 
-DUPLICATES = pa.DataFrameSchema(
-    {"key": _key, "sha256": _sha, "duplicate_of": _key},
-    unique=["key"],
-    name="duplicates",
-    strict=True,
-)
+DUPLICATES = table_spec("duplicates", {"key": _key, "sha256": _sha, "duplicate_of": _key}, unique=["key"])
 
-REJECTED_LABELS = pa.DataFrameSchema(
+REJECTED_LABELS = table_spec(
+    "rejected_labels",
     {
         "key": _key,
-        "annotation_id": pa.Column("int64"),
-        "category": pa.Column(str),
-        "bbox": pa.Column(object),  # the COCO [x, y, w, h] as given
-        "reason": pa.Column(str, pa.Check.isin(list(LABEL_REASONS))),
-        "detail": pa.Column(str),
+        "annotation_id": _int,
+        "category": _str,
+        "bbox": pyarrow.list_(pyarrow.float64()),  # the COCO [x, y, w, h] as given
+        "reason": (_str, [pandera.Check.isin(list(LABEL_REASONS))]),
+        "detail": _str,
     },
-    name="rejected_labels",
-    strict=True,
 )
 
-UNMATCHED = pa.DataFrameSchema(
+UNMATCHED = table_spec(
+    "unmatched",
     {
-        "kind": pa.Column(str, pa.Check.isin(["image_without_annotation", "annotation_without_image"])),
+        "kind": (_str, [pandera.Check.isin(["image_without_annotation", "annotation_without_image"])]),
         "key": _key,
-        "detail": pa.Column(str),
+        "detail": _str,
     },
-    name="unmatched",
-    strict=True,
 )
 
 
-def _is_text(series: pd.Series) -> bool:
-    """Every value that is not null is a str, by pandas' type inference (a C loop)."""
-    return pd.api.types.infer_dtype(series, skipna=True) in ("string", "empty")
+# One check at a time per process: pandera's pyarrow checks import optional engines on each call, and
+# a failed import seen half-done by another thread is an AttributeError (the index runs sources on threads).
+_CHECKING = threading.Lock()
 
 
-_TEXT = pa.Check(_is_text, error="every value must be a str")
-_AS_CHECKED: dict[int, tuple[pa.DataFrameSchema, pa.DataFrameSchema]] = {}
+class TableError(ValueError):
+    """Rows that do not fit a table's Arrow schema; the message names the table and the column."""
 
 
-def as_checked(schema: pa.DataFrameSchema) -> pa.DataFrameSchema:
-    """`schema` as tables are checked against it: each `str` column's type checked by `_is_text`, a
-    check of the whole column, instead of pandera's own `str` check, which calls a Python function a
-    cell (most of the check's time on a table of 20,000 rows). The same rules: nulls where the column
-    allows them, every other value a str. `schema` itself, with its `str` types, is what the UI shows."""
-    cached = _AS_CHECKED.get(id(schema))
-    if cached is None or cached[0] is not schema:
-        text = {name: column for name, column in schema.columns.items() if str(column.dtype) == "str"}
-        checked = schema.update_columns(
-            {name: {"dtype": None, "checks": [_TEXT, *column.checks]} for name, column in text.items()}
-        )
-        cached = _AS_CHECKED[id(schema)] = (schema, checked)
-    return cached[1]
+def as_table(rows: pyarrow.Table | pd.DataFrame | list[dict[str, Any]], spec: TableSpec) -> pyarrow.Table:
+    """`rows` (a table, a frame or a list of row dicts) as an Arrow table of `spec`'s schema, not yet checked."""
+    try:
+        if isinstance(rows, pd.DataFrame):
+            return pyarrow.Table.from_pandas(rows, schema=spec.arrow, preserve_index=False)
+        if isinstance(rows, list):
+            return pyarrow.Table.from_pylist(rows, schema=spec.arrow)
+        if rows.schema.names != spec.arrow.names:
+            raise TableError(f"{spec.name}: columns {rows.schema.names} are not {spec.arrow.names}")
+        for field, expected in zip(rows.schema, spec.arrow):
+            if field.type != expected.type:  # never cast: a cast would turn numbers into text
+                raise TableError(f"{spec.name}: column {field.name!r} ({expected.type}) holds {field.type}")
+        return rows.cast(spec.arrow)
+    except (pyarrow.ArrowInvalid, pyarrow.ArrowTypeError, pyarrow.ArrowNotImplementedError) as error:
+        raise TableError(f"{spec.name}: {_misfit_column(rows, spec)}: {error}") from None
 
 
-def write_table(frame: pd.DataFrame, schema: pa.DataFrameSchema, uri: str | os.PathLike) -> pd.DataFrame:
-    """Validate `frame` against `schema`, then write it as Parquet atomically (local path or s3:// URI)."""
-    frame = as_checked(schema).validate(frame.reset_index(drop=True), lazy=True)
-    write_bytes_atomic(uri, frame.to_parquet(index=False))
-    return frame
+def _misfit_column(rows: Any, spec: TableSpec) -> str:
+    """Which column's values do not fit its type (the first), for the message."""
+    for field in spec.arrow:
+        try:
+            values = rows[field.name] if not isinstance(rows, list) else [row.get(field.name) for row in rows]
+            pyarrow.array(values, type=field.type, from_pandas=True).cast(field.type)
+        except (pyarrow.ArrowInvalid, pyarrow.ArrowTypeError, pyarrow.ArrowNotImplementedError, KeyError):
+            return f"column {field.name!r} ({field.type})"
+    return "a column"
 
 
-def read_table(uri: str | os.PathLike, schema: pa.DataFrameSchema) -> pd.DataFrame:
+def checked(rows: pyarrow.Table | pd.DataFrame | list[dict[str, Any]], spec: TableSpec) -> pyarrow.Table:
+    """`rows` as `spec`'s Arrow table, checked with pandera's pyarrow backend (SchemaErrors naming columns)."""
+    table = as_table(rows, spec)
+    with _CHECKING:
+        spec.checks.validate(table, lazy=True)
+    return table
+
+
+def write_table(
+    rows: pyarrow.Table | pd.DataFrame | list[dict[str, Any]], spec: TableSpec, uri: str | os.PathLike
+) -> pyarrow.Table:
+    """Check `rows` against `spec`, then write them as Parquet atomically (local path or s3:// URI)."""
+    table = checked(rows, spec)
+    write_bytes_atomic(uri, parquet_bytes(table))
+    return table
+
+
+def read_table(uri: str | os.PathLike, spec: TableSpec) -> pyarrow.Table:
     """Read the Parquet table at `uri` (local path or s3:// URI) whole, check its bytes against its
-    folder's manifest (`FileIntegrityError` when they differ) and its rows against `schema`."""
-    frame = pd.read_parquet(arrow_owned_reader(read_verified(uri)), pre_buffer=False)  # why: parquet_bytes
-    return as_checked(schema).validate(frame, lazy=True)
-
-
-def empty_frame(schema: pa.DataFrameSchema) -> pd.DataFrame:
-    """A zero-row frame with the schema's columns, for tables that have nothing to report."""
-    return pd.DataFrame(
-        {name: pd.Series(dtype=str(col.dtype) if col.dtype else object) for name, col in schema.columns.items()}
-    )
+    folder's manifest (`FileIntegrityError` when they differ) and its rows against `spec`."""
+    table = pq.read_table(arrow_owned_reader(read_verified(uri)), pre_buffer=False)  # why: parquet_bytes
+    try:
+        return checked(table.replace_schema_metadata(None), spec)
+    except TableError as error:
+        raise TableError(f"{uri}: {error}; rematerialize its asset") from None

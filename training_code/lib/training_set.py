@@ -83,13 +83,6 @@ NEAR_DUPLICATES_SCHEMA = pa.schema(
 CHUNK_ROWS = 1 << 16  # rows in a Parquet row group, and in a piece of the content hash
 
 
-def parquet_bytes(table: pa.Table) -> bytes:
-    """The table as Parquet bytes: the same table writes the same bytes (the data version hashes them)."""
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    return sink.getvalue()
-
-
 Rows = pa.Table | pa.RecordBatchReader | Callable[[], pa.RecordBatchReader]  # a callable: started when written
 
 

@@ -1,8 +1,8 @@
 """Assemble the validation pass's tables and counts from per-image verdicts and COCO annotations.
 
-Pure bookkeeping, no decoding: every index row ends in exactly one of accepted, quarantine or
-duplicates, so `images_in == accepted + quarantined + duplicates` holds by construction and is
-asserted before anything is written.
+Pure bookkeeping, no decoding, by Arrow columns: every index row ends in exactly one of accepted,
+quarantine or duplicates, so `images_in == accepted + quarantined + duplicates` holds by construction
+and is asserted before anything is written.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-import pandera.pandas as pa
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from .coco import SourceAnnotations, annotated_files_without_image
+from .coco import ANNOTATIONS_FILE, SourceAnnotations
 from .hashing import sha256_file
-from .image_checks import ImageVerdict
 from .label_policy import (
     TRAINING_STATES,
     UNLABELLED_SOURCE,
@@ -30,104 +29,67 @@ from .label_policy import (
 from .labels import check_labels, vocabulary
 from .split import assign_splits, find_exact_duplicates
 from .storage import write_bytes_atomic
-from .tables import ACCEPTED, DUPLICATES, QUARANTINE, REJECTED_LABELS, UNMATCHED, empty_frame, write_table
+from .tables import ACCEPTED, DUPLICATES, QUARANTINE, REJECTED_LABELS, UNMATCHED, as_table, write_table
 from .validated_files import ACCEPTED_FILE, CATEGORIES_FILE
 from .verdict_cache import RETRIED_REASONS
 
 
 @dataclass
 class ValidationOutputs:
-    accepted: pd.DataFrame
-    quarantine: pd.DataFrame
-    duplicates: pd.DataFrame
-    rejected_labels: pd.DataFrame
-    unmatched: pd.DataFrame
+    accepted: pa.Table
+    quarantine: pa.Table
+    duplicates: pa.Table
+    rejected_labels: pa.Table
+    unmatched: pa.Table
     categories: list[dict[str, Any]]
     counts: dict[str, Any]
     label_policy: LabelPolicy = field(default_factory=LabelPolicy)
 
 
 def build_outputs(
-    index: pd.DataFrame,
-    verdicts: dict[str, ImageVerdict],
+    index: pa.Table,
+    verdicts: pa.Table,
     annotations: dict[str, SourceAnnotations | None],
     seed: int,
     val_fraction: float,
     label_policy: LabelPolicy | None = None,
 ) -> ValidationOutputs:
-    """`annotations`: each source's parsed annotations.json; None only for a source `label_policy` names
-    unlabelled (what `LabelPolicy.require_annotation_files` let through). Each accepted image records
-    its `annotation` state: whether it has labels to train on."""
+    """The tables of `index` (RAW_INDEX rows in key order) from its VERDICTS rows `verdicts` (reused ones
+    and new ones alike, in key order) and `annotations`: each source's parsed annotations.json; None only
+    for a source `label_policy` names unlabelled (what `LabelPolicy.require_annotation_files` let through).
+    Each accepted image records its `annotation` state: whether it has labels to train on. All by columns
+    but the labels, which are checked for each kept image (the annotations file is parsed anew each run)."""
     label_policy = label_policy or LabelPolicy()
-    missing = set(index["key"]) - set(verdicts)
-    if missing:
-        raise RuntimeError(f"no verdict for {len(missing)} indexed images, e.g. {sorted(missing)[:3]}")
-    quarantine_rows, decodable = [], []
-    for row in index.itertuples(index=False):
-        verdict = verdicts[row.key]
-        if verdict.accepted:
-            decodable.append(row)
-        else:
-            quarantine_rows.append(
-                {
-                    "key": row.key,
-                    "sha256": verdict.sha256,
-                    "stage": verdict.stage,
-                    "reason": verdict.reason,
-                    "error": verdict.error,
-                }
-            )
-    decodable_keys = pd.Series([row.key for row in decodable], dtype=object)
-    duplicates = find_exact_duplicates(decodable_keys, decodable_keys.map(lambda key: verdicts[key].sha256))
-    duplicate_keys = set(duplicates["key"])
-
-    # Entries of an annotations file that belong to no image (not objects, bad ids) are keyed by the file.
-    accepted_rows, rejected_rows = [], [row for parsed in annotations.values() if parsed for row in parsed.rejected]
-    for row in decodable:
-        if row.key in duplicate_keys:
-            continue  # its labels go with the kept copy's; the duplicates table says which
-        verdict = verdicts[row.key]
-        parsed = annotations.get(row.source)
-        file_name = _file_name(row.source, row.key)
-        state = label_policy.state(row.source, parsed, file_name)
-        file_annotations = parsed.annotations_for(file_name) if parsed and state in TRAINING_STATES else []
-        checked = check_labels(
-            row.key,
-            file_annotations,
-            parsed.categories if parsed else {},
-            verdict.orientation,
-            verdict.width,
-            verdict.height,
+    keys = index.column("key")
+    if not keys.equals(verdicts.column("key")):
+        missing = pc.invert(pc.is_in(keys, verdicts.column("key")))
+        raise RuntimeError(
+            f"the verdicts are not one a row of the index: {pc.sum(missing).as_py()} indexed images have none, "
+            f"e.g. {keys.filter(missing)[:3].to_pylist()}; {verdicts.num_rows} verdicts for {index.num_rows} rows"
         )
-        rejected_rows += checked.rejected
-        accepted_rows.append(
-            {
-                "source": row.source,
-                "key": row.key,
-                "sha256": verdict.sha256,
-                "size": verdict.size,
-                "format": verdict.format,
-                "mode": verdict.mode,
-                "width": verdict.width,
-                "height": verdict.height,
-                "orientation": verdict.orientation,
-                "group": row.group,
-                "split": "",
-                "boxes": checked.boxes,
-                "category_names": checked.category_names,
-                "annotation": state,
-                "phash": list(verdict.phash),
-                "dhash": list(verdict.dhash),
-            }
-        )
-    accepted = _frame(accepted_rows, ACCEPTED)
-    accepted["split"] = assign_splits(accepted["group"], seed, val_fraction)
+    rows = verdicts.append_column("source", index.column("source")).append_column("group", index.column("group"))
+    failed = pc.not_equal(rows.column("reason"), "")
+    quarantine = rows.filter(failed).select(["key", "sha256", "stage", "reason", "error"])
+    sha256 = quarantine.column("sha256")
+    quarantine = quarantine.set_column(1, "sha256", pc.if_else(pc.equal(sha256, ""), None, sha256))
+    decodable = rows.filter(pc.invert(failed))
+    duplicates = find_exact_duplicates(decodable.select(["key", "sha256"]))
+    # Its labels go with the kept copy's; the duplicates table says which.
+    kept = decodable.filter(pc.invert(pc.is_in(decodable.column("key"), duplicates.column("key"))))
+    labels = _labels(kept, annotations, label_policy)
+    accepted = (
+        kept.append_column("split", assign_splits(kept.column("group"), seed, val_fraction))
+        .append_column("boxes", pa.array(labels.boxes, ACCEPTED.arrow.field("boxes").type))
+        .append_column("category_names", pa.array(labels.names, ACCEPTED.arrow.field("category_names").type))
+        .append_column("annotation", pa.array(labels.states, pa.string()))
+        .select(ACCEPTED.arrow.names)
+    )
     outputs = ValidationOutputs(
         accepted=accepted,
-        quarantine=_frame(quarantine_rows, QUARANTINE),
-        duplicates=duplicates if len(duplicates) else empty_frame(DUPLICATES),
-        rejected_labels=_frame(rejected_rows, REJECTED_LABELS),
-        unmatched=_frame(unmatched_rows(index, annotations, label_policy), UNMATCHED),
+        quarantine=quarantine,
+        duplicates=duplicates,
+        rejected_labels=as_table(sorted(labels.rejected, key=lambda row: row["key"]), REJECTED_LABELS),
+        unmatched=_unmatched(index, annotations, label_policy),
         categories=vocabulary([parsed.categories for parsed in annotations.values() if parsed]),
         counts={},
         label_policy=label_policy,
@@ -136,68 +98,101 @@ def build_outputs(
     return outputs
 
 
-def unmatched_rows(
-    index: pd.DataFrame, annotations: dict[str, SourceAnnotations | None], label_policy: LabelPolicy
-) -> list[dict[str, str]]:
-    """Images with no COCO image entry (each saying what that makes it), and COCO entries with
-    annotations whose image is not in the index."""
-    rows = []
-    for source, key in zip(index["source"], index["key"]):
+@dataclass
+class _Labels:
+    boxes: list[list[list[float]]] = field(default_factory=list)
+    names: list[list[str]] = field(default_factory=list)
+    states: list[str] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)  # REJECTED_LABELS rows
+
+
+def _labels(kept: pa.Table, annotations: dict[str, SourceAnnotations | None], label_policy: LabelPolicy) -> _Labels:
+    """Each kept image's checked boxes and annotation state, and the entries rejected on the way
+    (those of each annotations file that fit no image first)."""
+    labels = _Labels(rejected=[row for parsed in annotations.values() if parsed for row in parsed.rejected])
+    columns = (kept.column(c).to_pylist() for c in ("key", "source", "orientation", "width", "height"))
+    for key, source, orientation, width, height in zip(*columns):
         parsed = annotations.get(source)
-        if parsed is None or _file_name(source, key) not in parsed.image_entries:
-            rows.append(
-                {
-                    "kind": "image_without_annotation",
-                    "key": key,
-                    "detail": label_policy.unmatched_detail(source, parsed),
-                }
-            )
-    for source, parsed in sorted(annotations.items()):
-        if parsed is None:
-            continue
-        listed = {_file_name(source, key) for key in index.loc[index["source"] == source, "key"]}
-        for file_name in annotated_files_without_image(parsed, listed):
-            count = len(parsed.annotations_for(file_name))
-            rows.append(
-                {
-                    "kind": "annotation_without_image",
-                    "key": f"{source}/{file_name}",
-                    "detail": f"{count} annotation(s) in {source}/annotations.json for a file the index does not list",
-                }
-            )
-    return rows
+        file_name = _file_name(source, key)
+        state = label_policy.state(source, parsed, file_name)
+        file_annotations = parsed.annotations_for(file_name) if parsed and state in TRAINING_STATES else []
+        checked = check_labels(key, file_annotations, parsed.categories if parsed else {}, orientation, width, height)
+        labels.rejected += checked.rejected
+        labels.boxes.append(checked.boxes)
+        labels.names.append(checked.category_names)
+        labels.states.append(state)
+    return labels
 
 
-def count_outputs(index: pd.DataFrame, outputs: ValidationOutputs) -> dict[str, Any]:
+def _unmatched(
+    index: pa.Table, annotations: dict[str, SourceAnnotations | None], label_policy: LabelPolicy
+) -> pa.Table:
+    """Images with no COCO image entry (each saying what that makes it), and COCO entries with
+    annotations whose image is not in the index, in key order."""
+    parts = []
+    for source in pc.unique(index.column("source")).to_pylist():
+        keys = index.column("key").filter(pc.equal(index.column("source"), source))
+        parsed = annotations.get(source)
+        file_names = pc.utf8_slice_codeunits(keys, len(source) + 1)
+        entries = pa.array(list(parsed.image_entries) if parsed else [], pa.string())
+        without = keys.filter(pc.invert(pc.is_in(file_names, value_set=entries)))
+        detail = label_policy.unmatched_detail(source, parsed)
+        parts.append(_unmatched_rows("image_without_annotation", without, [detail] * len(without)))
+        if parsed is not None:
+            annotated = pa.array([name for name, found in parsed.by_file.items() if found], pa.string())
+            missing = annotated.filter(pc.invert(pc.is_in(annotated, value_set=file_names))).to_pylist()
+            details = [
+                f"{len(parsed.annotations_for(name))} annotation(s) in {source}/{ANNOTATIONS_FILE} for a file the "
+                "index does not list"
+                for name in missing
+            ]
+            parts.append(_unmatched_rows("annotation_without_image", [f"{source}/{name}" for name in missing], details))
+    return pa.concat_tables([UNMATCHED.empty(), *parts]).sort_by("key")
+
+
+def _unmatched_rows(kind: str, keys: Any, details: list[str]) -> pa.Table:
+    return pa.table(
+        {"kind": pa.array([kind] * len(details), pa.string()), "key": keys, "detail": pa.array(details, pa.string())},
+        schema=UNMATCHED.arrow,
+    )
+
+
+def count_outputs(index: pa.Table, outputs: ValidationOutputs) -> dict[str, Any]:
     accepted, quarantine, rejected = outputs.accepted, outputs.quarantine, outputs.rejected_labels
-    labels_accepted = int(accepted["boxes"].map(len).sum()) if len(accepted) else 0
-    by_annotation = annotation_counts(accepted["annotation"])
+    labels_accepted = pc.sum(pc.list_value_length(accepted.column("boxes"))).as_py() or 0
+    by_annotation = annotation_counts(accepted.column("annotation").to_pylist())
+    unmatched_kinds = Counter(outputs.unmatched.column("kind").to_pylist())
     counts = {
-        "images_in": len(index),
-        "accepted": len(accepted),
-        "quarantined": len(quarantine),
-        "duplicates": len(outputs.duplicates),
-        "quarantined_by_reason": dict(sorted(Counter(quarantine["reason"]).items())),
+        "images_in": index.num_rows,
+        "accepted": accepted.num_rows,
+        "quarantined": quarantine.num_rows,
+        "duplicates": outputs.duplicates.num_rows,
+        "quarantined_by_reason": _counted(quarantine.column("reason")),
         # The annotations of accepted images, and the entries of annotation files that fit no image.
-        "labels_in": labels_accepted + len(rejected),
+        "labels_in": labels_accepted + rejected.num_rows,
         "labels_accepted": labels_accepted,
-        "labels_rejected": len(rejected),
-        "labels_rejected_by_reason": dict(sorted(Counter(rejected["reason"]).items())),
-        "images_without_annotation": int((outputs.unmatched["kind"] == "image_without_annotation").sum()),
-        "annotations_without_image": int((outputs.unmatched["kind"] == "annotation_without_image").sum()),
-        "train": int((accepted["split"] == "train").sum()),
-        "val": int((accepted["split"] == "val").sum()),
+        "labels_rejected": rejected.num_rows,
+        "labels_rejected_by_reason": _counted(rejected.column("reason")),
+        "images_without_annotation": unmatched_kinds["image_without_annotation"],
+        "annotations_without_image": unmatched_kinds["annotation_without_image"],
+        "train": pc.sum(pc.equal(accepted.column("split"), "train")).as_py() or 0,
+        "val": pc.sum(pc.equal(accepted.column("split"), "val")).as_py() or 0,
         "categories": len(outputs.categories),
         # Accepted images by what their labels are (label_policy): only annotated and unlisted_negative ones train.
         "accepted_by_annotation": by_annotation,
         "images_not_annotated": by_annotation[UNLISTED] + by_annotation[UNLABELLED_SOURCE],
         "unlisted_negatives": by_annotation[UNLISTED_NEGATIVE],
         # Quarantined through no fault of their bytes (RETRIED_REASONS): the next run reads them again.
-        "images_to_retry": int(quarantine["reason"].isin(RETRIED_REASONS).sum()),
+        "images_to_retry": pc.sum(pc.is_in(quarantine.column("reason"), pa.array(sorted(RETRIED_REASONS)))).as_py()
+        or 0,
     }
     if counts["images_in"] != counts["accepted"] + counts["quarantined"] + counts["duplicates"]:
         raise AssertionError(f"counts do not add up: {counts}")
     return counts
+
+
+def _counted(values: pa.ChunkedArray) -> dict[str, int]:
+    return dict(sorted(Counter(values.to_pylist()).items()))
 
 
 def write_outputs(outputs: ValidationOutputs, out: Path) -> dict[str, str]:
@@ -209,17 +204,10 @@ def write_outputs(outputs: ValidationOutputs, out: Path) -> dict[str, str]:
         "rejected_labels.parquet": (outputs.rejected_labels, REJECTED_LABELS),
         "unmatched.parquet": (outputs.unmatched, UNMATCHED),
     }
-    for name, (frame, schema) in tables.items():
-        write_table(frame, schema, out / name)
+    for name, (table, spec) in tables.items():
+        write_table(table, spec, out / name)
     write_bytes_atomic(out / CATEGORIES_FILE, json.dumps(outputs.categories, indent=1).encode())
     return {name: sha256_file(out / name) for name in [*tables, CATEGORIES_FILE]}
-
-
-def _frame(rows: list[dict[str, Any]], schema: pa.DataFrameSchema) -> pd.DataFrame:
-    """Rows in key order, or the schema's empty frame (a zero-row DataFrame would lose the dtypes)."""
-    if not rows:
-        return empty_frame(schema)
-    return pd.DataFrame(rows, columns=list(schema.columns)).sort_values("key", kind="stable").reset_index(drop=True)
 
 
 def _file_name(source: str, key: str) -> str:

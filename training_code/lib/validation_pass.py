@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import PIL
 import pyarrow as pa
+import pyarrow.compute as pc
 import simplejpeg
 
 from . import job_env
@@ -36,15 +36,9 @@ from .raw_reader import RawReader
 from .read_list import ReadList, host_slot, read_list_of, read_read_list, resource_config
 from .storage import write_bytes_atomic
 from .tables import RAW_INDEX, VERDICTS, read_table, write_table
+from .validated_files import VERDICTS_FILE
 from .validation_outputs import build_outputs, write_outputs
-from .verdict_cache import (
-    RETRIED_REASONS,
-    VERDICTS_FILE,
-    load_reusable,
-    read_verdicts,
-    split_reused,
-    verdict_frame,
-)
+from .verdict_cache import RETRIED_REASONS, reusable_verdicts, split_reused, verdict_table
 
 log = logging.getLogger("zero.validate")
 
@@ -86,14 +80,18 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("; ".join(problems))
 
 
-def load_index(index_dir: Path) -> pd.DataFrame:
-    index = read_table(index_dir / "index.parquet", RAW_INDEX).sort_values("key", kind="stable").reset_index(drop=True)
-    if index.empty:
-        raise ValueError(f"{index_dir / 'index.parquet'} lists no images; check the raw root the index was built from")
-    for source, key in zip(index["source"], index["key"]):
-        # Unsafe keys stay (each gets its unsafe_key verdict); a key outside its source is a broken index.
-        if not key.startswith(f"{source}/"):
-            raise ValueError(f"{index_dir / 'index.parquet'}: key {key!r} is not under its source folder {source!r}/")
+def load_index(index_dir: Path) -> pa.Table:
+    """The index's rows in key order; a key outside its source folder is a broken index."""
+    path = index_dir / "index.parquet"
+    index = read_table(path, RAW_INDEX).sort_by("key")
+    if not index.num_rows:
+        raise ValueError(f"{path} lists no images; check the raw root the index was built from")
+    # Unsafe keys stay (each gets its unsafe_key verdict); a key outside its source is a broken index.
+    for source in pc.unique(index.column("source")).to_pylist():
+        keys = index.column("key").filter(pc.equal(index.column("source"), source))
+        outside = keys.filter(pc.invert(pc.starts_with(keys, f"{source}/")))
+        if len(outside):
+            raise ValueError(f"{path}: key {outside[0].as_py()!r} is not under its source folder {source!r}/")
     return index
 
 
@@ -157,15 +155,18 @@ def validate(
     (args.out / MANIFEST).unlink(missing_ok=True)  # a manifest from an earlier run must not vouch for these tables
     index = load_index(args.index)
     listed = read_listed_root(args.index)  # what every read is checked against (see indexed_raw)
-    verdicts, to_decode = reused_and_to_decode(args, index)
-    work = {"decoded": len(to_decode), "reused": len(verdicts)}
-    refused, to_decode = refuse_unsafe_keys(to_decode)
-    verdicts.update(refused)
-    pending = index[index["key"].isin(to_decode)]
+    reused, to_decode = reused_and_to_decode(args, index)
+    work = {"decoded": len(to_decode), "reused": reused.num_rows}
+    verdicts, to_decode = refuse_unsafe_keys(to_decode)  # the new verdicts: the reused ones stay columns
+    pending = rows_of(index, to_decode)
     reads = checked_reads(args, pending, listed.raw_uri)
     # A source whose very name is unsafe ("" of "/x.jpg", "..") holds only unsafe keys, refused above:
     # nothing of it is read, its annotations.json included.
-    sources = {source for source in set(index["source"]) if not key_problem(f"{source}/{ANNOTATIONS_FILE}")}
+    sources = {
+        source
+        for source in pc.unique(index.column("source")).to_pylist()
+        if not key_problem(f"{source}/{ANNOTATIONS_FILE}")
+    }
     labels = label_policy(args)
     with RawReader(listed, args.raw) as raw:
         # The decode workers start first and get ready while the annotations are read.
@@ -173,16 +174,19 @@ def validate(
             # Before any decode: a source without a usable annotations.json fails here (see label_policy).
             annotations, errors = raw.annotations(labels.sources_to_read(sources), args.max_annotation_bytes)
             labels.require_annotation_files(sources, annotations, errors, listed.raw_uri)
+            mapped = VERDICTS.empty()
             if args.phase == "reduce":
-                verdicts.update(collect_map_verdicts(args.decoded, pending))
+                mapped = collect_map_verdicts(args.decoded, pending)
             else:
                 log.info(
                     "decoding %d images, reusing %d verdicts from %s", work["decoded"], work["reused"], args.previous
                 )
                 verdicts.update(raw.decode(reads, args, pool))
-        write_table(verdict_frame(index, verdicts), VERDICTS, args.out / VERDICTS_FILE)
+        reached = verdict_table(listing(rows_of(index, list(verdicts))), verdicts)
+        table = pa.concat_tables([reused, mapped, reached]).sort_by("key")
+        write_table(table, VERDICTS, args.out / VERDICTS_FILE)
         outputs = build_outputs(
-            index, verdicts, annotations, seed=args.split_seed, val_fraction=args.val_fraction, label_policy=labels
+            index, table, annotations, seed=args.split_seed, val_fraction=args.val_fraction, label_policy=labels
         )
         files = write_outputs(outputs, args.out)
         check_quarantine_rate(outputs.counts, args.max_quarantine_rate, args.out)
@@ -211,17 +215,15 @@ def validate(
     return manifest, manifest_bytes, work, thumbnails
 
 
-def checked_reads(args: argparse.Namespace, pending: pd.DataFrame, raw_uri: str) -> ReadList:
+def checked_reads(args: argparse.Namespace, pending: pa.Table, raw_uri: str) -> ReadList:
     """What this run reads: its read list (`--reads`, planned before launch: the job reads nothing it
     does not name, which is what its volume was sized for), checked to name every image the run must
     decode; without one, the images to decode themselves (the script run by hand)."""
-    rows = pa.table(
-        {"key": list(pending["key"]), "size": list(pending["size"].astype(int)), "etag": list(pending["etag"])}
-    )
+    rows = pending.select(["key", "size", "etag"])
     if args.reads is None:
         return read_list_of(raw_uri, rows, args.max_image_bytes)
     reads = read_read_list(args.reads)
-    missing = sorted(set(pending["key"]) - set(reads.keys()))
+    missing = sorted(set(pending.column("key").to_pylist()) - set(reads.keys()))
     if missing:
         raise ValueError(
             f"{len(missing)} images to decode are not in the read list {args.reads} (e.g. {missing[0]}): it was "
@@ -266,17 +268,26 @@ def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = c
     with RawReader(ListedRoot(reads.raw_uri, {}), args.raw) as raw, decode_workers(args, part.objects, check) as pool:
         verdicts = raw.decode(part, args, pool)
         fetched = raw.fetch_counts()
-    rows = part.table.to_pandas()
-    write_table(verdict_frame(rows, verdicts), VERDICTS, args.out / f"verdicts-{host}.parquet")
+    write_table(verdict_table(part.table, verdicts), VERDICTS, args.out / f"verdicts-{host}.parquet")
     return {"host": host, "decoded": len(verdicts), **fetched}
 
 
-def reused_and_to_decode(args: argparse.Namespace, index: pd.DataFrame) -> tuple[dict[str, ImageVerdict], list[str]]:
+def rows_of(index: pa.Table, keys: list[str]) -> pa.Table:
+    return index.filter(pc.is_in(index.column("key"), pa.array(keys, pa.string())))
+
+
+def listing(index: pa.Table) -> pa.Table:
+    """The index rows' listing identity (key, etag, size)."""
+    return index.select(["key", "etag", "size"])
+
+
+def reused_and_to_decode(args: argparse.Namespace, index: pa.Table) -> tuple[pa.Table, list[str]]:
     """Verdicts reusable from --previous, and the keys that must be decoded (all of them without it)."""
-    return split_reused(index, load_reusable(args.previous, decode_settings(args)) if args.previous else {})
+    reusable = reusable_verdicts(args.previous, decode_settings(args)) if args.previous else None
+    return split_reused(listing(index), reusable)
 
 
-def collect_map_verdicts(decoded: Path, pending: pd.DataFrame) -> dict[str, ImageVerdict]:
+def collect_map_verdicts(decoded: Path, pending: pa.Table) -> pa.Table:
     """The verdicts the map hosts reached for the index rows in `pending`. A key of the read list no
     host reached a verdict for is `RawRootChanged`, as a file gone on one host is: nothing is published."""
     parts = sorted(decoded.glob("verdicts-*.parquet"))
@@ -284,12 +295,11 @@ def collect_map_verdicts(decoded: Path, pending: pd.DataFrame) -> dict[str, Imag
         raise FileNotFoundError(
             f"{decoded} holds no verdicts-<host>.parquet: the map stage wrote nothing; check its job logs"
         )
-    reached = {identity: verdict for part in parts for identity, verdict in read_verdicts(part).items()}
-    verdicts, missing = split_reused(pending, reached)
+    reached, missing = split_reused(listing(pending), pa.concat_tables([read_table(part, VERDICTS) for part in parts]))
     if missing:
         raise RawRootChanged(
             missing[0],
             f"listed by the index, but no host of the map stage reached a verdict for it ({len(missing)} such keys)",
         )
-    log.info("collected %d verdicts from %d map hosts", len(verdicts), len(parts))
-    return verdicts
+    log.info("collected %d verdicts from %d map hosts", reached.num_rows, len(parts))
+    return reached

@@ -1,11 +1,12 @@
-"""Reuse image verdicts from an earlier validation run for files that did not change.
+"""Reuse image verdicts from an earlier validation run for files that did not change, as columns.
 
 A verdict is reused only when the key, the listing's etag and size, and every setting that can
 change a verdict (validator version, Pillow version, min side, allowed formats, time limit) are the
 same as when it was reached. `unreadable` verdicts are never reused: a file that could not be read
 may be readable now (nor is the output that holds them: RETRIED_REASONS); nor are verdicts reached
 without reading (`unsafe_key`, `outside_root`), which cost nothing to reach again and depend on more
-than the key's own etag. Labels, duplicates and splits are always recomputed (no decoding needed).
+than the key's own etag. The verdicts table is one row an image (VERDICTS); reuse is a join of it with
+the index, never a Python object a row: only the images a run decodes become rows again.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import logging
 import os
 from typing import Any
 
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .image_checks import ImageVerdict
 from .storage import exists, join, read_bytes
@@ -29,76 +31,52 @@ NEVER_REUSED = frozenset({"unreadable", "unsafe_key", "outside_root"})
 # holds any is never a cache hit either (validation_pass.retry_next_time), so the next run of its
 # source decodes exactly these again.
 RETRIED_REASONS = frozenset({"unreadable"})
+LISTING = ["key", "etag", "size"]  # an index row's identity: what a verdict was reached for
 
 
-def verdict_frame(index: pd.DataFrame, verdicts: dict[str, ImageVerdict]) -> pd.DataFrame:
-    """One VERDICTS row per index row, in index order."""
-    keys = index["key"].tolist()
+def verdict_table(listed: pa.Table, verdicts: dict[str, ImageVerdict]) -> pa.Table:
+    """VERDICTS rows for the index rows `listed` (key, etag, size), each with its verdict in `verdicts`.
+    The table has no nulls: a missing sha256 or reason is "", missing hashes [] (see `verdict_of`)."""
+    keys = listed.column("key").to_pylist()
     rows = [verdicts[key] for key in keys]
-    # Column by column (a dict a row was most of this function's time). The table has no nulls: it
-    # stores a missing sha256 or reason as "" and missing hashes as [], which read_verdicts undoes.
-    columns = {name: [getattr(verdict, name) for verdict in rows] for name in ImageVerdict._fields}
+    columns: dict[str, Any] = {name: [getattr(verdict, name) for verdict in rows] for name in ImageVerdict._fields}
     columns.update(
         sha256=[value or "" for value in columns["sha256"]],
         reason=[value or "" for value in columns["reason"]],
         phash=[list(value or ()) for value in columns["phash"]],
         dhash=[list(value or ()) for value in columns["dhash"]],
     )
-    frame = pd.DataFrame(
-        {"key": keys, "etag": index["etag"].tolist(), "listed_size": index["size"].astype("int64").tolist(), **columns},
-        columns=list(VERDICTS.columns),
-    )
-    if not rows:  # a host given no image of a small source: empty, with the schema's column types
-        frame = frame.astype(
-            {name: str(column.dtype) for name, column in VERDICTS.columns.items() if column.dtype is not None}
-        )
-    return frame
+    columns |= {"key": keys, "etag": listed.column("etag"), "listed_size": listed.column("size")}
+    return pa.table({name: columns[name] for name in VERDICTS.arrow.names}, schema=VERDICTS.arrow)
 
 
-def load_reusable(
-    previous: str | os.PathLike, decode_settings: dict[str, Any]
-) -> dict[tuple[str, str, int], ImageVerdict]:
-    """(key, etag, listed_size) -> verdict from the previous run's output (a folder or an s3:// URI, read
-    where it is: its manifest.json and verdicts table, nothing else of it), or {} when nothing there may
-    be reused."""
+def reusable_verdicts(previous: str | os.PathLike, decode_settings: dict[str, Any]) -> pa.Table | None:
+    """The previous run's VERDICTS rows this run may reuse (its output read where it is: its manifest and
+    verdicts table, nothing else of it), or None when none may be."""
     manifest_uri = join(previous, "manifest.json")
     if not exists(manifest_uri):
         log.warning("--previous %s has no manifest.json (an unfinished run): every image is decoded", previous)
-        return {}
+        return None
     manifest = json.loads(read_bytes(manifest_uri))
     earlier = manifest.get("decode_settings")
     if earlier != decode_settings:
         log.info(
             "decode settings changed since %s (%s -> %s): every image is decoded", previous, earlier, decode_settings
         )
-        return {}
-    reusable = read_verdicts(join(previous, VERDICTS_FILE))
-    return {identity: verdict for identity, verdict in reusable.items() if verdict.reason not in NEVER_REUSED}
+        return None
+    verdicts = read_table(join(previous, VERDICTS_FILE), VERDICTS)
+    return verdicts.filter(pc.invert(pc.is_in(verdicts.column("reason"), pa.array(sorted(NEVER_REUSED)))))
 
 
-def read_verdicts(path: str | os.PathLike) -> dict[tuple[str, str, int], ImageVerdict]:
-    """(key, etag, listed_size) -> verdict from a VERDICTS table (a run's, or one host's part of a map stage)."""
-    table = read_table(path, VERDICTS)
-    columns = {name: table[name].tolist() for name in ImageVerdict._fields}
-    # The nulls verdict_frame stored as "" and []: an accepted verdict has its hashes, a quarantined one none.
-    for name in ("phash", "dhash"):
-        columns[name] = [None if reason else tuple(map(int, h)) for reason, h in zip(columns["reason"], columns[name])]
-    columns.update(
-        sha256=[value or None for value in columns["sha256"]], reason=[value or None for value in columns["reason"]]
-    )
-    identities = zip(table["key"].tolist(), table["etag"].tolist(), table["listed_size"].tolist())
-    return dict(zip(identities, map(ImageVerdict._make, zip(*columns.values()))))
-
-
-def split_reused(
-    index: pd.DataFrame, reusable: dict[tuple[str, str, int], ImageVerdict]
-) -> tuple[dict[str, ImageVerdict], list[str]]:
-    """The verdicts reused for this index, and the keys that must be decoded (new or changed)."""
-    reused, to_decode = {}, []
-    for key, etag, listed_size in zip(index["key"].tolist(), index["etag"].tolist(), index["size"].tolist()):
-        verdict = reusable.get((key, etag, listed_size))
-        if verdict is None:
-            to_decode.append(key)
-        else:
-            reused[key] = verdict
-    return reused, to_decode
+def split_reused(listed: pa.Table, reusable: pa.Table | None) -> tuple[pa.Table, list[str]]:
+    """The reusable verdicts of the index rows `listed` (key, etag, size), and the keys that must be
+    decoded (new or changed): a join on the listing's identity, in key order."""
+    if reusable is None or not reusable.num_rows:
+        return VERDICTS.empty(), sorted(listed.column("key").to_pylist())
+    identity = listed.select(LISTING).rename_columns(["key", "etag", "listed_size"])
+    # Joined on the identity and a row number only: Arrow's join carries no list column (the hashes).
+    numbered = reusable.select(["key", "etag", "listed_size"]).append_column("row", pa.array(range(reusable.num_rows)))
+    matched = numbered.join(identity, keys=["key", "etag", "listed_size"], join_type="inner")
+    reused = reusable.take(matched.column("row")).sort_by("key")
+    to_decode = identity.join(matched.select(["key"]), keys="key", join_type="left anti")
+    return reused, sorted(to_decode.column("key").to_pylist())

@@ -1,4 +1,4 @@
-"""Metadata helpers shared by the assets: pandera and Arrow schemas as Dagster column schemas, job results,
+"""Metadata helpers shared by the assets: table schemas as Dagster column schemas, job results,
 paths a job reported moved to where its output was published, what a cache hit says of its build, and
 numbers rounded for display."""
 
@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import math
 import re
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
-import pandera.pandas as pa
 import pyarrow
 from dagster import (
     DataVersion,
@@ -26,8 +24,8 @@ from dagster import (
     TableSchemaMetadataValue,
     TextMetadataValue,
 )
-from dagster_pandera import pandera_schema_to_dagster_type
 
+from training_code.lib.tables import TableSpec
 from zero_assets.core.fingerprints import UpstreamOutput, upstream_name
 
 
@@ -38,25 +36,27 @@ def upstream_metadata(upstream: list[UpstreamOutput]) -> JsonMetadataValue:
     )
 
 
-def table_schema(schema: pa.DataFrameSchema) -> TableSchemaMetadataValue:
-    """The pandera schema a table is checked against, shown as its column schema in the UI."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # dagster-pandera marks this beta; the output is stable metadata
-        return pandera_schema_to_dagster_type(schema).metadata["schema"]
-
-
-def arrow_table_schema(schema: pyarrow.Schema) -> TableSchemaMetadataValue:
-    """An Arrow schema (the shard rows') as a Dagster column schema: Arrow's own type names, nullability,
-    and a column's description where the schema's metadata has one under the column's name."""
+def table_schema(table: TableSpec | pyarrow.Schema) -> TableSchemaMetadataValue:
+    """A table's column schema for the UI: each column's Arrow type and nullability, a TableSpec's pandera
+    checks, and a description where an Arrow schema's metadata has one under the column's name."""
+    schema = table.arrow if isinstance(table, TableSpec) else table
     notes = {key.decode(): value.decode() for key, value in (schema.metadata or {}).items()}
+
+    def constraints(field: pyarrow.Field) -> TableColumnConstraints:
+        if not isinstance(table, TableSpec):
+            return TableColumnConstraints(nullable=field.nullable)
+        column = table.checks.columns[field.name]
+        return TableColumnConstraints(
+            nullable=column.nullable,
+            unique=field.name in (table.checks.unique or []),
+            other=[check.error or check.name for check in column.checks],
+        )
+
     return MetadataValue.table_schema(
         TableSchema(
             columns=[
                 TableColumn(
-                    field.name,
-                    str(field.type),
-                    description=notes.get(field.name),
-                    constraints=TableColumnConstraints(nullable=field.nullable),
+                    field.name, str(field.type), description=notes.get(field.name), constraints=constraints(field)
                 )
                 for field in schema
             ]

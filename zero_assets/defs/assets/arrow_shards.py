@@ -24,7 +24,7 @@ from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.assets.training_set import training_set
 from zero_assets.defs.automation import EAGER
 from zero_assets.launch.materialize import launch_job
-from zero_assets.launch.metadata import arrow_table_schema
+from zero_assets.launch.metadata import table_schema
 from zero_assets.launch.upstream import latest_materializations, upstream_output
 
 # The job script: its code version (the script and what it imports) is the asset's, in the UI and the cache alike.
@@ -78,7 +78,7 @@ class ShardConfig(Config):
     group_name="zero",
     kinds={"sagemaker", "arrow", "huggingface"},
     retry_policy=JOB_RETRY_POLICY,
-    metadata={"dagster/column_schema": arrow_table_schema(SHARD_SCHEMA)},
+    metadata={"dagster/column_schema": table_schema(SHARD_SCHEMA)},
 )
 def arrow_shards(
     context: AssetExecutionContext, config: ShardConfig, settings: ZeroSettings, jobs: JobRunner

@@ -26,7 +26,7 @@ from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.automation import TRAINING_SET
 from zero_assets.defs.partitions import RAW_SOURCES
 from zero_assets.launch.materialize import launch_job
-from zero_assets.launch.metadata import arrow_table_schema
+from zero_assets.launch.metadata import table_schema
 from zero_assets.launch.upstream import latest_by_partition, output_of
 
 # The job script: its code version (the script and what it imports) is the asset's, in the UI and the cache alike.
@@ -176,7 +176,7 @@ def chosen_validated(
     group_name="zero",
     kinds={"sagemaker", "duckdb", "parquet"},
     retry_policy=JOB_RETRY_POLICY,
-    metadata={"dagster/column_schema": arrow_table_schema(SELECTION_SCHEMA)},
+    metadata={"dagster/column_schema": table_schema(SELECTION_SCHEMA)},
 )
 def training_set(
     context: AssetExecutionContext, config: TrainingSetConfig, settings: ZeroSettings, jobs: JobRunner
