@@ -2,8 +2,8 @@
 
 GPU check (not part of `make bench`: it needs CUDA): render demo scenes into shards, train through the
 real loader and training step (bf16 autocast, DDP, read-time augmentation) for a few minutes, and print
-images/s per GPU and the GPU's busy fraction sampled through NVML. Goal: >= 90% busy, i.e. the loader
-keeps the GPU fed. Prints one `GPU_CHECK` JSON line per rank-0 run.
+images/s per GPU and the GPU utilisation `trained_checkpoint` records (`training_code/lib/gpu_usage.py`,
+NVML). Goal: >= 90% utilisation, i.e. the loader keeps the GPU fed. Prints one `GPU_CHECK` JSON line per rank-0 run.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import tempfile
-import threading
 import time
 from multiprocessing import Pool
 from pathlib import Path
@@ -27,10 +25,11 @@ from benchmarks.scene_shards import CATEGORY_LIST, scene_row, write_shard_set
 from training_code.lib.detection_data import Augmentation, ShardDetectionStream, build_train_loader
 from training_code.lib.detection_samples import verified_split
 from training_code.lib.distributed import all_reduce_sum, barrier, distributed_session
+from training_code.lib.gpu_usage import GpuSampler, gpu_report
 from training_code.lib.model import ARCHITECTURES, build_model, model_config
 from training_code.lib.train_step import StopRequest, train_step
 
-GOAL_BUSY = 0.9
+GOAL_UTILIZATION = 0.9
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -61,34 +60,6 @@ def _render(index: int) -> dict:
 def write_shards(folder: Path, scenes: int) -> Path:
     with Pool() as pool:
         return write_shard_set(folder, {"train": pool.imap(_render, range(scenes), chunksize=16)}, 256 << 20)
-
-
-class BusySampler:
-    """Samples the GPU's utilization (percent of time a kernel ran) twice a second in a background thread."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device, self.samples, self._stop = device, [], threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _read(self) -> float:
-        try:
-            return float(torch.cuda.utilization(self.device))
-        except ModuleNotFoundError:  # torch reads NVML through pynvml; nvidia-smi ships with the driver
-            index = self.device.index or 0
-            query = ["nvidia-smi", f"--id={index}", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
-            return float(subprocess.run(query, capture_output=True, text=True, check=True).stdout.strip())
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            self.samples.append(self._read())
-
-    def __enter__(self) -> BusySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def main(args: argparse.Namespace) -> None:
@@ -128,19 +99,20 @@ def main(args: argparse.Namespace) -> None:
             step += 1
         torch.cuda.synchronize()
         images, waited, started = 0, 0.0, time.perf_counter()
-        with BusySampler(ctx.device) as sampler:
-            while time.perf_counter() - started < args.seconds:
-                before = time.perf_counter()
-                batch = next(batches)
-                waited += time.perf_counter() - before
-                train_step(model, model_without_ddp, optimizer, *batch, step, args, ctx, stop)
-                images += len(batch[0])
-                step += 1
-            torch.cuda.synchronize()
+        gpu = GpuSampler(ctx.device, every_s=0.5).start()  # what trained_checkpoint records, sampled the same way
+        while time.perf_counter() - started < args.seconds:
+            before = time.perf_counter()
+            batch = next(batches)
+            waited += time.perf_counter() - before
+            train_step(model, model_without_ddp, optimizer, *batch, step, args, ctx, stop)
+            images += len(batch[0])
+            step += 1
+        torch.cuda.synchronize()
+        gpu.stop()
         elapsed = time.perf_counter() - started
-        busy = float(np.mean(sampler.samples)) / 100 if sampler.samples else 0.0
+        utilization = gpu_report(gpu.sample(), ctx.world_size)
         totals = all_reduce_sum(
-            torch.tensor([images / elapsed, busy, waited / elapsed], dtype=torch.float64, device=ctx.device)
+            torch.tensor([images / elapsed, waited / elapsed], dtype=torch.float64, device=ctx.device)
         )
         stop.restore()
         del batches
@@ -152,11 +124,11 @@ def main(args: argparse.Namespace) -> None:
             "workers_per_gpu": args.workers,
             "steps_timed": step - args.warmup_steps,
             "images_per_s_per_gpu": round(totals[0].item() / ctx.world_size, 1),
-            "gpu_busy": round(totals[1].item() / ctx.world_size, 3),
-            "data_wait_fraction": round(totals[2].item() / ctx.world_size, 4),
-            "goal_busy": GOAL_BUSY,
+            "data_wait_fraction": round(totals[1].item() / ctx.world_size, 4),
+            **{k: v for k, v in utilization.items() if k != "gpu_utilization_by_rank"},
+            "goal_utilization": GOAL_UTILIZATION,
         }
-        report["met"] = report["gpu_busy"] >= GOAL_BUSY
+        report["met"] = report.get("gpu_utilization", 0.0) >= GOAL_UTILIZATION
         if ctx.is_main:
             print("GPU_CHECK " + json.dumps(report), flush=True)
         barrier()

@@ -28,6 +28,7 @@ from zero_assets.defs.assets import (
     arrow_shards,
     map_report,
     raw_image_index,
+    trained_checkpoint,
     training_set,
     validated_images,
 )
@@ -39,6 +40,7 @@ from zero_assets.defs.assets.training_set import TrainingSetConfig
 from zero_assets.defs.assets.validated_images import ValidationConfig
 from zero_assets.defs.checks import (
     CheckLimits,
+    gpu_utilization_held,
     map_not_regressed,
     quarantine_rate_under_limit,
     shard_manifest_integrity,
@@ -183,6 +185,22 @@ def test_no_check_crashes_before_its_asset_exists(instance, resources):
         assert "skipped" in evaluation.metadata
     evaluation = _check_alone(instance, resources, map_not_regressed, assets=[map_report])
     assert not evaluation.passed and "map_report has no materialization yet" in evaluation.description
+
+
+def test_gpu_utilization_warns_under_the_limit_and_says_whether_data_or_model(instance, resources):
+    evaluation = _check_alone(instance, resources, gpu_utilization_held, assets=[trained_checkpoint])
+    assert not evaluation.passed and "trained_checkpoint has no materialization yet" in evaluation.description
+    for metadata, passed, says in [
+        ({"gpu_utilization": 0.93, "data_wait_fraction": 0.01}, True, "mean GPU utilisation 93%"),
+        ({"gpu_utilization": 0.42, "data_wait_fraction": 0.35}, False, "under 80%; it points at the data pipeline"),
+        ({"gpu_utilization": 0.55, "data_wait_fraction": 0.02}, False, "under 80%; it points at the model"),
+        ({"gpu_utilization_why": "no GPU: training ran on cpu"}, True, "no GPU figure: no GPU: training ran on cpu"),
+    ]:
+        _record(instance, "trained_checkpoint", None, metadata)
+        evaluation = _check_alone(instance, resources, gpu_utilization_held, assets=[trained_checkpoint])
+        assert evaluation.passed == passed and says in evaluation.description, (metadata, evaluation.description)
+        if not passed:
+            assert evaluation.severity == AssetCheckSeverity.WARN, "a slow GPU warns, it never blocks"
 
 
 @pytest.mark.slow

@@ -89,6 +89,7 @@ def test_jobs_sensor_schedule_and_checks_are_wired():
         "val_share_held",
         "shard_manifest_integrity",
         "map_not_regressed",
+        "gpu_utilization_held",
         "freshness_check",
         "rehearsal_passed",
         "campaign_ready",

@@ -137,6 +137,29 @@ def test_a_set_in_s3_loads_through_fsspec_as_the_readme_shows(two_sets, s3_serve
     assert not (tmp_path / "hf").exists() or any((tmp_path / "hf").rglob("*.arrow")), "prepared in its own cache"
 
 
+def test_a_set_in_s3_streams_the_same_live_rows_without_preparing_it(two_sets, s3_server, tmp_path, monkeypatch):
+    from training_code.lib.shard_hf_remote import load_url
+
+    lake, _ = two_sets
+    client = s3_server.client()
+    client.create_bucket(Bucket="zero-stream")
+    for path in sorted(p for p in lake.rglob("*") if p.is_file()):
+        client.upload_file(str(path), "zero-stream", path.relative_to(lake).as_posix())
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    streamed = load_url(
+        "s3://zero-stream/arrow_shards/second", {"endpoint_url": s3_server.endpoint_url}, streaming=True
+    )
+    live = shard_hf.load_live(lake / "arrow_shards" / "second")
+    assert set(streamed) == set(live) and len(live["train"])
+    for split, data in live.items():
+        rows = list(streamed[split])
+        assert [row["key"] for row in rows] == list(data["key"]), f"{split}: the live rows, in manifest order"
+        assert [row["objects"] for row in rows] == list(data["objects"])
+    assert not list((tmp_path / "hf").rglob("*.arrow")), "nothing prepared in the cache"
+
+
 SEPARATE_CHECK = """
 import json, sys
 import datasets

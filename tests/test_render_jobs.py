@@ -8,6 +8,7 @@ import botocore.session
 import pytest
 from botocore.validate import validate_parameters
 
+from zero_assets.backends.sagemaker.code_package import build_code_package
 from zero_assets.ops.cli import main
 
 BASE_ENV = {
@@ -286,3 +287,21 @@ def test_with_the_plan_as_read_the_request_is_bounded_by_its_end_or_refused(tmp_
     assert "training plan zero-p5-campaign" in str(refused.value) and "reserves 2 x ml.p4d.24xlarge" in str(
         refused.value
     )
+
+
+def test_with_the_job_image_every_request_names_it_and_the_code_carries_no_requirements(tmp_path, monkeypatch):
+    image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/zero-jobs:7"  # built from docker/Dockerfile
+    env = {**BASE_ENV, "ZERO_SM_TRAINING_IMAGE_URI": image, "ZERO_SM_PROCESSING_IMAGE_URI": image}
+    toolkit = render(tmp_path / "toolkit", monkeypatch, env)
+    held = render(tmp_path / "held", monkeypatch, {**env, "ZERO_SM_IMAGES_HOLD_REQUIREMENTS": "true"})
+    assert held.keys() == toolkit.keys() and held
+    no_pip = build_code_package(requirements=False).digest
+    for name, params in held.items():
+        if name.endswith("CreateTrainingJob.json"):
+            assert params["AlgorithmSpecification"]["TrainingImage"] == image
+            assert f"/code/{no_pip}/" in params["HyperParameters"]["sagemaker_submit_directory"], name
+        elif name.endswith("CreateProcessingJob.json"):
+            assert params["AppSpecification"]["ImageUri"] == image
+            code = [i["S3Input"]["S3Uri"] for i in params["ProcessingInputs"] if i["InputName"] == "code"]
+            assert code and f"/code/{no_pip}/" in code[0], name
+    assert toolkit != held, "the toolkit route's packages carry requirements.txt: another digest"

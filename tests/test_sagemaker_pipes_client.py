@@ -3,6 +3,7 @@ runs the job script: success, failure, MaxRuntimeExceeded, termination and reatt
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -131,7 +132,10 @@ def test_success_reports_script_and_job_metadata(aws, instance, kind):
         and metadata["status_history"].value
     )
     # The job's own log line, forwarded from CloudWatch to the step's stdout, not to the event log.
-    assert re.search(r"^\[algo-1-\d+\] .*running in mode ok$", captured_stdout(instance, result.run_id), re.MULTILINE)
+    [line] = re.findall(
+        r"^\[algo-1-\d+\] (\{.*running in mode ok.*\})$", captured_stdout(instance, result.run_id), re.M
+    )
+    assert json.loads(line)["message"].endswith("running in mode ok"), "the job's JSON log line, host-prefixed"
     assert not [e for e in instance.all_logs(result.run_id) if "running in mode ok" in (e.user_message or "")]
     if kind == "processing":
         assert (

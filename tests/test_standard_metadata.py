@@ -101,6 +101,24 @@ def graph(tiny_raw_root, tmp_path_factory):
         yield instance, resources, every_latest(instance)
 
 
+def test_every_job_logs_json_lines_naming_its_job_asset_rank_and_host(graph):
+    _, resources, _ = graph
+    jobs = Path(resources["settings"].lake_uri) / "_jobs"
+    logs = sorted(jobs.rglob("job.log"))
+    assert logs, "the graph ran its jobs"
+    seen = set()
+    for log in logs:
+        # <asset>/<fingerprint16>/runs/<run>/<job>/[hosts/<host>/]opt/ml/output/job.log
+        asset, _, _, _, job, *rest = log.relative_to(jobs).parts
+        host = rest[1] if rest[0] == "hosts" else "algo-1"
+        for line in log.read_text().splitlines():  # a job that logs nothing (map_report) leaves it empty
+            record = json.loads(line)  # every line, torchrun's included
+            assert {k: record[k] for k in ("job", "asset", "host")} == {"job": job, "asset": asset, "host": host}, line
+            assert record["level"] in ("INFO", "WARNING") and record["message"] and record["time"].endswith("+00:00")
+            seen.add((asset, record["rank"]))
+    assert {"validated_images", "trained_checkpoint"} <= {asset for asset, _ in seen}, seen
+
+
 def test_every_materialization_records_rows_size_and_uri_of_its_output(graph):
     _, _, metadata = graph
     for label, values in metadata.items():

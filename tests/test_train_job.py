@@ -257,6 +257,27 @@ def test_online_tracking_needs_an_explicit_endpoint(capsys):
     assert parse_args([]).wandb_mode == "offline"
 
 
+def test_shard_set_references_point_where_the_set_lives_after_the_job(shards):
+    from training_code.lib.wandb_artifacts import shard_set_artifact
+
+    files = {"manifest.json", *(e["path"] for e in json.loads((shards / "manifest.json").read_text())["shards"])}
+    for source in ("s3://zero-lake/zero/lake/arrow_shards/cam/0123", "fsx://fs-0123/abcdefgh/arrow_shards/cam/0123"):
+        artifact = shard_set_artifact(shards, source=source)  # the set's own folder is the input here
+        refs = {entry.ref for entry in artifact.manifest.entries.values()}
+        assert refs == {f"{source}/{name}" for name in files}, "each file below the input's source, at its path"
+        assert not any(entry.digest != entry.ref for entry in artifact.manifest.entries.values()), "no read of S3"
+    local = shard_set_artifact(shards, source=str(shards))
+    assert all(entry.ref.startswith("file://") for entry in local.manifest.entries.values())
+
+
+def test_a_field_the_trainer_does_not_read_is_logged_not_fatal(caplog):
+    from training_code.train import parse_args
+
+    args = parse_args(["--max-steps", "3", "--tuning-objective", "map50"])  # a config field added after it
+    assert args.max_steps == 3
+    assert "ignoring arguments this trainer does not read: --tuning-objective map50" in caplog.text
+
+
 def test_photometric_factors_are_drawn_at_read_time_and_applied_on_the_device(shards):
     from training_code.lib.detection_data import apply_photometric
 

@@ -243,7 +243,7 @@ def track(args: argparse.Namespace, metrics: dict[str, Any], payload: dict[str, 
     used: dict[str, str] = {}
     if run is not None:
         try:
-            shard_set = wandb_artifacts.shard_set_artifact(args.shards, args.training_set)
+            shard_set = wandb_artifacts.shard_set_artifact(args.shards, args.training_set, job_env.input_uri("shards"))
             wandb_artifacts.use(run, shard_set)
             used["shard_set_artifact"] = shard_set.name
             if args.wandb_model_artifact:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import random
@@ -25,9 +26,12 @@ from training_code.lib.checkpoints import log_event, prepare_folder, resume_if_p
 from training_code.lib.detection_data import Augmentation, ShardDetectionStream, build_train_loader
 from training_code.lib.detection_samples import ShardRef, verified_split
 from training_code.lib.distributed import DistributedContext, all_reduce_sum, distributed_session
+from training_code.lib.gpu_usage import GpuSampler, gpu_report
 from training_code.lib.model import ARCHITECTURES, DEFAULT_ARCH, build_model, model_config
 from training_code.lib.model_output import publish_model
 from training_code.lib.train_step import StopRequest, train_step
+
+log = logging.getLogger("zero.train")
 
 
 class TrainingInterrupted(RuntimeError):
@@ -97,8 +101,12 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The hyperparameters this trainer reads; others are logged and left alone (README: every trainer
+    receives every config field, including fields added after it was written)."""
     parser = get_args_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        log.warning("ignoring arguments this trainer does not read: %s", " ".join(unknown))
     problem = wandb_run.missing_server(args)
     if problem:
         parser.error(problem)
@@ -189,7 +197,9 @@ def train(
     tracker = wandb_run.start(args, job_type="training", config={"model_config": config}) if ctx.is_main else None
     tracking = wandb_run.recorded(args, tracker)
     if tracker is not None:
-        shard_set = wandb_artifacts.shard_set_artifact(job_env.channel_dir("train"), args.training_set)
+        shard_set = wandb_artifacts.shard_set_artifact(
+            job_env.channel_dir("train"), args.training_set, job_env.input_uri("train")
+        )
         wandb_artifacts.use(tracker, shard_set)
         tracking["shard_set_artifact"] = shard_set.name
     stop = StopRequest()
@@ -214,6 +224,7 @@ def train(
         pipes.log.info if ctx.is_main and isinstance(pipes, job_env.PipesContext) else None, ctx
     )
     loop_started = window_started = time.perf_counter()
+    gpu = GpuSampler(ctx.device).start()
     try:
         while step < args.max_steps:
             waited = time.perf_counter()
@@ -263,6 +274,7 @@ def train(
         # and multiprocessing's exit hook stops children with SIGTERM and then waits for them.
         del batches
         stop.restore()
+        gpu.stop()
     loop_seconds = time.perf_counter() - loop_started
     steps_run = step - start_step
     # Per-rank throughput figures, averaged over ranks.
@@ -278,6 +290,7 @@ def train(
             "final_loss": round(sum(recent_losses) / len(recent_losses), 5) if recent_losses else None,
             "wall_s": round(time.perf_counter() - started, 2),
             "data_wait_fraction": round(data_wait_fractions / ctx.world_size, 4),
+            **gpu_report(gpu.sample(), ctx.world_size),
             "bad_samples_skipped": int(bad_samples),
             "world_size": ctx.world_size,
             "arch": args.arch,
@@ -300,6 +313,8 @@ def rows_trained_on(shards: list[ShardRef]) -> int:
 def report_metadata(summary: dict[str, Any]) -> dict[str, Any]:
     """The summary as the materialization's metadata: the rows trained on are Dagster's `dagster/row_count`."""
     metadata = {k: v for k, v in summary.items() if v is not None and k not in ("train_images", "wandb")}
+    if "gpu_utilization_by_rank" in metadata:
+        metadata["gpu_utilization_by_rank"] = job_env.table(metadata["gpu_utilization_by_rank"])
     return {"dagster/row_count": summary["train_images"], **metadata, **wandb_run.report_metadata(summary["wandb"])}
 
 

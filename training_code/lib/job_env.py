@@ -17,6 +17,7 @@ import tempfile
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,16 @@ def scratch_root() -> Path:
 
 def model_dir() -> Path:
     return Path(os.environ.get("SM_MODEL_DIR", opt_ml() / "model"))
+
+
+def input_uri_variable(name: str) -> str:
+    """The variable both backends set to where input `name` came from (an s3://, fsx:// or local URI)."""
+    return f"ZERO_INPUT_URI_{name.upper()}"
+
+
+def input_uri(name: str) -> str | None:
+    """Where input `name`'s folder came from: its files' paths below it are the same below this URI."""
+    return os.environ.get(input_uri_variable(name)) or None
 
 
 def checkpoint_dir() -> Path:
@@ -173,12 +184,32 @@ def is_first_host() -> bool:
 
 
 def _configure_logging() -> None:
-    """Log to stderr only: SageMaker ships it to CloudWatch, the local runner copies it to `output/job.log`
-    (and both to the Dagster step's stdout); a file of our own would hold every line twice."""
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True
-    )
+    """Log to stderr only, one JSON object a line (JsonLines): SageMaker ships it to CloudWatch, the local
+    runner copies it to `output/job.log` (and both to the Dagster step's stdout); a file of our own would
+    hold every line twice."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines())
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+
+
+class JsonLines(logging.Formatter):
+    """A record as one JSON object: time (UTC), level, logger, message, and where it came from (job name,
+    asset, torchrun rank, host), so CloudWatch Logs Insights and `jq` query a job's lines by field."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "job": job_name(),
+            "asset": os.environ.get("ZERO_ASSET", ""),
+            "rank": int(os.environ.get("RANK", "0")),
+            "host": current_host(),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
 
 
 def write_failure_reason(error: BaseException) -> None:

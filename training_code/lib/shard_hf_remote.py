@@ -7,7 +7,7 @@ S3. `load_url` reads the set's `manifest.json` through fsspec, hands `datasets.l
 ...)` each split's shard URLs (resolved from the manifest's paths, kept shards included) with the set's
 features (the manifest's categories name the `ClassLabel`s: a kept shard's own names may be fewer), and
 leaves out the rows the manifest masks. As for any remote data files, `datasets` downloads and
-prepares the shards into its cache (`cache_dir`).
+prepares the shards into its cache (`cache_dir`), or, `streaming`, reads them as they are iterated.
 
 Imports `datasets` and fsspec only when called: reading a shard never does.
 """
@@ -63,19 +63,45 @@ def masked_keys(url: str, manifest: dict[str, Any], storage_options: dict[str, A
 
 
 def load_url(
-    url: str, storage_options: dict[str, Any] | None = None, *, live: bool = True, cache_dir: str | None = None
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    live: bool = True,
+    cache_dir: str | None = None,
+    streaming: bool = False,
 ):
     """The shard set at `url` as a `DatasetDict` by split, with the set's features (`objects` with
-    `bbox` and a `ClassLabel` `category`); `live` leaves out the masked rows, as training does."""
+    `bbox` and a `ClassLabel` `category`); `live` leaves out the masked rows, as training does.
+    `streaming`: an `IterableDatasetDict` that reads the shards as it is iterated, nothing prepared
+    in the cache (for a set larger than a disk)."""
     import datasets  # seconds to import: only where a `datasets` object is asked for
 
     manifest, files = read_set(url, storage_options)
     features = datasets.Features.from_dict(shard_hf.features(shard_hf.class_names(manifest["categories"])))
-    # A copy: `datasets` adds its own `hf` entry to the options it is given, which s3fs then refuses.
-    options = dict(storage_options) if storage_options else None
-    loaded = datasets.load_dataset(
-        "arrow", data_files=files, features=features, storage_options=options, cache_dir=cache_dir
-    )
-    if not live:
-        return loaded
-    return shard_hf.without_masked(loaded, manifest, masked_keys(url, manifest, storage_options))
+    masked = masked_keys(url, manifest, storage_options) if live else {}
+
+    def load(data_files: Any, **kwargs: Any):
+        # A copy: `datasets` adds its own `hf` entry to the options it is given, which s3fs then refuses.
+        options = dict(storage_options) if storage_options else None
+        return datasets.load_dataset(
+            "arrow", data_files=data_files, features=features, storage_options=options, **kwargs
+        )
+
+    if streaming:  # a shard at a time, so each leaves out its own masked rows (a key may be live in another)
+        return datasets.IterableDatasetDict(
+            {
+                split: datasets.concatenate_datasets(
+                    [
+                        _without(load([shard], streaming=True, split="train"), masked.get(entry["path"]))
+                        for entry, shard in zip(shards_for_split(manifest, split), shards)
+                    ]
+                )
+                for split, shards in files.items()
+            }
+        )
+    loaded = load(files, cache_dir=cache_dir)
+    return shard_hf.without_masked(loaded, manifest, masked) if live else loaded
+
+
+def _without(shard: Any, keys: frozenset[str] | None) -> Any:
+    return shard.filter(lambda row: row["key"] not in keys) if keys else shard

@@ -5,12 +5,11 @@ its run id is that name less the attempt, opened with `resume="allow"`: every at
 fingerprint (a spot restart, a rematerialization after a kill, the rehearsal's forced stop and resume)
 logs into one run, and new inputs start another. A job named otherwise (run by hand) gets a fresh id.
 
-Shard set: a `dataset` artifact `shards-<sha256(manifest.json)[:16]>` of references, never copies:
-the manifest and `masked.parquet` with their checksums (small files), every shard as a `file://`
-pointer to where the job read it without a checksum, so W&B reads none of its bytes (the manifest it
-vouches for holds each shard's sha256). Training and evaluation both use it. The pointers name the
-job's own paths (on SageMaker, its input channel on the instance): the set is known by its name, the
-manifest's sha256, which is the same wherever the set was read.
+Shard set: a `dataset` artifact `shards-<sha256(manifest.json)[:16]>` of references, never copies,
+each pointing where the set lives after the job: below the input's s3:// or fsx:// source when it has
+one (SageMaker), else the job's file:// path; no shard has a checksum, so W&B reads none of its bytes
+(the manifest, named by its sha256, holds each shard's); the manifest and `masked.parquet` have one
+when local. Training and evaluation both use it.
 
 Model: a `model` artifact `model-<fingerprint16>` (the checkpoint's fingerprint; the data version's when
 the job name carries none): a reference to `model.pt` with its checksum, so equal bytes are one version
@@ -58,12 +57,21 @@ def _uri(path: Path) -> str:
     return Path(os.path.realpath(path)).as_uri()  # through the channel's links: one pointer per file
 
 
-def shard_set_artifact(folder: Path, training_set_dir: str | None = None):
+def _reference(path: Path, channel: Path, source: str | None) -> str:
+    """Where `path` (below the input folder `channel`) lies for whoever reads the artifact: below the
+    input's s3:// or fsx:// source, or this machine's file:// path when the input is local."""
+    if source and source.startswith(("s3://", "fsx://")):
+        return f"{source.rstrip('/')}/{path.relative_to(channel).as_posix()}"
+    return _uri(path)
+
+
+def shard_set_artifact(folder: Path, training_set_dir: str | None = None, source: str | None = None):
     """The shard set at `folder` (with `training_set_dir`: the set's folder inside it, as the jobs take
-    it) as a reference artifact; paths are resolved as `detection_samples.verified_split` resolves them."""
+    it) as a reference artifact; paths are resolved as `detection_samples.verified_split` resolves them.
+    `source`: where the input folder `folder` came from (`job_env.input_uri`)."""
     import wandb
 
-    root = Path(folder)
+    channel = root = Path(folder)
     if training_set_dir is not None:
         folder = root / training_set_dir
     else:
@@ -83,12 +91,13 @@ def shard_set_artifact(folder: Path, training_set_dir: str | None = None):
             "rows": {split: sum(e["rows"] for e in shard_format.shards_for_split(manifest, split)) for split in splits},
         },
     )
-    artifact.add_reference(_uri(Path(folder) / shard_format.MANIFEST), name=shard_format.MANIFEST)
-    if shard_format.MASKED in manifest.get("files", {}):
-        artifact.add_reference(_uri(Path(folder) / shard_format.MASKED), name=shard_format.MASKED)
+    local = not (source or "").startswith(("s3://", "fsx://"))  # a remote file's checksum would be a GET
+    for name in [shard_format.MANIFEST, shard_format.MASKED]:
+        if name == shard_format.MANIFEST or name in manifest.get("files", {}):
+            artifact.add_reference(_reference(Path(folder) / name, channel, source), name=name, checksum=local)
     for entry in manifest["shards"]:
         path = shard_format.shard_path(folder, entry, root)
-        artifact.add_reference(_uri(path), name=f"shards/{path.name}", checksum=False)
+        artifact.add_reference(_reference(path, channel, source), name=f"shards/{path.name}", checksum=False)
     return artifact
 
 

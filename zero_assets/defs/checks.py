@@ -1,6 +1,6 @@
 """Asset checks: the quarantine rate (per source), the val share the near-duplicate rule left and the shard
 manifest (of the one shard set) block downstream work; mAP is watched, and `map_report` must have been
-refreshed since the previous training tick.
+refreshed since the previous training tick, and GPU utilisation while training is at least a share.
 
 A check says what it checked: one that cannot check (its asset never materialized for this source,
 shards it cannot see from here) fails with WARN severity and `skipped` in its metadata, never a silent
@@ -8,8 +8,8 @@ pass, and never a crash. WARN does not block downstream work; a real mismatch is
 
 The quarantine limit is one number (zero_assets/defs/limits.py): `validated_images` reads it as its config
 default, and `quarantine_rate_under_limit` judges each materialization by the limit recorded in that
-materialization's config. `ZERO_MAP_REGRESSION_MARGIN` reaches `map_not_regressed` through the
-`CheckLimits` resource.
+materialization's config. `ZERO_MAP_REGRESSION_MARGIN` and `ZERO_MIN_GPU_UTILIZATION` reach their checks
+through the `CheckLimits` resource.
 """
 
 import datetime
@@ -34,7 +34,7 @@ from dagster._utils.schedules import cron_string_iterator
 from training_code.lib.relative_paths import resolve
 from training_code.lib.shard_format import FORMAT, MANIFEST, ShardIntegrityError, read_manifest, verify_shard
 from training_code.lib.storage import is_s3, join, list_objects, read_bytes
-from zero_assets.defs.assets import arrow_shards, map_report, training_set, validated_images
+from zero_assets.defs.assets import arrow_shards, map_report, trained_checkpoint, training_set, validated_images
 from zero_assets.defs.assets.training_set import TrainingSetConfig
 from zero_assets.defs.automation import train_cron
 from zero_assets.defs.limits import max_quarantine_rate, rate_from_env
@@ -43,10 +43,14 @@ from zero_assets.launch.upstream import latest_materializations
 
 PARTITION_TAG = "dagster/partition"
 DEFAULT_MAP_REGRESSION_MARGIN = 0.02  # how far mAP may fall below the previous report
+# "Under 80 percent means the data pipeline is your bottleneck", or the model: the data wait tells which.
+DEFAULT_MIN_GPU_UTILIZATION = 0.8
+DATA_BOUND_WAIT = 0.1  # a loop waiting for batches this share of its time is fed too slowly (bench data_wait)
 
 
 class CheckLimits(ConfigurableResource):
     map_regression_margin: float = DEFAULT_MAP_REGRESSION_MARGIN
+    min_gpu_utilization: float = DEFAULT_MIN_GPU_UTILIZATION
 
 
 def _latest_metadata(context: AssetCheckExecutionContext, asset: str, nth: int = 0) -> "dict | None":
@@ -236,6 +240,41 @@ def map_not_regressed(context: AssetCheckExecutionContext, limits: CheckLimits) 
     )
 
 
+@asset_check(
+    asset=trained_checkpoint,
+    description="GPU utilisation while training is at least the limit; under it, says whether data or model",
+)
+def gpu_utilization_held(context: AssetCheckExecutionContext, limits: CheckLimits) -> AssetCheckResult:
+    metadata = _latest_metadata(context, "trained_checkpoint")
+    if metadata is None:
+        return _never_materialized(context, "trained_checkpoint")
+    return gpu_utilization_result(metadata, limits.min_gpu_utilization)
+
+
+def gpu_utilization_result(metadata: dict[str, Any], minimum: float) -> AssetCheckResult:
+    """The check's verdict on a training's metadata (`training_code/lib/gpu_usage.py`)."""
+    if "gpu_utilization" not in metadata:
+        why = metadata.get("gpu_utilization_why", "the training recorded no GPU figure")
+        return AssetCheckResult(passed=True, description=f"no GPU figure: {why}", metadata={"why": why})
+    mean, wait = metadata["gpu_utilization"], metadata.get("data_wait_fraction", 0.0)
+    figures = {"gpu_utilization": mean, "min_gpu_utilization": minimum, "data_wait_fraction": wait}
+    if mean >= minimum:
+        return AssetCheckResult(passed=True, description=f"mean GPU utilisation {mean:.0%}", metadata=figures)
+    culprit = (
+        f"the data pipeline: the loop waited for batches {wait:.0%} of its time (more workers, or shards "
+        "closer to the GPUs)"
+        if wait >= DATA_BOUND_WAIT
+        else f"the model: batches were ready ({wait:.0%} of the time waiting), so the GPU idles inside the step "
+        "(a batch too small for it, CPU work or synchronisation in the step)"
+    )
+    return AssetCheckResult(
+        passed=False,
+        severity=AssetCheckSeverity.WARN,
+        description=f"mean GPU utilisation {mean:.0%} is under {minimum:.0%}; it points at {culprit}",
+        metadata={**figures, "points_at": "data" if wait >= DATA_BOUND_WAIT else "model"},
+    )
+
+
 def cron_period(cron: str) -> datetime.timedelta:
     """The time between two consecutive ticks of `cron` (from now): how old map_report may be at a tick."""
     ticks = cron_string_iterator(datetime.datetime.now(datetime.UTC).timestamp(), cron, "UTC")
@@ -262,7 +301,10 @@ with warnings.catch_warnings():
 
 
 def limits_from_env() -> CheckLimits:
-    return CheckLimits(map_regression_margin=rate_from_env("ZERO_MAP_REGRESSION_MARGIN", DEFAULT_MAP_REGRESSION_MARGIN))
+    return CheckLimits(
+        map_regression_margin=rate_from_env("ZERO_MAP_REGRESSION_MARGIN", DEFAULT_MAP_REGRESSION_MARGIN),
+        min_gpu_utilization=rate_from_env("ZERO_MIN_GPU_UTILIZATION", DEFAULT_MIN_GPU_UTILIZATION),
+    )
 
 
 ALL_CHECKS = [
@@ -270,5 +312,6 @@ ALL_CHECKS = [
     val_share_held,
     shard_manifest_integrity,
     map_not_regressed,
+    gpu_utilization_held,
     *MAP_REPORT_FRESHNESS,
 ]

@@ -110,7 +110,7 @@ def render_jobs(
     written)."""
     configs = job_configs(run_config or {})
     now = now or utc_now()
-    code = build_code_package()
+    code = build_code_package(requirements=not aws.images_hold_requirements)
     rendered: list[tuple[str, str, str, dict[str, Any]]] = []
 
     def upstream(asset: str, partition: str | None = None) -> UpstreamOutput:

@@ -25,6 +25,7 @@ from typing import Any
 from dagster import AssetExecutionContext, Failure, MetadataValue, PipesClientCompletedInvocation
 from dagster._core.errors import DagsterPipesExecutionError  # not exported by dagster
 
+from training_code.lib.job_env import input_uri_variable
 from training_code.lib.storage import MANIFEST_NAMES, download_prefix, is_s3, publish_folder
 from zero_assets.backends.job_cost import local_cost
 from zero_assets.backends.job_runner import JobRunner, WarmedShards
@@ -183,6 +184,8 @@ class LocalJobRunner(JobRunner):
         env = {
             "ZERO_OPT_ML": str(opt_ml),
             "ZERO_JOB_NAME": request.job_name,
+            "ZERO_ASSET": request.asset,
+            **{input_uri_variable(name): uri for name, uri in request.inputs.items()},
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
             "SM_CURRENT_HOST": host,
             "SM_HOSTS": json.dumps(hosts),
@@ -193,6 +196,8 @@ class LocalJobRunner(JobRunner):
             "SM_TRAINING_ENV": json.dumps({"job_name": request.job_name, "hosts": hosts}),
         }
         if request.kind == "training":
+            if request.processes_per_host > 1 and "OMP_NUM_THREADS" not in os.environ:
+                env["OMP_NUM_THREADS"] = "1"  # torchrun's own default; set, its banner stays out of the JSON log
             env["SM_MODEL_DIR"] = str(paths[next(iter(request.outputs))])
             env["ZERO_CHECKPOINT_DIR"] = self.checkpoint_uri(request)
             env["SM_CHANNELS"] = json.dumps(sorted(request.inputs))

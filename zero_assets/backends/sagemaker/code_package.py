@@ -31,6 +31,7 @@ JOB_REQUIREMENTS = (
     "pillow",
     "simplejpeg",
     "faster-coco-eval",
+    "nvidia-ml-py",
     "boto3",
     "datasets",
     "wandb",
@@ -65,10 +66,15 @@ class CodePackage:
 
 
 def build_code_package(
-    root: Path = REPO_ROOT, package_dirs: tuple[str, ...] = PACKAGE_DIRS, modules: tuple[str, ...] = ()
+    root: Path = REPO_ROOT,
+    package_dirs: tuple[str, ...] = PACKAGE_DIRS,
+    modules: tuple[str, ...] = (),
+    requirements: bool = True,
 ) -> CodePackage:
     """`package_dirs` under `root`, plus the top-level package of each of `modules` (the job scripts) that
-    is not one of them, wherever it is imported from: all at the archive's root, which is on PYTHONPATH."""
+    is not one of them, wherever it is imported from: all at the archive's root, which is on PYTHONPATH.
+    `requirements`: add the pinned `requirements.txt` the training toolkit installs at each start (not
+    when the images hold them: docker/Dockerfile)."""
     files: dict[str, bytes] = {}
     for package in package_dirs:
         for path in sorted((root / package).rglob("*.py")):
@@ -78,7 +84,8 @@ def build_code_package(
     for module in modules:
         if module.split(".")[0] not in package_dirs:
             files.update(module_package_files(module))
-    files["requirements.txt"] = _pinned_requirements(root).encode()
+    if requirements:
+        files["requirements.txt"] = _pinned_requirements(root).encode()
     digest = sha256_bytes(b"".join(name.encode() + b"\0" + content for name, content in sorted(files.items())))[:16]
     return CodePackage(files, digest)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Optional
 
+from training_code.lib.job_env import input_uri_variable
 from training_code.lib.wandb_run import SECRET_ARN_VARIABLE
 from zero_assets.backends.sagemaker.code_package import CodePackage
 from zero_assets.backends.sagemaker.fsx import is_fsx, parse_fsx_uri, s3_behind_fsx
@@ -97,12 +98,9 @@ def _training_params(
         raise ValueError(
             f"{request.asset} has {len(training_sets)} training-set inputs ({sorted(training_sets)}); a job reads one"
         )
-    channels = [
-        _training_channel(
-            name, training_sets[name].root if name in training_sets else uri, settings, request.fsx_access
-        )
-        for name, uri in request.inputs.items()
-    ]
+    # Each channel's source: what its folder holds, at the same paths (the job names it in W&B references).
+    sources = {name: training_sets[name].root if name in training_sets else uri for name, uri in request.inputs.items()}
+    channels = [_training_channel(name, source, settings, request.fsx_access) for name, source in sources.items()]
     input_mode = "File" if any("FileSystemDataSource" in c["DataSource"] for c in channels) else "FastFile"
     hyperparameters = {key.replace("_", "-"): str(value) for key, value in request.arguments.items()}
     for found in training_sets.values():  # at most one: the training set a job reads
@@ -139,7 +137,13 @@ def _training_params(
             "S3Uri": as_prefix(settings.checkpoint_uri(request.asset, request.fingerprint)),
             "LocalPath": CHECKPOINT_LOCAL,
         },
-        "Environment": {**env, "ZERO_JOB_NAME": job_name, "PYTHONPATH": "/opt/ml/code"},
+        "Environment": {
+            **env,
+            "ZERO_JOB_NAME": job_name,
+            "ZERO_ASSET": request.asset,
+            **{input_uri_variable(name): source for name, source in sources.items()},
+            "PYTHONPATH": "/opt/ml/code",
+        },
     }
     if channels:  # SageMaker rejects an empty list
         params["InputDataConfig"] = channels
@@ -231,6 +235,7 @@ def _processing_params(
         )
     inputs = [_processing_input(CODE_INPUT, code.files_uri(settings.s3_root()))]
     io_arguments: list[str] = []
+    sources: dict[str, str] = {}  # what each input's folder holds, at the same paths
     for name, uri in request.inputs.items():
         s3_uri = s3_behind_fsx(uri, lake) if is_fsx(uri) else uri
         _require_s3(name, s3_uri)
@@ -238,8 +243,10 @@ def _processing_params(
         if found is not None:  # exactly the training set's files, at their paths below the shard root
             inputs.append(_manifest_file_input(name, f"{found.uri}/{FILE_LIST}"))
             io_arguments += [f"--{name}", f"{PROCESSING_ROOT}/input/{name}", f"--{TRAINING_SET_ARGUMENT}", found.folder]
+            sources[name] = found.root
             continue
         inputs.append(_processing_input(name, s3_uri))
+        sources[name] = s3_uri
         io_arguments += [f"--{name}", f"{PROCESSING_ROOT}/input/{name}"]
     outputs = []
     for name, uri in request.outputs.items():
@@ -274,7 +281,13 @@ def _processing_params(
             )
         },
         "StoppingCondition": {"MaxRuntimeInSeconds": compute.max_runtime_s},
-        "Environment": {**env, "ZERO_JOB_NAME": job_name, "PYTHONPATH": f"{PROCESSING_ROOT}/input/{CODE_INPUT}"},
+        "Environment": {
+            **env,
+            "ZERO_JOB_NAME": job_name,
+            "ZERO_ASSET": request.asset,
+            **{input_uri_variable(name): source for name, source in sources.items()},
+            "PYTHONPATH": f"{PROCESSING_ROOT}/input/{CODE_INPUT}",
+        },
     }
     vpc = settings.vpc_config()
     if vpc:

@@ -103,7 +103,8 @@ class SageMakerJobRunner(JobRunner):
                 f"training plan {plan.name}: {plan.status}, {plan.window()}, reserves {plan.reserved} "
                 f"({plan.available_instance_count} available now)"
             )
-        package = build_code_package(modules=(request.module,))  # a module outside training_code brings its package
+        # A module outside training_code brings its package.
+        package = build_code_package(modules=(request.module,), requirements=not self.aws.images_hold_requirements)
         upload_code_package(package, self.aws.s3_root(), clients.s3)
         pipes = self.pipes_client(clients)
         started = time.perf_counter()

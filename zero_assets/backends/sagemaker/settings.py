@@ -78,6 +78,7 @@ TRAINING_ASSET = "trained_checkpoint"
 # The rehearsal's training: its attempts (a forced stop, then the resume) start on a warm pool when one is kept.
 REHEARSAL_ASSET = "training_rehearsal"
 TRAINING_PLAN_VARIABLE = "ZERO_SM_TRAINING_PLAN_ARN"
+IMAGES_VARIABLE = "ZERO_SM_IMAGES_HOLD_REQUIREMENTS"
 # Per-job whole numbers, each set by ZERO_SM_<ASSET>_<FIELD> (see JobCompute).
 WHOLE_NUMBERS = (
     "instance_count",
@@ -139,6 +140,9 @@ class SageMakerSettings(ConfigurableResource):
     # same instances starts on them without provisioning (rehearsal iterations). 0: none.
     warm_pool_keep_alive_s: int = 0
     infra_check: bool = True  # SageMaker's instance and network health check before multi-node training
+    # The images are built from docker/Dockerfile (requirements.lock installed): the code package then
+    # carries no requirements.txt, so no job runs pip at start (and none needs PyPI: README, VPC).
+    images_hold_requirements: bool = False
     # A running job whose output lease no live run has held for this long is stopped (defs/orphaned_jobs):
     # long enough for a step retry (60 s, then 120 s) to reattach and take the lease again.
     orphaned_job_grace_s: int = 600
@@ -212,8 +216,9 @@ def _parsed_fields(environ: Optional[Mapping[str, str]]) -> dict:
     for field, (var, least) in WHOLE_SECONDS.items():
         if env(var):
             fields[field] = _whole_seconds(var, env(var), least)
-    if env("ZERO_SM_INFRA_CHECK"):
-        fields["infra_check"] = _flag("ZERO_SM_INFRA_CHECK", env("ZERO_SM_INFRA_CHECK"))
+    for field, var in (("infra_check", "ZERO_SM_INFRA_CHECK"), ("images_hold_requirements", IMAGES_VARIABLE)):
+        if env(var):
+            fields[field] = _flag(var, env(var))
     if env("ZERO_SM_TAGS"):
         pairs = [item.split("=", 1) for item in env("ZERO_SM_TAGS").split(",") if item.strip()]
         bad = [p[0] for p in pairs if len(p) != 2]
