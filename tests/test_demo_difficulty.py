@@ -76,11 +76,11 @@ def train_and_score(tmp_path: Path, shuffled_labels: bool) -> dict:
     scored = subprocess.run(evaluate, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert scored.returncode == 0, scored.stderr[-3000:]
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
-    done = next(
-        json.loads(line[line.find('{"job"') :])
-        for line in trained.stderr.splitlines() + trained.stdout.splitlines()
-        if '{"job"' in line and '"event": "done"' in line
-    )
+    [done] = [
+        record
+        for record in (json.loads(line) for line in trained.stderr.splitlines() if line.startswith("{"))
+        if record.get("event") == "done"
+    ]
     # The figures, for the log of a passing run too (pytest -rA shows them).
     print(
         f"{'shuffled' if shuffled_labels else 'demo'}: mAP@0.5 {metrics['mAP_50']:.3f}, mAP {metrics['mAP']:.3f}, "

@@ -150,7 +150,8 @@ def test_resume_skips_exactly_the_batches_already_delivered(shards):
     _, refs = verified_split(shards, "train")
     full = take(stream(refs), 10)
     resumed = take(stream(refs, resume_batches=3), 4)
-    assert all(same_sample(a, b) for a, b in zip(full[6:], resumed))
+    assert len(full) == 10 and len(resumed) == 4, "both streams delivered what was asked"
+    assert all(same_sample(a, b) for a, b in zip(full[6:], resumed, strict=True))
 
 
 def test_resume_with_loader_workers_continues_the_same_batch_sequence(shards):
@@ -163,7 +164,9 @@ def test_resume_with_loader_workers_continues_the_same_batch_sequence(shards):
         return [batch for batch, _ in zip(loader, range(count))]
 
     full, resumed = batches(0, 8), batches(3, 5)
-    for (images_a, targets_a), (images_b, targets_b) in zip(full[3:], resumed):
+    assert len(full) == 8 and len(resumed) == 5, "both loaders delivered what was asked"
+    for (images_a, targets_a), (images_b, targets_b) in zip(full[3:], resumed, strict=True):
+        assert len(images_a) == len(images_b) == 2
         assert all(torch.equal(a, b) for a, b in zip(images_a, images_b))
         assert [t["boxes"] for t in targets_a] == [t["boxes"] for t in targets_b]
 
@@ -315,12 +318,9 @@ def torchrun(env: dict[str, str], *arguments: str, timeout: float = 120) -> subp
 
 
 def events(output: str, kind: str) -> list[dict]:
-    found = []
-    for line in output.splitlines():
-        start = line.find('{"job"')
-        if start >= 0 and (event := json.loads(line[start:]))["event"] == kind:
-            found.append(event)
-    return found
+    """The job's log lines of event `kind` (checkpoints.log_event: the event's fields are the line's keys)."""
+    records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    return [record for record in records if record.get("event") == kind]
 
 
 def checkpoint_steps(tmp_path: Path) -> list[int]:
@@ -482,4 +482,5 @@ def test_progress_reaches_the_event_log_at_most_once_a_minute_and_always_at_the_
             report({"step": step, "loss": 1.0}, last=step == 600)
     events = [json.loads(message)["step"] for message in sent]
     assert events == [1, 61, 121, 181, 241, 301, 361, 421, 481, 541, 600], events
-    assert sum('"event": "train"' in r.getMessage() for r in caplog.records) == 600, "every line in the job log"
+    logged = [r for r in caplog.records if getattr(r, "fields", {}).get("event") == "train"]
+    assert len(logged) == 600, "every line in the job log"

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import numpy as np
 import pytest
-from test_train_job import REPO, TORCHRUN, job_environment, shape_row, write_shard_set
+from test_train_job import REPO, TORCHRUN, events, job_environment, shape_row, write_shard_set
 
 STEPS = 40
 GLOBAL_BATCH = 4
@@ -60,9 +59,7 @@ def losses(tmp_path, shards, processes: int) -> list[float]:
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = [
-        json.loads(line[line.find('{"job"') :]) for line in result.stderr.splitlines() if '"event": "train"' in line
-    ]
+    lines = events(result.stderr, "train")
     assert [line["step"] for line in lines] == list(range(1, STEPS + 1))
     return [line["loss"] for line in lines]
 

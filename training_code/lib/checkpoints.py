@@ -11,7 +11,6 @@ the folder locked after a kill -9 of rank 0 until the last of them exits; record
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import random
@@ -37,8 +36,8 @@ class CheckpointFolderBusy(RuntimeError):
 
 
 def log_event(ctx: DistributedContext, event: str, **fields: Any) -> None:
-    """One structured JSON line per event, tagged with the job name, from rank 0."""
-    log0(json.dumps({"job": job_name(), "event": event, **fields}), context=ctx)
+    """One log line per event from rank 0, its fields (and `event`) keys of the line's JSON object."""
+    log0(event, context=ctx, fields={"event": event, **fields})
 
 
 def rng_state() -> dict[str, Any]:

@@ -107,10 +107,11 @@ def die_with_launcher() -> None:
 _rank0_log = logging.getLogger("zero.rank0")
 
 
-def log0(message: str, context: DistributedContext | None = None) -> None:
-    """Log on rank 0 only (stderr, and the job log where the runner keeps one): one line per event, not one per rank."""
+def log0(message: str, context: DistributedContext | None = None, fields: dict[str, Any] | None = None) -> None:
+    """Log on rank 0 only (stderr, and the job log where the runner keeps one): one line per event, not one
+    per rank. `fields` join the line's own (job_env.JsonLines), each a key of the JSON object."""
     if (context or read_context()).is_main:
-        _rank0_log.info(message)
+        _rank0_log.info(message, extra={"fields": fields or {}})
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

@@ -207,9 +207,11 @@ class JsonLines(logging.Formatter):
             "rank": int(os.environ.get("RANK", "0")),
             "host": current_host(),
         }
+        for name, value in getattr(record, "fields", {}).items():  # an event's own fields (checkpoints.log_event)
+            line.setdefault(name, value)
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, ensure_ascii=False)
+        return json.dumps(line, ensure_ascii=False, default=str)
 
 
 def write_failure_reason(error: BaseException) -> None:

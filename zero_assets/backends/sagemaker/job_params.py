@@ -137,13 +137,7 @@ def _training_params(
             "S3Uri": as_prefix(settings.checkpoint_uri(request.asset, request.fingerprint)),
             "LocalPath": CHECKPOINT_LOCAL,
         },
-        "Environment": {
-            **env,
-            "ZERO_JOB_NAME": job_name,
-            "ZERO_ASSET": request.asset,
-            **{input_uri_variable(name): source for name, source in sources.items()},
-            "PYTHONPATH": "/opt/ml/code",
-        },
+        "Environment": {**env, **_job_env(job_name, request, sources), "PYTHONPATH": "/opt/ml/code"},
     }
     if channels:  # SageMaker rejects an empty list
         params["InputDataConfig"] = channels
@@ -241,7 +235,7 @@ def _processing_params(
         _require_s3(name, s3_uri)
         found = split_training_set(s3_uri)
         if found is not None:  # exactly the training set's files, at their paths below the shard root
-            inputs.append(_manifest_file_input(name, f"{found.uri}/{FILE_LIST}"))
+            inputs.append(_processing_input(name, f"{found.uri}/{FILE_LIST}", "ManifestFile"))
             io_arguments += [f"--{name}", f"{PROCESSING_ROOT}/input/{name}", f"--{TRAINING_SET_ARGUMENT}", found.folder]
             sources[name] = found.root
             continue
@@ -283,9 +277,7 @@ def _processing_params(
         "StoppingCondition": {"MaxRuntimeInSeconds": compute.max_runtime_s},
         "Environment": {
             **env,
-            "ZERO_JOB_NAME": job_name,
-            "ZERO_ASSET": request.asset,
-            **{input_uri_variable(name): source for name, source in sources.items()},
+            **_job_env(job_name, request, sources),
             "PYTHONPATH": f"{PROCESSING_ROOT}/input/{CODE_INPUT}",
         },
     }
@@ -293,6 +285,15 @@ def _processing_params(
     if vpc:
         params["NetworkConfig"] = {"VpcConfig": vpc}
     return params
+
+
+def _job_env(job_name: str, request: JobRequest, sources: dict[str, str]) -> dict[str, str]:
+    """What a job script reads of its launch (`job_env`): its name, asset and each input's source."""
+    return {
+        "ZERO_JOB_NAME": job_name,
+        "ZERO_ASSET": request.asset,
+        **{input_uri_variable(n): s for n, s in sources.items()},
+    }
 
 
 def training_output_path(settings: SageMakerSettings) -> str:
@@ -310,31 +311,16 @@ def as_prefix(uri: str) -> str:
     return uri.rstrip("/") + "/"
 
 
-def _processing_input(name: str, uri: str) -> dict:
-    """One ProcessingInput: every object under the prefix, on every instance. Inputs are tables, read
-    lists, shard sets and code, never a raw prefix: a job reads raw objects by key (see `JobRequest.reads`),
-    and a map stage's hosts split their read list themselves, by their place among the hosts."""
+def _processing_input(name: str, uri: str, data_type: str = "S3Prefix") -> dict:
+    """One ProcessingInput, on every instance: every object under the prefix `uri` (tables, read lists,
+    shard sets and code, never a raw prefix: a job reads raw objects by key, see `JobRequest.reads`), or
+    with `ManifestFile` the objects the file `uri` names, each under the input folder at its key there."""
     return {
         "InputName": name,
         "S3Input": {
-            "S3Uri": as_prefix(uri),
+            "S3Uri": as_prefix(uri) if data_type == "S3Prefix" else uri,
             "LocalPath": f"{PROCESSING_ROOT}/input/{name}",
-            "S3DataType": "S3Prefix",
-            "S3InputMode": "File",
-            "S3DataDistributionType": "FullyReplicated",
-        },
-    }
-
-
-def _manifest_file_input(name: str, file_list_uri: str) -> dict:
-    """A ProcessingInput of the objects a SageMaker manifest file names (a prefix, then keys relative to
-    it), each landing under the input folder at its key relative to the prefix."""
-    return {
-        "InputName": name,
-        "S3Input": {
-            "S3Uri": file_list_uri,
-            "LocalPath": f"{PROCESSING_ROOT}/input/{name}",
-            "S3DataType": "ManifestFile",
+            "S3DataType": data_type,
             "S3InputMode": "File",
             "S3DataDistributionType": "FullyReplicated",
         },
