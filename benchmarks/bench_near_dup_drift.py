@@ -1,11 +1,6 @@
 """`near_dup_drift`: how far chance near-duplicates move the val share, on 400,000 random hashes in large groups.
 
-No image copies another, so every pair the policy finds links two unrelated images by chance. Each seed
-makes 400,000 accepted rows in groups of 10,000-20,000 images (a tenth of the groups in val, as
-validation splits by group) with random hashes, and runs the default policy; the figure is the largest
-move of the val share over the seeds. The policy runs a second time without the second signal (each
-difference hash a copy of its pHash, any distance confirming), so every chance pHash pair within 8 bits
-counts, about 22 of them a seed: the per-image rule alone must hold the share.
+No image copies another: every pair the policy finds is chance. Also run without the confirming hash.
 """
 
 from __future__ import annotations

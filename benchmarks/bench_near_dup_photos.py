@@ -1,10 +1,6 @@
 """`near_dup_photos`: near-duplicate copies of real photographs found by the selection policy, and the false pairs.
 
-Every original (benchmarks/real_photos: scikit-image's photographs and their quarters) and its copies
-(re-encoded, resized to half, cropped to 90% of each side) are hashed as validation hashes them
-(`check_image_bytes`), each in a group of its own, and the default policy runs over them in DuckDB. A copy
-is found when it lands in its original's cluster; a false pair is a pair the policy counted between two
-different originals' files, over every pair it counted.
+Copies are re-encoded, resized to half and cropped to 90%, hashed as validation hashes them.
 """
 
 from __future__ import annotations

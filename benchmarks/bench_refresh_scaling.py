@@ -1,14 +1,6 @@
 """`refresh_scaling`: the same refresh (100 new images) of a 40,000-image source against a 10,000-image one.
 
-Both through the real graph on a real Dagster instance, as automation runs a source: its partition's
-`raw_image_index` and `validated_images` (local backend: the index in its step, validation as its job
-process). Each source of small JPEGs (`small_images`) first runs in full; then 100 new images land,
-annotations.json naming them, and the source runs again on the same instance and lake: its index is
-rebuilt (a listing) and validation decodes the new images only. That refresh is done three times a
-source (100 more images each) and the median taken. ratio = the 40,000-image refresh's seconds / the
-10,000-image one's (goal <= 1.2: a refresh costs the change, not the source). `refresh_per_row_us` is
-what each unchanged row adds to a refresh: the difference of the two over the 30,000 rows between them.
-The seconds are also split by where they go (`where_the_refresh_goes`).
+Through the graph, each after its own full first run; the median of three refreshes a source.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """`selection_scale`: the selection job on 10,000,000 accepted rows in 100 sources, against 1,000,000.
 
-Both runs are the job as the local backend launches it (`python -m training_code.selection`, a fresh
-process) with one policy: a training set of 400,000 images shared among the sources (`max_images`), as
-the reference training picked ~4 million of ~1 billion, and the engine held to 1 GB on 2 threads, so
-the larger lake spills. The figures are the ratios of wall time (goal: no worse than linear, <= 12)
-and of peak RSS (goal: bounded, <= 1.5).
+One policy (`max_images` 400,000), DuckDB held to 1 GB on 2 threads: wall time and peak RSS ratios.
 """
 
 from __future__ import annotations

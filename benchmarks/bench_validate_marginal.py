@@ -1,14 +1,6 @@
-"""`validate_marginal`: validated_images's job's cost per image against a plain 2-process pool doing the
-same strict decode (goal >= 0.8), from runs on 10,000 and 30,000 small JPEGs.
+"""`validate_marginal`: the validation job's cost per image against a plain Pool(2) doing the same strict decode.
 
-Both are fresh processes timed from launch to exit: the project is the validation job exactly as the
-local backend launches it (`python -m training_code.validate` on the source's `raw_image_index` output,
-2 workers), the baseline `benchmarks/plain_decode_pool.py` (list the folder, `multiprocessing.Pool(2).map`,
-per file the strict libjpeg-turbo decode the validator uses). Each one's cost per image is the slope
-between its two sizes, (seconds at 30,000 - seconds at 10,000) / 20,000, so interpreter start, imports
-and pool start-up, which no image adds to, drop out; they are printed beside it as each one's fixed
-start-up (the intercept), with no goal. ratio = baseline's cost per image / project's. Runs interleave
-(each round both programs on both sizes) and the best of each counts; a first round warms the page cache.
+Each cost is the slope between runs on 10,000 and 30,000 small JPEGs, so start-up drops out (printed, no goal).
 """
 
 from __future__ import annotations

@@ -79,32 +79,34 @@ def gpu_report(sample: dict[str, Any], world_size: int) -> dict[str, Any]:
     """Every rank's `sample` gathered (a collective: call it on every rank): mean and percentiles of
     utilisation as shares over all ranks' samples, the peak memory in use, a row per rank; or
     `gpu_utilization_why` when no rank has a figure."""
-    samples = [sample] * world_size
+    samples = [sample]
     if world_size > 1 and dist.is_initialized():
+        samples = [{}] * world_size
         dist.all_gather_object(samples, sample)
     histograms = np.array([s["histogram"] for s in samples])
-    total = histograms.sum()
-    if not total:
+    if not histograms.sum():
         return {"gpu_utilization_why": next((s["why"] for s in samples if s["why"]), "no GPU samples taken")}
     pooled = histograms.sum(axis=0)
-    percents = np.arange(101)
     return {
-        "gpu_utilization": round(float((pooled * percents).sum() / total) / 100, 4),
+        "gpu_utilization": _mean(pooled),
         **{f"gpu_utilization_p{q}": round(_percentile(pooled, q) / 100, 4) for q in (10, 50, 90)},
         "gpu_memory_used_max_bytes": max(s["memory_used_max"] for s in samples),
         "gpu_utilization_by_rank": [
             {
                 "rank": rank,
                 "samples": int(histogram.sum()),
-                "utilization": round(float((histogram * percents).sum() / histogram.sum()) / 100, 4)
-                if histogram.sum()
-                else None,
+                "utilization": _mean(histogram) if histogram.sum() else None,
                 "memory_used_max_bytes": s["memory_used_max"],
                 "memory_total_bytes": s["memory_total"],
             }
             for rank, (s, histogram) in enumerate(zip(samples, histograms))
         ],
     }
+
+
+def _mean(histogram: np.ndarray) -> float:
+    """The mean, as a share, of the percents a histogram of 0..100 counts."""
+    return round(float((histogram * np.arange(101)).sum() / histogram.sum()) / 100, 4)
 
 
 def _percentile(histogram: np.ndarray, q: int) -> float:

@@ -48,7 +48,6 @@ MANIFEST_FORMAT = "zero-raw-index/3"  # 3: annotation_files (what the jobs check
 BATCH_ROWS = 50_000  # rows per record batch (and Parquet row group)
 EXAMPLES = 20  # keys kept per kind of reported entry; the counts are complete
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".mpo")
-COLUMNS = tuple(RAW_INDEX.arrow.names)
 HASH_COLUMN = "group_hash"  # only in the scratch copy the rehearsal sample is cut from
 # Every key `key_problem` refuses, once escaped by printable_key, matches this (a backslash, a '.',
 # '..' or empty segment, a leading '/'); most safe keys do not.

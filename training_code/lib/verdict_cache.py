@@ -31,12 +31,11 @@ NEVER_REUSED = frozenset({"unreadable", "unsafe_key", "outside_root"})
 # holds any is never a cache hit either (validation_pass.retry_next_time), so the next run of its
 # source decodes exactly these again.
 RETRIED_REASONS = frozenset({"unreadable"})
-LISTING = ["key", "etag", "size"]  # an index row's identity: what a verdict was reached for
 
 
 def verdict_table(listed: pa.Table, verdicts: dict[str, ImageVerdict]) -> pa.Table:
     """VERDICTS rows for the index rows `listed` (key, etag, size), each with its verdict in `verdicts`.
-    The table has no nulls: a missing sha256 or reason is "", missing hashes [] (see `verdict_of`)."""
+    The table has no nulls: a missing sha256 or reason is "", missing hashes []."""
     keys = listed.column("key").to_pylist()
     rows = [verdicts[key] for key in keys]
     columns: dict[str, Any] = {name: [getattr(verdict, name) for verdict in rows] for name in ImageVerdict._fields}
@@ -73,7 +72,7 @@ def split_reused(listed: pa.Table, reusable: pa.Table | None) -> tuple[pa.Table,
     decoded (new or changed): a join on the listing's identity, in key order."""
     if reusable is None or not reusable.num_rows:
         return VERDICTS.empty(), sorted(listed.column("key").to_pylist())
-    identity = listed.select(LISTING).rename_columns(["key", "etag", "listed_size"])
+    identity = listed.select(["key", "etag", "size"]).rename_columns(["key", "etag", "listed_size"])
     # Joined on the identity and a row number only: Arrow's join carries no list column (the hashes).
     numbered = reusable.select(["key", "etag", "listed_size"]).append_column("row", pa.array(range(reusable.num_rows)))
     matched = numbered.join(identity, keys=["key", "etag", "listed_size"], join_type="inner")
