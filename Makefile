@@ -50,9 +50,9 @@ demo: venv bytecode $(HOME_CONFIG)
 	sources=$$(ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/zero-assets sources --register | tee /dev/stderr | awk -F'\t' '$$2 !~ /^refused/ {print $$1}') || exit 1; \
 	for source in $$sources; do \
 	  echo "source $$source"; \
-	  ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/dagster asset materialize --select 'raw_image_index,validated_images' --partition "$$source" -m zero_assets.definitions || exit 1; \
+	  ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/dg launch --assets 'raw_image_index,validated_images' --partition "$$source" || exit 1; \
 	done
-	ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/dagster asset materialize --select 'key:training_set+ and not key:training_rehearsal' -m zero_assets.definitions
+	ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/dg launch --assets 'key:training_set+ and not group:campaign'
 	ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/zero-assets summary
 
 # Two pytest-xdist workers, each taking whole files (a module's fixtures are built once): most tests wait on

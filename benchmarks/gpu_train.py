@@ -1,9 +1,7 @@
-"""torchrun --standalone --nproc_per_node <GPUs> -m benchmarks.gpu_train [--seconds 180] [--arch fcos_resnet50_fpn]
+"""GPU check (not in `make bench`: needs CUDA): train demo shards through the real loader and step, and
+print images/s per GPU and the GPU utilisation `trained_checkpoint` records (goal >= 90%).
 
-GPU check (not part of `make bench`: it needs CUDA): render demo scenes into shards, train through the
-real loader and training step (bf16 autocast, DDP, read-time augmentation) for a few minutes, and print
-images/s per GPU and the GPU utilisation `trained_checkpoint` records (`training_code/lib/gpu_usage.py`,
-NVML). Goal: >= 90% utilisation, i.e. the loader keeps the GPU fed. Prints one `GPU_CHECK` JSON line per rank-0 run.
+    torchrun --standalone --nproc_per_node <GPUs> -m benchmarks.gpu_train [--seconds 180] [--arch fcos_resnet50_fpn]
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-r"""The baseline of `validate_marginal`: a plain script decoding a folder's JPEGs strictly in a process pool.
-
-    python -m benchmarks.plain_decode_pool FOLDER WORKERS
-
-What anyone would write for the job: list the folder, `multiprocessing.Pool(WORKERS).map` (the default
-start method and chunking) over the files, and per file what the validator's decode does: read the
-bytes, hash them, read the header with Pillow, decode with the project's strict libjpeg-turbo pass
-(`jpeg_strict`; its luma alone, as the validator decodes L and RGB JPEGs), and Pillow's `verify()` +
-`load()` for what that pass does not take. Prints `{"files": N, "ok": M}`.
+r"""The baseline of `validate_marginal`: a plain `multiprocessing.Pool` decoding a folder's JPEGs as the
+validator's strict pass does (`python -m benchmarks.plain_decode_pool FOLDER WORKERS`; prints files and ok).
 """
 
 from __future__ import annotations

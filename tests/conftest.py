@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 from dagster import instance_for_test
+from local_s3 import LocalS3Server
 
-from tests.local_s3 import LocalS3Server
 from zero_assets.backends.local.runner import LocalJobRunner
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.ops.demo_data import make_demo_raw_root

@@ -1,8 +1,9 @@
-"""The README's shell blocks, run the way a user runs them: each in a fresh `bash -lc`, exactly as printed,
-from the root of a copy of this repo whose `.venv` is this one.
+"""The shell blocks of the README and of the docs pages (`docs/*.md`), run the way a user runs them: each
+in a fresh `bash -lc`, exactly as printed, from the root of a copy of this repo whose `.venv` is this one.
 
 A block is marked by the HTML comment on the line above its fence: `<!-- readme-test: NAME -->` (the
-test named NAME runs it) or `<!-- not run locally: WHY -->`. A shell block with neither is an error.
+test named NAME runs it, whichever page it is on) or `<!-- not run locally: WHY -->`. A shell block with
+neither is an error.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,16 +36,37 @@ ASSETS = (
 PER_SOURCE = ("raw_image_index", "validated_images")
 
 
+def prose_pages() -> list[Path]:
+    """The pages whose shell blocks are run or say why not: the README, then every docs page."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
 @dataclass(frozen=True)
 class ShellBlock:
     line: int  # of the opening fence, 1-based
     marker: str | None  # "readme-test", "not run locally" or None when unmarked
     name: str  # the test's name for it, or why it is not run
     text: str
+    page: str = "README.md"  # where it is, relative to the repo root
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
 
-def shell_blocks(readme: Path = REPO / "README.md") -> list[ShellBlock]:
-    lines = readme.read_text().splitlines()
+def shell_blocks(pages: Path | Iterable[Path] | None = None) -> list[ShellBlock]:
+    """Every shell block of `pages` (one page or several; default: the README and every docs page), in
+    page order, then line order."""
+    if pages is None:
+        pages = prose_pages()
+    elif isinstance(pages, Path):
+        pages = (pages,)
+    return [shell_block for page in pages for shell_block in _page_blocks(page)]
+
+
+def _page_blocks(page: Path) -> list[ShellBlock]:
+    name = page.relative_to(REPO).as_posix() if page.is_relative_to(REPO) else str(page)
+    lines = page.read_text().splitlines()
     blocks, index = [], 0
     while index < len(lines):
         if not SHELL_FENCE.match(lines[index]):
@@ -51,7 +74,7 @@ def shell_blocks(readme: Path = REPO / "README.md") -> list[ShellBlock]:
             continue
         end = next((i for i in range(index + 1, len(lines)) if lines[i].startswith("```")), None)
         if end is None:
-            raise ValueError(f"README.md line {index + 1}: shell block is never closed")
+            raise ValueError(f"{name} line {index + 1}: shell block is never closed")
         above = lines[index - 1].strip() if index > 0 else ""
         marker = MARKER.match(above)
         blocks.append(
@@ -60,6 +83,7 @@ def shell_blocks(readme: Path = REPO / "README.md") -> list[ShellBlock]:
                 marker.group(1) if marker else None,
                 marker.group(2) if marker else "",
                 "\n".join(lines[index + 1 : end]) + "\n",
+                name,
             )
         )
         index = end + 1
@@ -67,10 +91,13 @@ def shell_blocks(readme: Path = REPO / "README.md") -> list[ShellBlock]:
 
 
 def block(name: str) -> ShellBlock:
+    """The one block marked `<!-- readme-test: NAME -->`, on the README or any docs page."""
     found = [b for b in shell_blocks() if b.marker == "readme-test" and b.name == name]
     if len(found) != 1:
+        where = ", ".join(b.where for b in found) or "none"
         raise LookupError(
-            f"README.md has {len(found)} shell blocks marked `<!-- readme-test: {name} -->`; expected one"
+            f"the README and docs pages have {len(found)} shell blocks marked `<!-- readme-test: {name} -->` "
+            f"({where}); expected one"
         )
     return found[0]
 

@@ -6,9 +6,9 @@ import contextlib
 import os
 from unittest import mock
 
+from local_s3 import LocalS3Server
 from moto.server import ThreadedMotoServer
 
-from tests.local_s3 import LocalS3Server
 from training_code.lib.aws_clients import client
 
 # The local S3 server's credentials: moto accepts any, and `weed` started while other credentials are

@@ -13,6 +13,7 @@ import sys
 import typing
 
 import pytest
+from conftest import make_resources
 from dagster import (
     AssetCheckSeverity,
     AssetMaterialization,
@@ -22,7 +23,6 @@ from dagster import (
     materialize,
 )
 
-from tests.conftest import make_resources
 from zero_assets.defs.assets import (
     SOURCE_SPECS,
     arrow_shards,

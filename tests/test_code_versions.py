@@ -31,6 +31,7 @@ CODE_OF = {
     "trained_checkpoint": ("trained_checkpoint", "TRAIN_MODULE"),
     "map_report": ("map_report", "EVALUATE_MODULE"),
     "training_rehearsal": ("training_rehearsal", "REHEARSAL_CODE"),
+    "tuned_hyperparameters": ("tuned_hyperparameters", "TRAIN_MODULE"),
 }
 PER_SOURCE = ["raw_image_index", "validated_images"]
 # Asked for staleness: the per-source assets (of the test's source) and the first unpartitioned one after them.

@@ -18,8 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from tests.readme_shell import BackgroundBlock, block, clone_environment, copy_repo, free_port
+from readme_shell import BackgroundBlock, block, clone_environment, copy_repo, free_port
 
 STOP_LIMIT_S = 10.0
 # Dagster's own race (dagster/_cli/proxy_server_manager.py): its thread that restarts a crashed code
@@ -114,7 +113,7 @@ def test_ctrl_c_stops_dagster_dev_with_sensors_on_and_a_run_in_flight(tmp_path):
         capture_output=True,
     )
     port = free_port()
-    server = BackgroundBlock(block("ui"), repo, tmp_path / "dagster-dev.log", DAGSTER_CLI_DEV_PORT=str(port))
+    server = BackgroundBlock(block("ui"), repo, tmp_path / "dagster-dev.log", DAGSTER_DG_DEV_PORT=str(port))
     try:
         server.wait_for_http(f"http://127.0.0.1:{port}/server_info", START_LIMIT_S)
         started = graphql(

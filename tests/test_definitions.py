@@ -24,7 +24,11 @@ PER_SOURCE = {"raw_data", "raw_image_index", "validated_images"}
 
 def test_assets_form_one_lineage_chain_partitioned_by_source_up_to_the_selection():
     graph = defs.resolve_asset_graph()
-    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == {*CHAIN, "training_rehearsal"}
+    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == {
+        *CHAIN,
+        "training_rehearsal",
+        "tuned_hyperparameters",
+    }
     for upstream, downstream in zip(CHAIN, CHAIN[1:]):
         assert AssetKey(upstream) in graph.get(AssetKey(downstream)).parent_keys
     for name in CHAIN:
@@ -44,6 +48,17 @@ def test_the_rehearsal_reads_the_warm_shards_and_feeds_nothing():
     assert graph.get(AssetKey("training_rehearsal")).parent_keys == {AssetKey("fsx_warm_state")}
     assert not graph.get(AssetKey("training_rehearsal")).child_keys, "a gate, never an input of training"
     assert graph.get(AssetKey("training_rehearsal")).pools == {"training"}
+
+
+def test_the_tuning_reads_the_warm_shards_outside_the_whole_graph_job():
+    graph = defs.resolve_asset_graph()
+    assert graph.get(AssetKey("tuned_hyperparameters")).parent_keys == {AssetKey("fsx_warm_state")}
+    # An optional input of training (its `use_tuning`), named in the checkpoint's metadata: an edge would
+    # make every "Materialize all" warn that it was never materialized.
+    assert not graph.get(AssetKey("tuned_hyperparameters")).child_keys
+    assert graph.get(AssetKey("tuned_hyperparameters")).pools == {"training"}
+    whole = defs.resolve_job_def("zero_whole_graph").asset_layer.selected_asset_keys
+    assert AssetKey("tuned_hyperparameters") not in whole and AssetKey("trained_checkpoint") in whole
 
 
 def test_dagster_cli_validates_the_code_location():

@@ -1,5 +1,5 @@
-"""The reference in docs/ says what the code does: its links and paths exist, and the selection policy's
-contract names what the job provides and reads."""
+"""The reference in docs/ says what the code does: its links and paths exist, the README leads to every page
+of it, and the selection policy's contract names what the job provides and reads."""
 
 import re
 from pathlib import Path
@@ -13,6 +13,7 @@ from zero_assets.core.settings import REPO_ROOT
 
 DOCS = sorted((REPO_ROOT / "docs").glob("*.md"))
 LINK = re.compile(r"\]\(([^)#\s]+)[^)]*\)")
+README_MAX_LINES = 330
 PATH = re.compile(r"`((?:training_code|zero_assets|docs|benchmarks|tests)/[\w/.]+\.(?:py|sql|md))`")
 
 
@@ -25,6 +26,14 @@ def test_links_and_paths_lead_somewhere(page: Path):
     missing = [link for link in links if not (page.parent / link).exists()]
     missing += [path for path in paths if not (REPO_ROOT / path).exists()]
     assert not missing, f"{page.name} names files that are not there: {missing}"
+
+
+def test_the_readme_is_a_short_guide_that_links_every_docs_page():
+    """The reference lives in docs/; the README stays a newcomer's guide that leads to every page of it."""
+    text = (REPO_ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES, "move reference material to a docs page"
+    linked = {link for link in LINK.findall(text) if link.startswith("docs/")}
+    assert {f"docs/{page.name}" for page in DOCS} <= linked, sorted({f"docs/{p.name}" for p in DOCS} - linked)
 
 
 def test_the_policy_contract_names_what_the_job_provides_and_reads():

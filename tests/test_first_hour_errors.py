@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import make_resources
 from dagster import DagsterInstance
+from graph_runs import materialize_source
 from sensor_ticks import SensorDaemon
 
-from tests.conftest import make_resources
-from tests.graph_runs import materialize_source
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.raw_image_index import raw_image_index
 from zero_assets.defs.partitions import RAW_SOURCES

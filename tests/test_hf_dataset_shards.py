@@ -1,7 +1,7 @@
 """A shard set is a Hugging Face dataset: each shard opens with `datasets.Dataset.from_file` as PIL
 images (upright, RGB: the frame the boxes use) and ClassLabel category ids, and the folder loads with
 `datasets.load_from_disk` as a DatasetDict by split, shards kept in earlier sets' folders included
-(`shard_hf.load_live` leaves the masked rows out)."""
+(`shard_hf_remote.load_live` leaves the masked rows out)."""
 
 import io
 import subprocess
@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 from selections import write_selection
 
-from training_code.lib import shard_hf
+from training_code.lib import shard_hf, shard_hf_remote
 from training_code.lib.hashing import sha256_bytes
 from training_code.lib.output_manifest import named_files
 from training_code.lib.shard_format import (
@@ -256,7 +256,7 @@ def test_a_set_keeping_earlier_shards_loads_with_them_and_load_live_skips_the_ma
     assert {split: len(data) for split, data in loaded.items()} == {
         split: sum(e["rows"] for e in second["shards"] if e["split"] == split) for split in ("train", "val")
     }, "every stored row of every listed shard, the ones in the earlier folder too"
-    live = shard_hf.load_live(tmp_path / "second")
+    live = shard_hf_remote.load_live(tmp_path / "second")
     keys = [key for data in live.values() for key in data["key"]]
     assert sorted(keys) == sorted(row["key"] for row in rows) and gone not in keys
     assert {split: len(data) for split, data in live.items()} == second["rows"]

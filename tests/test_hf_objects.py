@@ -19,7 +19,7 @@ import pytest
 from selections import write_selection
 from test_hf_dataset_shards import CATEGORIES, _rows
 
-from training_code.lib import shard_hf
+from training_code.lib import shard_hf_remote
 from training_code.lib.shard_format import read_manifest, shard_path
 from training_code.lib.shard_plan import Compaction
 from training_code.shard import build_shards
@@ -98,10 +98,10 @@ def test_ids_are_the_same_for_a_row_in_every_set_that_holds_it(two_sets):
 
 
 def readme_s3_block() -> str:
-    """The README's Python block that loads a shard set from S3."""
-    readme = (REPO / "README.md").read_text()
-    found = re.search(r"<!-- hf-s3-example -->\n```python\n(.*?)\n```", readme, re.S)
-    assert found, "README.md lost its `<!-- hf-s3-example -->` Python block"
+    """The docs' Python block that loads a shard set from S3 (docs/shards.md, "A shard set in S3")."""
+    page = (REPO / "docs" / "shards.md").read_text()
+    found = re.search(r"<!-- hf-s3-example -->\n```python\n(.*?)\n```", page, re.S)
+    assert found, "docs/shards.md lost its `<!-- hf-s3-example -->` Python block"
     return found.group(1)
 
 
@@ -129,7 +129,7 @@ def test_a_set_in_s3_loads_through_fsspec_as_the_readme_shows(two_sets, s3_serve
     )
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = json.loads(result.stdout.split("LOADED ", 1)[1])
-    live = shard_hf.load_live(lake / "arrow_shards" / "second")
+    live = shard_hf_remote.load_live(lake / "arrow_shards" / "second")
     assert sorted(key for split in loaded.values() for key in split["keys"]) == sorted(row["key"] for row in rows)
     for split, data in live.items():
         assert loaded[split]["keys"] == list(data["key"]), f"{split}: the live rows, in manifest order"
@@ -151,7 +151,7 @@ def test_a_set_in_s3_streams_the_same_live_rows_without_preparing_it(two_sets, s
     streamed = load_url(
         "s3://zero-stream/arrow_shards/second", {"endpoint_url": s3_server.endpoint_url}, streaming=True
     )
-    live = shard_hf.load_live(lake / "arrow_shards" / "second")
+    live = shard_hf_remote.load_live(lake / "arrow_shards" / "second")
     assert set(streamed) == set(live) and len(live["train"])
     for split, data in live.items():
         rows = list(streamed[split])

@@ -13,7 +13,14 @@ def test_a_runner_missing_a_method_cannot_be_built():
         def run(self, context, request):
             raise AssertionError("never called")
 
-    assert JobRunner.__abstractmethods__ == {"run", "instance_count", "read_list_uri", "warm_location", "warm_shards"}
+    assert JobRunner.__abstractmethods__ == {
+        "run",
+        "instance_count",
+        "read_list_uri",
+        "warm_location",
+        "warm_shards",
+        "tune",
+    }
     with pytest.raises(TypeError, match="abstract"):
         JobRunner()
     with pytest.raises(TypeError, match="warm_location"):

@@ -4,9 +4,9 @@ checkpoint under `bytes_changed` with the sha256 it trained on, and says so in w
 import shutil
 
 import pytest
+from conftest import make_resources
+from graph_runs import materialize_graph, materialize_source
 
-from tests.conftest import make_resources
-from tests.graph_runs import materialize_graph, materialize_source
 from zero_assets.ops.lineage import checkpoint_lineage, find_checkpoint, image_fate
 
 

@@ -24,10 +24,11 @@ from zero_assets.backends.sagemaker.code_package import upload_code_package
 from zero_assets.backends.sagemaker.job_params import build_job_params
 from zero_assets.backends.sagemaker.job_tags import LEASE_TAG
 from zero_assets.backends.sagemaker.runner import AwsClients, SageMakerJobRunner
+from zero_assets.backends.sagemaker.running_jobs import judge
 from zero_assets.backends.sagemaker.settings import JobCompute
 from zero_assets.core.job_request import JobRequest, job_name
 from zero_assets.core.settings import REPO_ROOT, ZeroSettings
-from zero_assets.defs.orphaned_jobs import judge, orphaned_jobs_sensor
+from zero_assets.defs.orphaned_jobs import orphaned_jobs_sensor
 from zero_assets.launch.output_lease import live_holder
 
 BUCKET = "zero-orphans"

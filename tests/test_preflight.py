@@ -10,12 +10,11 @@ from sagemaker_fake_preflight import FakeFsx, FakeIam, wandb_server
 from sagemaker_fakes import aws_env, fake_settings
 
 from training_code.lib.aws_clients import client as aws_client
-from zero_assets.backends.preflight import WandbLogin, local_wandb_login, wandb_key_finding, writable_prefix
+from zero_assets.backends.preflight import WandbLogin, failed, local_wandb_login, wandb_key_finding, writable_prefix
 from zero_assets.backends.sagemaker import preflight as sagemaker_preflight
 from zero_assets.backends.sagemaker.preflight import PreflightClients, association_finding, role_finding, role_needs
 from zero_assets.backends.sagemaker.runner import SageMakerJobRunner
 from zero_assets.core.settings import ZeroSettings
-from zero_assets.defs.campaign_preflight import failed, preflight
 
 ROLE = "arn:aws:iam::123456789012:role/zero-jobs"
 LAKE = "s3://zero-preflight/zero/lake"
@@ -129,7 +128,7 @@ def test_the_sagemaker_preflight_checks_prefixes_role_fsx_and_key_together(s3, m
     jobs = SageMakerJobRunner(settings=settings, aws=aws)
     with wandb_server(KEY) as server:
         monkeypatch.setenv("WANDB_API_KEY", KEY)  # never what a SageMaker job gets: it reads the secret
-        findings = preflight(jobs, settings, {"wandb_mode": "online", "wandb_base_url": server.url})
+        findings = jobs.preflight(settings, {"wandb_mode": "online", "wandb_base_url": server.url})
     by_check = {finding.check: finding for finding in findings}
     assert set(by_check) == {
         "trained_checkpoint checkpoints",

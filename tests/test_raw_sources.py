@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.local_s3 import LocalS3Server
+from local_s3 import LocalS3Server
+
 from zero_assets.defs.change_detection.raw_sources import list_sources, register_sources
 
 ZERO_ASSETS = Path(sys.executable).with_name("zero-assets")

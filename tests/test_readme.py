@@ -1,9 +1,10 @@
-"""The README is executable documentation: every shell block a user runs locally is run here, exactly as
-printed, in a fresh `bash -lc` from the root of a copy of the repo whose default raw root (`.zero/raw`)
-is the tiny demo. No Dagster or zero_assets variable is set: the defaults are what is tested.
+"""The README and the docs pages are executable documentation: every shell block a user runs locally is run
+here, exactly as printed, in a fresh `bash -lc` from the root of a copy of the repo whose default raw root
+(`.zero/raw`) is the tiny demo. No Dagster or zero_assets variable is set: the defaults are what is tested.
 
-Blocks run in README order against one copy: `setup` (make demo, make test), then the blocks that
-read what it wrote. `make test` in the copy runs one test file (PYTEST_ADDOPTS), not this suite again.
+Blocks run against one copy: `setup` (make demo, make test, the README's first block), then the blocks
+that read what it wrote, whichever page they are on. `make test` in the copy runs one test file
+(PYTEST_ADDOPTS), not this suite again.
 """
 
 import shutil
@@ -24,23 +25,27 @@ from readme_shell import (
     user_environment,
 )
 
-RUN_HERE = {"setup", "ui", "cli", "demo-data", "lineage"}  # README block names this module runs
+RUN_HERE = {"setup", "ui", "cli", "demo-data", "lineage"}  # block names (README, docs/) this module runs
 UI_START_LIMIT_S = 60  # the issue's promise: the UI answers within a minute
 DEMO_SOURCES = ("line_a_camera", "line_b_camera", "warehouse_scanner")  # the tiny demo's top-level folders
 EXTERNAL = ("raw_data",)  # observed, never materialized
-REHEARSAL = ("training_rehearsal",)  # in the graph, left out of make demo (README, "A training campaign")
+REHEARSAL = ("training_rehearsal", "tuned_hyperparameters")  # the campaign group, left out of make demo
 
 
 def test_every_shell_block_is_run_here_or_says_why_not():
+    """The README's blocks and every docs page's: each is marked, and the named ones are the ones run here."""
     blocks = shell_blocks()
-    unmarked = [b.line for b in blocks if b.marker is None]
+    pages = {b.page for b in blocks}
+    assert "README.md" in pages and any(page.startswith("docs/") for page in pages), (
+        f"the README's blocks and the docs pages' are read: {sorted(pages)}"
+    )
+    unmarked = [b.where for b in blocks if b.marker is None]
     assert not unmarked, (
-        f"README.md shell blocks at lines {unmarked} need `<!-- readme-test: NAME -->` "
-        "or `<!-- not run locally: WHY -->`"
+        f"shell blocks at {unmarked} need `<!-- readme-test: NAME -->` or `<!-- not run locally: WHY -->`"
     )
     named = [b.name for b in blocks if b.marker == "readme-test"]
     assert sorted(named) == sorted(RUN_HERE), (
-        f"README blocks {sorted(named)} vs blocks this test runs {sorted(RUN_HERE)}"
+        f"blocks marked readme-test {sorted(named)} vs blocks this test runs {sorted(RUN_HERE)}"
     )
     assert all(b.name for b in blocks if b.marker == "not run locally"), "say why a block is not run"
 
@@ -134,7 +139,7 @@ def _latest_in_ui(repo, log) -> dict:
     """The README's `dagster dev` in `repo` on a free port (Dagster's own variable for `-p`): once it answers,
     each asset's latest materialization as its GraphQL API lists it."""
     port = free_port()
-    server = BackgroundBlock(block("ui"), repo, log, DAGSTER_CLI_DEV_PORT=str(port))
+    server = BackgroundBlock(block("ui"), repo, log, DAGSTER_DG_DEV_PORT=str(port))
     try:
         server.wait_for_http(f"http://127.0.0.1:{port}/server_info", UI_START_LIMIT_S)
         return graphql_assets(f"http://127.0.0.1:{port}")
@@ -148,7 +153,7 @@ def test_ui_block_serves_the_demo_materializations(demo_repo, tmp_path):
     latest = _latest_in_ui(repo, tmp_path / "dagster-dev.log")
     assert set(latest) == set(ASSETS) | set(EXTERNAL) | set(REHEARSAL)
     assert all(latest[a] for a in ASSETS), f"every asset shows its latest materialization: {latest}"
-    assert not any(latest[a] for a in REHEARSAL), "make demo leaves the rehearsal out"
+    assert not any(latest[a] for a in REHEARSAL), "make demo leaves the rehearsal and the tuning out"
 
 
 @pytest.mark.slow

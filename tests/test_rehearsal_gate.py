@@ -15,6 +15,7 @@ from dagster import AssetCheckSeverity, AssetKey, DagsterEventType, instance_for
 from graph_runs import materialize_source, materialize_tail, sources_of
 
 from zero_assets.defs.assets import ALL_ASSETS, SOURCE_SPECS, TAIL_ASSETS, fsx_warm_state
+from zero_assets.defs.assets.tuning_record import TUNING_COMMAND
 from zero_assets.defs.rehearsal_gate import GATE_VARIABLE, REHEARSAL_COMMAND
 
 ALL = [*SOURCE_SPECS, *ALL_ASSETS]
@@ -98,15 +99,56 @@ def test_rehearsal_passed_blocks_a_training_without_a_rehearsal_and_passes_after
     scaled = run("trained_checkpoint", {**PRODUCTION, "max_steps": 4, "checkpoint_every": 2}, warm_graph)
     assert scaled.success and gate_check(scaled).passed, "steps and checkpoint_every are scale knobs"
 
-    changed = run("trained_checkpoint", {**PRODUCTION, "lr": 1e-3}, warm_graph)
+    changed = run("trained_checkpoint", {**PRODUCTION, "arch": "fcos_resnet50_fpn"}, warm_graph)
     assert not changed.success and not gate_check(changed).passed
-    assert "differs: config lr: 0.002 -> 0.001" in failure_message(changed), failure_message(changed)
+    message = failure_message(changed)
+    assert "differs: config arch: 'fcos_tiny' -> 'fcos_resnet50_fpn'" in message, message
+
+    swept = run("trained_checkpoint", {**PRODUCTION, "lr": 1e-3}, warm_graph)
+    assert swept.success and gate_check(swept).passed, "numbers are keyed by type: one rehearsal covers a sweep"
+
+
+@pytest.mark.slow
+def test_a_local_tuning_runs_its_trials_and_hands_the_best_to_training_under_one_rehearsal(warm_graph, monkeypatch):
+    monkeypatch.setenv(GATE_VARIABLE, "on")
+    untuned = run("trained_checkpoint", {**PRODUCTION, "use_tuning": True}, warm_graph)
+    assert not untuned.success and TUNING_COMMAND in failure_message(untuned), failure_message(untuned)
+    rehearsal = run("training_rehearsal", {"training": PRODUCTION, "steps": 4, "stop_after_steps": 2}, warm_graph)
+    assert rehearsal.success, failure_message(rehearsal)
+
+    sweep = {"low": 1e-4, "high": 3e-2, "scaling": "Logarithmic"}
+    search = {"training": PRODUCTION, "ranges": [{"name": "lr", **sweep}], "max_trials": 3, "seed": 1}
+    tuned = run("tuned_hyperparameters", search, warm_graph)
+    assert tuned.success, failure_message(tuned)
+    found = metadata(tuned, "tuned_hyperparameters")
+    record = json.loads((Path(str(found["dagster/uri"])) / "manifest.json").read_text())
+    trials = record["trials"]
+    assert len(trials) == 3 and found["trials"] == 3 and found["trials_failed"] == 0
+    assert len({t["hyperparameters"]["lr"] for t in trials}) == 3
+    assert all(sweep["low"] <= t["hyperparameters"]["lr"] <= sweep["high"] for t in trials)
+    assert all(t["status"] == "Completed" and t["objective"] > 0 for t in trials), trials
+    best = min(trials, key=lambda t: t["objective"])
+    assert found["best_objective"] == best["objective"]
+    assert found["best_hyperparameters"] == {"lr": best["hyperparameters"]["lr"]}
+
+    trained = run("trained_checkpoint", {**PRODUCTION, "use_tuning": True}, warm_graph)
+    assert trained.success and gate_check(trained).passed, failure_message(trained)
+    checkpoint = metadata(trained, "trained_checkpoint")
+    assert checkpoint["tuned_by_run"] == tuned.run_id and checkpoint["tuning_job"] == record["job"]
+    assert checkpoint["fingerprint_inputs"]["config"]["lr"] == best["hyperparameters"]["lr"]
+    assert "tuned_hyperparameters" in checkpoint["fingerprint_inputs"]["upstream"], "lineage names the tuning"
+
+    # A wider search of the same data and trainer starts from the first: its first three draws are not rerun.
+    wider = run("tuned_hyperparameters", {**search, "max_trials": 4}, warm_graph)
+    assert wider.success, failure_message(wider)
+    again = json.loads(Path(str(metadata(wider, "tuned_hyperparameters")["dagster/uri"]), "manifest.json").read_text())
+    assert sum(t["status"].startswith("reused from") for t in again["trials"]) == 3 and len(again["trials"]) == 4
 
 
 @pytest.mark.slow
 def test_where_the_gate_is_not_enforced_the_check_warns_and_training_runs(warm_graph, monkeypatch):
     monkeypatch.delenv(GATE_VARIABLE, raising=False)  # auto: the local backend does not enforce it
-    result = run("trained_checkpoint", {**PRODUCTION, "seed": 5}, warm_graph)
+    result = run("trained_checkpoint", {**PRODUCTION, "wandb_mode": "disabled"}, warm_graph)  # not rehearsed
     assert result.success, failure_message(result)
     check = gate_check(result)
     assert not check.passed and check.severity == AssetCheckSeverity.WARN

@@ -66,6 +66,7 @@ def test_every_rendered_request_is_valid(tmp_path, monkeypatch, profile, fsx, sp
         "training_set.CreateProcessingJob.json",
         "arrow_shards.CreateProcessingJob.json",
         "trained_checkpoint.CreateTrainingJob.json",
+        "tuned_hyperparameters.CreateHyperParameterTuningJob.json",
         "map_report.CreateProcessingJob.json",
     }
     if fsx:
@@ -150,6 +151,18 @@ def test_every_rendered_request_is_valid(tmp_path, monkeypatch, profile, fsx, sp
     for params in requests.values():
         for key, value in params.get("Environment", {}).items():
             assert len(value) <= (512 if "TrainingJobName" in params else 256), key
+    # The tuning wraps the training job's own definition: same image, channels and role; the tuned value is
+    # a range, not a static hyperparameter; the objective is a key of the trainer's JSON lines.
+    tuning = requests["tuned_hyperparameters.CreateHyperParameterTuningJob.json"]
+    trial = tuning["TrainingJobDefinition"]
+    assert len(tuning["HyperParameterTuningJobName"]) <= 32
+    assert trial["AlgorithmSpecification"]["TrainingImage"] == training["AlgorithmSpecification"]["TrainingImage"]
+    assert trial["InputDataConfig"] == training["InputDataConfig"] and trial["RoleArn"] == training["RoleArn"]
+    assert "lr" not in trial["StaticHyperParameters"] and "batch-size" in trial["StaticHyperParameters"]
+    assert tuning["HyperParameterTuningJobConfig"]["ParameterRanges"]["ContinuousParameterRanges"][0]["Name"] == "lr"
+    objective = tuning["HyperParameterTuningJobConfig"]["HyperParameterTuningJobObjective"]
+    assert objective == {"Type": "Minimize", "MetricName": "final_loss"}
+    assert not any(key.startswith("DAGSTER_PIPES") or key == "ZERO_JOB_NAME" for key in trial["Environment"])
 
 
 def test_missing_settings_are_named(tmp_path, monkeypatch, capsys):

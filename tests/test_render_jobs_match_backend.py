@@ -60,7 +60,8 @@ def _rendered(tmp_path, name: str, *options: str) -> dict[str, dict]:
     out = tmp_path / name
     assert main(["render-jobs", "--out", str(out), "--source", SOURCE, "--from-instance", *options]) == 0
     requests = [json.loads(path.read_text()) for path in sorted(out.glob("*Job.json"))]
-    return {params.get("ProcessingJobName") or params["TrainingJobName"]: params for params in requests}
+    names = ("ProcessingJobName", "TrainingJobName", "HyperParameterTuningJobName")
+    return {next(params[n] for n in names if n in params): params for params in requests}
 
 
 def _assert_sent_as_rendered(fake: FakeSageMaker, rendered: dict[str, dict], asset: str) -> list[str]:
@@ -86,7 +87,7 @@ def _backend_from(env: dict[str, str], moto_endpoint, tiny_raw_root, instance, t
     s3, logs = aws_client("s3", endpoint_url=moto_endpoint), aws_client("logs", endpoint_url=moto_endpoint)
     s3.create_bucket(Bucket=bucket)
     resources = resources_from_env()
-    # The documented defaults on this backend (README, "Running on SageMaker"), where the raw data is put.
+    # The documented defaults on this backend (docs/sagemaker.md), where the raw data is put.
     settings = resolved(resources["settings"])
     assert (settings.raw_uri, settings.lake_uri) == (f"s3://{bucket}/zero/raw", f"s3://{bucket}/zero/lake")
     publish_folder(tiny_raw_root, settings.raw_uri)

@@ -9,9 +9,9 @@ import json
 import pytest
 from dagster import AssetKey
 from graph_runs import materialize_source, materialize_tail
+from local_s3 import LocalS3Server
 from sagemaker_fakes import FakeSageMaker, fake_settings, moto_server
 
-from tests.local_s3 import LocalS3Server
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.detection_samples import iter_eval_samples, verified_split
 from training_code.lib.read_list import read_read_list

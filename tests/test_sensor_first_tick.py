@@ -4,10 +4,10 @@ root has now (edited since, or never indexed), not every source again (each a ca
 
 import shutil
 
+from conftest import make_resources
+from graph_runs import materialize_source
 from sensor_ticks import SensorDaemon
 
-from tests.conftest import make_resources
-from tests.graph_runs import materialize_source
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.raw_image_index import raw_image_index
 

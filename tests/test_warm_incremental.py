@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from dagster import AssetMaterialization, DagsterInstance, MetadataValue, materialize
+from shard_sets import image_row, kept, pack, write_manifest
 
-from tests.shard_sets import image_row, kept, pack, write_manifest
 from training_code.lib import warm_verdicts
 from training_code.lib.detection_samples import verified_split
 from training_code.lib.shard_format import verify_shard_file

@@ -1,12 +1,8 @@
-"""python -m training_code.evaluate --model DIR --shards DIR --out DIR [--split val] [--score-threshold 0.0]
+"""SageMaker Processing job script: score a trained checkpoint on a split of the shards with COCO box metrics.
 
-SageMaker Processing job script: run the trained model on a split of the shards, write COCO
-`predictions.json` and `ground_truth.json`, score them into `metrics.json` (mAP, mAP_50, mAP_75, by
-size, AR, per-class AP, the precision-recall curve), draw `pr_curve.png` and `sample_predictions.png`,
-and report through Dagster Pipes: the metrics, per-class AP as a table, and each picture as a thumbnail
-the Dagster UI draws in place (one per sample). By hand, score existing files:
-
-    python -m training_code.evaluate --predictions P.json --ground-truth G.json
+Writes `predictions.json`, `ground_truth.json`, `metrics.json`, `pr_curve.png`, `sample_predictions.png`
+and the output manifest last; reports through Dagster Pipes. Standalone, it scores existing files:
+`python -m training_code.evaluate --predictions P.json --ground-truth G.json`.
 """
 
 from __future__ import annotations
@@ -57,7 +53,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     graph.add_argument("--score-threshold", type=float, default=0.0, help="drop detections scoring below this")
     graph.add_argument("--batch-size", type=int, default=8)
     graph.add_argument("--threads", type=int, default=None, help="torch threads (default: all CPUs)")
-    # Unset W&B flags follow the checkpoint's training run (its training_summary.json): same project and group.
+    # Unset W&B flags follow the checkpoint's training run (same project and group).
     wandb_run.add_arguments(parser, follows_training=True)
     standalone = parser.add_argument_group("standalone mode (score existing COCO files)")
     standalone.add_argument("--predictions", type=Path, help="COCO results JSON (list of detections)")
@@ -237,8 +233,8 @@ def per_class_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def track(args: argparse.Namespace, metrics: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
-    """Log the metrics to a W&B run in the checkpoint's group, which uses the shard set and the model
-    (the artifact training logged, when it names one); what is recorded of it (see wandb_run.recorded)."""
+    """Log the metrics to a W&B run in the checkpoint's group, declaring the shard set and model it
+    used; return what is recorded of the run (see wandb_run.recorded)."""
     run = wandb_run.start(args, job_type="evaluation", config={"model_step": metrics["model_step"]})
     used: dict[str, str] = {}
     if run is not None:

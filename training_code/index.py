@@ -1,14 +1,8 @@
 r"""Index one source of the raw root into `index.parquet` and `manifest.json`, in bounded memory.
 
-    python -m training_code.index --raw URI --source NAME --out URI [--group-pattern REGEX] \
-        [--max-annotation-bytes 1073741824] [--inventory-manifest s3://.../manifest.json] [--sample-images N]
-
-A SageMaker Processing job script, for sources too large to index in the Dagster process. Lists
-`<raw>/<source>/` (a local folder, or an s3:// prefix paged through the API; with --inventory-manifest,
-that source's rows of an S3 Inventory report) without reading an image, streams the rows into
-`<out>/index.parquet` in record batches and writes `<out>/manifest.json` last (training_code/lib/raw_index.py).
---out is a local folder or an s3:// prefix; --raw is never downloaded. Reports the manifest's counts
-through Dagster Pipes, with the sha256 of the manifest's bytes as the data version.
+Processing job for sources too large to index in the Dagster process (lib/raw_index): lists
+`<raw>/<source>/` (or reads an S3 Inventory report) without reading an image; `--out` is a folder or
+s3:// prefix. Reports the manifest's counts, data version the sha256 of its bytes.
 """
 
 from __future__ import annotations

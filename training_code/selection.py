@@ -1,14 +1,8 @@
 r"""Select the training set: the policy, an SQL file, run by DuckDB over every chosen source's validated tables.
 
-    python -m training_code.selection --plan DIR --out DIR [--memory-limit-gb N] [--threads N]
-
-A SageMaker Processing job script. --plan is the folder the Dagster side wrote before launch
-(training_code/lib/selection: `plan.json` naming each chosen source's validated output by reference, the
-policy's settings and the user's tables; `policy.sql`). The tables are read by key, checked against their
-folders' manifests (fetched to the job's volume from S3, read in place locally); the engine's memory is
-bounded (three quarters of the instance's unless given) and it spills to the job's volume. Writes the
-training set to --out (training_code/lib/training_set), manifest last, and reports its counts, the split
-shares before and after the near-duplicate rule and a contact sheet of near-duplicates through Dagster Pipes.
+Processing job. `--plan` is the plan written before launch (lib/selection_plan: `plan.json`, `policy.sql`);
+writes the training set to `--out` (lib/training_set), manifest last, and reports counts, val shares and
+near-duplicate pictures through Dagster Pipes.
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
 r"""Pack the training set's selected rows into Arrow IPC shards, keeping an earlier set's shards by reference.
 
-    python -m training_code.shard --selection DIR --out DIR (--reads DIR | --raw-uri URI | --raw DIR) \
-        [--previous DIR --previous-name NAME] \
-        [--target-shard-bytes 1000000000] [--image-encoding original|resize] [--max-side 1024] \
-        [--jpeg-quality 90] [--compact-masked-share 0.25] [--merge-small-share 0.5] [--merge-rows-share 0.1] \
-        [--workers N] [--selection-uri URI] [--phase all|map|reduce --parts DIR]
-
-A SageMaker Processing job script. `--selection` is a training_set output (selection.parquet); the
-images are read from the raw root its keys are relative to (images of any number of sources): the one
-its read list names (`--reads`, lib/read_list: planned before launch, `planned_reads`, exactly the
-rows to pack), else `--raw-uri`; a local root is read in place, an S3 one is never downloaded whole:
-the rows to pack are fetched by key (lib/raw_fetch, IfMatch on the etag validation saw). `--raw DIR`
-is a local raw root given as a folder. Image bytes are packed as
-they are, or resized to --max-side and re-encoded (preprocessing, part of the config; augmentation
-happens at read time, never here). Each image's sha256 is checked while it is packed, so bytes that
-changed after validation fail the job. With --previous (the earlier arrow_shards output, only its
-manifest.json, rows.parquet and masked.parquet are read; NAME is its folder's name) its shards are
-kept by reference and only the rows in none of them are packed: see lib/shard_plan for the rules and
-lib/shard_format for the layout (zero-shards/4). The manifest is written last.
-
-On several instances the pack is two jobs (zero_assets/core/job_request.py `fan_out`): `--phase map` on
-every instance packs its part of the read list (every n-th row, by its place among the job's hosts), in
-pack order, into shards in `--out` (the set's own folder) and writes `part-<host>.json` (their entries
-and rows) to `--parts`; `--phase reduce` on one instance plans again, reads the parts' listings and
-writes masked.parquet, rows.parquet, the HF files and the manifest, last. No shard is moved.
+Processing job. `--selection` is a training_set output; images come from the raw root of `--reads`,
+`--raw-uri` or `--raw`, each checked against its validated sha256. With --previous only rows in no kept
+shard are packed (rules: lib/shard_plan; layout: lib/shard_format). The manifest is written last;
+--phase map/reduce splits the pack over hosts without moving a shard.
 """
 
 from __future__ import annotations
@@ -95,9 +75,8 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def planned_reads(inputs: Mapping[str, str], arguments: Mapping[str, Any]) -> ReadList:
-    """This job's read list for a request's `inputs` (the selection) and `arguments` (config, the raw
-    root as `raw_uri`, the earlier set as `previous`): the rows its plan packs. Tables only, never a
-    shard or an image: run before launch (spread_over)."""
+    """This job's read list for a request's `inputs` (the selection) and `arguments`: the rows its plan
+    packs. Tables only: runs before launch."""
     flags = [token for key, value in arguments.items() for token in (f"--{key.replace('_', '-')}", str(value))]
     args = get_args_parser().parse_args([*flags, "--selection", inputs["selection"], "--out", "-"])
     config = {"target_shard_bytes": args.target_shard_bytes, **_encoding(args).config()}
@@ -120,10 +99,9 @@ def build_shards(
     phase: str = "all",
     parts: Path | None = None,
 ) -> tuple[dict[str, Any], dict[str, int]]:
-    """Write the shard set, or a stage of it (`phase`: map packs this host's part of `reads` and writes
-    its listing to `parts`; reduce assembles the set from the listings there); returns the manifest
-    (a map stage: its listing) and what was kept, masked or packed. The images come from `reads`'s raw
-    root (fetched by key when it is on S3), else the local folder `raw`."""
+    """Write the shard set, or one stage of it (map: pack this host's part of `reads`, list it in
+    `parts`; reduce: assemble the set from those listings). Returns the manifest (map: its listing) and
+    the work counts. Images come from `reads`'s raw root, else the local folder `raw`."""
     config = {"target_shard_bytes": target_shard_bytes, **encoding.config()}
     if phase != "map":
         (out / MANIFEST).unlink(missing_ok=True)
@@ -183,8 +161,8 @@ def _pack(
     packing: tuple[int, Encoding, int],
     only: set[str],
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """Pack the plan's rows that are in `only` (this host's) into new shards of about `target` bytes
-    (`packing`: target, encoding, workers), in pack order; returns their entries and their rows."""
+    """Pack the plan's rows in `only` (this host's) into new shards in pack order (`packing`: target
+    bytes, encoding, workers); return their entries and rows."""
     target, encoding, workers = packing
     entries: list[dict[str, Any]] = []
     rows: list[dict[str, str]] = []
@@ -220,8 +198,7 @@ SHARD_SIZE_COLUMNS = {
 
 
 def shard_sizes(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows and bytes per shard, min/median/max per split and overall: the shard list itself can run to
-    thousands of entries, so the report summarises it and the manifest keeps it."""
+    """Rows and bytes per shard, min/median/max per split and overall (the manifest keeps the full list)."""
     groups = [(split, [e for e in entries if e["split"] == split]) for split in SPLITS] + [("all", entries)]
     summary = []
     for split, group in groups:

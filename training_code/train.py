@@ -1,9 +1,8 @@
-"""torchrun --standalone --nproc_per_node 2 -m training_code.train --max-steps 200 --batch-size 8
+"""SageMaker Training job script: train the detector on the Arrow shards in the `train` channel.
 
-SageMaker Training job script: train a detector on the shards in the `train` channel
-(`SM_CHANNEL_TRAIN`, split `train`), checkpoint to `ZERO_CHECKPOINT_DIR` and resume from there,
-write `SM_MODEL_DIR/model.pt` and `training_summary.json`, and report through Dagster Pipes.
-One process per device; every side effect happens on rank 0.
+Checkpoints to and resumes from `ZERO_CHECKPOINT_DIR`, writes `SM_MODEL_DIR/model.pt` and
+`training_summary.json`, reports through Dagster Pipes. One process per device; side effects on rank 0.
+Locally: `torchrun --standalone --nproc_per_node 2 -m training_code.train --max-steps 200 --batch-size 8`.
 """
 
 from __future__ import annotations
@@ -101,8 +100,8 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The hyperparameters this trainer reads; others are logged and left alone (README: every trainer
-    receives every config field, including fields added after it was written)."""
+    """Parse the hyperparameters this trainer reads; log and ignore the rest (every trainer receives
+    every config field, including ones added after it was written)."""
     parser = get_args_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
@@ -123,14 +122,13 @@ def warmup_cosine(warmup_steps: int, max_steps: int, final_fraction: float):
     return factor
 
 
-# Every training line goes to the job log (the step's captured stdout); the run's event log gets one at
-# most this often, and the last: days of training must not become one Dagster event per log line.
+# The job log gets every training line; the run's event log at most one this often, plus the last.
 PROGRESS_EVENT_EVERY_S = 60.0
 
 
 class ProgressReport:
-    """Each training line to the job log; to the run's event log (`send`, rank 0 under Dagster) at most
-    every `every_s` seconds, and the last line always."""
+    """Log each training line to the job log; send it to the run's event log (`send`) at most every
+    `every_s` seconds, and always the last line."""
 
     def __init__(
         self,
@@ -154,7 +152,7 @@ def train(
     args: argparse.Namespace, ctx: DistributedContext, pipes
 ) -> tuple[dict[str, Any], torch.nn.Module, dict[str, Any], Any]:
     """Run (or finish) training; return the summary, the unwrapped model, its config and the W&B run
-    (rank 0, when tracking), still open for the model artifact (a failure finishes it as failed)."""
+    (rank 0, when tracking), left open for the model artifact."""
     started = time.perf_counter()
     torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // ctx.local_world_size))
     manifest, shards = verified_split(
@@ -164,7 +162,7 @@ def train(
         args.arch, manifest["categories"], args.width, args.fpn_channels, args.min_size, args.max_size
     )
     torch.manual_seed(args.seed)  # identical initial weights on every rank
-    # channels_last: oneDNN convolutions run ~25% faster on CPU (measured here), and GPUs prefer it too.
+    # channels_last: faster convolutions on CPU (oneDNN) and on GPU.
     model_without_ddp = build_model(config).to(ctx.device, memory_format=torch.channels_last)
     optimizer = torch.optim.AdamW(model_without_ddp.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -270,14 +268,13 @@ def train(
             tracker.finish(exit_code=1)  # the run's state says the job failed; the next attempt resumes it
         raise
     finally:
-        # Stop the loader's workers now, not at interpreter exit: they ignore SIGTERM (see build_train_loader),
-        # and multiprocessing's exit hook stops children with SIGTERM and then waits for them.
+        # Stop the loader's workers now: they ignore SIGTERM (see build_train_loader), and at interpreter
+        # exit multiprocessing would SIGTERM them and wait.
         del batches
         stop.restore()
         gpu.stop()
     loop_seconds = time.perf_counter() - loop_started
     steps_run = step - start_step
-    # Per-rank throughput figures, averaged over ranks.
     data_wait_fractions, bad_samples = all_reduce_sum(
         torch.tensor([data_wait / max(loop_seconds, 1e-9), dataset.bad_samples.value], dtype=torch.float64)
     ).tolist()

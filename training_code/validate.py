@@ -1,49 +1,9 @@
 r"""Decide which raw images and labels are fit to train on, and report every one that is not.
 
-    python -m training_code.validate --index DIR --out DIR [--reads DIR] [--raw DIR] [--val-fraction 0.2] \
-        [--split-seed 0] [--max-quarantine-rate 0.5] [--min-side 8] \
-        [--allowed-formats JPEG,PNG,GIF,WEBP,BMP,TIFF,MPO] [--workers N] [--timeout-s 20] [--previous URI] \
-        [--max-image-bytes 134217728] [--max-pixels 1000000000] [--max-annotation-bytes 1073741824] \
-        [--phase all|map|reduce] [--decoded DIR]
-
-A SageMaker Processing job script. Reads `index.parquet` (one row per raw image) and the raw root it
-lists (read-only), decodes every image in isolated worker processes, checks each COCO box in the
-upright frame, drops exact duplicates and assigns train/val by group. Writes accepted, quarantine,
-duplicates, rejected_labels and unmatched tables, `categories.json`, the quarantine's contact sheet
-(`quarantine_contact_sheet.png`, when a quarantined image still decodes), then `manifest.json` last.
-Fails without a manifest when more images are quarantined than --max-quarantine-rate allows.
-With --previous (an earlier run's output, a folder or an s3:// URI read where it is: its manifest and
-verdicts table, never its other tables or contact sheet) only new or changed images are decoded: see
-verdict_cache.
-
-The raw root is the one the index lists: a local one is read in place, an S3 one is never downloaded
-whole: the job fetches by key exactly the images it decodes (lib/raw_reader.py, lib/raw_fetch.py). With
---reads (its read list, lib/read_list.py: planned before launch from the index and --previous, see
-lib/decode_plan.py) it reads nothing the list does not name, and fails, naming both, if it would need
-an image the list lacks (the list was planned for other decode settings).
-
-The raw root is untrusted: an unsafe key, a symlink out of the root or a file past the size limits
-costs that file one verdict (`unsafe_key`, `outside_root`, `too_large`) and is never read or decoded;
-a source whose annotations.json is missing or cannot be used fails before any decode, naming the
-file, unless --unlabelled-sources names it (lib/label_policy.py). An image with no entry in
-annotations.json is reported (unmatched table) and is no training image, unless its source is in
---unlabelled-are-negatives; an image listed with no annotations is a negative.
-
-What the job reads must be what the index listed (lib/indexed_raw.py): each image is checked against
-its index row and each annotations.json against what the index's manifest recorded, as they are read.
-A file that changed, appeared or vanished since the index fails the job ("the raw root changed since
-the index: rematerialize raw_image_index for SOURCE", naming the file) before anything is written. A
-file that cannot be read for no fault of its bytes (permissions, I/O errors) is quarantined
-`unreadable`, counted in `images_to_retry`, and the manifest's `retry_next_time` keeps the output
-from ever being a cache hit: the next run decodes exactly those again.
-
-On several instances the pass is two jobs (zero_assets/core/job_request.py `fan_out`): `--phase map` on
-every instance decodes this host's part of the read list (every n-th image, by its place among the
-job's hosts) and writes `verdicts-<host>.parquet`; `--phase reduce` on one instance reads them all from
---decoded and decides as the single-host pass does (reading the annotations and the contact sheet's
-few images itself), so both write the same manifest.
-
-This file is the command line and the report to Dagster; the phases are `lib/validation_pass.py`.
+Processing job (the pass itself: lib/validation_pass.py). Reads `index.parquet` and the raw root it lists;
+writes the accepted, quarantine, duplicates, rejected_labels and unmatched tables, `categories.json`, the
+contact sheet, then `manifest.json` last. Fails without a manifest past --max-quarantine-rate, or when a
+file changed since the index.
 """
 
 from __future__ import annotations
@@ -217,9 +177,8 @@ def contact_sheet_entries(thumbnails: list[Thumbnail]) -> dict[str, Any]:
 
 
 def planned_reads(inputs: Mapping[str, str], arguments: Mapping[str, Any]) -> ReadList:
-    """The read list of this job for a request's `inputs` (index) and `arguments` (config, previous):
-    the images it must decode, by the verdict cache's rule under the decode settings these arguments
-    give (parsed as the job parses them). Tables only: run before launch (job_request.spread_over)."""
+    """This job's read list for a request's `inputs` (index) and `arguments`: the images it must decode
+    under the decode settings those arguments give. Tables only: runs before launch."""
     flags = [token for key, value in arguments.items() for token in (f"--{key.replace('_', '-')}", str(value))]
     args = get_args_parser().parse_args([*flags, "--out", "-"])
     return images_to_decode(inputs["index"], args.previous, decode_settings(args))

@@ -1,29 +1,8 @@
-"""python -m training_code.warm --batch-files 64 [--training-set _training_sets/<key>]
-(SageMaker Training job; FSx for Lustre mounted as channel `shards`)
+"""SageMaker Training job: load a shard set from S3 into FSx for Lustre and prove each shard complete.
 
-Load a shard set's file contents from S3 into FSx for Lustre ahead of training and prove each shard
-is complete, doing so only for the shards not proven yet. With `--training-set`, the channel is the
-shard root and the set's manifest (zero-shards/4) is in that folder, its shards listed by paths
-relative to it, anywhere under the root. The file system already lists the files (the data
-repository association imported their metadata). A shard with a recorded verdict that holds
-(lib/warm_verdicts: `.verified/<name>.json` beside it, the file unchanged since it was verified) is
-neither restored nor read: one `stat` (and one `lfs hsm_state` for all of them). For the others, and
-for a proven one Lustre released since (its data dropped to free space: a restore rewrites it), `lfs
-hsm_restore` asks Lustre to fetch the contents of a batch of files in parallel, then each is verified
-against the manifest (size, sha256, rows), which also reads any file whose restore had not finished,
-and its verdict is recorded. Reports through
-Dagster Pipes: shards, rows, bytes, and what was verified and what reused.
-
-There is no temporary name to fetch to here, as the local warm has: on Lustre a shard's name exists
-before its bytes, and a restore fills the file in place with its lake object's bytes, exactly. So a
-shard that fails verification is damaged in the lake itself, or was written on the file system after
-its restore (`dirty`). The job then fails, naming every such shard and which of the two it is, and
-vouches for none of them. A clean one is released (`lfs hsm_release`): the file system keeps no loaded
-copy of bytes that did not verify, and any later read fetches the lake's object again (once the shard
-set is rebuilt there, the rebuilt bytes). It is not deleted: an import task brings back only objects
-changed in the lake since the last import, so a deleted name could stay missing. A dirty one cannot be
-released (Lustre will not drop changes the lake does not have): it is named, with the lake object to
-copy back over it.
+FSx is mounted as channel `shards`; with `--training-set` the set's manifest is in that folder of it.
+Shards with a holding verdict (lib/warm_verdicts) are not read again; the others are `lfs hsm_restore`d
+and verified (size, sha256, rows). Any damaged shard fails the job, naming each; reports through Pipes.
 """
 
 from __future__ import annotations
@@ -108,8 +87,9 @@ def verify_unproven(located: list[tuple[Path, dict]]) -> list[tuple[Path, ShardI
 
 
 def release_damaged(path: Path, lake_key: str) -> str:
-    """Drop the file system's copy of a damaged shard when it holds its lake object's bytes (see the
-    module docstring); returns what became of it, in words. `lake_key`: its object below the lake."""
+    """Drop the file system's copy of a damaged shard so a later read fetches the lake object again;
+    not deleted, since an import brings back only objects changed in the lake. A dirty one (written
+    after its restore) cannot be released. Returns what became of it, in words; `lake_key`: its object."""
     lfs = shutil.which("lfs")
     if not path.is_file():
         return "not on the file system: its metadata was not imported from the lake"
@@ -148,8 +128,7 @@ def main(args: argparse.Namespace) -> None:
         root = job_env.channel_dir("shards")
         manifest_bytes, located, beside = listed_shards(root, args.training_set)
         holds = [warm_verdicts.verdict_holds(path, entry) for path, entry in located]  # one stat each
-        # A proven shard Lustre released since (its data dropped for space) comes back by a restore, which
-        # rewrites the file: it is verified again with the unproven ones.
+        # A proven shard Lustre released since (dropped for space) is rewritten by its restore: verify it again.
         released = set(released_files([str(path) for (path, _), held in zip(located, holds) if held]))
         proven = [shard for shard, held in zip(located, holds) if held and str(shard[0]) not in released]
         pending = [shard for shard, held in zip(located, holds) if not held or str(shard[0]) in released]

@@ -1,10 +1,5 @@
-"""Housekeeping: `zero-assets gc` finds exactly the lake folders nothing refers to, deletes only with
---delete, keeps what a run in progress may own, and leaves every referenced output whole: an earlier
-arrow_shards folder while a kept manifest lists a shard in it, and on the warm mount the sets stored
-materializations name and the shards those list. Files written atomically honour the umask.
-
-The graph is materialized for real into an instance on disk; gc runs as the console script in a
-subprocess against that instance, as a user would run it.
+"""`zero-assets gc`, run as the console script against a real instance: it deletes only what nothing refers
+to and only with --delete, keeping what a run in progress may own and every referenced output whole.
 """
 
 import json
@@ -19,9 +14,9 @@ import pytest
 from conftest import make_resources
 from dagster import AssetKey, AssetMaterialization, DagsterInstance, DagsterRun, DagsterRunStatus, MetadataValue
 from graph_runs import materialize_source
+from local_s3 import LocalS3Server
+from shard_sets import image_row, kept, pack, write_manifest
 
-from tests.local_s3 import LocalS3Server
-from tests.shard_sets import image_row, kept, pack, write_manifest
 from training_code.lib.shard_format import verify_shard_file
 from training_code.lib.storage import delete_prefix
 from zero_assets.backends.local.runner import LocalJobRunner

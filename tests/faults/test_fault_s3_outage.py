@@ -1,12 +1,5 @@
-"""A flaky S3 endpoint: throttling, cut response bodies and a 20 s outage, from a fault proxy on
-loopback in front of a real S3-compatible server (SeaweedFS).
-
-- Throttling (503 SlowDown) and bodies cut mid-stream are retried transparently by the storage
-  layer, for reads, writes, uploads (multipart included), downloads and listings.
-- A 20 s outage that starts while a real run publishes its output is ridden out: the run succeeds
-  and its output is complete.
-- An outage longer than the retry window fails the run with an error naming the endpoint and the
-  object; nothing half-written is trusted, and the rerun completes with every file present.
+"""A flaky S3 endpoint (a fault proxy before SeaweedFS): throttling and cut bodies are retried, a 20 s
+outage during a run is ridden out, a longer one fails naming the endpoint, and the rerun completes.
 """
 
 from __future__ import annotations
@@ -23,8 +16,8 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey
 from graph_runs import materialize_source
+from local_s3 import LocalS3Server
 
-from tests.local_s3 import LocalS3Server
 from training_code.lib import storage
 from zero_assets.backends.local.runner import LocalJobRunner
 from zero_assets.core.output_marker import output_is_complete

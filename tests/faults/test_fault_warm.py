@@ -1,13 +1,5 @@
-"""A damaged shard is never left on the warm mount looking valid.
-
-Locally (`backends/local/warm_state.py`) a shard is fetched to a temporary name, verified, then
-renamed into the mount's flat `shards/` folder: a re-warm whose lake copy is damaged, or whose fetch
-fails (missing, truncated, a body cut mid-way on S3), leaves no damaged bytes under the shard's name, no
-verdict for it and no manifest vouching for the set; masked rows that differ from the manifest, and
-shard paths that leave the arrow_shards folder or do not carry their content, are refused. On FSx
-(`training_code/warm.py`, run here on a folder laid out as its channel, with `fake_lfs.py` standing in
-for Lustre's `lfs`) a shard that fails verification is released when it holds its lake object's bytes,
-named when it was written on the file system, and the job vouches for none of them.
+"""A damaged shard is never left on the warm mount looking valid: locally (fetched, verified, renamed)
+and on FSx (`training_code/warm.py` with `fake_lfs.py` for Lustre's `lfs`).
 """
 
 from __future__ import annotations
@@ -20,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from local_s3 import LocalS3Server
+from shard_sets import image_row, pack, write_manifest
 from test_fault_s3_outage import FaultProxy
 
-from tests.local_s3 import LocalS3Server
-from tests.shard_sets import image_row, pack, write_manifest
 from training_code.lib.aws_clients import AwsUnavailableError
 from training_code.lib.shard_format import ShardIntegrityError, verify_shard_file
 from zero_assets.backends.local.warm_state import warm_shard_set

@@ -1,10 +1,7 @@
 """Find and read each source's `annotations.json` under a raw root without leaving it.
 
-The validation pass reads them here (on one host, or in the reduce stage); the raw index counts one
-source's annotations per file here (`count_source_annotations`), recording the file's size, etag and
-the sha256 of the bytes it parsed. What the pass reads must be those bytes (see `indexed_raw`): a file
-that changed, appeared or vanished since the index is `RawRootChanged`, and the run fails. A file that
-cannot be used is an error naming the file, which fails its source's validation (`label_policy`).
+The index records each file's size, etag and sha256 (`count_source_annotations`); the validation pass
+must read those same bytes (`load_annotations`), else `RawRootChanged` fails the run.
 """
 
 from __future__ import annotations
@@ -23,13 +20,11 @@ from .storage import is_s3, join, key_problem, local_etag, s3_call, s3_client, s
 def load_annotations(
     raw: Path, sources: set[str], max_bytes: int, listed: ListedRoot
 ) -> tuple[dict[str, SourceAnnotations | None], dict[str, str]]:
-    """Each source's parsed COCO file, None for a source without a usable one; and for each source
-    whose file exists but cannot be used, the error naming it (`label_policy` fails such a source).
+    """Each source's parsed COCO file, None for a source without a usable one; and, per source whose
+    file exists but cannot be used, the error naming it (`label_policy` fails such a source).
 
-    Sources are those in the index (one source, for a per-source validation; another source's file
-    under `raw` is not this output's business). A source folder whose name is not a safe key is
-    skipped: its images are unsafe_key verdicts anyway. `raw` is the local raw root, or the job's
-    fetch of the S3 one (see `raw_reader`).
+    A source whose name is no safe key is skipped (its images are unsafe_key verdicts). `raw` is the
+    local raw root or the job's fetch of the S3 one.
     """
     parsed: dict[str, SourceAnnotations | None] = {}
     errors: dict[str, str] = {}
@@ -50,9 +45,8 @@ def load_annotations(
 
 def read_checked_annotations(raw: Path, source: str, max_bytes: int, listed: ListedRoot) -> bytes | None:
     """The bytes of `<raw>/<source>/annotations.json`, proven to be the file the index recorded; None
-    when there is none and the index saw none. `RawRootChanged` when it appeared, vanished or changed
-    since the index (or the index read it and now it cannot be read); Refused or OSError when it
-    cannot be used, as the index found too (the source loses its labels)."""
+    when neither has one. `RawRootChanged` when it appeared, vanished or changed since the index;
+    Refused or OSError when it cannot be used, as the index found too."""
     key = f"{source}/{ANNOTATIONS_FILE}"
     indexed = listed.annotation_file(source)
     if not os.path.lexists(raw / key):
@@ -102,8 +96,7 @@ class AnnotationCounts:
 
 def count_source_annotations(raw_uri: str, source: str, max_bytes: int) -> AnnotationCounts:
     """Parse `<raw_uri>/<source>/annotations.json` once, keeping only what counting needs. A file past
-    `max_bytes` is refused from its size before a byte of it is read; a local one is read only inside
-    the root. The counts dict grows with the source's annotated images (about 100-150 bytes each)."""
+    `max_bytes` is refused by its size before any byte is read; a local one is read only inside the root."""
     key = f"{source}/{ANNOTATIONS_FILE}"
     where = join(raw_uri, key)
     file, raw = (
@@ -135,8 +128,7 @@ def count_source_annotations(raw_uri: str, source: str, max_bytes: int) -> Annot
 
 def _read_local_annotations(raw: Path, key: str, max_bytes: int) -> tuple[IndexedFile | None, bytes | Refused | None]:
     """(what was read, its bytes): bytes None past `max_bytes`, a Refused for a file out of the root or
-    not regular; (None, None) when there is no file. Size and etag are the fstat of the file read, so
-    they describe exactly the bytes parsed."""
+    not regular; (None, None) when there is no file. Size and etag are the fstat of the file read."""
     if not os.path.lexists(raw / key):
         return None, None
     try:
@@ -153,8 +145,7 @@ def _read_local_annotations(raw: Path, key: str, max_bytes: int) -> tuple[Indexe
 
 
 def _read_s3_annotations(raw_uri: str, key: str, max_bytes: int) -> tuple[IndexedFile | None, bytes | None]:
-    """(size, ETag and sha256 of the bytes, bytes) from one GET: the body is not read past `max_bytes`
-    (bytes None)."""
+    """(size, ETag and sha256, bytes) from one GET; the body is not read past `max_bytes` (bytes None)."""
     from botocore.exceptions import ClientError
 
     bucket, prefix = split_s3(raw_uri)

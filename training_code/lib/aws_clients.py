@@ -1,22 +1,8 @@
 """One AWS client policy for every process: shared clients, botocore retries, bounded waits.
 
-Job scripts and the Dagster process both get their boto3 clients here (job scripts never import
-`zero_assets`). A client is created once per process for each service, region, endpoint and
-credentials, under a lock (boto3's default session is not thread-safe, its clients are), with
-botocore retries (`standard` for S3, `adaptive` for the rest), more attempts for the services a run
-waits on, and finite timeouts. S3 is `standard` because its clients are shared: `adaptive` keeps one
-client-side rate limiter per client, so a prefix that answers SlowDown would throttle every transfer
-thread of the process, on every prefix. The control-plane clients (SageMaker, Logs, FSx, SQS) call
-one API each, where slowing the whole client down is what a throttle asks for.
-
-botocore's retries cover a few seconds of throttling and connection errors, and nothing that goes
-wrong while a response body is being read. `retry_call` adds an outer, time-bounded retry for
-idempotent calls (whole-object GET, PUT, LIST, a download or upload that starts over): an S3
-outage shorter than the window is ridden out, a longer one ends in `AwsUnavailableError` naming
-the endpoint and the object.
-
-Knobs (environment): ZERO_AWS_RETRY_WINDOW_S (outer window, default 90), ZERO_AWS_MAX_ATTEMPTS
-(botocore attempts per call), ZERO_AWS_CONNECT_TIMEOUT_S (10), ZERO_AWS_READ_TIMEOUT_S (60).
+`client()` returns one boto3 client per process, service, region, endpoint and credentials; `retry_call`
+adds an outer time-bounded retry for idempotent calls, ending in `AwsUnavailableError`. Environment:
+ZERO_AWS_RETRY_WINDOW_S (90), ZERO_AWS_MAX_ATTEMPTS, ZERO_AWS_CONNECT_TIMEOUT_S (10), ZERO_AWS_READ_TIMEOUT_S (60).
 """
 
 from __future__ import annotations
@@ -37,7 +23,8 @@ T = TypeVar("T")
 # DescribeTrainingJob or GetLogEvents must not end the wait for a job that keeps running.
 SERVICE_ATTEMPTS = {"s3": 8, "sagemaker": 12, "logs": 12, "fsx": 10, "sqs": 8}
 DEFAULT_ATTEMPTS = 5
-# botocore's retry mode per service (the others get DEFAULT_RETRY_MODE); see the module docstring.
+# S3 uses `standard`: `adaptive` rate-limits per client, and the process shares one S3 client, so one
+# prefix's SlowDown would throttle every transfer. Control-plane clients call one API each.
 RETRY_MODES = {"s3": "standard"}
 DEFAULT_RETRY_MODE = "adaptive"
 S3_POOL = 32  # connections per S3 client: listing and transfer threads share one client

@@ -1,11 +1,8 @@
 """Training checkpoints: atomic writes every N steps, the newest K kept, and resuming from the latest.
 
-A checkpoint holds model, optimizer, scheduler, step, images seen, every rank's RNG state, the
-command-line arguments and the model config, so a restarted job continues where the last one stopped.
-One job writes a checkpoint folder at a time: rank 0 holds an exclusive POSIX record lock on it for the
-whole job (the kernel drops it when that process dies, however it dies), and a second writer fails at
-once. A record lock, not flock: DataLoader workers forked from rank 0 would inherit a flock and keep
-the folder locked after a kill -9 of rank 0 until the last of them exits; record locks are not inherited.
+A checkpoint holds model, optimizer, scheduler, step, images seen, every rank's RNG state, arguments and
+model config. Rank 0 holds a POSIX record lock on the folder for the whole job, so a second writer fails
+at once; not flock, which forked DataLoader workers would inherit and keep after rank 0 is killed.
 """
 
 from __future__ import annotations

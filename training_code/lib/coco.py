@@ -1,14 +1,8 @@
 """Read a source's COCO `annotations.json` and match it to the files listed under that source.
 
-The raw data contract: `<raw_root>/<source>/annotations.json`, `file_name` relative to the source
-folder, `categories[].name` the text the model grounds, `bbox` as COCO `[x, y, w, h]` in the stored
-pixel frame (before EXIF orientation).
-
-The file is untrusted. A file that cannot be used at all (too large, not JSON, nested too deeply,
-not a COCO object) is an `AnnotationError` naming the file and the field; the caller reports it and
-goes on with the other sources. A bad entry inside a usable file (not an object, an id that is not
-an integer, an unsafe file name, an annotation of an unknown image) is one row of `rejected`, keyed
-by the annotations file and naming the entry, and the rest of the file is used.
+Contract: `<raw_root>/<source>/annotations.json`, `file_name` relative to the source folder, `bbox` as
+COCO `[x, y, w, h]` in the stored frame (before EXIF orientation). An unusable file is an
+`AnnotationError`; a bad entry in a usable file is one `rejected` row and the rest is used.
 """
 
 from __future__ import annotations
@@ -22,17 +16,15 @@ from .labels import HugeInteger, annotation_id, is_int, short
 from .storage import key_problem
 
 ANNOTATIONS_FILE = "annotations.json"
-# Past this an annotations file is refused before it is parsed: json.loads holds about 8 times the
-# file in memory. COCO 2017's train annotations are 448 MB.
+# Past this an annotations file is refused before parsing: json.loads holds about 8 times the file.
 DEFAULT_MAX_ANNOTATION_BYTES = 1 << 30
-# What counting annotations per file needs; `parse_annotations(keep=INDEX_FIELDS)` drops the rest of
-# every object while parsing (segmentation polygons are most of a COCO file), so the tree stays small.
+# What counting annotations per file needs; parsing with keep=INDEX_FIELDS drops the rest of every object
+# (segmentation polygons are most of a COCO file).
 INDEX_FIELDS = frozenset({"images", "annotations", "categories", "id", "file_name", "image_id", "name"})
 SECTIONS = ("images", "annotations", "categories")
 # Integers longer than this are not parsed into Python ints (a 5,000-digit one raises in int()).
 MAX_INT_DIGITS = 100
-# Every digit as "0", so a run of more than MAX_INT_DIGITS digits is a plain substring search: 3 ms on
-# a 3 MB file where the regex `[0-9]{101}` took 39 ms (it restarts at every digit).
+# Every digit as "0", so finding a run past MAX_INT_DIGITS is a plain substring search (a regex is slow).
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"0" * 9)
 _LONG_RUN = b"0" * (MAX_INT_DIGITS + 1)
 
@@ -135,9 +127,8 @@ def load_document(
         )
     kept = frozenset(keep) if keep is not None else None
     hook = (lambda obj: {k: v for k, v in obj.items() if k in kept}) if kept is not None else None
-    # Python's own int parsing stays in the C scanner, 2.5x faster than a call per integer; it is
-    # enough when no run of digits is long enough to be a HugeInteger (in UTF-8, where a run of digits
-    # is a run of bytes).
+    # Python's own int parsing stays in the fast C scanner; it is enough when no run of digits could be
+    # a HugeInteger (checked on the bytes, so only for UTF-8).
     long_digits = json.detect_encoding(raw) != "utf-8" or _LONG_RUN in raw.translate(_DIGITS_AS_ZERO)
     try:
         document = json.loads(raw, object_hook=hook, parse_int=_parse_int if long_digits else None)

@@ -1,13 +1,8 @@
 """The quarantine's contact sheet: thumbnails of quarantined images that still decode, each with its reason.
 
-Quarantined files are hostile by definition, so they are drawn under the validator's own guards: only
-files whose reason says the decoder finished on them (`DRAWABLE_REASONS`; never too_large, bomb,
-timeout, crash, an unsafe key or a link out of the root), located and read through `raw_files` (never
-out of the raw root, never past the byte limit), the bytes checked against the sha256 the quarantine
-recorded, the header against the pixel limit and Pillow's bomb limit, decoded reduced (`thumbnail`
-uses JPEG draft and `reduce`) in the isolated worker pool with the validator's time limit. A file that
-fails any of it is left out. At most `MAX_ATTEMPTS` files are tried and `MAX_THUMBNAILS` shown, the
-first by key, so the sheet is the same on one host or several.
+Quarantined files are hostile, so they are drawn under the validator's guards: only `DRAWABLE_REASONS`,
+read through `raw_files`, sha256-checked, pixel-limited, decoded reduced in the isolated pool. At most
+`MAX_ATTEMPTS` tried and `MAX_THUMBNAILS` shown, first by key, so any host count gives the same sheet.
 """
 
 from __future__ import annotations
@@ -25,9 +20,8 @@ from .hashing import sha256_bytes
 from .isolated_pool import IsolatedPool, WorkerLost
 from .raw_files import Refused, locate, read_limited
 
-# The checks that quarantined these ran after a full decode (too_small, exif), failed on a check the
-# pixels do not depend on (a chunk CRC), or were stricter than Pillow (corrupt_data: Pillow decodes the
-# damaged JPEG, to the garbage worth seeing); decode_error covers odd files Pillow may still draw.
+# Reasons where the decoder finished on the file or was stricter than Pillow (corrupt_data shows the
+# garbage worth seeing); decode_error covers odd files Pillow may still draw.
 DRAWABLE_REASONS = ("checksum", "corrupt_data", "decode_error", "exif", "too_small")
 MAX_THUMBNAILS = 8
 MAX_ATTEMPTS = 4 * MAX_THUMBNAILS

@@ -1,11 +1,8 @@
 """Which images a validation run must decode, worked out from tables alone: its read list.
 
-The rule is the verdict cache's (`verdict_cache`): an image of the index is decoded unless the previous
-output holds a reusable verdict for its (key, etag, listed size), reached under the same decode settings
-(validator, Pillow and simplejpeg versions, limits). Keys that are not safe are left out: they get
-their verdict without any read. Columns only (pyarrow joins, no row of Python objects), so it costs a
-read of one source's index and previous verdicts, never an image: the Dagster side runs it before
-launch to size the job and write its read list, and the job checks it needs no image the list lacks.
+The verdict cache's rule: an image is decoded unless the previous output has a reusable verdict for its
+(key, etag, listed size) under the same decode settings; unsafe keys are left out. Runs before launch
+on the index and previous verdicts only, never an image.
 """
 
 from __future__ import annotations

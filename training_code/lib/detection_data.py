@@ -1,8 +1,7 @@
 """The training stream of detection samples (see detection_samples): endless, deterministically mixed, augmented.
 
-Each rank reads its own row ranges of many shards each epoch, several open at once, so a rank's batch
-mixes sources and groups (see read_order); the rank's DataLoader workers deal its stream by stride.
-Augmentation happens here, at read time, never in the shards.
+Each rank reads its own row ranges of many shards per epoch (see read_order); its DataLoader workers
+deal the rank's stream by stride. Augmentation happens here, at read time, never in the shards.
 """
 
 from __future__ import annotations
@@ -40,16 +39,14 @@ class TooManyBadSamplesError(RuntimeError):
 
 
 def augment(picture: Image.Image, target: dict[str, torch.Tensor], settings: Augmentation, draws: random.Random):
-    """Flip picture + `tv_tensors.BoundingBoxes` with torchvision v2, and draw this sample's photometric
-    factors, from a per-sample generator so a sample is augmented the same way whichever rank or worker reads it.
+    """Flip picture and boxes, and draw the sample's photometric factors into `target["photometric"]`,
+    from a per-sample generator so any rank or worker augments a sample alike.
 
-    The factors travel in `target["photometric"]` and `apply_photometric` applies them where the batch
-    becomes float on the training device: brightness and contrast on a uint8 image here cost more than
-    the JPEG decode (measured: 2.4 ms vs 2.0 ms a sample on one core), a starved-GPU loader's worst trade.
-    No saturation or hue jitter: colour is a class cue for parts (brass washers, blue bolts)."""
+    `apply_photometric` applies the factors later, on the float batch on the training device, where it
+    is cheaper. No saturation or hue jitter: colour is a class cue for parts."""
     flip, brightness, contrast = draws.random(), draws.random(), draws.random()
     if flip < settings.hflip_prob:
-        # No clamping: validation rejected boxes outside the image before sharding, and a flip keeps them inside.
+        # No clamping: validation rejected boxes outside the image, and a flip keeps them inside.
         boxes = tv_tensors.BoundingBoxes(target["boxes"], format="XYXY", canvas_size=(picture.height, picture.width))
         picture = F.horizontal_flip(picture)
         target = {**target, "boxes": F.horizontal_flip(boxes).as_subclass(torch.Tensor)}
@@ -61,8 +58,8 @@ def augment(picture: Image.Image, target: dict[str, torch.Tensor], settings: Aug
 
 
 def apply_photometric(images: list[torch.Tensor], targets: list[dict[str, Any]]) -> list[torch.Tensor]:
-    """Brightness, then contrast (torchvision v2 on float images in [0, 1]) with the factors `augment`
-    drew for each sample; takes the factors out of the targets, which the model must not see."""
+    """Apply each sample's brightness then contrast factors (from `augment`) to float images in [0, 1];
+    pops the factors from the targets, which the model must not see."""
     adjusted = []
     for image, target in zip(images, targets):
         factors = target.pop("photometric", None)  # absent when the stream does not augment
@@ -76,10 +73,9 @@ def apply_photometric(images: list[torch.Tensor], targets: list[dict[str, Any]])
 class ShardDetectionStream(IterableDataset):
     """Endless training stream of this rank over epochs 0, 1, ...; each DataLoader worker takes every n-th sample of it.
 
-    Endless so every rank always has a next batch: `--max-steps` alone decides when training stops,
-    and DDP ranks never disagree on the number of steps. `resume_batches` skips, without decoding,
-    what each worker already delivered before a checkpoint, so a resumed job sees the same batches.
-    Each worker keeps the shards of the rank's `open_shards` lanes open (memory-mapped) at once.
+    Endless so `--max-steps` alone decides when training stops and DDP ranks agree on the step count.
+    `resume_batches` skips, without decoding, what each worker delivered before a checkpoint, so a
+    resumed job sees the same batches. Each worker keeps the rank's `open_shards` lanes memory-mapped.
     """
 
     def __init__(
@@ -100,8 +96,7 @@ class ShardDetectionStream(IterableDataset):
         self.shards, self.rank, self.world_size, self.seed = shards, rank, world_size, seed
         self.batch_size, self.augmentation, self.shuffle_buffer = batch_size, augmentation, shuffle_buffer
         self.open_shards, self.max_bad_samples, self.resume_batches = open_shards, max_bad_samples, resume_batches
-        # Shared with this rank's DataLoader workers (inherited when they start), so the bound holds per
-        # rank whatever the worker count, and the trainer can report how many samples were skipped.
+        # Shared with this rank's DataLoader workers, so the bound holds per rank and the trainer can report it.
         self.bad_samples = multiprocessing.Value("i", 0)
         if sum(s.rows for s in shards) < world_size:
             raise ValueError(
@@ -129,13 +124,13 @@ class ShardDetectionStream(IterableDataset):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
         info = get_worker_info()
         workers = info.num_workers if info else 1
-        # DataLoader takes batches from workers round-robin starting at worker 0, so after `resume_batches`
-        # the next batch is due from worker `resume_batches % workers`: rotate roles to continue that order.
+        # DataLoader takes batches from workers round-robin from worker 0: rotate roles so a resumed
+        # stream continues that order.
         worker = ((info.id if info else 0) + self.resume_batches) % workers
         done_batches = self.resume_batches // workers + (1 if worker < self.resume_batches % workers else 0)
         to_skip = done_batches * self.batch_size
-        # Opened lazily in the reading process (mapped, not pickled); the least recently read is closed
-        # past twice the lanes, which leaves room for rows of a finished shard still in the shuffle buffer.
+        # Opened lazily in the reading process (mapped, not pickled); room for twice the lanes, since the
+        # shuffle buffer can still hold rows of a finished shard.
         tables: OrderedDict[int, ShardRows] = OrderedDict()
         current_epoch, mine_this_epoch = 0, 0
         for epoch, position, shard, row in self.rank_order():
@@ -185,13 +180,9 @@ class ShardDetectionStream(IterableDataset):
 def collate_detection(
     batch: list[tuple[torch.Tensor, dict[str, Any]]],
 ) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
-    """Images and targets as lists (detection targets have a different box count per image), shaped for
-    the trip from a DataLoader worker to the training process.
-
-    That trip costs per tensor, not per byte: each storage is a shared-memory file to create, register
-    and map, and each tensor a rebuild (measured: 1.2 ms a batch of 8 for three target fields as
-    tensors, about a twentieth of the decode). So the images travel in one shared buffer per batch and
-    the targets' few numbers as plain lists; `targets_on` makes them tensors on the training device."""
+    """Images and targets as lists (box counts differ per image), shaped for the trip from a DataLoader
+    worker: that costs per tensor, so the images share one buffer and the targets travel as plain lists.
+    `targets_on` makes them tensors on the training device."""
     images, targets = zip(*batch)
     lists = [
         {name: value.tolist() if isinstance(value, torch.Tensor) else value for name, value in target.items()}
@@ -201,10 +192,8 @@ def collate_detection(
 
 
 def _in_one_buffer(images: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The CHW uint8 images as views of one buffer, each laid out as `pil_to_tensor` returns it (a
-    channels-first view of HWC memory, so such an image is flattened without a copy). In a worker the
-    buffer is allocated in shared memory up front, as PyTorch's default collate does, so sending it
-    copies nothing more."""
+    """The CHW uint8 images as views of one buffer, laid out as `pil_to_tensor` returns them (channels-first
+    views of HWC memory). In a worker the buffer is allocated in shared memory, as default collate does."""
     flat = [image.permute(1, 2, 0).reshape(-1) for image in images]
     sizes = [part.numel() for part in flat]
     out = None
@@ -229,8 +218,8 @@ def targets_on(targets: list[dict[str, Any]], device: torch.device) -> list[dict
 
 
 def _ignore_sigterm(worker_id: int) -> None:
-    """SIGTERM reaches every process of the job (SageMaker stop, torchrun teardown): the training process
-    turns it into a checkpoint, which needs its workers alive; they exit when that process closes the loader."""
+    """Ignore SIGTERM in a worker: the training process turns SIGTERM into a checkpoint, which needs its
+    workers alive; they exit when it closes the loader."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 

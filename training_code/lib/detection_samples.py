@@ -1,6 +1,5 @@
-"""Detection samples from verified Arrow shards: the split's shards checked against their shard-set
-manifest (masked rows skipped), a stored row decoded into an upright picture and its boxes, and the
-ordered evaluation pass.
+"""Detection samples from verified Arrow shards: a split's shards checked against their manifest, a stored
+row decoded into an upright picture and its boxes, and the ordered evaluation pass.
 
 The training stream that mixes and augments these samples is `detection_data`.
 """
@@ -20,8 +19,7 @@ from torchvision.transforms.v2 import functional as F
 
 from . import shard_format
 
-# What a corrupt image can raise from PIL: truncated data (OSError), unknown format
-# (UnidentifiedImageError is an OSError), broken PNG chunks (SyntaxError), oversized images.
+# What a corrupt image can raise from PIL (UnidentifiedImageError is an OSError).
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 _LABEL_COLUMNS = ["width", "height", "boxes", "category_ids", "key"]
 
@@ -30,10 +28,9 @@ _LABEL_COLUMNS = ["width", "height", "boxes", "category_ids", "key"]
 class ShardRef:
     path: Path
     rows: int  # the rows stored in it, masked ones included
-    # Keys of its rows the manifest masks (no longer selected): read order counts them, samples skip them.
+    # Keys of its rows the manifest masks: read order counts them, samples skip them.
     masked: frozenset[str] = field(default=frozenset(), compare=False)
-    # The source of more than half its rows, "" when none is (a mixed shard, as the packer's are): the
-    # read order deals each source's rows to every rank and gives it lanes of its own (see read_order).
+    # The source of more than half its rows, "" when none is: read_order gives such a source lanes of its own.
     source: str = field(default="", compare=False)
 
     @property
@@ -48,16 +45,12 @@ class BadSampleError(ValueError):
 def verified_split(
     folder: Path, split: str, rank: int = 0, world_size: int = 1, training_set_dir: str | None = None
 ) -> tuple[dict[str, Any], list[ShardRef]]:
-    """The shard-set manifest (zero-shards/4) and the split's shards, after checking them against it.
+    """The shard-set manifest (zero-shards/4) and the split's shards, checked against it.
 
-    Shards are found by their `path`, relative to the manifest's folder, and may lie in other folders
-    (an earlier set's, the warm mount's shared one) but never outside the root: with
-    `training_set_dir` (the manifest's folder inside `folder`, as on SageMaker, where the channel holds
-    the shards and the set) the channel `folder`; else two folders above the manifest's (the lake, for
-    `<lake>/arrow_shards/<fp16>`; the mount, for a warm `<mount>/sets/<key>`). Each shard carries the
-    keys the manifest masks; the vocabulary is the manifest's `categories`. Every rank checks sizes and
-    row counts (cheap); the sha256 pass is divided among ranks by stride so each shard is hashed once
-    per job. Any mismatch raises `ShardIntegrityError` and ends the job.
+    Shard paths may leave the manifest's folder but never the root: the channel `folder` with
+    `training_set_dir` (the manifest's folder inside it, as on SageMaker), else two folders above the
+    manifest's. Every rank checks sizes and rows; the sha256 checks are divided among ranks by stride.
+    Any mismatch raises `ShardIntegrityError`.
     """
     root = Path(folder)
     if training_set_dir is not None:
@@ -83,18 +76,15 @@ def verified_split(
 
 
 def shard_source(path: Path) -> str:
-    """The source of more than half the shard's rows, else "". Read from the shard's small `source`
-    column, as every rank opens every shard to check it: a shard packed of one source (one refresh's new
-    images, a small lake's) then reaches every rank in row ranges instead of one rank whole."""
+    """The source of more than half the shard's rows, else "", from its small `source` column."""
     counts = pc.value_counts(shard_format.open_shard(path).column("source")).to_pylist()
     top = max(counts, key=lambda entry: entry["counts"], default=None)
     return top["values"] if top and 2 * top["counts"] > sum(entry["counts"] for entry in counts) else ""
 
 
 class ShardRows:
-    """One memory-mapped shard: image bytes read per row from the map, the small label columns read
-    into Python a chunk of rows at a time, when first needed (per-row Arrow scalar access cost a tenth of
-    a JPEG decode; a rank reading one row range of the shard converts only that range's chunks)."""
+    """One memory-mapped shard: image bytes read per row from the map, the label columns converted to
+    Python a chunk of rows at a time when first needed (per-row Arrow scalar access is slow)."""
 
     CHUNK_ROWS = 256
 
@@ -125,10 +115,8 @@ def decode_sample(
 ) -> tuple[Image.Image, dict[str, torch.Tensor], str]:
     """One row as (upright RGB picture, {"boxes" [N,4] float32 xyxy, "labels" [N] int64}, key).
 
-    The picture stays a PIL image so a flip happens in Pillow before the one copy into a tensor: flipping
-    the channels-first view that `pil_to_tensor` returns is a strided copy that cost a tenth of the decode.
-    Boxes with a side under `min_box_side` are dropped (training passes 1, what SanitizeBoundingBoxes
-    keeps; a flip keeps box sizes, so this is decided before augmentation); evaluation keeps every box.
+    The picture stays a PIL image so a flip is cheap before the one copy into a tensor. Boxes with a side
+    under `min_box_side` are dropped (training passes 1, as SanitizeBoundingBoxes would; evaluation 0).
     """
     record = rows.record(row)
     try:
@@ -162,8 +150,8 @@ class EvalSample:
 
 
 def iter_eval_samples(shards: list[ShardRef]) -> Iterator[EvalSample]:
-    """Every sample in shard order, unaugmented. A sample that cannot be decoded fails the evaluation:
-    scoring on a silently smaller set would not be comparable between checkpoints."""
+    """Every sample in shard order, unaugmented. An undecodable sample fails the evaluation: scores on a
+    silently smaller set would not compare between checkpoints."""
     for shard in shards:
         table = ShardRows(shard.path)
         for row in range(table.table.num_rows):

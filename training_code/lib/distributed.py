@@ -90,9 +90,8 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 def die_with_launcher() -> None:
     """Under torchrun, let the kernel kill this worker when the launcher dies.
 
-    torchrun starts workers in their own sessions, so a launcher killed with SIGKILL (OOM killer, a
-    lost Dagster run, kill -9) leaves them training on as orphans that keep writing checkpoints while
-    a retry resumes from the same folder. A lost launcher is a lost job: the retry resumes instead.
+    torchrun starts workers in their own sessions, so a launcher killed with SIGKILL would leave them
+    training as orphans, writing checkpoints into the folder a retry resumes from.
     """
     if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return

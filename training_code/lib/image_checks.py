@@ -1,13 +1,8 @@
 """The per-image verdict: can these bytes be decoded safely into an upright picture we allow?
 
-Runs inside the isolated decode workers (`isolated_pool`), one file at a time. Every failure maps to
-one reason code of `tables.REASONS`, with the exception text kept for the quarantine table.
-
-A JPEG goes through a strict libjpeg-turbo decode, reduced (`jpeg_strict`): it catches the
-mid-stream damage Pillow lets through (`corrupt_data`) and costs about half of Pillow's full-size
-decode. What that decoder does not accept for any other reason (a truncation, a variant it cannot
-decode, a hard error) goes through Pillow's passes exactly like every other format, so those
-verdicts and their texts are Pillow's as before.
+Runs in the isolated decode workers (`isolated_pool`), one file at a time. Every failure maps to one
+reason code of `tables.REASONS`, with the exception text kept for the quarantine table. A JPEG gets a
+strict libjpeg-turbo decode first (`corrupt_data`); anything it refuses otherwise goes through Pillow.
 """
 
 from __future__ import annotations
@@ -30,10 +25,8 @@ from .perceptual_hash import hashes_of, hashes_of_pixels
 from .raw_files import Refused, read_limited
 
 DEFAULT_ALLOWED_FORMATS = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF", "MPO")
-# The operator's limits, decided before a byte is decoded (file size from fstat, pixels from the
-# header): past either, `too_large`. Beneath them Pillow's own decompression-bomb guard stays as it
-# is (Image.MAX_IMAGE_PIXELS, 89.5 M pixels, its warning made an error: `bomb`), so a worker holds at
-# most about max bytes + 4 x 89.5 M bytes of one image. Lower --max-pixels to be stricter than Pillow.
+# Checked before decoding (size from fstat, pixels from the header): past either, `too_large`.
+# Pillow's own bomb guard (MAX_IMAGE_PIXELS, its warning made an error: `bomb`) still applies beneath.
 DEFAULT_MAX_IMAGE_BYTES = 128 << 20
 DEFAULT_MAX_PIXELS = 1_000_000_000
 ORIENTATION_TAG = 0x0112
@@ -41,16 +34,13 @@ _T = TypeVar("_T")
 _ORIENTATIONS = frozenset(range(1, 9))
 _SWAPS_SIDES = frozenset(range(5, 9))  # transpose, rotate 270, transverse, rotate 90
 _TURNS = frozenset(range(2, 9))  # the tags exif_transpose acts on (it looks them up in a dict, so 6.0 acts too)
-# The formats whose first frame is a plain JPEG stream, and the modes Pillow gives such a stream that
-# libjpeg-turbo decodes too (L: grayscale, RGB: YCbCr or RGB, CMYK: CMYK or YCCK).
+# Formats whose first frame is a plain JPEG stream, and the Pillow modes libjpeg-turbo decodes too.
 _STRICT_FORMATS = frozenset({"JPEG", "MPO"})
 _STRICT_MODES = frozenset({"L", "RGB", "CMYK"})
-# The modes whose grey libjpeg-turbo decodes itself (a grey stream, the Y of YCbCr, or BT.601 of an RGB
-# stream), which is the grey the perceptual hash takes; a CMYK picture's goes through RGB.
+# Modes whose grey libjpeg-turbo gives directly, the grey the perceptual hash takes (CMYK goes via RGB).
 _LUMA_MODES = frozenset({"L", "RGB"})
 
-# Pillow reports problems through exception text only (SyntaxError and OSError cover both corrupt and
-# unsupported files), so the message decides; each pattern below is copied from Pillow's own raises.
+# Pillow tells corrupt from unsupported only in exception text; these patterns copy its own raises.
 _BOMB = re.compile(r"decompressed data too large|too much memory used in text chunks", re.I)
 _TRUNCATED = re.compile(r"truncated|incomplete checksum|unexpected end|premature end", re.I)
 _CHECKSUM = re.compile(r"bad header checksum|crc", re.I)
@@ -69,9 +59,7 @@ _PRIORITY = ("bomb", "truncated", "checksum", "unsupported", "unidentified", "de
 
 class ImageVerdict(NamedTuple):
     """What the validation pass learned about one file; `reason` is None when the image is usable.
-
-    A named tuple, a value: a pass makes one per image in its workers, pickles it back, and rebuilds
-    the earlier ones from the verdicts table, which a frozen dataclass made three times as slow."""
+    A named tuple because one is pickled per image and rebuilt from the verdicts table."""
 
     sha256: str | None
     size: int
@@ -105,16 +93,14 @@ def check_image_file(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     listed_etag: str | None = None,
 ) -> ImageVerdict:
-    """Read `path` (read-only; located by `raw_files.locate`) and judge its bytes. A file that cannot
-    or may not be read is a `read` verdict, never a crash, and a file past `max_bytes` is not read.
-    `listed_etag`: see `raw_files.read_limited` (a file that is not the one listed: reason raw_changed)."""
+    """Read `path` read-only and judge its bytes. A file that cannot or may not be read (past `max_bytes`,
+    or not the `listed_etag` one: `raw_changed`) is a `read` verdict, never a crash."""
     try:
         data = read_limited(path, max_bytes, listed_etag)
     except Refused as refused:
         return ImageVerdict.unread(refused.reason, refused.detail)
     except OSError as error:
-        # strerror, not the message: the key column names the file, and the text stays free of the
-        # machine's raw-root path so the table is the same wherever the job ran.
+        # strerror, not the message: keeps the machine's raw-root path out, so tables match across hosts.
         text = f"{type(error).__name__}: {error.strerror or error}"
         return ImageVerdict.unread("unreadable", text)
     return check_image_bytes(data, allowed_formats, min_side, max_pixels)
@@ -132,11 +118,8 @@ def check_image_bytes(
 
 
 def _bomb_warning_is_an_error(function: Callable[..., _T]) -> Callable[..., _T]:
-    """Run `function` with Pillow's DecompressionBombWarning (a picture past MAX_IMAGE_PIXELS, short of
-    twice that) raised as an error, so such a file is quarantined `bomb`, never decoded. For the steps
-    where Pillow checks that limit: its passes and the plugins `_diagnose_unidentified` reruns. The
-    header is read with no limit and the strict JPEG pass decodes in libjpeg-turbo, so the common path
-    skips this: setting the filter up and back costs ~10 us, about 3% of a small JPEG's verdict."""
+    """Run `function` with Pillow's DecompressionBombWarning raised as an error, so such a file is
+    quarantined `bomb`, never decoded. Only for the steps where Pillow checks that limit."""
 
     @wraps(function)
     def with_bomb_errors(*args: Any, **kwargs: Any) -> _T:
@@ -149,8 +132,8 @@ def _bomb_warning_is_an_error(function: Callable[..., _T]) -> Callable[..., _T]:
 
 @contextmanager
 def _pixel_limit(limit: int | None) -> Iterator[None]:
-    """Pillow's decompression-bomb limit for the duration (a module global: one decode per worker).
-    Lifted only to read a header, so a size past --max-pixels is reported as such."""
+    """Set Pillow's decompression-bomb limit (a module global) for the duration. Lifted only to read
+    a header, so a size past --max-pixels is reported as `too_large`."""
     saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, limit
     try:
         yield
@@ -162,8 +145,7 @@ def _judge(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side:
     def quarantine(reason: str, error: str) -> ImageVerdict:
         return ImageVerdict(sha256=digest, size=len(data), reason=reason, stage="decode", error=error)
 
-    # Pass 0: the header alone (Image.open decodes no pixels). The content decides the format, and a
-    # format we do not allow, or a size past the limit, is never handed to a decoder.
+    # Pass 0: the header alone, so a format not allowed or a size past the limit never reaches a decoder.
     try:
         with _pixel_limit(None), Image.open(io.BytesIO(data)) as image:
             header_format, (width, height) = image.format, image.size
@@ -188,9 +170,8 @@ def _judge(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side:
 
 
 def _strict_jpeg(data: bytes, digest: str, min_side: int, quarantine, header: Image.Image) -> ImageVerdict | None:
-    """The JPEG pass: Pillow has read the header (`header`: mode, EXIF; opened once, its pixels never
-    loaded), libjpeg-turbo decodes the pixels reduced with warnings as errors. None hands the
-    file to Pillow's passes."""
+    """The JPEG pass: libjpeg-turbo decodes reduced, warnings as errors; `header` is Pillow's opened,
+    unloaded image (mode, EXIF). None hands the file to Pillow's passes."""
     width, height = header.size
     if Image.MAX_IMAGE_PIXELS is not None and max(1, width) * max(1, height) > Image.MAX_IMAGE_PIXELS:
         return None  # Pillow's bomb check (lifted to read the header) would refuse it: its passes say `bomb`
@@ -201,8 +182,7 @@ def _strict_jpeg(data: bytes, digest: str, min_side: int, quarantine, header: Im
     except jpeg_strict.CorruptData as error:
         return quarantine("corrupt_data", f"strict_decode(): {_describe(error)}")
     except ValueError:
-        # Not a corrupt-data warning: a truncation ("Premature end of JPEG file"), a variant or marker
-        # libjpeg-turbo refuses, a header it cannot parse. Pillow's passes judge it as any other file.
+        # A truncation, variant or header libjpeg-turbo refuses: Pillow's passes judge it.
         return None
 
     return _upright_verdict(
@@ -232,8 +212,8 @@ def _decode(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side
         return quarantine(*_diagnose_unidentified(data))
     except Exception as error:  # noqa: BLE001 - a fuzzed file can make Pillow raise anything; classify it
         failures.append(("verify", _classify(error), _describe(error)))
-    # Pass 2: a full load() of the first frame on a freshly opened file; it catches truncation that
-    # verify() misses, and verify() catches bad CRCs that load() skips, so both always run.
+    # Pass 2: load() the first frame. It catches truncation verify() misses, and verify() catches bad
+    # CRCs load() skips, so both always run.
     try:
         image = Image.open(io.BytesIO(data))
         original_mode = image.mode
@@ -257,20 +237,15 @@ def _upright_verdict(
     stored_size: tuple[int, int],
     small: np.ndarray | None = None,
 ) -> ImageVerdict:
-    """Apply EXIF orientation exactly as training will read the image, then check the upright size
-    (the stored frame's, `stored_size`, with its sides swapped where the orientation turns it).
-
-    `image` holds the EXIF, and the pixels unless `small` (a JPEG's reduced strict decode) has them."""
+    """Apply EXIF orientation as training will, then check the upright size (`stored_size`, sides swapped
+    where the orientation turns it). `image` holds the EXIF, and the pixels unless `small` has them."""
     try:
         tag = image.getexif().get(ORIENTATION_TAG, 1)
         if small is None:
-            # In place: for the common orientation 1 it does nothing, where a copy would duplicate every
-            # decoded pixel; it still rewrites the EXIF of a rotated image, which is where broken EXIF fails.
+            # In place: a copy would duplicate every pixel; rewriting the EXIF is where broken EXIF fails.
             ImageOps.exif_transpose(image, in_place=True)
         elif tag in _TURNS:
-            # The small picture carrying the file's own metadata: the same exif_transpose, on the same
-            # EXIF and XMP, as a full-size decode, for a fraction of the pixels. Any other tag only reads
-            # the EXIF, done above.
+            # The small picture with the file's metadata, so exif_transpose fails exactly as it would full-size.
             picture = Image.fromarray(small)
             picture.info = dict(image.info)
             ImageOps.exif_transpose(picture, in_place=True)
@@ -280,7 +255,6 @@ def _upright_verdict(
     # exif_transpose looks the tag up in a dict, so 6.0 (a rational) acts as 6 and 0 or 9 act as 1.
     orientation = int(tag) if tag in _ORIENTATIONS else 1
     width, height = stored_size[::-1] if orientation in _SWAPS_SIDES else stored_size
-    # From the picture decoded above (upright already, or the small JPEG decode and its orientation).
     hashes = hashes_of(image) if small is None else hashes_of_pixels(small, orientation)
     verdict = ImageVerdict(
         sha256=digest,
@@ -315,12 +289,8 @@ def _classify(error: BaseException) -> str:
 
 @_bomb_warning_is_an_error
 def _diagnose_unidentified(data: bytes) -> tuple[str, str]:
-    """Tell "not an image" apart from "a known format whose variant Pillow cannot open".
-
-    Image.open hides each plugin's own complaint behind "cannot identify image file"; rerun the
-    plugins whose magic-byte check accepts this file to recover it (a 12-bit JPEG says
-    "cannot handle 12-bit layers", a TIFF with an unknown compression names the code).
-    """
+    """Tell "not an image" apart from "a known format whose variant Pillow cannot open", by rerunning
+    the plugins whose magic-byte check accepts the file (Image.open hides their complaints)."""
     Image.init()
     complaints = []
     for name, (factory, accept) in Image.OPEN.items():
@@ -330,8 +300,7 @@ def _diagnose_unidentified(data: bytes) -> tuple[str, str]:
             factory(io.BytesIO(data), "")
         except Exception as plugin_error:  # noqa: BLE001 - we only want its message
             complaints.append(f"{name}: {_describe(plugin_error)}")
-            # Pillow wraps a KeyError from the plugin's lookup tables (an unknown TIFF compression or
-            # photometric code) in a SyntaxError: a variant it does not implement.
+            # A KeyError under Pillow's SyntaxError is an unknown code in a plugin's table: a variant.
             if _UNSUPPORTED.search(str(plugin_error)) or isinstance(plugin_error.__cause__, KeyError):
                 return "unsupported", f"looks like {name} but Pillow cannot open this variant: {complaints[-1]}"
     if complaints:
@@ -341,9 +310,8 @@ def _diagnose_unidentified(data: bytes) -> tuple[str, str]:
 
 
 def _describe(error: BaseException) -> str:
-    # Without object addresses ("<_io.BytesIO object at 0x7f...>") the same file gives the same text,
-    # so the quarantine table, and with it the data version, is reproducible. Quoted file bytes are
-    # cut out, and the text kept short and on one line.
+    # No object addresses, so the same file gives the same text (a reproducible data version); no
+    # quoted file bytes; short and on one line.
     text = _BYTES_LITERAL.sub("<bytes>", _ADDRESS.sub("", f"{type(error).__name__}: {error}"))
     text = "".join(char if char.isprintable() else " " for char in text)
     return text if len(text) <= MAX_ERROR_CHARS else f"{text[:MAX_ERROR_CHARS]}..."

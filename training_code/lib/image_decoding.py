@@ -1,11 +1,8 @@
 """The decode step of the validation pass: a verdict per listed image, reached in isolated workers
 on exactly the file the index listed.
 
-Each key is located first (`raw_files.locate`): one that is unsafe or leads out of the raw root gets
-its verdict here and is never opened. On a local raw root each worker fstat-checks the file it reads
-against the key's listed etag; an S3 raw root's objects were fetched with IfMatch on their listed
-ETags (`raw_reader`), so S3 proved them. A file that is not the one listed fails the pass
-(`RawRootChanged`): its verdict would be cached under the index's fingerprint.
+Unsafe keys and keys leading out of the raw root get their verdict here, never opened. A file that is
+not the one listed fails the pass (`RawRootChanged`): its verdict would be cached under the index.
 """
 
 from __future__ import annotations
@@ -31,8 +28,8 @@ PROGRESS_EVERY_S = 10.0
 
 
 def start_decoders(check: Callable[..., ImageVerdict] = check_image_file) -> None:
-    """Start the decode workers' forkserver now, in the background: it imports what they need while the
-    pass reads its tables, so `decode_workers` later only forks."""
+    """Start the decode workers' forkserver now, so it imports what they need while the pass reads its
+    tables and `decode_workers` later only forks."""
     start_forkserver(_preload(check))
 
 
@@ -43,10 +40,8 @@ def _preload(check: Callable[..., ImageVerdict]) -> list[str]:
 def decode_workers(
     args: argparse.Namespace, images: int, check: Callable[..., ImageVerdict] = check_image_file
 ) -> IsolatedPool | nullcontext[None]:
-    """The isolated workers that will decode `images` files, to enter before the work that precedes the
-    decode (annotations, an S3 fetch): entering starts them and returns at once, so they get ready (the
-    forkserver's imports, a fork each) meanwhile. No worker starts for no image. `check` is injectable
-    so tests can hang or crash one."""
+    """The isolated workers that will decode `images` files. Enter before the work that precedes the
+    decode: they get ready meanwhile. None start for no image. `check` is injectable for tests."""
     if images < 1:
         return nullcontext()
     function = partial(
@@ -68,12 +63,10 @@ def decode_all(
     max_image_bytes: int,
     listed_etags: dict[str, str] | None = None,
 ) -> dict[str, ImageVerdict]:
-    """A verdict per key of the raw root `raw`, decoded by `pool` (`decode_workers`, entered; None only
-    when there are no keys).
+    """A verdict per key of the raw root `raw`, decoded by the entered `pool` (None only for no keys).
 
-    `listed_etags`: key -> the etag the index listed, checked as each file is read (a local raw root;
-    without it, `raw` holds objects already proven, fetched with IfMatch: see `raw_reader`).
-    Keys that are the same file (a symlink inside the root) are decoded once."""
+    `listed_etags`: key -> the index's etag, checked as each file is read (a local root; without it
+    the files were already proven by an IfMatch fetch). Keys of the same file are decoded once."""
     verdicts: dict[str, ImageVerdict] = {}
     if not keys:
         return verdicts
@@ -145,8 +138,8 @@ def _verdict_for_lost(key: str, path: Path, listed_etag: str | None, lost: Worke
 
 
 def refuse_unsafe_keys(keys: list[str]) -> tuple[dict[str, ImageVerdict], list[str]]:
-    """`unsafe_key` verdicts for keys no file may be read for, and the other keys. No I/O: the reduce
-    stage decides these itself, since no map host can receive them."""
+    """`unsafe_key` verdicts for keys no file may be read for, and the other keys. No I/O, so the reduce
+    stage can decide these itself."""
     refused, others = {}, []
     for key in keys:
         if problem := key_problem(key):

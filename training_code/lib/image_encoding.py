@@ -1,9 +1,8 @@
-"""Reading one selected image as a shard stores it: its raw bytes checked against validation's sha256,
-kept as they are or resized and re-encoded, a batch of rows at a time.
+"""Read one selected image as a shard stores it: raw bytes checked against validation's sha256, kept
+as they are or resized and re-encoded, a batch of rows at a time.
 
-This runs in the packing pool's workers (`shard_packing.reading_pool`), so it imports Pillow and the
-small path checks only: a resize worker is a forkserver child that imports this module (and the
-classes of its task) before its first image, and pyarrow would cost it several times the import.
+Runs in the packing pool's workers, so it imports only Pillow and small modules: a forkserver child
+importing pyarrow would cost several times more.
 """
 
 from __future__ import annotations
@@ -101,8 +100,7 @@ def read_batch(task: tuple[Locator, list[tuple], Encoding]) -> list[bytes]:
     locator, batch, encoding = task
     images = []
     for key, sha256, target, orientation in batch:
-        # Located inside the raw root: a symlink swapped in after validation fails the job, its target
-        # unread, as a changed file fails the sha256 re-check.
+        # Located inside the raw root: a symlink swapped in since validation fails the job, its target unread.
         try:
             path = locator.located(key)
         except Refused as refused:

@@ -1,19 +1,8 @@
 """What the raw index recorded of the files a job reads, and the proof that a job read exactly those.
 
-The validation output is cached under the index's fingerprint, so what the job read must be what the
-index listed. The index's `manifest.json` names the raw root it listed (`raw_uri`) and records each
-source's `annotations.json` (`annotation_files`: size, etag and the sha256 of the bytes it parsed);
-`index.parquet` has each image's size and etag. How a job proves its reads depends on where the raw
-root is:
-
-- a local raw root is read in place (or at `--raw`, the same root at another path); each file is fstat-checked against
-  its listed `<mtime_ns>-<size>` as it is read (`raw_files.read_limited`);
-- an S3 raw root: the job fetches exactly the objects it reads, by key, each GetObject with IfMatch
-  on the indexed ETag (`raw_fetch`), so S3 itself proves it is the listed object, whatever kind of
-  ETag it has; what the index read itself (annotations.json) is checked by its sha256 too.
-
-A file that is not the one listed, or that is gone, is `RawRootChanged`: the run fails, nothing is
-published, and the next index picks the change up.
+The index manifest names its `raw_uri` and each source's annotations.json (`annotation_files`: size,
+etag, sha256 parsed). Local reads are fstat-checked against `<mtime_ns>-<size>`; S3 fetches use IfMatch
+on the ETag. Any file not as listed is `RawRootChanged`: the run fails and publishes nothing.
 """
 
 from __future__ import annotations
@@ -33,9 +22,8 @@ ANNOTATION_FILES = "annotation_files"  # index manifest: source -> IndexedFile a
 
 @dataclass(frozen=True)
 class IndexedFile:
-    """What the index recorded of one file: its size, its etag (the S3 ETag, or the local file's
-    `<mtime_ns>-<size>`) and the sha256 of the bytes it parsed (None when it did not read them: past
-    its size limit, refused, or an image, which the index never reads)."""
+    """What the index recorded of one file: size, etag (S3 ETag or local `<mtime_ns>-<size>`) and the
+    sha256 of the bytes it parsed (None when it read none)."""
 
     size: int
     etag: str
@@ -67,8 +55,8 @@ class ListedRoot:
 
 
 def read_listed_root(index_dir: Path) -> ListedRoot:
-    """What `<index_dir>/manifest.json` says was listed; an error naming the file and what to do when
-    it is missing or predates these fields."""
+    """What `<index_dir>/manifest.json` says was listed; an error naming the file when it is missing or
+    predates these fields."""
     path = Path(index_dir) / INDEX_MANIFEST
     if not path.is_file():
         raise FileNotFoundError(
@@ -88,9 +76,8 @@ def read_listed_root(index_dir: Path) -> ListedRoot:
 
 
 def proven_copy_bytes(listed: ListedRoot, key: str, data: bytes, indexed: IndexedFile) -> bytes:
-    """The bytes of the indexed object `key`, given `data`, those of the job's fetch of it from the S3
-    raw root (`raw_fetch`: with IfMatch on the indexed ETag, so S3 proved it is the listed object):
-    `data`, checked against the index's size and, where the index read the file, its sha256."""
+    """`data`, the job's IfMatch fetch of the indexed S3 object `key`, checked against the index's size
+    and, where the index read the file, its sha256."""
     if len(data) != indexed.size:
         raise RawRootChanged(key, f"{len(data)} bytes fetched, the index listed {indexed.size}")
     if indexed.sha256 is not None and hashlib.sha256(data).hexdigest() != indexed.sha256:

@@ -1,9 +1,7 @@
 """Pictures as Markdown metadata entries that the Dagster UI draws in place.
 
-The UI renders a Markdown entry inline only when it is shorter than 1000 characters; a longer one
-hides behind "[Show Markdown]" and is stored whole with every event. So a picture goes in as a
-thumbnail in a data URI, at the largest width and in the best encoding whose whole entry fits, and the
-full-size picture goes in the job's output as a file.
+The UI draws a Markdown entry inline only under 1000 characters, so a picture goes in as a data-URI
+thumbnail at the largest width and best encoding that fits; the full-size picture is an output file.
 """
 
 from __future__ import annotations
@@ -46,15 +44,13 @@ def _jpeg(image: Image.Image) -> bytes:
 
 
 def encodings(image: Image.Image) -> list[tuple[str, Callable[[Image.Image], bytes]]]:
-    """(MIME type, encoder), best first for this image. Lossless WebP for drawings (a few flat
-    colours: tried only for those, it is slow and large on photographs), lossy WebP for photographs;
-    without WebP in this Pillow, a palette PNG or a JPEG."""
+    """(MIME type, encoder), best first for this image: lossless WebP for drawings (few colours; slow
+    and large on photos), lossy WebP for photos; without WebP in this Pillow, a palette PNG or a JPEG."""
     if not features.check("webp"):
         return [("image/png", _palette_png), ("image/jpeg", _jpeg)]
     lossy = [("image/webp", _webp(quality=quality)) for quality in (70, 45, 25)]
     drawing = image.getcolors(64) is not None
-    # Lossless at method 6 (the smallest, quick on a drawing this small); lossy at 4: 6 is several times
-    # slower for little.
+    # Lossless at method 6 (smallest, quick on a small drawing); lossy at 4 (6 is much slower for little).
     return [("image/webp", _webp(method=6, lossless=True, quality=100)), *lossy] if drawing else lossy
 
 

@@ -1,18 +1,8 @@
 """Run a function over many items in worker processes, with a time limit per item.
 
-Image decoders are C code fed untrusted bytes: one file can hang a decoder or crash the process.
-Each worker takes a batch of items at a time over its own pipe and sends the batch's results back in
-one message; before each item it writes the item's position and start time to memory it shares with
-the parent, so the parent enforces the time limit per item, not per batch, without a message per
-item. When an item passes its deadline or its worker dies, that worker is killed and replaced, the
-item comes back as `WorkerLost`, and the rest of its batch (done or not: those results died with the
-worker) is handed out again, so one bad file costs one verdict, never the pass. A MemoryError costs
-one verdict too (`too_large`): the item needed more memory than the worker has. Any other Python
-exception in the function is a bug, not a bad file: it stops the pass with the item named.
-
-Batches are sized from the time items have taken so far (about `BATCH_S` of work each, at most
-`MAX_BATCH` items) and shrink at the end, so the last items are spread over every worker: on small
-files a pipe round trip per file cost more than the decode itself.
+For untrusted bytes fed to C decoders: an item that hangs or kills its worker comes back as a
+`WorkerLost` (a MemoryError as `too_large`) and its worker is replaced; any other exception in the
+function is a bug and stops the pass (`TaskRaised`). Workers take items in batches sized by time.
 """
 
 from __future__ import annotations
@@ -36,8 +26,6 @@ from .pool_worker import Worker, main_module_imports, names_main
 log = logging.getLogger("zero.pool")
 
 # The work a batch aims at: long enough that a message is cheap next to it, short enough to balance.
-# 0.1 s, not 0.02: on 20,000 small JPEGs (2 workers) a fifth of the round trips cut the pass's CPU and
-# wall time by 1-2% (interleaved runs); a lost worker's batch, decoded again, is still a tenth of a second.
 BATCH_S = 0.1
 MAX_BATCH = 256
 MAX_UNEXPLAINED_LOSSES = 8
@@ -46,9 +34,8 @@ BLAS_THREADS_VARIABLE = "OPENBLAS_NUM_THREADS"  # numpy's wheels bundle OpenBLAS
 
 
 def start_forkserver(preload: Sequence[str]) -> None:
-    """Start the forkserver the pools use now, importing `preload` (see IsolatedPool), and return at once:
-    for a caller with other work before its pool starts, so the imports are done when the workers fork.
-    A forkserver already running is kept, and so are its imports."""
+    """Start the pools' forkserver now, importing `preload`, and return at once, so the imports are done
+    by the time workers fork. A forkserver already running is kept, with its imports."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(preload))
     with _single_blas_thread_environment():
@@ -57,12 +44,8 @@ def start_forkserver(preload: Sequence[str]) -> None:
 
 @contextmanager
 def _single_blas_thread_environment() -> Iterator[None]:
-    """While the forkserver starts, its environment asks OpenBLAS for one thread. Its workers compute on
-    one thread each anyway (`pool_worker.serve`), but OpenBLAS reads the variable only as numpy loads,
-    in the forkserver's preload, and otherwise starts a thread per core there that spins for work that
-    never comes until the first fork: on the cores the parent needs just then, as it prepares the pass.
-    The forkserver of a 20,000-image validation used 0.11 CPU-s instead of 0.18 (7 runs each, 2 cores).
-    This process's own BLAS is loaded already and keeps its threads; the variable is put back at once."""
+    """Ask OpenBLAS for one thread while the forkserver starts: it reads the variable only as numpy
+    loads, and would otherwise spin a thread per core there. The variable is put back at once."""
     saved = os.environ.get(BLAS_THREADS_VARIABLE)
     os.environ[BLAS_THREADS_VARIABLE] = "1"
     try:
@@ -89,13 +72,9 @@ class TaskRaised(RuntimeError):
 class IsolatedPool:
     """`with IsolatedPool(fn, workers=4, timeout_s=20) as pool: for item, result in pool.imap_unordered(items): ...`
 
-    `fn` must be picklable (a module-level function or a functools.partial of one). `preload` names
-    modules the forkserver imports once, so starting or replacing a worker is a cheap fork. The
-    forkserver starts with the interpreter's default sys.path (Python 3.11 does not pass the parent's
-    on), so a preload must come from an installed package or the working folder; one that cannot be
-    imported there is imported by each worker instead: correct, only slower. A worker does not re-run
-    the parent's `__main__` unless `fn` is the script's own (`main_not_rerun`). A batch holds about
-    `batch_s` of work, at most `max_batch` items (1: one item at a time).
+    `fn` must be picklable. `preload` names modules the forkserver imports once; it runs with the
+    default sys.path, so one it cannot import there is imported by each worker instead (only slower).
+    A batch holds about `batch_s` of work, at most `max_batch` items.
     """
 
     def __init__(
@@ -128,12 +107,10 @@ class IsolatedPool:
         self._losses_in_a_row = 0  # workers lost with no item to blame since the last batch that came back
 
     def __enter__(self) -> IsolatedPool:
-        """Starts the workers from a thread and returns at once: they get ready (the forkserver's
-        imports, a fork each) while the caller prepares the items (a process start waits for the
-        forkserver: the first, for all its imports); `wait_ready` or the first `imap_unordered` waits."""
+        """Start the workers from a thread and return at once, so they get ready while the caller
+        prepares the items; `wait_ready` or the first `imap_unordered` waits for them."""
         self._start_error = None
-        # The forkserver starts here, in the caller's thread, if no earlier call started it: its
-        # environment is set for it (see start_forkserver), never from the starting thread.
+        # Start the forkserver from the caller's thread: its environment is set for it (start_forkserver).
         start_forkserver(self._preload)
         self._starter = threading.Thread(target=self._start_workers, name="isolated-pool-start", daemon=True)
         self._starter.start()
@@ -201,24 +178,21 @@ class IsolatedPool:
                     worker = self._replace(worker, batch)
                     returned = {position for position, _ in outcomes}  # the rest of the batch goes round again
                     todo.extendleft(reversed([item for n, item in enumerate(batch) if n not in returned]))
-                # The worker's next batch first, then this one's results: whatever the caller does with
-                # them, the worker is not left waiting for it.
+                # Hand the worker its next batch before yielding, so it does not wait on the caller.
                 if assigned := self._assign_next(worker, todo):
                     busy.append(assigned)
                 yield from ((batch[position], result) for position, result in outcomes)
         assert not todo
 
     def _wait_s(self, busy: list[Worker]) -> float:
-        """Until the earliest deadline of the workers' states as they were when read, and no longer than
-        `timeout_s`: a worker read between items may have started one since, whose limit is shorter."""
+        """Seconds until the earliest deadline, at most `timeout_s`: a worker read between items may
+        have started one since."""
         nearest = min(since + self._limit_s(step) for step, since in (worker.step() for worker in busy))
         return max(0.0, min(nearest - time.monotonic(), self.timeout_s))
 
     def _limit_s(self, step: int) -> float:
         """The time limit of a worker's state: `timeout_s` while it runs an item (odd steps); between
-        items (a batch handed over, not yet started, or results being sent) at least BETWEEN_ITEMS_S:
-        that is the machine's scheduling, not an item's fault, and a loaded machine can take more than
-        a short item limit to run a process that was just handed work."""
+        items at least BETWEEN_ITEMS_S, since a delay there is the machine's scheduling, not an item's."""
         return self.timeout_s if step % 2 else max(self.timeout_s, BETWEEN_ITEMS_S)
 
     def _overdue(self, worker: Worker) -> int | None:
@@ -259,8 +233,8 @@ class IsolatedPool:
         return list(enumerate(payload)), False
 
     def _count_loss(self, attributed: bool, batch: list[Any]) -> None:
-        """A worker lost outside any item leaves no verdict and its batch goes round again; fail rather
-        than go round for ever when workers keep dying that way (the machine, not a file)."""
+        """Fail when workers keep dying outside any item (the machine, not a file), rather than retry
+        their batches for ever."""
         self._losses_in_a_row = 0 if attributed else self._losses_in_a_row + 1
         if self._losses_in_a_row > MAX_UNEXPLAINED_LOSSES:
             raise RuntimeError(
@@ -277,8 +251,8 @@ class IsolatedPool:
         return fresh
 
     def _batch_size(self, left: int) -> int:
-        """About `batch_s` of work by the time items took so far, and no more than an equal share of what
-        is left, so no worker is still busy with a long batch when the others have run out."""
+        """About `batch_s` of work, and at most an equal share of what is left, so no worker is left with
+        a long batch at the end."""
         if self._done:
             size = int(self.batch_s / max(self._done_s / self._done, 1e-6))
         else:

@@ -1,9 +1,7 @@
 """The SageMaker container contract as seen from inside a job script, plus the Pipes report channel.
 
-SageMaker lays a job out under `/opt/ml`; the local runner reproduces that layout under a run folder
-and points `ZERO_OPT_ML` at it, so scripts resolve every path through here and run unchanged on both.
-Processing scripts get their input and output folders as command-line arguments (as SageMaker
-Processing does); training scripts read channels from `SM_CHANNEL_<NAME>` and write to `SM_MODEL_DIR`.
+Every path resolves under `ZERO_OPT_ML` (default `/opt/ml`), so scripts run unchanged under the local
+runner. Processing scripts take folders as arguments; training scripts read `SM_CHANNEL_<NAME>` and `SM_MODEL_DIR`.
 """
 
 from __future__ import annotations
@@ -56,8 +54,8 @@ def peak_rss_bytes() -> int | None:
 
 
 def scratch_root() -> Path:
-    """Where a Processing job keeps files while it runs: on its volume (SageMaker mounts it under
-    /opt/ml/processing), never in an output; the system's temporary folder for a script run by hand."""
+    """Where a Processing job keeps scratch files: on its volume under /opt/ml/processing, never in an
+    output; the system's temporary folder for a script run by hand."""
     processing = opt_ml() / "processing"
     if not processing.is_dir():
         return Path(tempfile.gettempdir())
@@ -118,10 +116,8 @@ def _plain(metadata: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-# A job keeps most of what it allocates (verdicts, rows, frames) until it writes its tables: the cyclic
-# collector's default first threshold (700 allocations) had it walk the growing heap over 600 times, 5
-# of them whole, in a validation of 20,000 images (0.3 CPU-s of its main process's 2). Collected every
-# 100,000 allocations it walks it 4 times (0.07 s); garbage with cycles is still collected.
+# A job keeps most of what it allocates until it writes its tables, so the default threshold (700) makes
+# the cyclic collector walk the growing heap over and over; cycles are still collected.
 GC_THRESHOLDS = (100_000, 50, 1000)
 
 
@@ -144,15 +140,13 @@ def pipes_session() -> Iterator[Any]:
         if not isinstance(error, SystemExit) or error.code not in (0, None):
             write_failure_reason(error)
         raise
-    # The job is done. The collections the interpreter runs while it shuts down walked the whole heap
-    # (pandas, pyarrow, the run's rows) for 0.28 s of a 4.4-s validation of 20,000 images; frozen, the
-    # heap is only freed. Nothing waits on them: outputs are written and closed, Pipes is closed.
+    # Done: freeze the heap so the interpreter's shutdown collections do not walk it. Nothing waits on them.
     gc.freeze()
 
 
 def _pipes_io(params: PipesEnvVarParamsLoader) -> dict[str, Any]:
-    """S3 context loader / message writer when Dagster put the context or messages on S3 (SageMaker:
-    environment values are capped at 256-512 characters); the defaults otherwise (local subprocess)."""
+    """S3 context loader / message writer when Dagster put the context or messages on S3 (SageMaker caps
+    environment values at 256-512 characters); the defaults otherwise."""
     from .storage import s3_client
 
     io: dict[str, Any] = {}
@@ -184,17 +178,16 @@ def is_first_host() -> bool:
 
 
 def _configure_logging() -> None:
-    """Log to stderr only, one JSON object a line (JsonLines): SageMaker ships it to CloudWatch, the local
-    runner copies it to `output/job.log` (and both to the Dagster step's stdout); a file of our own would
-    hold every line twice."""
+    """Log to stderr only, one JSON object a line: SageMaker ships it to CloudWatch and the local runner
+    copies it to `output/job.log`; a file of our own would hold every line twice."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLines())
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
 
 class JsonLines(logging.Formatter):
-    """A record as one JSON object: time (UTC), level, logger, message, and where it came from (job name,
-    asset, torchrun rank, host), so CloudWatch Logs Insights and `jq` query a job's lines by field."""
+    """A record as one JSON object (time UTC, level, logger, message, job, asset, rank, host), so
+    CloudWatch Logs Insights and `jq` can query by field."""
 
     def format(self, record: logging.LogRecord) -> str:
         line = {
@@ -233,11 +226,10 @@ _COLUMN_TYPES = ((bool, "bool"), (int, "int"), (float, "float"))
 def table(
     rows: list[dict[str, Any]], columns: dict[str, str] | None = None, types: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """Pipes metadata value for a typed table (Dagster's TableMetadataValue), drawn as a table in the UI.
+    """Pipes metadata value for a typed table (Dagster's TableMetadataValue).
 
-    `columns` maps each column to a description; by default the columns of the first row. Column types
-    are `types[name]` where given (a table that may be empty keeps its types), else follow the values
-    (int, float, bool, else string); None is kept as an empty cell.
+    `columns` maps each column to a description (default: the first row's keys). Types are `types[name]`
+    where given (so an empty table keeps them), else inferred from the values; None is an empty cell.
     """
     names = list(columns or (rows[0] if rows else {}))
 

@@ -1,13 +1,8 @@
 """What an image's labels are when its source's annotations.json says nothing of it, per source.
 
-For a detector "not annotated" and "annotated, no objects" are different facts: an image listed in
-annotations.json with no annotations is a negative (trained with no boxes); an image with no entry is
-not a training image (reported, and the selection leaves it out) unless its source opts in to
-"unlabelled images are negatives" (`unlabelled_are_negatives`). A source whose annotations.json is
-missing or unusable fails its validation, naming the file, unless it is configured as unlabelled
-(`unlabelled_sources`): then its annotations.json is not read, and its images are validated and
-reported but selected for nothing. Each accepted image records which case it is
-(`tables.ANNOTATION_STATES`, the accepted table's `annotation` column).
+Listed with no annotations: a negative. No entry: not a training image, unless the source is in
+`unlabelled_are_negatives`. A source without a usable annotations.json fails validation unless it is in
+`unlabelled_sources`. Each accepted image records its case (`tables.ANNOTATION_STATES`).
 """
 
 from __future__ import annotations
@@ -104,9 +99,8 @@ class LabelPolicy:
         raw_uri: str,
     ) -> None:
         """Fail (SystemExit, nothing written) when a source that is not unlabelled has no usable
-        annotations.json: its images could not be told from negatives. The message names each file,
-        what is wrong with it and what to do. A source whose folder name is not a safe key is left
-        alone: every image of it is an unsafe_key verdict, never read."""
+        annotations.json, since its images could not be told from negatives; the message names each file
+        and the fix. A source whose folder name is no safe key is skipped (all unsafe_key verdicts)."""
         problems = {}
         for source in sorted(set(sources) - self.unlabelled_sources):
             key = f"{source}/{ANNOTATIONS_FILE}"

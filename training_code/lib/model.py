@@ -93,10 +93,8 @@ def _conv_bn_relu(in_channels: int, out_channels: int, stride: int) -> nn.Sequen
 
 
 class TinyBackboneWithFPN(nn.Module):
-    """A small strided conv net (strides 8/16/32 at c3/c4/c5) under a torchvision FPN.
-
-    Sized for CPU rehearsals and small industrial scenes: width 32 trains at ~20 images/s on one thread.
-    """
+    """A small strided conv net (strides 8/16/32 at c3/c4/c5) under a torchvision FPN, sized for CPU
+    rehearsals and small industrial scenes."""
 
     def __init__(self, width: int, out_channels: int) -> None:
         super().__init__()
@@ -137,8 +135,8 @@ MODEL_FILE = "model.pt"
 def atomic_torch_save(payload: dict[str, Any], path: Path) -> None:
     """torch.save to a temporary name beside `path`, then rename: readers never see half a file.
 
-    Saved through an open file, not by name: given a name, torch.save records it in the archive (every
-    entry under `.tmp-<pid>-model/`), so equal payloads written by two processes would differ in bytes."""
+    Saved through an open file, not by name: torch.save records a given name in the archive, so equal
+    payloads saved by two processes would differ in bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:

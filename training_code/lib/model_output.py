@@ -20,12 +20,11 @@ from training_code.lib.wandb_run import SUMMARY_FILE
 def publish_model(
     model: nn.Module, config: dict[str, Any], summary: dict[str, Any], arguments: dict[str, Any], tracker
 ) -> None:
-    """Write the model folder for `summary` (updated with the data version and the files' facts) and log
-    the model artifact to `tracker`, the open W&B run (or None).
+    """Write the model folder, updating `summary` with the data version and files, and log the model
+    artifact to `tracker` (the open W&B run, or None).
 
-    The data version is what was trained (`model_version`), not the file's sha256: a retrain that ends
-    with equal weights keeps it, and nothing downstream turns stale. `arguments` are recorded in
-    model.pt: the run's arguments less the W&B ones."""
+    The data version is `model_version` (what was trained), not the file's sha256, so equal weights
+    leave downstream fresh. `arguments` (less the W&B ones) are recorded in model.pt."""
     model_path = save_model_file(job_env.model_dir(), model, config, summary["steps"], arguments)
     version = model_version(model.state_dict(), config, summary["steps"])
     summary.update(

@@ -1,10 +1,7 @@
 """The data version of a trained model: a hash of what was trained, never of how the file was written.
 
-`model.pt`'s bytes also hold the run's arguments (how often it checkpointed, where it logged), and
-Dagster turns everything downstream stale when a data version changes. So the checkpoint's data
-version is the sha256 of the weights (every tensor of the state dict by name, dtype, shape and
-values, in standard layout), the model config, the categories and the step: two trainings that end
-with equal weights have one data version, whatever else differs between their files.
+sha256 of the weights (each tensor by name, dtype, shape, values), model config, categories and step,
+so equal weights keep one version whatever else `model.pt` records (arguments, logging).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """What the selection job reports of its near-duplicate clusters: counts, a table of their images, a contact sheet.
 
-The contact sheet draws the first `SHEET_CLUSTERS` clusters (by their first image's source and key), one
-inline picture a cluster with up to `SHEET_IMAGES` of its images side by side, each image's fate under
-it. These are accepted images; each is read from the raw root by its key, checked against the sha256
-the selection records, and drawn reduced. One that cannot be read or no longer matches is a grey tile.
+The sheet draws the first `SHEET_CLUSTERS` clusters, up to `SHEET_IMAGES` images each with its outcome,
+read by key, checked against the selected sha256 and drawn reduced; an unreadable or changed one is grey.
 """
 
 from __future__ import annotations

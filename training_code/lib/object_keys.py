@@ -11,9 +11,8 @@ import os
 import re
 from dataclasses import dataclass
 
-# What a key may not hold: control characters, backslashes (a separator elsewhere, and the escape
-# character of `printable_key`) and lone surrogates (the bytes of a name that is not valid UTF-8, as
-# os.listdir hands them over).
+# What a key may not hold: control characters, backslashes (a separator elsewhere, and printable_key's
+# escape) and lone surrogates (undecodable name bytes, as os.listdir hands them over).
 _UNSAFE_CHARS = re.compile(r"[\x00-\x1f\x7f\\\ud800-\udfff]")
 
 
@@ -25,8 +24,8 @@ class ObjectInfo:
 
 
 def local_etag(info: os.stat_result) -> str:
-    """The etag a local file is listed with, `<mtime_ns>-<size>`: what a reader compares its fstat with
-    to know that it reads the file the listing saw."""
+    """The etag a local file is listed with, `<mtime_ns>-<size>`, which a reader compares with its
+    fstat to know it reads the file the listing saw."""
     return f"{info.st_mtime_ns}-{info.st_size}"
 
 
@@ -41,10 +40,8 @@ def safe_relative_key(key: str) -> str:
 def key_problem(key: str) -> str | None:
     """Why `key` cannot name a file under a root, or None when it can.
 
-    A safe key is already in its one canonical form: no `..`, `.` or empty segment, not absolute.
-    Keys are never normalised, because on S3 `a/./b`, `a//b` and `a/b` are three different objects:
-    normalising would read one's bytes for another. A key that only names a file after
-    normalising is refused instead."""
+    A safe key is already canonical: no `..`, `.` or empty segment, not absolute. Keys are never
+    normalised, since on S3 `a/./b`, `a//b` and `a/b` are different objects; such keys are refused."""
     if not key:
         return "empty"
     if _UNSAFE_CHARS.search(key):

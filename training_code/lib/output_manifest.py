@@ -1,11 +1,7 @@
 """The files a job's `manifest.json` vouches for, whatever job wrote it.
 
-Every job output ends with a `manifest.json` written last. The validation manifest names its files
-under `files` (name -> sha256), a shard manifest under `shards` (path, bytes, sha256: in its folder,
-or in an earlier set's beside it, see `outside_files`), and the other
-jobs write `files` as name -> {"bytes", "sha256"} (training and evaluation with
-`write_output_manifest`; the raw index the same shape beside its own fields). `named_files` reads
-all three, so whoever proves an output complete trusts exactly what the job said it wrote.
+`named_files` reads every shape jobs write: `files` as name -> sha256 (validation) or name -> {"bytes",
+"sha256"} (the others), and `shards` entries (zero-shards; kept shards outside the folder: `outside_files`).
 """
 
 from __future__ import annotations
@@ -26,8 +22,8 @@ RETRY_NEXT_TIME = "retry_next_time"
 def named_files(manifest: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
     """File name -> what the manifest says of it (`bytes` and `sha256` when it has them).
 
-    `where` names the manifest in errors. A manifest that is not an object, or names a file in a
-    shape this does not know, is an error: an output whose manifest cannot be read is not complete."""
+    `where` names the manifest in errors. A manifest that is not an object, or names a file in an
+    unknown shape, is an error: an output whose manifest cannot be read is not complete."""
     if not isinstance(manifest, dict):
         raise ValueError(f"{where}: the manifest is a {type(manifest).__name__}, not a JSON object")
     named: dict[str, dict[str, Any]] = {}

@@ -1,14 +1,8 @@
-"""Parquet as bytes: read from bytes already in memory (a verified read, an S3 object's body), from a copy
-Arrow owns; written whole, the same table to the same bytes.
+"""Parquet as bytes: read from bytes already in memory through a copy Arrow owns; written whole, the
+same table to the same bytes.
 
-Arrow's threads must never hold the last reference to a Python object. A Python source (`io.BytesIO`, or a
-`pa.py_buffer` over `bytes`) is released by whichever thread drops its last `shared_ptr`: the pre-buffer
-cache of an I/O thread, or the dataset scan `pq.read_table` and `pd.read_parquet` run, whose fragments die
-on a CPU thread after the read returned. Releasing it takes the GIL; once the interpreter has begun to exit
-that ends the thread inside a C++ destructor and the process aborts ("terminate called without an active
-exception", exit -6; apache/arrow#34314). gdb caught both paths in `zero-assets lineage` (about one run in
-13 under load, after printing its answer). The copy costs one memcpy of the file; with it, the reader and
-every thread's reference to it are plain Arrow memory. Pre-buffering is off too: the bytes are in memory.
+The copy is there because Arrow's threads must never hold the last reference to a Python object:
+releasing it takes the GIL, which aborts the process during interpreter exit (apache/arrow#34314).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Perceptual hashes of a decoded picture: re-encoded, resized and cropped copies get hashes a few bits apart.
 
-Two 64-bit hashes of each of three centre views (VIEWS), from the picture the validator already decoded
-(a JPEG's reduced luma, any other format's full decode), upright as training sees it: the DCT pHash
-(the 8x8 lowest frequencies of the view resampled to 32x32, each bit 1 above their median) and the
-difference hash (the view resampled to 8x9, each bit 1 where a sample is brighter than its left
-neighbour). Resampling and DCT are linear, so all six are one matrix product per side. Stored as
-signed int64 (Parquet has no uint64 every reader agrees on).
+For each of the centre VIEWS of the upright picture: a 64-bit DCT pHash (low 8x8 frequencies of a 32x32
+resample, bit set above their median) and a difference hash (8x9 resample, bit set where a sample is
+brighter than its left neighbour). Stored as signed int64 (Parquet has no uint64 every reader agrees on).
 """
 
 from __future__ import annotations
@@ -20,15 +17,14 @@ SIDE = 32  # the grey picture the DCT is taken of
 LOW = 8  # the low-frequency block kept: LOW x LOW coefficients, less the constant one, plus one more
 BITS = 64
 # The centre share of each side each pair of hashes is taken of: a copy cropped to 90-100% of each side
-# hashes within a few bits of one of its original's views (benchmarks/bench_near_dup_photos.py).
+# hashes within a few bits of one of its original's views.
 VIEWS = (1.0, 0.95, 0.9)
 DHASH_ROWS, DHASH_COLUMNS = 8, 9  # the difference hash compares each of 8x9 samples with its right neighbour
 LUMA = np.array([0.299, 0.587, 0.114])  # ITU-R BT.601, the weights of Pillow's own "L" conversion
-# The EXIF orientations as the turn exif_transpose applies for each (Pillow's ImageOps table), on an
-# array: np.rot90 turns counter-clockwise by k quarters; `flip` mirrors left-right before the turn.
+# EXIF orientation -> (quarter turns for np.rot90, counter-clockwise; mirror left-right first), as
+# exif_transpose applies them.
 _UPRIGHT = {2: (0, True), 3: (2, False), 4: (2, True), 5: (1, True), 6: (3, False), 7: (3, True), 8: (1, False)}
-# Numeric modes whose values are not 0..255: their grey is the value itself (the bits only compare
-# coefficients with each other, so the scale does not matter).
+# Numeric modes whose values are not 0..255: their grey is the value itself (only comparisons matter).
 _NUMERIC = frozenset({"I", "F"})
 
 
@@ -49,15 +45,13 @@ def _dct_matrix(n: int) -> np.ndarray:
 
 
 _DCT = _dct_matrix(SIDE)[: LOW + 1]  # only the rows of the frequencies kept
-# The 64 coefficients hashed, in the 9x9 low block: every (row, column) of the 8x8 block but (0, 0),
-# and (0, 8), so there are 64 and none is the constant term.
+# The 64 coefficients hashed from the 9x9 low block: the 8x8 block less the constant (0, 0), plus (0, 8).
 _KEPT = np.array([r * (LOW + 1) + c for r in range(LOW) for c in range(LOW) if (r, c) != (0, 0)] + [LOW])
 
 
 def resample_matrix(n: int, side: int = SIDE, share: float = 1.0) -> np.ndarray:
-    """side x n: row i weighs the n samples of the centre `share` of the side into output sample i with
-    a triangle filter centred on it, as wide as one output sample when shrinking (so every input sample
-    counts) and one input sample when enlarging (linear interpolation); each row sums to 1."""
+    """side x n resampling matrix over the centre `share` of a side: a triangle filter, one output sample
+    wide when shrinking, one input sample wide when enlarging; each row sums to 1."""
     start = n * (1 - share) / 2
     scale = n * share / side
     support = max(scale, 1.0)
@@ -69,7 +63,7 @@ def resample_matrix(n: int, side: int = SIDE, share: float = 1.0) -> np.ndarray:
 @lru_cache(maxsize=512)
 def _side_rows(n: int, columns: bool) -> np.ndarray:
     """For a side of n samples, every view's rows stacked: its 9 low DCT rows (`_DCT @ resample`), then
-    the difference hash's resampling (8 rows down a picture, 9 across it)."""
+    the difference hash's resampling."""
     dhash_side = DHASH_COLUMNS if columns else DHASH_ROWS
     blocks = [_DCT @ resample_matrix(n, SIDE, share) for share in VIEWS]
     blocks += [resample_matrix(n, dhash_side, share) for share in VIEWS]
@@ -80,7 +74,7 @@ def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """`pixels` (rows first) turned as exif_transpose turns a picture with EXIF `orientation`: a view,
     or `pixels` itself when it is upright already."""
     turn = _UPRIGHT.get(orientation)
-    if turn is None:  # 1, or a tag exif_transpose ignores: upright as stored (np.rot90 by 0 costs ~6 us)
+    if turn is None:  # 1, or a tag exif_transpose ignores: upright as stored
         return pixels
     quarters, flip = turn
     return np.rot90(pixels[:, ::-1] if flip else pixels, quarters)
@@ -89,14 +83,14 @@ def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
 def hash_bits(grey: np.ndarray) -> Hashes:
     """The hashes of a grey picture (h x w, any size), as unsigned ints (the first bit is the top one)."""
     height, width = grey.shape
-    # One product per side for all six hashes; the blocks on the diagonal are each view's.
+    # One product per side for all six hashes; the diagonal blocks are each view's.
     product = _side_rows(height, False) @ grey @ _side_rows(width, True).T
     low, views = LOW + 1, len(VIEWS)
     phashes, dhashes = [], []
     for view in range(views):
         at = view * low
         coefficients = product[at : at + low, at : at + low].reshape(-1)[_KEPT]
-        ordered = np.sort(coefficients)  # on 64 values a sort is cheaper than np.partition or np.median
+        ordered = np.sort(coefficients)
         median = (ordered[BITS // 2 - 1] + ordered[BITS // 2]) / 2
         phashes.append(_bits(coefficients > median))
         row, column = views * low + view * DHASH_ROWS, views * low + view * DHASH_COLUMNS
@@ -110,8 +104,8 @@ def _bits(flags: np.ndarray) -> int:
 
 
 def hashes_of_pixels(pixels: np.ndarray, orientation: int = 1) -> Hashes:
-    """The hashes (signed int64) of decoded 8-bit pixels: h x w grey or h x w x 3 RGB, as stored;
-    `orientation` its EXIF tag. What the validator hashes a JPEG's reduced strict decode with."""
+    """The hashes (signed int64) of decoded 8-bit pixels, h x w grey or h x w x 3 RGB as stored;
+    `orientation` is the EXIF tag."""
     grey = pixels @ LUMA if pixels.ndim == 3 else pixels.astype(np.float64)
     return _signed(hash_bits(upright(grey, orientation)))
 
@@ -126,8 +120,8 @@ def _signed(hashes: Hashes) -> Hashes:
 
 
 def _grey(image: Image.Image) -> np.ndarray:
-    """`image` as a float grey array; one whose shorter side is 4*SIDE or more first shrunk by the whole
-    factor that leaves that side at least 2*SIDE (the triangle filter then does the rest)."""
+    """`image` as a float grey array, first shrunk by a whole factor when its shorter side is 4*SIDE or
+    more (leaving at least 2*SIDE for the triangle filter)."""
     if image.mode.startswith("I;16"):
         image = image.convert("I")
     elif image.mode not in _NUMERIC:

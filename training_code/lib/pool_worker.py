@@ -1,8 +1,7 @@
 """The worker side of `IsolatedPool`: a process that runs the function over the batches it receives.
 
-Before each item the worker writes the item's position and start time to memory it shares with the
-parent (`Worker.step`), which is how the parent enforces a time limit per item without a message per
-item. `Worker` is the parent's handle on one such process.
+Before each item the worker writes the item's position and start time to memory shared with the parent
+(`Worker.step`), so the parent can time each item without a message per item.
 """
 
 from __future__ import annotations
@@ -22,19 +21,15 @@ from threadpoolctl import threadpool_limits
 
 STARTUP_TIMEOUT_S = 120.0  # a worker that cannot even import its modules in this long is a broken environment
 # The shared progress: 2 * position + 1 while that item runs, 2 * position + 2 once done, and since when
-# (time.monotonic() is CLOCK_MONOTONIC, one clock for every process of the machine).
+# (CLOCK_MONOTONIC, one clock for every process of the machine).
 _STEP, _SINCE = 0, 1
 
 
 def serve(conn: Connection, function: Callable[[Any], Any], progress: Any) -> None:
     """Worker loop: receive a batch, send back ("ok", results), or (status, position, payload) when the
     item at `position` ran out of memory or raised."""
-    # A worker is one of the pool's processes, one per core: each must compute on one thread. numpy's
-    # OpenBLAS otherwise gives a worker a thread per core for a matrix product as small as the
-    # perceptual hash's (perceptual_hash.hashes_of_pixels), which then spins on a core the other workers
-    # need: 2 workers on 2 cores used twice the CPU a file (96 photos: 1.98 CPU-s -> 0.91, 1.10 s ->
-    # 0.48 s). The function's modules are loaded by now (the forkserver's preload, or unpickling the
-    # function), so their libraries are the ones limited; the parent's own setting is left alone.
+    # One thread per worker (there is a worker per core): OpenBLAS would otherwise spin a thread per core
+    # even for the perceptual hash's small products. The function's modules are loaded by now.
     threadpool_limits(1)
     conn.send(("ready", None))
     while True:
@@ -131,14 +126,10 @@ def names_main(function: Callable[[Any], Any]) -> bool:
 
 @contextmanager
 def main_not_rerun() -> Iterator[None]:
-    """While a worker starts, the parent's `__main__` names no module or file to multiprocessing.
+    """While a worker starts, hide the parent's `__main__` module and file from multiprocessing.
 
-    Every spawn or forkserver child re-runs the parent's `__main__` as `__mp_main__` (that is how it
-    resolves functions a script defines), so a `python -m job` parent would make each worker import
-    the job's pandas, pyarrow and pandera, or the forkserver preload them all: 0.7 CPU-seconds for
-    a decode worker that needs Pillow and numpy (0.2). The worker's function names no `__main__`
-    (see `names_main`), so nothing in the child needs it. Only the starting worker's preparation
-    data reads these two attributes, in this thread, and they are put back at once."""
+    Otherwise every forkserver child re-runs `__main__` as `__mp_main__`, importing the whole job script's
+    dependencies. The worker's function names no `__main__` (`names_main`); both attributes are put back."""
     main = sys.modules["__main__"]
     saved = {name: vars(main)[name] for name in ("__spec__", "__file__") if name in vars(main)}
     main.__spec__ = None
@@ -150,9 +141,8 @@ def main_not_rerun() -> Iterator[None]:
 
 
 def main_module_imports() -> list[str]:
-    """The modules the parent's `__main__` imported, for a function that is the script's own: each
-    worker re-runs that `__main__` (see `main_not_rerun`), and with its imports loaded once in the
-    forkserver the re-run only defines the script's functions."""
+    """The modules the parent's `__main__` imported, to preload in the forkserver when the function is
+    the script's own and each worker must re-run `__main__`."""
     names = set()
     for value in vars(sys.modules["__main__"]).values():
         name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)

@@ -1,7 +1,5 @@
-"""The precision-recall plot's thumbnail for the UI: small enough to sit inline in a Markdown entry
-(`inline_pictures`), and still a plot: axes with their 0 and 1, P and R, and a legend of the classes
-in their colours. Pillow's bitmap font, without anti-aliasing, keeps it a few flat colours (a few
-hundred bytes of lossless WebP)."""
+"""The precision-recall plot's thumbnail for the UI, small enough to sit inline in a Markdown entry
+(`inline_pictures`); drawn with the unaliased bitmap font so it stays a few flat colours."""
 
 from __future__ import annotations
 
@@ -19,10 +17,9 @@ MARGIN = (12, 2, 2, 10)  # left, top, right, bottom: room for the y labels and t
 
 
 def draw_pr_thumbnail(curve: dict[str, Any], width: int) -> Image.Image:
-    """Precision by recall (`curve` as metrics.json holds it) in a `width`-pixel plot: the axes with
-    0 and 1 and their letters, the 0.5 grid lines, each class with ground truth in its colour and the
-    mean in black, and a legend (mean first) naming up to five classes in their colours, or counting
-    more, in as many rows as fit the plot's height."""
+    """Precision by recall (`curve` as metrics.json holds it) in a `width`-pixel plot: axes, the 0.5
+    grid, each class with ground truth in its colour, the mean in black, and a legend (mean first)
+    naming up to five classes, as many rows as fit."""
     size = (width, max(2, round(width * THUMBNAIL_ASPECT)))
     image = Image.new("RGB", size, "white")
     draw = ImageDraw.Draw(image)

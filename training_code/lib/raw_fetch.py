@@ -1,16 +1,8 @@
 """Fetch raw objects by key, exactly the ones a job reads: parallel GETs, each with IfMatch on the listed ETag.
 
-A job is never handed a raw prefix as an input (SageMaker would download all of it): it is handed its read
-list (`read_list`) and fetches each object of its part from the raw root by key. Each GET carries IfMatch
-on the ETag the index listed, so the bytes fetched are those of the object the index listed, proven by
-S3 itself whatever kind of ETag it is (an MD5 or a multipart one); an object replaced or deleted since is
-`RawRootChanged`, naming the key. An object above `PART_BYTES` is fetched as ranged GETs in parallel, every
-range with the same IfMatch, so a large object replaced mid-fetch fails instead of mixing two versions.
-Every call goes through the one client policy (`s3_storage.s3_call`: the shared client, its retries).
-
-Objects land at `<dest>/<key>` (the raw layout the job's readers resolve keys in), written under a
-temporary name and renamed once complete. Keys are checked first (`storage.key_problem`): one that is
-not a safe relative key is never fetched (the caller gives it its verdict).
+IfMatch proves the bytes are the listed object's, so an object replaced or deleted since the index (even
+mid-fetch of its ranges) is `RawRootChanged`. Objects land at `<dest>/<key>`, renamed once complete;
+an unsafe key is never fetched.
 """
 
 from __future__ import annotations
@@ -96,8 +88,8 @@ def fetch_objects(
 
 
 def _get_range(bucket: str, key: str, part: _Range) -> bytes:
-    """The bytes [start, end) of the object, only while its ETag is the listed one; a cut body starts
-    over (s3_call), the condition asked again with it."""
+    """The bytes [start, end) of the object, only while its ETag is the listed one; a cut body is
+    retried (s3_call) with the same condition."""
     from botocore.exceptions import ClientError
 
     condition = {"IfMatch": f'"{part.etag}"'}
@@ -130,8 +122,8 @@ def _get_range(bucket: str, key: str, part: _Range) -> bytes:
 
 
 def scratch_folder(opt_ml: Path) -> Path:
-    """Where a job fetches to: on SageMaker's ML storage volume (`/opt/ml/processing`, sized from the
-    bytes to read), else a temporary folder (the script run by hand)."""
+    """Where a job fetches to: SageMaker's ML storage volume (`/opt/ml/processing`), else a temporary
+    folder."""
     volume = Path(opt_ml) / "processing"
     base = volume if volume.is_dir() and os.access(volume, os.W_OK) else None
     return Path(tempfile.mkdtemp(prefix="zero-fetched-", dir=base))
@@ -141,9 +133,8 @@ def scratch_folder(opt_ml: Path) -> Path:
 def readable_root(
     raw_uri: str, rows: list[tuple[str, int, str]], opt_ml: Path
 ) -> Iterator[tuple[Path, Fetched | None]]:
-    """A local folder holding the objects of `rows` at their keys, and what was fetched: a local raw root
-    itself (read in place, nothing fetched), or, for an S3 one, a scratch folder they are fetched into
-    (`fetch_objects`), removed on exit."""
+    """A local folder holding the objects of `rows` at their keys, and what was fetched: a local raw
+    root as is, or a scratch folder they are fetched into from S3, removed on exit."""
     if not is_s3(raw_uri):
         yield Path(raw_uri), None
         return

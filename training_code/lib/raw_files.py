@@ -1,15 +1,8 @@
-"""Open a raw file by its key without ever leaving the raw root, and read it only up to a size limit.
+"""Open a raw file by its key without leaving the raw root, and read it only up to a size limit.
 
-The raw root is untrusted: a key may be unsafe (`..`, control characters, bytes that are not UTF-8),
-a symlink inside the root may point anywhere on the machine, and a file may be far larger than a
-worker can hold. Each of those is a `Refused` with the reason code the quarantine table records, and
-none of them reads a byte of the file (or of a symlink's target).
-
-A reader that knows what the index listed (`listed_etag`, the `<mtime_ns>-<size>` of a local file)
-also proves it read that file: the fstat of the open file, before and after the read, must give the
-listed etag, and a listed file that is gone is no verdict either. Both are `RawChanged`, which the
-validation pass turns into `RawRootChanged`: the run fails and publishes nothing, since a verdict
-reached on other bytes than the index listed would be cached under the index's fingerprint.
+The raw root is untrusted: an unsafe key, a symlink out of the root or an oversized file is a `Refused`
+(a `tables.REASONS` code) and no byte is read. With `listed_etag` (`<mtime_ns>-<size>`) a read also
+proves it got the file the index listed, else `RawChanged`: the pass fails and publishes nothing.
 """
 
 from __future__ import annotations
@@ -37,9 +30,8 @@ class Refused(Exception):
 
 
 class RawChanged(Refused):
-    """The file is not the one the index listed (edited, replaced or gone since the listing). A Refused,
-    so a reader that turns refusals into verdicts hands it back as one with reason RAW_CHANGED; the
-    validation pass then fails instead of recording it."""
+    """The file is not the one the index listed (edited, replaced or gone). A Refused with reason
+    RAW_CHANGED, on which the validation pass fails instead of recording a verdict."""
 
     def __init__(self, detail: str) -> None:
         super().__init__(RAW_CHANGED, detail)
@@ -59,20 +51,17 @@ class RawRootChanged(RuntimeError):
 
 def locate(raw: Path, key: str) -> Path:
     """The real path (no symlinks left) of `key` under the raw root `raw`, checked to lie inside it.
-
-    A key that is a symlink to nothing is `unreadable` (it is listed by its own lstat, and stays so)."""
+    A key that is a dangling symlink is `unreadable`."""
     return Locator(raw).locate(key)
 
 
 class Locator:
-    """`locate` for many keys of one raw root: each folder's real path is resolved once (a folder of a
-    thousand images costs one realpath, then one lstat a file), which is what realpath does component
-    by component anyway. A read still proves the file is where it was located (`read_with_stat`)."""
+    """`locate` for many keys of one raw root, resolving each folder's real path once. A read still
+    proves the file is where it was located (`read_with_stat`)."""
 
     def __init__(self, raw: Path) -> None:
         self.real_root = os.path.realpath(str(raw))
-        # What every path under the root starts with (both sides are real paths: normalised and absolute,
-        # so a prefix test is commonpath's, without its splitting).
+        # Both sides are real paths (normalised, absolute), so a prefix test suffices.
         self._inside = self.real_root if self.real_root.endswith(os.sep) else self.real_root + os.sep
         self._folders: dict[str, str] = {}
 
@@ -80,7 +69,7 @@ class Locator:
         return Path(self.located(key))
 
     def located(self, key: str) -> str:
-        """`locate` as a str: the pool's items are str, and a Path a file costs more than the lstat."""
+        """`locate` as a str (the pool's items are str)."""
         problem = key_problem(key)
         if problem:
             raise Refused("unsafe_key", f"the key has {problem}; not read")
@@ -102,17 +91,14 @@ class Locator:
 
 
 def read_limited(path: str | Path, max_bytes: int, listed_etag: str | None = None) -> bytes:
-    """The bytes of the located file `path`, refused as `too_large` past `max_bytes` before any is read.
-
-    With `listed_etag`, `RawChanged` unless the file read is the one listed (see the module docstring)."""
+    """The bytes of the located file `path`; `too_large` past `max_bytes` before any is read.
+    With `listed_etag`, `RawChanged` unless the file read is the one listed."""
     return read_with_stat(path, max_bytes, listed_etag)[0]
 
 
 def read_with_stat(path: str | Path, max_bytes: int, listed_etag: str | None = None) -> tuple[bytes, os.stat_result]:
-    """`read_limited`, and the fstat of the file that was read (what a listing of it would record).
-
-    Opened without following a final symlink and without blocking (a FIFO put there after listing
-    must not hang the reader), then checked to be a regular file still at the located path."""
+    """`read_limited`, plus the fstat of the file read. Opened without following a final symlink and
+    without blocking (a FIFO swapped in must not hang), then checked to be a regular file still at `path`."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as error:
@@ -138,11 +124,8 @@ def read_with_stat(path: str | Path, max_bytes: int, listed_etag: str | None = N
 
 
 def read_regular(path: str) -> bytes:
-    """The whole of the located regular file `path`, for a reader that checks the bytes themselves (a
-    sha256 recorded earlier). Not following a final symlink, and not blocking on a FIFO put there since;
-    anything but a regular file is `Refused`. Four system calls, where pathlib's read_bytes makes seven
-    (its buffered reader also asks whether the file is a terminal and where it stands): on 20,000 small
-    files that was about a fifth of packing's time."""
+    """The whole located regular file `path`, for a reader that checks the bytes itself (a recorded
+    sha256). Does not follow a final symlink or block on a FIFO; anything but a regular file is `Refused`."""
     fd = os.open(path, _OPEN_FLAGS)
     try:
         info = os.fstat(fd)
@@ -154,11 +137,9 @@ def read_regular(path: str) -> bytes:
 
 
 def _read_regular_fd(fd: int, size: int, max_bytes: int | None = None) -> bytes:
-    """The rest of the open regular file `fd`, whose fstat gave `size`; past `max_bytes` (it grew after
-    the size check) `Refused` as `too_large`. O_NONBLOCK does not apply to a regular file's reads. The
-    first read asks for one byte more than the size: one that returns exactly the size reached the end.
-    Anything else (the file grew, or the read came back short: Linux returns at most 2 GiB a read) is
-    read on in chunks until a read returns nothing."""
+    """The rest of the open regular file `fd` of fstat size `size`; `too_large` past `max_bytes` (it grew).
+    Asks for one byte more than the size to detect the end in one read; otherwise (grown, or a short
+    read: Linux returns at most 2 GiB) reads on in chunks until a read returns nothing."""
     limit = size if max_bytes is None else min(size, max_bytes)
     data = os.read(fd, limit + 1)
     if len(data) == size <= limit:

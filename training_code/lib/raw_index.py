@@ -1,19 +1,8 @@
 """Index ONE source of the raw root into `index.parquet`, streamed in record batches, manifest last.
 
-One row per image file (tables.RAW_INDEX): source, key, size, etag (or mtime-size), group and how
-many COCO annotations point at it. The source is listed as a stream (raw_index_listing), rows go to
-a pyarrow ParquetWriter `BATCH_ROWS` at a time, and every count is kept as it streams by, so memory
-is a batch plus what grows with the source's groups and annotated images, never with its listing.
-Images are never read; the source's annotations.json is parsed once (annotation_files), and its size,
-etag and the sha256 of the bytes parsed go in the manifest (`annotation_files`), with the raw root:
-what the jobs that read the raw root check their reads against (indexed_raw).
-
-Hostile entries stay in the index so validation gives each its verdict: an unsafe key is stored
-escaped by `printable_key` and never read; an unusable annotations.json is reported, not raised.
-Rows are in listing order (keys sorted as Python sorts the listed keys, before escaping).
-Both the Dagster asset (in-process, small sources) and `training_code/index.py` (a job) run this; before
-launching the job the asset takes `source_listing_fingerprint` (the same pass, nothing written) to
-decide whether the index must be built at all.
+One row per image file (tables.RAW_INDEX), in listing order; images are never read. The manifest records
+the source's annotations.json (size, etag, sha256 parsed) that jobs check their reads against (indexed_raw).
+Unsafe keys stay in, escaped by `printable_key`, for validation to give a verdict; never read.
 """
 
 from __future__ import annotations
@@ -49,8 +38,7 @@ BATCH_ROWS = 50_000  # rows per record batch (and Parquet row group)
 EXAMPLES = 20  # keys kept per kind of reported entry; the counts are complete
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".mpo")
 HASH_COLUMN = "group_hash"  # only in the scratch copy the rehearsal sample is cut from
-# Every key `key_problem` refuses, once escaped by printable_key, matches this (a backslash, a '.',
-# '..' or empty segment, a leading '/'); most safe keys do not.
+# Every key `key_problem` refuses matches this once escaped by printable_key; most safe keys do not.
 MAYBE_UNSAFE = r"\\|(?:^|/)\.\.?(?:/|$)|^/|//|/$|^$"
 _json_string = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str
 _PLAIN_JSON = r"^[ !#-\[\]-~]*$"  # printable ASCII but '"' and '\\': json.dumps writes such text as is, quoted
@@ -70,10 +58,9 @@ def write_source_index(
     sample_images: int | None = None,
 ) -> dict[str, Any]:
     """Write `<out>/index.parquet` then `<out>/manifest.json` for `<raw_uri>/<source>/` (listed, or read
-    from an S3 Inventory report); returns the manifest plus `uri` (the output folder).
+    from an S3 Inventory report); return the manifest plus `uri` (the output folder).
 
-    `sample_images`: the rehearsal profile's sample, whole groups taken in group-hash order until about
-    that many images are in (the same rule as the whole-frame `sample_by_group`)."""
+    `sample_images`: keep whole groups in group-hash order until about that many images are in."""
     check_source(source)
     pattern = re.compile(group_pattern) if group_pattern else None
     _withdraw_manifest(out_dir_or_uri)
@@ -109,7 +96,7 @@ def write_source_index(
         "annotation_entries_rejected": annotations.rejected_entries,
         "annotation_error": annotations.error,
         "has_annotations": annotations.identity is not None,
-        # What validation checks its read of the file against (indexed_raw): size, etag, sha256 parsed.
+        # What jobs check their read of the annotations file against (indexed_raw).
         ANNOTATION_FILES: {source: None if annotations.file is None else annotations.file.as_json()},
         "examples": {
             "unsafe_keys": writer.unsafe_examples,
@@ -131,8 +118,7 @@ def source_listing_fingerprint(
     inventory_manifest_uri: str | None = None,
 ) -> str:
     """The `listing_fingerprint` write_source_index would record for `<raw_uri>/<source>/`, from one
-    streamed pass over that source's listing (nothing written, no list of keys kept): what the asset
-    needs before it decides whether a job must build the index at all."""
+    streamed pass over the listing, writing nothing."""
     check_source(source)
     listing = _ListingPass(source, None, count_source_annotations(raw_uri, source, max_annotation_bytes))
     for _ in listing.batches(list_source(raw_uri, source, inventory_manifest_uri)):
@@ -143,10 +129,8 @@ def source_listing_fingerprint(
 def whole_root_manifest(
     raw_uri: str, sources: list[str], max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES
 ) -> dict[str, Any]:
-    """The fields the jobs read of an index manifest (`raw_uri`, `annotation_files`; see indexed_raw),
-    as write_source_index records them, for an index of several sources in one folder: the benchmarks
-    and tests validate a whole raw root in one pass. Sources whose name is no safe key are left out
-    (their images are unsafe_key verdicts; nothing of theirs is read)."""
+    """The index-manifest fields the jobs read (`raw_uri`, `annotation_files`), for an index of several
+    sources in one folder (benchmarks, tests). Sources whose name is no safe key are left out."""
     files = {}
     for source in sorted(set(sources)):
         if key_problem(f"{source}/{ANNOTATIONS_FILE}") is None:
@@ -156,21 +140,18 @@ def whole_root_manifest(
 
 
 def _withdraw_manifest(out: str | Path) -> None:
-    """An earlier run's manifest must not vouch for an index that this run fails to finish."""
+    """Remove an earlier manifest, so it cannot vouch for an index this run fails to finish."""
     delete_file(join(out, MANIFEST))
 
 
 class _ListingPass:
     """Turns the listing into row batches, keeping the fingerprint and the listing's own counts.
 
-    The fingerprint is the sha256 of the JSON list of [key, size, etag] of every listed object, in
-    listing order, with the annotations.json entry moved to the end and taken from the bytes that
-    were parsed (not from the listing: an inventory report may be older than the file), so an
-    annotation edit changes it. It is hashed as it streams; no list of keys is kept."""
+    Fingerprint: sha256 of the JSON list of [key, size, etag] of every listed object in listing order,
+    with the annotations.json entry last and taken from the bytes parsed (an inventory may be older)."""
 
     def __init__(self, source: str, pattern: re.Pattern[str] | None, annotations: AnnotationCounts) -> None:
         self.source, self.pattern, self.annotations = source, pattern, annotations
-        # Annotated file names and their counts as columns; `claimed` marks those the listing has shown.
         self._annotated = pa.array(list(annotations.per_file), pa.string())
         self._counts = np.fromiter(annotations.per_file.values(), dtype=np.int64, count=len(annotations.per_file))
         self._claimed = np.zeros(len(self._counts), dtype=bool)

@@ -1,9 +1,7 @@
 """Split groups of a streamed index: how to name them, how many there are, and the rehearsal sample.
 
-A group is held as the first 8 bytes of the sha256 of its name (big-endian), 16 bytes a distinct
-group with its image count, never the names: sorting by it is sorting by the hex digest (the order
-the rehearsal sample takes groups in). Two names sharing 64 bits of sha256 would count as one group;
-at a million groups that chance is about 3e-8.
+A group is counted by the first 8 bytes of its name's sha256 (big-endian), never by name; sorting by it
+is sorting by hex digest, the order the rehearsal sample takes groups in. Collisions are negligible.
 """
 
 from __future__ import annotations

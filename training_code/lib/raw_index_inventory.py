@@ -1,12 +1,8 @@
 """Stream the objects of an S3 Inventory report under a raw root, sorted by key, in bounded memory.
 
-The report's `manifest.json` names its data files (CSV, gzip-compressed, or Parquet) and their
-columns. Each data file is downloaded to scratch disk and read in blocks; the rows under the wanted
-prefix are sorted in runs of `RUN_ROWS` written to scratch, and the runs are merged at most
-`MERGE_FAN_IN` at a time (more runs are first merged into longer ones on scratch). Memory is one run,
-or one small block (`RUN_BATCH_ROWS`) of each of `MERGE_FAN_IN` runs, whatever the report's size; a
-report covering few rows never spills.
-The report is as old as its date: objects written since then are not in it.
+Data files (CSV.gz or Parquet) are read in blocks; the wanted rows are sorted in runs of `RUN_ROWS`
+spilled to scratch and merged at most `MERGE_FAN_IN` at a time, so memory does not grow with the report.
+The report is as old as its date: objects written since are not in it.
 """
 
 from __future__ import annotations

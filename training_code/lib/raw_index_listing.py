@@ -1,10 +1,8 @@
 """List ONE source of the raw root (`<raw_root>/<source>/`) as a stream, sorted by key, never as a list.
 
-A local root is walked one folder at a time in key order; an S3 root is paged 1,000 keys at a time
-(each page asked for with StartAfter, so a failed page is retried alone); an S3 Inventory report is
-read through `raw_index_inventory`. Memory is a page, or the entries of one folder, not the source.
-Keys are relative to the raw root (`<source>/...`) and sorted as Python sorts strings (S3's order for
-UTF-8 keys), so a listing and an inventory of the same objects stream the same sequence.
+Local folders are walked one at a time, S3 paged with StartAfter (a failed page retried alone), or an
+S3 Inventory report read (`raw_index_inventory`). Keys are relative to the raw root and in Python string
+order (S3's for UTF-8), so a listing and an inventory of the same objects stream the same sequence.
 """
 
 from __future__ import annotations
@@ -40,9 +38,8 @@ def list_source(raw_uri: str, source: str, inventory_manifest_uri: str | None = 
 
 
 def _walk_local(raw: Path, source: str) -> Iterator[ObjectInfo]:
-    """As `storage.list_objects` lists a local root (symlinked folders not descended into, a link out of
-    the root listed by its own lstat), one folder's entries at a time. A folder's entries are sorted
-    with a '/' after folder names, which orders the walk exactly as the full keys sort."""
+    """As `storage.list_objects` lists a local root, one folder at a time. Entries sort with a '/'
+    after folder names, so the walk is in full-key order."""
     top = raw / source
     if top.is_symlink() or not top.is_dir():
         raise FileNotFoundError(

@@ -1,16 +1,8 @@
 """Where a validation run reads the raw objects the index listed, and the proof that it read those.
 
-- A local raw root is read in place: each file is fstat-checked against its listed `<mtime_ns>-<size>`
-  as it is read (`raw_files.read_limited`).
-- An S3 raw root is never downloaded whole: the run fetches by key exactly the objects it reads
-  (`raw_fetch`: parallel GETs with IfMatch on the listed ETag, so S3 proves each object is the listed
-  one) into a scratch folder laid out as the raw root, and reads them there. Those are the images of
-  its read list, the source's annotations.json (checked against the sha256 the index read too), and
-  the few quarantined images its contact sheet draws. An object past the run's size limit is never
-  fetched: its verdict (`too_large`) follows from its listed size.
-
-Either way a file that is not the one listed, or is gone, is `RawRootChanged`: the run fails and
-publishes nothing.
+A local raw root is read in place, each file fstat-checked against its listed etag. From an S3 root the
+run fetches by key (IfMatch) only what it reads into a scratch folder laid out as the raw root; objects
+past the size limit are never fetched. A file not as listed is `RawRootChanged`: nothing is published.
 """
 
 from __future__ import annotations
@@ -74,8 +66,8 @@ class RawReader:
         return {} if self.local else {"fetched_objects": self.fetched_objects, "fetched_bytes": self.fetched_bytes}
 
     def decode(self, reads: ReadList, args: argparse.Namespace, pool: IsolatedPool | None) -> dict[str, ImageVerdict]:
-        """A verdict per object of `reads`, each read from the object the index listed, decoded by `pool`
-        (`image_decoding.decode_workers` for `reads.objects`, entered: it started while the objects were fetched)."""
+        """A verdict per object of `reads`, each read from the object the index listed, decoded by the
+        entered `pool` (`image_decoding.decode_workers`)."""
         rows = reads.rows()
         if self.local:
             etags = {key: etag for key, _, etag in rows}
@@ -92,8 +84,8 @@ class RawReader:
     def annotations(
         self, sources: set[str], max_bytes: int
     ) -> tuple[dict[str, SourceAnnotations | None], dict[str, str]]:
-        """Each source's parsed annotations.json (see `annotation_files.load_annotations`); on S3, a file
-        past `max_bytes` is not fetched, and its source fails as a local one would (`label_policy`)."""
+        """Each source's parsed annotations.json (`annotation_files.load_annotations`); on S3 a file past
+        `max_bytes` is not fetched, and its source fails as a local one would."""
         if self.local:
             return load_annotations(self.root, sources, max_bytes, self.listed)
         too_large: dict[str, str] = {}

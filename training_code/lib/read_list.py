@@ -1,19 +1,8 @@
 """A job's read list: the raw objects it reads, by key, written before it is launched.
 
-A Processing job that reads raw images is never handed the raw prefix (SageMaker would download all of
-it, on every instance): the Dagster side works out which objects the job must read (validation: the
-images with no reusable verdict, `decode_plan`), writes them here, and the job fetches exactly those
-(`raw_fetch`, or reads them in place from a local raw root). So the request names what the job reads,
-its instance count and volume are sized from it before launch, and the job's I/O is in proportion to
-what changed.
-
-The list is a folder: `reads.parquet` (key, size, etag: one row per object, sorted by key) and
-`reads.json` (format, the raw root the keys are relative to, the counts, the table's sha256), the json
-written last. Objects above `max_object_bytes` are listed (they get a verdict) but never read.
-
-Each host of a fanned-out job reads its own part (`part`): every n-th row from its place among the
-sorted hosts, so the parts are disjoint and together complete, and the Dagster side knows each one's
-bytes before launch. Every host is handed the whole list (it is small); none lists the raw root.
+A folder: `reads.parquet` (key, size, etag; sorted by key) and `reads.json` (format, raw root, counts,
+the table's sha256), written last. Objects above `max_object_bytes` are listed but never read. Each
+host of a fanned-out job reads `part`: every n-th row from its place among the sorted hosts.
 """
 
 from __future__ import annotations
@@ -44,8 +33,7 @@ class ReadList:
     raw_uri: str  # the root the keys are relative to (an s3:// prefix or a local folder)
     table: pa.Table  # SCHEMA, sorted by key
     max_object_bytes: int  # larger objects are listed, never read
-    # What the list was planned for (validation: the decode settings), so a job that would need more
-    # than it names can say why.
+    # What the list was planned for (validation: the decode settings), so a job needing more can say why.
     basis: dict[str, Any] = field(default_factory=dict)
 
     @property

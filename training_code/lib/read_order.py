@@ -1,22 +1,8 @@
 """The order one training rank reads its samples in: row ranges of many shards each epoch, several open at once, mixed.
 
-Each epoch every shard is cut into row ranges and the ranges are dealt to the ranks by a seeded
-shuffle, balanced by rows: a shard's ranges go to different ranks, and together the ranks read every
-row once. A shard is cut into as many ranges as it takes for each rank to read from `open_shards`
-shards (every rank reads a range of every shard when there are fewer shards than that; whole shards
-when there are enough for each rank to have that many), so a rank's rows are a sample of the whole
-set even when a shard holds one source (a source added by an incremental refresh, a small lake):
-dealing whole shards gave each of 4 ranks 1 or 2 of 6 one-source shards. A rank reads its ranges in
-up to `open_shards` lanes at once. Each source gets lanes of its own (in proportion to its rows)
-while there are lanes enough; past that, sources share lanes. Every lane spreads its rows evenly
-over the epoch, so each source is read at a steady rate in proportion to its size and a batch mixes
-sources about as a random permutation does, while each range is still read front to back (the
-packer already interleaved its groups, see shard_plan.pack_order). The merged stream then passes a
-seeded shuffle buffer.
-
-The order depends on the seed, the epoch, the rank, the number of ranks and `open_shards` only;
-DataLoader workers deal a rank's stream by stride, so it continues exactly after a resume whatever
-the worker count.
+Each epoch the shards' row ranges are dealt to the ranks (seeded, balanced; every row read once). A rank
+reads its ranges in up to `open_shards` lanes, sources spread evenly over the epoch, then through a seeded
+shuffle buffer. The order depends only on seed, epoch, rank, world size and `open_shards`.
 """
 
 from __future__ import annotations
@@ -45,10 +31,9 @@ class Piece:
 
 
 def cut_pieces(rows: Sequence[int], sources: Sequence[str], world_size: int, spread: int) -> list[Piece]:
-    """Every shard cut into equal row ranges (but for a row), as many as it takes for each source's rows
-    to reach every rank in `spread` pieces or more: a source of at most `spread` shards has each cut into
-    `world_size` ranges, one of `spread * world_size` shards or more is dealt whole. More cuts where small
-    shards leave fewer pieces than ranks."""
+    """Every shard cut into about equal row ranges, enough for each source's rows to reach every rank in
+    `spread` pieces or more (so a one-source shard still spreads over ranks); cut more when small shards
+    leave fewer pieces than ranks."""
     if sum(rows) < world_size:
         raise ValueError(f"{sum(rows)} rows cannot give each of {world_size} ranks rows of its own")
     shards_of: dict[str, int] = {}
@@ -66,10 +51,9 @@ def cut_pieces(rows: Sequence[int], sources: Sequence[str], world_size: int, spr
 
 
 def deal_to_ranks(pieces: list[Piece], world_size: int, rng: random.Random) -> list[list[Piece]]:
-    """Source after source, shard after shard (seeded orders), the shard's pieces (the largest first) to
-    as many different ranks, those with the fewest of the source's rows so far (ties: the fewest rows in
-    all, then the lowest rank): every rank gets its share of every source and reads from as many of its
-    shards as there are pieces to go round, and the ranks' loads stay within a piece of each other."""
+    """Deal each shard's pieces (largest first, seeded order) to as many different ranks, those with the
+    fewest of the source's rows so far (ties: fewest rows in all, then lowest rank), so every rank gets
+    its share of every source and the loads stay within a piece of each other."""
     groups = list(_by_source(pieces, rng).values())
     rng.shuffle(groups)
     dealt: list[list[Piece]] = [[] for _ in range(world_size)]

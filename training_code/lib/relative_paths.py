@@ -1,10 +1,7 @@
 """Paths a manifest gives relative to its own folder, into that folder or a folder beside it.
 
-A shard set lists the shards it packed as `shards/<name>` and the ones it kept from an earlier set
-as `../<that set's folder>/shards/<name>`; a warm copy lists `../../shards/<name>`. Such a path is
-some leading `..` segments and then a safe key (object_keys.key_problem: no `.`, `..` or empty
-segment later on). It is resolved by its text (never by following links), on a local path or an
-`s3://` URI alike, and can be held to a root it must not leave.
+Such a path is leading `..` segments then a safe key (e.g. `../<earlier set>/shards/<name>`), resolved
+by its text (never by following links), locally or on S3 alike, and optionally held inside a root.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """The evaluation report's pictures, drawn with Pillow: a precision-recall plot and sample predictions
-against ground truth.
-
-Each comes full size (a file in the report's output) and as a thumbnail drawn for a given width (the
-plot's in `pr_curve_plot`), which `inline_pictures.inline_picture` fits into a Markdown entry the
-Dagster UI draws in place.
+against ground truth, full size for the output and as thumbnails for `inline_pictures`.
 """
 
 from __future__ import annotations
@@ -74,8 +70,8 @@ def draw_pr_curve(curve: dict[str, Any]) -> Image.Image:
 
 
 def draw_sample(sample: SamplePicture, width: int, enlarge: bool = False) -> Image.Image:
-    """The image scaled to `width` (a thumbnail is never enlarged: that costs bytes and shows nothing
-    more), boxes drawn after scaling so they stay visible: ground truth in green, predictions in red."""
+    """The image scaled to `width` (a thumbnail is never enlarged), boxes drawn after scaling so they
+    stay visible: ground truth in green, predictions in red."""
     tile = Image.fromarray(sample.image.permute(1, 2, 0).contiguous().numpy())
     scale = width / tile.width if enlarge else min(1.0, width / tile.width)
     tile = tile.resize(

@@ -1,8 +1,7 @@
 """The S3 half of `storage`: the same operations on `s3://bucket/prefix` URIs, each call retried.
 
-Callers use `storage`, which sends an `s3://` URI here and a local path to its own half. Every call
-is idempotent and goes through `s3_call`, so throttling, cut bodies and outages are retried up to the
-AWS retry window; a PUT or a completed multipart upload is all-or-nothing, so every write is atomic.
+Every call is idempotent and goes through `s3_call` (retried up to the AWS retry window); PUTs and
+completed multipart uploads are all-or-nothing, so every write is atomic.
 """
 
 from __future__ import annotations
@@ -54,9 +53,8 @@ def read_bytes(uri: str) -> bytes:
 
 
 def list_objects(root: str, workers: int = LISTING_THREADS) -> list[ObjectInfo]:
-    """List an S3 prefix one folder level down in parallel: the folders under it (with Delimiter="/"),
-    then each folder's keys in a thread pool. One paginated listing returns 1,000 keys per round trip;
-    a raw root of many sources lists in about the time of its largest source."""
+    """List an S3 prefix one folder level down in parallel: the folders under it (Delimiter="/"), then
+    each folder's keys in a thread pool, so many sources list in about the time of the largest."""
     bucket, prefix = split_s3(root)
     base = f"{prefix}/" if prefix else ""
     paginator = s3_client().get_paginator("list_objects_v2")
@@ -85,7 +83,7 @@ def list_objects(root: str, workers: int = LISTING_THREADS) -> list[ObjectInfo]:
 
 def exists(uri: str) -> bool:
     """Whether the object with exactly this key is there: a HEAD, so `.../manifest.json.tmp` does not
-    answer for `.../manifest.json` (a LIST by prefix would)."""
+    answer for `.../manifest.json` as a LIST by prefix would."""
     from botocore.exceptions import ClientError
 
     bucket, key = split_s3(uri)
@@ -124,9 +122,8 @@ class ObjectChanged(Exception):
 
 
 def read_bytes_if_match(uri: str, etag: str) -> bytes:
-    """The bytes of the object at exactly this key, only while its ETag is `etag` (GetObject with
-    IfMatch): `ObjectChanged` when it has another ETag (412) or is gone. A cut body starts over, and
-    the condition is asked again with it."""
+    """The object's bytes, only while its ETag is `etag` (GetObject IfMatch): `ObjectChanged` when it
+    has another ETag (412) or is gone. A cut body is retried with the same condition."""
     from botocore.exceptions import ClientError
 
     bucket, key = split_s3(uri)

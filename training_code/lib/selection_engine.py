@@ -1,9 +1,7 @@
 """The selection job's engine: a policy (an SQL file) run by DuckDB over the chosen sources' validated tables.
 
-The job stages what its plan (selection_plan) names (`stage_inputs`: each table verified against its
-folder's manifest, fetched to scratch from S3 or read in place locally), runs the policy statement by
-statement (`run_policy`) with the engine's memory bounded and spilling to scratch (`open_engine`), and
-writes what the policy left (`write_selection`). docs/selection.md is the policy's contract.
+`stage_inputs` verifies and stages the plan's tables, `run_policy` runs the SQL in bounded memory
+(`open_engine`), `write_selection` writes what it left. docs/selection.md is the policy's contract.
 """
 
 from __future__ import annotations
@@ -27,21 +25,20 @@ from .training_set import CHUNK_ROWS, POLICY, SELECTION_SCHEMA, read_manifest, w
 from .validated_files import ACCEPTED_FILE, CATEGORIES_FILE, VERDICTS_FILE
 from .verified_read import local_verified_copy, read_verified
 
-# The rules whose excluded images a run lists by key: the ones a user acts on. The others are counted, and
-# `zero-assets lineage --image KEY` gives an image's reason on demand, from the policy.
+# The rules whose excluded images a run lists by key (the ones a user acts on); the others are counted,
+# and `zero-assets lineage --image KEY` explains one on demand.
 LISTED_RULES = ("duplicate", "near_duplicate")
 NEAR_DUPLICATE_RULE = "near_duplicate"  # the last rule: what it takes out of val is what moved the val share
 # What a policy leaves: each table and the columns the job reads of it.
 DECISION_COLUMNS = ("source", "key", "split", "rule", "reason", "copy_of")
 NEAR_DUPLICATE_COLUMNS = ("cluster", "source", "key", "group", "validated_split", "outcome", "copy_of")
 SELECTED_COLUMNS = tuple(name for name in SELECTION_SCHEMA.names if name != "etag")  # the job adds the etag
-# Bands of the near-duplicate candidate join, over the 128 bits of a view's pHash and difference hash together:
-# 6 bands of 21 bits in each of 2 fixed permutations. Wide enough that chance candidates stay few as the
-# selection grows (n^2 / 2^21 a band); copies 8 bits apart over both hashes share a band 98.6% of the time,
-# 6 bits apart always (benchmarks/bench_near_dup_photos measures it on photographs).
+# Bands of the near-duplicate candidate join over a view's 128 pHash+dhash bits: 6 bands of 21 bits in
+# each of 2 fixed permutations. Wide enough to keep chance candidates few; copies up to 6 bits apart
+# always share a band.
 BAND_BITS, BANDS_PER_LAYOUT, BAND_LAYOUTS, LAYOUT_SEED = 21, 6, 2, 22
-# The relations the job provides: a user's table may not take one of their names.
 FETCH_THREADS = 8  # validated sets fetched or checked at a time
+# The relations the job provides: a user's table may not take one of their names.
 RESERVED_NAMES = frozenset({"accepted", "etags", "annotation_reasons", "source_caps", "source_weights", "band_masks"})
 
 
@@ -50,8 +47,8 @@ class PolicyError(RuntimeError):
 
 
 def band_masks() -> tuple[list[int], list[int]]:
-    """The candidate join's bands as masks of a view's pHash and difference hash (signed 64-bit, as the
-    hashes are stored): a band is equal on two views when their bits under both its masks are."""
+    """The candidate join's bands as masks of a view's pHash and difference hash (signed 64-bit, as
+    stored): two views share a band when their bits under both its masks are equal."""
     rng = np.random.default_rng(LAYOUT_SEED)
     phash_masks, dhash_masks = [], []
     for _ in range(BAND_LAYOUTS):
@@ -69,8 +66,8 @@ def _signed_mask(bits: list[int]) -> int:
 
 
 def open_engine(scratch: Path, memory_limit_gb: float | None = None, threads: int | None = None):
-    """A DuckDB database on `scratch` whose memory is bounded (three quarters of this host's unless
-    given) and which spills to `scratch` past it."""
+    """A DuckDB database on `scratch` with memory bounded (three quarters of this host's unless given),
+    spilling to `scratch` past it."""
     scratch.mkdir(parents=True, exist_ok=True)
     engine = duckdb.connect(str(scratch / "selection.duckdb"))
     limit = memory_limit_gb if memory_limit_gb is not None else 0.75 * host_memory_bytes() / 2**30
@@ -93,9 +90,9 @@ def host_memory_bytes() -> int:
 
 
 def stage_inputs(engine, plan: SelectionPlan, scratch: Path) -> list[str]:
-    """Make the policy's inputs (docs/selection.md): the view `accepted` over every source's tables,
-    the settings' tables and variables, and the user's tables by their names. Returns every category
-    name of the chosen sources."""
+    """Create the policy's inputs (docs/selection.md): the view `accepted` over every source's tables,
+    the settings' tables and variables, and the user's tables by name. Returns every category name of
+    the chosen sources."""
 
     def fetch(numbered: tuple[int, dict[str, str]]) -> tuple[Path, Path, set[str]]:
         number, entry = numbered
@@ -105,7 +102,7 @@ def stage_inputs(engine, plan: SelectionPlan, scratch: Path) -> list[str]:
         verdicts = local_verified_copy(join(uri, VERDICTS_FILE), local / VERDICTS_FILE)
         return accepted, verdicts, {c["name"] for c in json.loads(read_verified(join(uri, CATEGORIES_FILE)))}
 
-    # Sources side by side: each fetch (S3) or sha256 check (local) releases the interpreter while it works.
+    # Sources in parallel: each fetch or sha256 check releases the GIL.
     with ThreadPoolExecutor(FETCH_THREADS) as pool:
         fetched = list(pool.map(fetch, enumerate(plan.sources)))
     accepted_files = [accepted for accepted, _, _ in fetched]
@@ -122,7 +119,7 @@ def stage_inputs(engine, plan: SelectionPlan, scratch: Path) -> list[str]:
         "annotation, CAST(phash AS BIGINT[]) AS phash, CAST(dhash AS BIGINT[]) AS dhash "
         f"FROM read_parquet({_file_list(accepted_files)}, union_by_name = true)"
     )
-    # The etag each image was validated at, from the verdicts: the job adds it to the selected rows.
+    # The etag each image was validated at: the job adds it to the selected rows.
     engine.execute(f"CREATE VIEW etags AS SELECT key, etag FROM read_parquet({_file_list(verdict_files)})")
     provide_settings(engine, plan.policy)
     for name, uri in sorted(plan.tables.items()):
@@ -225,14 +222,14 @@ def run_policy(engine, sql: str, name: str) -> None:
 
 
 def write_selection(engine, out: Path, plan: SelectionPlan, sql: str, categories: list[str]) -> tuple[dict, int]:
-    """Write the training set the policy decided (training_set's files) into the local folder `out`,
-    each table streamed from the engine in order, the manifest last."""
+    """Write the training set the policy decided into the local folder `out`, each table streamed in
+    order, the manifest last."""
     listed = ", ".join(f"'{rule}'" for rule in LISTED_RULES)
 
     def rows(query: str):
         return lambda: engine.sql(query).to_arrow_reader(CHUNK_ROWS)
 
-    # The etags of the selected images alone: a join with every verdict would hold the whole lake's keys.
+    # The selected images' etags alone: a join with every verdict would hold the whole lake's keys.
     engine.execute(
         "CREATE TABLE chosen AS SELECT key, etag FROM etags "
         "SEMI JOIN (SELECT key FROM decisions WHERE rule IS NULL) AS kept USING (key)"
@@ -282,9 +279,9 @@ def source_counts(engine, plan: SelectionPlan) -> list[dict[str, Any]]:
 
 
 def explain(training_set: str, key: str, scratch: Path) -> dict[str, Any] | None:
-    """The policy's decision for the accepted image `key` (rule, reason, copy_of), run again over what the
-    training set at `training_set` was selected from (its manifest and policy.sql); None when no source
-    it chose accepted that image. For the images of the rules a run does not list (selection.LISTED_RULES)."""
+    """The policy's decision (rule, reason, copy_of) for the accepted image `key`, recomputed from the
+    training set's manifest and policy.sql; None when no chosen source accepted it. For the rules a run
+    does not list (LISTED_RULES)."""
     manifest = read_manifest(training_set)
     sql = read_verified(join(training_set, POLICY)).decode()
     sources = [

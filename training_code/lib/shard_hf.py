@@ -24,8 +24,8 @@ category's name for every stored id.
 `<split>/dataset_info.json`, whose data files are the split's shards by their manifest paths, one
 folder up (`../shards/train-<sha16>.arrow`, `../../<earlier set>/shards/...`): the shards stay where
 every other reader finds them, and nothing is copied. `load_from_disk` knows no masked rows, so it
-yields every stored row; `load_live(folder)` is the same DatasetDict without the masked ones (an
-indices mapping over the same memory-mapped shards, nothing copied). `load_from_disk` copies only a
+yields every stored row; `shard_hf_remote.load_live(folder)` is the same DatasetDict without the masked
+ones (an indices mapping over the same memory-mapped shards, nothing copied). `load_from_disk` copies only a
 split's folder from a remote filesystem, not the shards it points at, so a set on S3 loads with
 `shard_hf_remote.load_url`.
 """
@@ -207,32 +207,3 @@ def write_dataset_dict(
     for name, data in written.items():
         write_bytes_atomic(folder / name, data)
     return {name: {"bytes": len(data), "sha256": sha256_bytes(data)} for name, data in written.items()}
-
-
-def load_live(folder: Path):
-    """`datasets.load_from_disk(folder)` without the rows the manifest masks: a `DatasetDict` by split
-    of the rows training reads (imports `datasets`, which reading a shard otherwise never does)."""
-    import datasets  # seconds to import: only where a `datasets` object is asked for
-
-    from .shard_format import masked_keys, read_manifest
-
-    manifest = read_manifest(folder)
-    return without_masked(datasets.load_from_disk(str(folder)), manifest, masked_keys(folder, manifest))
-
-
-def without_masked(loaded, manifest: dict[str, Any], masked: dict[str, frozenset[str]]):
-    """A `DatasetDict` whose splits hold their shards' rows in manifest order, less the `masked` ones
-    (shard path -> keys): an indices mapping, nothing copied."""
-    import datasets
-
-    from .shard_format import shards_for_split
-
-    live = {}
-    for split, data in loaded.items():
-        keys, kept, start = data["key"], [], 0
-        for entry in shards_for_split(manifest, split):  # the order of the split's data files
-            skip = masked.get(entry["path"], frozenset())
-            kept += [row for row in range(start, start + entry["rows"]) if keys[row] not in skip]
-            start += entry["rows"]
-        live[split] = data.select(kept) if len(kept) < len(data) else data
-    return datasets.DatasetDict(live)

@@ -1,5 +1,5 @@
-"""A shard set loaded with `datasets` wherever fsspec reaches it: `s3://` (s3fs, the `hf` extra) or a
-local folder, without this project's storage layer.
+"""A shard set loaded with `datasets`: a local folder without its masked rows (`load_live`), or wherever
+fsspec reaches it, `s3://` (s3fs, the `hf` extra) or local, without this project's storage layer (`load_url`).
 
 `datasets.load_from_disk` copies only a split's own folder from a remote filesystem, never the shards
 its `state.json` points at one folder up (or in an earlier set's folder), so it cannot load a set on
@@ -15,9 +15,10 @@ Imports `datasets` and fsspec only when called: reading a shard never does.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
-from . import relative_paths, shard_hf
+from . import relative_paths, shard_format, shard_hf
 from .shard_format import FORMAT, MANIFEST, MASKED, shards_for_split
 from .storage import join
 
@@ -100,8 +101,34 @@ def load_url(
             }
         )
     loaded = load(files, cache_dir=cache_dir)
-    return shard_hf.without_masked(loaded, manifest, masked) if live else loaded
+    return without_masked(loaded, manifest, masked) if live else loaded
 
 
 def _without(shard: Any, keys: frozenset[str] | None) -> Any:
     return shard.filter(lambda row: row["key"] not in keys) if keys else shard
+
+
+def load_live(folder: Path):
+    """`datasets.load_from_disk(folder)` without the rows the manifest masks: a `DatasetDict` by split
+    of the rows training reads (imports `datasets`, which reading a shard otherwise never does)."""
+    import datasets  # seconds to import: only where a `datasets` object is asked for
+
+    manifest = shard_format.read_manifest(folder)
+    loaded = datasets.load_from_disk(str(folder))
+    return without_masked(loaded, manifest, shard_format.masked_keys(folder, manifest))
+
+
+def without_masked(loaded, manifest: dict[str, Any], masked: dict[str, frozenset[str]]):
+    """A `DatasetDict` whose splits hold their shards' rows in manifest order, less the `masked` ones
+    (shard path -> keys): an indices mapping, nothing copied."""
+    import datasets
+
+    live = {}
+    for split, data in loaded.items():
+        keys, kept, start = data["key"], [], 0
+        for entry in shards_for_split(manifest, split):  # the order of the split's data files
+            skip = masked.get(entry["path"], frozenset())
+            kept += [row for row in range(start, start + entry["rows"]) if keys[row] not in skip]
+            start += entry["rows"]
+        live[split] = data.select(kept) if len(kept) < len(data) else data
+    return datasets.DatasetDict(live)

@@ -1,11 +1,7 @@
 """A split's rows as the packing job hands them to the ShardWriter: columns, not one dict a row.
 
-`label_columns` builds every shard column but `image` from the selected rows (SELECTION_SCHEMA) with
-Arrow compute: what `shard_rows.shard_labels` gives one row, for all of them at once (a resized set's
-labels scale each row's boxes, and are made a row at a time: the re-encode costs far more). Each
-`image_batches` item is the stored bytes of a run of rows, read, located and sha256-checked on a pool
-a batch a task, so the pool's hand-off is paid once a batch rather than once a file. Together they feed
-`ShardWriter.write_batch`, which writes the same shards as `write` a row at a time.
+`label_columns` builds every shard column but `image` with Arrow compute (as `shard_rows.shard_labels`
+would per row); `image_batches` reads, checks and (for resize) re-encodes the images in batches on a pool.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ from .shard_rows import shard_labels
 READ_ROWS = 64  # images a pool task reads: small files cost a hand-off each otherwise
 READ_BYTES = 8 << 20  # and at most about this many bytes, so large photos keep few in flight
 # Resizing costs a decode and an encode an image: a task holds about one photo, so the last tasks
-# spread over every worker (64 photos in 8 MB tasks left one worker idle for a seventh of the run).
+# spread over every worker.
 RESIZE_BYTES = 1 << 20
 BATCHES_PER_WORKER = 3  # tasks in flight per worker: enough to hide I/O and a flush, bounded so memory stays flat
 
@@ -73,9 +69,8 @@ def _refuse_unknown_category(rows: pa.Table, names: pa.ListArray, position: pa.A
 
 @contextmanager
 def reading_pool(encoding: Encoding, workers: int) -> Iterator[Executor]:
-    """The pool `image_batches` reads on, one for a whole pack: processes to resize (decode and encode
-    hold the GIL), threads to read originals. A process pool starts a forkserver child a worker, each
-    importing this module: a second or more on a loaded host, once a pool and not once a split."""
+    """The pool `image_batches` reads on, one per pack: processes to resize (decode and encode hold the
+    GIL), threads to read originals. Starting a process pool is slow, so one serves every split."""
     if encoding.mode == "resize":
         executor: Executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
     else:
@@ -87,10 +82,8 @@ def reading_pool(encoding: Encoding, workers: int) -> Iterator[Executor]:
 def image_batches(
     raw: Path, rows: pa.Table, labels: pa.Table, encoding: Encoding, pool: Executor, workers: int
 ) -> Iterator[list[bytes]]:
-    """The stored bytes of `rows` (selected rows, with `labels` their label_columns), in their order, a
-    batch of up to READ_ROWS rows (READ_BYTES of raw files) at a time, read on `pool` (`reading_pool`,
-    of `workers`): threads read and hash original bytes (both release the GIL); processes decode and
-    re-encode resized ones."""
+    """The stored bytes of `rows` (with `labels` their label_columns), in order, in batches of up to
+    READ_ROWS rows or READ_BYTES of raw files, read on `pool` (of `workers`)."""
     locator = Locator(raw)
     columns = [rows.column(name).to_pylist() for name in ("key", "sha256", "size", "orientation")]
     targets = zip(labels.column("width").to_pylist(), labels.column("height").to_pylist())

@@ -1,21 +1,13 @@
-"""Plan a shard set of the selection from the previous one: the earlier shards it keeps, by reference,
-the rows of theirs it masks, and the rows it packs into new shards.
+"""Plan a shard set of the selection from the previous one: the shards it keeps, the rows it masks, the rows it packs.
 
-Rules (the incremental contract of arrow_shards, format zero-shards/4):
-- Nothing earlier is kept when the earlier set is of another format, shard config (target size,
-  image encoding) or pack order: every selected row is packed again, and category ids start afresh.
-- An earlier shard is kept by reference (its path, relative to the new manifest) while it holds a
-  live row. A row of it is masked when it is no longer selected, or is selected with another
-  sha256, split or labels (see shard_rows.label_digest), or is live in a shard listed before it.
-- Compaction: a kept shard whose masked share passes `compact_masked_share` is dropped and its live
-  rows are packed again with the new ones. When the kept shards of a split that are under
-  `merge_small_share` of the target size hold more than `merge_rows_share` of the split's selected
-  rows, they are all dropped and their rows packed again, into ~target-sized shards.
-- Rows selected but in no kept shard are packed into new shards, per split, in `pack_order`: a
-  seeded order that spreads every (source, group) evenly over the rows packed, so each shard holds a
-  sample of all of them. It is a function of the keys packed alone.
-- Category ids are append-only along a lineage: the earlier manifest's categories keep their ids
-  and new names get the next ids, in name order, so a new category never renumbers a kept shard.
+The incremental contract of arrow_shards (zero-shards/4):
+- Nothing of an earlier set of another format, BYTES_CONFIG or pack order is kept: all is packed afresh.
+- An earlier shard is kept by reference while it holds a live row; a row is masked when no longer
+  selected, selected with another sha256/split/labels, or live in a shard listed before it.
+- Compaction: a kept shard past `compact_masked_share` masked is repacked; a split's kept shards under
+  `merge_small_share` of the target are merged when they hold over `merge_rows_share` of its rows.
+- New rows are packed per split in `pack_order` (every (source, group) spread evenly; keys alone decide).
+- Category ids are append-only: earlier ids stay, new names take the next ids in name order.
 """
 
 from __future__ import annotations
@@ -53,8 +45,8 @@ class Compaction:
 
 @dataclass(frozen=True)
 class PreviousSet:
-    """An earlier shard set as the planner reads it: its manifest, `rows.parquet` and masked rows,
-    and its folder's name (its own shards are listed from the new set as `../<name>/shards/...`)."""
+    """An earlier shard set as the planner reads it: its manifest, `rows.parquet` and masked rows, and
+    its folder's name (its shards are listed from the new set as `../<name>/shards/...`)."""
 
     manifest: dict[str, Any]
     rows: pa.Table  # ROWS_SCHEMA
@@ -192,8 +184,8 @@ def _compact(
 
 
 def rebased(path: str, previous_name: str) -> str:
-    """An earlier manifest's shard path as the new set lists it: its own shards sit in its folder
-    (`../<name>/...` from a sibling), the ones it kept are siblings of both already."""
+    """An earlier manifest's shard path as the new set lists it: its own shards become `../<name>/...`,
+    the ones it kept are siblings of both already."""
     ups, key = split_relative(path)
     if ups == 0:
         return f"../{previous_name}/{key}"
@@ -220,9 +212,8 @@ def masked_table(rows: list[dict[str, str]]) -> pa.Table:
 
 
 def pack_order(keys: list[str], groups: dict[str, tuple[str, str]], seed: int = PACK_ORDER["seed"]) -> list[str]:
-    """`keys` with every (source, group) spread evenly: the i-th of a group's m keys (in a seeded order)
-    goes at (i + phase) / m, its group's phase seeded too, so any run of rows holds each group in
-    proportion to its size."""
+    """`keys` with every (source, group) spread evenly: the i-th of a group's m keys (seeded order) goes
+    at (i + phase) / m with a seeded phase, so any run of rows holds each group in proportion to its size."""
     members: dict[tuple[str, str], list[str]] = {}
     for key in keys:
         members.setdefault(groups[key], []).append(key)

@@ -1,9 +1,7 @@
 """What goes into one shard row: the image bytes (as stored, or resized and re-encoded) and its labels.
 
-Labels are a pure function of the selected row and the encoding settings (a resized image's size is
-computed, not measured), so whether an earlier shard's row still stands for the selected one is a
-comparison of `label_digest`s, without decoding anything. The `sha256` column is always the raw
-file's, as validation recorded it.
+Labels are a pure function of the selected row and the encoding (a resized size is computed), so whether
+an earlier shard's row still stands is a `label_digest` comparison. `sha256` is always the raw file's.
 """
 
 from __future__ import annotations
@@ -15,8 +13,7 @@ import pyarrow as pa
 from .hashing import sha256_json
 from .image_encoding import Encoding, resized_size
 
-# The selected row's columns a shard row's labels are made of (with the encoding, which a shard set's
-# config fixes for every shard it keeps).
+# The selected row's columns a shard row's labels are made of (the encoding is fixed per shard set).
 LABEL_SOURCES = ("format", "width", "height", "orientation", "boxes", "category_names")
 
 

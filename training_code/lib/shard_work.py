@@ -1,11 +1,8 @@
 """What a pack of the selection works from, and what its map stage hands on: the shard plan, the rows
 it packs (its read list), and the map hosts' listings.
 
-`plan_for` reads the selection and the earlier shard set (its manifest, rows.parquet and masked.parquet,
-never a shard; local paths or s3:// URIs alike) and plans with lib/shard_plan. `rows_to_pack` is the
-read list of that plan: the Dagster side writes it before launch (`training_code.shard.planned_reads`),
-the job checks it names every row it packs (`check_reads`) and reads nothing else. `collected_parts`
-gathers the listings the map hosts wrote (`part-<host>.json`: their shards' entries and rows).
+`plan_for` plans from the selection and the earlier set's manifest and tables (never a shard);
+`rows_to_pack` is the plan's read list, written before launch; `collected_parts` gathers `part-<host>.json`.
 """
 
 from __future__ import annotations
@@ -31,8 +28,8 @@ ANY_SIZE = 1 << 62  # packing reads every selected image, whatever its size (val
 
 
 def read_previous(folder: Path, name: str | None) -> PreviousSet:
-    """What the planner reads of an earlier set: its manifest, and unless it is of another format
-    (then nothing of it is kept) its rows and masked rows, checked against the manifest."""
+    """What the planner reads of an earlier set: its manifest and, unless it is of another format (then
+    nothing is kept), its rows and masked rows, checked against the manifest."""
     manifest = json.loads(read_bytes(join(folder, MANIFEST)))
     if not name:
         raise ValueError(f"--previous {folder} needs --previous-name, the folder's name beside --out's")

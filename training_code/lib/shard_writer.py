@@ -1,12 +1,8 @@
 """Write rows into size-capped Arrow IPC stream shards named by their content.
 
-The writer rolls over to a new shard when the current one reaches the target size, writes each shard
-under a temporary name, hashes it while writing, and renames it to `<split>-<sha256[:16]>.arrow`
-when closed: one name is one content, so a shard is never rewritten, copied or verified twice for
-being named again. It returns the manifest entries (`path` relative to the set's folder:
-`shards/<name>`); the caller writes the manifest last. Each shard's schema carries the `datasets`
-features of the shard set's categories (shard_format.shard_schema), so the writer is given the
-categories the manifest will list.
+Each shard is written under a temporary name, hashed as it is written, then renamed to
+`<split>-<sha256[:16]>.arrow`: one name is one content. Returns manifest entries (`path`: `shards/<name>`);
+the caller writes the manifest last. The schema carries the categories' `datasets` features.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ from .shard_format import IMAGE_TYPE, LABEL_SCHEMA, SHARDS, shard_schema
 from .shard_hf import convention_columns
 
 ROWS_PER_BATCH = 64  # small record batches keep memory flat and let readers slice cheaply
-BATCH_BYTES = 4 << 20  # and about this much image data per batch: short flushes keep the reader threads busy meanwhile
+BATCH_BYTES = 4 << 20  # and about this much image data per batch, so flushes stay short
 _COLUMNS = ["image", *LABEL_SCHEMA.names]  # the given ones: the writer derives `image_id` and `objects`
 
 
@@ -35,11 +31,9 @@ class ShardWriter:
     """`with ShardWriter(out, "train", target_bytes, categories=manifest_categories) as writer: ...`; then
     `writer.entries`. The shards go to `out/shards/`.
 
-    `write_batch(images, labels)` takes rows as columns (the image bytes, and every other SHARD_SCHEMA
-    column as a table): they go into the shards as Arrow slices, with no Python work a row beyond its
-    size. `write(row)` takes one row as a dict (`image` as the bytes to store). Both cut record batches
-    and shards at the same rows: a batch at ROWS_PER_BATCH rows or BATCH_BYTES of images, a shard at
-    the row that takes it to the target size."""
+    `write_batch(images, labels)` takes rows as columns; `write(row)` one row as a dict (`image` as the
+    bytes). Both cut a batch at ROWS_PER_BATCH rows or BATCH_BYTES of images, and a shard at the row
+    that takes it to the target size."""
 
     def __init__(self, out_dir: Path, split: str, target_bytes: int, *, categories: list[dict[str, Any]]) -> None:
         if target_bytes <= 0:
@@ -79,10 +73,9 @@ class ShardWriter:
         self._add_row(len(row["image"]))
 
     def write_batch(self, images: Sequence[bytes] | pa.Array | pa.ChunkedArray, labels: pa.Table) -> None:
-        """Rows as columns: `images` (the bytes to store, one per row: a list, or a binary Arrow column)
-        and `labels` (every other SHARD_SCHEMA column, in any order; cast to the shard's types). The
-        batches and shards are cut where `write` would cut them, found from the running sum of the
-        image sizes; a list's bytes are copied once, into the batch that holds them."""
+        """Rows as columns: `images` (the bytes to store, a list or a binary Arrow column) and `labels`
+        (every other SHARD_SCHEMA column, any order; cast to the shard's types). Cuts batches and shards
+        where `write` would."""
         if len(images) != labels.num_rows:
             raise ValueError(f"{len(images)} images for {labels.num_rows} label rows")
         labels = _label_columns(labels)
@@ -197,8 +190,7 @@ class ShardWriter:
 
 
 def _binary_array(images: list[bytes]) -> pa.Array:
-    """`pa.array(images, pa.binary())` as one join and the offsets: Arrow's builder takes about 2.7 ms
-    for 64 images of 17 KB, the join 0.1. A batch holds a few MB, far from binary's 2 GiB."""
+    """`pa.array(images, pa.binary())`, faster: one join and the offsets (a batch is far from 2 GiB)."""
     offsets = np.zeros(len(images) + 1, np.int32)
     np.cumsum([len(image) for image in images], out=offsets[1:])
     return pa.Array.from_buffers(
@@ -226,9 +218,8 @@ def _label_columns(labels: pa.Table) -> pa.Table:
 
 
 def _refuse_nulls(image_sizes: np.ndarray, labels: pa.Table) -> None:
-    """The schema's fields are nullable for `datasets`' sake, so Arrow would store a missing value as
-    null. `image_sizes` is -1 where an image is missing. A column's null count is kept with it by
-    Arrow, so a batch without nulls costs no compute call (two a column cost 0.3 s of 20,000 small images)."""
+    """Refuse a missing value (`image_sizes` -1, or a null label): the schema's fields are nullable for
+    `datasets`' sake, so Arrow would store it as null."""
     missing_images = image_sizes < 0
     if missing_images.any():
         _refuse_missing(labels, "image", pa.array(missing_images))
@@ -246,9 +237,8 @@ def _refuse_missing(labels: pa.Table, name: str, missing: pa.Array | pa.ChunkedA
 
 
 def _record_batch(pieces: list[tuple[list[bytes] | pa.Array, pa.Table]], schema: pa.Schema) -> pa.RecordBatch:
-    """The pending pieces as one batch of `schema`, `image` as its struct (bytes, null path). Every
-    column is built or concatenated into fresh buffers (a slice would carry its offset into the stream),
-    so a shard's bytes depend on its rows only, however they were handed to the writer."""
+    """The pending pieces as one batch of `schema`, `image` as its struct (bytes, null path). Every column
+    goes into fresh buffers, so a shard's bytes depend on its rows only, however they were handed in."""
     if all(isinstance(images, list) for images, _ in pieces):
         stored = _binary_array([image for images, _ in pieces for image in images])
     else:
@@ -264,8 +254,8 @@ def _record_batch(pieces: list[tuple[list[bytes] | pa.Array, pa.Table]], schema:
 
 
 class _TrailingHasher:
-    """sha256 of a file being written, computed in a thread that reads each flushed part back from the
-    page cache while the writer goes on: the manifest's hash costs no second pass over the shard."""
+    """sha256 of a file being written, in a thread that reads each flushed part back from the page
+    cache, so the hash costs no second pass over the shard."""
 
     CHUNK = 8 << 20
 

@@ -1,9 +1,7 @@
 """One storage layer for local paths and `s3://` URIs: list, read, atomic write, publish a folder.
 
-Every write is atomic: a temporary name then a rename locally, a single PUT (or completed multipart
-upload) on S3. `publish_folder` copies a finished job output to its destination with the manifest
-last, so a reader that trusts the manifest never sees a half-written set. This module is the API and
-the local half; `s3_storage` is the S3 half and `object_keys` the rules for keys, both used through here.
+Every write is atomic (temporary name then rename locally, one PUT on S3); `publish_folder` writes
+manifests last. The S3 half is `s3_storage`, the key rules `object_keys`; callers use them through here.
 """
 
 from __future__ import annotations
@@ -63,11 +61,9 @@ def join(root: str | os.PathLike, relative: str) -> str:
 def list_objects(root: str | os.PathLike, include_unsafe: bool = False) -> Iterator[ObjectInfo]:
     """Every object under `root`, sorted by key. Local etag is `<mtime_ns>-<size>`.
 
-    Keys that `key_problem` refuses are left out unless `include_unsafe` (change detection keeps them,
-    as the raw index does, so each one is reported). S3 folder markers (a key ending in `/`, zero
-    bytes) are never objects. Locally, symlinked folders are not descended into, and a symlinked file
-    is listed by its own lstat when its target lies outside `root` (so nothing out there is opened;
-    validation refuses it)."""
+    Keys `key_problem` refuses are left out unless `include_unsafe`. S3 folder markers are never objects.
+    Locally, symlinked folders are not descended into, and a symlink out of `root` is listed by its own
+    lstat (nothing outside is opened)."""
     if is_s3(root):
         objects = s3_storage.list_objects(str(root))
     else:
@@ -177,8 +173,7 @@ def write_bytes_atomic(uri: str | os.PathLike, data: bytes) -> None:
         return
     path = Path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Not mkstemp: it creates 0600 whatever the umask. O_EXCL with mode 0666 lets the kernel apply the
-    # umask (and default ACLs) as for any other file, and still never reuses another writer's name.
+    # Not mkstemp (always 0600): O_EXCL with 0666 lets the umask and default ACLs apply as for any file.
     tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
@@ -220,9 +215,8 @@ def publish_folder(src: Path, dest: str | os.PathLike) -> list[str]:
 
 
 def download_prefix(uri: str, dest: Path, keys: list[str] | None = None) -> Path:
-    """Copy an S3 prefix into a local folder (SageMaker's File input mode); with `keys`, only those
-    (relative to the prefix: one host's part of an input split by key). Unsafe keys are not listed,
-    so no object lands outside `dest` or on another object's file."""
+    """Copy an S3 prefix (or only `keys`, relative to it) into a local folder. Unsafe keys are not
+    listed, so no object lands outside `dest` or on another object's file."""
     bucket, prefix = split_s3(uri)
     for key in [obj.key for obj in list_objects(uri)] if keys is None else keys:
         target = dest / safe_relative_key(key)

@@ -1,9 +1,5 @@
-"""The pipeline's tables: each an Arrow schema with pandera checks, run on the Arrow table (pandera's
-pyarrow backend, no pandas frame) whenever one is written and read.
-
-Each table is a Parquet file. The Dagster side shows the same schemas as column schemas in the UI,
-so a malformed table fails at the boundary where it was produced. A table is read whole, and checked
-against the sha256 its folder's manifest records for it (`verified_read`) whatever its size.
+"""The pipeline's tables: each a Parquet file with an Arrow schema and pandera checks (pyarrow backend),
+run whenever one is written and read; a read also checks the sha256 its folder's manifest records.
 """
 
 from __future__ import annotations
@@ -151,8 +147,7 @@ QUARANTINE = table_spec(
 )
 
 # Every image verdict of a validation run with the listing identity it was reached for: the cache an
-# incremental run reuses for keys whose etag and size did not change (verdict_cache). Not part of the
-# data version (a local etag holds an mtime), so it is left out of the manifest's file hashes.
+# incremental run reuses (verdict_cache). Left out of the manifest's file hashes: a local etag holds an mtime.
 VERDICTS = table_spec(
     "verdicts",
     {
@@ -199,8 +194,8 @@ UNMATCHED = table_spec(
 )
 
 
-# One check at a time per process: pandera's pyarrow checks import optional engines on each call, and
-# a failed import seen half-done by another thread is an AttributeError (the index runs sources on threads).
+# One check at a time per process: pandera imports optional engines on each call, and another thread
+# seeing that import half-done gets an AttributeError.
 _CHECKING = threading.Lock()
 
 

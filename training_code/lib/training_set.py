@@ -1,16 +1,9 @@
 """The training set's files: the selection of validated images that arrow_shards packs, and what was left out.
 
-`<lake>/training_set/<fingerprint16>/` holds
-- `selection.parquet` (SELECTION_SCHEMA): one row per selected image with everything packing needs
-  (where its bytes are, their sha256, size and etag, the split and group validation gave it, its
-  labels as trained), sorted by (source, key);
-- `excluded.parquet` (EXCLUDED_SCHEMA): the images left out by the rules a user acts on
-  (selection.LISTED_RULES), each with its reason and the image it copies; the manifest counts the rest;
-- `near_duplicates.parquet` (NEAR_DUPLICATES_SCHEMA): the near-duplicate clusters, what became of each image;
-- `policy.sql`, the policy that chose them;
-- `manifest.json` (format `zero-selection/2`), written last: per source where its validated set is, its
-  data version and counts; the policy's settings; the selected categories; the data version; each
-  file with its bytes and sha256.
+`<lake>/training_set/<fingerprint16>/`: `selection.parquet` (SELECTION_SCHEMA, one row per selected image,
+sorted by source, key), `excluded.parquet` (the LISTED_RULES exclusions), `near_duplicates.parquet`,
+`policy.sql`, and `manifest.json` (`zero-selection/2`: sources, policy, categories, data version, each
+file's bytes and sha256), written last.
 """
 
 from __future__ import annotations
@@ -39,8 +32,8 @@ EXCLUDED = "excluded.parquet"
 NEAR_DUPLICATES = "near_duplicates.parquet"
 POLICY = "policy.sql"
 
-# The accepted table's columns as validation wrote them (labels as they are), plus the etag the
-# validation read each image at: what a packing job needs to fetch, check and label every row.
+# The accepted table's columns as validation wrote them, plus the etag validation read each image at:
+# what packing needs to fetch, check and label every row.
 SELECTION_SCHEMA = pa.schema(
     [
         pa.field("source", pa.string(), nullable=False),
@@ -97,9 +90,8 @@ def write_training_set(
     """Stream the files into the local folder `out`, then the manifest (with `fields`: sources, policy,
     categories) last. Returns the manifest and the bytes written.
 
-    The data version is a hash of what was selected (the rows but their etags, which locally hold a
-    file's mtime), the policy, its SQL and the categories: an equal selection has an equal version
-    whatever validation run it came from, and its shards stay as they are."""
+    The data version hashes the selected rows less their etags (a local etag holds an mtime), the policy,
+    its SQL and the categories, so an equal selection keeps its version and its shards."""
     out = Path(out)
     content = hashlib.sha256()
     listed = {SELECTION: _write_parquet(out / SELECTION, selected, SELECTION_SCHEMA, content)}
@@ -118,9 +110,8 @@ def write_training_set(
 
 
 def _write_parquet(path: Path, rows: Rows, schema: pa.Schema, content: Any = None) -> dict[str, Any]:
-    """`rows`, in the order given, as Parquet at `path` (atomically) in row groups of CHUNK_ROWS, so the same
-    rows write the same bytes however they were batched. `content`, a hash object, is fed the rows but
-    their etags (an Arrow IPC stream of the same pieces)."""
+    """Write `rows` in order as Parquet at `path` (atomically) in row groups of CHUNK_ROWS, so the same
+    rows give the same bytes however batched. `content`, a hash object, is fed the rows less their etags."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     hashed = None

@@ -1,8 +1,7 @@
 """Assemble the validation pass's tables and counts from per-image verdicts and COCO annotations.
 
-Pure bookkeeping, no decoding, by Arrow columns: every index row ends in exactly one of accepted,
-quarantine or duplicates, so `images_in == accepted + quarantined + duplicates` holds by construction
-and is asserted before anything is written.
+Bookkeeping by Arrow columns, no decoding: every index row ends in exactly one of accepted, quarantine
+or duplicates, and `images_in == accepted + quarantined + duplicates` is asserted before any write.
 """
 
 from __future__ import annotations
@@ -54,11 +53,9 @@ def build_outputs(
     val_fraction: float,
     label_policy: LabelPolicy | None = None,
 ) -> ValidationOutputs:
-    """The tables of `index` (RAW_INDEX rows in key order) from its VERDICTS rows `verdicts` (reused ones
-    and new ones alike, in key order) and `annotations`: each source's parsed annotations.json; None only
-    for a source `label_policy` names unlabelled (what `LabelPolicy.require_annotation_files` let through).
-    Each accepted image records its `annotation` state: whether it has labels to train on. All by columns
-    but the labels, which are checked for each kept image (the annotations file is parsed anew each run)."""
+    """The tables of `index` (RAW_INDEX rows, key order) from its VERDICTS rows `verdicts` (key order)
+    and `annotations`, each source's parsed annotations.json (None only for a source `label_policy`
+    names unlabelled). Labels are checked anew for each kept image; the rest is by columns."""
     label_policy = label_policy or LabelPolicy()
     keys = index.column("key")
     if not keys.equals(verdicts.column("key")):

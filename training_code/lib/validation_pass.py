@@ -1,8 +1,7 @@
-"""The validation pass of `training_code/validate.py`, on its parsed arguments: its three phases.
+"""The validation pass of `training_code/validate.py`, on its parsed arguments.
 
-`validate` is the pass on one host (`--phase all`) and the reduce stage of a multi-instance pass
-(`--phase reduce`: the verdicts come from the map hosts); `decode_part` is the map stage on one host.
-Both write the same manifest for the same raw data and settings.
+`validate` is the whole pass on one host (`--phase all`) or the reduce stage (`--phase reduce`);
+`decode_part` is the map stage on one host. Both paths write the same manifest for the same data.
 """
 
 from __future__ import annotations
@@ -45,11 +44,6 @@ log = logging.getLogger("zero.validate")
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "zero-validated/1"
 # Bump when a change here or in image_checks/labels could change a verdict, so cached verdicts are redone.
-# 5: verdicts are proven to be of the file the index listed (earlier ones may have been reached on another).
-# 6: an accepted image's verdict carries its perceptual hash (the accepted table's phash).
-# 7: the perceptual hash is one resample-and-DCT matrix product per side (perceptual_hash), not Pillow's resize.
-# 8: a JPEG's perceptual hash is of the luma libjpeg-turbo decodes at 1/8 scale, not of its RGB decode.
-# 9: an accepted image's verdict carries a pHash and a difference hash of three centre views (perceptual_hash).
 VALIDATOR_VERSION = "validate-9"
 PHASES = ("all", "map", "reduce")
 
@@ -86,7 +80,6 @@ def load_index(index_dir: Path) -> pa.Table:
     index = read_table(path, RAW_INDEX).sort_by("key")
     if not index.num_rows:
         raise ValueError(f"{path} lists no images; check the raw root the index was built from")
-    # Unsafe keys stay (each gets its unsafe_key verdict); a key outside its source is a broken index.
     for source in pc.unique(index.column("source")).to_pylist():
         keys = index.column("key").filter(pc.equal(index.column("source"), source))
         outside = keys.filter(pc.invert(pc.starts_with(keys, f"{source}/")))
@@ -96,8 +89,8 @@ def load_index(index_dir: Path) -> pa.Table:
 
 
 def run_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The knobs that decide the output. Paths and --workers are left out: the same data validated
-    in another folder or with more workers must give the same manifest, hence the same data version."""
+    """The knobs that decide the output. Paths and --workers are left out, so the same data gives the
+    same manifest, hence the same data version, wherever and however widely it runs."""
     return {
         "val_fraction": args.val_fraction,
         "split_seed": args.split_seed,
@@ -121,7 +114,7 @@ def decode_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "validator_version": VALIDATOR_VERSION,
         "pillow_version": PIL.__version__,
-        "simplejpeg_version": simplejpeg.__version__,  # the strict JPEG decoder (training_code/lib/jpeg_strict.py)
+        "simplejpeg_version": simplejpeg.__version__,  # the strict JPEG decoder (jpeg_strict)
         "min_side": args.min_side,
         "allowed_formats": list(args.allowed_formats),
         "timeout_s": args.timeout_s,
@@ -147,8 +140,8 @@ def check_quarantine_rate(counts: dict[str, Any], max_rate: float, out: Path) ->
 def validate(
     args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file
 ) -> tuple[dict[str, Any], bytes, dict[str, int], list[Thumbnail]]:
-    """Run the whole pass (or its reduce stage); returns the manifest, its exact bytes, how many
-    images were decoded, reused and fetched, and the thumbnails on the quarantine's contact sheet."""
+    """Run the whole pass (or its reduce stage); return the manifest, its exact bytes, the counts of
+    images decoded, reused and fetched, and the quarantine contact sheet's thumbnails."""
     check_args(args)
     if args.phase == "all":
         start_decoders(check)  # its imports run while the tables below are read
@@ -160,8 +153,7 @@ def validate(
     verdicts, to_decode = refuse_unsafe_keys(to_decode)  # the new verdicts: the reused ones stay columns
     pending = rows_of(index, to_decode)
     reads = checked_reads(args, pending, listed.raw_uri)
-    # A source whose very name is unsafe ("" of "/x.jpg", "..") holds only unsafe keys, refused above:
-    # nothing of it is read, its annotations.json included.
+    # A source whose very name is unsafe holds only unsafe keys, refused above: nothing of it is read.
     sources = {
         source
         for source in pc.unique(index.column("source")).to_pylist()
@@ -169,9 +161,8 @@ def validate(
     }
     labels = label_policy(args)
     with RawReader(listed, args.raw) as raw:
-        # The decode workers start first and get ready while the annotations are read.
         with decode_workers(args, 0 if args.phase == "reduce" else reads.objects, check) as pool:
-            # Before any decode: a source without a usable annotations.json fails here (see label_policy).
+            # A source without a usable annotations.json fails here, before any decode (see label_policy).
             annotations, errors = raw.annotations(labels.sources_to_read(sources), args.max_annotation_bytes)
             labels.require_annotation_files(sources, annotations, errors, listed.raw_uri)
             mapped = VERDICTS.empty()
@@ -198,8 +189,8 @@ def validate(
         files[SHEET_FILE] = sha256_bytes(sheet)
     else:
         (args.out / SHEET_FILE).unlink(missing_ok=True)  # an earlier run's sheet would show other files
-    # Only what was decided goes in: no paths, times, hosts or input hashes, so a rebuild that reaches
-    # the same verdicts writes the same bytes and downstream assets stay fresh.
+    # Only what was decided goes in (no paths, times, hosts), so a rebuild reaching the same verdicts
+    # writes the same bytes and downstream assets stay fresh.
     manifest = {
         "format": MANIFEST_FORMAT,
         "validator_version": VALIDATOR_VERSION,
@@ -216,9 +207,8 @@ def validate(
 
 
 def checked_reads(args: argparse.Namespace, pending: pa.Table, raw_uri: str) -> ReadList:
-    """What this run reads: its read list (`--reads`, planned before launch: the job reads nothing it
-    does not name, which is what its volume was sized for), checked to name every image the run must
-    decode; without one, the images to decode themselves (the script run by hand)."""
+    """What this run reads: the `--reads` list, checked to name every image to decode (the job reads
+    nothing else); without one, the images to decode themselves."""
     rows = pending.select(["key", "size", "etag"])
     if args.reads is None:
         return read_list_of(raw_uri, rows, args.max_image_bytes)
@@ -234,8 +224,8 @@ def checked_reads(args: argparse.Namespace, pending: pa.Table, raw_uri: str) -> 
 
 
 def retry_next_time(counts: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's RETRY_NEXT_TIME entry when some verdicts were not the files' own fault: the cache
-    never reuses such an output, and the next run decodes only those images again."""
+    """The manifest's RETRY_NEXT_TIME entry when some verdicts were not the files' fault: such an output
+    is never reused, and the next run decodes only those images again."""
     retry = counts["images_to_retry"]
     if not retry:
         return {}
@@ -249,8 +239,8 @@ def retry_next_time(counts: dict[str, Any]) -> dict[str, Any]:
 
 
 def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file) -> dict[str, Any]:
-    """The map stage on one host: decode this host's part of the read list (`read_list.ReadList.part`,
-    by its place among the job's hosts) and write its verdicts for the reduce stage."""
+    """The map stage on one host: decode this host's part of the read list and write its verdicts
+    for the reduce stage."""
     check_args(args)
     host = job_env.current_host()
     slot, hosts = host_slot(resource_config(job_env.opt_ml()))
@@ -264,7 +254,6 @@ def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = c
         slot + 1,
         hosts,
     )
-    # Reads images only, no annotations; the workers get ready while the images are fetched.
     with RawReader(ListedRoot(reads.raw_uri, {}), args.raw) as raw, decode_workers(args, part.objects, check) as pool:
         verdicts = raw.decode(part, args, pool)
         fetched = raw.fetch_counts()
@@ -288,8 +277,8 @@ def reused_and_to_decode(args: argparse.Namespace, index: pa.Table) -> tuple[pa.
 
 
 def collect_map_verdicts(decoded: Path, pending: pa.Table) -> pa.Table:
-    """The verdicts the map hosts reached for the index rows in `pending`. A key of the read list no
-    host reached a verdict for is `RawRootChanged`, as a file gone on one host is: nothing is published."""
+    """The map hosts' verdicts for the rows in `pending`. A key no host reached a verdict for raises
+    `RawRootChanged`: nothing is published."""
     parts = sorted(decoded.glob("verdicts-*.parquet"))
     if not parts:
         raise FileNotFoundError(

@@ -1,12 +1,8 @@
 """Reuse image verdicts from an earlier validation run for files that did not change, as columns.
 
-A verdict is reused only when the key, the listing's etag and size, and every setting that can
-change a verdict (validator version, Pillow version, min side, allowed formats, time limit) are the
-same as when it was reached. `unreadable` verdicts are never reused: a file that could not be read
-may be readable now (nor is the output that holds them: RETRIED_REASONS); nor are verdicts reached
-without reading (`unsafe_key`, `outside_root`), which cost nothing to reach again and depend on more
-than the key's own etag. The verdicts table is one row an image (VERDICTS); reuse is a join of it with
-the index, never a Python object a row: only the images a run decodes become rows again.
+A verdict is reused only when the key, the listed etag and size, and the decode settings all match.
+Never reused: `unreadable` (it may read now) and verdicts reached without reading (`unsafe_key`,
+`outside_root`). Reuse is an Arrow join of the verdicts table with the index.
 """
 
 from __future__ import annotations
@@ -27,9 +23,8 @@ from .validated_files import VERDICTS_FILE
 log = logging.getLogger("zero.validate")
 
 NEVER_REUSED = frozenset({"unreadable", "unsafe_key", "outside_root"})
-# Of those, the verdicts that are not the file's own fault (permissions, I/O errors): an output that
-# holds any is never a cache hit either (validation_pass.retry_next_time), so the next run of its
-# source decodes exactly these again.
+# Of those, the verdicts that are not the file's fault (permissions, I/O): an output holding any is never
+# a cache hit (validation_pass.retry_next_time), so the next run decodes exactly these again.
 RETRIED_REASONS = frozenset({"unreadable"})
 
 
@@ -50,8 +45,8 @@ def verdict_table(listed: pa.Table, verdicts: dict[str, ImageVerdict]) -> pa.Tab
 
 
 def reusable_verdicts(previous: str | os.PathLike, decode_settings: dict[str, Any]) -> pa.Table | None:
-    """The previous run's VERDICTS rows this run may reuse (its output read where it is: its manifest and
-    verdicts table, nothing else of it), or None when none may be."""
+    """The previous run's VERDICTS rows this run may reuse (only its manifest and verdicts table are
+    read), or None when none may be."""
     manifest_uri = join(previous, "manifest.json")
     if not exists(manifest_uri):
         log.warning("--previous %s has no manifest.json (an unfinished run): every image is decoded", previous)

@@ -1,10 +1,7 @@
-"""Reading a file its folder's `manifest.json` vouches for: its bytes, checked against the size and sha256
-the manifest records for it.
+"""Read a file its folder's `manifest.json` vouches for, checked against the size and sha256 it records.
 
-Tables (Parquet) are read whole by their readers, so checking one costs a hash over bytes already in
-memory. A file its folder's manifest does not name, or a folder without a manifest (a map stage's
-parts, the verdict cache's `verdicts.parquet`), has nothing to be checked against and is returned as
-read. Every manifest shape a job writes is understood (`output_manifest.named_files`).
+A file the manifest does not name, or a folder without a manifest, is returned as read; an unreadable
+manifest is an error.
 """
 
 from __future__ import annotations
@@ -37,9 +34,8 @@ def read_verified(uri: str | os.PathLike) -> bytes:
 
 
 def local_verified_copy(uri: str | os.PathLike, dest: Path) -> Path:
-    """A local file holding the bytes at `uri`, verified as `read_verified` does but hashed as a stream, so
-    a table of any size is checked in bounded memory: a local `uri` itself (read in place), an s3:// one
-    fetched to `dest`."""
+    """A local file holding the bytes at `uri`, verified as `read_verified` does but hashed as a stream
+    (bounded memory): a local `uri` itself, or an s3:// one fetched to `dest`."""
     folder, name = split_folder(uri)
     expected = manifest_entry(folder, name)
     path = dest if is_s3(uri) else Path(uri)

@@ -1,23 +1,8 @@
 """W&B lineage of a job: a run id that follows its fingerprint, the shard set it read and the model it wrote.
 
-Run id. A graph job is named `zero-<label>-<fingerprint16>-a<attempt>` on both backends (`ZERO_JOB_NAME`);
-its run id is that name less the attempt, opened with `resume="allow"`: every attempt of one input
-fingerprint (a spot restart, a rematerialization after a kill, the rehearsal's forced stop and resume)
-logs into one run, and new inputs start another. A job named otherwise (run by hand) gets a fresh id.
-
-Shard set: a `dataset` artifact `shards-<sha256(manifest.json)[:16]>` of references, never copies,
-each pointing where the set lives after the job: below the input's s3:// or fsx:// source when it has
-one (SageMaker), else the job's file:// path; no shard has a checksum, so W&B reads none of its bytes
-(the manifest, named by its sha256, holds each shard's); the manifest and `masked.parquet` have one
-when local. Training and evaluation both use it.
-
-Model: a `model` artifact `model-<fingerprint16>` (the checkpoint's fingerprint; the data version's when
-the job name carries none): a reference to `model.pt` with its checksum, so equal bytes are one version
-wherever the file lies, and the data version, step, architecture and categories as metadata. Training
-logs it as its output; evaluation builds the same artifact from the model folder it reads and uses it.
-
-W&B refuses `use_artifact` offline although its transaction log carries a use (an artifact record
-with `use_after_commit`, which `wandb sync` turns into the use); offline, `use` writes that record.
+A graph job `zero-<label>-<fingerprint16>-a<attempt>` logs every attempt into run `<name less attempt>`.
+The shard set is a `dataset` artifact `shards-<sha256(manifest)[:16]>` of references (no copies, shards
+unchecksummed); the model is `model-<fingerprint16>`, a checksummed reference to `model.pt`.
 """
 
 from __future__ import annotations
@@ -46,7 +31,8 @@ def fingerprint16(job_name: str) -> str | None:
 
 
 def use(run, artifact) -> None:
-    """Declare `artifact` an input of `run`, online or offline (see the module's docstring)."""
+    """Declare `artifact` an input of `run`. Offline W&B refuses `use_artifact`, so write the record
+    with `use_after_commit` that `wandb sync` turns into the use."""
     if run.offline:
         run._log_artifact(artifact, is_user_created=True, use_after_commit=True)
     else:
@@ -66,9 +52,8 @@ def _reference(path: Path, channel: Path, source: str | None) -> str:
 
 
 def shard_set_artifact(folder: Path, training_set_dir: str | None = None, source: str | None = None):
-    """The shard set at `folder` (with `training_set_dir`: the set's folder inside it, as the jobs take
-    it) as a reference artifact; paths are resolved as `detection_samples.verified_split` resolves them.
-    `source`: where the input folder `folder` came from (`job_env.input_uri`)."""
+    """The shard set at `folder` (or its `training_set_dir` inside it) as a reference artifact, paths
+    resolved as `detection_samples.verified_split` does. `source`: where `folder` came from (`job_env.input_uri`)."""
     import wandb
 
     channel = root = Path(folder)
@@ -106,8 +91,8 @@ def model_artifact_name(fingerprint: str | None, data_version: str) -> str:
 
 
 def model_artifact(name: str, model_path: Path, payload: dict[str, Any], data_version: str):
-    """`model.pt` at `model_path` (whose loaded `payload` has the data version `data_version`) as the
-    model artifact `name`; training and evaluation build it alike, so both name one version."""
+    """`model.pt` at `model_path` (loaded as `payload`) as the model artifact `name`; training and
+    evaluation build it alike, so both name one version."""
     import wandb
 
     config = payload["model_config"]

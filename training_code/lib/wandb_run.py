@@ -1,17 +1,8 @@
 """W&B tracking for the job scripts: one run per job, training and evaluation of a checkpoint in one group.
 
-Both `training_code.train` and `training_code.evaluate` take the same `--wandb-*` flags (see
-`add_arguments`). Modes: `disabled` (no run), `offline` (the run is written to `WANDB_DIR` when set,
-else the job's output data folder, for `wandb sync`), `online` (sent to `--wandb-base-url`). The
-run's location goes into the job's report: the run URL online, the offline run's folder offline.
-
-A graph job's run id follows its input fingerprint, so a restarted job continues its run; the shard
-set it read and the model it wrote are W&B artifacts (see `wandb_artifacts`).
-
-The API key never travels in the job's environment on SageMaker: in online mode, when
-`ZERO_WANDB_SECRET_ARN` names an AWS Secrets Manager secret, the job reads it at start (through the
-shared AWS client policy) and hands it to W&B in memory. Without it, W&B finds its key as it always
-does (`WANDB_API_KEY`, `~/.netrc` from `wandb login`).
+Train and evaluate share the `--wandb-*` flags (`add_arguments`); modes `disabled`, `offline` (to
+`WANDB_DIR` or the job's output data folder), `online` (to `--wandb-base-url`). Online, the API key
+comes from the `ZERO_WANDB_SECRET_ARN` secret, in memory only, else W&B's usual lookup.
 """
 
 from __future__ import annotations
@@ -55,21 +46,21 @@ def add_arguments(parser: argparse.ArgumentParser, *, follows_training: bool = F
 
 def missing_server(args: argparse.Namespace) -> str | None:
     """Why the flags cannot run, or None: online tracking sends metrics off the machine, so the
-    destination is named, never a library default."""
+    destination must be named, never a library default."""
     if args.wandb_mode == "online" and not args.wandb_base_url:
         return "--wandb-mode online needs --wandb-base-url (e.g. https://api.wandb.ai or your server)"
     return None
 
 
 def without_tracking(arguments: dict[str, Any]) -> dict[str, Any]:
-    """The arguments less the W&B ones: what model files and checkpoints record, so where a run was
-    tracked never changes the bytes (and so the data version) of the weights."""
+    """The arguments less the W&B ones, for model files and checkpoints: where a run was tracked must
+    not change the weights' bytes (their data version)."""
     return {key: value for key, value in arguments.items() if not key.startswith("wandb_")}
 
 
 def follow_training(args: argparse.Namespace, model_dir: Path) -> None:
-    """Fill the W&B flags left unset from what the checkpoint's training recorded (`training_summary.json`
-    beside model.pt), so the evaluation lands in the training run's project and group."""
+    """Fill the W&B flags left unset from the checkpoint's `training_summary.json`, so the evaluation
+    lands in the training run's project and group."""
     summary_path = Path(model_dir) / SUMMARY_FILE
     recorded = json.loads(summary_path.read_text()).get("wandb", {}) if summary_path.is_file() else {}
     if args.wandb_mode == AS_TRAINING:
@@ -130,7 +121,7 @@ def start(args: argparse.Namespace, *, job_type: str, config: dict[str, Any], of
         arn = os.environ.get(SECRET_ARN_VARIABLE)
         if arn:
             options["api_key"] = api_key_from_secret(arn)  # in memory only: never an environment variable or a file
-    # One run per input fingerprint: a restarted attempt of the job continues it (see wandb_artifacts).
+    # One run per input fingerprint: a restarted attempt continues it.
     stable_id = wandb_artifacts.run_id(job_env.job_name())
     return wandb.init(
         mode=args.wandb_mode,
@@ -148,8 +139,8 @@ def start(args: argparse.Namespace, *, job_type: str, config: dict[str, Any], of
 
 
 def recorded(args: argparse.Namespace, run) -> dict[str, Any]:
-    """The job's tracking settings and, when a run was made, its id and location. Training writes this
-    into training_summary.json, for its evaluations to follow (see `follow_training`)."""
+    """The job's tracking settings and, when a run was made, its id and location; training records this
+    in training_summary.json for `follow_training`."""
     found = {
         "mode": args.wandb_mode,
         "project": args.wandb_project,

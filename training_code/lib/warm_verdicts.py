@@ -1,12 +1,9 @@
 """Recorded verdicts of warm shards: a shard verified where the trainer reads it is not read again while
 its file is unchanged.
 
-A verdict is `<shards folder>/.verified/<shard name>.json`: what was checked (the manifest entry's
-bytes, sha256 and rows) and the file's state when it was checked (size, mtime_ns, ctime_ns, inode). It
-holds while the file is in that state and the entry asked for is the one verified. The ctime is in the
-state because no call can set it: a write in place changes it, and so does a touch that puts the mtime
-back. A verdict costs one `stat`; a shard without a holding one is verified in full (size, sha256, rows).
-Used by the local warm step (zero_assets/backends/local/warm_state.py) and the FSx warm job alike.
+A verdict, `<shards folder>/.verified/<shard name>.json`, records the entry checked (bytes, sha256, rows)
+and the file's size, mtime_ns, ctime_ns and inode; it holds while both match (ctime, because no call can
+set it back). Used by the local warm step and the FSx warm job alike.
 """
 
 from __future__ import annotations
@@ -60,8 +57,8 @@ def verdict_holds(shard: Path, entry: dict[str, Any]) -> bool:
 
 
 def record_verdict(shard: Path, entry: dict[str, Any], state: dict[str, int] | None = None) -> None:
-    """Record that the file at `shard` was verified as `entry`'s shard, in `state` (its state now when
-    not given: for a copy verified under a temporary name, then renamed into place by this process)."""
+    """Record that the file at `shard` was verified as `entry`'s shard, in `state` (default: its state
+    now, for a copy verified under a temporary name and then renamed into place)."""
     verdict = {
         "format": FORMAT,
         "name": shard.name,

@@ -1,6 +1,6 @@
-"""The one place the backend is chosen (`ZERO_BACKEND`: local | sagemaker) and its settings are built,
-the profile (`ZERO_PROFILE`) applied. The code location's resources come from here, and so do the
-settings `zero-assets` commands act on (render-jobs, sources, gc): a command sees what a run gets.
+"""The one place the backend (`ZERO_BACKEND`) is chosen and its settings built, `ZERO_PROFILE` applied.
+
+The code location and the `zero-assets` commands both take their settings from here.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def backend_settings() -> tuple[ZeroSettings, SageMakerSettings | None]:
 
 
 def sagemaker_settings() -> tuple[ZeroSettings, SageMakerSettings]:
-    """What the SageMaker backend runs with, whatever `ZERO_BACKEND` says (`render-jobs` prints its
-    requests): `SageMakerSettings` from `ZERO_SM_*` with the profile applied, and `ZeroSettings` whose
-    lake and raw root default to `s3://<bucket>/<prefix>/lake` and `.../raw`."""
+    """The SageMaker backend's settings whatever `ZERO_BACKEND` says (for `render-jobs`).
+
+    The lake and raw root default to `s3://<bucket>/<prefix>/lake` and `.../raw`."""
     profile = profile_from_env()
     aws = sagemaker_settings_from_env(**profile_fields(profile))
     # From the environment, not `aws`: its fields are EnvVar bindings until Dagster resolves them.
@@ -48,8 +48,7 @@ def sagemaker_settings() -> tuple[ZeroSettings, SageMakerSettings]:
 
 
 def resolved(resource: Resource) -> Resource:
-    """`resource` with its EnvVar bindings read now, as Dagster reads them when it initializes the
-    resource for a run: for commands that print or act on settings outside a run."""
+    """`resource` with its EnvVar bindings resolved now, as Dagster does for a run (for commands)."""
     return resource.process_config_and_initialize()
 
 

@@ -1,15 +1,8 @@
 """What a job cost: instance-seconds, spot savings and an estimate in USD, from its Describe*Job answer.
 
-One meaning on every backend: `instance_seconds` is the seconds the job's instances ran, summed over
-its instances (Training: TrainingTimeInSeconds x InstanceCount; Processing: ProcessingEndTime -
-ProcessingStartTime, x InstanceCount; locally: wall time x hosts). `billable_instance_seconds` is what
-SageMaker bills at the on-demand price: the same seconds, except under managed spot training, where
-SageMaker bills BillableTimeInSeconds (per instance): the spot discount shows as fewer billable
-seconds, not as another price. The estimate is billable instance-hours x the on-demand price of the
-instance type in the job's region, from `prices.json` beside this file and the file named by
-`ZERO_SM_PRICE_TABLE` (its entries win). No price, no figure: `cost_note` says what is missing.
-A job on a Training Plan is paid by the plan's upfront fee, not by the hour: its estimate is its share
-of the fee, the fee spread evenly over the instance-hours the plan reserves, times the ones it used.
+`instance_seconds` is run time summed over instances on every backend; the estimate is billable
+instance-hours x the on-demand price (`prices.json`, overlaid by `ZERO_SM_PRICE_TABLE`), or on a
+Training Plan the job's share of the plan's fee. No price, no figure: `cost_note` says what is missing.
 """
 
 from __future__ import annotations
@@ -133,8 +126,7 @@ def usage_of(kind: Literal["training", "processing"], job: dict[str, Any]) -> Jo
 def cost_metadata(
     usage: JobUsage, region: str, prices: PriceTable, plan_fee: Optional[PlanFee] = None
 ) -> dict[str, Any]:
-    """The metadata every SageMaker job-backed materialization carries about what its job cost; on a
-    Training Plan (`plan_fee`), its share of the plan's fee instead of an on-demand price."""
+    """Cost metadata for one SageMaker job; with `plan_fee`, its share of the plan's fee instead of a price."""
     count = usage.instance_count
     metadata: dict[str, Any] = {"instance_type": usage.instance_type, "instance_count": count, "region": region}
     if usage.seconds_per_instance is None:
@@ -175,9 +167,7 @@ def cost_metadata(
 
 
 def plan_share(fee: PlanFee, billable_instance_seconds: float) -> dict[str, Any]:
-    """A job's share of its plan's fee: the instance-hours it used at the fee's rate per reserved
-    instance-hour. The fee is paid whether or not the reserved hours are used; the share shows what a
-    job took of it."""
+    """A job's share of its plan's fee: the instance-hours it used at the fee's rate per reserved instance-hour."""
     rate = fee.per_instance_hour()
     share = round(billable_instance_seconds / 3600 * rate, 4)
     metadata: dict[str, Any] = {

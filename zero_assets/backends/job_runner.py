@@ -1,20 +1,30 @@
 """The one interface every backend implements: run a `JobRequest`, warm a shard set; plain results back.
 
-A runner knows `JobRequest` and `UpstreamOutput`, never an asset: the assets turn what it returns into
-their materializations.
+A runner never sees an asset: the assets turn what it returns into their materializations.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import AssetExecutionContext, ConfigurableResource, PipesClientCompletedInvocation
 
+from zero_assets.backends.preflight import (
+    TRAINING_ASSETS,
+    Finding,
+    local_wandb_login,
+    wandb_key_finding,
+    writable_prefix,
+)
 from zero_assets.core.fingerprints import UpstreamOutput
 from zero_assets.core.job_request import JobRequest, Work
+from zero_assets.core.settings import ZeroSettings
+from zero_assets.core.tuning import TuningSpec
+
+GATE_VARIABLE = "ZERO_REHEARSAL_GATE"
 
 
 @dataclass(frozen=True)
@@ -27,17 +37,26 @@ class WarmedShards:
     shards: int
     copied: int | None = None  # shards copied this time; None where the backend copies nothing itself
     already_warm: int | None = None  # shards found intact and left alone; None where it copies nothing
-    # What this warm read: shards (and their bytes) copied, and verified (every copy, and each shard
-    # checked in place); shards trusted on a verdict recorded while their file was unchanged, not read.
-    # None where the backend does not count it.
+    # What this warm read (None where the backend does not count it); `reused_verdicts`: shards trusted
+    # on an earlier verdict for the unchanged file, not read.
     copied_bytes: int | None = None
     verified: int | None = None
     verified_bytes: int | None = None
     reused_verdicts: int | None = None
     paths: Mapping[str, str] = field(default_factory=dict)  # other places worth a link: name -> path or URI
-    # What else the backend knows, for the record: plain values (ids, folders, what was verified), and the
-    # warm job's own report (its metadata as Dagster Pipes delivered it) where one ran.
+    # Plain values for the record, and the warm job's own Pipes report where one ran.
     details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TuningRun:
+    """What a backend's search found: plain values."""
+
+    job: str  # the tuning job (SageMaker) or the local search, by name
+    # Each trial: job, hyperparameters (the tuned ones), objective (None: no figure), status, seconds.
+    trials: list[dict[str, Any]]
+    best: dict[str, Any] | None
+    cost: Mapping[str, Any]  # instance-seconds and the estimate (or why none), as every job records
 
 
 class JobRunner(ConfigurableResource):
@@ -47,13 +66,12 @@ class JobRunner(ConfigurableResource):
     def run(
         self, context: AssetExecutionContext, request: JobRequest
     ) -> tuple[PipesClientCompletedInvocation, dict[str, Any]]:
-        """Run the request's job to completion: the Pipes invocation (the script's report) and what the
-        launcher knows of the run (job name, backend, instances, time, cost, logs)."""
+        """Run the request's job to completion: the Pipes invocation and the launcher's facts (job, cost, logs)."""
 
     @abstractmethod
     def instance_count(self, request: JobRequest, work: Work) -> int:
-        """Instances the planned Processing job `request` spreads over, for what it reads (`work`; see
-        `job_request.spread_over`); fails, naming the setting, when the job cannot fit."""
+        """Instances the planned Processing job `request` spreads over for `work`; fails naming the
+        setting when the job cannot fit."""
 
     @abstractmethod
     def read_list_uri(self, request: JobRequest) -> str:
@@ -61,10 +79,47 @@ class JobRunner(ConfigurableResource):
 
     @abstractmethod
     def warm_location(self, shards: UpstreamOutput) -> str:
-        """Where `warm_shards` makes the shard set `shards` (an arrow_shards output) readable; known before
-        warming, so a run that waited for another one warming it finds that work there."""
+        """Where `warm_shards` makes `shards` readable; known before warming, so a waiting run finds it."""
 
     @abstractmethod
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput, lease: str) -> WarmedShards:
-        """Make the shard set `shards` readable by the trainer at `warm_location(shards)`, verified. `lease`:
-        the warm's output lease, which the step holds meanwhile; a job the warm launches names it."""
+        """Make `shards` readable by the trainer at `warm_location(shards)`, verified.
+
+        `lease`: the warm's output lease, held meanwhile; a job the warm launches names it."""
+
+    @abstractmethod
+    def tune(
+        self, context: AssetExecutionContext, request: JobRequest, spec: TuningSpec, earlier: Mapping[str, Any] | None
+    ) -> TuningRun:
+        """Search `spec` over trials of the training `request`; `earlier`: a prior tuning's record to start from."""
+
+    # What differs between backends beyond running jobs; these are the local backend's answers.
+
+    def environment(self) -> dict[str, str]:
+        """Where the scripts run, as the rehearsal key covers it: the runner (SageMaker: and its images)."""
+        return {"runner": type(self).__name__}
+
+    def rehearsal_gate_default(self, environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
+        """Whether the rehearsal gate is enforced where ZERO_REHEARSAL_GATE is `auto`, and why."""
+        return False, f"the local backend ({GATE_VARIABLE}=on enforces it here too)"
+
+    def training_plan(self, asset: str = "trained_checkpoint", clients: Any = None) -> Any:
+        """The Training Plan `asset`'s compute names, read now; None where there is none."""
+        return None
+
+    def preflight(self, settings: ZeroSettings, tracking: Mapping[str, Any]) -> list[Finding]:
+        """The campaign's preflight for a training tracked as `tracking`: checkpoint folders writable and,
+        tracking online, the W&B key `wandb login` left valid."""
+        findings = [
+            writable_prefix(str(settings.jobs_root() / asset), f"{asset} checkpoints") for asset in TRAINING_ASSETS
+        ]
+        if tracking.get("wandb_mode") == "online":
+            findings.append(wandb_key_finding(local_wandb_login(tracking["wandb_base_url"])))
+        return findings
+
+    def stop_orphaned_jobs(
+        self, orphaned_since: dict[str, float], holder: Callable[[str], Any], log: Any
+    ) -> tuple[dict[str, float] | None, str]:
+        """Stop the jobs whose output lease no live run (`holder`) has held for the grace period; the new
+        `orphaned_since` (job name -> since when; None: nothing is watched) and a summary."""
+        return None, "local backend: a job process dies with the process that started it"

@@ -1,8 +1,6 @@
-"""Preflight checks that take seconds, on any backend: a write and a delete under a checkpoint prefix, and the
-W&B API key a job will log in with. Each answers a `Finding` that names what is wrong and what to do.
+"""Preflight checks that take seconds on any backend: a writable checkpoint prefix and a valid W&B key.
 
-The rehearsal runs them before its first job, the readiness check before a Training Plan starts; the
-SageMaker backend adds its own (the job role's permissions, the FSx association: `sagemaker/preflight.py`).
+Each answers a `Finding` naming what is wrong and what to do; SageMaker's own are in `sagemaker/preflight.py`.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from training_code.lib.storage import delete_file, exists, join, write_bytes_atomic
 
+TRAINING_ASSETS = ("trained_checkpoint", "training_rehearsal")  # whose checkpoint prefixes the probe writes under
 WANDB_TIMEOUT_S = 15.0
 # What `wandb login` asks the server: the user the key belongs to (W&B's GraphQL API, basic auth `api:<key>`).
 VIEWER_QUERY = "query Viewer { viewer { id username entity } }"
@@ -70,8 +69,7 @@ class WandbLogin:
 
 
 def local_wandb_login(base_url: str) -> WandbLogin:
-    """The key a local job logs in with, found as W&B finds it: `WANDB_API_KEY`, else the netrc entry that
-    `wandb login` wrote for the server's host."""
+    """The key a local job logs in with, found as W&B finds it: `WANDB_API_KEY`, else the netrc entry."""
     if os.environ.get("WANDB_API_KEY"):
         return WandbLogin(base_url, os.environ["WANDB_API_KEY"], "WANDB_API_KEY")
     host = urllib.parse.urlparse(base_url).hostname or base_url
@@ -84,8 +82,7 @@ def local_wandb_login(base_url: str) -> WandbLogin:
 
 
 def wandb_key_finding(login: WandbLogin, timeout_s: float = WANDB_TIMEOUT_S) -> Finding:
-    """Ask the W&B server who the key belongs to, as `wandb login` does; a key it refuses fails here, in
-    seconds, rather than in the job."""
+    """Ask the W&B server who the key belongs to, as `wandb login` does, so a bad key fails before the job."""
     check = "W&B key"
     if not login.key:
         return Finding(
@@ -128,3 +125,7 @@ def error_text(error: BaseException) -> str:
         problem = error.response.get("Error", {})
         return f"{problem.get('Code', 'error')}: {problem.get('Message', '')}".rstrip(": ")
     return f"{type(error).__name__}: {error}"
+
+
+def failed(findings: list[Finding]) -> list[Finding]:
+    return [finding for finding in findings if not finding.ok]

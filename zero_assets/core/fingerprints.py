@@ -1,8 +1,7 @@
-"""Input fingerprints and upstream lookups: what a materialization was built from.
+"""Input fingerprints: what a materialization was built from.
 
-An asset's input fingerprint combines the code version of its job script (hashed from the source
-files, never typed by hand), its config, and the data versions of its upstream assets. Outputs are
-written under that fingerprint, so a rerun with the same inputs writes to the same place.
+A fingerprint hashes the job script's code version (derived from the files), the config and the
+upstream data versions; outputs are written under it, so equal inputs write to the same place.
 """
 
 from __future__ import annotations
@@ -27,21 +26,18 @@ CODE_PACKAGES = ("training_code", "zero_assets")
 
 @cache
 def code_version(*modules: str) -> str:
-    """Hash of the source of `modules` (a job script, or the modules an in-process asset runs) and of
-    every project module they import, transitively: what an asset declares as its code version.
+    """Hash of the source of `modules` and every project module they import, transitively.
 
-    Derived from the files, never typed by hand: editing a module they do not import leaves the
-    version (and the cached outputs) alone. Cached: the definitions read it once, at load.
+    What an asset declares as its code version; cached, so it reflects the files at definitions load.
     """
     return current_code_version(*modules)
 
 
 def current_code_version(*modules: str) -> str:
-    """`code_version` from the files as they are now, never cached: what a launch fingerprints, so a
-    job module edited after the definitions loaded (a team's own trainer) is a new input.
+    """`code_version` from the files as they are now, never cached: what a launch fingerprints.
 
-    Imports are followed into this project's packages and into each module's own top-level package
-    (`acme` for `acme.detector.train`), so a team's helpers count as its trainer's code."""
+    Imports are followed into this project's packages and each module's own top-level package
+    (`acme` for `acme.detector.train`)."""
     if not modules:
         raise ValueError("code_version needs at least one module name")
     packages = {*CODE_PACKAGES, *(module.split(".")[0] for module in modules)}
@@ -52,9 +48,9 @@ def current_code_version(*modules: str) -> str:
 
 
 def check_job_module(module: str, setting: str) -> None:
-    """Fail before anything launches when the job module that `setting` (an asset's config field) names
-    cannot be run as `python -m`: not found, a package rather than a module file, or a file (or one it
-    imports from its own package) that does not parse. Finding it imports its parent packages, not it."""
+    """Raise `Failure` unless the module that config field `setting` names can run as `python -m`.
+
+    Imports its parent packages to find it, never the module itself."""
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError) as error:  # a parent package is missing or fails to import
@@ -104,10 +100,9 @@ def _import_closure(module: str, packages: set[str]) -> dict[str, bytes]:
 
 @lru_cache(maxsize=4096)
 def _import_statements(source: bytes, filename: str) -> tuple[ast.Import | ast.ImportFrom, ...]:
-    """The import statements anywhere in a module's source (a function's lazy import counts too),
-    parsed once per distinct source: a code version is derived at every launch, and parsing the
-    closure was most of a small refresh's time in the asset (0.1-0.16 s a launch), while the files
-    rarely change between two launches. Keyed by the bytes themselves, so an edit is always seen."""
+    """The import statements anywhere in a module's source, lazy ones included.
+
+    Cached by the source bytes, so an edit is always seen."""
     return tuple(node for node in ast.walk(_parse(source, filename)) if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
@@ -115,10 +110,10 @@ _PARSING = threading.Lock()
 
 
 def _parse(source: bytes, filename: str) -> ast.Module:
-    """`ast.parse` of the file, one thread at a time. On CPython 3.11.7 a parse can fail with "SystemError:
-    AST constructor recursion depth mismatch" when another thread parses at the same time (seen once in
-    CI, deriving a code version during a test run); the converter's depth counter is shared. A parse
-    elsewhere, not under this lock, can still collide, so that error is tried once more."""
+    """`ast.parse` of the file, one thread at a time.
+
+    CPython 3.11's AST converter shares a depth counter across threads ("recursion depth mismatch");
+    a parse elsewhere, outside this lock, can still collide, so that error is retried once."""
     with _PARSING:
         try:
             return ast.parse(source, filename=filename)
@@ -174,7 +169,6 @@ class UpstreamOutput:
 
 
 def upstream_name(output: UpstreamOutput, upstream: list[UpstreamOutput]) -> str:
-    """How a materialization names one of its upstream outputs: the asset, or `asset[source]` where it
-    reads several sources of one asset (the training set)."""
+    """The asset's name, or `asset[source]` where `upstream` holds several sources of that asset."""
     shared = sum(u.asset == output.asset for u in upstream) > 1
     return f"{output.asset}[{output.partition}]" if shared and output.partition else output.asset

@@ -1,7 +1,6 @@
 """What an asset asks a backend to run: one job script, its inputs, outputs and settings.
 
-The same request drives every backend: the local runner lays it out as SageMaker's `/opt/ml`
-contract on this machine, a SageMaker runner turns it into a Create*Job call.
+Backend-neutral: the local runner lays it out as SageMaker's `/opt/ml` contract, SageMaker makes a Create*Job call.
 """
 
 from __future__ import annotations
@@ -25,9 +24,9 @@ MODULE_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 
 def job_name(label: str, fingerprint: str, attempt: int) -> str:
-    """The name of one attempt of a job, on either backend: `zero-<label>-<fingerprint16>-a<attempt>`,
-    the label shortened when the whole would pass SageMaker's 63 characters. Deterministic, so a
-    restarted run finds the attempt its predecessor launched instead of launching a second one."""
+    """`zero-<label>-<fingerprint16>-a<attempt>`, the label shortened to fit SageMaker's 63 characters.
+
+    Deterministic, so a restarted run finds the attempt its predecessor launched."""
     if attempt < 1:
         raise ValueError(f"attempt numbers start at 1, got {attempt}")
     if not re.fullmatch(r"[0-9a-f]{16,}", fingerprint):
@@ -42,8 +41,7 @@ def job_name(label: str, fingerprint: str, attempt: int) -> str:
 
 @dataclass(frozen=True)
 class Reads:
-    """The raw objects a job reads by key, known before launch: its read list (training_code/lib/read_list.py)
-    in the folder `uri`, handed to the job as an input. The job fetches them itself from `raw_uri`."""
+    """The raw objects a job fetches by key from `raw_uri`, listed in its read list at `uri` (an input)."""
 
     uri: str
     raw_uri: str
@@ -63,8 +61,7 @@ class Reads:
 
 @dataclass(frozen=True)
 class TableScan:
-    """Tables a job reads whole, by key (the selection's validated tables): its memory and volume are sized
-    from them."""
+    """Tables a job reads whole, by key; its memory and volume are sized from them."""
 
     rows: int
     bytes: int
@@ -85,14 +82,12 @@ class JobRequest:
     processes_per_host: int = 1  # training: torchrun's --nproc_per_node (SageMaker: one per GPU of the instance)
     reads: Reads | None = None  # what the job fetches by key (see `spread_over`), never an input prefix
     scan: TableScan | None = None  # the tables it reads whole
-    # Outputs an earlier stage of the same materialization wrote into too (a map stage's shards): the job's
-    # files join them there instead of replacing the folder.
+    # Outputs an earlier stage already wrote into (a map stage's shards): the job adds to them, never replaces.
     merged_outputs: tuple[str, ...] = ()
     launcher: Literal["torchrun", "python"] = "torchrun"  # training: torchrun, or one plain process per instance
     fsx_access: Literal["ro", "rw"] = "ro"  # training: how an FSx input is mounted
     stage: Literal["", "map", "reduce"] = ""  # one of the two jobs of a fanned-out materialization (see `fan_out`)
-    # The lease of the materialization's output (`output_lease_location`): a run building it holds it while
-    # the job runs, so a job whose lease no live run holds has no one waiting on it (`defs/orphaned_jobs`).
+    # The output's lease (`output_lease_location`), held while the job runs; see `defs/orphaned_jobs`.
     lease: str = ""
 
     @property
@@ -102,16 +97,14 @@ class JobRequest:
 
     @property
     def job_name(self) -> str:
-        """The name of the first attempt (`job_name(label, fingerprint, 1)`): what the local backend,
-        which runs a request once per Dagster run, calls its job, and SageMaker's first attempt."""
+        """The name of the first attempt: `job_name(label, fingerprint, 1)`."""
         return job_name(self.label, self.fingerprint, 1)
 
     def argument_list(self) -> list[str]:
         return [token for key, value in self.arguments.items() for token in (f"--{key.replace('_', '-')}", str(value))]
 
     def reads_s3(self) -> bool:
-        """Whether the script itself is handed an s3:// location (an input, an argument, the raw root it
-        fetches from)."""
+        """Whether the script is handed any s3:// location (input, argument or raw root)."""
         fetched = ([self.reads.raw_uri] if self.reads else []) + list(self.scan.uris if self.scan else ())
         return any(
             str(value).startswith("s3://") for value in [*self.inputs.values(), *self.arguments.values(), *fetched]
@@ -127,9 +120,9 @@ def materialization_folder(jobs_root: Path, request: JobRequest) -> Path:
 
 
 def output_jobs_folder(jobs_root: Path, asset: str, fingerprint: str) -> Path:
-    """`<jobs root>/<asset>/<fingerprint[:16]>`: everything the jobs of one output keep on this machine,
-    beside the output's own `<lake>/<asset>/<fingerprint[:16]>`: its lease (`lease.json`), training
-    checkpoints (`checkpoints/`) and each run's job folders (`runs/<run id>/<job name>/`)."""
+    """`<jobs root>/<asset>/<fingerprint[:16]>`: what one output's jobs keep on this machine.
+
+    Holds `lease.json`, `checkpoints/` and `runs/<run id>/<job name>/`."""
     return Path(jobs_root) / asset / fingerprint[:16]
 
 
@@ -138,9 +131,8 @@ LEASE_SUFFIX = ".lease.json"
 
 
 def output_lease_location(jobs_root: Path, asset: str, fingerprint: str, output: str) -> str:
-    """Where the lease of the output at `output` is kept (`launch.output_lease` holds it): beside an
-    s3:// output, `<output>.lease.json` (runs on any host look there); else `lease.json` in the output's
-    jobs folder on this machine (`output_jobs_folder`)."""
+    """Where the lease of `output` is kept: `<output>.lease.json` beside an s3:// output (visible to
+    every host), else `lease.json` in its `output_jobs_folder`."""
     if is_s3(output):
         return output.rstrip("/") + LEASE_SUFFIX
     return str(output_jobs_folder(jobs_root, asset, fingerprint) / LEASE_FILE)
@@ -154,28 +146,23 @@ Planner = Callable[[Mapping[str, str], Mapping[str, Any]], ReadList]
 class FanOut:
     """A Processing job that reads raw objects by key, planned before launch and spread over instances.
 
-    `plan` works out the job's read list from its inputs and arguments (tables only, never a raw
-    object); it is written where the backend says (`read_list_uri`) and handed to the job as the input
-    `reads_input`. The backend derives the instance count from it (`instance_count`). On several
-    instances a `map` stage runs on every one, each reading its part of the list (by its place among
-    the hosts, see read_list.ReadList.part) with the inputs `map_inputs`, and writing its own files; a
-    `reduce` stage on one instance reads all of them as `collected_input` and writes the asset's
-    output. The job script takes `--phase map|reduce` and `--<collected_input> DIR`."""
+    `plan` derives the read list from inputs and arguments (tables only), handed to the job as
+    `reads_input`. On several instances a `map` stage reads each host's part and a one-instance `reduce`
+    stage reads their files as `collected_input`; the script takes `--phase map|reduce` and
+    `--<collected_input> DIR`."""
 
     plan: Planner
     collected_input: str
     reads_input: str = "reads"
     map_inputs: tuple[str, ...] = ("reads",)  # those of them the request has
-    # The map stage writes into the asset's output itself (a pack's shards, which are not moved again) and
-    # hands on only its listing, as `collected_input`; else all it writes is the reduce stage's input.
+    # True: the map stage writes into the asset's output itself and hands on only its listing.
     map_keeps_output: bool = False
     disk_factor: float = 1.0  # volume bytes per byte read (see Reads)
 
 
 @dataclass(frozen=True)
 class Work:
-    """What a planned job reads, for the backend to size it: objects, bytes, and `host_bytes(n)`, the
-    bytes the busiest of n hosts reads."""
+    """What a planned job reads, for sizing: `host_bytes(n)` is what the busiest of n hosts reads."""
 
     objects: int
     bytes: int
@@ -194,9 +181,9 @@ def spread_over(
     read_list_uri: str,
     write: bool = True,
 ) -> tuple[JobRequest | None, JobRequest]:
-    """(map stage or None, the job that writes the output) for `request`: its read list planned (and
-    with `write`, written at `read_list_uri`; render-jobs writes nothing), its instance count from
-    `instance_count` (the backend's), fanned out when that is 2 or more (see `fan_out`)."""
+    """(map stage or None, the job that writes the output) for `request`, planned and sized.
+
+    With `write`, the read list is written at `read_list_uri`; fanned out at 2 or more instances."""
     planned = spread.plan(request.inputs, request.arguments)
     if write:
         write_read_list(read_list_uri, planned)
@@ -214,9 +201,8 @@ def spread_over(
 def fan_out(request: JobRequest, plan: FanOut, instances: int, work: Work) -> tuple[JobRequest, JobRequest]:
     """The (map, reduce) requests that replace the planned `request` on `instances` instances.
 
-    Both keep the request's fingerprint, so the result is cached and named as one materialization
-    whatever the instance count; the map output sits in a `-map` folder beside the asset's output.
-    The map stage's volume is sized for its busiest host; the reduce stage reads no image of the list.
+    Both keep the request's fingerprint, so caching ignores the instance count; the map output sits
+    in a `-map` folder beside the asset's output.
     """
     if plan.reads_input not in request.inputs or request.reads is None:
         raise ValueError(
@@ -264,13 +250,10 @@ def build_job_request(
     arguments: dict[str, Any] | None = None,
     **options: Any,
 ) -> JobRequest:
-    """The request for one materialization; its output goes under the input fingerprint (and, for a
-    per-source asset, under its source: `<lake>/<asset>/<source>/<fingerprint16>`). `tracking` are
-    arguments the script also gets but the fingerprint leaves out: where a run is logged (W&B), never
-    what it computes. `fingerprint_inputs`: those a caller already derived from the same module, config and
-    upstream (the code version is read from the files each time, so it is derived once per launch).
-    `lease`: the one its materialization holds where that is not its own output's (the warm's).
-    `arguments`: the script's own where they are not its config (a job given its settings in a file)."""
+    """The request for one materialization, its output under the input fingerprint (and source).
+
+    `tracking`: script arguments the fingerprint leaves out (W&B). `fingerprint_inputs`: already derived
+    by the caller. `lease`: when not its own output's. `arguments`: when they are not its config."""
     fingerprint = (fingerprint_inputs or FingerprintInputs.of(module, config, upstream)).fingerprint
     output = settings.asset_uri(asset, fingerprint[:16], partition)
     return JobRequest(

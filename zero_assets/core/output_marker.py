@@ -1,13 +1,7 @@
 """The output marker, `_output.json`: the proof that an output is complete, written last.
 
-It is derived from the job's own `manifest.json`: every file the manifest names, with its size, and
-the sha256 of every table (Parquet and JSON: tables, manifests, metrics) whatever its size and of
-every other file up to `SMALL_FILE_BYTES`, so a same-size edit in place is noticed. Larger other
-files (shards, model weights) are checked by size from the listing; a shard's sha256 is in the
-manifest, which its readers verify. A shard set also names the shards it kept from earlier sets, in
-their folders (`../<folder>/shards/<name>`): the marker vouches for those by size, from one listing
-of each such folder, so a hit proves the whole set present. No Dagster here: the launch
-(`zero_assets.launch`) decides with it, the backends check a reused job's output with it.
+Derived from the job's `manifest.json`: every named file with its size, and the sha256 of tables and of
+files up to `SMALL_FILE_BYTES`; files kept in other folders (`../<folder>/...`) are vouched for by size.
 """
 
 from __future__ import annotations
@@ -28,8 +22,7 @@ MARKER_FORMAT = "zero-output/2"
 
 
 SMALL_FILE_BYTES = 16 << 20  # other files up to this size are hashed when marked and when checked
-# Tables, manifests and metrics: hashed at any size. Their readers read them whole anyway, so a hit
-# costs one more read of each; shards, the bulk of an output, are left to their readers' checks.
+# Hashed at any size: their readers read them whole anyway. Shards are left to their readers' checks.
 TABLE_SUFFIXES = (".parquet", ".json")
 
 
@@ -38,8 +31,7 @@ class OutputNotComplete(ValueError):
 
 
 def is_temporary(key: str) -> bool:
-    """Names an atomic writer uses before its rename (`.name.<random>.tmp`, `.tmp-name`), and hidden files:
-    never outputs."""
+    """Whether `key` is an atomic writer's temporary name or a hidden file: never an output."""
     return any(part.startswith(".") for part in PurePosixPath(key).parts) or key.endswith((".tmp", ".partial"))
 
 
@@ -50,17 +42,11 @@ def mark_output_complete(
     row_count: int | None = None,
     size_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """Prove the output at `uri` complete from its manifest and write the marker, the last write of a
-    materialization. Raises `OutputNotComplete` (naming `uri`) when there is no readable manifest, when
-    the folder holds nothing else, or when a file the manifest names is missing or differs from it.
+    """Prove the output at `uri` complete from its manifest and write the marker; returns the marker.
 
-    The marker lists every file the manifest names and every other non-temporary file present, with
-    sizes and the sha256 of the files `is_hashed` names, and the fingerprints (with data versions) it vouches for: an
-    earlier marker over exactly the same files keeps its fingerprints, so two materializations that
-    share one output (the SageMaker warm state reads the shard set in place) do not unmark each other.
-    `row_count` (the output's rows, as its materialization reports them) is kept for a hit that finds
-    the output through the marker alone (`published_hit`), so it reports the same standard keys;
-    `size_bytes` likewise, for an output whose readers also read files kept elsewhere (the warm state).
+    Raises `OutputNotComplete` (naming `uri`) when the manifest is missing or unreadable, nothing else is
+    there, or a named file is missing or differs. An earlier marker over the same files keeps its
+    fingerprints, so materializations sharing one output do not unmark each other.
     """
     try:
         present = {o.key: o.size for o in list_objects(uri) if o.key != OUTPUT_MARKER and not is_temporary(o.key)}
@@ -112,8 +98,7 @@ def mark_output_complete(
 
 
 def is_hashed(name: str, size: int) -> bool:
-    """Whether the marker records, and a hit checks, a file's sha256: every table, manifest and metrics
-    file (`TABLE_SUFFIXES`) whatever its size, every other file up to `SMALL_FILE_BYTES`."""
+    """Whether the marker records, and a hit checks, a file's sha256."""
     return name.endswith(TABLE_SUFFIXES) or size <= SMALL_FILE_BYTES
 
 
@@ -130,8 +115,7 @@ def output_is_checkable(uri: str) -> bool:
 
 
 def output_is_complete(uri: str, fingerprint: str) -> bool:
-    """Whether the marker at `uri` vouches for `fingerprint` and the output still matches it: every
-    listed file present with its size, every table and small file with its sha256. Reads no shard."""
+    """Whether the marker at `uri` vouches for `fingerprint` and the output still matches it. Reads no shard."""
     return complete_marker(uri, fingerprint) is not None
 
 
@@ -163,8 +147,9 @@ def complete_marker(uri: str, fingerprint: str) -> dict[str, Any] | None:
 
 
 def _outside_facts(uri: str, manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The files the manifest names outside `uri` (shards kept from earlier sets), each present with
-    the size the manifest says: {"bytes": size}. Raises `OutputNotComplete` naming one that is not."""
+    """`{name: {"bytes": size}}` for the files the manifest names outside `uri`.
+
+    Raises `OutputNotComplete` naming one that is missing or of another size."""
     named = outside_files(manifest, f"{uri}/{MANIFEST}")
     try:
         sizes = _outside_sizes(uri, list(named))

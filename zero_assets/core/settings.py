@@ -1,10 +1,7 @@
-"""Where things live (`ZeroSettings`), and the one reader of the project's settings: its `ZERO_*` variables.
+"""Where things live (`ZeroSettings`), and the one reader of the project's `ZERO_*` variables.
 
-`zero_env` reads a variable; the tables below say which variable binds to which field of `ZeroSettings`
-and of the SageMaker backend's `SageMakerSettings`, and `env_bindings` binds the set ones through
-`EnvVar`. Unset fields keep their defaults: under `.zero/` in the repo (on the SageMaker backend the
-lake and the raw root default to `s3://$ZERO_SM_BUCKET/$ZERO_SM_PREFIX/{lake,raw}`, see
-`backends/from_env.py`).
+The tables map settings fields to variables; set ones bind through `EnvVar`, unset fields keep their
+defaults under `.zero/` (the SageMaker backend's defaults are in `backends/from_env.py`).
 """
 
 from __future__ import annotations
@@ -23,8 +20,8 @@ DEFAULT_STATE = REPO_ROOT / ".zero"
 JOBS_FOLDER = "_jobs"  # a local lake's job folders: `<lake>/_jobs`
 BACKENDS = ("local", "sagemaker")
 
-# Field -> the variable it is read from, for the two settings resources (lists, tags and per-job
-# compute of the SageMaker backend are parsed from theirs in backends/sagemaker/settings.py).
+# Field -> the variable it is read from; the SageMaker backend's lists, tags and per-job compute
+# are parsed in backends/sagemaker/settings.py.
 SETTINGS_VARIABLES = {
     "raw_uri": "ZERO_RAW_URI",
     "lake_uri": "ZERO_LAKE_URI",
@@ -48,17 +45,18 @@ SAGEMAKER_VARIABLES = {
 
 
 def zero_env(name: str, environ: Mapping[str, str] | None = None) -> str:
-    """The one reader of the project's `ZERO_*` environment variables: the value of `name` with
-    surrounding blanks stripped, or "" when it is unset or empty. `environ` stands in for the process
-    environment (tests)."""
+    """The value of the `ZERO_*` variable `name`, stripped, or "" when unset or empty.
+
+    `environ` stands in for the process environment."""
     if not name.startswith("ZERO_"):
         raise ValueError(f"{name!r} is not a zero_assets setting (they are named ZERO_*)")
     return (os.environ if environ is None else environ).get(name, "").strip()
 
 
 def env_bindings(variables: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """`field -> EnvVar(variable)` for each of `variables` (field -> variable) that is set: Dagster reads
-    it when it initializes the resource, and its UI names the variable. With `environ`: the values."""
+    """`field -> EnvVar(variable)` for each of `variables` that is set; with `environ`, the values instead.
+
+    `EnvVar` so Dagster reads the value at resource init and its UI names the variable."""
     if environ is None:
         return {field: EnvVar(var) for field, var in variables.items() if zero_env(var)}
     return {field: zero_env(var, environ) for field, var in variables.items() if zero_env(var, environ)}
@@ -79,14 +77,14 @@ class ZeroSettings(ConfigurableResource):
     lake_uri: str = str(DEFAULT_STATE / "lake")
     fsx_mount: Optional[str] = None  # None: `.zero/fsx`, created on demand; set: must exist and be writable
     sample_images: Optional[int] = None  # rehearsal profile: index only this many images (None: all)
-    # Change detection (the sensor): the SQS queue of the raw bucket's S3 Event Notifications, else an
-    # S3 Inventory report (a manifest.json or its configuration's folder), else a per-source listing.
+    # Change detection uses the SQS event queue if set, else the S3 Inventory report, else a listing.
     raw_events_queue_url: Optional[str] = None
     raw_inventory_manifest_uri: Optional[str] = None
 
     def asset_uri(self, asset: str, key: str, partition: str | None = None) -> str:
-        """Output prefix of one materialization: keyed by content, so concurrent runs never collide.
-        A per-source asset's outputs sit under its source: `<lake>/<asset>/<source>/<key>`."""
+        """Output prefix of one materialization, `<lake>/<asset>[/<source>]/<key>`.
+
+        Keyed by content, so concurrent runs never collide."""
         base = self.lake_uri.rstrip("/")
         parts = [asset, *([partition] if partition else []), key]
         return "/".join([base, *parts]) if is_s3(base) else str(Path(base, *parts))
@@ -113,7 +111,7 @@ class ZeroSettings(ConfigurableResource):
 
 
 def source_uri(settings: ZeroSettings, source: str) -> str:
-    """One source's folder of the raw root: all a per-source job is handed of the raw data."""
+    """One source's folder of the raw root."""
     return join(settings.raw_uri, source)
 
 

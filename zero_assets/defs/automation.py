@@ -1,16 +1,7 @@
-"""When each asset runs by itself (Declarative Automation, evaluated by the daemon's automation sensor).
+"""When each asset runs by itself (Declarative Automation conditions).
 
-The cost of a stage decides how eagerly it follows its inputs:
-- a source's index is requested by the change-detection sensor for that source only (no condition
-  here, so a change is never indexed twice); its validation follows eagerly, per source;
-- the training set is the selection, a few tables: it follows any new validated set once the
-  blocking checks of its inputs passed; its shards follow it (packing only what the selection
-  added), and the warm state follows the shards;
-- training is the expensive stage: it runs at a cron tick (`ZERO_TRAIN_CRON`, default 03:00 daily)
-  only when the data version of what it reads changed since it last ran or was requested, when the
-  blocking checks of its inputs passed and nothing upstream is in progress; the `training` pool
-  bounds how many train at once;
-- the mAP report follows a new checkpoint.
+Cheap stages follow their inputs eagerly; training runs only at a `ZERO_TRAIN_CRON` tick when its
+data changed. The index has no condition: the change-detection sensor requests it.
 """
 
 from __future__ import annotations
@@ -23,16 +14,13 @@ from zero_assets.core.settings import zero_env
 
 DEFAULT_TRAIN_CRON = "0 3 * * *"
 
-# Follow the parent once it is updated: validated_images its own source's partition of the index,
-# arrow_shards the training set, fsx_warm_state the shards.
 EAGER = AutomationCondition.eager()
 
-# training_set reads whichever sources have validated sets: a source that is missing or failing must not
-# hold the others back, so this is `eager()` without its "no dependency missing" clause.
+# `eager()` without "no dependency missing": a missing or failing source must not hold the others back.
 TRAINING_SET = (
     AutomationCondition.any_deps_updated().since_last_handled()
     & AutomationCondition.all_deps_blocking_checks_passed()
-    # The quarantine check is per source: a dep passes when any source passed, so a failed one holds here.
+    # The quarantine check is per source: a dep passes when any source passed, so check failures here.
     & ~AutomationCondition.any_deps_match(
         AutomationCondition.any_checks_match(AutomationCondition.check_failed(), blocking_only=True)
     )
@@ -40,7 +28,7 @@ TRAINING_SET = (
     & ~AutomationCondition.in_progress()
 ).with_label("eager over the sources that have validated sets, once their blocking checks passed")
 
-# map_report scores a new checkpoint; a new warm state alone (training not run yet) is not a reason.
+# A new warm state alone (training not run yet) is no reason to score again.
 AFTER_CHECKPOINT = (
     AutomationCondition.any_deps_updated().ignore(AssetSelection.assets("fsx_warm_state")).since_last_handled()
     & ~AutomationCondition.any_deps_missing()
@@ -50,7 +38,7 @@ AFTER_CHECKPOINT = (
 
 
 def train_cron(environ: Mapping[str, str] | None = None) -> str:
-    """`ZERO_TRAIN_CRON` (of `environ`, else the process environment), or the default when it is unset."""
+    """`ZERO_TRAIN_CRON`, or the default when it is unset."""
     return zero_env("ZERO_TRAIN_CRON", environ) or DEFAULT_TRAIN_CRON
 
 

@@ -1,19 +1,7 @@
 """`campaign_ready`: before the Training Plan starts, whatever is not ready for it, with the time left.
 
-A blocking check on `fsx_warm_state`, the input training reads, so a failure holds training back in a run,
-in the automation and in the plan's start sensor alike. It reports on:
-- the training set: the newest `training_set` materialization whose blocking checks passed (as the start
-  sensor chooses it);
-- its warm state: every asset between that training set and training (the warm state, and the shards
-  once they follow the selection) built from it, as Dagster's provenance records it and as the start
-  sensor follows it, its blocking checks passed, and the warm output still complete where this process
-  can see it;
-- a passed rehearsal of the training the plan's sensor starts (trained_checkpoint's defaults), where the
-  gate is enforced (see `rehearsal_gate.py`);
-- the preflight (seconds: checkpoint prefixes, job role, FSx association, W&B key).
-With a Training Plan configured a failure is an ERROR (it blocks); without one, a WARN that says what would
-not be ready. The warm state's lead time, the time to warm the set from cold, is estimated from measured
-throughput (a warm materialization's bytes warmed over its wall time) and shown beside the time left.
+A blocking check on `fsx_warm_state` covering the chosen training set, its warm state, the rehearsal and
+the preflight; an ERROR with a plan configured, else a WARN. Shows the warm lead time beside the time left.
 """
 
 from dataclasses import dataclass
@@ -39,13 +27,11 @@ from zero_assets.core.output_marker import output_is_checkable, output_is_comple
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets import fsx_warm_state
 from zero_assets.defs.assets.trained_checkpoint import TrainConfig
-from zero_assets.defs.campaign_preflight import preflight
 from zero_assets.defs.rehearsal_gate import training_gate
 from zero_assets.defs.training_plan_start import (
     LOOK_BACK,
     TRAINING_SET,
     blocking_failure,
-    configured_plan,
     not_built_from,
 )
 from zero_assets.launch.upstream import latest_materializations
@@ -92,7 +78,7 @@ class LeadTime:
 def campaign_ready(context: AssetCheckExecutionContext, settings: ZeroSettings, jobs: JobRunner) -> AssetCheckResult:
     instance, now = context.instance, utc_now()
     graph = code_location_graph(context)
-    plan = configured_plan(jobs)
+    plan = jobs.training_plan()
     chosen, refused = chosen_training_set(instance, graph)
     items = [
         Item(
@@ -109,7 +95,7 @@ def campaign_ready(context: AssetCheckExecutionContext, settings: ZeroSettings, 
     gate = training_gate(instance, jobs, default.module, default.hyperparameters(), default.tracking("0" * 16))
     items.append(Item("rehearsal", gate.passed or not gate.enforced, gate.summary()))
     tracking = default.tracking("0" * 16)
-    items += [Item(f"preflight: {f.check}", f.ok, f.detail) for f in preflight(jobs, settings, tracking)]
+    items += [Item(f"preflight: {f.check}", f.ok, f.detail) for f in jobs.preflight(settings, tracking)]
     lead = lead_time(instance, warms[0] if warms else None)
     waiting = [item for item in items if not item.ready]
     if plan is None:
@@ -148,15 +134,13 @@ def campaign_ready(context: AssetCheckExecutionContext, settings: ZeroSettings, 
 
 
 def code_location_graph(context: AssetCheckExecutionContext):
-    """The whole asset graph this run's job was cut from (the code location's, with every asset's checks), not
-    the job's own: a run of this check alone holds one asset."""
+    """The code location's whole asset graph, not the job's (a run of this check alone holds one asset)."""
     graph = context.op_execution_context.job_def.asset_layer.asset_graph
     return getattr(graph, "source_asset_graph", graph)
 
 
 def chosen_training_set(instance: DagsterInstance, graph) -> tuple[EventLogRecord | None, list[str]]:
-    """The newest training_set materialization whose blocking checks passed (the start sensor's choice), and
-    why each newer one was passed over."""
+    """The newest training_set materialization whose blocking checks passed, and why each newer one did not."""
     refused = []
     for record in latest_materializations(instance, TRAINING_SET, limit=LOOK_BACK):
         problem = blocking_failure(instance, graph, record)
@@ -167,9 +151,8 @@ def chosen_training_set(instance: DagsterInstance, graph) -> tuple[EventLogRecor
 
 
 def warm_items(instance: DagsterInstance, graph, warm: EventLogRecord | None, chosen: EventLogRecord | None) -> list:
-    """The warm state and the checks between it and the chosen training set: every asset between the training
-    set and training built from it (Dagster's provenance, as the start sensor follows it) and its blocking
-    checks passed (this check left out), the warm output still complete where this process can see it."""
+    """Whether everything between the chosen training set and training was built from it and passed its
+    blocking checks, and the warm output is still complete where this process can see it."""
     if warm is None:
         return [Item("warm state", False, "fsx_warm_state has no materialization: materialize it")]
     if chosen is None:
@@ -197,7 +180,7 @@ def warm_items(instance: DagsterInstance, graph, warm: EventLogRecord | None, ch
 
 
 def lead_time(instance: DagsterInstance, latest: EventLogRecord | None) -> LeadTime | None:
-    """The latest warm state's bytes at the rate of the newest warm that warmed something (not a cache hit)."""
+    """The latest warm state's bytes at the rate of the newest warm that was not a cache hit."""
     if latest is None:
         return None
     set_bytes = _count(latest, "dagster/size_bytes")
@@ -215,7 +198,7 @@ def lead_time(instance: DagsterInstance, latest: EventLogRecord | None) -> LeadT
 
 
 class _WithoutCheck:
-    """The asset graph less one check, for the start sensor's provenance walk (this check never judges itself)."""
+    """The asset graph less one check, so this check never judges itself."""
 
     def __init__(self, graph, name: str) -> None:
         self._graph, self._name = graph, name

@@ -1,15 +1,8 @@
-"""Asset checks: the quarantine rate (per source), the val share the near-duplicate rule left and the shard
-manifest (of the one shard set) block downstream work; mAP is watched, and `map_report` must have been
-refreshed since the previous training tick, and GPU utilisation while training is at least a share.
+"""Asset checks: quarantine rate, val share and shard manifest block downstream work; mAP regression,
+map_report freshness and GPU utilisation warn.
 
-A check says what it checked: one that cannot check (its asset never materialized for this source,
-shards it cannot see from here) fails with WARN severity and `skipped` in its metadata, never a silent
-pass, and never a crash. WARN does not block downstream work; a real mismatch is an ERROR and does.
-
-The quarantine limit is one number (zero_assets/defs/limits.py): `validated_images` reads it as its config
-default, and `quarantine_rate_under_limit` judges each materialization by the limit recorded in that
-materialization's config. `ZERO_MAP_REGRESSION_MARGIN` and `ZERO_MIN_GPU_UTILIZATION` reach their checks
-through the `CheckLimits` resource.
+A check that cannot check fails as a WARN with `skipped` in its metadata: never a silent pass, never
+blocking. A real mismatch in a blocking check is an ERROR.
 """
 
 import datetime
@@ -29,7 +22,7 @@ from dagster import (
     build_last_update_freshness_checks,
     build_sensor_for_freshness_checks,
 )
-from dagster._utils.schedules import cron_string_iterator
+from dagster._utils.schedules import cron_string_iterator  # no public cron iterator in dagster
 
 from training_code.lib.relative_paths import resolve
 from training_code.lib.shard_format import FORMAT, MANIFEST, ShardIntegrityError, read_manifest, verify_shard
@@ -43,9 +36,9 @@ from zero_assets.launch.upstream import latest_materializations
 
 PARTITION_TAG = "dagster/partition"
 DEFAULT_MAP_REGRESSION_MARGIN = 0.02  # how far mAP may fall below the previous report
-# "Under 80 percent means the data pipeline is your bottleneck", or the model: the data wait tells which.
+# Under this the data pipeline or the model is the bottleneck; the data wait tells which.
 DEFAULT_MIN_GPU_UTILIZATION = 0.8
-DATA_BOUND_WAIT = 0.1  # a loop waiting for batches this share of its time is fed too slowly (bench data_wait)
+DATA_BOUND_WAIT = 0.1  # a loop waiting for batches this share of its time is fed too slowly
 
 
 class CheckLimits(ConfigurableResource):
@@ -54,8 +47,7 @@ class CheckLimits(ConfigurableResource):
 
 
 def _latest_metadata(context: AssetCheckExecutionContext, asset: str, nth: int = 0) -> "dict | None":
-    """The metadata of the asset's latest materialization (nth before it); for a per-source asset, of
-    the source this run materialized (the check runs in the same run as its asset)."""
+    """The metadata of the asset's latest materialization (nth before it), of this run's source if any."""
     partition = context.run.tags.get(PARTITION_TAG)
     records = latest_materializations(context.instance, AssetKey(asset), partition, limit=nth + 1)
     if len(records) <= nth:
@@ -81,8 +73,7 @@ def _never_materialized(context: AssetCheckExecutionContext, asset: str) -> Asse
 
 
 def recorded_quarantine_limit(metadata: dict[str, Any]) -> "tuple[float, str]":
-    """The limit this materialization ran under (its config, as the fingerprint recorded it), and where
-    it came from; an older record without it is judged by today's default and says so."""
+    """The limit this materialization ran under and where it came from (today's default for older records)."""
     config = (metadata.get("fingerprint_inputs") or {}).get("config") or {}
     if "max_quarantine_rate" in config:
         return float(config["max_quarantine_rate"]), "the materialization's config"
@@ -111,8 +102,7 @@ def _quarantine_rate(context: AssetCheckExecutionContext) -> AssetCheckResult:
     )
 
 
-# Declared with the asset's partitions, so each source shows its own verdict in the UI (its partition's
-# check status), not the latest of any source. Dagster marks partitioned checks as preview.
+# Partitioned, so each source shows its own verdict in the UI; Dagster marks partitioned checks as preview.
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", PreviewWarning)
     quarantine_rate_under_limit = asset_check(
@@ -185,16 +175,14 @@ def _check_local_shards(folder: Path) -> AssetCheckResult:
     broken = []
     for entry in manifest["shards"]:
         try:
-            verify_shard(folder, entry, root=folder.parent)  # the asset's folder: kept shards are beside this one
+            verify_shard(folder, entry, root=folder.parent)  # kept shards are in sibling folders
         except (ShardIntegrityError, ValueError) as error:
             broken.append(str(error))
     return _integrity_result(manifest, broken, checked="bytes, sha256, rows")
 
 
 def _check_s3_shards(uri: str) -> AssetCheckResult:
-    """Sizes from one listing per folder holding a listed shard against the manifest: catches missing
-    and truncated shards without downloading them; contents are hashed where they are read
-    (fsx_warm_state, the jobs)."""
+    """Listed sizes against the manifest: catches missing and truncated shards without downloading them."""
     manifest = json.loads(read_bytes(join(uri, MANIFEST)))
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{join(uri, MANIFEST)}: format {manifest.get('format')!r} is not {FORMAT!r}")
@@ -252,7 +240,7 @@ def gpu_utilization_held(context: AssetCheckExecutionContext, limits: CheckLimit
 
 
 def gpu_utilization_result(metadata: dict[str, Any], minimum: float) -> AssetCheckResult:
-    """The check's verdict on a training's metadata (`training_code/lib/gpu_usage.py`)."""
+    """The check's verdict on a training's metadata."""
     if "gpu_utilization" not in metadata:
         why = metadata.get("gpu_utilization_why", "the training recorded no GPU figure")
         return AssetCheckResult(passed=True, description=f"no GPU figure: {why}", metadata={"why": why})
@@ -282,11 +270,8 @@ def cron_period(cron: str) -> datetime.timedelta:
     return next(ticks) - first
 
 
-# At each training tick, map_report must have materialized since the previous tick: training (and so
-# evaluation) runs at most once per tick, and a WARN here says the model on record was not refreshed
-# in the last interval (no new training data, or training failed). Evaluated by the sensor below.
-# Built as an asset check (Dagster marks these builders superseded by FreshnessPolicy): it then shows
-# with the other checks, runs in a plain `materialize`, and needs no change to the asset's decorator.
+# At each training tick map_report must have materialized since the previous one. Built with the
+# superseded freshness-check builders so it shows with the other checks and needs no decorator change.
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     MAP_REPORT_FRESHNESS = build_last_update_freshness_checks(

@@ -1,18 +1,8 @@
-"""The code location's executor: Dagster's multiprocess (or in process by config) executor, run by a
-process that first records itself as the run's worker and fails this host's dead runs, before any step
-claims a pool slot: a training launched after a killed one never waits on the slot the dead run holds.
+"""The code location's executor: Dagster's multi_or_in_process executor, after recording the run worker and
+failing this host's dead runs, so no dead run holds a pool slot.
 
-A step worker is not a fresh interpreter (Dagster's default, `spawn`, imports the code location again
-for every step: seconds a step). Unless the run config picks a start method:
-- a run whose steps can only run one after another and take no pool slot (a source's index, its
-  validation and their checks) runs its steps in this process, which has the code location loaded;
-- any other run (sources side by side, a training in the `training` pool, whose step worker ends the
-  run when its run worker is killed) starts its step workers from a `forkserver` that imports the code
-  location, the CLI and this instance's storage once per run, so each step is a fork.
-
-Runs of the code location (`dagster asset materialize`, the UI, sensors and schedules) start through
-it; the Python API's `materialize` runs in process without it, and its first step does the same
-(see `zero_assets.launch.run_owner`)."""
+Unless the run config picks a start method, sequential runs without pool slots run in process and
+others fork step workers from a preloaded `forkserver`."""
 
 from __future__ import annotations
 
@@ -37,8 +27,9 @@ CODE_LOCATION = "zero_assets.definitions"
 
 
 class RunWorkerExecutor(Executor):
-    """Dagster's executor `inner`, after recording the run worker and failing the dead runs; `in_process`,
-    when given, runs the plans whose steps run one at a time and take no pool slot."""
+    """Dagster's executor `inner`, after recording the run worker and failing the dead runs.
+
+    `in_process`, when given, runs the plans whose steps run one at a time and take no pool slot."""
 
     def __init__(self, inner: Executor, in_process: Executor | None = None) -> None:
         self.inner, self.in_process = inner, in_process
@@ -69,8 +60,7 @@ class RunWorkerExecutor(Executor):
 
 
 def one_step_at_a_time(execution_plan: ExecutionPlan) -> bool:
-    """No step takes a pool slot, and no two steps that materialize assets could run side by side
-    (asset checks beside one are cheap reads of its metadata)."""
+    """Whether no step takes a pool slot and no two materializing steps could run side by side."""
     for level in execution_plan.get_steps_to_execute_by_level():
         if any(step.pool for step in level):
             return False
@@ -87,9 +77,8 @@ def one_step_at_a_time(execution_plan: ExecutionPlan) -> bool:
 
 
 def step_worker_preload(instance: DagsterInstance) -> list[str]:
-    """What a step worker imports before its step: the code location, what the run worker's `__main__`
-    imports (a forked worker runs that script again: the `dagster` CLI), and the instance's storages,
-    launcher and log manager (the worker builds its instance from their class names)."""
+    """Modules a forkserver preloads: the code location, the run worker's `__main__` imports (a forked
+    worker runs it again), and the instance's storage classes (the worker rebuilds its instance)."""
     parts = [
         instance.run_storage,
         instance.event_log_storage,
@@ -117,7 +106,7 @@ def _create(init_context) -> Executor:
     if "in_process" in config:
         return RunWorkerExecutor(_core_in_process_executor_creation(config["in_process"]))
     multiprocess = dict(config["multiprocess"])
-    if multiprocess.get("start_method"):  # the run config chose: as it says, every step in its own process
+    if multiprocess.get("start_method"):  # the run config chose
         return RunWorkerExecutor(_core_multiprocess_executor_creation(multiprocess))
     multiprocess["start_method"] = {"forkserver": {"preload_modules": step_worker_preload(init_context.instance)}}
     in_process = {
@@ -130,17 +119,10 @@ def _create(init_context) -> Executor:
 
 
 def freeze_loaded_code() -> None:
-    """Move every object alive now (the code location once loaded: Dagster, pandas, pyarrow, the
-    definitions) out of the collector's reach, for the life of the process.
+    """Move every object alive now out of the garbage collector's reach, for the life of the process.
 
-    A process that loaded the code location (the code server, a run worker, the forkserver and its step
-    workers) otherwise spends its exit in one last full collection over those objects: 2.5 to 3.8 s a
-    process on a loaded 2-core machine (0.5 to 0.7 s frozen), and `dagster dev` stops only after the
-    code server, which waits for each run worker it started, so Ctrl-C waited for them one after
-    another. Frozen objects are never collected, which costs nothing for objects that live as long as
-    the process, and a forked step worker no longer touches (copies) their pages when it collects.
-    Called when this module loads (the code location imports it after its assets and checks, which
-    import the heavy libraries) and again as a run starts, once Dagster has loaded the definitions.
+    The loaded code location lives as long as the process anyway; frozen, it is not collected again at
+    exit, and forked step workers do not copy its pages when they collect.
     """
     gc.freeze()
 

@@ -1,13 +1,7 @@
 """Manual and scheduled runs beside the automation: the whole graph, one source, the training tail.
 
-- `zero_whole_graph`: every asset. Launched for a set of sources (a backfill, as "Materialize all"
-  in the UI does), each source is indexed and validated on its own and the tail runs once after
-  them; launched for one partition, it runs that source and then the tail.
-- `zero_per_source`: the two per-source assets of one source (one run per partition): the index and
-  the validation (verdicts and metadata, no image bytes copied).
-- `zero_training_tail`: the training set (the selection), its shards, warm state, training and the report.
-- the weekly refresh re-indexes every registered source, one run each; the tail follows them by
-  automation (training at its cron tick, when its shards changed).
+The whole-graph job leaves out the tuning (many trainings, run by hand); the weekly refresh re-indexes
+every source and the tail follows by automation.
 """
 
 from dagster import (
@@ -23,7 +17,9 @@ from zero_assets.defs.assets import PER_SOURCE_ASSETS, TAIL_ASSETS
 from zero_assets.defs.partitions import RAW_SOURCES
 
 whole_graph_job = define_asset_job(
-    "zero_whole_graph", selection=AssetSelection.all(), description="raw images to mAP report"
+    "zero_whole_graph",
+    selection=AssetSelection.all() - AssetSelection.assets("tuned_hyperparameters"),
+    description="raw images to mAP report",
 )
 per_source_job = define_asset_job(
     "zero_per_source",

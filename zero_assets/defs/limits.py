@@ -1,9 +1,6 @@
 """The quarantine limit, read once from the environment, so the asset and its check judge by one number.
 
-`validated_images` takes its `max_quarantine_rate` default from here (the validator fails the run
-past it), and `quarantine_rate_under_limit` judges each materialization by the limit that
-materialization recorded in its config, so the two cannot disagree. The variables are read through
-`core.settings.zero_env`, the one reader of `ZERO_*` settings.
+`validated_images` takes its default from here; the check judges each materialization by the limit it recorded.
 """
 
 from collections.abc import Mapping

@@ -1,7 +1,6 @@
 """The partitions of the per-source assets: one per source, the raw contract's top-level folders.
 
-Sources come and go with the raw data, so the set is dynamic: the change-detection sensor (or
-`zero-assets sources --register`) adds a source when its folder first appears.
+Dynamic: the change-detection sensor (or `zero-assets sources --register`) adds a source when its folder appears.
 """
 
 from dagster import DynamicPartitionsDefinition

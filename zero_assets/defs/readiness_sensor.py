@@ -1,8 +1,5 @@
-"""Before the Training Plan starts: the readiness check (`campaign_ready`) on its own, every half hour while the
-plan is bought but not yet Active, so what is not ready shows, with the time left, while there is time to fix it.
-
-One DescribeTrainingPlan a tick (none without a plan); the run key names the plan and the half hour, so each
-half hour checks once however often the sensor ticks. Once the plan is Active the start sensor takes over.
+"""Runs the readiness check (`campaign_ready`) every half hour while the Training Plan waits to start,
+so problems show while there is time to fix them. The run key dedupes ticks within a half hour.
 """
 
 from __future__ import annotations
@@ -14,7 +11,6 @@ from dagster import DefaultSensorStatus, RunRequest, SensorEvaluationContext, Sk
 from zero_assets.backends.job_runner import JobRunner
 from zero_assets.backends.sagemaker.training_plan import WAITING
 from zero_assets.defs.campaign_ready import campaign_readiness_job
-from zero_assets.defs.training_plan_start import configured_plan
 
 READINESS_EVERY_S = 1800
 
@@ -26,7 +22,7 @@ READINESS_EVERY_S = 1800
     description="runs campaign_ready every half hour while the Training Plan (ZERO_SM_TRAINING_PLAN_ARN) waits",
 )
 def campaign_readiness_sensor(context: SensorEvaluationContext, jobs: JobRunner):
-    plan = configured_plan(jobs)
+    plan = jobs.training_plan()
     if plan is None:
         return SkipReason("no Training Plan configured for trained_checkpoint (ZERO_SM_TRAINING_PLAN_ARN)")
     if plan.status not in WAITING:

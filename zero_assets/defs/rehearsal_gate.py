@@ -1,14 +1,7 @@
 """The rehearsal gate: production training launches only what a passed rehearsal ran.
 
-`training_gate` derives the rehearsal key (`core/rehearsal_key.py`) of the training about to launch and
-looks for a `training_rehearsal` materialization that recorded the same key (a rehearsal is materialized
-only when it passed). Its verdict is `trained_checkpoint`'s blocking check `rehearsal_passed` and, where
-the gate is enforced, the refusal before launch, naming the missing rehearsal and the command that runs it.
-
-Where it is enforced (`ZERO_REHEARSAL_GATE`): `on` everywhere, `off` nowhere, `auto` (the default) on
-the SageMaker backend with the production profile, where a bug costs reserved GPUs. Elsewhere (the local
-backend, `ZERO_PROFILE=rehearsal`, whose whole graph is itself a rehearsal) the check still says whether
-a rehearsal passed, as a warning that blocks nothing, so `make demo` trains without running one first.
+A training passes when a `training_rehearsal` materialization recorded its rehearsal key. `ZERO_REHEARSAL_GATE`
+(`auto`: SageMaker production only) decides where a miss blocks; elsewhere the check only warns.
 """
 
 from __future__ import annotations
@@ -19,36 +12,18 @@ from typing import Any
 
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetKey, DagsterInstance, EventLogRecord, MetadataValue
 
-from zero_assets.backends.job_runner import JobRunner
-from zero_assets.backends.sagemaker.profiles import profile_from_env
+from zero_assets.backends.job_runner import GATE_VARIABLE, JobRunner
 from zero_assets.core.rehearsal_key import key_differences, rehearsal_key, rehearsal_key_inputs
 from zero_assets.core.settings import zero_env
 from zero_assets.launch.upstream import latest_materializations
 
-GATE_VARIABLE = "ZERO_REHEARSAL_GATE"
 GATE_VALUES = ("auto", "on", "off")
 REHEARSAL_ASSET = "training_rehearsal"
 REHEARSAL_CHECK = "rehearsal_passed"
 REHEARSAL_KEY = "rehearsal_key"  # the metadata keys a rehearsal records its key and key inputs under
 REHEARSAL_KEY_INPUTS = "rehearsal_key_inputs"
 LOOK_BACK = 50  # rehearsal materializations searched, newest first
-REHEARSAL_COMMAND = f"dagster asset materialize -m zero_assets.definitions --select {REHEARSAL_ASSET}"
-
-
-def sagemaker_settings_of(jobs: JobRunner):
-    """The SageMaker backend's settings when `jobs` is its runner, else None."""
-    from zero_assets.backends.sagemaker.runner import SageMakerJobRunner  # boto3 and dagster-aws only when used
-
-    return jobs.aws if isinstance(jobs, SageMakerJobRunner) else None
-
-
-def runner_environment(jobs: JobRunner) -> dict[str, str]:
-    """Where the scripts run, as the key covers it: the runner, and on SageMaker the images they run in."""
-    aws = sagemaker_settings_of(jobs)
-    environment = {"runner": type(jobs).__name__}
-    if aws is not None:
-        environment.update(training_image=aws.training_image_uri, processing_image=aws.processing_image_uri)
-    return environment
+REHEARSAL_COMMAND = f"dg launch --assets {REHEARSAL_ASSET}"
 
 
 def gate_policy(jobs: JobRunner, environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
@@ -58,18 +33,12 @@ def gate_policy(jobs: JobRunner, environ: Mapping[str, str] | None = None) -> tu
         raise ValueError(f"{GATE_VARIABLE}={value!r} is not one of {GATE_VALUES}")
     if value != "auto":
         return value == "on", f"{GATE_VARIABLE}={value}"
-    if sagemaker_settings_of(jobs) is None:
-        return False, f"the local backend ({GATE_VARIABLE}=on enforces it here too)"
-    profile = profile_from_env(environ)
-    if profile != "production":
-        return False, f"ZERO_PROFILE={profile}: the whole graph runs as a rehearsal"
-    return True, "the SageMaker backend, production profile"
+    return jobs.rehearsal_gate_default(environ)
 
 
 @dataclass(frozen=True)
 class GateVerdict:
-    """What the gate found for one training: its key, the rehearsal that passed for it (or None) and,
-    without one, how the newest rehearsal differs."""
+    """What the gate found for one training: its key, the passed rehearsal (or None) and else how the newest differs."""
 
     key: str
     inputs: dict[str, Any]
@@ -121,7 +90,7 @@ class GateVerdict:
             return None
         return (
             f"{asset} not launched: {self.summary()}. Rehearse it first: `{REHEARSAL_COMMAND}`, with its `training` "
-            f"config set to this run's {asset} config (README, 'A training campaign'); the gate is enforced here "
+            f"config set to this run's {asset} config (docs/training-campaign.md); the gate is enforced here "
             f"({self.policy}); {GATE_VARIABLE}=off trains without a rehearsal"
         )
 
@@ -130,7 +99,7 @@ def training_key_inputs(
     jobs: JobRunner, module: str, hyperparameters: dict[str, Any], tracking: dict[str, Any]
 ) -> dict[str, Any]:
     """The rehearsal key inputs of a training run as `jobs` would launch it."""
-    return rehearsal_key_inputs(module, hyperparameters, tracking, runner_environment(jobs))
+    return rehearsal_key_inputs(module, hyperparameters, tracking, jobs.environment())
 
 
 def training_gate(

@@ -1,15 +1,8 @@
 """The rehearsal's three jobs and what each must prove; `training_rehearsal` runs them as its build.
 
-1. Training with `--stop-after-steps K`: the job must checkpoint and fail saying `forced stop at step K`
-   (the trainer contract, README "Your own trainer").
-2. The next attempt of the same job (same checkpoint prefix) must resume at step K and finish, on a world
-   of at least two processes (on SageMaker, on at least two instances), logged in to W&B when tracking
-   is online, reading the warm shards where they are (on FSx when it is configured).
-3. The evaluator on the model that training wrote, with its manifest written.
-
-The jobs' fingerprint is the output's and this build's own (run and retry): each build starts from an
-empty checkpoint prefix with fresh job names, so an earlier build's checkpoints or completed attempts can
-never stand in for this one's stop and resume, while a restarted run worker still reattaches to its jobs.
+A training forced to stop at step K, its next attempt resuming from K to the end on two or more
+processes, then the evaluator. Each build gets its own job fingerprint, so no earlier build's
+checkpoints or attempts can stand in for its stop and resume.
 """
 
 from __future__ import annotations
@@ -72,9 +65,9 @@ def rehearsal_jobs(
     warm: UpstreamOutput,
     lease: str = "",
 ) -> RehearsalJobs:
-    """The requests: `training` and `evaluation` are (module, arguments) as the production assets pass them;
-    the jobs write under the rehearsal's `output`; `build_id` makes this build's jobs its own; `lease` is
-    the rehearsal output's lease, which its build holds while they run (`JobRequest.lease`)."""
+    """The rehearsal's requests, writing under `output`; `training` and `evaluation` are (module, arguments).
+
+    `build_id` makes this build's jobs its own; `lease` is the rehearsal output's."""
     fingerprint = sha256_json({"output": output, "build": build_id})
     (train_module, train_arguments), (eval_module, eval_arguments) = training, evaluation
     resume = JobRequest(
@@ -108,8 +101,8 @@ def run_rehearsal(
     """Run the three jobs, prove each boundary, and write the record: `rehearsal.json`, then `manifest.json`."""
     stopped = forced_stop(context, jobs, planned.stop, planned.stop_after_steps)
     invocation, extra = jobs.run(context, planned.resume)
-    trained = _plain(invocation.get_materialize_result().metadata)  # the script's report and what its client knows
-    launched = {**trained, **_plain(extra)}  # what the runner knows: job name, backend, instances, cost
+    trained = _plain(invocation.get_materialize_result().metadata)
+    launched = {**trained, **_plain(extra)}
     proved = {
         "preflight": [finding.line() for finding in preflight],
         "forced_stop": stopped,
@@ -158,7 +151,7 @@ def run_rehearsal(
 
 
 def forced_stop(context: AssetExecutionContext, jobs: JobRunner, request: JobRequest, after: int) -> dict[str, Any]:
-    """The first attempt must fail with its forced stop at step `after` (so a checkpoint is there)."""
+    """Run the first attempt, which must fail with its forced stop at step `after`; what it reported."""
     expected = f"{FORCED_STOP} at step {after} "
     try:
         jobs.run(context, request)
@@ -179,13 +172,13 @@ def forced_stop(context: AssetExecutionContext, jobs: JobRunner, request: JobReq
         }
     raise Failure(
         f"rehearsal: the first training attempt ran to its end instead of stopping after {after} steps: "
-        f"{request.module} must take --stop-after-steps (README, 'Your own trainer')",
+        f"{request.module} must take --stop-after-steps (docs/local-backend.md, 'Your own trainer')",
         allow_retries=False,
     )
 
 
 def resumed(trained: dict[str, Any], planned: RehearsalJobs, launched: dict[str, Any]) -> dict[str, Any]:
-    """The second attempt resumed from the forced stop's checkpoint and trained to the end."""
+    """Check the second attempt resumed from the forced stop's checkpoint and trained to the end."""
     start, steps = trained.get("resumed_from_step"), trained.get("steps")
     if start != planned.stop_after_steps or steps != planned.steps:
         raise Failure(
@@ -199,7 +192,7 @@ def resumed(trained: dict[str, Any], planned: RehearsalJobs, launched: dict[str,
 
 
 def multi_node(trained: dict[str, Any], launched: dict[str, Any]) -> dict[str, Any]:
-    """The resumed attempt ran on a world of two processes or more, on SageMaker on two instances or more."""
+    """Check the resumed attempt ran on two or more processes (on SageMaker, two or more instances)."""
     world, instances = int(trained.get("world_size") or 0), int(launched.get("instance_count") or 1)
     backend = launched.get("backend")
     if world < 2 or (backend == "sagemaker" and instances < 2):
@@ -213,7 +206,7 @@ def multi_node(trained: dict[str, Any], launched: dict[str, Any]) -> dict[str, A
 
 
 def wandb_login(trained: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
-    """Online tracking: the trainer reported its W&B run (it logged in)."""
+    """Check that with online tracking the trainer reported its W&B run (it logged in)."""
     mode = arguments.get("wandb_mode")
     if mode != "online":
         return {"mode": mode}
@@ -227,7 +220,7 @@ def wandb_login(trained: dict[str, Any], arguments: dict[str, Any]) -> dict[str,
 
 
 def evaluation_ran(evaluated: dict[str, Any], planned: RehearsalJobs) -> dict[str, Any]:
-    """The evaluator wrote its output, manifest last, from the rehearsal's model."""
+    """Check the evaluator wrote its output, manifest included."""
     if not exists(join(planned.report_uri, MANIFEST)):
         raise Failure(
             f"rehearsal: the evaluator {planned.evaluate.module} wrote no {MANIFEST} in {planned.report_uri}",

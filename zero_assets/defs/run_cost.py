@@ -1,12 +1,7 @@
-"""A run's cost, totalled when it ends and written on the run as tags the UI shows (Runs list, run page).
+"""A run's cost, totalled by run status sensors when it ends and written on the run as `zero/*` tags.
 
-`run_cost_sensors` are run status sensors (succeeded, failed, canceled). Each adds up the cost metadata
-(see `sagemaker/job_cost.py`) of the run's materializations, the map stage of a fanned-out job
-(`map_` keys) included, cache hits excluded, and of its steps that failed for good (a `Failure` carries its job's cost);
-then tags the run: `zero/jobs`, `zero/instance_seconds`, `zero/estimated_cost_usd` when at least one
-job has a price, `zero/spot_savings_usd` when spot saved something, and `zero/cost_note` when some job
-has no price (why) or its cost could not be counted. A step failure that Dagster retried keeps no
-metadata, so a job behind it is not in the total; the note says how many retries there were.
+Adds the cost metadata of its materializations (map stages included, cache hits excluded) and final
+step failures; retried failures keep no metadata, so `zero/cost_note` counts them.
 """
 
 from __future__ import annotations
@@ -44,10 +39,10 @@ class RunCost:
 
     def add(self, where: str, metadata: Mapping[str, Any]) -> None:
         if metadata.get("cache") == "hit":
-            return  # a cache hit repeats the metadata of the run that paid for the job; this run launched none
+            return  # repeats the metadata of the run that paid for the job
         for stage in STAGES:
             if f"{stage}{INSTANCE_SECONDS}" not in metadata and f"{stage}{COST_NOTE}" not in metadata:
-                continue  # no job behind this stage (a cache hit, or a materialization no job made)
+                continue  # no job behind this stage
             self.jobs += 1
             self.instance_seconds += float(metadata.get(f"{stage}{INSTANCE_SECONDS}", 0.0))
             if f"{stage}{COST_USD}" in metadata:

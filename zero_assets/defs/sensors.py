@@ -1,19 +1,8 @@
-"""React to the raw root: register new sources as partitions, observe `raw_data` per changed source, and
-request one `raw_image_index` run per changed source; the other per-source assets follow by automation.
+"""React to the raw root: register new sources, observe `raw_data` and request one `raw_image_index` run
+per changed source; the other per-source assets follow by automation.
 
-What changed comes from a detector in `change_detection`, chosen by settings: the raw bucket's S3
-Event Notifications on an SQS queue (`ZERO_RAW_EVENTS_QUEUE_URL`), else S3 Inventory reports diffed
-per source (`ZERO_RAW_INVENTORY_MANIFEST_URI`), else a per-source listing digest (local roots). None of
-them lists the lake on S3, and the cursor never grows with the number of keys.
-
-The first tick after the sensor is turned on (no digests of an earlier tick) finds every source
-changed; a source whose latest `raw_image_index` recorded the listing the root has now (its
-`listing_fingerprint`, e.g. after `make demo`) is left out: only sources that changed since their last
-materialization are requested, not every source of the root again.
-
-Run keys are `<source>:<version token>:<change number>`: a root that returns to an earlier state gets
-a new number, so Dagster does not drop its run as seen before; a retried tick starts from the same
-cursor and repeats its keys, so a change never runs twice.
+Run keys are `<source>:<version token>:<change number>`: a retried tick repeats its keys, and a root
+returning to an earlier state gets a new number, so each change runs exactly once.
 """
 
 from __future__ import annotations
@@ -35,12 +24,12 @@ RAW_DATA = AssetKey("raw_data")
 RAW_IMAGE_INDEX = AssetKey("raw_image_index")
 TICK_INTERVAL_S = 60
 QUEUE_BUDGET_S = 20.0  # time a tick may spend receiving: well inside Dagster's 60 s sensor timeout
-QUEUE_WAIT_S = 5.0  # long poll of a tick's first receive: an empty queue costs one request a tick, not a busy loop
+QUEUE_WAIT_S = 5.0  # long poll of a tick's first receive, so an empty queue is not a busy loop
 
 
 def detect(settings: ZeroSettings, cursor: dict | None, context: SensorEvaluationContext) -> Detection:
     """The detector the settings call for; one that does not match the cursor's kind starts afresh."""
-    store = context.instance.run_storage  # the key-value store beside the cursor (see change_detection.tick_state)
+    store = context.instance.run_storage  # the key-value store beside the cursor (see tick_state)
     if settings.raw_events_queue_url:
         return detect_from_queue(
             settings.raw_events_queue_url, settings.raw_uri, cursor, store, budget_s=QUEUE_BUDGET_S, wait_s=QUEUE_WAIT_S
@@ -51,14 +40,12 @@ def detect(settings: ZeroSettings, cursor: dict | None, context: SensorEvaluatio
 
 
 def new_sources(context: SensorEvaluationContext, sources: list[str]) -> list[str]:
-    """The changed sources that are not partitions yet: one lookup per changed source, not a read of them all."""
+    """The changed sources that are not partitions yet."""
     return [s for s in sources if not context.instance.has_dynamic_partition(RAW_SOURCES.name, s)]
 
 
 def indexed_as_now(context: SensorEvaluationContext, raw_uri: str, sources: list[str]) -> list[str]:
-    """The sources whose latest raw_image_index recorded the listing fingerprint the root has now: their
-    indexes found in two queries, then one listing of each source that has one (a first tick's cost
-    only, never a steady tick's)."""
+    """The sources whose latest raw_image_index recorded the listing they have now (checked on a first tick only)."""
     unchanged, latest = [], latest_by_partition(context.instance, RAW_IMAGE_INDEX, sources)
     for source in sources:
         materialization = latest[source].asset_materialization if source in latest else None
@@ -110,7 +97,7 @@ def sensor_result(context: SensorEvaluationContext, detection: Detection, raw_ur
 
 
 def _some(names: list[str], shown: int = 20) -> str:
-    """A bounded list for a log line: a first inventory diff may change thousands of sources."""
+    """A bounded list for a log line."""
     return f"{len(names)} ({', '.join(names[:shown])}{', ...' if len(names) > shown else ''})"
 
 
@@ -122,6 +109,6 @@ def _some(names: list[str], shown: int = 20) -> str:
 def new_raw_data_sensor(context: SensorEvaluationContext, settings: ZeroSettings):
     cursor = json.loads(context.cursor) if context.cursor else None
     detection = detect(settings, cursor, context)
-    for problem in detection.problems:  # hostile keys and bad messages cost a line each, never the tick
+    for problem in detection.problems:  # bad keys and messages cost a line each, never the tick
         context.log.warning(problem)
     return sensor_result(context, detection, settings.raw_uri)

@@ -1,15 +1,8 @@
 """Start training when the Training Plan turns Active: one run of `trained_checkpoint` per plan window,
 from the latest training set whose blocking checks passed.
 
-Each tick reads the plan (one DescribeTrainingPlan; no AWS call when no plan is configured). While the
-plan is not Active the tick says why it waits. Once it is, the tick takes the newest `training_set`
-materialization whose blocking checks passed (ERROR-severity failures block, as in a run) and
-requests `trained_checkpoint`, with first every asset between the two (the warm state, and whatever
-else the graph puts there) whose latest materialization was not built from that training set, as
-Dagster's provenance records it (`dagster/input_event_pointer/<parent>`: the parent materialization a
-materialization read). Those rebuild incrementally; an older training set whose descendants are gone
-cannot be rebuilt from here, and the tick says so. The run key names the plan and its start, so a
-window starts training once however many ticks see it Active.
+Assets in between not built from that set (by Dagster's input-event-pointer provenance) are rebuilt
+first. The run key names the plan and its start, so each window starts training once.
 """
 
 from __future__ import annotations
@@ -37,13 +30,6 @@ TRAINING_SET, TRAINED = AssetKey("training_set"), AssetKey("trained_checkpoint")
 LOOK_BACK = 10  # training_set materializations looked at, newest first
 CHECK_HISTORY = 50  # evaluations of one check searched for the one of a materialization
 TICK_INTERVAL_S = 60
-
-
-def configured_plan(jobs: JobRunner) -> TrainingPlan | None:
-    """The plan trained_checkpoint's compute names, read now; None off SageMaker or without a plan."""
-    from zero_assets.backends.sagemaker.runner import SageMakerJobRunner  # boto3 and dagster-aws only when used
-
-    return jobs.training_plan() if isinstance(jobs, SageMakerJobRunner) else None
 
 
 def blocking_failure(instance: DagsterInstance, asset_graph, record: EventLogRecord) -> str | None:
@@ -106,8 +92,7 @@ def start_request(instance: DagsterInstance, asset_graph, plan: TrainingPlan) ->
 
 def not_built_from(instance: DagsterInstance, asset_graph, chosen: EventLogRecord) -> list[AssetKey]:
     """The assets between `training_set` and `trained_checkpoint`, in graph order, whose latest
-    materialization was not built from the training set `chosen` (through its parents in between), or
-    did not pass its blocking checks; those built from it need not run again."""
+    materialization was not built from `chosen` or did not pass its blocking checks."""
     between = {
         key
         for key in asset_graph.get_ancestor_asset_keys(TRAINED)
@@ -136,14 +121,14 @@ def _version(record: EventLogRecord) -> str:
 
 
 @sensor(
-    # trained_checkpoint and what lies between it and the training set (not the training set, nor above it).
+    # trained_checkpoint and what lies between it and the training set.
     target=AssetSelection.assets(TRAINED).upstream() - AssetSelection.assets(TRAINING_SET).upstream(),
     minimum_interval_seconds=TICK_INTERVAL_S,
     default_status=DefaultSensorStatus.RUNNING,
     description="starts trained_checkpoint when the Training Plan (ZERO_SM_TRAINING_PLAN_ARN) turns Active",
 )
 def training_plan_start_sensor(context: SensorEvaluationContext, jobs: JobRunner):
-    plan = configured_plan(jobs)
+    plan = jobs.training_plan()
     if plan is None:
         return SkipReason("no Training Plan configured for trained_checkpoint (ZERO_SM_TRAINING_PLAN_ARN)")
     decision = start_request(context.instance, context.repository_def.asset_graph, plan)

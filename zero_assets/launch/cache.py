@@ -1,17 +1,7 @@
 """Skip work whose inputs did not change, after proving that the earlier output is complete.
 
-A materialization records its input fingerprint and the parts it was built from (code version,
-config, upstream data versions). Its output is proven complete by a marker, `_output.json`, written
-last and derived from the job's own `manifest.json`: every file the manifest names, with its size,
-and the sha256 of every small file (manifests, tables, metrics), so a same-size edit in place is
-noticed. Large files (shards) are checked by size from the listing; their sha256 is in the manifest,
-which their readers verify. Asked to materialize again, an asset looks for an earlier
-materialization with the same fingerprint whose output the marker still proves complete; if there is
-one, no job is launched and the earlier output and data version are reported as a `cache: hit`,
-naming the run and job that built it (`built_by_run`, `built_by_job`); if not, the metadata says
-what changed. A complete output whose manifest says it holds results that
-were not their input's fault (`retry_next_time`: images that could not be read) is never a hit: the
-next build redoes those (the validation job decodes only them again).
+A hit is an earlier materialization with the same fingerprint whose output the marker still proves
+complete; a miss says what changed. An output whose manifest has `retry_next_time` is never a hit.
 """
 
 from __future__ import annotations
@@ -39,8 +29,7 @@ class CacheDecision:
 
 
 def cache_decision(context: AssetExecutionContext, inputs: FingerprintInputs) -> CacheDecision:
-    """The cache's decision for `inputs`, from this instance's earlier materializations: a hit (the
-    earlier result to report again) or a miss with the reason, in words."""
+    """A hit (the earlier result to report again) or a miss with its reason, from earlier materializations."""
     fingerprint = inputs.fingerprint
     partition = context_partition(context)  # a per-source asset hits only on its own source's outputs
     records = latest_materializations(context.instance, context.asset_key, partition, limit=SEARCH_LIMIT)
@@ -63,7 +52,7 @@ def cache_decision(context: AssetExecutionContext, inputs: FingerprintInputs) ->
         if refusal is not None:
             return CacheDecision(None, f"same inputs as run {record.run_id}, but {refusal}")
         reason = f"same input fingerprint as run {record.run_id}; its output at {uri} is complete"
-        # Paths as published (a record from before jobs' paths were mapped may name the staging folder).
+        # Older records may name the staging folder.
         reused = hit_metadata(published_paths(event.metadata, {"out": uri}), reason, record.run_id)
         version = event.tags.get(DATA_VERSION_TAG) if event.tags else None
         return CacheDecision(
@@ -74,8 +63,7 @@ def cache_decision(context: AssetExecutionContext, inputs: FingerprintInputs) ->
 
 
 def reuse_refusal(uri: str) -> str | None:
-    """Why the complete output at `uri` must not be reused although its inputs match, or None: its
-    manifest's `retry_next_time` says it holds results that were not their input's fault."""
+    """Why the complete output at `uri` must not be reused (its manifest's `retry_next_time`), or None."""
     manifest = json.loads(read_bytes(join(uri, MANIFEST)))
     retry = manifest.get(RETRY_NEXT_TIME) if isinstance(manifest, dict) else None
     if not retry:
@@ -89,9 +77,7 @@ def reuse_refusal(uri: str) -> str | None:
 def published_hit(
     uri: str, marker: dict[str, Any] | None, inputs: FingerprintInputs, reason: str, built_by_run: str | None = None
 ) -> MaterializeResult | None:
-    """A hit on an output another run published under this fingerprint (one this instance may not have
-    recorded yet), from its marker alone (`complete_marker`'s answer for `uri`); None unless the marker
-    proves it complete with a data version. `built_by_run`: the run this one waited for, when known."""
+    """A hit on an output another run published, from its marker alone; None without a data version for it."""
     version = None if marker is None else marker["data_versions"].get(inputs.fingerprint)
     if version is None:
         return None
@@ -101,9 +87,7 @@ def published_hit(
 
 
 def standard_metadata(marker: dict[str, Any]) -> dict[str, Any]:
-    """Dagster's standard size and row count of a marked output: `dagster/size_bytes` is every file the
-    marker lists (all of the output but the marker itself), unless it records the size its build
-    counted (`reported_size_bytes`); `dagster/row_count` when it records one."""
+    """`dagster/size_bytes` (the marker's recorded size, else its files) and `dagster/row_count` if recorded."""
     listed = sum(int(facts["bytes"]) for facts in marker["files"].values())
     metadata: dict[str, Any] = {"dagster/size_bytes": int(marker.get("size_bytes", listed))}
     if marker.get("row_count") is not None:
@@ -117,7 +101,7 @@ def reported_row_count(metadata: Any) -> int | None:
 
 
 def reported_size_bytes(metadata: Any) -> int | None:
-    """The `dagster/size_bytes` a build counted itself (the warm state: shards kept elsewhere too), or None."""
+    """The `dagster/size_bytes` a build counted itself, or None."""
     return _reported_int(metadata, "dagster/size_bytes")
 
 

@@ -1,10 +1,7 @@
-"""An output's lease as a file on this machine: for outputs on a local disk, which only this machine's
-runs can build.
+"""An output's lease as a file on this machine, for outputs on a local disk.
 
-The heartbeat is the file's mtime, renewed while the owner builds. Another run takes the lease over
-only when the owner is gone: its process is dead (same host) or its heartbeat is older than the stale
-limit. Every change to the file happens under a short `flock` on a guard file beside it, so two
-waiters never both take a stale lease over.
+The heartbeat is the file's mtime; the lease is taken over only when its owner's process is dead or its
+heartbeat stale. Changes happen under a `flock` on a guard file, so two waiters never both take it over.
 """
 
 from __future__ import annotations
@@ -93,7 +90,7 @@ class FileLeaseStore(LeaseStore):
             record = json.loads(self.path.read_text())
         except FileNotFoundError:
             return None
-        except ValueError:  # written atomically, so unreadable means foreign or damaged: judge it by its heartbeat
+        except ValueError:  # written atomically, so unreadable means foreign or damaged: judge by heartbeat
             record = {}
         return (record if isinstance(record, dict) else {}), age
 

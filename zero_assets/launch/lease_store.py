@@ -1,8 +1,5 @@
-"""What every output lease is, wherever it is kept: an owner record, a store that takes, renews and
-releases it, and how long an owner may stay silent before it is judged gone.
-
-Two stores implement `LeaseStore`: a file on this machine (`file_lease`) and an object on S3
-(`s3_lease`); `output_lease` picks one by where the output is and holds the lease for a build.
+"""What every output lease is, wherever it is kept: an owner record, a `LeaseStore` that takes, renews
+and releases it, and how long an owner may stay silent before it is judged gone.
 """
 
 from __future__ import annotations
@@ -19,8 +16,7 @@ from zero_assets.core.settings import zero_env
 
 STALE_AFTER_S = 60.0  # a live owner renews every few seconds; this long without one means it is gone
 STALE_VARIABLE = "ZERO_OUTPUT_LEASE_STALE_S"
-# The shortest stale limit allowed: three heartbeats of the slower store (S3, every 3 s), so a live
-# owner is never judged gone between two of its heartbeats.
+# Three heartbeats of the slower store (S3), so a live owner is never judged gone between two.
 MIN_STALE_S = 10.0
 
 
@@ -35,8 +31,7 @@ class Lease:
 
 
 class LeaseStore(ABC):
-    """One output's lease in one place. `heartbeat_s`: how often the owner renews it; `poll_s`: how
-    often a waiter looks again."""
+    """One output's lease in one place; the owner renews every `heartbeat_s`, a waiter polls every `poll_s`."""
 
     location: str
     heartbeat_s: float
@@ -48,13 +43,11 @@ class LeaseStore(ABC):
 
     @abstractmethod
     def holder(self, stale_after_s: float) -> dict[str, Any] | None:
-        """The record of the lease's live owner, read only; None when it is free or its owner is gone (as
-        `try_acquire` judges it)."""
+        """The live owner's record, read only; None when the lease is free or its owner is gone."""
 
     @abstractmethod
     def renew(self, lease: Lease) -> Lease | None:
-        """The heartbeat: renew `lease` (as last written); the lease as now written, or None when it is
-        not this holding's any more (it was judged gone and taken over)."""
+        """Renew `lease`; the lease as now written, or None when another run has taken it over."""
 
     @abstractmethod
     def release(self, lease: Lease) -> None:
@@ -63,7 +56,7 @@ class LeaseStore(ABC):
 
 def process_start(pid: int) -> str | None:
     """The kernel's start time of `pid` (field 22 of /proc/<pid>/stat), None when it does not exist."""
-    if not Path("/proc/self/stat").exists():  # no procfs: whether the pid exists is all there is to know
+    if not Path("/proc/self/stat").exists():  # no procfs: only whether the pid exists
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -73,13 +66,12 @@ def process_start(pid: int) -> str | None:
         return "alive"
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):  # no such process (or no /proc: then only the heartbeat judges)
+    except (OSError, IndexError):  # no such process
         return None
 
 
 def owner_record(run_id: str, token: str) -> dict[str, Any]:
-    """Who holds a lease: the Dagster run, and the process (with its start time, so a reused pid is
-    not mistaken for the owner) on its host."""
+    """Who holds a lease: the run, and the process on its host (with its start time, against pid reuse)."""
     return {
         "run_id": run_id,
         "token": token,
@@ -91,9 +83,7 @@ def owner_record(run_id: str, token: str) -> dict[str, Any]:
 
 
 def stale_after_s() -> float:
-    """How long a lease's owner may go without a heartbeat before another run takes the lease over:
-    `ZERO_OUTPUT_LEASE_STALE_S`, default 60 s. Longer rides out a longer storage outage of a live
-    owner; shorter takes a killed owner's lease over sooner."""
+    """How long an owner may go without a heartbeat before its lease is taken over (`ZERO_OUTPUT_LEASE_STALE_S`)."""
     value = zero_env(STALE_VARIABLE)
     if not value:
         return STALE_AFTER_S

@@ -1,9 +1,4 @@
-"""The build of every job-backed asset: fingerprint the inputs, launch the job, report.
-
-The launch is `materialize_once`'s build (see `once`): a second run with the same fingerprint waits
-on the output's lease, then finds the output the first one published and reports a cache hit
-instead of launching the job again.
-"""
+"""The build of every job-backed asset: fingerprint the inputs, launch the job (once, see `once`), report."""
 
 from __future__ import annotations
 
@@ -35,15 +30,9 @@ def launch_job(
 ) -> MaterializeResult:
     """Launch the asset's job unless an earlier materialization with the same inputs is still complete.
 
-    `request_fields` (settings, kind, inputs, arguments, scan) go to `build_job_request` unchanged.
-    `plan(uri)` writes what the job reads (the selection's plan) where the backend stages it, before
-    launch and only when the job runs; it reaches the job as the input `plan`.
-    With `spread` the job's read list is planned first, and on more than one instance (the backend
-    derives the count from that work) it runs as a map stage on every instance and a reduce stage on
-    one (see `job_request.spread_over`). `data_version_of(output
-    uri)` gives the asset's data version where it is not the one the job reports (kept as `job_data_version`).
-    The result carries Dagster's standard `dagster/uri` and `dagster/size_bytes` (the marked output's
-    files), and `dagster/row_count` as the job script reports it; a hit carries the same keys.
+    `request_fields` go to `build_job_request`. `plan(uri)` writes the job's input `plan` before a launch.
+    `spread` fans the job out (`job_request.spread_over`). `data_version_of(output uri)` overrides the
+    job's data version. A miss and a hit carry the same standard `dagster/*` keys.
     """
     fingerprint_inputs = FingerprintInputs.of(module, config, upstream)
     request = build_job_request(
@@ -71,7 +60,7 @@ def launch_job(
             data_version=DataVersion(data_version_of(output)),
         )
 
-    # What it was built from, as a miss records it (training_set reads the shards' validated set there).
+    # Recorded as a miss records it (training_set reads the shards' validated set there).
     return materialize_once(
         context,
         inputs=fingerprint_inputs,
@@ -96,7 +85,7 @@ def _run_job(
     )
     if mapped is not None:
         map_invocation, map_run = jobs.run(context, mapped)
-        # The map stage reports no materialization; what its launcher knows (job name, instances, time) is kept.
+        # The map stage reports no materialization; its launcher's facts are kept.
         map_metadata = {
             f"map_{key}": value for key, value in {**map_invocation.metadata, **map_run}.items() if key != "backend"
         }

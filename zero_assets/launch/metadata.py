@@ -1,6 +1,5 @@
-"""Metadata helpers shared by the assets: table schemas as Dagster column schemas, job results,
-paths a job reported moved to where its output was published, what a cache hit says of its build, and
-numbers rounded for display."""
+"""Metadata helpers shared by the assets: column schemas, job results, published paths, cache-hit
+metadata and display rounding."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ def upstream_metadata(upstream: list[UpstreamOutput]) -> JsonMetadataValue:
 
 
 def table_schema(table: TableSpec | pyarrow.Schema) -> TableSchemaMetadataValue:
-    """A table's column schema for the UI: each column's Arrow type and nullability, a TableSpec's pandera
-    checks, and a description where an Arrow schema's metadata has one under the column's name."""
+    """A table's column schema for the UI: Arrow types, nullability, pandera checks and column descriptions."""
     schema = table.arrow if isinstance(table, TableSpec) else table
     notes = {key.decode(): value.decode() for key, value in (schema.metadata or {}).items()}
 
@@ -74,17 +72,12 @@ def job_result(invocation: PipesClientCompletedInvocation, extra: dict[str, Any]
     )
 
 
-# Where a job's container keeps its output until the job ends (SageMaker's contract, which the local
-# backend's `/opt/ml` layout copies): `/opt/ml/model` (a Training job's one output) and
-# `/opt/ml/processing/output/<name>`. The backend then publishes it and the folder is gone, so a path
-# the script reported inside it leads nowhere.
+# A job's container output folders; gone once the backend publishes them, so reported paths need mapping.
 _STAGED = re.compile(r"^(?:.*/)?opt/ml/(?:model|processing/output/(?P<name>[^/]+))(?:/(?P<rest>.*))?$")
 
 
 def published_paths(metadata: Mapping[str, Any], outputs: Mapping[str, str]) -> dict[str, Any]:
-    """`metadata` with every path a job reported inside its container's output folder (`metrics_path`,
-    `model_path`) replaced by the same file where that output was published (`outputs`: output name ->
-    destination), as a path entry; other entries unchanged."""
+    """`metadata` with each container output path replaced by where it was published (`outputs`: name -> uri)."""
     return {key: _published(value, outputs) for key, value in metadata.items()}
 
 
@@ -95,14 +88,12 @@ def _published(value: Any, outputs: Mapping[str, str]) -> Any:
         return value
     name = match["name"] or (next(iter(outputs)) if len(outputs) == 1 else None)
     if name not in outputs:
-        return value  # an output this materialization does not publish: left as the job said
+        return value
     destination = outputs[name].rstrip("/")
     return MetadataValue.path(f"{destination}/{match['rest']}" if match["rest"] else destination)
 
 
-# What a materialization says of the run that built its output rather than of the output: the
-# launcher's report (job, instances, time, cost, logs) and the script's own clock. A cache hit keeps
-# them as `built_<key>`, so no key reads as if this run had launched or timed anything.
+# Keys about the build rather than the output; a cache hit renames them `built_<key>`, as this run built nothing.
 BUILD_KEYS = frozenset(
     {
         "job_name",
@@ -140,11 +131,8 @@ BUILT = "built_"
 def hit_metadata(
     earlier: Mapping[str, Any], reason: str, built_by_run: str | None, recorded: bool = True
 ) -> dict[str, Any]:
-    """The metadata of a cache hit on an output built by run `built_by_run` (None: unknown), whose
-    metadata is `earlier` (`recorded`: a materialization this instance recorded, which names its job if
-    it had one; else what the output's marker proves): `cache: hit` and the reason, the run and job
-    that built the output, then the earlier entries with their build keys as `built_<key>`. A hit on
-    a hit names the run that built the output, not the one that reused it."""
+    """A cache hit's metadata: verdict, the run and job that first built the output, then `earlier`'s
+    entries with build keys as `built_<key>`. `recorded`: `earlier` is a recorded materialization."""
     carried = {key: value for key, value in earlier.items() if key not in CACHE_FIRST}
     run = _plain(earlier.get("built_by_run")) or built_by_run
     job = _plain(earlier.get("built_by_job")) or _plain(earlier.get("job_name"))
@@ -163,7 +151,7 @@ def hit_metadata(
 
 
 def cache_first(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """`metadata` with the cache's verdict and who built the output first: the UI lists entries in order."""
+    """`metadata` with the cache verdict and builder first, as the UI lists entries in order."""
     head = {key: metadata[key] for key in CACHE_FIRST if key in metadata}
     return {**head, **{key: value for key, value in metadata.items() if key not in head}}
 
@@ -176,8 +164,7 @@ DISPLAY_DIGITS = 4  # significant digits a number shows in the UI (mAP 0.6325, a
 
 
 def rounded_for_display(metadata: Mapping[str, Any], digits: int = DISPLAY_DIGITS) -> dict[str, Any]:
-    """`metadata` with every float entry rounded to `digits` significant digits: the UI shows the
-    number, the output's own file (metrics.json, training_summary.json) keeps the full value."""
+    """`metadata` with every float rounded to `digits` significant digits; output files keep full values."""
     return {key: _rounded(value, digits) for key, value in metadata.items()}
 
 

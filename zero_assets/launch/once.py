@@ -1,11 +1,7 @@
 """The one protocol of every asset that writes an output: build it once per input fingerprint.
 
-Decide (an earlier materialization with the same fingerprint whose output is still complete is a
-hit: nothing is built), else take the output's lease (see `output_lease`: a second run with the same
-fingerprint waits for the first), look again for an output published meanwhile (a hit on the work
-of the run it waited for), else build, mark the output complete (the marker is the last write; a
-rebuild withdraws the old one first) and report with the standard metadata. Job-backed assets build
-through `launch_job`; the in-process ones (index, training set, warm state) pass their own build.
+A complete earlier output is a hit; else hold the output's lease, look again for one published
+meanwhile, else build and mark the output complete (the marker is the last write).
 """
 
 from __future__ import annotations
@@ -50,24 +46,12 @@ def materialize_once(
 ) -> MaterializeResult:
     """Materialize the asset's output at `output` (where `build` publishes it) unless it already is.
 
-    `lease`: where the output's lease is (`core.job_request.output_lease_location`), held while it is
-    built; the asset derives it once, and a job the build launches names that same one
-    (`JobRequest.lease`), which is how the orphaned-job sensor tells a job someone waits on.
-    `build()` writes the output and returns its own metadata and data version. The result carries,
-    first, the cache's verdict (`cache`, `cache_reason`), who built the output (`built_by_run`, and
-    `built_by_job` for a job) and this step's wall time (`step_wall_s`); then `dagster/uri`, the
-    other cache keys (`fingerprint`, `fingerprint_inputs`, `code_version`) and `dagster/size_bytes` of
-    the marked files, unless `build` counted that itself (the warm state, whose readers also read
-    shards kept elsewhere). A path a job reported inside its container's output folder names the
-    published file (see `metadata.published_paths`). The `dagster/row_count` it reports, and a size
-    it counted, are kept in the marker, so a later hit found through the marker alone reports them
-    too. An output that cannot be checked from here (`fsx://`) is not marked, and
-    so never a hit. `known`: what this run knows of the output without building it (what it is built
-    from), added to a hit on an output another run published. `skipped` says in the log what a hit
-    spares ("no job launched").
+    `lease` is held while building (jobs the build launches name it). `build()` writes the output and
+    returns its metadata and data version. An output not checkable from here (`fsx://`) is never
+    marked, so never a hit. `known` is added to a hit on another run's output.
     """
     started = time.perf_counter()
-    watch_over_step(context)  # a run whose worker is gone is failed, and a step worker ends with its run worker
+    watch_over_step(context)
     decision = cache_decision(context, inputs)
     if decision.hit is not None:
         context.log.info(f"cache hit, {skipped}: {decision.reason}")
@@ -89,7 +73,7 @@ def materialize_once(
             if held.waited_for
             else f"an output of the same input fingerprint is published at {output} and is complete"
         )
-        marker = complete_marker(output, inputs.fingerprint)  # one listing and hashing pass for both questions
+        marker = complete_marker(output, inputs.fingerprint)
         refusal = None if marker is None else reuse_refusal(output)
         hit = None if refusal else published_hit(output, marker, inputs, reason, held.waited_for)
         if hit is not None:
@@ -118,7 +102,7 @@ def materialize_once(
     metadata = {
         "dagster/uri": MetadataValue.path(output),
         **(standard_metadata(marker) if marker is not None else {}),
-        # A job's paths inside its container's output folder, as published (that folder is gone now).
+        # A job's container paths mapped to where they were published.
         **published_paths(built.metadata or {}, {"out": output}),
         **miss_metadata(inputs, decision.reason),
         "built_by_run": context.run.run_id,
@@ -129,7 +113,6 @@ def materialize_once(
 
 
 def _timed(result: MaterializeResult, started: float) -> MaterializeResult:
-    """`result` with this step's own wall time (`step_wall_s`: a hit's is the look-up's, never the
-    build's), the cache's verdict and who built the output first."""
+    """`result` with this step's own wall time (`step_wall_s`), the cache verdict first."""
     metadata = {**(result.metadata or {}), "step_wall_s": round(time.perf_counter() - started, 2)}
     return MaterializeResult(metadata=cache_first(metadata), data_version=result.data_version)

@@ -1,10 +1,7 @@
 """One builder per output: a lease that a second run with the same fingerprint waits on.
 
-The lease is kept where the runs that may build the output all look, chosen by the output's location:
-an output on S3 is leased on S3 beside it (`s3_lease`: conditional writes, judged on S3's clock), so
-runs on different hosts or ECS tasks build it once; any other output (a local lake, a warm folder on
-this machine) by a file under this machine's jobs folder (`file_lease`). Both hold the same way:
-take it or wait while its owner lives, renew it from a heartbeat thread while building, release it.
+An S3 output is leased on S3 beside it (`s3_lease`), so runs on any host build it once; any other by a
+file on this machine (`file_lease`). A holder renews it from a heartbeat thread while building.
 """
 
 from __future__ import annotations
@@ -36,7 +33,8 @@ def try_acquire(
     location: Path | str, run_id: str, stale_after_s: float | None = None
 ) -> tuple[Lease | None, dict[str, Any] | None]:
     """Take the lease at `location` if it is free or its owner is gone; else (None, the owner's record).
-    Nothing renews a lease taken here: `hold_lease` is how a build holds one."""
+
+    Nothing renews a lease taken here; builds use `hold_lease`."""
     return lease_store(location).try_acquire(run_id, _stale(stale_after_s))
 
 
@@ -93,8 +91,7 @@ def _heartbeat(store: LeaseStore, holding: list[Lease | None], stop: threading.E
         try:
             holding[0] = store.renew(holding[0])
         except (AwsUnavailableError, OutputLeaseError, OSError) as error:
-            # Still the owner as far as anyone knows: beat again next time. A lease left unrenewed past
-            # the stale limit is taken over; this run's publish still ends with the marker.
+            # Still the owner as far as anyone knows: beat again next time.
             log.warning("could not renew the output lease %s: %s", store.location, error)
             continue
         if holding[0] is None:
@@ -103,8 +100,7 @@ def _heartbeat(store: LeaseStore, holding: list[Lease | None], stop: threading.E
 
 
 def _release(store: LeaseStore, lease: Lease) -> None:
-    """Release the lease; when its storage does not answer, leave it: it is taken over once stale. The
-    build's own result (or its error, which a release error must not hide) is what the run reports."""
+    """Release the lease; if its storage does not answer, leave it to go stale (never hiding the build's error)."""
     try:
         store.release(lease)
     except (AwsUnavailableError, OutputLeaseError, OSError) as error:

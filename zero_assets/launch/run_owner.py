@@ -1,19 +1,7 @@
-"""Which process runs a Dagster run, and what happens when it is gone: no run stays STARTED, holding
-its pool and queue slots, because the process running it was killed.
+"""Which process runs a Dagster run, and failing a run whose process is gone, so no dead run holds pool slots.
 
-The run worker (the process that orchestrates the run's steps) records itself in the run's tags:
-`zero/run_worker_host` and `zero/run_worker` (pid, the pid's start time, boot and pid namespace, the
-run id). It is written by the code location's executor before any step claims a pool slot
-(`zero_assets.defs.executor`), or by the first step of a run that executor did not start (the Python
-API's `materialize` runs in process). Dagster records no pid for a run it did not launch itself.
-
-- `fail_dead_runs` marks failed every STARTED run whose recorded run worker ran on this host and is
-  gone (the pid exited, or is another process now, or the host rebooted) and frees its pool slots;
-  runs of other hosts or containers are left to them. It runs when a run starts and when a step
-  starts, and from `zero-assets fail-dead-runs`.
-- `watch_over_step` (each step, through `materialize_once`): in a step worker of the multiprocess
-  executor a thread watches the run worker; when it is gone the step kills its local jobs
-  (`end_orphaned_jobs`), marks the run failed, frees its slots and exits, recording nothing more.
+The run worker records itself in the run's tags (`zero/run_worker_host`, `zero/run_worker`); Dagster
+records no pid for runs it did not launch. Only this host's runs are judged.
 """
 
 from __future__ import annotations
@@ -39,7 +27,7 @@ REPORT_TIMEOUT_S = 20.0  # how long an orphaned step tries to record its run's f
 
 @dataclass(frozen=True)
 class RunWorker:
-    """A process as this host's kernel names it: the pid alone may be reused, with its start time it is not."""
+    """A process as this host's kernel names it: pid plus start time, as a pid alone may be reused."""
 
     host: str
     pid: int
@@ -57,7 +45,7 @@ class RunWorker:
     @classmethod
     def from_tags(cls, run: DagsterRun) -> RunWorker | None:
         """The run worker recorded for `run`; None when none is, or the tags were copied from another run
-        (a re-execution copies its parent's tags before its own worker records itself)."""
+        (a re-execution copies its parent's tags)."""
         host, value = run.tags.get(HOST_TAG), run.tags.get(WORKER_TAG)
         if not host or not value:
             return None
@@ -82,12 +70,11 @@ def _read(path: str) -> str:
 
 
 def _start_time(pid: int) -> str | None:
-    """The start time of `pid` (clock ticks since boot), "" where there is no /proc; None when no such
-    process runs (a zombie waiting to be reaped has ended)."""
+    """The start time of `pid` in clock ticks, "" without /proc; None when it is not running (zombies included)."""
     fields = _read(f"/proc/{pid}/stat").rsplit(")", 1)[-1].split()
     if len(fields) >= 20:
         return None if fields[0] in ("Z", "X") else fields[19]  # field 22 of stat, counted after the name
-    try:  # no /proc, or one that hides other users' processes (hidepid): ask the kernel whether it exists
+    try:  # no /proc, or hidepid: ask the kernel whether it exists
         os.kill(pid, 0)
     except ProcessLookupError:
         return None
@@ -124,8 +111,7 @@ def record_run_worker(instance: DagsterInstance, run_id: str) -> RunWorker:
 
 
 def why_gone(worker: RunWorker) -> str | None:
-    """Why `worker` is certainly gone, judged from this host; None while it runs or when this host cannot
-    tell (another host, or another container's pid namespace on this one)."""
+    """Why `worker` is certainly gone; None while it runs or when this host cannot tell (other host or namespace)."""
     here = this_process(worker.run_id)
     if worker.host != here.host:
         return None
@@ -142,8 +128,7 @@ def why_gone(worker: RunWorker) -> str | None:
 
 
 def fail_run(instance: DagsterInstance, run_id: str, reason: str) -> bool:
-    """Mark a run that is still in progress failed (canceled when it was being canceled) because `reason`,
-    and free the pool slots its steps held or waited for. False when it had finished meanwhile."""
+    """Mark an in-progress run failed (or canceled) for `reason` and free its pool slots; False if it had finished."""
     run = instance.get_run_by_id(run_id)
     if run is None or run.status not in IN_PROGRESS:
         return False
@@ -158,8 +143,7 @@ def fail_run(instance: DagsterInstance, run_id: str, reason: str) -> bool:
 
 
 def fail_dead_runs(instance: DagsterInstance) -> dict[str, str]:
-    """Fail every run in progress whose recorded run worker ran on this host and is gone (see `why_gone`),
-    freeing its pool slots. Returns {run id: why} of the runs failed."""
+    """Fail every in-progress run whose run worker on this host is gone; returns {run id: why}."""
     failed = {}
     host = socket.gethostname()
     for run in instance.get_runs(filters=RunsFilter(statuses=IN_PROGRESS, tags={HOST_TAG: host})):
@@ -174,9 +158,8 @@ _watched: set[str] = set()  # the runs this process watches the run worker of (a
 
 
 def watch_over_step(context: AssetExecutionContext) -> None:
-    """At the start of a step: know the run's worker (record this process when nobody did: then it is the
-    run worker, running the steps in process), fail this host's dead runs, and in a step worker of another
-    process (the multiprocess executor's) end the step with its run worker (see `_end_orphaned_step`)."""
+    """At the start of a step: record the run worker if none is, fail this host's dead runs, and in a
+    separate step worker process watch the run worker so the step ends with it."""
     instance, run_id = context.instance, context.run.run_id
     if run_id in _watched:
         return
@@ -199,9 +182,9 @@ def _watch_run_worker(instance: DagsterInstance, worker: RunWorker) -> None:
 
 
 def _end_orphaned_step(instance: DagsterInstance, worker: RunWorker, reason: str) -> None:
-    """The run worker died under this step worker (the kernel's parent-death signal of the local jobs names
-    this process, which lives on): kill the jobs, record the run's failure (bounded: a database that does
-    not answer must not keep the process alive), and exit without another event into the dead run."""
+    """Kill the local jobs, record the run's failure (bounded in time), and exit without another event.
+
+    Needed because the jobs' parent-death signal names this step worker, which outlives the run worker."""
     killed = end_orphaned_jobs()
     print(
         f"zero_assets: run {worker.run_id}: {reason}; killed its local jobs ({len(killed)} processes)",

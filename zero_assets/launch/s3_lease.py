@@ -1,22 +1,8 @@
-"""An output's lease as an object on S3 beside the output: for outputs on an `s3://` lake, which runs on
-any host or ECS task may build, so the lease must be where all of them look.
+"""An output's lease as an object on S3 beside the output (`<output uri>.lease.json`), for `s3://` lakes.
 
-The key is `<output uri>.lease.json` (`core.job_request.output_lease_location`): a sibling of the
-output's folder, never inside it, so nothing that lists the output (its completion marker, the checks,
-a SageMaker channel, which always ends its prefix with `/`) ever sees it, and `zero-assets gc` (which
-judges `<asset>/[<source>/]<fingerprint16>/` folders) never takes it for an output. It is written where
-the output is, so any run that may write the output may write its lease.
-
-Every change is a conditional write, so S3 itself decides between racing runs: `If-None-Match: *`
-takes a free lease, `If-Match: <ETag>` renews it (the heartbeat: the owner rewrites it with the time,
-which changes its ETag), takes over a stale one (the ETag read when it was judged stale, so of two
-waiters one wins) and deletes it on release (so a lease another run took over is left alone). An
-owner is gone only when its heartbeat is stale by S3's own clock: the object's LastModified against
-the Date of the response that read it, never this host's clock. Its pid says nothing here: a pid is
-only meaningful in its own pid namespace, and two containers may share a host name.
-
-A request retried after a lost response may find its own write there and be refused (412): every
-refusal is settled by reading the lease again, whose token says whether the write was this run's.
+Every change is a conditional write (`If-None-Match`/`If-Match`), so S3 decides between racing runs;
+staleness is judged on S3's clock only (LastModified against the response's Date). A refused write
+is settled by reading the lease's token again, as a retried write may have landed.
 """
 
 from __future__ import annotations
@@ -34,14 +20,13 @@ from training_code.lib.s3_storage import s3_call, s3_client, split_s3
 from zero_assets.launch.lease_store import Lease, LeaseStore, owner_record
 
 LEASE_FORMAT = "zero-output-lease/1"
-# A refused conditional write means another run wrote or removed the lease in between: look again,
-# a few times, before reporting whoever holds it now.
+# A refused conditional write means another run changed the lease in between: look again a few times.
 ACQUIRE_ROUNDS = 4
 # The answers to a conditional request whose condition did not hold: 412, a concurrent conditional
 # request on the key (409), or an If-Match on a key that is gone (404).
 REFUSED = {"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404", "409", "412"}
 MISSING = {"NoSuchKey", "404", "NotFound"}
-HTTP_DATE = re.compile(r"[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT")  # RFC 9110's IMF-fixdate
+HTTP_DATE = re.compile(r"[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT")  # RFC 9110 IMF-fixdate
 
 
 class OutputLeaseError(RuntimeError):
@@ -162,8 +147,7 @@ class S3LeaseStore(LeaseStore):
         return s3_call(delete, f"DELETE {self.location} (IfMatch {version})")
 
     def _fail(self, what: str, error) -> NoReturn:
-        """Raise `error` itself when it is transient (`s3_call` retries it), else an error that names
-        the lease and what to check."""
+        """Re-raise a transient `error` (`s3_call` retries it), else raise `OutputLeaseError` naming what to check."""
         if is_retryable(error):
             raise error
         hint = (
@@ -178,15 +162,15 @@ class S3LeaseStore(LeaseStore):
 def _record(body: bytes) -> dict[str, Any]:
     try:
         record = json.loads(body)
-    except ValueError:  # written whole by one PUT, so unreadable means foreign or damaged: judged by its age alone
+    except ValueError:  # written whole by one PUT, so unreadable means foreign or damaged: judged by age alone
         return {}
     return record if isinstance(record, dict) else {}
 
 
 def _age_s(response: dict[str, Any], uri: str) -> float:
-    """Seconds since the object was last written, both ends read from S3's clock: its LastModified and
-    the Date of the response. A proxy on the way may add a Date of its own before the server's (the
-    client joins repeated headers with ", "): the last one is the server's."""
+    """Seconds since the object was last written, by S3's clock (LastModified against the response's Date).
+
+    A proxy may prepend its own Date header; the last one is the server's."""
     dates = HTTP_DATE.findall(response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date", ""))
     if not dates:
         raise OutputLeaseError(

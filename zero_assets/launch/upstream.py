@@ -25,10 +25,7 @@ MATERIALIZE = "dagster asset materialize -m zero_assets.definitions"
 def latest_materializations(
     instance: DagsterInstance, asset: str | AssetKey, partition: str | None = None, limit: int = 1
 ) -> list[EventLogRecord]:
-    """The newest materializations of `asset` (of its `partition` when given), newest first.
-
-    A per-source asset is looked up in its own partition only: another source's latest
-    materialization is never this source's upstream, previous output or cache hit."""
+    """The newest materializations of `asset` (only of `partition` when given), newest first."""
     key = _asset_key(asset)
     records_filter = AssetRecordsFilter(asset_key=key, asset_partitions=[partition]) if partition else key
     return list(instance.fetch_materializations(records_filter, limit=limit).records)
@@ -37,9 +34,7 @@ def latest_materializations(
 def latest_by_partition(
     instance: DagsterInstance, asset: str | AssetKey, partitions: Iterable[str]
 ) -> dict[str, EventLogRecord]:
-    """The newest materialization of each of `partitions` that has one: two queries, however many
-    partitions, where `latest_materializations` per source is one each (a training set over 1,000
-    sources, and every validated_images materialization's entry naming every source, paid 1,000)."""
+    """The newest materialization of each of `partitions` that has one, in two queries however many there are."""
     key, wanted = _asset_key(asset), set(partitions)
     if not wanted:  # Dagster reads no partitions as every partition
         return {}
@@ -64,8 +59,7 @@ def context_partition(context: AssetExecutionContext) -> str | None:
 
 
 def upstream_output(context: AssetExecutionContext, asset: str, partition: str | None = None) -> UpstreamOutput:
-    """The latest materialization of an upstream asset (of `partition` for a per-source one): where its
-    output is and its data version."""
+    """Where the latest materialization of an upstream asset (of `partition`) put its output, and its data version."""
     records = latest_materializations(context.instance, asset, partition)
     if not records or records[0].asset_materialization is None:
         raise Failure(description=missing_upstream_message(context, asset, partition), allow_retries=False)
@@ -73,11 +67,10 @@ def upstream_output(context: AssetExecutionContext, asset: str, partition: str |
 
 
 def missing_upstream_message(context: AssetExecutionContext, asset: str, partition: str | None = None) -> str:
-    """Every ancestor of this materialization that has no materialization (per source for the per-source
-    ones) and the one command that builds them and then this asset: not one asset further up a try."""
-    try:  # the code location's whole graph (a run of `dagster asset materialize`, the UI, a sensor)
+    """The failure text naming every unmaterialized ancestor and the one command that builds them all."""
+    try:
         graph = context.repository_def.asset_graph
-    except CheckError:  # the Python API's `materialize`: no repository, the graph it was handed
+    except CheckError:  # the Python API's `materialize` has no repository, only the graph it was handed
         graph = context.job_def.asset_layer.asset_graph
     target = context.asset_key.to_user_string()
     upstream = AssetKey.from_user_string(asset)
@@ -88,7 +81,7 @@ def missing_upstream_message(context: AssetExecutionContext, asset: str, partiti
         if not node.is_materializable:
             continue  # the raw data itself: observed, never built
         name = key.to_user_string()
-        if node.is_partitioned:  # per source: the sources (dynamic partitions) registered in the instance
+        if node.is_partitioned:
             registered = registered or sorted(context.instance.get_dynamic_partitions(node.partitions_def.name))
             per_source.append(name)
             materialized = latest_by_partition(context.instance, key, registered)
@@ -135,11 +128,9 @@ def output_of(record: EventLogRecord, asset: str, partition: str | None = None) 
 
 
 def previous_output(context: AssetExecutionContext) -> str | None:
-    """Where this asset's latest materialization (of this source, for a per-source asset) wrote its
-    output, when that output is still complete.
+    """Where this asset's latest materialization wrote its output, when that output is still complete.
 
-    Incremental jobs take it as `--previous` to reuse earlier work. It is deliberately not part of the
-    input fingerprint: the job must produce the same result with or without it.
+    Incremental jobs take it as `--previous`; it is not in the fingerprint, as results must not depend on it.
     """
     records = latest_materializations(context.instance, context.asset_key, context_partition(context))
     if not records or records[0].asset_materialization is None:

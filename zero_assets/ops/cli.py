@@ -1,17 +1,5 @@
-"""`zero-assets`: what is not a materialization (those are Dagster's job: UI, CLI, sensors).
-
-zero-assets make-demo-data --out DIR [--images N] [--seed S] [--shuffle-labels]
-zero-assets sources [--register]   # the raw root's sources (top-level folders); --register adds new ones
-zero-assets sources --remove NAME  # delete a partition that is no source of the raw root (a stray one)
-zero-assets summary            # the latest materialization of each asset (per source for those), from $DAGSTER_HOME
-zero-assets render-jobs --out DIR [--config RUN_CONFIG] [--from-instance]  # the SageMaker/FSx requests the
-                                                 # graph would send (no AWS calls)
-zero-assets lineage [CHECKPOINT_URI_OR_RUN_ID]  # which images and shards trained it (default: the latest), and
-                                               # which reports scored it
-zero-assets lineage --image KEY                # which checkpoints an image reached, or why it did not
-zero-assets gc [--delete] [--grace-hours H]    # lake outputs and job folders no stored materialization names
-zero-assets fail-dead-runs [--run RUN_ID]       # fail runs whose worker on this host is gone (or RUN_ID, by
-                                                # hand) and free their pool slots
+"""`zero-assets`: the commands that are not materializations (demo data, sources, summary, render-jobs,
+lineage, gc, fail-dead-runs); `zero-assets --help` lists them.
 """
 
 from __future__ import annotations
@@ -29,7 +17,7 @@ SUMMARY_KEYS = {
     "training_set": ("dagster/row_count", "excluded", "train", "val"),
     "arrow_shards": ("shards", "dagster/size_bytes", "train_rows", "val_rows"),
     "fsx_warm_state": ("shards", "dagster/size_bytes", "copied", "already_warm"),
-    # A cache hit records its building job's wall time as built_job_wall_s (it launched none itself).
+    # A cache hit records its building job's wall time as built_job_wall_s.
     "trained_checkpoint": ("steps", "images_per_s", "final_loss", "world_size", "job_wall_s", "built_job_wall_s"),
     "map_report": ("mAP", "mAP_50", "mAP_75", "val_images"),
 }
@@ -42,8 +30,7 @@ def _make_demo_data(args: argparse.Namespace) -> int:
 
 
 def _settings():
-    """The `ZeroSettings` the code location's assets get in this environment (backend and profile
-    applied), their EnvVar bindings read now, as a run reads them."""
+    """The `ZeroSettings` the code location's assets get in this environment, resolved as a run resolves them."""
     from zero_assets.backends.from_env import backend_settings, resolved
 
     return resolved(backend_settings()[0])
@@ -90,7 +77,7 @@ def _summary(_: argparse.Namespace) -> int:
     sources = instance.get_dynamic_partitions(RAW_SOURCES.name)
     missing = False
     for asset, keys in SUMMARY_KEYS.items():
-        if asset in per_source:  # every source's newest in two queries, not one a source
+        if asset in per_source:
             partitions, latest = sorted(sources), latest_by_partition(instance, AssetKey(asset), sources)
         else:
             records = latest_materializations(instance, AssetKey(asset))
@@ -120,7 +107,7 @@ def _render_jobs(args: argparse.Namespace) -> int:
     from zero_assets.backends.from_env import resolved, sagemaker_settings
     from zero_assets.ops.job_plan import instance_lookup, render_jobs
 
-    # The SageMaker backend's own settings road, resolved as a run resolves it: the same requests it sends.
+    # The SageMaker backend's settings whatever ZERO_BACKEND says, resolved as a run resolves them.
     settings, aws = (resolved(resource) for resource in sagemaker_settings())
     options = {"source": args.source} if args.source else {}
     if args.config:
@@ -152,7 +139,7 @@ def _lineage(args: argparse.Namespace) -> int:
             print(json.dumps(image_fate(instance, args.image), indent=1, default=str))
             return 0
         found = checkpoint_lineage(instance, find_checkpoint(instance, args.checkpoint or LATEST))
-    print("\n".join(found.lines()))  # the graph's order, from the checkpoint back to the validated sets
+    print("\n".join(found.lines()))
     return 0
 
 

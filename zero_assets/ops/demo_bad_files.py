@@ -1,8 +1,4 @@
-"""The bad files and labels planted in the demo raw root: one of each case the validation pass must report.
-
-Truncated and empty files, text named .jpg, a PNG whose CRC is wrong, the same bytes under two sources, a box
-that runs off its image, an image without annotation and an annotation without image.
-"""
+"""The bad files and labels planted in the demo raw root: one of each case the validation pass must report."""
 
 from __future__ import annotations
 

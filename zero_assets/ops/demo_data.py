@@ -1,10 +1,8 @@
-"""Deterministic demo raw root: industrial-inspection scenes in the raw data contract, with planted bad cases.
+"""Deterministic demo raw root (`zero-assets make-demo-data`): inspection scenes in the raw data contract,
+with planted bad cases.
 
-`zero-assets make-demo-data --out DIR` calls `make_demo_raw_root`. Each source folder holds JPEG and PNG
-images of parts on a work surface plus a COCO `annotations.json` whose boxes are in the stored pixel
-frame (what an annotation tool that ignores EXIF sees), so EXIF-rotated files exercise the transpose.
-The scenes are drawn by `demo_scenes` and the bad cases planted by `demo_bad_files`; this module lays
-them out as a raw root.
+Boxes are in the stored pixel frame, as an EXIF-unaware annotation tool sees them, so rotated files
+exercise the transpose.
 """
 
 from __future__ import annotations
@@ -67,10 +65,9 @@ def demo_images(images: int, rng: np.random.Generator) -> list[DemoImage]:
 
 
 def shuffle_labels(drawn: list[DemoImage], seed: int) -> list[DemoImage]:
-    """The same images with their labels shuffled: each image takes another image's boxes (scaled to
-    its own size) and every box a category drawn by permuting all boxes' categories. Nothing in an image
-    then says where its boxes are or what they hold: a detector trained on this should score near zero,
-    which is what makes it a check that the real labels carry the signal."""
+    """The same images, each with another image's boxes (scaled) and permuted categories.
+
+    A detector trained on these should score near zero: a check that the real labels carry the signal."""
     rng = np.random.default_rng([seed, 0x5107])
     # One random cycle through all images: every image gets another image's boxes, never its own.
     cycle = rng.permutation(len(drawn))
@@ -89,10 +86,9 @@ def shuffle_labels(drawn: list[DemoImage], seed: int) -> list[DemoImage]:
 
 
 def make_demo_raw_root(out: Path, images: int = 240, seed: int = 0, shuffled_labels: bool = False) -> dict:
-    """Write the demo raw root to `out` (which must not already hold one) and return a summary.
+    """Write the demo raw root to `out` (which must be empty) and return a summary.
 
-    With `shuffled_labels` the images are the same and the good images' annotations are shuffled
-    (see shuffle_labels); the planted bad cases are planted as always."""
+    `shuffled_labels` shuffles the good images' annotations (see shuffle_labels)."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} is not empty; pick a new --out folder or delete this one first")

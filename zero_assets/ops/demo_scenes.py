@@ -1,8 +1,4 @@
-"""The demo's scenes: parts on a work surface, drawn from a seeded generator, and their stored files.
-
-A scene is an upright picture with the boxes of its labeled parts (`render_scene`); `encode_file`
-gives the bytes the raw root stores for it (JPEG with an EXIF orientation, or PNG).
-"""
+"""The demo's scenes: parts on a work surface, drawn from a seeded generator, and their stored files."""
 
 from __future__ import annotations
 
@@ -22,15 +18,8 @@ class Part:
     box: tuple[float, float, float, float]  # x1, y1, x2, y2 in the upright scene
 
 
-# What makes the scenes hard enough that the demo detector scores well short of perfect (so a regression
-# can show) while a detector trained on shuffled labels scores near zero: a part's finish only hints at its
-# class (a quarter of the parts take any of the shared finishes), so shape tells a nut from a washer or a
-# gear, and at the small end of the size range that is a few pixels of outline; parts overlap (later ones
-# drawn over earlier ones, each at least half visible); unlabeled clutter (plain discs, shims, cables,
-# screws) looks like parts; light varies across a scene (gradient, spotlight) and between scenes
-# (exposure, focus). The figures below set the difficulty: with them the demo detector (TrainConfig's
-# defaults) scores mAP@0.5 about 0.63 on the demo's val split, tests/test_demo_difficulty.py holds it
-# within [0.5, 0.85].
+# The difficulty knobs: hard enough that the demo detector scores well short of perfect (so a regression
+# can show), easy enough to beat shuffled labels. tests/test_demo_difficulty.py holds the score in range.
 FINISHES = (
     (200, 200, 210),
     (205, 165, 60),
@@ -175,7 +164,7 @@ def _place_parts(rng: np.random.Generator, width: int, height: int) -> list[Part
                 continue
             x1, y1 = rng.uniform(2, width - w - 2), rng.uniform(2, height - h - 2)
             box = (x1, y1, x1 + w, y1 + h)
-            # Drawn last, the new part may hide some of each earlier one, never more than MAX_COVERED.
+            # Drawn last, the new part may hide each earlier one by at most MAX_COVERED.
             boxes = [p.box for p in parts]
             if all(_covered(p, boxes[i + 1 :] + [box]) <= MAX_COVERED for i, p in enumerate(boxes)):
                 parts.append(Part(category, box))

@@ -40,7 +40,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from training_code.lib.storage import delete_file, delete_prefix, is_s3, join, list_objects, newest_write
 from zero_assets.core.job_request import RUNS_FOLDER
 from zero_assets.core.settings import JOBS_FOLDER
-from zero_assets.ops.garbage_report import age, report_lines
+from zero_assets.ops.garbage_report import Folder, Verdict, age, report_lines
 from zero_assets.ops.garbage_shards import (
     SHARD_ASSET,
     WARM_ASSET,
@@ -62,30 +62,6 @@ LIVE_STATUSES = [
     DagsterRunStatus.CANCELING,
 ]
 DEFAULT_GRACE_HOURS = 24.0
-
-
-@dataclass(frozen=True)
-class Folder:
-    """One collectable unit of the lake, with what the listing says about it."""
-
-    key: str  # relative to the lake
-    # "output", "run" (one run's job folder), "jobs" (an output's lease and checkpoints, or an older job
-    # folder), or on the warm mount "warm set", "warm shard", "warm leftover" (garbage_shards)
-    kind: str
-    uri: str
-    bytes: int  # of the files that belong to this unit alone (a "jobs" folder's runs are units of their own)
-    files: tuple[str, ...] = ()  # a unit of single files (a warm shard and its verdict), deleted one by one, last first
-
-    @property
-    def parts(self) -> list[str]:
-        return self.key.split("/")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    folder: Folder
-    why: str  # why it is unreferenced
-    kept_because: str | None  # set when it is unreferenced but must stay (a run may still be writing it)
 
 
 @dataclass

@@ -1,12 +1,34 @@
-"""What `zero-assets gc` prints: the collectable folders (path, bytes, why), what stays anyway, a total."""
+"""What `zero-assets gc` judges and prints: the lake's collectable units, each one's verdict, and the
+report (path, bytes, why), what stays anyway, a total."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:  # garbage imports this module: the types only, for the annotations
-    from zero_assets.ops.garbage import Folder, Verdict
+
+@dataclass(frozen=True)
+class Folder:
+    """One collectable unit of the lake, with what the listing says about it."""
+
+    key: str  # relative to the lake
+    # "output", "run" (one run's job folder), "jobs" (an output's lease and checkpoints, or an older job
+    # folder), or on the warm mount "warm set", "warm shard", "warm leftover" (garbage_shards)
+    kind: str
+    uri: str
+    bytes: int  # of the files that belong to this unit alone (a "jobs" folder's runs are units of their own)
+    files: tuple[str, ...] = ()  # a unit of single files (a warm shard and its verdict), deleted one by one, last first
+
+    @property
+    def parts(self) -> list[str]:
+        return self.key.split("/")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    folder: Folder
+    why: str  # why it is unreferenced
+    kept_because: str | None  # set when it is unreferenced but must stay (a run may still be writing it)
 
 
 def age(epoch_s: float) -> str:

@@ -1,13 +1,7 @@
 """What shard sets keep alive for `zero-assets gc`: earlier arrow_shards folders, and the warm mount.
 
-- An arrow_shards output lists shards it keeps from earlier outputs by path (`../<fp16>/shards/...`),
-  so an earlier folder stays while a kept manifest (an output that stays, on its own merits) names
-  a shard in it. Kept only for that, it keeps nothing further: its own manifest is no longer read.
-- The local warm mount (`backends/local/warm_state.py`): a set, `<mount>/sets/<key>/` (or a folder
-  `<mount>/<key>/` of the layout before it), stays while a stored materialization names it; a shard,
-  `<mount>/shards/<name>` with its verdict, while a set that stays lists it. A verdict without its
-  shard and a temporary file a fetch left are collectable too. The mounts are the ones stored
-  fsx_warm_state materializations record (`warm_mount`).
+An earlier shard folder stays while an output that stays on its own lists a shard in it (one level only).
+On a warm mount a set stays while a materialization names it, and a shard while a set that stays lists it.
 """
 
 from __future__ import annotations
@@ -33,8 +27,7 @@ _KEY = re.compile(r"[0-9a-f]{16}")
 
 
 def shard_paths(manifest_uri: str) -> list[str]:
-    """The `path` of every shard a shard-set manifest lists (`zero-shards/3`); none for another layout
-    or a manifest not there (an output still being written)."""
+    """The `path` of every shard a shard-set manifest lists; none for another layout or a missing manifest."""
     try:
         manifest = json.loads(read_bytes(manifest_uri))
     except FileNotFoundError:
@@ -49,8 +42,7 @@ def kept_for_their_shards(
     assets: set[str],
     unit_of: Callable[[str, set[str]], tuple[str, str] | None],
 ) -> set[str]:
-    """The keys of the arrow_shards outputs holding a shard that the manifest of another output listed
-    in `outputs` (key, uri) lists, when that one `stays` (on its own merits: by its uri)."""
+    """The keys of arrow_shards outputs holding a shard listed by another of `outputs` (key, uri) that `stays`."""
     kept = set()
     for key, uri in outputs:
         if not stays(uri):
@@ -117,8 +109,8 @@ class Candidate:
 
 
 def unreferenced_on_mount(mount: str, names_path: Callable[[str], bool], cutoff: float) -> list[Candidate]:
-    """The units of a warm mount no stored materialization keeps: sets it does not name (`names_path`),
-    then shards no set that stays lists (a set written since `cutoff` stays, and keeps its shards)."""
+    """The units of a warm mount nothing keeps: sets no materialization names (`names_path`), then shards
+    no set that stays lists (a set written since `cutoff` stays)."""
     candidates, listed = [], set()
     for key, kind, files in mount_units(mount):
         uri = os.path.join(mount, key)

@@ -1,18 +1,8 @@
 """`render-jobs`: every request the graph would send to AWS for the current configuration, without sending it.
 
-Fingerprints use the upstream data versions of the latest materializations when a lookup is given
-(`instance_lookup`: the Dagster instance), so each request is the one the next materialization of
-that asset sends; otherwise a stand-in version per asset, so the names and prefixes have the right
-shape but the fingerprint parts differ from a real run. The per-source jobs are rendered for
-one source (`source`), their outputs under `<asset>/<source>/`. A job that reads raw images (validation,
-packing) is planned as the runner plans it: its read list (what it fetches by key) from the upstream
-tables, its instances and volumes from that; it is never handed a raw prefix. The jobs after the shards
-read the shard root, told the set's folder there (`--training-set`).
-
-On a Training Plan, the training request carries its ARN and is preceded by the DescribeTrainingPlan
-the runner sends before launching. Without the plan as read (`training_plan`: render-jobs makes no AWS
-call), MaxRuntimeInSeconds is the configured one and a note on stderr says that the runner bounds it
-by the plan's end at launch; with it, the request is bounded as the runner bounds it, or refused.
+With an instance lookup, fingerprints use the latest upstream data versions (the requests the next
+materializations send); otherwise stand-in versions give the right shapes. Per-source jobs are rendered
+for one source. Makes no AWS call, so without `training_plan` the runner's plan bounds are noted on stderr.
 """
 
 from __future__ import annotations
@@ -43,17 +33,19 @@ from zero_assets.backends.sagemaker.runner import SageMakerJobRunner
 from zero_assets.backends.sagemaker.settings import TRAINING_ASSET, SageMakerSettings
 from zero_assets.backends.sagemaker.training_plan import TrainingPlan, launch_problems, plan_name, utc_now
 from zero_assets.backends.sagemaker.training_set_channel import channel_shards, channel_training_set
+from zero_assets.backends.sagemaker.tuning import OPERATION as TUNING_OPERATION
 from zero_assets.backends.sagemaker.work_sizing import instances_for, read_list_uri
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput
 from zero_assets.core.job_request import FanOut, JobRequest, TableScan, build_job_request, job_name, spread_over
 from zero_assets.core.settings import ZeroSettings, source_uri
 from zero_assets.defs.assets import ALL_ASSETS
-from zero_assets.defs.assets.arrow_shards import PACKING_SPREAD, ShardConfig
+from zero_assets.defs.assets.arrow_shards import PACKING_SPREAD, ShardConfig, packing_job
 from zero_assets.defs.assets.fsx_warm_state import warm_inputs, warm_lease
-from zero_assets.defs.assets.map_report import EvalConfig
-from zero_assets.defs.assets.trained_checkpoint import TrainConfig
+from zero_assets.defs.assets.map_report import EvalConfig, evaluation_job
+from zero_assets.defs.assets.trained_checkpoint import TrainConfig, training_job
 from zero_assets.defs.assets.training_set import SELECT_MODULE, TrainingSetConfig, selection_job
-from zero_assets.defs.assets.validated_images import VALIDATION_SPREAD, ValidationConfig
+from zero_assets.defs.assets.tuned_hyperparameters import TuningConfig, tuning_request
+from zero_assets.defs.assets.validated_images import VALIDATION_SPREAD, ValidationConfig, validation_job
 from zero_assets.launch.upstream import latest_materializations, output_of
 
 Lookup = Callable[[str, Optional[str]], Optional[UpstreamOutput]]  # (asset, source) -> its latest output
@@ -66,12 +58,14 @@ JOB_CONFIGS = {
     "arrow_shards": ShardConfig,
     "trained_checkpoint": TrainConfig,
     "map_report": EvalConfig,
+    "tuned_hyperparameters": TuningConfig,
 }
 
 
 def job_configs(run_config: Mapping[str, Any]) -> dict[str, Config]:
-    """The config of each asset whose job is rendered, as a run with `run_config` (Dagster's shape,
-    `{"ops": {asset: {"config": {...}}}}`) gives it; an asset name that is none of the graph's fails."""
+    """The config of each rendered asset's job as `run_config` (Dagster's `{"ops": ...}` shape) gives it.
+
+    Fails on an asset name that is not in the graph."""
     ops = run_config.get("ops") or {}
     assets = {key.to_user_string() for asset in ALL_ASSETS for key in asset.keys}
     unknown = sorted(set(ops) - assets)
@@ -101,13 +95,10 @@ def render_jobs(
     now: datetime | None = None,
     read_lists: dict[str, ReadList] | None = None,
 ) -> list[tuple[str, str, str, dict[str, Any]]]:
-    """(label, service, operation, parameters) for every AWS call that launches work, in graph order; the
-    label is the asset, with `-map` / `-reduce` for the two jobs of a validation spread over instances.
-    Each asset's config is its default, or what `run_config` sets (see `job_configs`). `training_plan`:
-    the plan trained_checkpoint's compute names, as DescribeTrainingPlan read it at `now`. A job that
-    reads raw objects by key is planned as the runner plans it (its read list from the upstream tables,
-    its instance count and volume from that); `read_lists` receives each such asset's list (nothing is
-    written)."""
+    """(label, service, operation, parameters) for every AWS call that launches work, in graph order.
+
+    Labels are assets, with `-map` / `-reduce` for fanned-out jobs. `training_plan`: as read at `now`.
+    Jobs with read lists are planned as the runner plans them; `read_lists` receives them (nothing is written)."""
     configs = job_configs(run_config or {})
     now = now or utc_now()
     code = build_code_package(requirements=not aws.images_hold_requirements)
@@ -118,12 +109,6 @@ def render_jobs(
         return found or UpstreamOutput(
             asset, settings.asset_uri(asset, sha256_json(asset)[:16], partition), f"unmaterialized-{asset}", partition
         )
-
-    def previous(asset: str) -> dict[str, str]:
-        """A per-source job's earlier output, handed to it as `previous` as the asset does (which also
-        checks that its manifest is still there: no AWS call is made here)."""
-        found = lookup(asset, source)
-        return {"previous": found.uri} if found else {}
 
     def add(request: JobRequest) -> None:
         name = job_name(request.label, request.fingerprint, 1)
@@ -152,8 +137,7 @@ def render_jobs(
         rendered.append((request.label, "sagemaker", operation, params))
 
     def planned(request: JobRequest, spread: FanOut, raw_uri: str, upstream_known: bool) -> None:
-        """The request as the runner stages it: its read list planned from the upstream outputs (for a
-        stand-in one, which is nowhere, an empty list), its instances and volume from that."""
+        """Add the request as the runner stages it, planned from the upstream outputs (empty for stand-ins)."""
         found = _planned_or_empty(spread, request, raw_uri, upstream_known)
         if read_lists is not None:
             read_lists[request.asset] = found
@@ -168,22 +152,17 @@ def render_jobs(
             if staged is not None:
                 add(staged)
 
-    raw_uri = source_uri(settings, source)  # the source's raw folder: its images are fetched from there by key
+    raw_uri = source_uri(settings, source)
     index = upstream("raw_image_index", source)
+    earlier_set = lookup("validated_images", source)  # its `previous`, unchecked (no AWS call here)
     validation = build_job_request(
         "validated_images",
         settings=settings,
-        kind="processing",
-        module="training_code.validate",
-        config=configs["validated_images"].job_config(source),
-        tracking=previous("validated_images") or None,
-        upstream=[index],
         partition=source,
-        inputs={"index": index.uri},
+        **validation_job(configs["validated_images"], source, index, earlier_set.uri if earlier_set else None),
     )
     planned(validation, VALIDATION_SPREAD, raw_uri, lookup("raw_image_index", source) is not None)
-    # The selection over the one source rendered; its instance is sized from the rows it reads, which the
-    # runner takes from the validated sets' materializations (unknown here: the smallest).
+    # Its rows come from materialization metadata the runner reads; unknown here, so the smallest instance.
     validated = upstream("validated_images", source)
     fingerprinted, _, _ = selection_job(configs["training_set"], [validated], settings.raw_uri)
     selecting = build_job_request(
@@ -200,35 +179,20 @@ def render_jobs(
     )
     add(replace(selecting, inputs={"plan": read_list_uri(aws, selecting)}))
     selection = upstream("training_set")
-    earlier = lookup("arrow_shards", None)  # the shard set whose shards it keeps, as the asset hands it over
+    earlier = lookup("arrow_shards", None)  # the shard set whose shards it keeps
+    kept = (earlier.uri, earlier.uri.rstrip("/").rpartition("/")[2]) if earlier else None
     packing = build_job_request(
-        "arrow_shards",
-        settings=settings,
-        kind="processing",
-        module="training_code.shard",
-        config=configs["arrow_shards"].model_dump(),
-        tracking={
-            "selection_uri": selection.uri,
-            "raw_uri": settings.raw_uri,
-            **(
-                {"previous": earlier.uri, "previous_name": earlier.uri.rstrip("/").rpartition("/")[2]}
-                if earlier
-                else {}
-            ),
-        },
-        upstream=[selection],
-        inputs={"selection": selection.uri},
+        "arrow_shards", settings=settings, **packing_job(configs["arrow_shards"], selection, settings, kept)
     )
     planned(packing, PACKING_SPREAD, settings.raw_uri, lookup("training_set", None) is not None)
     shards = upstream("arrow_shards")
-    # The training set's jobs read the shard root; the set is laid out in a folder there named by its data version.
+    # The jobs read the shard root; the set's folder there is named by its data version.
     channel = channel_training_set(settings.lake_uri, shards.data_version)
     warm_uri = channel.uri
     if aws.fsx_enabled():
         fs_id, mount = aws.fsx_file_system_id, aws.fsx_mount_name
         location = shards_on_fsx(warm_uri, settings.lake_uri, fs_id, mount)
-        # As the runner imports: the set's folder and the shards new to the file system (known from the lake
-        # with --from-instance; with stand-ins, the set's folder only).
+        # The set's folder and the shards new to the file system (only the folder with stand-ins).
         new = (
             new_to_file_system(channel, channel_shards(shards.uri, channel.root)[1], fs_id)
             if lookup("arrow_shards", None)
@@ -241,45 +205,28 @@ def render_jobs(
             ("fsx_warm_state", "fsx", "CreateDataRepositoryAssociation", association_params(fs_id, settings.lake_uri))
         )
         rendered.append(("fsx_warm_state", "fsx", "CreateDataRepositoryTask", import_task_params(fs_id, paths)))
-        # The lease the fsx_warm_state step holds while its job runs (on this host: an fsx:// output).
+
         lease = warm_lease(settings, warm_inputs(SageMakerJobRunner.__name__, shards), location.uri)
         add(warm_job_request(shards, location, settings, lease))
         warm_uri = location.uri
     warm = UpstreamOutput("fsx_warm_state", warm_uri, shards.data_version)
+    search, spec, _ = tuning_request(settings, configs["tuned_hyperparameters"], warm)
+    tuning = SageMakerJobRunner(settings=settings, aws=aws).tuning_params(search, spec, code, None)
+    rendered.append(("tuned_hyperparameters", "sagemaker", TUNING_OPERATION, tuning))
     train = configs["trained_checkpoint"]
+    tracking = train.tracking(FingerprintInputs.of(train.module, train.hyperparameters(), [warm]).fingerprint)
     add(
         build_job_request(
-            "trained_checkpoint",
-            settings=settings,
-            kind="training",
-            module=train.module,
-            config=train.hyperparameters(),
-            upstream=[warm],
-            inputs={"train": warm.uri},
-            processes_per_host=train.processes,
-            tracking=train.tracking(FingerprintInputs.of(train.module, train.hyperparameters(), [warm]).fingerprint),
+            "trained_checkpoint", settings=settings, **training_job(train, train.hyperparameters(), tracking, [warm])
         )
     )
     checkpoint = upstream("trained_checkpoint")
-    evaluation = configs["map_report"]
-    add(
-        build_job_request(
-            "map_report",
-            settings=settings,
-            kind="processing",
-            module=evaluation.module,
-            config=evaluation.arguments(),
-            tracking=evaluation.tracking(),
-            upstream=[checkpoint, warm],
-            inputs={"model": checkpoint.uri, "shards": warm.uri},
-        )
-    )
+    add(build_job_request("map_report", settings=settings, **evaluation_job(configs["map_report"], checkpoint, warm)))
     return rendered
 
 
 def _planned_or_empty(spread: FanOut, request: JobRequest, raw_uri: str, upstream_known: bool) -> ReadList:
-    """The read list the runner would plan for `request` (reading its upstream tables); an empty one,
-    said on stderr, when the upstream outputs are stand-ins (nothing is read then: no AWS call)."""
+    """The read list the runner would plan for `request`; empty, noted on stderr, for stand-in upstreams."""
     if upstream_known:
         return spread.plan(request.inputs, request.arguments)
     print(
@@ -297,7 +244,7 @@ def _planned_or_empty(spread: FanOut, request: JobRequest, raw_uri: str, upstrea
 def _check_or_note(
     plan: TrainingPlan | None, asset: str, params: dict[str, Any], aws: SageMakerSettings, now: datetime
 ) -> None:
-    """With the plan as read: refuse what the runner would refuse. Without it: say what is left to the runner."""
+    """Refuse what the runner would refuse with the plan; without it, note on stderr what the runner will do."""
     arn = params["ResourceConfig"]["TrainingPlanArn"]
     if plan is None:
         print(

@@ -1,15 +1,7 @@
 """Answer lineage questions from Dagster's own provenance and the manifests the assets wrote.
 
-Dagster tags every materialization with the data version and the event (storage id) of each upstream
-asset it read (`dagster/input_data_version/<asset>`, `dagster/input_event_pointer/<asset>`). A
-checkpoint is walked back by those pointers: checkpoint -> fsx_warm_state (the warm set) ->
-arrow_shards (its shards and masked rows) -> training_set (the selection: which images of which
-sources) -> validated_images of each source the selection names. For a per-source upstream Dagster
-points at the asset's newest event of any source, so a source's own materialization is the newest of
-its partition at or before that pointer. The images a checkpoint trained on are the selection's train
-rows (the shard set holds exactly those live, checked against its manifest's counts), so no shard is
-read. Files are read through the storage layer, so a lake on S3 (at any endpoint) with warm shards on
-FSx answers like a local one.
+A checkpoint is walked back by Dagster's input event pointers to its warm set, shard set, selection and
+validated sets. The images it trained on are the selection's train rows, so no shard is read.
 """
 
 from __future__ import annotations
@@ -140,8 +132,7 @@ def checkpoint_lineage(instance: DagsterInstance, checkpoint: Materialization) -
 
 
 def _reports(instance: DagsterInstance, checkpoint: Materialization) -> list[Materialization]:
-    """The map_report materializations Dagster recorded reading a materialization of this checkpoint (a
-    cache hit records the same uri again); a report recorded outside a Dagster step names none."""
+    """The map_report materializations Dagster recorded reading any materialization of this checkpoint's uri."""
     same = {
         found.storage_id for found in materializations(instance, "trained_checkpoint") if found.uri == checkpoint.uri
     }
@@ -163,8 +154,8 @@ def _table(uri: str, columns: tuple[str, ...]) -> pd.DataFrame:
 
 @lru_cache(maxsize=32)
 def _trained_rows(training_set_uri: str, shards_uri: str) -> pd.DataFrame:
-    """The images a training on this shard set read: the selection's train rows (its shards hold exactly
-    the selected rows live, the rest masked), checked against the shard set's count of live train rows."""
+    """The images a training on this shard set read: the selection's train rows, checked against the
+    shard set's live train row count."""
     selected = _table(join(training_set_uri, ts.SELECTION), ("source", "key", "sha256", "split"))
     train = selected[selected["split"] == "train"]
     live = _json(join(shards_uri, MANIFEST))["rows"]["train"]
@@ -177,9 +168,8 @@ def _trained_rows(training_set_uri: str, shards_uri: str) -> pd.DataFrame:
 
 
 def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
-    """Where one raw image went, in the graph's order: its verdict in its source's latest validated set;
-    whether the latest training set selected it (or excluded it, and why); the shards of the latest
-    shard set holding it (masked there when no longer selected); the checkpoints that trained on it."""
+    """Where one raw image went: its verdict, whether the latest training set selected it (or why not),
+    the latest shards holding it, and the checkpoints that trained on it."""
     source = key.partition("/")[0]
     _require_indexed(instance, source, key)
     latest = next(materializations(instance, "validated_images", source), None)
@@ -198,7 +188,7 @@ def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
     fate["masked"] = any(held["masked"] for held in fate["shards"])
     fate["checkpoints"], changed = [], []
     for checkpoint in materializations(instance, "trained_checkpoint"):
-        # only the images it trained on: not the validated-set and report walks of checkpoint_lineage
+        # Only the images it trained on, not the full checkpoint_lineage walk.
         _, trained_shards, trained_on = _trained_from(instance, checkpoint)
         rows = _trained_rows(trained_on.uri, trained_shards.uri)
         trained = rows.loc[(rows["source"] == source) & (rows["key"] == key), "sha256"]
@@ -221,7 +211,7 @@ def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
 
 
 def _require_indexed(instance: DagsterInstance, source: str, key: str) -> None:
-    """Raise `LookupError` unless `key` is in the latest index of its source (the only index that can list it)."""
+    """Raise `LookupError` unless `key` is in the latest index of its source."""
     index = next(materializations(instance, "raw_image_index", source), None)
     if index is None:
         raise LookupError(
@@ -239,8 +229,7 @@ def _require_indexed(instance: DagsterInstance, source: str, key: str) -> None:
 
 
 def _selected(training_set_uri: str, source: str, key: str) -> dict[str, Any]:
-    """What the training set at `training_set_uri` decided for an accepted image: from its files for a
-    selected image or one of the excluded ones it lists, else from its policy, run again (`explain`)."""
+    """What the training set decided for an accepted image: from its files, else by rerunning its policy."""
     selected = _table(join(training_set_uri, ts.SELECTION), ("source", "key", "sha256", "split"))
     if ((selected["source"] == source) & (selected["key"] == key)).any():
         return {"status": "selected", "training_set": training_set_uri}
@@ -268,8 +257,7 @@ def _selected(training_set_uri: str, source: str, key: str) -> dict[str, Any]:
 
 
 def _held_in(shards_uri: str, key: str) -> list[dict[str, Any]]:
-    """The shards of the shard set at `shards_uri` holding a row of `key` (from its rows table, so no
-    shard is read), each with whether readers skip that row there (masked)."""
+    """The shards holding a row of `key` (from the rows table, no shard read), each with whether it is masked."""
     rows = _table(join(shards_uri, ROWS), ("path", "key"))
     masked = _table(join(shards_uri, MASKED), ("path", "key"))
     hidden = set(masked.loc[masked["key"] == key, "path"])

@@ -1,8 +1,6 @@
 """The materializations Dagster holds, and the upstream event each one recorded reading: what lineage walks.
 
-A materialization's tags carry the data version and the event (storage id) of each upstream asset
-it read (`dagster/input_data_version/<asset>`, `dagster/input_event_pointer/<asset>`): its provenance,
-Dagster's own, never a copy in metadata.
+Provenance is Dagster's own input tags, never a copy in metadata.
 """
 
 from __future__ import annotations
@@ -117,8 +115,8 @@ def source_upstream_of(
 ) -> Materialization:
     """The materialization of `asset` for `source` that `found` was built from, which wrote `uri`.
 
-    Dagster's pointer for a partitioned upstream is that asset's newest event when the step started,
-    of any source; the source's own is then the newest of its partition at or before the pointer."""
+    Dagster points at a partitioned upstream's newest event of any source, so this takes the source's
+    newest at or before that pointer."""
     _, pointer = found.read_from(asset)
     upstream = next(materializations(instance, asset, source, before_storage_id=pointer + 1), None)
     if upstream is None or upstream.uri != uri:

@@ -1,13 +1,7 @@
-"""The local jobs' Pipes message reader: Dagster's temp-file reader, reading whole lines only.
+"""The local jobs' Pipes message reader: Dagster's temp-file reader, parsing whole lines only.
 
-A job writes each message as one JSON line appended to a file, and a thread here tails the file.
-Dagster's reader (`PipesTempFileMessageReader`, through `dagster._utils.tail_file`) hands `json.loads`
-whatever `readline()` returns, and when it reads while a long message is still being written that is
-part of a line: the JSON does not parse, the reader thread stops, and every later message is lost,
-the job's report and data version with it ("the job script reported no data version"). On a loaded
-machine that hit map_report's report in CI, and 5 of 10 runs of a job writing a 5 MB message. Here a
-part of a line waits for its end. The reader also looks for the end of the session before it reads,
-not after, so a message written just before the job ended is read before the thread stops.
+Dagster's `PipesTempFileMessageReader` parses partial lines of a long message still being written,
+which stops its thread and loses every later message; here a partial line waits for its end.
 """
 
 from __future__ import annotations
@@ -29,7 +23,8 @@ POLL_S = 0.01  # as Dagster's tail
 
 def whole_lines(path: str, finished: Callable[[], bool]) -> Iterator[str]:
     """The lines appended to `path`, each once it is whole, until `finished()` and nothing is left to read.
-    A last line the writer never ended (it was killed mid-write) comes out as it is."""
+
+    A last line the writer never ended (killed mid-write) comes out as it is."""
     with open(path, encoding="utf-8") as stream:
         pending = ""
         while True:
@@ -49,9 +44,9 @@ def whole_lines(path: str, finished: Callable[[], bool]) -> Iterator[str]:
 
 
 class WholeLineMessageReader(PipesMessageReader):
-    """Reads a local job's Pipes messages from a temp file (what `PipesTempFileMessageReader` does),
-    parsing each line only once it is whole. Built on the public `PipesMessageReader` rather than a
-    subclass of `PipesFileMessageReader`, whose reading thread is a private method."""
+    """Reads a local job's Pipes messages from a temp file, parsing each line only once it is whole.
+
+    Built on the public `PipesMessageReader`: `PipesFileMessageReader`'s reading thread is private."""
 
     @contextmanager
     def read_messages(self, handler: PipesMessageHandler) -> Iterator[PipesParams]:

@@ -1,22 +1,7 @@
 """Start a local job process that dies with its run, in an environment that holds no secrets.
 
-Every job process gets its own process group and a parent-death signal (Linux `PR_SET_PDEATHSIG`),
-so a Dagster process killed with SIGKILL takes its job with it (torchrun's workers follow their
-launcher, see `training_code.lib.distributed.die_with_launcher`), and whatever the job started is
-killed with its group when the job ends. The death signal only reaches one link of the chain, the
-process that started the job: when that is a step worker of Dagster's multiprocess executor, it is the
-run worker that may die, and `end_orphaned_jobs` (called by `zero_assets.launch.run_owner`, which
-watches the run worker) kills every job this process started, their whole trees, in whatever group.
-
-The environment is built from an allow-list instead of the Dagster process's own: job scripts decode
-untrusted files and must not see the database password or API keys. `run_with_pipes` is the local
-Pipes client: Dagster's subprocess client always passes the whole environment on, so the session is
-opened here with the same temp-file context injector, and a temp-file message reader that parses whole
-lines only (`pipes_messages`).
-
-A job's output (stdout and stderr, merged as CloudWatch keeps them) goes through a pipe that a thread
-copies to its `job.log` and to this process's stdout, which Dagster captures as the step's stdout:
-the job's lines are read in the UI's stdout tab, never one Dagster event per line.
+Each job gets its own process group and a parent-death signal; its merged output goes to `job.log` and
+the step's stdout. The environment is allow-listed, as job scripts decode untrusted files.
 """
 
 from __future__ import annotations
@@ -41,7 +26,6 @@ from dagster import (
     PipesTempFileContextInjector,
     open_pipes_session,
 )
-from dagster._core.errors import DagsterPipesExecutionError  # not exported by dagster
 
 from .pipes_messages import WholeLineMessageReader
 
@@ -49,8 +33,7 @@ log = logging.getLogger("zero.jobs")
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 STOP_GRACE_S = 30.0  # a stopped job gets this long after SIGTERM to save a checkpoint, as SageMaker's stop gives
 
-# What a job may see of the Dagster process's environment: the system basics, Python, the numeric
-# and distributed runtimes, and this project's own settings. Nothing whose name says it is a secret.
+# What a job may see of the Dagster process's environment; never a name that says it is a secret.
 ALLOWED_NAMES = {
     "PATH",
     "HOME",
@@ -95,6 +78,10 @@ AWS_PREFIXES = ("AWS_",)  # only for jobs that read or write s3:// themselves
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|CREDENTIAL|PRIVATE", re.IGNORECASE)
 
 
+class JobExitedNonZero(Exception):
+    """The job process ended with a non-zero exit code (its failure reason is in its output folder)."""
+
+
 def job_environment(
     extra: Mapping[str, str], *, s3_access: bool, source: Mapping[str, str] | None = None
 ) -> dict[str, str]:
@@ -120,8 +107,9 @@ def _die_with_parent(parent: int, prctl) -> None:
 
 
 class JobProcess(subprocess.Popen):
-    """A job process whose merged output a thread copies to its job log and to this process's stdout
-    (each line after `prefix`, which names the host of a multi-host job). `end_process_group` waits for the copy."""
+    """A job process whose merged output a thread copies to its job log and to stdout (after `prefix`).
+
+    `end_process_group` waits for the copy."""
 
     def __init__(self, command: Sequence[str], *, log: Path, prefix: str = "", **popen_args) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -145,13 +133,10 @@ _orphaned = threading.Event()  # set once this process's run worker died: its jo
 
 
 def copy_output(pipe: IO[bytes], log_file: IO[bytes], prefix: str) -> None:
-    """Copy `pipe` line by line to `log_file` (as written) and to `sys.stdout` (after `prefix`) until the
-    job and everything holding its output have exited. Both are flushed per line: `tail -f job.log` and
-    the UI's stdout tab follow the job as it runs. `sys.stdout` is looked up per line, so Dagster's
-    capture of the step (a redirection of the file behind it) is where the lines go.
+    """Copy `pipe` line by line to `log_file` and to `sys.stdout` (after `prefix`), flushing each line.
 
-    A destination that fails (a full disk, a closed stdout) is dropped, and the pipe is still read
-    to its end: a job whose output nobody reads would block on its next write."""
+    `sys.stdout` is looked up per line so Dagster's step capture gets it. A failing destination is
+    dropped but the pipe is still read to its end, or the job would block on its next write."""
     to_log, to_stdout = True, True
     with pipe, log_file:
         for line in iter(pipe.readline, b""):
@@ -180,8 +165,7 @@ def copy_output(pipe: IO[bytes], log_file: IO[bytes], prefix: str) -> None:
 def start_job_process(
     command: Sequence[str], env: Mapping[str, str], cwd: str, log: Path, prefix: str = ""
 ) -> JobProcess:
-    """A job process in its own process group that the kernel kills when this process dies (Linux),
-    its output copied to `log` and to this process's stdout (see `JobProcess`)."""
+    """A job process in its own process group, killed by the kernel when this process dies (Linux)."""
     prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
     parent = os.getpid()
     with _running_lock:  # held across the start: `end_orphaned_jobs` sees every job, or none starts after it
@@ -204,11 +188,9 @@ OUTPUT_DRAIN_S = 10.0  # how long the copy may take to reach the end of the outp
 
 
 def end_process_group(process: subprocess.Popen) -> None:
-    """Kill whatever the job started and left behind (its group), and the job itself if still running;
-    then let the copy of its output finish (a process outside the group holding the pipe open is not waited for).
+    """Kill the job's process group and the job, then let the copy of its output finish (bounded).
 
-    Once the run worker died (`end_orphaned_jobs`), the caller waits here until the process exits: a job
-    of a dead run reports nothing more into it."""
+    Once the run worker died (`end_orphaned_jobs`), blocks until the process exits."""
     while _orphaned.is_set():
         time.sleep(1)
     with _running_lock:
@@ -244,10 +226,10 @@ def run_with_pipes(
     log: Path,
     prefix: str = "",
 ) -> PipesClientCompletedInvocation:
-    """Run the job through Dagster Pipes; raises `DagsterPipesExecutionError` when it exits non-zero.
+    """Run the job through Dagster Pipes; raises `JobExitedNonZero` when it exits non-zero.
 
-    Its output goes to `log` and the step's stdout (see `JobProcess`). A terminated Dagster run stops
-    the job (SIGTERM, then SIGKILL); however the job ends, nothing it started outlives it."""
+    Opened here, not with Dagster's subprocess client, which passes the whole environment on. A
+    terminated run stops the job; nothing it started outlives it."""
     with open_pipes_session(
         context=context, context_injector=PipesTempFileContextInjector(), message_reader=WholeLineMessageReader()
     ) as session:
@@ -263,7 +245,7 @@ def run_with_pipes(
         finally:
             end_process_group(process)
         if process.returncode != 0:
-            raise DagsterPipesExecutionError(f"External execution process failed with code {process.returncode}")
+            raise JobExitedNonZero(f"the job process exited with code {process.returncode}")
     return PipesClientCompletedInvocation(session)
 
 
@@ -288,10 +270,10 @@ def _signal(pid: int, number: int) -> None:
 
 
 def kill_process_tree(root: int) -> list[int]:
-    """SIGKILL `root` and every process below it, in whatever session or group (torchrun's workers
-    and a W&B service have their own, so a group kill misses them). Each level is stopped (SIGSTOP)
-    before its children are read, so nothing forks or is reparented away while the tree is walked.
-    Returns the pids signalled."""
+    """SIGKILL `root` and every process below it, in whatever group; returns the pids signalled.
+
+    A group kill misses torchrun's workers and W&B's service. Each level is SIGSTOPped before its
+    children are read, so nothing forks or is reparented away mid-walk."""
     if not Path("/proc").is_dir():  # no process table to walk: the job's group is all that can be found
         _signal(-root, signal.SIGKILL)
         return [root]
@@ -308,9 +290,9 @@ def kill_process_tree(root: int) -> list[int]:
 
 
 def end_orphaned_jobs() -> list[int]:
-    """This process's run worker died: SIGKILL every job it started, with everything below each job and
-    in each job's group, and start none after. Whoever waits for a job is held in `end_process_group`
-    until the process exits (see `zero_assets.launch.run_owner`). Returns the pids killed."""
+    """SIGKILL every job this process started, with their trees and groups, and start none after.
+
+    For when the run worker died: the parent-death signal only reaches the step worker. Returns the pids killed."""
     with _running_lock:
         _orphaned.set()
         jobs = list(_running)

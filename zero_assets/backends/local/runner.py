@@ -1,13 +1,7 @@
 """Run job scripts on this machine with SageMaker's container contract, through Dagster Pipes.
 
-Each run of a job gets its own folder, `<jobs root>/<asset>/<fingerprint[:16]>/runs/<run id>/<job name>/`,
-with the `/opt/ml` layout: inputs linked (or, for `s3://` inputs, downloaded as File mode would)
-under the paths SageMaker uses (never a raw prefix: a job reads raw objects by key, from its read
-list), outputs staged under it, `SM_*` variables set, training launched under `torchrun`. Two runs
-never share a folder, so neither can delete the other's work. When the script succeeds its staged
-outputs are moved to their destinations with the manifest last (copied, then removed, across file
-systems), as SageMaker uploads a job's outputs when it completes: no second copy stays behind. The
-job process runs in an allow-listed environment and dies with this process (see `local_process`).
+Each run of a job gets its own `/opt/ml` folder (`.../runs/<run id>/<job name>/`); on success its staged
+outputs move to their destinations, manifests last, as SageMaker uploads them when a job completes.
 """
 
 from __future__ import annotations
@@ -19,21 +13,29 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from dagster import AssetExecutionContext, Failure, MetadataValue, PipesClientCompletedInvocation
-from dagster._core.errors import DagsterPipesExecutionError  # not exported by dagster
 
 from training_code.lib.job_env import input_uri_variable
 from training_code.lib.storage import MANIFEST_NAMES, download_prefix, is_s3, publish_folder
 from zero_assets.backends.job_cost import local_cost
-from zero_assets.backends.job_runner import JobRunner, WarmedShards
-from zero_assets.backends.local.process import end_process_group, job_environment, run_with_pipes, start_job_process
+from zero_assets.backends.job_runner import JobRunner, TuningRun, WarmedShards
+from zero_assets.backends.local.process import (
+    JobExitedNonZero,
+    end_process_group,
+    job_environment,
+    run_with_pipes,
+    start_job_process,
+)
+from zero_assets.backends.local.tuning import run_trials
 from zero_assets.backends.local.warm_state import SETS, set_channel, set_folder, warm_shard_set
 from zero_assets.core.fingerprints import UpstreamOutput
 from zero_assets.core.job_request import RUNS_FOLDER, JobRequest, Work, materialization_folder
 from zero_assets.core.settings import REPO_ROOT, ZeroSettings
+from zero_assets.core.tuning import TuningSpec
 
 LOG_TAIL_LINES = 30
 
@@ -44,8 +46,7 @@ class LocalJobRunner(JobRunner):
     settings: ZeroSettings
     python: str = sys.executable
 
-    # asset -> hosts its planned Processing job spreads over (a fan-out: map on every host, reduce on one),
-    # as SageMaker derives from the work; one host unless set (this machine's cores serve either way).
+    # asset -> hosts its planned Processing job spreads over (a fan-out); one unless set.
     instances: dict[str, int] = {}
 
     def instance_count(self, request: JobRequest, work: Work) -> int:
@@ -65,8 +66,7 @@ class LocalJobRunner(JobRunner):
                 f"{request.asset}: the local backend runs multi-instance jobs for Processing only; "
                 "training uses processes_per_host"
             )
-        # One host keeps the plain layout; several get one `/opt/ml` each, as separate instances would. Every
-        # host gets every input: a map stage's hosts split their read list by their place among the hosts.
+        # Several hosts get one `/opt/ml` each, as separate instances would; each gets every input.
         layouts = {host: (run_dir / "hosts" / host if len(hosts) > 1 else run_dir) / "opt" / "ml" for host in hosts}
         paths = {host: self._lay_out(opt_ml, request) for host, opt_ml in layouts.items()}
         first, others = hosts[0], hosts[1:]
@@ -75,7 +75,7 @@ class LocalJobRunner(JobRunner):
             f"{' '.join(self._command(request, paths[first]))}"
         )
         started = time.perf_counter()
-        # Hosts after the first run beside it without Pipes: only the first host reports, as on SageMaker.
+        # Only the first host reports through Pipes, as on SageMaker.
         siblings = {host: self._start_sibling(layouts[host], request, paths[host], host, hosts) for host in others}
         try:
             invocation = run_with_pipes(
@@ -87,9 +87,9 @@ class LocalJobRunner(JobRunner):
                 _line_prefix(first, hosts),
             )
             exit_codes = {host: process.wait() for host, process in siblings.items()}
-        except DagsterPipesExecutionError as error:
+        except JobExitedNonZero as error:
             raise _job_failure(request, layouts[first], first) from error
-        finally:  # the first host failed or the run was terminated: no host (nor what it started) outlives the job
+        finally:  # no host (nor what it started) outlives the job
             for process in siblings.values():
                 end_process_group(process)
         for host, code in exit_codes.items():
@@ -100,7 +100,7 @@ class LocalJobRunner(JobRunner):
             name,
             destination,
         ) in request.outputs.items():  # every host uploads its own files to one destination, as S3 outputs do
-            merged = name in request.merged_outputs  # an earlier stage's files are there: join them
+            merged = name in request.merged_outputs
             publish_output([paths[host][name] for host in hosts], destination, run_dir / "replaced", merged)
         return invocation, {
             "job_name": request.job_name,
@@ -108,9 +108,15 @@ class LocalJobRunner(JobRunner):
             "instance_type": f"local ({os.cpu_count()} cpu)",
             "instance_count": request.instance_count,
             "job_wall_s": round(wall, 2),
-            **local_cost(wall, len(hosts)),  # instance-seconds as SageMaker's are counted; no price
+            **local_cost(wall, len(hosts)),
             "job_logs": MetadataValue.path(str(layouts[first] / "output" / "job.log")),
         }
+
+    def tune(
+        self, context: AssetExecutionContext, request: JobRequest, spec: TuningSpec, earlier: Mapping[str, Any] | None
+    ) -> TuningRun:
+        """Run each trial as a training job on this machine, `spec.max_parallel_trials` at a time."""
+        return run_trials(self.run, context, request, spec, earlier)
 
     def run_folder(self, request: JobRequest, run_id: str) -> Path:
         """This run's folder for the job: no other run reads or writes it."""
@@ -132,22 +138,20 @@ class LocalJobRunner(JobRunner):
         return str(set_folder(self.settings.warm_mount(), shards.data_version))
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput, lease: str) -> WarmedShards:
-        """Make the arrow_shards shard set warm in the folder standing in for the FSx mount: only the shards
-        not warm and verified there yet are copied or read (see `warm_state`). In this step: no job, so
-        nothing names `lease`."""
+        """Warm the shard set in the folder standing in for the FSx mount, copying only what is not yet warm.
+
+        Runs in this step, so no job names `lease`."""
         mount = self.settings.warm_mount()
         warmed = warm_shard_set(shards.uri, mount, key=Path(self.warm_location(shards)).name)
         context.log.info(f"{warmed.summary()} under {mount}")
         return warmed.as_warmed_shards(mount)
 
     def warm_set_channel(self, uri: str) -> tuple[Path, str] | None:
-        """(the mount, the set's folder in it) when `uri` is a set warm on this runner's mount (see
-        `warm_state.set_channel`), else None; the mount setting is read only for a `sets/<key>` path."""
+        """(the mount, the set's folder in it) when `uri` is a set warm on this runner's mount, else None."""
         return set_channel(uri, self.settings.warm_mount()) if Path(uri).parent.name == SETS else None
 
     def _lay_out(self, opt_ml: Path, request: JobRequest) -> dict[str, Path]:
-        """Create the `/opt/ml` layout afresh in this run's folder (an earlier attempt of the same run may
-        have left one)."""
+        """Create the `/opt/ml` layout afresh (an earlier attempt of the same run may have left one)."""
         for stale in ("input", "processing", "model", "output", "config"):
             shutil.rmtree(opt_ml / stale, ignore_errors=True)
         if request.kind == "training":
@@ -157,7 +161,7 @@ class LocalJobRunner(JobRunner):
             inputs = {name: opt_ml / "processing" / "input" / name for name in request.inputs}
             outputs = {name: opt_ml / "processing" / "output" / name for name in request.outputs}
         for name, uri in request.inputs.items():
-            if (warm := self.warm_set_channel(uri)) is not None:  # the mount, told the set (`_command`)
+            if (warm := self.warm_set_channel(uri)) is not None:  # the job is told the set by `_command`
                 uri = str(warm[0])
             target = inputs[name]
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -197,19 +201,18 @@ class LocalJobRunner(JobRunner):
         }
         if request.kind == "training":
             if request.processes_per_host > 1 and "OMP_NUM_THREADS" not in os.environ:
-                env["OMP_NUM_THREADS"] = "1"  # torchrun's own default; set, its banner stays out of the JSON log
+                env["OMP_NUM_THREADS"] = "1"  # torchrun's default; set here, its banner stays out of the JSON log
             env["SM_MODEL_DIR"] = str(paths[next(iter(request.outputs))])
             env["ZERO_CHECKPOINT_DIR"] = self.checkpoint_uri(request)
             env["SM_CHANNELS"] = json.dumps(sorted(request.inputs))
             env.update({f"SM_CHANNEL_{name.upper()}": str(paths[name]) for name in request.inputs})
         if request.arguments.get("wandb_mode") == "online" and os.environ.get("WANDB_API_KEY"):
-            # The one secret a job may get, and only the job that sends metrics to W&B (see README, 'Weights & Biases').
+            # The one secret a job may get, and only a job that logs to W&B.
             env["WANDB_API_KEY"] = os.environ["WANDB_API_KEY"]
         return job_environment(env, s3_access=request.reads_s3())
 
     def checkpoint_uri(self, request: JobRequest) -> str:
-        """Checkpoints are kept per output (asset and fingerprint), across runs, so a rerun resumes them.
-        One writer at a time: the run holding the output's lease (see `launch.once`)."""
+        """Checkpoints per output, across runs, so a rerun resumes them; written only by the lease holder."""
         return str(materialization_folder(self.settings.jobs_root(), request) / "checkpoints")
 
     def _command(self, request: JobRequest, paths: dict[str, Path]) -> list[str]:
@@ -245,11 +248,8 @@ class LocalJobRunner(JobRunner):
 def publish_output(staged: list[Path], destination: str, replaced: Path, merged: bool = False) -> None:
     """Move the staged output folders' files to `destination`, manifests last, leaving no copy behind.
 
-    A local destination that already exists (an earlier attempt that never got its marker) is first
-    moved aside to `replaced`, under this run's folder, and deleted once the new files are in place;
-    unless `merged`: an earlier stage of this materialization wrote there (a map stage's shards).
-    Files move by rename on one file system; elsewhere (or to S3) they are copied, then the staged
-    folder is removed."""
+    An existing local destination is moved aside to `replaced` and deleted after, unless `merged`
+    (an earlier stage's files are there to keep)."""
     if is_s3(destination):
         for folder in staged:
             publish_folder(folder, destination)
@@ -298,12 +298,12 @@ def _failure_reason(opt_ml: Path) -> str:
 
 
 def _job_log(opt_ml: Path) -> Path:
-    """Everything the host's job process writes (stdout and stderr), as CloudWatch keeps it on SageMaker."""
+    """The host's job log: stdout and stderr, as CloudWatch keeps them on SageMaker."""
     return opt_ml / "output" / "job.log"
 
 
 def _line_prefix(host: str, hosts: list[str]) -> str:
-    """In the step's stdout, a multi-host job's lines say their host; a single host's stay as written."""
+    """`[host] ` for a multi-host job's lines in the step's stdout, else nothing."""
     return f"[{host}] " if len(hosts) > 1 else ""
 
 

@@ -1,19 +1,8 @@
 """Make an `arrow_shards` shard set warm in the folder standing in for FSx, copying only what is not there.
 
-The mount's layout:
-  <mount>/shards/<name>                  every warm shard, flat: names are content-addressed
-                                         (`<split>-<sha256[:16]>.arrow`), so one name is one content
-  <mount>/shards/.verified/<name>.json   the shard's recorded verdict (training_code/lib/warm_verdicts)
-  <mount>/sets/<key>/                    one shard set (`key`: the arrow_shards data version[:16]): its
-                                         manifest, each shard's `path` rewritten to `../../shards/<name>`,
-                                         and the files it lists (`masked.parquet`, ...), the manifest last
-
-A shard whose recorded verdict holds (the file unchanged since it was verified) is neither read nor
-copied. One present without a holding verdict is verified in place (size, sha256, rows) and its verdict
-recorded. Any other is fetched to a temporary name, verified there and only then renamed into place, so
-a fetch that fails or brings damaged bytes leaves nothing under the shard's name. Before the mount
-changes, the set's manifest a previous warm left there is withdrawn; the manifest is written last, so a
-trainer that finds it finds every shard it lists whole.
+Layout: `<mount>/shards/<name>` (flat, content-addressed, verdicts in `.verified/`) and `<mount>/sets/<key>/`
+(the set's manifest, its shard paths rewritten to `../../shards/<name>`). The manifest is written last,
+so a trainer that finds it finds every shard it lists whole.
 """
 
 from __future__ import annotations
@@ -31,8 +20,7 @@ from training_code.lib.storage import fetch_file, is_s3, join, read_bytes, write
 from zero_assets.backends.job_runner import WarmedShards
 
 SETS = "sets"  # beside SHARDS, the mount's flat folder of every warm shard
-# What a warm set holds beside its manifest: what the trainer reads. (`rows.parquet` is for planning the
-# next set; the `load_from_disk` files of the Hugging Face view name the shards where the lake keeps them.)
+# What a warm set holds beside its manifest: only what the trainer reads.
 SET_FILES = (MASKED,)
 
 
@@ -41,13 +29,13 @@ class WarmResult:
     path: Path  # the set's folder: what training reads
     shards: int
     rows: int
-    bytes: int  # what the trainer reads there: every shard, the files beside the manifest and the manifest
+    bytes: int  # what the trainer reads there, manifest included
     copied: int  # shards fetched from the lake this time
     copied_bytes: int
     already_warm: int  # shards found on the mount intact and left as they were
-    verified: int  # shards whose bytes were read to verify them this time (every copy, and those checked in place)
+    verified: int  # shards whose bytes were read this time
     verified_bytes: int
-    reused_verdicts: int  # shards trusted by a verdict recorded while their file was unchanged: not read at all
+    reused_verdicts: int  # shards trusted on a verdict for their unchanged file: not read
 
     def summary(self) -> str:
         return (
@@ -57,11 +45,11 @@ class WarmResult:
         )
 
     def as_warmed_shards(self, mount: Path) -> WarmedShards:
-        """What the runner returns of it: plain values, the mount among its paths (gc reads it there)."""
+        """This result as the runner's `WarmedShards`, the mount among its paths (gc reads it there)."""
         return WarmedShards(
             location=str(self.path),
             rows=self.rows,
-            bytes=self.bytes,  # the warm shards, the masked rows and the manifest
+            bytes=self.bytes,
             shards=self.shards,
             copied=self.copied,
             already_warm=self.already_warm,
@@ -83,9 +71,9 @@ def set_folder(mount: Path, data_version: str) -> Path:
 
 
 def set_channel(uri: str, mount: Path) -> tuple[Path, str] | None:
-    """(the mount, `sets/<key>`) when `uri` is a set's folder on `mount`, else None. A job reads such a
-    set as SageMaker's read their channel: the channel is the mount and `--training-set` names the
-    set's folder in it, so the set's `../../shards/<name>` paths stay inside the channel."""
+    """(the mount, `sets/<key>`) when `uri` is a set's folder on `mount`, else None.
+
+    The job's channel is the whole mount, so the set's `../../shards/<name>` paths stay inside it."""
     if "://" in uri:
         return None
     folder, root = Path(uri).resolve(), mount.resolve()
@@ -93,9 +81,9 @@ def set_channel(uri: str, mount: Path) -> tuple[Path, str] | None:
 
 
 def warm_shard_set(shards_uri: str, mount: Path, key: str) -> WarmResult:
-    """Warm the shard set whose manifest is at `shards_uri` into `mount/sets/key`, only the shards not
-    warm and verified yet copied or read. Raises `ShardIntegrityError` naming the lake's shard when its
-    bytes do not match the manifest (nothing of it is left on the mount)."""
+    """Warm the shard set at `shards_uri` into `mount/sets/key`, reading only shards without a holding verdict.
+
+    Raises `ShardIntegrityError` naming a lake shard that does not match the manifest (none of it is left)."""
     manifest_bytes = read_bytes(join(shards_uri, MANIFEST))
     manifest = json.loads(manifest_bytes)
     if manifest.get("format") != FORMAT:
@@ -129,7 +117,7 @@ def warm_shard_set(shards_uri: str, mount: Path, key: str) -> WarmResult:
 
 
 def warm_shard(source: str, entry: dict[str, Any], dest: Path, set_manifest: Path, result: WarmResult) -> None:
-    """One shard of the set: reused on its verdict, verified in place, or fetched (see the module docstring)."""
+    """Warm one shard: reused on its verdict, else verified in place, else fetched."""
     if warm_verdicts.verdict_holds(dest, entry):
         warm_verdicts.note_reuse(dest)
         result.reused_verdicts += 1
@@ -155,8 +143,9 @@ def warm_shard(source: str, entry: dict[str, Any], dest: Path, set_manifest: Pat
 
 
 def fetch_verified(source: str, entry: dict[str, Any], dest: Path) -> None:
-    """Fetch the shard at `source` to a temporary name beside `dest`, verify it against its manifest
-    entry, rename it into place and record its verdict; on any failure the temporary copy is removed."""
+    """Fetch the shard to a temporary name, verify it, rename it to `dest` and record its verdict.
+
+    On any failure nothing is left under the shard's name."""
     fetched = dest.parent / f".{dest.name}.{secrets.token_hex(8)}.tmp"
     try:
         fetch_file(source, fetched)
@@ -175,8 +164,7 @@ def fetch_verified(source: str, entry: dict[str, Any], dest: Path) -> None:
 
 
 def mount_names(entries: list[dict[str, Any]], where: str) -> list[str]:
-    """Each shard's name in the mount's flat folder: its file name, which must carry its content
-    (`-<sha256[:16]>.arrow`) and be unique in the set, else two contents could share one name."""
+    """Each shard's file name in the flat folder; must be content-addressed and unique in the set."""
     names = []
     for entry in entries:
         name = PurePosixPath(entry["path"]).name
@@ -194,9 +182,9 @@ def mount_names(entries: list[dict[str, Any]], where: str) -> list[str]:
 
 
 def shard_source(shards_uri: str, path: str) -> str:
-    """Where in the lake the shard listed as `path` is: relative to the manifest's folder, in it
-    (`shards/<name>`) or in a sibling folder of the same asset (`../<fp16>/shards/<name>`). A path that
-    leaves the asset's folder (or is absolute, or has `.` or empty segments) is refused."""
+    """Where in the lake the shard listed as `path` is, relative to the manifest's folder.
+
+    Refuses a path that leaves the asset's folder."""
     folder = shards_uri.rstrip("/")
     asset_folder = folder.rpartition("/")[0] if is_s3(folder) else str(Path(folder).parent)
     try:
@@ -209,7 +197,7 @@ def shard_source(shards_uri: str, path: str) -> str:
 
 
 def verified_file(shards_uri: str, name: str, facts: dict[str, Any]) -> bytes:
-    """A file the manifest lists beside the shards (the masked rows, ...), checked against its bytes and sha256."""
+    """The bytes of a file the manifest lists beside the shards, checked against its size and sha256."""
     uri = join(shards_uri, name)
     data = read_bytes(uri)
     if len(data) != facts["bytes"] or sha256_bytes(data) != facts["sha256"]:

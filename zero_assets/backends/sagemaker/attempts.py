@@ -1,9 +1,7 @@
 """Which attempt of a materialization's SageMaker job to run: the bookkeeping beside the Pipes client.
 
-Each attempt has its own deterministic name (`names.job_name(..., attempt)`), so a restarted run finds
-its predecessor's attempts again. `JobAttempts` reattaches to a running attempt, waits for a stopping one
-(its uploads end only once it has stopped), reuses a completed one whose output is complete, and
-otherwise moves on to the next name. `PipesSageMakerClient` is one: it describes and runs the jobs.
+Attempts are found by deterministic name: a running one is reattached, a stopping one waited for, a
+completed one with a complete output reused; otherwise the next name is launched.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ MAX_ATTEMPTS = 50
 
 
 class ReportUnreadable(Exception):
-    """A reattached job ended without a Pipes report this client could read (its messages expired or
-    were deleted): what it produced cannot be vouched for, so the attempt counts as failed."""
+    """A reattached job ended without a readable Pipes report; the attempt counts as failed."""
 
 
 class JobAttempts(ABC):
@@ -56,9 +53,9 @@ class JobAttempts(ABC):
         before_launch: Optional[BeforeLaunch] = None,
         training_plan: Optional[TrainingPlan] = None,
     ) -> PipesClientCompletedInvocation:
-        """Launch the job `params` describe (`before_launch` may refuse it first), or reattach to it,
-        and wait; `ReportUnreadable` when a reattached job's report cannot be read. `training_plan`:
-        the plan the job runs on, as read before launch."""
+        """Launch the job `params` describe (`before_launch` may refuse it), or reattach to it, and wait.
+
+        Raises `ReportUnreadable` when a reattached job's report cannot be read."""
 
     def run_attempts(
         self,
@@ -71,10 +68,9 @@ class JobAttempts(ABC):
         before_launch: Optional[BeforeLaunch] = None,
         training_plan: Optional[TrainingPlan] = None,
     ) -> tuple[str, dict[str, Any], PipesClientCompletedInvocation]:
-        """Run the materialization's job: reattach, reuse, or launch the next attempt (see
-        `resolve_job_name`). A reattached attempt whose report cannot be read counts as failed and the
-        one after it is launched. `before_launch` sees the parameters of an attempt about to be
-        launched (never of one reattached to) and may refuse it. Returns the attempt's name, its
+        """Run the materialization's job: reattach, reuse, or launch the next attempt.
+
+        `before_launch` sees only attempts about to be launched. Returns the attempt's name, its
         parameters and the invocation."""
         first_attempt = 1
         while True:
@@ -97,9 +93,9 @@ class JobAttempts(ABC):
         output_ready: Optional[Callable[[str, dict], bool]] = None,
         first_attempt: int = 1,
     ) -> str:
-        """The first attempt's name, from `first_attempt` on, that is free, running, or `Completed`
-        with `output_ready(name, job)` (never reused without it). A `Stopping` attempt is waited for
-        until it has stopped, so two attempts never write one output or checkpoint prefix at once."""
+        """The first attempt name from `first_attempt` that is free, running, or `Completed` with `output_ready`.
+
+        A `Stopping` attempt is waited for, so two attempts never write one output at once."""
         for attempt in range(first_attempt, MAX_ATTEMPTS + 1):
             name = name_for_attempt(attempt)
             job = self.describe_patiently(kind, name)

@@ -1,10 +1,6 @@
-"""The job scripts as SageMaker receives them, packaged once per content hash.
+"""The job scripts as SageMaker receives them, packaged once per content hash under `<s3_root>/code/<hash>/`.
 
-Training jobs get `sourcedir.tar.gz` (the PyTorch container's toolkit unpacks it into
-`/opt/ml/code`, installs `requirements.txt` and launches the program under torchrun); Processing
-jobs get the same files unpacked under `files/`, mounted as an input. Both live under
-`<s3_root>/code/<hash>/`, so an unchanged package is never uploaded twice. A job module outside
-`training_code` (a team's own trainer, see README "Your own trainer") brings its top-level package.
+Training jobs get `sourcedir.tar.gz`, Processing jobs the same files under `files/`.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ from training_code.lib.hashing import sha256_bytes
 from zero_assets.core.settings import REPO_ROOT
 
 PACKAGE_DIRS = ("training_code",)
-# What the scripts import beyond the container's Python and torch; pinned like requirements.lock.
-# wandb: training and evaluation track to W&B unless their wandb_mode is disabled (offline by default).
+# What the scripts import beyond the container's Python and torch; pinned from requirements.lock.
 JOB_REQUIREMENTS = (
     "dagster-pipes",
     "pyarrow",
@@ -71,10 +66,9 @@ def build_code_package(
     modules: tuple[str, ...] = (),
     requirements: bool = True,
 ) -> CodePackage:
-    """`package_dirs` under `root`, plus the top-level package of each of `modules` (the job scripts) that
-    is not one of them, wherever it is imported from: all at the archive's root, which is on PYTHONPATH.
-    `requirements`: add the pinned `requirements.txt` the training toolkit installs at each start (not
-    when the images hold them: docker/Dockerfile)."""
+    """`package_dirs` under `root`, plus the top-level package of each of `modules`, at the archive's root.
+
+    `requirements`: add the pinned `requirements.txt` (not needed when the images hold them)."""
     files: dict[str, bytes] = {}
     for package in package_dirs:
         for path in sorted((root / package).rglob("*.py")):
@@ -91,9 +85,9 @@ def build_code_package(
 
 
 def module_package_files(module: str) -> dict[str, bytes]:
-    """The Python files of `module`'s top-level package (or the module file itself, for a top-level
-    module), named as the archive holds them. The package's own requirements are not resolved: they
-    must be in the job image or JOB_REQUIREMENTS."""
+    """The Python files of `module`'s top-level package (or the module file), by archive name.
+
+    Its own requirements are not resolved: they must be in the job image or JOB_REQUIREMENTS."""
     top = module.split(".")[0]
     spec = importlib.util.find_spec(top)
     if spec is None or spec.origin is None and not spec.submodule_search_locations:
@@ -130,8 +124,7 @@ def _pinned_requirements(root: Path) -> str:
 
 
 def upload_code_package(package: CodePackage, s3_root: str, s3_client) -> str:
-    """Upload unless the marker of this hash exists; the marker goes last, so it means complete.
-    Every call is idempotent, so each is retried through throttling and short outages."""
+    """Upload unless the marker of this hash exists; the marker goes last, so it means complete."""
     from training_code.lib.aws_clients import endpoint_of, retry_call
     from training_code.lib.storage import split_s3
 

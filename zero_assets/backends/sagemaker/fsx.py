@@ -1,10 +1,7 @@
 """FSx for Lustre naming: which file system path holds a shard set, and the S3 prefix behind it.
 
-The shard prefix of the lake (`<lake>/arrow_shards/`) is linked to the file system path
-`/arrow_shards` by a data repository association, so a shard set `<lake>/arrow_shards/<key>/` is
-`/arrow_shards/<key>/` on the file system. A warm shard set is named `fsx://<fs-id>/<mount>/<path>`:
-Training jobs mount that directly (`FileSystemDataSource`); Processing jobs, which cannot mount FSx,
-read the same bytes from the S3 side of the link.
+`<lake>/arrow_shards/` is linked to `/arrow_shards` by a data repository association; warm sets are
+`fsx://<fs-id>/<mount>/<path>`. Processing jobs cannot mount FSx, so they read the S3 side.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""`fsx_warm_state` on AWS: link the shard prefix to FSx for Lustre, import the metadata of the shards
-that are new to the file system, restore and verify with a small job that mounts it the shards with no
-recorded verdict there (training_code/warm.py). Without FSx: check the shard set on S3 against its
-manifest (sizes, one listing per folder); training then reads S3 in FastFile mode.
+"""`fsx_warm_state` on AWS: link the shard prefix to FSx for Lustre, import the new shards' metadata, and
+restore and verify them with a small job (training_code/warm.py); without FSx, check the set on S3 by size.
 
-What is new to a file system: every shard the set lists that the set warmed on it last did not
-(`<root>/_training_sets/warm-<fs-id>.json` names that set, written after each warm). A refresh's new
-shards are a few files; a kept shard was imported and verified with the set that first listed it (and
-the association imports every new object of the linked prefix by itself).
+"New" means not listed by the set last warmed on that file system (`_training_sets/warm-<fs-id>.json`).
 """
 
 from __future__ import annotations
@@ -36,8 +31,7 @@ IMPORT_TIMEOUT_S = 3 * 3600
 
 
 def verify_on_s3(root: str, shards: list[ChannelShard]) -> dict:
-    """Every listed shard present under the shard root with its manifest's size (no download: sizes
-    from one listing per folder holding a listed shard)."""
+    """Check every listed shard is under the shard root with its manifest's size (listings only); the counts."""
     folders: dict[str, list[ChannelShard]] = defaultdict(list)
     for shard in shards:
         folders[shard.key.rpartition("/")[0]].append(shard)
@@ -58,9 +52,7 @@ def verify_on_s3(root: str, shards: list[ChannelShard]) -> dict:
 
 
 def counted_on_s3(channel: ChannelTrainingSet, shards: list[ChannelShard]) -> dict:
-    """Without FSx (training reads S3 in FastFile mode): the set verified on S3 (`verify_on_s3`),
-    counted as the FSx warm job (training_code.warm) counts it on the file system: rows and shards;
-    bytes of every shard plus the files at the set's folder (the manifest, the masked rows)."""
+    """Without FSx: the set verified on S3, counted as the FSx warm job counts it (shards plus the set's files)."""
     counts = verify_on_s3(channel.root, shards)
     listed = {o.key: o.size for o in list_objects(channel.uri)}
     return {**counts, "bytes": counts["bytes"] + sum(size for name, size in listed.items() if name != FILE_LIST)}
@@ -72,8 +64,7 @@ def warmed_set_record(channel: ChannelTrainingSet, file_system_id: str) -> str:
 
 
 def new_to_file_system(channel: ChannelTrainingSet, shards: list[ChannelShard], file_system_id: str) -> list[str]:
-    """The keys below the root of the listed shards the set last warmed on the file system did not list
-    (all of them when none is recorded, or its record cannot be read)."""
+    """Keys of the listed shards the last set warmed on the file system did not list (all, without a record)."""
     try:
         record = json.loads(read_bytes(warmed_set_record(channel, file_system_id)))
         earlier = json.loads(read_bytes(join(channel.root, f"{record['folder']}/{MANIFEST}")))
@@ -84,7 +75,7 @@ def new_to_file_system(channel: ChannelTrainingSet, shards: list[ChannelShard], 
 
 
 def record_warmed_set(channel: ChannelTrainingSet, file_system_id: str) -> None:
-    """After a warm that verified every shard of the set on the file system: it is the one to compare with."""
+    """Record the set as the last one warmed (and fully verified) on the file system."""
     data = json.dumps({"folder": channel.folder, "file_system_id": file_system_id}).encode()
     write_bytes_atomic(warmed_set_record(channel, file_system_id), data)
 
@@ -96,7 +87,7 @@ def association_params(file_system_id: str, lake_uri: str) -> dict:
         "FileSystemPath": LINKED_PATH,
         "DataRepositoryPath": linked_s3_prefix(lake_uri),
         "BatchImportMetaDataOnCreate": True,
-        # New shard sets appear on the file system by themselves; the import task makes it certain.
+        # New shard sets appear by themselves; the import task makes it certain.
         "S3": {"AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}},
     }
 
@@ -181,9 +172,9 @@ def _import_batch(fsx, file_system_id: str, paths: list[str], log) -> str:
 
 
 def warm_job_request(shards: UpstreamOutput, location: FsxLocation, settings: ZeroSettings, lease: str) -> JobRequest:
-    """The job that restores and verifies a shard set (its folder under the shard root, see
-    training_set_channel) on the file system, reusing the verdicts recorded there (one plain process).
-    `lease`: the fsx_warm_state step's (its output is the set on the file system, not this request's)."""
+    """The job that restores and verifies a shard set on the file system, reusing recorded verdicts.
+
+    `lease`: the fsx_warm_state step's, as its output is the set on the file system."""
     from zero_assets.core.job_request import build_job_request
 
     return build_job_request(

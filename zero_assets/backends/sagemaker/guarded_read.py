@@ -1,8 +1,7 @@
 """One read of a poll loop that must never give up (the job log tail, the Pipes message readers).
 
-While the `Backoff` says wait, the read is skipped; a transient error (throttling, 5xx, connection,
-body read) is logged and starts or grows the back-off; any other error is raised. Either way the
-caller answers `when_refused` and reads again later from where it was.
+Skipped (answering `when_refused`) while backing off; a transient error is logged and grows the
+back-off, any other is raised.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""SageMaker's Training and Processing job APIs side by side (operation names, keys, log groups), and
-how the description of a job that did not complete reads as a failure: status, FailureReason or
-ExitMessage, the limit that stopped it, and for a training job stopped at its Training Plan's end,
-where its checkpoints are and that materializing again resumes from them.
+"""SageMaker's Training and Processing job APIs side by side (operations, keys, log groups), and the
+failure text for a job that did not complete.
 """
 
 from __future__ import annotations
@@ -47,7 +45,7 @@ LIMIT_STOPS = ("MaxRuntimeExceeded", "MaxWaitTimeExceeded")
 def failure_description(kind: Kind, job: dict, last_lines) -> str:
     api = API[kind]
     status = job[api.status_key]
-    # Processing jobs put the script's own words in ExitMessage (`/opt/ml/output/message`), training in FailureReason.
+    # Processing jobs put the script's own words in ExitMessage, training jobs in FailureReason.
     reason = (
         " | ".join(filter(None, [job.get("FailureReason"), job.get("ExitMessage")]))
         or "(SageMaker gave no FailureReason)"
@@ -67,8 +65,7 @@ def failure_description(kind: Kind, job: dict, last_lines) -> str:
 
 
 def stopped_on_plan(job: dict) -> str:
-    """A training job on a plan that reached its MaxRuntimeInSeconds: bounded by the plan's end, so it
-    checkpointed and stopped before the reservation ended; the next materialization resumes."""
+    """Why a training job on a plan hit MaxRuntimeInSeconds (the plan's end) and how to resume it."""
     plan = job["ResourceConfig"]["TrainingPlanArn"].rsplit("/", 1)[-1]
     checkpoints = job.get("CheckpointConfig", {}).get("S3Uri", "its checkpoint prefix")
     seconds = job.get("StoppingCondition", {}).get("MaxRuntimeInSeconds")

@@ -1,14 +1,7 @@
-"""Tail a SageMaker job's CloudWatch log streams (`<log group>/<job name>/<host>-<n>`).
+"""Tail every CloudWatch log stream of a SageMaker job, to the step's stdout, keeping the last lines.
 
-Every stream of the job is followed from its start (one per instance), new lines returned on each
-`poll()`, and the last lines kept so a failure can quote them. A throttled or failing CloudWatch
-never ends the wait for the job: the tail backs off, keeps its place in every stream, and catches
-up once CloudWatch answers again. `write_lines` forwards them to the Dagster step's stdout, each
-host's lines marked with the host, not as one Dagster event per line.
-
-dagster-aws's `PipesCloudWatchLogReader` forwards one stream the same way, but it follows a single
-stream named up front, and gives up (its thread ends, the rest of the log is lost) after ten
-throttled reads in a row; a training job logs for days on several hosts.
+A throttled CloudWatch never ends the tail: it backs off and resumes each stream where it was. Not
+dagster-aws's `PipesCloudWatchLogReader`, which follows one named stream and gives up when throttled.
 """
 
 from __future__ import annotations
@@ -67,7 +60,7 @@ class JobLogTail:
             if host not in self.hosts:
                 self.hosts.append(host)
             messages: list[str] = []
-            # A refused read keeps what was read (the token moved past it); the stream resumes there.
+            # A refused read keeps what was read; the stream resumes there.
             read_to_end = guarded_read(self._backoff, partial(self._new_messages, stream, messages), False, self._where)
             for message in messages:
                 for line in message.splitlines():
@@ -79,8 +72,7 @@ class JobLogTail:
         return lines
 
     def _new_messages(self, stream: str, messages: list[str]) -> bool:
-        """Append the stream's new messages to `messages`, page by page (a failure keeps the pages read);
-        True once the stream's end for now is reached."""
+        """Append the stream's new messages to `messages`, page by page; True once at its end for now."""
         while True:
             request = {"logGroupName": self._group, "logStreamName": stream, "startFromHead": True}
             if stream in self._tokens:
@@ -104,9 +96,9 @@ class JobLogTail:
         return self.poll()
 
     def forward(self, log, lines: Iterable[tuple[str, str]], target: Optional[IO[str]] = None) -> None:
-        """Write the job's lines to `target` (see `write_lines`): one Dagster event per line would flood
-        the event log for days of training. One event on `log` per host, the first time its stream is
-        read, says where its lines are."""
+        """Write the job's lines to `target`, and log one event per new host saying where its lines are.
+
+        Not one Dagster event per line: that would flood the event log over days of training."""
         for host in self.hosts[self._announced :]:
             log.info(
                 f"[pipes] {self._job_name}: host {host}'s log (CloudWatch stream {self._job_name}/{host}) "
@@ -117,9 +109,8 @@ class JobLogTail:
 
 
 def write_lines(lines: Iterable[tuple[str, str]], target: Optional[IO[str]] = None) -> int:
-    """Write (host, line) pairs to `target` (default: this process's stdout at the time of the call, which
-    Dagster captures as the step's stdout), each line after `[host] ` so every host's stream can be read
-    (or grepped) on its own. Returns how many lines were written."""
+    """Write (host, line) pairs to `target` (default: the current stdout, Dagster's step capture), each
+    after `[host] `. Returns how many lines were written."""
     stream = target or sys.stdout
     written = 0
     for host, line in lines:

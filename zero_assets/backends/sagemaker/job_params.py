@@ -1,8 +1,7 @@
 """Turn a `JobRequest` into the exact CreateTrainingJob / CreateProcessingJob parameters.
 
-Pure functions of the request and the settings (no AWS calls), so `render-jobs` writes what the
-runner sends. SageMaker's limits are checked here, naming the entry at fault, rather than left to
-a ValidationException after the Dagster run has started.
+Pure (no AWS calls), so `render-jobs` writes what the runner sends; SageMaker's limits are checked
+here, naming the entry at fault.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ PROCESSING_ROOT = "/opt/ml/processing"
 CODE_INPUT = "code"
 CHECKPOINT_LOCAL = "/opt/ml/checkpoints"
 TRAINING_SET_ARGUMENT = "training-set"  # the training set's folder inside the input that holds it
-# Never in a request: Environment is shown by DescribeTrainingJob and the console to anyone who may describe jobs.
+# Never in a request: Environment is visible to anyone who may describe the job.
 FORBIDDEN_ENVIRONMENT = ("WANDB_API_KEY",)
 MAX_KEEP_ALIVE_S = 21600  # botocore's bound on ResourceConfig.KeepAlivePeriodInSeconds
 
@@ -50,10 +49,9 @@ def build_job_params(
     training_plan: Optional[TrainingPlan] = None,
     now: Optional[datetime] = None,
 ) -> tuple[str, dict[str, Any]]:
-    """(operation, parameters) for one job; `environment` holds the Pipes bootstrap variables. A job
-    whose compute names a Training Plan carries its ARN; with the plan as read (`training_plan`), its
-    MaxRuntimeInSeconds is bounded by the plan's end (see `training_plan.bounded_runtime`) for a job
-    submitted at `now`."""
+    """(operation, parameters) for one job; `environment` holds the Pipes bootstrap variables.
+
+    With `training_plan`, MaxRuntimeInSeconds is bounded by the plan's end for a job submitted at `now`."""
     lake = lake_uri or settings.lake_uri()
     if request.kind == "training":
         params = _training_params(request, settings, job_name, code, environment)
@@ -62,8 +60,7 @@ def build_job_params(
         params = _processing_params(request, settings, job_name, code, environment, lake)
     params["Tags"] = job_tags(request, settings.tags)
     if settings.wandb_secret_arn and "wandb_mode" in request.arguments:  # a job that tracks to W&B
-        # The job reads the W&B API key from this secret at start (training_code.lib.wandb_run): only the
-        # reference travels.
+        # Only the secret's ARN travels; the job reads the key itself.
         params["Environment"][SECRET_ARN_VARIABLE] = settings.wandb_secret_arn
     check_environment(params["Environment"], request.kind)
     return OPERATIONS[request.kind], params
@@ -92,13 +89,13 @@ def _training_params(
 ) -> dict:
     compute = settings.compute(request.asset)
     root = settings.s3_root()
-    # A training set is read through the shard root that holds every source's shard sets, told its folder there.
+    # A training set's channel is the shard root; the job is told the set's folder in it.
     training_sets = {name: found for name, uri in request.inputs.items() if (found := split_training_set(uri))}
     if len(training_sets) > 1:
         raise ValueError(
             f"{request.asset} has {len(training_sets)} training-set inputs ({sorted(training_sets)}); a job reads one"
         )
-    # Each channel's source: what its folder holds, at the same paths (the job names it in W&B references).
+    # Each channel's source, at the same paths (the job names it in W&B references).
     sources = {name: training_sets[name].root if name in training_sets else uri for name, uri in request.inputs.items()}
     channels = [_training_channel(name, source, settings, request.fsx_access) for name, source in sources.items()]
     input_mode = "File" if any("FileSystemDataSource" in c["DataSource"] for c in channels) else "FastFile"
@@ -107,8 +104,7 @@ def _training_params(
         hyperparameters[TRAINING_SET_ARGUMENT] = found.folder
     hyperparameters.update(
         {
-            # The PyTorch container's toolkit: fetch the code, install requirements.txt, run the
-            # program under torchrun with one process per GPU on every instance.
+            # Read by the PyTorch container's toolkit, which fetches the code and runs the program.
             "sagemaker_program": module_path(request.module),
             "sagemaker_submit_directory": code.tarball_uri(root),
             "sagemaker_region": settings.region,
@@ -132,7 +128,7 @@ def _training_params(
             settings,
         ),
         "StoppingCondition": {"MaxRuntimeInSeconds": compute.max_runtime_s},
-        # Synced down at start like an input: a prefix, so another fingerprint's folder is never pulled in.
+        # A prefix, so another fingerprint's folder is never synced down.
         "CheckpointConfig": {
             "S3Uri": as_prefix(settings.checkpoint_uri(request.asset, request.fingerprint)),
             "LocalPath": CHECKPOINT_LOCAL,
@@ -153,7 +149,7 @@ def _training_params(
 def _on_plan_or_warm_pool(
     params: dict, request: JobRequest, settings: SageMakerSettings, plan: Optional[TrainingPlan], now: datetime
 ) -> None:
-    """The Training Plan (reserved instances, runtime bounded by its end) or the warm pool of the training job."""
+    """Put the training job on its Training Plan (runtime bounded by its end), or on a warm pool."""
     compute = settings.compute(request.asset)
     resources = params["ResourceConfig"]
     if compute.training_plan_arn:
@@ -183,8 +179,7 @@ def _on_plan_or_warm_pool(
             )
         resources["KeepAlivePeriodInSeconds"] = settings.warm_pool_keep_alive_s
     if settings.infra_check and compute.instance_count > 1:
-        # Multi-node: SageMaker tests every instance's GPUs and the network between them before the script
-        # starts, so a bad node fails the job in minutes, not as a hung all-reduce hours in.
+        # A bad node then fails the job in minutes, not as a hung all-reduce hours in.
         params["InfraCheckConfig"] = {"EnableInfraCheck": True}
 
 
@@ -215,7 +210,7 @@ def _processing_params(
     request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict, lake: str
 ) -> dict:
     compute = settings.compute(request.asset)
-    # A planned job carries its count (see job_request.spread_over): the map on every instance, the rest on one.
+    # A planned job carries its instance count (see job_request.spread_over).
     instances = request.instance_count
     if compute.instance_count > 1 and request.reads is None:
         # Every instance would process the whole input and upload to the same output prefix.
@@ -269,7 +264,7 @@ def _processing_params(
                 {
                     "InstanceCount": instances,
                     "InstanceType": request_instance_type(request, compute),
-                    "VolumeSizeInGB": request_volume_gb(request, compute),  # plus what its busiest host fetches
+                    "VolumeSizeInGB": request_volume_gb(request, compute),
                 },
                 settings,
             )
@@ -288,7 +283,7 @@ def _processing_params(
 
 
 def _job_env(job_name: str, request: JobRequest, sources: dict[str, str]) -> dict[str, str]:
-    """What a job script reads of its launch (`job_env`): its name, asset and each input's source."""
+    """The job's name, asset and each input's source, as `job_env` reads them."""
     return {
         "ZERO_JOB_NAME": job_name,
         "ZERO_ASSET": request.asset,
@@ -306,15 +301,12 @@ def model_artifact_uri(settings: SageMakerSettings, job_name: str) -> str:
 
 
 def as_prefix(uri: str) -> str:
-    """`s3://b/raw/`: SageMaker downloads every key that starts with the URI as written, so without
-    the `/` `s3://b/raw` would also pull `raw-old/...`, and a fingerprint's folder its `-map` sibling."""
+    """`uri` with a trailing `/`: SageMaker matches keys by plain prefix, so `s3://b/raw` would pull `raw-old/`."""
     return uri.rstrip("/") + "/"
 
 
 def _processing_input(name: str, uri: str, data_type: str = "S3Prefix") -> dict:
-    """One ProcessingInput, on every instance: every object under the prefix `uri` (tables, read lists,
-    shard sets and code, never a raw prefix: a job reads raw objects by key, see `JobRequest.reads`), or
-    with `ManifestFile` the objects the file `uri` names, each under the input folder at its key there."""
+    """One ProcessingInput on every instance: the objects under prefix `uri`, or with `ManifestFile` those it names."""
     return {
         "InputName": name,
         "S3Input": {

@@ -1,11 +1,7 @@
-"""The tags on every job the graph launches, and who reads them.
+"""The tags on every job the graph launches.
 
-- `zero:asset`, `zero:fingerprint` (its first 16 hex digits): which materialization the job builds;
-  `running_jobs` takes a job with `zero:asset` for one of the graph's.
-- `zero:lease`: where the output lease is that the building run holds while the job runs
-  (`JobRequest.lease`); `defs/orphaned_jobs` stops a job whose lease no live run holds. Only a lease
-  on S3 is named, the one place every host looks: a job without the tag is never judged.
-- the operator's own (`ZERO_SM_TAGS`); the Pipes client adds Dagster's run tags at launch.
+`zero:asset` marks a job as the graph's (`running_jobs`); `zero:lease`, set only for an S3 lease,
+lets `defs/orphaned_jobs` stop a job no live run waits on. Operator tags come from `ZERO_SM_TAGS`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""SageMaker job names: one per attempt, from `core.job_request.job_name` (the one job-name function
-both backends use), and the attempt number read back from a name.
+"""SageMaker job names: `core.job_request.job_name` re-exported, and the attempt number read back from a name.
 
-The same label, fingerprint and attempt always give the same name: that is what lets a restarted
-Dagster run find the job its predecessor launched instead of launching a second one. Names follow
-SageMaker's rule `[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}`.
+Names are deterministic, so a restarted run finds the job its predecessor launched.
 """
 
 from __future__ import annotations

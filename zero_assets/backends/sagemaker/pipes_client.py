@@ -1,13 +1,8 @@
 """`PipesSageMakerClient`: SageMaker Training and Processing jobs as Dagster Pipes invocations.
 
-Shaped like dagster-aws's ECS and Glue clients. What it adds for SageMaker: jobs are found again by
-their deterministic name (a restarted run reattaches instead of launching twice), a job that ends
-`Stopped` (for example on MaxRuntimeExceeded, which boto3's waiter counts as done) is a failure,
-and failures carry the job name, FailureReason and the last log lines. Throttled or failing AWS
-reads while the job runs are waited out, never taken for the job's end; a reattached job whose
-Pipes report cannot be read raises `ReportUnreadable`. Which attempt to run (reattach, wait, reuse,
-or the next name) is `attempts.JobAttempts`, which this client is. A training job on a Training Plan
-is reported as waiting while SageMaker holds it `Pending`, and its cost is its share of the plan's fee.
+Shaped like dagster-aws's ECS and Glue clients, plus: reattaching by deterministic job name, `Stopped`
+as a failure, and failures carrying FailureReason and the last log lines. Transient AWS errors while
+waiting are waited out, never taken for the job's end.
 """
 
 from __future__ import annotations
@@ -58,8 +53,8 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
             injector and reader; required unless both are given).
         messages: where the default reader reads: "s3" (reattach-safe) or "cloudwatch".
         forward_termination: stop the job when the Dagster run is terminated.
-        log_target: where the job's CloudWatch lines go, each after `[host] ` (default: this process's
-            stdout, which Dagster captures as the step's stdout). Status changes stay Dagster events.
+        log_target: where the job's CloudWatch lines go, each after `[host] ` (default: stdout, the
+            step's captured stdout). Status changes stay Dagster events.
     """
 
     def __init__(
@@ -79,7 +74,7 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
     ):
         self._client = client or aws_client("sagemaker")
         self._logs = logs_client or aws_client("logs")
-        self._s3 = s3_client or storage_s3_client()  # honours ZERO_S3_ENDPOINT_URL like every other S3 access
+        self._s3 = s3_client or storage_s3_client()  # honours ZERO_S3_ENDPOINT_URL
         self._context_injector = context_injector
         self._message_reader = message_reader
         if pipes_uri is None and (context_injector is None or message_reader is None):
@@ -135,7 +130,8 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
         before_launch: Optional[BeforeLaunch] = None,
         training_plan: Optional[TrainingPlan] = None,
     ) -> PipesClientCompletedInvocation:
-        """Launch the job described by `params` (Create*Job parameters), or reattach to it, and wait;
+        """Launch the job `params` describe (Create*Job parameters), or reattach to it, and wait.
+
         `before_launch(params)` may refuse a launch (not a reattach) by raising."""
         api = API[kind]
         name = params[api.name_key]
@@ -175,7 +171,7 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
                     self._terminate(context, kind, name)
                 raise
             if job[api.status_key] != "Completed":
-                # A job someone stopped, or one that ran out of time, would end the same way again.
+                # A stopped job, or one out of time, would end the same way again: no retry.
                 raise Failure(
                     description=failure_description(kind, job, logs.last_lines),
                     metadata=self._extract_dagster_metadata(kind, job, history, training_plan),
@@ -193,8 +189,7 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
         return PipesClientCompletedInvocation(session, metadata=metadata)
 
     def _create(self, context, kind: Kind, params: dict[str, Any]) -> None:
-        """Create*Job, retried through throttling; a retry that finds the job created by the try before
-        it is a success."""
+        """Create*Job, retried; a retry that finds the name taken by its own earlier try succeeds."""
         api = API[kind]
         name = params[api.name_key]
         tries = 0
@@ -205,7 +200,7 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
             try:
                 getattr(self._client, api.create)(**params)
             except ClientError as error:
-                # A try whose answer was lost may have created the job: the retry finds the name taken by it.
+                # A try whose answer was lost may have created the job.
                 if tries > 1 and error.response.get("Error", {}).get("Code") == "ResourceInUse":
                     return
                 raise
@@ -257,7 +252,7 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
             if reads_cloudwatch and not reported_stream:
                 reported_stream = report_message_stream(logs, session, log_group)
             if job[status_key] in TERMINAL:
-                logs.forward(context.log, logs.final_poll(), self.log_target)  # what arrived after the last poll
+                logs.forward(context.log, logs.final_poll(), self.log_target)
                 if reads_cloudwatch and not reported_stream:
                     await_message_stream(logs, session, log_group, within_s=120)
                 if logs.throttled:
@@ -270,7 +265,7 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
 
     def _terminate(self, context, kind: Kind, name: str) -> None:
         refused = stop_job(self._client, kind, name)
-        if refused is not None:  # already ending: nothing to stop, but say so
+        if refused is not None:
             context.log.warning(f"[pipes] could not stop SageMaker {kind} job {name}: {refused}")
 
     def _extract_dagster_metadata(
@@ -290,7 +285,6 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
                 f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#logsV2:log-groups/log-group/"
                 f"{API[kind].log_group.replace('/', '$252F')}$3FlogStreamNameFilter$3D{name}"
             ),
-            # Instances, instance-seconds, spot savings, estimated USD (on a plan: the job's share of its fee).
             **job_cost(kind, job, region, self._prices, plan.fee() if plan else None),
             **(plan_metadata(plan) if plan else {}),
             "status_history": MetadataValue.json(transitions or history),

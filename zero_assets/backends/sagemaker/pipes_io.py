@@ -1,12 +1,7 @@
-"""Pipes context and message locations on S3, keyed by the job name instead of a random string.
+"""Pipes context and message locations on S3, keyed by the job name so a reattaching run finds them.
 
-SageMaker caps environment values (512 characters for Training, 256 for Processing), so the
-context goes to S3 and only its address travels in the environment. Keying both the context and
-the messages by the job name makes them findable again: a restarted Dagster run that reattaches
-to a running job reads the messages that job is writing, from the first one.
-
-Both readers back off while S3 or CloudWatch throttles or fails and try again, from the chunk or
-token they reached: a refused read never ends the reader, so no message is lost to it.
+The context goes to S3 because SageMaker caps environment values (512/256 characters). Both readers
+back off on refused reads and resume where they were, so no message is lost.
 """
 
 from __future__ import annotations
@@ -17,9 +12,8 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Literal, Optional
 
-from dagster._core.pipes.client import PipesParams
 from dagster_aws.pipes import PipesCloudWatchMessageReader, PipesS3ContextInjector, PipesS3MessageReader
-from dagster_pipes import PipesBlobStoreMessageWriter, PipesDefaultMessageWriter, encode_param
+from dagster_pipes import PipesBlobStoreMessageWriter, PipesDefaultMessageWriter, PipesParams, encode_param
 
 from training_code.lib.aws_clients import Backoff, endpoint_of, retry_call
 from training_code.lib.storage import split_s3
@@ -69,8 +63,7 @@ class JobKeyedS3ContextInjector(PipesS3ContextInjector):
             endpoint=endpoint_of(self.client),
         )
         yield dict(self._params)
-        # Left in place: a job still starting (or one a later run reattaches to) may not have read it yet;
-        # it is small, and the bucket's lifecycle rule on the pipes prefix expires it.
+        # Left in place for a job still starting or a later reattach; a lifecycle rule expires it.
 
 
 class JobKeyedS3MessageReader(PipesS3MessageReader):
@@ -88,14 +81,12 @@ class JobKeyedS3MessageReader(PipesS3MessageReader):
         return guarded_read(self.backoff, partial(super().messages_are_readable, params), False, self._where)
 
     def download_messages_chunk(self, index: int, params: PipesParams) -> str | None:
-        # The base class takes a missing chunk (or any ClientError, throttling included) as "not written
-        # yet" and asks again; connection and body-read errors must not end the reader either.
+        # The base class retries only ClientErrors; connection and body-read errors must not end it either.
         return guarded_read(self.backoff, partial(super().download_messages_chunk, index, params), None, self._where)
 
 
 class BackoffCloudWatchMessageReader(PipesCloudWatchMessageReader):
-    """dagster-aws's CloudWatch reader gives up after 10 throttled reads and its thread dies; this
-    one backs off and reads again from the same token."""
+    """dagster-aws's CloudWatch reader, backing off and resuming instead of giving up when throttled."""
 
     def __init__(self, *, client) -> None:
         super().__init__(client=client)
@@ -112,9 +103,7 @@ class BackoffCloudWatchMessageReader(PipesCloudWatchMessageReader):
 
 
 def await_report(log, session, reader, name: str, poll_interval: float) -> None:
-    """The job has ended: while the message reader is backing off from refused reads, wait for the
-    closing message rather than leave the session with part of the report (for at most REPORT_WAIT_S;
-    `poll_interval` is the reader's)."""
+    """After the job ended, wait (at most REPORT_WAIT_S) for the closing message while the reader backs off."""
     backoff: Optional[Backoff] = getattr(reader, "backoff", None)
     if backoff is None:
         return
@@ -130,8 +119,9 @@ def await_report(log, session, reader, name: str, poll_interval: float) -> None:
 
 
 def report_message_stream(logs, session, log_group: str) -> bool:
-    """CloudWatch messages: point the reader at the first host's stream (rank 0 writes them) once it
-    exists in `logs` (a `job_logs.JobLogTail`). Returns whether it did."""
+    """Point the CloudWatch reader at the first host's stream (rank 0 writes messages) once it exists.
+
+    Returns whether it did."""
     streams = logs.streams()
     if not streams:
         return False
@@ -140,8 +130,7 @@ def report_message_stream(logs, session, log_group: str) -> bool:
 
 
 def await_message_stream(logs, session, log_group: str, within_s: float) -> bool:
-    """The job has ended and its message stream is still unknown: CloudWatch messages are read only once
-    it is, so a lookup CloudWatch refused is tried again (for at most `within_s`)."""
+    """After the job ended, retry a refused stream lookup for at most `within_s`; whether it was found."""
     deadline = time.monotonic() + within_s
     while logs.refused_lately() and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -1,24 +1,31 @@
-"""Preflight on AWS, in seconds: may the job role do what the jobs do (`iam:SimulatePrincipalPolicy`), and
-does the FSx data repository association cover the lake's shards. Each answers a `preflight.Finding`.
+"""Preflight on AWS, in seconds: may the job role do what the jobs do, and does the FSx association cover
+the lake's shards. Each answers a `preflight.Finding`.
 
-The role's needs follow the settings: the bucket and lake prefixes (read, write, list), the job log
-groups, the ECR repositories of the two images, and when set the W&B secret, the KMS key and the VPC's
-network interfaces. The simulation asks IAM, as this process, what the role's policies allow; it needs
-`iam:SimulatePrincipalPolicy` on the role (README, "A training campaign").
+The role check simulates its policies, which needs `iam:SimulatePrincipalPolicy` on the role.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from training_code.lib import wandb_run
 from training_code.lib.storage import split_s3
-from zero_assets.backends.preflight import Finding, error_text
+from zero_assets.backends.preflight import (
+    TRAINING_ASSETS,
+    Finding,
+    WandbLogin,
+    error_text,
+    wandb_key_finding,
+    writable_prefix,
+)
 from zero_assets.backends.sagemaker.fsx import LINKED_PATH, linked_s3_prefix
 from zero_assets.backends.sagemaker.settings import SageMakerSettings
+from zero_assets.core.settings import ZeroSettings
 
 ECR_IMAGE = re.compile(
     r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?/(?P<repo>[^:@]+)"
@@ -39,6 +46,32 @@ VPC_ACTIONS = (
 ALLOWED = "allowed"
 
 
+def sagemaker_preflight(aws: SageMakerSettings, settings: ZeroSettings, tracking: Mapping[str, Any]) -> list[Finding]:
+    """The checkpoint prefixes writable by this process, the job role allowed what the jobs do, the FSx
+    association (with FSx) and, tracking online, the W&B key in ZERO_SM_WANDB_SECRET_ARN's secret."""
+    # One level above SageMaker's per-fingerprint CheckpointConfig prefix.
+    prefixes = [(asset, aws.checkpoint_uri(asset, "0" * 16).rsplit("/", 1)[0]) for asset in TRAINING_ASSETS]
+    findings = [writable_prefix(prefix, f"{asset} checkpoints") for asset, prefix in prefixes]
+    clients = make_preflight_clients(aws.region)
+    findings.append(role_finding(clients.iam, aws.role_arn, role_needs(aws, settings.lake_uri, settings.raw_uri)))
+    if aws.fsx_enabled():
+        findings.append(association_finding(clients.fsx, aws.fsx_file_system_id, settings.lake_uri))
+    if tracking.get("wandb_mode") == "online":
+        findings.append(wandb_key_finding(secret_wandb_login(aws, tracking["wandb_base_url"])))
+    return findings
+
+
+def secret_wandb_login(aws: SageMakerSettings, base_url: str) -> WandbLogin:
+    """The login the jobs make: with the key in ZERO_SM_WANDB_SECRET_ARN's secret."""
+    if not aws.wandb_secret_arn:
+        return WandbLogin(base_url, None, "ZERO_SM_WANDB_SECRET_ARN is not set")
+    source = f"secret {aws.wandb_secret_arn}"
+    try:
+        return WandbLogin(base_url, wandb_run.api_key_from_secret(aws.wandb_secret_arn), source)
+    except (ValueError, ClientError, BotoCoreError) as error:  # the finding names it
+        return WandbLogin(base_url, None, f"{source}, unreadable: {type(error).__name__}: {error}")
+
+
 @dataclass(frozen=True)
 class PreflightClients:
     iam: Any
@@ -53,11 +86,10 @@ def make_preflight_clients(region: str) -> PreflightClients:
 
 
 def role_needs(aws: SageMakerSettings, lake_uri: str, raw_uri: str) -> dict[str, tuple[str, ...]]:
-    """Resource ARN -> the actions the jobs take on it as the job role (README, "IAM")."""
+    """Resource ARN -> the actions the jobs take on it as the job role (docs/sagemaker.md, "IAM")."""
     partition, account = _arn_part(aws.role_arn, 1), _arn_part(aws.role_arn, 4)
     needs: dict[str, tuple[str, ...]] = {}
-    # Read and written: the backend's root (code, Pipes, checkpoints, job outputs) and the lake; read: the raw
-    # root (raw data is never written). Each where it lies outside the root.
+    # The backend's root and the lake are read and written, the raw root only read; each if outside the root.
     inside = aws.s3_root().rstrip("/") + "/"
     roots = {aws.s3_root(): ("s3:GetObject", "s3:PutObject")}
     for uri, actions in ((lake_uri, ("s3:GetObject", "s3:PutObject")), (raw_uri, ("s3:GetObject",))):
@@ -113,8 +145,7 @@ def role_finding(iam, role_arn: str, needs: dict[str, tuple[str, ...]]) -> Findi
 
 
 def association_finding(fsx, file_system_id: str, lake_uri: str) -> Finding:
-    """The data repository association linking the lake's shards (`<lake>/arrow_shards/`) to `/arrow_shards`
-    on the file system: present, covering that prefix, and AVAILABLE."""
+    """Whether an AVAILABLE association links `/arrow_shards` to a prefix covering the lake's shards."""
     check = "FSx association"
     repository = linked_s3_prefix(lake_uri)
     try:

@@ -1,7 +1,5 @@
-"""Run profiles (`ZERO_PROFILE`): `production` uses the configured compute; `rehearsal` proves the
-graph end to end on AWS for little money: a small sample of the index, cheap instances, and two
-instances for training and for validation, so multi-node training and the split validation pass
-(map on every instance, reduce on one) are exercised before the expensive run.
+"""Run profiles (`ZERO_PROFILE`): `production` uses the configured compute; `rehearsal` runs the graph
+on AWS cheaply (a sample, small instances, two instances where multi-node paths need exercising).
 """
 
 from __future__ import annotations
@@ -37,12 +35,12 @@ def profile_from_env(environ: Mapping[str, str] | None = None) -> str:
 def profile_fields(profile: str) -> dict[str, Any]:
     """The `SageMakerSettings` fields a profile sets over the configured ones (production: none).
 
-    They are given to the constructor: Dagster builds a resource for a run from the fields it was
-    constructed with, so a `model_copy(update=...)` would be dropped there while looking applied here."""
+    Pass them to the constructor: Dagster rebuilds a resource from its constructor fields, dropping a
+    `model_copy(update=...)`."""
     if profile == "production":
         return {}
     if profile == "rehearsal":
-        # Spot capacity waits would make a rehearsal slow to answer; it is short and cheap anyway.
+        # Spot capacity waits would slow a rehearsal down; it is short and cheap anyway.
         return {**REHEARSAL_COMPUTE, "use_spot": False}
     raise ValueError(f"profile {profile!r} is not one of {PROFILES}")
 

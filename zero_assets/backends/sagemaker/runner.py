@@ -1,15 +1,7 @@
 """Run job scripts as SageMaker Training and Processing jobs, through `PipesSageMakerClient`.
 
-The code is packaged and uploaded once per content hash; the job name comes from asset,
-fingerprint and attempt; a training job's `model.tar.gz` is unpacked to the asset's output
-prefix (manifest last), so downstream jobs read files exactly as they do on the local backend.
-
-Attempts: a running attempt is reattached, a `Stopping` one waited for, a `Completed` one reused
-only when its output is complete, and a reattached one whose Pipes report is gone counts as failed;
-in every other case the next attempt is launched.
-
-Training Plans: a training job whose compute names one reads it first (DescribeTrainingPlan); its
-runtime is bounded by the plan's end, and a launch the plan cannot take is refused before it is made.
+A training job's `model.tar.gz` is unpacked to the asset's output prefix (manifest last), so downstream
+jobs read plain files as on the local backend. A launch its Training Plan cannot take is refused first.
 """
 
 from __future__ import annotations
@@ -17,6 +9,7 @@ from __future__ import annotations
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +17,10 @@ from typing import Any
 from dagster import AssetExecutionContext, Failure, PipesClientCompletedInvocation
 
 from training_code.lib.storage import exists, fetch_file, join, publish_folder
-from zero_assets.backends.job_runner import JobRunner, WarmedShards
-from zero_assets.backends.sagemaker.code_package import build_code_package, upload_code_package
+from zero_assets.backends.job_cost import JobUsage, cost_metadata, price_table
+from zero_assets.backends.job_runner import JobRunner, TuningRun, WarmedShards
+from zero_assets.backends.preflight import Finding
+from zero_assets.backends.sagemaker.code_package import CodePackage, build_code_package, upload_code_package
 from zero_assets.backends.sagemaker.fsx import shards_on_fsx
 from zero_assets.backends.sagemaker.fsx_warm import (
     counted_on_s3,
@@ -38,6 +33,9 @@ from zero_assets.backends.sagemaker.fsx_warm import (
 from zero_assets.backends.sagemaker.job_params import build_job_params, model_artifact_uri
 from zero_assets.backends.sagemaker.names import job_name
 from zero_assets.backends.sagemaker.pipes_client import PipesSageMakerClient
+from zero_assets.backends.sagemaker.preflight import sagemaker_preflight
+from zero_assets.backends.sagemaker.profiles import profile_from_env
+from zero_assets.backends.sagemaker.running_jobs import stop_orphaned
 from zero_assets.backends.sagemaker.settings import TRAINING_ASSET, SageMakerSettings, compute_variable
 from zero_assets.backends.sagemaker.stage_outputs import outputs_as_recorded, record_outputs
 from zero_assets.backends.sagemaker.training_plan import (
@@ -48,11 +46,13 @@ from zero_assets.backends.sagemaker.training_plan import (
     utc_now,
 )
 from zero_assets.backends.sagemaker.training_set_channel import channel_training_set, write_channel_training_set
+from zero_assets.backends.sagemaker.tuning import build_tuning_params, run_tuning, tuning_job_name
 from zero_assets.backends.sagemaker.work_sizing import instances_for, read_list_uri
 from zero_assets.core.fingerprints import UpstreamOutput
 from zero_assets.core.job_request import JobRequest, Work
 from zero_assets.core.output_marker import output_is_complete
 from zero_assets.core.settings import ZeroSettings
+from zero_assets.core.tuning import TuningSpec
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class AwsClients:
 
 
 def make_aws_clients(region: str) -> AwsClients:
-    """The process's shared clients under the one client policy (tests replace this function with stand-ins)."""
+    """The process's shared AWS clients (tests replace this function)."""
     from training_code.lib.aws_clients import client
     from training_code.lib.storage import s3_client
 
@@ -142,8 +142,53 @@ class SageMakerJobRunner(JobRunner):
             extra.update(plan_metadata(plan))
         return invocation, extra
 
+    def tune(
+        self, context: AssetExecutionContext, request: JobRequest, spec: TuningSpec, earlier: Mapping[str, Any] | None
+    ) -> TuningRun:
+        """Run one CreateHyperParameterTuningJob over the training job's definition."""
+        clients = self.clients()
+        package = build_code_package(modules=(request.module,), requirements=not self.aws.images_hold_requirements)
+        upload_code_package(package, self.aws.s3_root(), clients.s3)
+        params = self.tuning_params(request, spec, package, (earlier or {}).get("job"))
+        found = run_tuning(context, clients.sagemaker, params, spec, self.aws.poll_interval_s)
+        seconds = sum(t["seconds"] or 0.0 for t in found["trials"])
+        resources = params["TrainingJobDefinition"]["ResourceConfig"]
+        usage = JobUsage(resources["InstanceType"], resources["InstanceCount"], seconds, seconds)
+        cost = cost_metadata(usage, self.aws.region, price_table())
+        return TuningRun(job=found["job"], trials=found["trials"], best=found["best"], cost=cost)
+
+    def tuning_params(
+        self, request: JobRequest, spec: TuningSpec, package: CodePackage, parent: str | None
+    ) -> dict[str, Any]:
+        """The CreateHyperParameterTuningJob request of `request`'s search."""
+        name = tuning_job_name(request.fingerprint)
+        _, training = build_job_params(
+            request, self.aws, job_name=name, code=package, environment={}, lake_uri=self.settings.lake_uri
+        )
+        training.pop("CheckpointConfig")  # shared by every trial, each would resume another's checkpoint
+        return build_tuning_params(training, spec, name, parent)
+
+    def environment(self) -> dict[str, str]:
+        images = {"training_image": self.aws.training_image_uri, "processing_image": self.aws.processing_image_uri}
+        return {**super().environment(), **images}
+
+    def rehearsal_gate_default(self, environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
+        profile = profile_from_env(environ)
+        if profile != "production":
+            return False, f"ZERO_PROFILE={profile}: the whole graph runs as a rehearsal"
+        return True, "the SageMaker backend, production profile"
+
+    def preflight(self, settings: ZeroSettings, tracking: Mapping[str, Any]) -> list[Finding]:
+        return sagemaker_preflight(self.aws, settings, tracking)
+
+    def stop_orphaned_jobs(
+        self, orphaned_since: dict[str, float], holder: Callable[[str], Any], log: Any
+    ) -> tuple[dict[str, float], str]:
+        sagemaker = self.clients().sagemaker
+        return stop_orphaned(sagemaker, orphaned_since, self.aws.orphaned_job_grace_s, holder, log)
+
     def training_plan(self, asset: str = TRAINING_ASSET, clients: AwsClients | None = None) -> TrainingPlan | None:
-        """The Training Plan `asset`'s compute names, as DescribeTrainingPlan reads it now (None: none named)."""
+        """The Training Plan `asset`'s compute names, described now; None when none is named."""
         arn = self.aws.compute(asset).training_plan_arn
         if not arn:
             return None
@@ -152,7 +197,7 @@ class SageMakerJobRunner(JobRunner):
         )
 
     def refuse_unless_plan_fits(self, asset: str, plan: TrainingPlan, params: dict[str, Any]) -> None:
-        """Before a launch on `plan`: fail (not to be retried) naming the plan and each field that does not fit."""
+        """Raise a non-retryable `Failure` naming each field of `params` that does not fit `plan`."""
         problems = launch_problems(plan, self.aws, asset, params, utc_now())
         if problems:
             raise Failure(
@@ -164,31 +209,29 @@ class SageMakerJobRunner(JobRunner):
     def output_ready(self, request: JobRequest, name: str) -> bool:
         """Whether the `Completed` attempt `name` left a complete output behind, so it may be reused."""
         if request.kind == "training":
-            return exists(model_artifact_uri(self.aws, name))  # unpacked again, manifest last, into the asset's output
+            return exists(model_artifact_uri(self.aws, name))  # unpacked again into the asset's output
         if request.stage == "map":
             return outputs_as_recorded(self.aws.s3_root(), name, request.outputs)
         return all(output_is_complete(uri, request.fingerprint) for uri in request.outputs.values())
 
     def instance_count(self, request: JobRequest, work: Work) -> int:
-        """From the work and the asset's compute (see `work_sizing`); fails before launch when it cannot fit."""
+        """From the work and the asset's compute; fails before launch when it cannot fit."""
         return instances_for(request.asset, self.aws.compute(request.asset), work)
 
     def read_list_uri(self, request: JobRequest) -> str:
         return read_list_uri(self.aws, request)
 
     def warm_location(self, shards: UpstreamOutput) -> str:
-        """The shard set's folder under the shard root (see training_set_channel), on FSx when it is configured."""
+        """The shard set's folder under the shard root, on FSx when it is configured."""
         warm_uri = channel_training_set(self.settings.lake_uri, shards.data_version).uri
         if not self.aws.fsx_enabled():
             return warm_uri
         return shards_on_fsx(warm_uri, self.settings.lake_uri, self.aws.fsx_file_system_id, self.aws.fsx_mount_name).uri
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput, lease: str) -> WarmedShards:
-        """FSx configured: link, import the new shards' metadata, restore and verify on the file system what
-        has no recorded verdict there; else verify on S3.
+        """Lay the set out under the shard root, then warm and verify it on FSx, or verify it on S3 without FSx.
 
-        The set is laid out under the shard root (see training_set_channel): the jobs' input is the root,
-        the set's folder there written with the manifest last; no shard is copied."""
+        No shard is copied."""
         channel, listed = write_channel_training_set(shards.uri, self.settings.lake_uri, shards.data_version)
         base = {"backend": "sagemaker", "training_set_folder": channel.folder}
         if not self.aws.fsx_enabled():
@@ -208,7 +251,7 @@ class SageMakerJobRunner(JobRunner):
         fsx = self.clients().fsx
         association = ensure_association(fsx, fs_id, lake, context.log)
         new = new_to_file_system(channel, listed, fs_id)
-        # Only what the file system does not list yet: the set's own folder and the shards new to it.
+        # Only what the file system does not list yet.
         paths = [location.path] + [shards_on_fsx(join(channel.root, key), lake, fs_id, mount).path for key in new]
         import_tasks = import_metadata(fsx, fs_id, paths, context.log)
         request = warm_job_request(shards, location, self.settings, lease)
@@ -246,7 +289,7 @@ WARM_JOB_COUNTS = {
 
 
 def _reported_count(report: dict[str, Any], key: str, request: JobRequest) -> int:
-    """A count the warm job reported (a plain int or Dagster's IntMetadataValue); it must be there."""
+    """A count the warm job must have reported (a plain int or an IntMetadataValue)."""
     if key not in report:
         raise RuntimeError(f"the warm job {request.job_name} ({request.module}) reported no {key!r} in its metadata")
     value = report.pop(key)

@@ -1,8 +1,6 @@
 """Where and how SageMaker jobs run: account, images, compute per job, network, encryption, tags.
 
-One `ConfigurableResource`; `sagemaker_settings_from_env` binds each field to its `ZERO_SM_*`
-variable (the table is `core.settings.SAGEMAKER_VARIABLES`, beside the one reader) through `EnvVar`
-(nothing here is a credential: boto3 finds those in its own chain).
+`sagemaker_settings_from_env` binds each field to its `ZERO_SM_*` variable; no credentials (boto3 finds those).
 """
 
 from __future__ import annotations
@@ -14,8 +12,7 @@ from dagster import Config, ConfigurableResource
 
 from zero_assets.core.settings import SAGEMAKER_VARIABLES, env_bindings, zero_env
 
-# Assets whose materialization launches a SageMaker job, in graph order; then the rehearsal's two jobs
-# (training_rehearsal: its training, then its evaluation), whatever the profile.
+# Assets whose materialization launches a SageMaker job, in graph order, then the rehearsal's two jobs.
 JOB_ASSETS = (
     "validated_images",
     "training_set",
@@ -23,19 +20,18 @@ JOB_ASSETS = (
     "fsx_warm_state",
     "trained_checkpoint",
     "map_report",
+    "tuned_hyperparameters",
     "training_rehearsal",
     "rehearsal_evaluation",
 )
 
 
 class JobCompute(Config):
-    """Instances of one job. A Processing job that reads raw objects by key (a planned read list, see
-    `work_sizing`) spreads over instances by its work: `images_per_instance` objects or
-    `bytes_per_instance` bytes each, at least `instance_count`, at most `max_instance_count`; its volume
-    is `volume_size_gb` plus what its busiest instance reads. A job that reads tables whole (the selection)
-    runs on one instance of `instance_type`'s family with at least `memory_bytes_per_row` for each row it
-    reads, its volume `volume_size_gb` plus room for the tables, their copy and what the engine spills.
-    Other jobs run on `instance_count`."""
+    """Instances of one job.
+
+    A job with a read list spreads by `images_per_instance`/`bytes_per_instance` within
+    `instance_count`..`max_instance_count`; a table scan is sized by `memory_bytes_per_row` within
+    `instance_type`'s family (see `work_sizing`); other jobs run on `instance_count`."""
 
     instance_type: str
     instance_count: int = 1
@@ -45,26 +41,28 @@ class JobCompute(Config):
     images_per_instance: Optional[int] = None
     bytes_per_instance: Optional[int] = None
     memory_bytes_per_row: Optional[int] = None
-    # Training jobs: the SageMaker Training Plan whose reserved instances run the job (see training_plan.py).
-    # Part of the compute, not of the settings: a profile that brings its own compute (rehearsal) runs off the plan.
+    # Training jobs: the Training Plan that runs the job. Part of the compute, so a profile with its own
+    # compute (rehearsal) runs off the plan.
     training_plan_arn: Optional[str] = None
 
 
 DEFAULT_COMPUTE = {
-    # 16 vCPUs decode ~250,000 photos in about a quarter of an hour; the volume holds them on top of 30 GB.
+    # Sized so each instance decodes its share in about a quarter of an hour.
     "validated_images": JobCompute(instance_type="ml.c5.4xlarge", volume_size_gb=30, images_per_instance=250_000),
-    # DuckDB over the validated tables, in memory to ~100 bytes a row and spilling past it: r5 from 16 GiB.
+    # DuckDB over the validated tables: in memory to ~100 bytes a row, spilling past it.
     "training_set": JobCompute(
         instance_type="ml.r5.large", volume_size_gb=30, memory_bytes_per_row=100, max_runtime_s=6 * 3600
     ),
-    # A pack is I/O: ~100 GB an instance in well under an hour; each holds what it fetched and the shards it wrote.
+    # A pack is I/O bound: ~100 GB an instance keeps each under an hour.
     "arrow_shards": JobCompute(instance_type="ml.c5.4xlarge", volume_size_gb=30, bytes_per_instance=100 * 10**9),
     "fsx_warm_state": JobCompute(instance_type="ml.m5.xlarge", volume_size_gb=30, max_runtime_s=6 * 3600),
     "trained_checkpoint": JobCompute(
         instance_type="ml.p4d.24xlarge", instance_count=2, volume_size_gb=200, max_runtime_s=5 * 24 * 3600
     ),
     "map_report": JobCompute(instance_type="ml.g5.2xlarge", volume_size_gb=100, max_runtime_s=6 * 3600),
-    # Cheap GPUs, two nodes: multi-node start is one of what the rehearsal proves.
+    # Each trial of a tuning.
+    "tuned_hyperparameters": JobCompute(instance_type="ml.g5.2xlarge", volume_size_gb=100, max_runtime_s=6 * 3600),
+    # Cheap GPUs, two nodes: the rehearsal proves the multi-node start.
     "training_rehearsal": JobCompute(
         instance_type="ml.g4dn.xlarge", instance_count=2, volume_size_gb=50, max_runtime_s=2 * 3600
     ),
@@ -73,9 +71,9 @@ DEFAULT_COMPUTE = {
 
 
 DEFAULT_PREFIX = "zero"
-# The training that a Training Plan and a warm pool are for (the warm job, also a Training job, uses neither).
+# The training a Training Plan and a warm pool are for (the warm job, also a Training job, uses neither).
 TRAINING_ASSET = "trained_checkpoint"
-# The rehearsal's training: its attempts (a forced stop, then the resume) start on a warm pool when one is kept.
+# The rehearsal's training, whose attempts reuse a warm pool when one is kept.
 REHEARSAL_ASSET = "training_rehearsal"
 TRAINING_PLAN_VARIABLE = "ZERO_SM_TRAINING_PLAN_ARN"
 IMAGES_VARIABLE = "ZERO_SM_IMAGES_HOLD_REQUIREMENTS"
@@ -117,6 +115,7 @@ class SageMakerSettings(ConfigurableResource):
     fsx_warm_state: JobCompute = DEFAULT_COMPUTE["fsx_warm_state"]
     trained_checkpoint: JobCompute = DEFAULT_COMPUTE["trained_checkpoint"]
     map_report: JobCompute = DEFAULT_COMPUTE["map_report"]
+    tuned_hyperparameters: JobCompute = DEFAULT_COMPUTE["tuned_hyperparameters"]
     training_rehearsal: JobCompute = DEFAULT_COMPUTE["training_rehearsal"]
     rehearsal_evaluation: JobCompute = DEFAULT_COMPUTE["rehearsal_evaluation"]
     use_spot: bool = False  # managed spot for Training jobs
@@ -128,23 +127,18 @@ class SageMakerSettings(ConfigurableResource):
     fsx_file_system_id: Optional[str] = None  # set: training reads shards from FSx for Lustre
     fsx_mount_name: Optional[str] = None  # the file system's MountName (from DescribeFileSystems)
     messages: Literal["s3", "cloudwatch"] = "s3"  # where job scripts write Pipes messages
-    # A Secrets Manager secret holding the W&B API key: jobs get its ARN and read it themselves, so the
-    # key is never in a request.
+    # A Secrets Manager secret with the W&B API key; jobs get only its ARN, so the key is never in a request.
     wandb_secret_arn: Optional[str] = None
     poll_interval_s: float = 15.0
-    # A job on a Training Plan stops this long before the plan ends (its MaxRuntimeInSeconds is bounded so),
-    # time for its last checkpoint to be written and uploaded before the reserved instances go away.
+    # A job on a Training Plan stops this long before the plan ends, to upload its last checkpoint.
     plan_checkpoint_margin_s: int = 1800
     plan_min_time_left_s: int = 3600  # a plan with less time left than this is refused before launch
-    # Warm pool (ResourceConfig.KeepAlivePeriodInSeconds) of Training jobs off a plan: the next job with the
-    # same instances starts on them without provisioning (rehearsal iterations). 0: none.
+    # Warm pool (KeepAlivePeriodInSeconds) for Training jobs off a plan, so the next one skips provisioning. 0: none.
     warm_pool_keep_alive_s: int = 0
     infra_check: bool = True  # SageMaker's instance and network health check before multi-node training
-    # The images are built from docker/Dockerfile (requirements.lock installed): the code package then
-    # carries no requirements.txt, so no job runs pip at start (and none needs PyPI: README, VPC).
+    # The images already hold requirements.lock: the code package carries no requirements.txt, so no pip at start.
     images_hold_requirements: bool = False
-    # A running job whose output lease no live run has held for this long is stopped (defs/orphaned_jobs):
-    # long enough for a step retry (60 s, then 120 s) to reattach and take the lease again.
+    # A job whose lease no live run has held this long is stopped (defs/orphaned_jobs); longer than step retries.
     orphaned_job_grace_s: int = 600
 
     def compute(self, asset: str) -> JobCompute:
@@ -159,7 +153,7 @@ class SageMakerSettings(ConfigurableResource):
         return f"{self.s3_root()}/lake"
 
     def checkpoint_uri(self, asset: str, fingerprint: str) -> str:
-        """Built from names fixed before launch: every attempt of a materialization resumes from here."""
+        """Where every attempt of a materialization checkpoints and resumes from."""
         return f"{self.s3_root()}/checkpoints/{asset}/{fingerprint[:16]}"
 
     def fsx_enabled(self) -> bool:
@@ -184,13 +178,14 @@ REQUIRED = ("region", "role_arn", "bucket", "training_image_uri", "processing_im
 
 
 def sagemaker_settings_from_env(environ: Optional[Mapping[str, str]] = None, **overrides) -> SageMakerSettings:
-    """Settings from `ZERO_SM_*` (scalars bound through `EnvVar`; with `environ`, its values); fails
-    naming every required variable that is missing. Lists are comma-separated, tags `key=value,...`."""
+    """Settings from `ZERO_SM_*` (with `environ`, its values); fails naming every missing required variable.
+
+    Lists are comma-separated, tags `key=value,...`."""
     missing = [
         SAGEMAKER_VARIABLES[f] for f in REQUIRED if not zero_env(SAGEMAKER_VARIABLES[f], environ) and f not in overrides
     ]
     if missing:
-        raise ValueError(f"ZERO_BACKEND=sagemaker needs {', '.join(missing)} (see README, 'Running on SageMaker')")
+        raise ValueError(f"ZERO_BACKEND=sagemaker needs {', '.join(missing)} (see docs/sagemaker.md)")
     fields = {**env_bindings(SAGEMAKER_VARIABLES, environ), **_parsed_fields(environ)}
     return SageMakerSettings(**{**fields, **overrides})
 
@@ -242,8 +237,7 @@ def _parsed_fields(environ: Optional[Mapping[str, str]]) -> dict:
 
 
 def compute_variable(asset: str, field: str) -> str:
-    """The variable that sets `field` (instance_type, training_plan_arn, or one of WHOLE_NUMBERS) of
-    `asset`'s compute."""
+    """The variable that sets `field` of `asset`'s compute."""
     if field == "training_plan_arn":
         return TRAINING_PLAN_VARIABLE
     return f"ZERO_SM_{asset.upper()}_{field.upper()}"

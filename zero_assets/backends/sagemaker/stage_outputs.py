@@ -1,9 +1,7 @@
 """What a finished map-stage job uploaded, recorded so a later run can tell whether to reuse it.
 
-The asset's own output is proven complete by its manifest and marker (`cache.output_is_complete`).
-A map stage writes neither (its files are only the reduce stage's input), so once its job has
-completed and reported, the runner records the names and sizes under its output prefix; a later
-run reuses that job only while every recorded file is still there with its size.
+A map stage writes no manifest or marker, so a later run reuses it only while every recorded file
+is still there with its size.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A SageMaker Training Plan as the graph reads it: its window, reserved capacity and upfront fee, and
 whether a training request may launch on it.
 
-`read_training_plan` is one DescribeTrainingPlan; `TrainingPlan` holds its answer as plain values.
-`plan_problems` says why a request must not launch on a plan (it ended, its capacity does not fit,
-too little of it is left), `bounded_runtime` the MaxRuntimeInSeconds that stops the job, checkpointed,
-before the reservation ends. No Dagster here: the runner, the start sensor and checks build on it.
+`plan_problems` says why a request must not launch; `bounded_runtime` stops a job, checkpointed,
+before the reservation ends.
 """
 
 from __future__ import annotations
@@ -106,8 +104,7 @@ def plan_name(arn: str, variable: str = "ZERO_SM_TRAINING_PLAN_ARN") -> str:
 
 
 def read_training_plan(client, arn: str, variable: str = "ZERO_SM_TRAINING_PLAN_ARN") -> TrainingPlan:
-    """DescribeTrainingPlan of the plan `arn` names, retried through throttling; a plan SageMaker does
-    not know fails naming the setting."""
+    """The plan `arn` names, described; a plan SageMaker does not know fails naming the setting."""
     name = plan_name(arn, variable)
     try:
         described = retry_call(
@@ -139,8 +136,8 @@ def plan_problems(
     settings_named: Mapping[str, str] = {},
 ) -> list[str]:
     """Why a training job with these instances must not launch on `plan` at `now` ([] when it may).
-    Each problem names the plan and the field at fault; `settings_named` maps a request field
-    (InstanceType, InstanceCount, ...) to the setting that sets it."""
+
+    `settings_named` maps a request field to the setting that sets it, for the messages."""
 
     def setting(field: str) -> str:
         return f" ({settings_named[field]})" if field in settings_named else ""
@@ -185,8 +182,7 @@ def plan_problems(
 
 
 def launch_problems(plan: TrainingPlan, aws: SageMakerSettings, asset: str, params: dict, now: datetime) -> list[str]:
-    """`plan_problems` of the Create*Job parameters `params` for `asset`, under the settings `aws`, each
-    field named with the setting that sets it."""
+    """`plan_problems` of the Create*Job parameters `params` for `asset`, naming `aws`'s settings."""
     resources = params["ResourceConfig"]
     return plan_problems(
         plan,
@@ -206,9 +202,9 @@ def launch_problems(plan: TrainingPlan, aws: SageMakerSettings, asset: str, para
 
 
 def bounded_runtime(plan: TrainingPlan, max_runtime_s: int, margin_s: float, now: datetime) -> int:
-    """MaxRuntimeInSeconds for a job submitted at `now`: the configured one, or less, so the job stops
-    (SIGTERM: the trainer checkpoints) `margin_s` before the plan ends. Counted from when the job can
-    start (now, or the plan's start), the earliest SageMaker starts the clock: never too long."""
+    """MaxRuntimeInSeconds for a job submitted at `now`, bounded so it stops `margin_s` before the plan ends.
+
+    Counted from the earliest the job can start, so it is never too long."""
     left = plan.seconds_left(now)
     if left is None:
         return max_runtime_s
@@ -216,7 +212,7 @@ def bounded_runtime(plan: TrainingPlan, max_runtime_s: int, margin_s: float, now
 
 
 def plan_metadata(plan: TrainingPlan) -> dict[str, Any]:
-    """What a materialization records of the plan its job ran on (the cost's share of the fee: job_cost)."""
+    """What a materialization records of the plan its job ran on."""
     return {
         "training_plan": plan.name,
         "training_plan_arn": plan.arn,
@@ -243,8 +239,7 @@ def waiting_message(job_name: str, plan: Optional[TrainingPlan], now: datetime, 
 
 
 class PendingWait:
-    """Reports a training job that SageMaker holds `Pending` (waiting for its plan to be Active, or for
-    capacity): when the wait starts, every `every_s` while it lasts, and when it ends."""
+    """Logs a training job held `Pending`: when the wait starts, every `every_s`, and when it ends."""
 
     def __init__(self, job_name: str, plan: Optional[TrainingPlan], every_s: float = 600.0) -> None:
         self.job_name, self.plan, self.every_s = job_name, plan, every_s

@@ -1,18 +1,8 @@
-"""A shard set as one SageMaker input: the shard root, the set's folder inside it.
+"""A shard set as one SageMaker input: the shard root as the channel, the set's folder inside it.
 
-Every arrow_shards output lives under the lake's shard root `<lake>/arrow_shards/` (linked to
-`/arrow_shards` on FSx for Lustre), and a set lists its shards by paths relative to its folder: its own
-(`shards/<name>`) and those it keeps from earlier sets (`../<fp16>/shards/<name>`), all under that
-root. So the training channel is the root: `FileSystemDataSource` on FSx, or the S3 prefix in FastFile
-mode, which fetches only the files the trainer opens. The warm step writes the set where the jobs are
-told to find it (`--training-set`), `<root>/_training_sets/<key>/`: its manifest with every shard's path
-rewritten relative to that folder (`../../<fp16>/shards/<name>`; no shard is copied or moved), the
-masked rows with the same paths, the file list for Processing jobs, the manifest last. A source folder
-or an output named `_training_sets` cannot collide: outputs are `<root>/<fingerprint16>/`.
-
-Processing jobs cannot mount FSx and must not download the whole root: they read the same bytes from
-S3 through a SageMaker manifest file (`files.manifest`) naming exactly the set's files, which land
-under the input folder at their paths relative to the root.
+Sets list shards across sibling folders of `<lake>/arrow_shards/`, so the channel is that root. The warm
+step writes `<root>/_training_sets/<key>/` (manifest last, paths rewritten, nothing copied); Processing
+jobs, which cannot mount FSx, read exactly its files through `files.manifest`.
 """
 
 from __future__ import annotations
@@ -56,8 +46,7 @@ def split_training_set(uri: str) -> ChannelTrainingSet | None:
 
 
 def channel_training_set(lake_uri: str, data_version: str) -> ChannelTrainingSet:
-    """Where the shard set of `data_version` is laid out: `<lake>/arrow_shards/_training_sets/<key>/`,
-    `<key>` the data version's first 16 characters."""
+    """Where the shard set of `data_version` is laid out: `<lake>/arrow_shards/_training_sets/<version[:16]>/`."""
     return ChannelTrainingSet(linked_s3_prefix(lake_uri), f"{TRAINING_SETS}/{data_version[:16]}")
 
 
@@ -70,8 +59,8 @@ class ChannelShard:
 def write_channel_training_set(
     shards_uri: str, lake_uri: str, data_version: str
 ) -> tuple[ChannelTrainingSet, list[ChannelShard]]:
-    """Write the shard set at `shards_uri` (an arrow_shards output) at its `channel_training_set` folder:
-    masked rows, the file list for Processing jobs, the manifest last (see the module docstring).
+    """Write the shard set at `shards_uri` at its `channel_training_set` folder, the manifest last.
+
     Returns where it is on S3 and each listed shard's key below the root."""
     channel = channel_training_set(lake_uri, data_version)
     manifest, shards = channel_shards(shards_uri, channel.root)
@@ -79,7 +68,7 @@ def write_channel_training_set(
     files: dict[str, dict[str, Any]] = {}
     if MASKED in manifest.get("files", {}):
         masked = read_parquet_bytes(read_verified(join(shards_uri, MASKED)))
-        paths = [moved[path] for path in masked.column("path").to_pylist()]  # as the rewritten manifest lists them
+        paths = [moved[path] for path in masked.column("path").to_pylist()]
         data = _parquet(masked.set_column(masked.schema.get_field_index("path"), "path", pa.array(paths, pa.string())))
         write_bytes_atomic(join(channel.uri, MASKED), data)
         files[MASKED] = {"bytes": len(data), "sha256": sha256_bytes(data)}
@@ -88,7 +77,7 @@ def write_channel_training_set(
     rewritten = {
         **manifest,
         "shards": [{**shard.entry, "path": moved[shard.entry["path"]]} for shard in shards],
-        "files": files,  # what the set's folder holds beside the manifest (the HF view stays in the lake's folder)
+        "files": files,  # what the set's folder holds beside the manifest
         "shard_set": shards_uri,
     }
     write_bytes_atomic(join(channel.uri, MANIFEST), json.dumps(rewritten, indent=1, sort_keys=True).encode())
@@ -107,8 +96,7 @@ def channel_shards(shards_uri: str, root: str) -> tuple[dict[str, Any], list[Cha
 
 
 def _below_root(shards_uri: str, root: str, path: str) -> str:
-    """The key below the shard root of the shard a manifest in `shards_uri` lists as `path`; refused
-    (ValueError naming both) when it leaves the root."""
+    """The key below `root` of the shard listed as `path`; ValueError when it leaves the root."""
     try:
         where = relative_paths.resolve(shards_uri.rstrip("/"), path, root=root.rstrip("/"))
     except ValueError as error:

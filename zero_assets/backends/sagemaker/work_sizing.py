@@ -1,13 +1,8 @@
 """How many instances a planned Processing job runs on, and how large each one's volume is, from its work.
 
-A job that reads raw objects by key has its read list planned before launch (`core.job_request.spread_over`),
-so its work is known: objects and bytes, and what the busiest of n hosts reads. The instance count is
-what the asset's compute asks per instance (`images_per_instance` objects, `bytes_per_instance` bytes;
-whichever needs more), at least `instance_count` (the rehearsal sets 2 to prove the split pass), at most
-`max_instance_count`, and never more hosts than objects unless that least count says so. Each
-instance's volume is `volume_size_gb` (code, tables, outputs) plus the bytes its busiest host fetches.
-When the busiest host would still need more than SageMaker's largest volume at the most instances
-allowed, the job fails before launch, naming the setting to raise.
+The count follows `images_per_instance`/`bytes_per_instance` within `instance_count`..`max_instance_count`;
+each volume is `volume_size_gb` plus what its busiest host fetches. A job that cannot fit fails before
+launch, naming the setting to raise.
 """
 
 from __future__ import annotations
@@ -56,7 +51,7 @@ def wanted_instances(asset: str, compute: JobCompute, work: Work) -> int:
 
 
 def instances_for(asset: str, compute: JobCompute, work: Work) -> int:
-    """Instances for `work` (see the module docstring); ValueError naming the setting when it cannot fit."""
+    """Instances for `work`; ValueError naming the setting when it cannot fit."""
     count = wanted_instances(asset, compute, work)
     most = min(compute.max_instance_count, MAX_INSTANCES)
     room = (MAX_VOLUME_GB - compute.volume_size_gb) * GIB
@@ -82,16 +77,15 @@ def instances_for(asset: str, compute: JobCompute, work: Work) -> int:
 
 
 def request_volume_gb(request: JobRequest, compute: JobCompute) -> int:
-    """The volume of each instance of `request`: the base, plus what its busiest host fetches, or three
-    times the tables it reads whole (fetched, spilled by the engine, written again)."""
+    """The volume of each instance of `request`: the base, plus what its busiest host fetches, plus three
+    times the tables it reads whole (fetched, spilled, written again)."""
     scanned = 3 * request.scan.bytes if request.scan else 0
     return volume_gb(compute, (request.reads.disk_bytes if request.reads else 0) + scanned)
 
 
 def request_instance_type(request: JobRequest, compute: JobCompute) -> str:
-    """`compute.instance_type`, or for a job that reads tables whole, the smallest instance of that
-    family (MEMORY_LADDER) with `memory_bytes_per_row` for each row, never smaller than the one set; the
-    largest where none has that much (the engine spills to the volume past its memory)."""
+    """`compute.instance_type`, or for a table scan the smallest `MEMORY_LADDER` instance, no smaller
+    than the one set, with `memory_bytes_per_row` per row (the largest if none has enough)."""
     if request.scan is None or not compute.memory_bytes_per_row:
         return compute.instance_type
     names = [name for name, _ in MEMORY_LADDER]
@@ -103,6 +97,5 @@ def request_instance_type(request: JobRequest, compute: JobCompute) -> str:
 
 
 def read_list_uri(aws: SageMakerSettings, request: JobRequest) -> str:
-    """Where the runner writes `request`'s read list: `<s3 root>/reads/<asset>/<fingerprint16>`, beside
-    the Pipes messages and attempt records (render-jobs names the same place)."""
+    """Where the runner writes `request`'s read list: `<s3 root>/reads/<asset>/<fingerprint16>`."""
     return f"{aws.s3_root()}/reads/{request.asset}/{request.fingerprint[:16]}"

@@ -1,12 +1,10 @@
 """`arrow_shards`: the training set's selected rows packed into Arrow IPC shards, run as a Processing job.
 
-Incremental by construction (training_code/lib/shard_plan): the previous output's shards are kept by
-reference, the rows no longer selected masked, only the newly selected rows packed, and compaction
-rewrites shards past its thresholds.
+Incremental: the previous output's shards are kept by reference, deselected rows masked, only new rows packed.
 """
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 from pydantic import Field
@@ -16,7 +14,7 @@ from training_code.lib.shard_format import MANIFEST, SHARD_SCHEMA
 from training_code.lib.storage import join, read_bytes
 from training_code.shard import planned_reads
 from zero_assets.backends.job_runner import JobRunner
-from zero_assets.core.fingerprints import FingerprintInputs, code_version
+from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version
 from zero_assets.core.job_request import FanOut
 from zero_assets.core.output_marker import output_is_complete
 from zero_assets.core.settings import ZeroSettings
@@ -27,12 +25,9 @@ from zero_assets.launch.materialize import launch_job
 from zero_assets.launch.metadata import table_schema
 from zero_assets.launch.upstream import latest_materializations, upstream_output
 
-# The job script: its code version (the script and what it imports) is the asset's, in the UI and the cache alike.
 SHARD_MODULE = "training_code.shard"
 
-# The job reads only the rows it packs, fetched by key (its read list, planned before launch from the selection and
-# the previous shard set); on several instances each packs its part into the set's own folder and one then writes
-# the manifest (see training_code/shard.py). A host holds what it fetched and the shards it wrote: twice the bytes.
+# A host holds what it fetched and the shards it wrote: twice the bytes it reads.
 PACKING_SPREAD = FanOut(
     plan=planned_reads,
     collected_input="parts",
@@ -56,7 +51,7 @@ class ShardConfig(Config):
     )
     max_side: int = Field(1024, description="Longest side in pixels after resizing (image_encoding=resize only).")
     jpeg_quality: int = Field(90, description="JPEG quality 1-95 of re-encoded images (image_encoding=resize only).")
-    # Compaction (training_code/lib/shard_plan): when kept shards are rewritten.
+    # Compaction: when kept shards are rewritten.
     compact_masked_share: float = Field(
         0.25, description="Rewrite a kept shard once more than this share of its rows is masked (no longer selected)."
     )
@@ -71,6 +66,26 @@ class ShardConfig(Config):
     )
 
 
+def packing_job(
+    config: ShardConfig, selection: UpstreamOutput, settings: ZeroSettings, previous: tuple[str, str] | None
+) -> dict[str, Any]:
+    """The packing job of `selection` (`build_job_request`'s fields): what the asset launches, render-jobs prints.
+    `previous`: (uri, folder name) of the shard set whose shards it keeps."""
+    return {
+        "kind": "processing",
+        "module": SHARD_MODULE,
+        "config": config.model_dump(),
+        # Locations, outside the fingerprint; the previous set is read in place, not downloaded whole.
+        "tracking": {
+            "selection_uri": selection.uri,
+            "raw_uri": settings.raw_uri,
+            **({"previous": previous[0], "previous_name": previous[1]} if previous else {}),
+        },
+        "upstream": [selection],
+        "inputs": {"selection": selection.uri},
+    }
+
+
 @asset(
     code_version=code_version(SHARD_MODULE),
     deps=[training_set],
@@ -83,41 +98,26 @@ class ShardConfig(Config):
 def arrow_shards(
     context: AssetExecutionContext, config: ShardConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> MaterializeResult:
-    """Arrow IPC shards of the selected rows (`shards/<split>-<sha256[:16]>.arrow`, content-addressed; kept ones
-    in earlier outputs' folders), `masked.parquet`, `rows.parquet` and `manifest.json` (zero-shards/4).
+    """Arrow IPC shards of the selected rows, content-addressed, with `masked.parquet`, `rows.parquet` and
+    `manifest.json` (zero-shards/4).
 
-    `dagster/row_count` is the live rows (train and val, masked ones left out); the shard list is in the
-    manifest, the materialization keeps a summary (`shard_sizes`) and what was kept, masked and packed."""
+    `dagster/row_count` is the live rows; kept shards stay in earlier outputs' folders."""
     selection = upstream_output(context, "training_set")
     hyperparameters = config.model_dump()
-    fingerprint = FingerprintInputs.of(SHARD_MODULE, hyperparameters, [selection]).fingerprint  # launch_job's
+    fingerprint = FingerprintInputs.of(SHARD_MODULE, hyperparameters, [selection]).fingerprint  # as launch_job's
     previous = usable_previous(context, settings.asset_uri("arrow_shards", fingerprint[:16]))
     return launch_job(
         context,
         jobs=jobs,
         settings=settings,
-        kind="processing",
-        module=SHARD_MODULE,
-        config=hyperparameters,
-        # Arguments the fingerprint leaves out, as it leaves out the previous output itself: where the inputs
-        # are, never what the job computes from them. The previous set is read where it is (its manifest,
-        # rows and masks, never its shards), not handed over as an input SageMaker would download whole.
-        tracking={
-            "selection_uri": selection.uri,
-            "raw_uri": settings.raw_uri,
-            **({"previous": previous[0], "previous_name": previous[1]} if previous else {}),
-        },
-        upstream=[selection],
-        inputs={"selection": selection.uri},
         spread=PACKING_SPREAD,
+        **packing_job(config, selection, settings, previous),
     )
 
 
 def usable_previous(context: AssetExecutionContext, out: str) -> tuple[str, str] | None:
-    """(uri, folder name) of the latest output when the job may keep its shards: still complete (its
-    marker vouches for every shard it lists, earlier folders' too) and keeping none in `out`, the
-    folder this materialization writes, which a rebuild replaces. Not part of the fingerprint: the
-    job selects the same rows with or without it."""
+    """(uri, folder name) of the latest output when its shards may be kept: complete, and keeping none in
+    `out`, which this materialization replaces. Not in the fingerprint: the result is the same without it."""
     records = latest_materializations(context.instance, context.asset_key)
     if not records or records[0].asset_materialization is None:
         return None

@@ -1,6 +1,4 @@
-"""Which sources show quarantined images: one entry on every validated_images materialization, so the
-page of a source with no contact sheet (nothing quarantined, or nothing that still decodes) says
-which sources have one to open."""
+"""Which sources show quarantined images: a metadata entry on every validated_images materialization."""
 
 from __future__ import annotations
 
@@ -16,9 +14,9 @@ ENTRY = "quarantine_contact_sheets"
 
 
 def contact_sheets_entry(instance: DagsterInstance, source: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """`{ENTRY: a Markdown table}`: each registered source's quarantined images and how many its
-    contact sheet shows, from its latest validated_images materialization (this source's from
-    `metadata`, the one being reported)."""
+    """`{ENTRY: a Markdown table}` of each source's quarantined images and how many its sheet shows.
+
+    `source`'s own row comes from `metadata`, the one being reported."""
     rows, others = [], set(instance.get_dynamic_partitions(RAW_SOURCES.name)) - {source}
     latest = latest_by_partition(instance, "validated_images", others)
     for name in sorted(others | {source}):

@@ -1,5 +1,4 @@
-"""`fsx_warm_state`: the shard set on the file system the trainer reads, every shard verified there;
-only the shards not warm and verified yet are copied and read."""
+"""`fsx_warm_state`: the shard set on the file system the trainer reads, every shard verified there."""
 
 from typing import Any
 
@@ -16,12 +15,8 @@ from zero_assets.launch.metadata import upstream_metadata
 from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import upstream_output
 
-# The code that warms and verifies, on either backend: the local copy and verify (with the recorded
-# verdicts it imports); on SageMaker the shard set's channel layout, the FSx link and import or the check
-# on S3, and the warm job script. The code version follows each module's imports, so a module they use
-# (training_code/lib/warm_verdicts, shard_format) is covered without being listed.
-# Dagster reads the declared code version once, whichever backend the resources then choose, so it
-# covers both: an edit to any of these is a new code version, in the UI and the cache alike.
+# The code that warms and verifies on either backend (their imports are covered too). One code version
+# for both, as Dagster reads it once whichever backend the resources choose.
 WARM_CODE = (
     "zero_assets.backends.local.warm_state",
     "zero_assets.backends.sagemaker.training_set_channel",
@@ -35,19 +30,14 @@ WARM_CODE = (
     deps=[arrow_shards],
     automation_condition=EAGER,
     group_name="zero",
-    kinds={"sagemaker", "arrow"},  # the warm is a SageMaker Processing job there; a folder copy locally
+    kinds={"sagemaker", "arrow"},
     retry_policy=JOB_RETRY_POLICY,
 )
 def fsx_warm_state(context: AssetExecutionContext, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
-    """The arrow_shards shard set where the trainer reads it (a folder locally; FSx for Lustre or S3 on
-    SageMaker), every shard verified complete, the manifest written last. Incremental by content: a
-    shard already warm with a holding verdict is neither copied nor read again (see the README, "Warm
-    state").
+    """The arrow_shards shard set where the trainer reads it, every shard verified, the manifest last.
 
-    Its data version is the arrow_shards data version: warming the same set again does not make
-    training stale. `dagster/row_count` is the rows of the warm shards; `dagster/size_bytes` the bytes
-    the trainer reads there (every shard, the manifest and the masked rows), as the backend counted them;
-    `copied`, `already_warm`, `verified`, `reused_verdicts` (and their bytes) what this warm did.
+    A folder locally, FSx for Lustre or S3 on SageMaker; shards already warm with a holding verdict are
+    not read again. The data version is arrow_shards', so rewarming does not make training stale.
     """
     shards = upstream_output(context, "arrow_shards")
     inputs = warm_inputs(type(jobs).__name__, shards)
@@ -65,26 +55,23 @@ def fsx_warm_state(context: AssetExecutionContext, settings: ZeroSettings, jobs:
 
 
 def warm_inputs(backend: str, shards: UpstreamOutput) -> FingerprintInputs:
-    """What a warm of `shards` by the backend (its runner's class name) is keyed by. As a launch does: the
-    code as it is now (the warm job is packaged from the files when it runs)."""
+    """What a warm of `shards` by `backend` (its runner's class name) is keyed by, with the code as it is now."""
     return FingerprintInputs(
         current_code_version(*WARM_CODE), {"backend": backend}, {shards.asset: shards.data_version}
     )
 
 
 def warm_lease(settings: ZeroSettings, inputs: FingerprintInputs, output: str) -> str:
-    """The lease the fsx_warm_state step holds while it warms into `output` (its warm_location), keyed by
-    `inputs` (warm_inputs); the warm job, where there is one, names this one."""
+    """The lease the fsx_warm_state step holds while it warms into `output`; its warm job names it too."""
     return output_lease_location(settings.jobs_root(), "fsx_warm_state", inputs.fingerprint, output)
 
 
-# What a backend counted of its warm, reported as they are where it counted them.
+# What a backend counted of its warm, where it counted them.
 WARM_COUNTS = ("copied", "copied_bytes", "already_warm", "verified", "verified_bytes", "reused_verdicts")
 
 
 def warm_materialization(warmed: WarmedShards, shards: UpstreamOutput) -> MaterializeResult:
-    """The backend's plain result as the asset's metadata; the data version is the shard set's, so
-    warming identical bytes again must not make training stale."""
+    """The backend's result as the asset's metadata, with the shard set's data version."""
     counts: dict[str, Any] = {name: value for name in WARM_COUNTS if (value := getattr(warmed, name)) is not None}
     return MaterializeResult(
         metadata={
@@ -93,7 +80,7 @@ def warm_materialization(warmed: WarmedShards, shards: UpstreamOutput) -> Materi
             "dagster/size_bytes": warmed.bytes,
             "shards": warmed.shards,
             **warmed.details,
-            **counts,  # after the details: a backend's own report may say "verified" in words
+            **counts,  # after the details, which may use the same names in words
             "upstream": upstream_metadata([shards]),
         },
         data_version=DataVersion(shards.data_version),

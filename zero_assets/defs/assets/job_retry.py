@@ -1,10 +1,7 @@
-"""The step retry policy of the job-backed assets.
+"""The step retry policy of the job-backed assets (`ZERO_JOB_RETRIES`).
 
-On SageMaker a retried step is safe and cheap: it reattaches to the attempt still running, reuses a
-completed attempt whose output is complete, and waits for a stopping one (see
-`backends/sagemaker/attempts.py`), so a retry launches a new job only where the last one failed. Locally
-a failed job is the script's own verdict, visible at once, and a retry would run it all again, so
-local steps are not retried unless ZERO_JOB_RETRIES asks for it.
+Retried by default on SageMaker, where a retry reattaches to or reuses its attempts; not locally,
+where a retry would rerun the whole job.
 """
 
 from __future__ import annotations
@@ -30,6 +27,5 @@ def job_retry_policy(environ: Mapping[str, str] | None = None) -> RetryPolicy | 
     return RetryPolicy(max_retries=retries, delay=FIRST_DELAY_S, backoff=Backoff.EXPONENTIAL) if retries > 0 else None
 
 
-# Read when the code location loads, as its resources are (definitions.py): a retry policy is part of
-# each asset's definition, so the decorators need it then.
+# Read at load: a retry policy is part of each asset's definition.
 JOB_RETRY_POLICY = job_retry_policy()

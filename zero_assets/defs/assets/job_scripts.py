@@ -1,6 +1,4 @@
-"""Code references from each asset to the job script it runs, so the UI's "Code" links open the script
-that does the work (`training_code/train.py`), beside the asset's own definition (Dagster's
-`with_source_code_references`)."""
+"""Code references from each asset to the job script it runs, beside its own definition, for the UI's links."""
 
 from __future__ import annotations
 
@@ -15,7 +13,6 @@ from dagster import (
     LocalFileCodeReference,
     with_source_code_references,
 )
-from dagster._core.definitions.metadata.source_code import CodeReferencesMetadataSet
 
 from zero_assets.core.settings import REPO_ROOT
 
@@ -31,8 +28,7 @@ def script_path(module: str) -> str:
 
 
 def with_job_scripts(assets: Sequence[AssetsDefinition], scripts: Mapping[str, Sequence[str]]) -> list:
-    """`assets` with a reference to each job script `scripts` names for them (asset key -> modules) and
-    to their own definitions; an asset not named keeps only the latter."""
+    """`assets` with code references to their own definitions and to the job scripts `scripts` names."""
     named = {asset.key.to_user_string() for asset in assets}
     unknown = sorted(set(scripts) - named)
     if unknown:
@@ -49,9 +45,9 @@ def with_job_scripts(assets: Sequence[AssetsDefinition], scripts: Mapping[str, S
 
 
 def _with_references(spec: AssetSpec, modules: Sequence[str]) -> AssetSpec:
-    existing = CodeReferencesMetadataSet.extract(spec.metadata).code_references
+    existing = spec.metadata.get(CODE_REFERENCES)
     references = [
-        *(existing.code_references if existing else []),
+        *(existing.code_references if isinstance(existing, CodeReferencesMetadataValue) else []),
         *(
             LocalFileCodeReference(file_path=script_path(module), line_number=1, label=f"job script {module}")
             for module in modules

@@ -1,13 +1,13 @@
 """`map_report`: COCO metrics of the checkpoint on the val shards, run as a Processing job."""
 
-from typing import Literal
+from typing import Any, Literal
 
 from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
 from pydantic import Field
 
 from training_code.lib.storage import exists
 from zero_assets.backends.job_runner import JobRunner
-from zero_assets.core.fingerprints import check_job_module, code_version
+from zero_assets.core.fingerprints import UpstreamOutput, check_job_module, code_version
 from zero_assets.core.job_request import MODULE_NAME_PATTERN
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.fsx_warm_state import fsx_warm_state
@@ -18,8 +18,7 @@ from zero_assets.launch.materialize import launch_job
 from zero_assets.launch.metadata import rounded_for_display
 from zero_assets.launch.upstream import upstream_output
 
-# The default job script. Its code version is the asset's in the UI; the cache fingerprints the module
-# the config names (see `EvalConfig.module`), so a team's own evaluator is tracked there.
+# The default job script, whose code version the UI shows; the cache fingerprints the module the config names.
 EVALUATE_MODULE = "training_code.evaluate"
 
 
@@ -29,11 +28,11 @@ class EvalConfig(Config):
         pattern=MODULE_NAME_PATTERN,
         description=(
             "Evaluation script, run as `python -m <module> --model DIR --shards DIR --out DIR ...`: the default, "
-            'or your own module keeping the README\'s contract ("Your own trainer"), paired with the trainer whose '
-            "model folder it reads."
+            'or your own module keeping the contract in docs/local-backend.md ("Your own trainer"), '
+            "paired with the trainer whose model folder it reads."
         ),
     )
-    # The splits validated_images assigns; evaluating on train only measures fit, never generalisation.
+    # Evaluating on train only measures fit, never generalisation.
     split: Literal["val", "train"] = Field(
         "val", description="Which split of the shards to evaluate on: val (held-out groups) or train."
     )
@@ -43,7 +42,7 @@ class EvalConfig(Config):
             "Drop detections scoring below this. 0 keeps every detection: COCO mAP integrates over the score ranking."
         ),
     )
-    # Project, entity, group and server always follow the checkpoint's training run (its training_summary.json).
+    # Project, entity, group and server always follow the checkpoint's training run.
     wandb_mode: Literal["as_training", "offline", "online", "disabled"] = Field(
         "as_training",
         description=(
@@ -53,13 +52,24 @@ class EvalConfig(Config):
     )
 
     def arguments(self) -> dict:
-        """What the evaluation script receives as `--key value` (beside --model, --shards, --out) and the fingerprint
-        covers: every field but the module (counted as code) and where to track."""
+        """The script's `--key value` arguments the fingerprint covers: every field but the module and tracking."""
         return self.model_dump(exclude={"module", "wandb_mode"})
 
     def tracking(self) -> dict:
-        """The W&B arguments: outside the fingerprint, as the training's (see TrainConfig.tracking)."""
+        """The W&B arguments, outside the fingerprint."""
         return {"wandb_mode": self.wandb_mode}
+
+
+def evaluation_job(config: EvalConfig, checkpoint: UpstreamOutput, shards: UpstreamOutput) -> dict[str, Any]:
+    """The evaluation job (`build_job_request`'s fields): what the asset launches, render-jobs prints."""
+    return {
+        "kind": "processing",
+        "module": config.module,
+        "config": config.arguments(),
+        "tracking": config.tracking(),
+        "upstream": [checkpoint, shards],
+        "inputs": {"model": checkpoint.uri, "shards": shards.uri},
+    }
 
 
 @asset(
@@ -77,26 +87,15 @@ def map_report(
     check_job_module(config.module, "map_report config field `module`")
     checkpoint = upstream_output(context, "trained_checkpoint")
     shards = upstream_output(context, "fsx_warm_state")
-    result = launch_job(
-        context,
-        jobs=jobs,
-        settings=settings,
-        kind="processing",
-        module=config.module,
-        config=config.arguments(),
-        tracking=config.tracking(),
-        upstream=[checkpoint, shards],
-        inputs={"model": checkpoint.uri, "shards": shards.uri},
-    )
-    # The default job draws these beside metrics.json; the paths are where they were published (an own
-    # evaluator may draw none).
+    result = launch_job(context, jobs=jobs, settings=settings, **evaluation_job(config, checkpoint, shards))
+    # The default evaluator draws these; another may not.
     out = str(result.metadata["dagster/uri"].value).rstrip("/")
     pictures = {
         f"{name}_png": MetadataValue.path(f"{out}/{name}.png")
         for name in ("pr_curve", "sample_predictions")
         if exists(f"{out}/{name}.png")
     }
-    # mAP and AR shown to 4 digits; metrics.json, beside them, keeps the full values.
+
     return MaterializeResult(
         metadata={**rounded_for_display(result.metadata), **pictures}, data_version=result.data_version
     )

@@ -1,8 +1,6 @@
 """`raw_data`: the raw root itself, one partition per source, the graph's external source.
 
-Nothing here materializes it: the change-detection sensor records an observation per changed source
-with a cheap version (an event batch's digest, an inventory report's checksum, a local listing's
-digest), so the UI shows when a source changed upstream of its index.
+Never materialized: the change-detection sensor observes each changed source with a version token.
 """
 
 from dagster import AssetSpec

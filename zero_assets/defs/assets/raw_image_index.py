@@ -1,11 +1,7 @@
 """`raw_image_index`: one row per raw image of one source, built from its listing alone (no image bytes read).
 
-The index is `training_code.lib.raw_index.write_source_index`: one source listed as a stream into
-Parquet in record batches, manifest last. A source is indexed in this process, or, when its previous
-index held more than `job_above_images` images, as the Processing job `training_code.index` through
-the JobRunner. Both give the same output folder (`<lake>/raw_image_index/<source>/<fingerprint16>/`),
-the same files and the same data version: the index fingerprint (listing fingerprint, code version,
-group pattern, sample), so an edit to the index code makes everything downstream stale.
+Indexed in this process, or as the job `training_code.index` past `job_above_images`; both give the same
+output and data version (the index fingerprint, which includes the code version).
 """
 
 import functools
@@ -33,9 +29,7 @@ from zero_assets.launch.metadata import table_schema
 from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import latest_materializations
 
-# The code that decides what the index holds: the job script and everything it imports (the listing,
-# the annotation parsing, the table schema). The in-process path runs the same code, so both paths
-# share one input fingerprint; an edit to it rebuilds the index and makes everything downstream stale.
+# Both paths run this module's code, so they share one input fingerprint.
 INDEX_MODULE = "training_code.index"
 
 
@@ -77,9 +71,8 @@ def raw_image_index(
     """Index of every image of one source (the raw root's folder `<source>/`): key, size, etag, group,
     annotation count."""
     source = context.partition_key
-    require_source(settings.raw_uri, source)  # a stray partition or a missing root fails here, saying what to do
-    # What downstream sees: the listing (key, size, etag; never image bytes), the code that reads it, the
-    # grouping and the sample. The job's arguments are exactly this config, so both paths fingerprint alike.
+    require_source(settings.raw_uri, source)
+    # The job's arguments are exactly the fingerprinted config, so both paths fingerprint alike.
     arguments = _job_arguments(settings, source, config)
     previous = _previous_images(context, source)
     if previous is not None and previous > config.job_above_images:
@@ -101,7 +94,7 @@ def _listing(settings: ZeroSettings, source: str, listing_fingerprint: str) -> U
 
 
 def _previous_images(context: AssetExecutionContext, source: str) -> int | None:
-    """The image count of this source's previous index: what decides where the next one runs."""
+    """The image count of this source's previous index, or None."""
     records = latest_materializations(context.instance, context.asset_key, source)
     if not records:
         return None
@@ -117,8 +110,7 @@ def _index_in_process(
     config: RawIndexConfig,
     arguments: dict[str, Any],
 ) -> MaterializeResult:
-    """Written to a local staging folder first: the listing fingerprint, and so the output folder and
-    the cache decision, is known only once the listing has streamed by. One listing pass."""
+    """Index in this process, staged locally first: the output folder is known only once the listing streamed by."""
     with tempfile.TemporaryDirectory(prefix="zero-index-staging-") as staging:
         manifest = write_source_index(
             settings.raw_uri,
@@ -165,8 +157,7 @@ def _index_as_job(
     arguments: dict[str, Any],
     previous: int,
 ) -> MaterializeResult:
-    """A streamed fingerprint pass over the source's listing here (one source, never the lake), then the
-    job writes the index under the fingerprint's folder; a hit launches nothing."""
+    """Fingerprint the source's listing here, then let the job write the index; a hit launches nothing."""
     context.log.info(
         f"source {source!r} held {previous} images last time (> job_above_images {config.job_above_images}): "
         "indexing it as a Processing job"
@@ -178,8 +169,7 @@ def _index_as_job(
     inputs = FingerprintInputs.of(INDEX_MODULE, arguments, upstream)
     out = settings.asset_uri("raw_image_index", inputs.fingerprint[:16], source)
     manifest = functools.cache(lambda: json.loads(read_bytes(join(out, MANIFEST))))  # read once, after the job
-    # The job reports the sha256 of its manifest; the asset's version is the index fingerprint on both
-    # paths (it moves with the code too), and the output is marked with it once.
+    # The asset's version is the index fingerprint on both paths, not the job's reported one.
     result = launch_job(
         context,
         jobs=jobs,
@@ -229,8 +219,7 @@ def _log_problems(context: AssetExecutionContext, manifest: dict[str, Any]) -> N
 
 
 def _metadata(settings: ZeroSettings, manifest: dict[str, Any], inputs: FingerprintInputs) -> dict[str, Any]:
-    """The index's rows (one per image listed) are `dagster/row_count`; `image_bytes` is what those
-    images weigh in the raw root (the index's own size is `dagster/size_bytes`)."""
+    """The index's metadata; `image_bytes` is the images' size in the raw root, not the index's."""
     source = manifest["source"]
     return {
         "raw_uri": MetadataValue.path(settings.raw_uri),
@@ -241,7 +230,7 @@ def _metadata(settings: ZeroSettings, manifest: dict[str, Any], inputs: Fingerpr
         "images_without_annotation": manifest["images_without_annotation"],
         "annotations_without_image": manifest["annotations_without_image"],
         "ignored_files": manifest["ignored_files"],
-        # Hostile entries, each decided by validated_images (README "Bad input").
+        # Bad entries, each decided by validated_images.
         "unsafe_keys": manifest["unsafe_keys"],
         "annotation_entries_rejected": manifest["annotation_entries_rejected"],
         "annotation_errors_json": MetadataValue.json(

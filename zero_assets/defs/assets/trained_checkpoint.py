@@ -1,17 +1,18 @@
 """`trained_checkpoint`: the detector trained from scratch on the warm shards, run as a Training job."""
 
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 from dagster import AssetCheckResult, AssetCheckSpec, AssetExecutionContext, Config, Failure, MaterializeResult, asset
 from pydantic import Field
 
 from zero_assets.backends.job_runner import JobRunner
-from zero_assets.core.fingerprints import FingerprintInputs, check_job_module, code_version
+from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, check_job_module, code_version
 from zero_assets.core.job_request import MODULE_NAME_PATTERN
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.fsx_warm_state import fsx_warm_state
 from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
+from zero_assets.defs.assets.tuning_record import tuned_values
 from zero_assets.defs.automation import TRAINING
 from zero_assets.defs.rehearsal_gate import REHEARSAL_CHECK, training_gate
 from zero_assets.launch.materialize import launch_job
@@ -21,8 +22,7 @@ from zero_assets.launch.upstream import upstream_output
 TRAINING_POOL = "training"  # how many train at once: the pool's limit in the instance config (dagster.yaml)
 
 
-# The default job script. Its code version is the asset's in the UI; the cache fingerprints the module
-# the config names (see `TrainConfig.module`), so a team's own trainer is tracked there.
+# The default job script, whose code version the UI shows; the cache fingerprints the module the config names.
 TRAIN_MODULE = "training_code.train"
 
 
@@ -32,12 +32,12 @@ class TrainConfig(Config):
         pattern=MODULE_NAME_PATTERN,
         description=(
             "Training script, run as `torchrun -m <module>` (SageMaker: its file as the entry point): the default, "
-            'or your own module keeping the README\'s contract ("Your own trainer"). The cache fingerprints its '
-            "code; the UI's code version stays the default's."
+            'or your own module keeping the contract in docs/local-backend.md ("Your own trainer"). '
+            "The cache fingerprints its code; the UI's code version stays the default's."
         ),
     )
-    # training_code.lib.model.ARCHITECTURES, spelled out so the Dagster process need not import torch
-    # (tests/test_checks.py holds the two equal).
+    # training_code.lib.model.ARCHITECTURES, spelled out so this process need not import torch (a test keeps
+    # them equal).
     arch: Literal[
         "fcos_tiny",
         "fcos_resnet50_fpn",
@@ -57,14 +57,18 @@ class TrainConfig(Config):
     seed: int = Field(0, description="Seed of weight initialisation and data order.")
     checkpoint_every: int = Field(50, description="Save a resumable checkpoint every this many steps.")
     processes: int = Field(2, description="torchrun --nproc_per_node: one per GPU; on CPU, one per core.")
-    # Where the run is tracked, never what it computes: these reach the script but not the cache fingerprint
-    # (see `tracking`).
+    use_tuning: bool = Field(
+        False,
+        description="Train with the best values of the newest tuned_hyperparameters of this data and trainer code "
+        "(they replace the fields it tuned); fails when there is none.",
+    )
+    # Where the run is tracked, never what it computes: outside the fingerprint (see `tracking`).
     wandb_mode: Literal["offline", "online", "disabled"] = Field(
         "offline",
         description=(
             "W&B: offline writes the run under the job's output data folder (or WANDB_DIR) for `wandb sync`, "
             "its folder in the metadata; online sends it to wandb_base_url, its URL in the metadata "
-            "(key: README, 'Weights & Biases')."
+            "(key: docs/configuration.md, 'Weights & Biases')."
         ),
     )
     wandb_project: str = Field("zero", description="W&B project of the training run and of its evaluations.")
@@ -79,15 +83,14 @@ class TrainConfig(Config):
     )
 
     def hyperparameters(self) -> dict:
-        """What the training script receives as `--key value` and the fingerprint covers: every field but how and
-        what to launch (the module counts as code, not config) and where to track."""
-        return self.model_dump(exclude={"processes", "module", *WANDB_FIELDS})
+        """The script's `--key value` arguments the fingerprint covers: every field but launch and tracking ones."""
+        return self.model_dump(exclude={"processes", "module", "use_tuning", *WANDB_FIELDS})
 
     def tracking(self, fingerprint: str) -> dict:
-        """The W&B arguments of the job with input `fingerprint`. The default group is the fingerprint's,
-        not the Dagster run's: every attempt and resume of one checkpoint (same fingerprint, same
-        checkpoint folder) and every evaluation of it (which reads the group from training_summary.json)
-        land in one group, and a change of hyperparameters, code or data starts a new one."""
+        """The W&B arguments of the job with input `fingerprint`.
+
+        The default group is keyed by the fingerprint, so every attempt, resume and evaluation of one
+        checkpoint lands in one group."""
         chosen = {
             **self.model_dump(include=WANDB_FIELDS),
             "wandb_group": self.wandb_group or f"checkpoint-{fingerprint[:16]}",
@@ -100,9 +103,25 @@ class TrainConfig(Config):
 WANDB_FIELDS = {"wandb_mode", "wandb_project", "wandb_entity", "wandb_group", "wandb_base_url"}
 
 
+def training_job(
+    config: TrainConfig, hyperparameters: dict[str, Any], tracking: dict[str, Any], upstream: list[UpstreamOutput]
+) -> dict[str, Any]:
+    """The training job on the warm shards (`upstream[0]`), `build_job_request`'s fields: what the asset
+    launches, render-jobs prints."""
+    return {
+        "kind": "training",
+        "module": config.module,
+        "config": hyperparameters,
+        "tracking": tracking,
+        "upstream": upstream,
+        "inputs": {"train": upstream[0].uri},
+        "processes_per_host": config.processes,
+    }
+
+
 @asset(
     code_version=code_version(TRAIN_MODULE),
-    deps=[fsx_warm_state],
+    deps=[fsx_warm_state],  # a tuning it trains with is named in its metadata: an optional input, no edge
     automation_condition=TRAINING,
     pool=TRAINING_POOL,
     group_name="zero",
@@ -122,33 +141,26 @@ def trained_checkpoint(
 ) -> Iterator[MaterializeResult | AssetCheckResult]:
     """`model.pt` (weights, model config, categories, step) trained under torchrun on the warm shards.
 
-    Not launched where the rehearsal gate is enforced and no rehearsal of this training passed (see
-    `defs/rehearsal_gate.py`): the asset fails naming the missing rehearsal, and so does `rehearsal_passed`."""
+    Where the rehearsal gate is enforced, fails without launching unless a rehearsal of this training passed."""
     check_job_module(config.module, "trained_checkpoint config field `module`")
     warm = upstream_output(context, "fsx_warm_state")
-    hyperparameters = config.hyperparameters()
+    hyperparameters, upstream, tuning = config.hyperparameters(), [warm], {}
+    if config.use_tuning:
+        tuned, tuned_output, tuning = tuned_values(context, config.module, warm)
+        hyperparameters, upstream = {**hyperparameters, **tuned}, [warm, tuned_output]
     tracking = config.tracking(
-        FingerprintInputs.of(config.module, hyperparameters, [warm]).fingerprint
-    )  # launch_job's fingerprint
+        FingerprintInputs.of(config.module, hyperparameters, upstream).fingerprint
+    )  # as launch_job fingerprints it
     gate = training_gate(context.instance, jobs, config.module, hyperparameters, tracking)
     refusal = gate.refusal("trained_checkpoint")
     if refusal is not None:
         yield gate.check_result()
         raise Failure(refusal, allow_retries=False)  # a retry finds no rehearsal either
     result = launch_job(
-        context,
-        jobs=jobs,
-        settings=settings,
-        kind="training",
-        module=config.module,
-        config=hyperparameters,
-        tracking=tracking,
-        upstream=[warm],
-        inputs={"train": warm.uri},
-        processes_per_host=config.processes,
+        context, jobs=jobs, settings=settings, **training_job(config, hyperparameters, tracking, upstream)
     )
-    yield MaterializeResult(  # loss and throughput to 4 digits; training_summary.json keeps the full values
-        metadata=rounded_for_display(result.metadata),
+    yield MaterializeResult(
+        metadata={**rounded_for_display(result.metadata), **tuning},
         data_version=result.data_version,
         check_results=[gate.check_result()],
     )

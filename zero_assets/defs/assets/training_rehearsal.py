@@ -1,10 +1,11 @@
-"""`training_rehearsal`: the production trainer and evaluator for a few steps on cheap instances, proving the
-boundaries that bite before reserved GPUs start; its pass is what `trained_checkpoint`'s gate asks for."""
+"""`training_rehearsal`: the production trainer and evaluator for a few steps on cheap instances; its pass
+is what `trained_checkpoint`'s gate asks for."""
 
 from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, MetadataValue, asset
 from pydantic import Field
 
 from zero_assets.backends.job_runner import JobRunner
+from zero_assets.backends.preflight import failed
 from zero_assets.core.fingerprints import FingerprintInputs, check_job_module, code_version, current_code_version
 from zero_assets.core.job_request import output_lease_location
 from zero_assets.core.rehearsal_key import rehearsal_key
@@ -12,15 +13,13 @@ from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.fsx_warm_state import fsx_warm_state
 from zero_assets.defs.assets.map_report import EVALUATE_MODULE, EvalConfig
 from zero_assets.defs.assets.trained_checkpoint import TRAIN_MODULE, TRAINING_POOL, TrainConfig
-from zero_assets.defs.campaign_preflight import failed, preflight
-from zero_assets.defs.rehearsal_gate import REHEARSAL_KEY, REHEARSAL_KEY_INPUTS, runner_environment, training_key_inputs
+from zero_assets.defs.rehearsal_gate import REHEARSAL_KEY, REHEARSAL_KEY_INPUTS, training_key_inputs
 from zero_assets.defs.rehearsal_run import rehearsal_jobs, run_rehearsal
 from zero_assets.launch.metadata import upstream_metadata
 from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import upstream_output
 
-# The production job scripts it runs: its code version is theirs (the cache fingerprints the modules its
-# config names, as trained_checkpoint's and map_report's do).
+# The production job scripts it runs; the cache fingerprints the modules its config names.
 REHEARSAL_CODE = (TRAIN_MODULE, EVALUATE_MODULE)
 
 
@@ -54,14 +53,14 @@ class RehearsalConfig(Config):
     code_version=code_version(*REHEARSAL_CODE),
     deps=[fsx_warm_state],
     pool=TRAINING_POOL,
-    group_name="zero",
+    group_name="campaign",
     kinds={"sagemaker", "pytorch", "wandb"},
 )
 def training_rehearsal(
     context: AssetExecutionContext, config: RehearsalConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> MaterializeResult:
-    """Preflight (seconds), then the production trainer stopped by force after a few steps and resumed from
-    its checkpoint on two nodes or more, then the evaluator on its model (see `defs/rehearsal_run.py`).
+    """Preflight, then the production trainer force-stopped and resumed on two nodes or more, then the evaluator.
+
     Materialized only when every proof held; `rehearsal.json` says what was proven."""
     training, evaluation = config.training, config.evaluation
     check_job_module(training.module, "training_rehearsal config field `training.module`")
@@ -85,12 +84,12 @@ def training_rehearsal(
             "modules": [training.module, evaluation.module],
             "stop_after_steps": config.stop_after_steps,
             "processes": config.processes,
-            "environment": runner_environment(jobs),
+            "environment": jobs.environment(),
         },
         {warm.asset: warm.data_version},
     )
     tracking = training.tracking(inputs.fingerprint)
-    findings = preflight(jobs, settings, tracking)
+    findings = jobs.preflight(settings, tracking)
     for finding in findings:
         context.log.info(f"preflight {'ok' if finding.ok else 'FAILED'}: {finding.line()}")
     problems = failed(findings)

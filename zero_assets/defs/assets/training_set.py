@@ -1,10 +1,7 @@
 """`training_set`: the selection, which validated images of which sources training reads, run as a Processing job.
 
-The policy is an SQL file (training_code/selection_policy.sql, or the user's own) that DuckDB runs in the
-job (training_code/selection.py) over the chosen sources' validated tables. The Dagster process holds no
-rows: it writes the job's plan (each source's validated output by reference, the settings, the SQL, the
-user's tables) and launches the job, sized from the rows it will read. The data version is a hash of
-what was selected, so an equal selection leaves arrow_shards as it is.
+An SQL policy that DuckDB runs in the job over the chosen sources' validated tables; the Dagster process
+only writes the job's plan. The data version hashes what was selected, so an equal selection leaves shards alone.
 """
 
 from dataclasses import replace
@@ -29,7 +26,6 @@ from zero_assets.launch.materialize import launch_job
 from zero_assets.launch.metadata import table_schema
 from zero_assets.launch.upstream import latest_by_partition, output_of
 
-# The job script: its code version (the script and what it imports) is the asset's, in the UI and the cache alike.
 SELECT_MODULE = "training_code.selection"
 
 
@@ -135,8 +131,9 @@ class TrainingSetConfig(Config):
 def chosen_validated(
     context: AssetExecutionContext, config: TrainingSetConfig
 ) -> tuple[list[UpstreamOutput], TableScan]:
-    """The latest validated set of each chosen source, and the rows and bytes the job will read of them; a
-    named source without one is an error, and so is a config naming a source that is not registered."""
+    """The latest validated set of each chosen source, and the rows and bytes the job will read of them.
+
+    Fails on a named source without one, or one that is not registered."""
     registered = context.instance.get_dynamic_partitions(RAW_SOURCES.name)
     named = {"sources": set(config.sources), "source_caps": set(config.source_caps)}
     named["source_weights"] = set(config.source_weights)
@@ -206,8 +203,7 @@ def training_set(
 def selection_job(
     config: TrainingSetConfig, chosen: list[UpstreamOutput], raw_uri: str
 ) -> tuple[dict[str, Any], SelectionPlan, str]:
-    """What a selection over the validated sets `chosen` is built from (the fingerprint's config: the policy's
-    settings, its SQL's sha256, the user's tables as they are now), the job's plan and the policy's SQL."""
+    """(the fingerprint's config, the job's plan, the policy's SQL) for a selection over `chosen`."""
     sql = config.policy_text()
     policy = config.policy()
     tables = config.table_versions()

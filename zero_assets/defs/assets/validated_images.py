@@ -9,7 +9,7 @@ from training_code.lib.contact_sheet import SHEET_FILE
 from training_code.lib.tables import ACCEPTED
 from training_code.validate import planned_reads
 from zero_assets.backends.job_runner import JobRunner
-from zero_assets.core.fingerprints import code_version
+from zero_assets.core.fingerprints import UpstreamOutput, code_version
 from zero_assets.core.job_request import FanOut
 from zero_assets.core.settings import ZeroSettings, zero_env
 from zero_assets.defs.assets.contact_sheets import contact_sheets_entry
@@ -22,17 +22,12 @@ from zero_assets.launch.materialize import launch_job
 from zero_assets.launch.metadata import table_schema
 from zero_assets.launch.upstream import previous_output, upstream_output
 
-# The job script: its code version (the script and what it imports) is the asset's, in the UI and the cache alike.
 VALIDATE_MODULE = "training_code.validate"
 
 
-# The job reads only the images with no reusable verdict, fetched by key (its read list, planned before launch
-# from the index and the previous output); on several instances each decodes its part of them and one then
-# decides (see training_code/validate.py).
 VALIDATION_SPREAD = FanOut(plan=planned_reads, collected_input="decoded")
 
-# The per-source label settings (training_code/lib/label_policy.py). Their defaults come from these variables
-# when the code location loads, so a run automation launches (with no run config) keeps them.
+# Defaults read at load, so a run automation launches (with no run config) keeps them.
 UNLABELLED_ARE_NEGATIVES_VAR = "ZERO_UNLABELLED_ARE_NEGATIVES"
 UNLABELLED_SOURCES_VAR = "ZERO_UNLABELLED_SOURCES"
 LABEL_SETTINGS = ("unlabelled_are_negatives", "unlabelled_sources")
@@ -51,8 +46,7 @@ def sources_from_env(var: str) -> list[str]:
 class ValidationConfig(Config):
     val_fraction: float = Field(0.2, description="Share of image groups held out as the val split.")
     split_seed: int = Field(0, description="Seed of the group-wise train/val split.")
-    # The one quarantine limit: the validator fails the run past it, and quarantine_rate_under_limit
-    # judges each materialization by the value recorded in its config (zero_assets/defs/limits.py).
+    # The check judges each materialization by the value recorded here (see defs/limits.py).
     max_quarantine_rate: float = Field(
         max_quarantine_rate(),
         description=(
@@ -62,7 +56,7 @@ class ValidationConfig(Config):
     )
     min_side: int = Field(8, description="Images narrower or shorter than this many pixels are quarantined.")
     timeout_s: float = Field(20.0, description="Per-file decode limit in seconds; slower files are quarantined.")
-    # Past these an image is quarantined as too_large before it is read or decoded (README "Bad input").
+    # Past these an image is quarantined as too_large before it is read or decoded.
     max_image_bytes: int = Field(128 << 20, description="Files larger than this many bytes are quarantined unread.")
     max_pixels: int = Field(1_000_000_000, description="Images with more pixels than this are quarantined undecoded.")
     max_annotation_bytes: int = Field(
@@ -102,9 +96,8 @@ class ValidationConfig(Config):
         return "negatives" if source in self.unlabelled_are_negatives else "excluded"
 
     def job_config(self, source: str) -> dict[str, Any]:
-        """The job's arguments (and the fingerprint's config) for `source`: the label settings narrowed to
-        this source, so another source's setting never changes this one's fingerprint; a setting that does
-        not name it is left out."""
+        """The job's arguments (and fingerprint config) for `source`, label settings narrowed to it so
+        another source's setting never changes this one's fingerprint."""
         config = self.model_dump(exclude=set(LABEL_SETTINGS))
         mode = self.unlabelled_images(source)
         if mode == "negatives":
@@ -112,6 +105,20 @@ class ValidationConfig(Config):
         elif mode == "unlabelled":
             config["unlabelled_sources"] = source
         return config
+
+
+def validation_job(
+    config: ValidationConfig, source: str, index: UpstreamOutput, previous: str | None
+) -> dict[str, Any]:
+    """The validation job of `source` (`build_job_request`'s fields): what the asset launches, render-jobs prints."""
+    return {
+        "kind": "processing",
+        "module": VALIDATE_MODULE,
+        "config": config.job_config(source),
+        "tracking": {"previous": previous} if previous else None,
+        "upstream": [index],
+        "inputs": {"index": index.uri},
+    }
 
 
 @asset(
@@ -135,28 +142,21 @@ def validated_images(
         if unknown := sorted(set(getattr(config, setting)) - registered):
             context.log.warning(f"validated_images config {setting} names sources {unknown} that are not registered")
     index = upstream_output(context, "raw_image_index", source)
-    # The previous output lets the job decode only new or changed images (see training_code/lib/verdict_cache).
-    # An argument the fingerprint leaves out, read where it is (its manifest and verdicts, never its other
-    # tables or contact sheet), not an input SageMaker would download whole.
+    # Lets the job decode only new or changed images; outside the fingerprint and read in place, not an
+    # input SageMaker would download whole.
     previous = previous_output(context)
     result = launch_job(
         context,
         jobs=jobs,
         settings=settings,
-        kind="processing",
-        module=VALIDATE_MODULE,
-        config=config.job_config(source),
-        tracking={"previous": previous} if previous else None,
-        upstream=[index],
-        inputs={"index": index.uri},
         spread=VALIDATION_SPREAD,
+        **validation_job(config, source, index, previous),
     )
     mode = config.unlabelled_images(source)
     extra = {"unlabelled_images": MetadataValue.text(f"{mode}: {UNLABELLED_IMAGES[mode]}")}
     shown = (result.metadata or {}).get("quarantined_images_shown")
-    if getattr(shown, "value", shown):  # none drawn, or a hit on an output another run published: no sheet
-        # The job drew the full-size sheet beside the tables; its path is where the output was published.
+    if getattr(shown, "value", shown):
         out = str(result.metadata["dagster/uri"].value).rstrip("/")
         extra["quarantine_contact_sheet_png"] = MetadataValue.path(f"{out}/{SHEET_FILE}")
-    extra.update(contact_sheets_entry(context.instance, source, result.metadata or {}))  # which sources show some
+    extra.update(contact_sheets_entry(context.instance, source, result.metadata or {}))
     return MaterializeResult(metadata={**(result.metadata or {}), **extra}, data_version=result.data_version)

@@ -1,12 +1,7 @@
 """Change detection from S3 Inventory reports, where no event queue is configured.
 
-`ZERO_RAW_INVENTORY_MANIFEST_URI` names either one report's `manifest.json`, or the inventory
-configuration's folder (`s3://<destination>/<prefix>/<source-bucket>/<config-id>/`), under which S3
-writes one dated folder per report (`2026-12-01T01-00Z/manifest.json`): the newest that has its
-manifest is the current report (one delimiter listing, one entry per report kept, never the lake).
-A tick that finds the report it diffed last (same creation time and checksum) reads nothing else;
-a new report is read once (`raw_index_inventory.inventory_objects`, as the index reads it), digested
-per source and compared with the digests kept from the previous report (beside the cursor, see `tick_state`).
+`ZERO_RAW_INVENTORY_MANIFEST_URI` names one report's `manifest.json` or the configuration's folder (the
+newest dated report wins). A report already diffed is not read again; a new one is digested per source.
 """
 
 from __future__ import annotations
@@ -28,12 +23,10 @@ _REPORT_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}-\d{2}Z$")
 
 
 def current_manifest(location: str) -> tuple[str, bytes]:
-    """The URI and bytes of the newest report's manifest.json at `location` (a manifest URI, or a
-    configuration's folder)."""
+    """The URI and bytes of the newest report's manifest.json at `location` (a manifest or a configuration's folder)."""
     if location.endswith(MANIFEST):
         return location, read_bytes(location)
-    # The dated report folders are the location's top-level folders: the one delimiter listing that
-    # finds a raw root's sources finds them too.
+    # The dated report folders are top-level folders, listed as a raw root's sources are.
     dated = sorted((f for f in list_sources(location) if _REPORT_FOLDER.match(f)), reverse=True)
     for folder in dated[:3]:  # a report being written has no manifest yet: the one before it is current
         uri = f"{location.rstrip('/')}/{folder}/{MANIFEST}"

@@ -1,9 +1,6 @@
 """Change detection by listing: one digest per source of the raw root's image files and annotations.json.
 
-For local raw roots, where a listing costs in proportion to the root (fine on one machine). An s3://
-root without an event queue or an inventory falls back to this too, and then lists the whole bucket
-prefix every tick: the tick's summary says so. One digest per source is kept between ticks (beside
-the cursor, see `tick_state`), never a line per key.
+Meant for local roots; an s3:// root without a queue or inventory falls back to it, and the summary says so.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ def detect_from_listing(raw_uri: str, cursor: dict | None, store) -> Detection:
     before, problems = previous_digests(state, tick)
     changed = changed_sources(before, digests)
     summary = f"listed {accumulator.keys} keys in {len(digests)} sources under {raw_uri}"
-    if not accumulator.keys:  # an s3:// prefix that does not exist lists as empty, it raises nothing
+    if not accumulator.keys:  # a missing s3:// prefix lists as empty rather than raising
         summary += f": raw root {raw_uri} holds no files (does it exist? check ZERO_RAW_URI)"
     elif is_s3(raw_uri):
         summary += " (the whole prefix, every tick: set ZERO_RAW_EVENTS_QUEUE_URL or ZERO_RAW_INVENTORY_MANIFEST_URI)"

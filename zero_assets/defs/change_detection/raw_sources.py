@@ -1,9 +1,5 @@
-"""The raw root's sources: its top-level folders, from one delimiter listing (never the whole lake).
-
-On S3 that is one paginated `ListObjectsV2` with `Delimiter="/"` (1,000 folders a round trip);
-locally one directory scan. Registering adds each new source as a partition of the per-source assets;
-`require_source` is what a per-source materialization checks first (a partition added by hand in the
-UI, or whose folder was removed, fails at once saying how to remove it), and `remove_source` removes one.
+"""The raw root's sources (its top-level folders, from one delimiter listing), and registering, checking
+and removing them as partitions of the per-source assets.
 """
 
 from __future__ import annotations
@@ -70,8 +66,7 @@ def _has_objects(bucket: str, prefix: str) -> bool:
 
 
 def source_problem(raw_uri: str, source: str) -> str | None:
-    """Why `source` is not a source of the raw root (the root is missing, or it has no such top-level
-    folder), or None when it is. Two cheap looks, never a listing of the source."""
+    """Why `source` is not a source of the raw root, or None when it is; never lists the source."""
     if not is_s3(raw_uri):
         root = Path(raw_uri)
         if not root.is_dir():

@@ -1,10 +1,7 @@
 """Parse an SQS message body holding S3 Event Notifications into the object events it reports.
 
-Bodies come three ways: the S3 event itself (S3 -> SQS, or SNS with raw message delivery), an SNS
-notification whose `Message` is the S3 event as a string, and S3's `s3:TestEvent` (sent when the
-notification is configured; it reports nothing). Keys in S3 events are URL-encoded with `+` for a
-space; bytes that are not UTF-8 are kept as lone surrogates, which `printable_key` escapes, the same
-way a local listing hands them over.
+Accepts the S3 event itself, one wrapped in an SNS notification, and `s3:TestEvent`; keys are decoded
+with non-UTF-8 bytes kept as surrogates, as a local listing gives them.
 """
 
 from __future__ import annotations
@@ -13,8 +10,7 @@ import json
 from dataclasses import dataclass
 from urllib.parse import unquote_plus
 
-# What changes the set of objects: created (put, copy, multipart, post), removed (delete, delete
-# marker), and lifecycle expirations (also removals). Tagging, ACL and restore events change no bytes.
+# Events that change the set of objects; tagging, ACL and restore events change no bytes.
 CHANGE_PREFIXES = ("ObjectCreated:", "ObjectRemoved:", "LifecycleExpiration:")
 
 

@@ -1,9 +1,6 @@
 """Per-source digests of a listing or an inventory report, and the sources whose digest moved.
 
-A source's digest covers (key, size, etag or mtime) of every object the index reads in it. Rows may
-arrive in any order (an inventory report's data files are not sorted across files), so each row is
-hashed to 16 bytes and a source's digest is the sha256 of its sorted row hashes: 16 bytes of memory a
-row while a report is read, and one short digest a source in the cursor.
+A digest is the sha256 of the sorted 16-byte hashes of its rows (key, size, etag), so row order does not matter.
 """
 
 from __future__ import annotations
@@ -63,8 +60,7 @@ def changed_sources(previous: dict[str, str], current: dict[str, str]) -> dict[s
 
 
 def previous_digests(state, tick: int) -> tuple[dict[str, str], list[str]]:
-    """The digests the committed tick `tick` kept (none before the first tick), and a problem line
-    when they are gone (the instance's storage was reset): every source then counts as changed."""
+    """The digests tick `tick` kept, and a problem line when they are gone (every source then counts as changed)."""
     if tick == 0:
         return {}, []
     kept = state.read(tick)

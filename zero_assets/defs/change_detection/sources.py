@@ -1,11 +1,7 @@
-"""Which source a raw key belongs to, and whether it is something the index reads.
+"""Which source a raw key belongs to, and whether the index reads it (the same rule as `write_source_index`).
 
-The same rule as the index the asset builds (`write_source_index`, training_code/lib/raw_index.py):
-the source is the top-level folder of the key as `printable_key` writes it; the index reads image
-files (by suffix) and each source's `annotations.json`. A hostile key inside a source (`src/../x.jpg`,
-`src/a//b.jpg`, a newline) still maps to its source: validation gives it its verdict. A source folder
-whose own name cannot be a partition (empty, `..`, a backslash, Dagster's forbidden `...`) is reported
-and left out, because its name would become a path segment of every per-source output.
+A bad key inside a source still maps to it (validation judges it); a source whose name cannot be a
+partition is reported and left out, as it would become a path segment of every per-source output.
 """
 
 from __future__ import annotations
@@ -16,8 +12,7 @@ from training_code.lib.storage import key_problem, printable_key
 
 
 def source_of(key: str) -> str | None:
-    """The source whose index `key` (relative to the raw root) changes, or None when the index does
-    not read it (top-level files, folder markers, files that are neither images nor annotations.json)."""
+    """The source whose index `key` (relative to the raw root) changes, or None when the index does not read it."""
     printable = printable_key(key)
     source, _, rest = printable.partition("/")
     if not rest:
@@ -43,8 +38,7 @@ MAX_PROBLEMS = 20  # lines of problems kept per tick; the rest are counted
 
 
 class SourceFilter:
-    """`source_of`, less the sources that cannot be partitions: those keys are counted, and the first
-    MAX_PROBLEMS of them reported, by every detector alike."""
+    """`source_of`, less sources that cannot be partitions; their keys are counted, the first MAX_PROBLEMS reported."""
 
     def __init__(self) -> None:
         self.problems: list[str] = []

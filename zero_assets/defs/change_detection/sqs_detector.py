@@ -1,19 +1,7 @@
-"""Change detection from the raw bucket's S3 Event Notifications, read from an SQS queue.
+"""Change detection from the raw bucket's S3 Event Notifications, read from an SQS queue; no listing.
 
-No listing: a tick costs in proportion to the events that arrived, whatever the lake's size. Events
-for other buckets, keys outside the raw prefix and files the index does not read are dropped. A
-source's version token is the digest of its events in this tick (key, event, S3 sequencer, etag):
-distinct for every change, and the same when the same events are delivered again.
-
-At least once: a message is deleted only after the tick that reported it was committed. Its receipt
-is kept with the tick's number (`TickState`: the cursor holds only the number, so it stays small);
-the next tick deletes those receipts when its cursor carries that number, i.e. when Dagster committed
-the tick that read them. A tick whose result was lost never deletes: its messages come back after
-the visibility timeout and are reported again, which costs at most one run that the cache answers,
-never a missed change.
-
-A message that is not an S3 event is reported and left on the queue: the queue's redrive policy
-moves it to its dead-letter queue after `maxReceiveCount` receives (configure one).
+At least once: a message is deleted only by the tick after the one that read it was committed, so a
+lost tick's messages come back. A message that is not an S3 event is left for the dead-letter queue.
 """
 
 from __future__ import annotations
@@ -31,7 +19,7 @@ from zero_assets.defs.change_detection.tick_state import TickState
 
 KIND = "sqs"
 MAX_MESSAGES_PER_TICK = 1000  # about 100 receive calls; bounds the receipts kept between ticks
-VISIBILITY_TIMEOUT_S = 900  # longer than several tick intervals: received messages stay hidden until deleted
+VISIBILITY_TIMEOUT_S = 900  # several tick intervals, so received messages stay hidden until deleted
 
 
 def detect_from_queue(
@@ -45,8 +33,7 @@ def detect_from_queue(
     max_messages: int = MAX_MESSAGES_PER_TICK,
     visibility_timeout_s: int = VISIBILITY_TIMEOUT_S,
 ) -> Detection:
-    """`store` keeps the receipts between ticks (`get_cursor_values` / `set_cursor_values`: the
-    instance's run storage)."""
+    """`store`: the instance's run storage, which keeps the receipts between ticks."""
     if not raw_uri.startswith("s3://"):
         raise ValueError(
             f"ZERO_RAW_EVENTS_QUEUE_URL is set but the raw root {raw_uri} is not an s3:// URI; "

@@ -1,9 +1,6 @@
 """The raw bucket's event queue (SQS): receive messages in batches within a time budget, delete them.
 
-The client comes from the project's AWS client policy (shared, adaptive retries); ZERO_SQS_ENDPOINT_URL
-points it at an SQS-compatible endpoint (a test server on loopback). A tick long-polls once, for up
-to its budget, then drains what is already waiting with short polls, so a full queue costs about one
-round trip per 10 messages and an empty one costs the wait, never more than the budget.
+One long poll, then short polls to drain; `ZERO_SQS_ENDPOINT_URL` points at an SQS-compatible endpoint.
 """
 
 from __future__ import annotations
@@ -38,9 +35,9 @@ def sqs_client(queue_url: str):
 def receive(
     queue_url: str, *, budget_s: float, max_messages: int, visibility_timeout_s: int, wait_s: float | None = None
 ) -> list[Message]:
-    """Up to `max_messages` messages, within about `budget_s` seconds, the first receive waiting up to
-    `wait_s` (default: the budget) for one to arrive. Each message stays invisible to other receivers
-    for `visibility_timeout_s`; one not deleted by then is delivered again."""
+    """Up to `max_messages` messages within about `budget_s`, the first receive waiting up to `wait_s`.
+
+    A message not deleted within `visibility_timeout_s` is delivered again."""
     sqs = sqs_client(queue_url)
     deadline = time.monotonic() + budget_s
     messages: list[Message] = []
@@ -63,8 +60,7 @@ def receive(
 
 
 def delete(queue_url: str, receipts: list[str]) -> list[str]:
-    """Delete the messages by receipt; returns a line for each that could not be deleted (already
-    deleted, or its receipt expired: it will be delivered again, which costs one cache-hit run)."""
+    """Delete the messages by receipt; a line for each that could not be (it will be delivered again)."""
     sqs = sqs_client(queue_url)
     failures = []
     for start in range(0, len(receipts), BATCH):

@@ -1,11 +1,7 @@
 """What a detector keeps between ticks beside its cursor: committed exactly when the cursor is.
 
-Dagster stores a sensor's cursor again with every tick it records, so the cursor holds only counters;
-anything larger (a digest per source, the receipts of the messages a tick read) lives in the
-instance's key-value store, in two slots by the parity of the tick's number. Tick n+1 reads slot
-n % 2, valid only when it says n (the number in the cursor Dagster committed), and writes slot
-(n + 1) % 2. A tick whose result was lost wrote only the slot that its retry writes again, so the
-committed state is never overwritten by an uncommitted one.
+Dagster stores the cursor with every tick, so larger state goes to the instance's key-value store in
+two slots by tick parity; a lost tick only wrote the slot its retry rewrites, never the committed one.
 """
 
 from __future__ import annotations
