@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from training_code.lib.raw_index_groups import group_of
+from training_code.lib.raw_index_listing import group_of
 from training_code.lib.shard_format import FORMAT, MANIFEST
 from training_code.lib.shard_writer import ShardWriter
-from training_code.lib.split import split_of_group
+from training_code.lib.validation_outputs import split_of_group
 from zero_assets.ops.demo_data import IMAGE_SIZES, demo_images, shuffle_labels
 from zero_assets.ops.demo_scenes import CATEGORIES, render_scene
 

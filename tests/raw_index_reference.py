@@ -25,8 +25,8 @@ from training_code.lib.coco import (
 from training_code.lib.hashing import sha256_json
 from training_code.lib.raw_files import Refused, locate, read_limited
 from training_code.lib.raw_index import IMAGE_SUFFIXES
-from training_code.lib.raw_index_groups import group_of
 from training_code.lib.raw_index_inventory import inventory_objects
+from training_code.lib.raw_index_listing import group_of
 from training_code.lib.storage import ObjectInfo, is_s3, join, key_problem, list_objects, printable_key, read_bytes
 
 

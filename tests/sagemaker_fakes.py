@@ -58,7 +58,7 @@ from sagemaker_fake_plans import FakeTrainingPlans, validated_response
 from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.storage import split_s3
 from zero_assets.backends.sagemaker.code_package import CodePackage, build_code_package
-from zero_assets.backends.sagemaker.job_tags import ASSET_TAG, LEASE_TAG
+from zero_assets.backends.sagemaker.job_api import ASSET_TAG, LEASE_TAG
 from zero_assets.backends.sagemaker.settings import SageMakerSettings
 from zero_assets.core.settings import REPO_ROOT
 from zero_assets.launch.output_lease import live_holder

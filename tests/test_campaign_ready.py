@@ -34,11 +34,10 @@ from zero_assets.backends.sagemaker import runner as sagemaker_runner
 from zero_assets.backends.sagemaker.preflight import PreflightClients
 from zero_assets.backends.sagemaker.runner import AwsClients, SageMakerJobRunner
 from zero_assets.backends.sagemaker.settings import JobCompute
-from zero_assets.core.rehearsal_key import rehearsal_key
+from zero_assets.core.fingerprints import rehearsal_key
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.trained_checkpoint import TrainConfig
-from zero_assets.defs.campaign_ready import campaign_ready
-from zero_assets.defs.readiness_sensor import campaign_readiness_sensor
+from zero_assets.defs.campaign_ready import campaign_readiness_sensor, campaign_ready
 from zero_assets.defs.rehearsal_gate import GATE_VARIABLE, training_key_inputs
 
 PLAN, BUCKET = "zero-p5-campaign", "zero-ready"

@@ -16,8 +16,8 @@ from sensor_ticks import s3_message, s3_record
 from sqs_server import queue_counts, sqs
 
 from zero_assets.defs.change_detection.inventory_diff import current_manifest, detect_from_inventory
-from zero_assets.defs.change_detection.listing_digest import detect_from_listing
 from zero_assets.defs.change_detection.s3_events import MalformedMessage, parse_body
+from zero_assets.defs.change_detection.source_digests import detect_from_listing
 from zero_assets.defs.change_detection.sources import partition_problem, source_of
 from zero_assets.defs.change_detection.sqs_detector import detect_from_queue
 

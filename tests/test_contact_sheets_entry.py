@@ -3,7 +3,7 @@ page of a source without one (nothing quarantined, or nothing that still decodes
 
 from dagster import AssetMaterialization
 
-from zero_assets.defs.assets.contact_sheets import ENTRY, contact_sheets_entry
+from zero_assets.defs.assets.validated_images import ENTRY, contact_sheets_entry
 from zero_assets.defs.partitions import RAW_SOURCES
 
 

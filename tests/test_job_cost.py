@@ -24,10 +24,9 @@ from zero_assets.backends.job_cost import BUILT_IN_PRICES, PRICE_TABLE_ENV, job_
 from zero_assets.backends.local.runner import LocalJobRunner
 from zero_assets.backends.sagemaker.code_package import upload_code_package
 from zero_assets.backends.sagemaker.job_params import build_job_params
-from zero_assets.backends.sagemaker.names import job_name
 from zero_assets.backends.sagemaker.pipes_client import PipesSageMakerClient
 from zero_assets.backends.sagemaker.settings import JobCompute
-from zero_assets.core.job_request import JobRequest, Reads
+from zero_assets.core.job_request import JobRequest, Reads, job_name
 from zero_assets.defs.assets import raw_image_index, validated_images
 from zero_assets.defs.run_cost import run_cost_sensors
 
@@ -271,7 +270,7 @@ def test_the_run_total_adds_up_its_jobs_failed_ones_included_cache_hits_excluded
 
 def test_local_jobs_count_their_time_and_have_no_price(resources, instance, tiny_raw_root):
     source = sources_of(tiny_raw_root)[0]
-    # Validation spread over two local hosts: a map job on both, then a reduce job on one (see job_request.fan_out).
+    # Validation spread over two local hosts: a map job on both, then a reduce job on one (see job_request.spread_over).
     jobs = LocalJobRunner(settings=resources["settings"], instances={"validated_images": 2})
     result = materialize_source(
         source, instance=instance, resources={**resources, "jobs": jobs}, assets=[raw_image_index, validated_images]

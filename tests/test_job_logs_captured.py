@@ -25,10 +25,9 @@ from zero_assets.backends.local.process import end_process_group, start_job_proc
 from zero_assets.backends.local.runner import LocalJobRunner
 from zero_assets.backends.sagemaker.code_package import upload_code_package
 from zero_assets.backends.sagemaker.job_params import build_job_params
-from zero_assets.backends.sagemaker.names import job_name
 from zero_assets.backends.sagemaker.pipes_client import PipesSageMakerClient
 from zero_assets.backends.sagemaker.settings import JobCompute
-from zero_assets.core.job_request import JobRequest, Reads
+from zero_assets.core.job_request import JobRequest, Reads, job_name
 from zero_assets.core.settings import ZeroSettings
 
 BUCKET = "zero-logs"

@@ -40,9 +40,8 @@ def module_name(path: Path, root: Path = REPO) -> str:
 
 
 def parsed(path: Path) -> ast.Module:
-    """`ast.parse` with the garbage collector held: a finalizer that runs Python code while CPython 3.11.7
+    """`ast.parse` with the garbage collector off: a finalizer that runs Python code while CPython 3.11.7
     builds the tree makes it raise "AST constructor recursion depth mismatch"."""
-    gc.collect()
     gc.disable()
     try:
         return ast.parse(path.read_text(), filename=str(path))

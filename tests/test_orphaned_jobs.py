@@ -21,10 +21,9 @@ from sagemaker_fakes import fake_aws, fake_settings
 
 from zero_assets.backends.sagemaker import runner as sagemaker_runner
 from zero_assets.backends.sagemaker.code_package import upload_code_package
+from zero_assets.backends.sagemaker.job_api import LEASE_TAG, judge
 from zero_assets.backends.sagemaker.job_params import build_job_params
-from zero_assets.backends.sagemaker.job_tags import LEASE_TAG
 from zero_assets.backends.sagemaker.runner import AwsClients, SageMakerJobRunner
-from zero_assets.backends.sagemaker.running_jobs import judge
 from zero_assets.backends.sagemaker.settings import JobCompute
 from zero_assets.core.job_request import JobRequest, job_name
 from zero_assets.core.settings import REPO_ROOT, ZeroSettings

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zero_assets.backends.local.pipes_messages import whole_lines
+from zero_assets.backends.local.process import whole_lines
 
 
 def appending(path: Path, writes: dict[int, str], end_at: int):

@@ -1,4 +1,4 @@
-"""Raw objects fetched by key (lib/raw_fetch) and the read list a validation run is planned with (lib/decode_plan).
+"""Raw objects fetched by key (lib/raw_fetch) and the read list a validation run is planned with (validate.py).
 
 On the loopback S3 server: every GET carries IfMatch on the listed ETag, so a replaced object fails the
 fetch naming its key; a large object comes in ranged GETs that rebuild it exactly. The plan's pyarrow
@@ -15,12 +15,12 @@ import pyarrow as pa
 import pytest
 
 from training_code.lib import raw_fetch
-from training_code.lib.decode_plan import images_to_decode
 from training_code.lib.image_checks import ImageVerdict
 from training_code.lib.raw_files import RawRootChanged
 from training_code.lib.read_list import read_list_of, read_read_list, write_read_list
 from training_code.lib.tables import VERDICTS, write_table
 from training_code.lib.verdict_cache import reusable_verdicts, split_reused, verdict_table
+from training_code.validate import images_to_decode
 
 BUCKET = "zero-fetch"
 

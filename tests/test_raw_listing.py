@@ -10,7 +10,7 @@ from urllib.parse import quote_plus
 import pytest
 from raw_index_reference import build_raw_index
 
-from training_code.lib.raw_index_groups import group_of
+from training_code.lib.raw_index_listing import group_of
 
 KEYS = ["cam_a/lot_1/x 1.jpg", "cam_a/lot_2/y.jpg", "cam_b/z.png", "top.txt", "cam_b/notes.txt"]
 
@@ -324,7 +324,7 @@ def test_source_walk_lists_in_the_order_of_the_whole_listing(tmp_path):
 def test_group_counts_merge_batches_exactly():
     import numpy as np
 
-    from training_code.lib.raw_index_groups import GroupCounts
+    from training_code.lib.raw_index_listing import GroupCounts
 
     rng, counts, rows = np.random.default_rng(3), GroupCounts(), []
     for _ in range(40):

@@ -20,7 +20,7 @@ from sagemaker_fakes import FakeSageMaker, fake_aws, fake_settings
 
 from zero_assets.backends.sagemaker import preflight as sagemaker_preflight
 from zero_assets.backends.sagemaker import runner as sagemaker_runner
-from zero_assets.backends.sagemaker.job_tags import LEASE_TAG
+from zero_assets.backends.sagemaker.job_api import LEASE_TAG
 from zero_assets.backends.sagemaker.preflight import PreflightClients
 from zero_assets.backends.sagemaker.runner import AwsClients, SageMakerJobRunner
 from zero_assets.core.fingerprints import DATA_VERSION_TAG

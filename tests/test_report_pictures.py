@@ -46,7 +46,7 @@ from training_code.lib.tables import LABEL_REASONS as LABEL_CODES
 from training_code.lib.tables import REASONS
 from zero_assets.defs.assets.raw_image_index import raw_image_index
 from zero_assets.defs.assets.validated_images import validated_images
-from zero_assets.ops.demo_bad_files import _png_with_bad_crc
+from zero_assets.ops.demo_data import _png_with_bad_crc
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_URI = re.compile(r"^!\[[^\n]*\]\(data:image/(webp|png|jpeg);base64,([A-Za-z0-9+/=]+)\)")

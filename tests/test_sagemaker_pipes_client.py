@@ -14,10 +14,9 @@ from test_job_logs_captured import captured_stdout
 
 from zero_assets.backends.sagemaker.code_package import upload_code_package
 from zero_assets.backends.sagemaker.job_params import build_job_params
-from zero_assets.backends.sagemaker.names import job_name
 from zero_assets.backends.sagemaker.pipes_client import PipesSageMakerClient
 from zero_assets.backends.sagemaker.settings import JobCompute
-from zero_assets.core.job_request import JobRequest
+from zero_assets.core.job_request import JobRequest, job_name
 
 BUCKET = "zero-test"
 FINGERPRINT = "0123456789abcdef" * 4

@@ -6,12 +6,13 @@ import pytest
 
 from zero_assets.backends.from_env import resources_from_env
 from zero_assets.backends.local.runner import LocalJobRunner
-from zero_assets.backends.sagemaker.fsx import parse_fsx_uri, s3_behind_fsx, shards_on_fsx
+from zero_assets.backends.sagemaker.attempts import attempt_of
 from zero_assets.backends.sagemaker.job_params import check_environment
-from zero_assets.backends.sagemaker.names import attempt_of, job_name
 from zero_assets.backends.sagemaker.pipes_client import failure_description
 from zero_assets.backends.sagemaker.runner import SageMakerJobRunner
+from zero_assets.backends.sagemaker.training_set_channel import parse_fsx_uri, s3_behind_fsx, shards_on_fsx
 from zero_assets.core.job_request import VALID_JOB_NAME as VALID_NAME
+from zero_assets.core.job_request import job_name
 
 FP = "a1b2c3d4e5f60718293a4b5c6d7e8f90" * 2
 

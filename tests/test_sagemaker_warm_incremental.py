@@ -20,7 +20,7 @@ from training_code.lib.aws_clients import client as aws_client
 from training_code.lib.detection_samples import verified_split
 from training_code.lib.storage import read_bytes
 from zero_assets.backends.sagemaker import runner as sagemaker_runner
-from zero_assets.backends.sagemaker.job_tags import LEASE_TAG
+from zero_assets.backends.sagemaker.job_api import LEASE_TAG
 from zero_assets.backends.sagemaker.runner import AwsClients, SageMakerJobRunner
 from zero_assets.core.fingerprints import UpstreamOutput
 from zero_assets.core.settings import REPO_ROOT, ZeroSettings

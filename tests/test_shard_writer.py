@@ -13,8 +13,7 @@ import pytest
 from training_code.lib import training_set as ts
 from training_code.lib.image_encoding import Encoding
 from training_code.lib.shard_format import LABEL_SCHEMA
-from training_code.lib.shard_packing import label_columns
-from training_code.lib.shard_rows import shard_labels
+from training_code.lib.shard_packing import label_columns, shard_labels
 from training_code.lib.shard_writer import ShardWriter
 
 CATEGORIES = [{"id": 2, "name": "bolt"}, {"id": 3, "name": "hex_nut"}, {"id": 1, "name": "washer"}]

@@ -3,7 +3,7 @@
 The graph on the tiny demo with a short training; then `trained_checkpoint`'s output and its
 checkpoints are removed (lost, or collected), so the same configuration trains again from scratch,
 on CPU, to bitwise-equal weights. The data version is what was trained (weights, model config,
-categories, steps: `training_code/lib/model_version.py`), and `model.pt` is written without the
+categories, steps: `training_code/lib/model.py`), and `model.pt` is written without the
 temporary name torch.save would record, so the file's bytes are equal too. Staleness is read as the
 UI's asset graph reads it (see tests/test_code_versions.py).
 """

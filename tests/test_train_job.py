@@ -29,8 +29,7 @@ from training_code.lib.detection_data import (
     targets_on,
 )
 from training_code.lib.detection_samples import verified_split
-from training_code.lib.model import build_model, model_config
-from training_code.lib.model_version import model_version, payload_version
+from training_code.lib.model import build_model, model_config, model_version, payload_version
 from training_code.lib.shard_format import FORMAT, MANIFEST, ShardIntegrityError
 from training_code.lib.shard_writer import ShardWriter
 

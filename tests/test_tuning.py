@@ -16,7 +16,7 @@ from botocore.stub import Stubber
 
 from training_code.lib.job_env import JsonLines
 from zero_assets.backends.sagemaker.tuning import build_tuning_params, run_tuning, tuning_job_name
-from zero_assets.core.rehearsal_key import rehearsal_key, rehearsal_key_inputs
+from zero_assets.core.fingerprints import rehearsal_key, rehearsal_key_inputs
 from zero_assets.core.tuning import ParameterRange, TuningSpec
 from zero_assets.defs.assets.trained_checkpoint import TrainConfig
 

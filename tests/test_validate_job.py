@@ -27,9 +27,9 @@ from training_code.lib.image_checks import check_image_file
 from training_code.lib.labels import HugeInteger, box_to_upright, check_labels, upright_size, vocabulary
 from training_code.lib.raw_index import whole_root_manifest
 from training_code.lib.reason_meanings import IMAGE_REASONS, LABEL_REASONS
-from training_code.lib.split import assign_splits, find_exact_duplicates, split_of_group
 from training_code.lib.storage import list_objects
 from training_code.lib.tables import RAW_INDEX, write_table
+from training_code.lib.validation_outputs import assign_splits, find_exact_duplicates, split_of_group
 from training_code.lib.validation_pass import MANIFEST, validate
 from training_code.validate import get_args_parser
 from zero_assets.ops.demo_data import _box_in_stored_frame, make_demo_raw_root

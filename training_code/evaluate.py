@@ -8,10 +8,10 @@ and the output manifest last; reports through Dagster Pipes. Standalone, it scor
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +19,14 @@ import torch
 
 from training_code.lib import job_env, wandb_artifacts, wandb_run
 from training_code.lib.coco_eval import score_detections
-from training_code.lib.detection_samples import EvalSample, iter_eval_samples, verified_split
+from training_code.lib.detection_samples import iter_eval_samples, verified_split
 from training_code.lib.inline_pictures import inline_picture, markdown_metadata
-from training_code.lib.model import MODEL_FILE, load_model_file
-from training_code.lib.model_version import payload_version
+from training_code.lib.model import MODEL_FILE, load_model_file, payload_version
 from training_code.lib.output_manifest import write_output_manifest
 from training_code.lib.pr_curve_plot import draw_pr_thumbnail
-from training_code.lib.report_plots import (
-    SamplePicture,
-    draw_pr_curve,
-    draw_sample,
-    draw_samples,
-    save_png,
-)
+from training_code.lib.report_plots import SamplePicture, draw_pr_curve, draw_sample, draw_samples, save_png
 from training_code.lib.shard_format import sha256_file
+from training_code.lib.storage import write_bytes_atomic
 
 SAMPLE_PICTURES = 4  # one inline entry each: a thumbnail per sample stays legible where a grid would not
 PICTURE_MIN_SCORE = 0.3  # the sample picture shows confident detections; the metrics use every one
@@ -45,14 +39,13 @@ def get_args_parser() -> argparse.ArgumentParser:
     graph.add_argument("--shards", type=Path, help="shard set folder with manifest.json (zero-shards/3)")
     graph.add_argument(
         "--training-set",
-        default=None,
         help="the shard set's folder inside --shards, when --shards holds the set and its shards beside it (SageMaker)",
     )
     graph.add_argument("--out", type=Path, help="folder for predictions.json, ground_truth.json, metrics.json")
     graph.add_argument("--split", default="val")
     graph.add_argument("--score-threshold", type=float, default=0.0, help="drop detections scoring below this")
     graph.add_argument("--batch-size", type=int, default=8)
-    graph.add_argument("--threads", type=int, default=None, help="torch threads (default: all CPUs)")
+    graph.add_argument("--threads", type=int, help="torch threads (default: all CPUs)")
     # Unset W&B flags follow the checkpoint's training run (same project and group).
     wandb_run.add_arguments(parser, follows_training=True)
     standalone = parser.add_argument_group("standalone mode (score existing COCO files)")
@@ -62,31 +55,14 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def write_json_atomic(path: Path, document: Any) -> None:
-    temporary = path.with_name(f".tmp-{path.name}")
-    temporary.write_text(json.dumps(document))
-    os.replace(temporary, path)
+    write_bytes_atomic(path, json.dumps(document).encode())
 
 
-def batched(samples: Iterator[EvalSample], size: int) -> Iterator[list[EvalSample]]:
-    batch: list[EvalSample] = []
-    for sample in samples:
-        batch.append(sample)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def _category_pairs(categories: list[dict[str, Any]]) -> list[tuple[int, str]]:
-    return sorted((int(c["id"]), str(c["name"])) for c in categories)
-
-
-def check_categories(
-    model_categories: list[dict[str, Any]], manifest_categories: list[dict[str, Any]], model_path: Path
-) -> None:
+def check_categories(model_categories: list[dict], manifest_categories: list[dict], model_path: Path) -> None:
     """Labels are category ids, so the model and the shards must agree on what each id means."""
-    trained, listed = _category_pairs(model_categories), _category_pairs(manifest_categories)
+    trained, listed = (
+        sorted((int(c["id"]), str(c["name"])) for c in cs) for cs in (model_categories, manifest_categories)
+    )
     if trained != listed:
         raise ValueError(
             f"{model_path} was trained on categories {trained} but the shard manifest has {listed}; "
@@ -94,20 +70,13 @@ def check_categories(
         )
 
 
-def predict(
-    model: torch.nn.Module,
-    shards,
-    batch_size: int,
-    device: torch.device,
-    score_threshold: float,
-    category_ids: set[int],
-):
+def predict(model: torch.nn.Module, shards, batch_size: int, device, score_threshold: float, category_ids: set[int]):
     """COCO ground truth and detections for every sample in shard order (image ids 1..N), and the first
     few samples as (image, truth boxes, confident predicted boxes) for the report's picture."""
     images, annotations, predictions, pictures = [], [], [], []
-    image_id = 0
+    image_id, samples = 0, iter_eval_samples(shards)
     with torch.inference_mode():
-        for batch in batched(iter_eval_samples(shards), batch_size):
+        for batch in iter(lambda: list(itertools.islice(samples, batch_size)), []):
             outputs = model([s.image.to(device).float().div_(255) for s in batch])
             for sample, output in zip(batch, outputs):
                 image_id += 1
@@ -145,7 +114,7 @@ def predict(
 
 
 def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Score the model; return the metrics, the report's other metadata and the model file's payload."""
+    """The metrics, the report's other metadata and the model file's payload."""
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
@@ -173,9 +142,8 @@ def evaluate_model(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
         "model_step": payload.get("step"),
     }
     write_json_atomic(args.out / "metrics.json", metrics)
-    pr_curve, samples = draw_pr_curve(metrics["pr_curve"]), draw_samples(pictures)
-    save_png(pr_curve, args.out / "pr_curve.png")
-    save_png(samples, args.out / "sample_predictions.png")
+    save_png(draw_pr_curve(metrics["pr_curve"]), args.out / "pr_curve.png")
+    save_png(draw_samples(pictures), args.out / "sample_predictions.png")
     # Written last: what proves the report complete (see zero_assets/core/output_marker.py).
     write_output_manifest(
         args.out,
@@ -221,20 +189,16 @@ SUMMARY_METRICS = ("mAP", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_la
 
 
 def per_class_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
-    # A class without ground truth in the split has no AP: an empty cell, not a zero.
+    def rounded(ap: float | None) -> float | None:  # no ground truth of the class in the split: an empty cell
+        return None if ap is None else round(float(ap), 4)
+
     return [
-        {
-            "category": row["category"],
-            "AP": None if row["ap"] is None else round(float(row["ap"]), 4),
-            "AP@0.5": None if row["ap_50"] is None else round(float(row["ap_50"]), 4),
-        }
-        for row in metrics["per_class"]
+        {"category": r["category"], "AP": rounded(r["ap"]), "AP@0.5": rounded(r["ap_50"])} for r in metrics["per_class"]
     ]
 
 
 def track(args: argparse.Namespace, metrics: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
-    """Log the metrics to a W&B run in the checkpoint's group, declaring the shard set and model it
-    used; return what is recorded of the run (see wandb_run.recorded)."""
+    """Log the metrics to a W&B run in the checkpoint's group, declaring the shard set and model used."""
     run = wandb_run.start(args, job_type="evaluation", config={"model_step": metrics["model_step"]})
     used: dict[str, str] = {}
     if run is not None:
@@ -295,16 +259,10 @@ def main(args: argparse.Namespace) -> None:
         metrics = score_detections(json.loads(args.predictions.read_text()), json.loads(args.ground_truth.read_text()))
         print(json.dumps(metrics, indent=2))
         return
-    missing = [
-        flag
-        for flag, value in (("--model", args.model), ("--shards", args.shards), ("--out", args.out))
-        if value is None
-    ]
-    if missing:
+    if missing := [flag for flag in ("--model", "--shards", "--out") if getattr(args, flag[2:]) is None]:
         raise SystemExit(f"graph mode needs {', '.join(missing)} (or use --predictions and --ground-truth)")
     wandb_run.follow_training(args, args.model if args.model.is_dir() else args.model.parent)
-    problem = wandb_run.missing_server(args)
-    if problem:
+    if problem := wandb_run.missing_server(args):
         raise SystemExit(problem)
     with job_env.pipes_session() as pipes:
         metrics, run_info, payload = evaluate_model(args)

@@ -1,8 +1,8 @@
 r"""Index one source of the raw root into `index.parquet` and `manifest.json`, in bounded memory.
 
-Processing job for sources too large to index in the Dagster process (lib/raw_index): lists
-`<raw>/<source>/` (or reads an S3 Inventory report) without reading an image; `--out` is a folder or
-s3:// prefix. Reports the manifest's counts, data version the sha256 of its bytes.
+Processing job for sources too large for the Dagster process (lib/raw_index); lists `<raw>/<source>/` (or
+reads an S3 Inventory report), never an image. `--out`: a folder or s3:// prefix. Reports the manifest's
+counts, data version the sha256 of its bytes.
 """
 
 from __future__ import annotations
@@ -24,27 +24,23 @@ log = logging.getLogger("zero.index")
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--raw", required=True, help="the raw root (local folder or s3://bucket/prefix); only listed")
-    parser.add_argument("--source", required=True, help="the source: one top-level folder of the raw root")
-    parser.add_argument("--out", required=True, help="folder or s3:// prefix for index.parquet and manifest.json")
-    parser.add_argument("--group-pattern", default="", help="regex naming an image's split group (empty: its folder)")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--raw", required=True, help="the raw root (local folder or s3://bucket/prefix); only listed")
+    add("--source", required=True, help="the source: one top-level folder of the raw root")
+    add("--out", required=True, help="folder or s3:// prefix for index.parquet and manifest.json")
+    add("--group-pattern", default="", help="regex naming an image's split group (empty: its folder)")
+    add(
         "--max-annotation-bytes",
         type=int,
         default=DEFAULT_MAX_ANNOTATION_BYTES,
         help="a larger annotations.json is not parsed; the source's images are indexed without annotations",
     )
-    parser.add_argument(
-        "--inventory-manifest", default=None, help="an S3 Inventory report's manifest.json: read it instead of listing"
-    )
-    parser.add_argument(
-        "--sample-images", type=int, default=None, help="the rehearsal sample: about this many images, whole groups"
-    )
+    add("--inventory-manifest", help="an S3 Inventory report's manifest.json: read it instead of listing")
+    add("--sample-images", type=int, help="the rehearsal sample: about this many images, whole groups")
     return parser
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Fail before any listing on settings that cannot be right."""
     problems = []
     if args.max_annotation_bytes < 1:
         problems.append(f"--max-annotation-bytes {args.max_annotation_bytes} must be at least 1")
@@ -55,8 +51,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def report_metadata(manifest: dict[str, Any], wall_s: float) -> dict[str, Any]:
-    """The manifest's counts; its `images` (the index's rows) as Dagster's `dagster/row_count`, and its
-    `bytes` (the listed images' bytes, not the index's) as `image_bytes`."""
+    """The manifest's counts; `images` (the index's rows) as `dagster/row_count`, `bytes` as `image_bytes`."""
     plain = {
         name: value
         for name, value in manifest.items()
@@ -88,19 +83,15 @@ def main(args: argparse.Namespace) -> None:
         wall_s = time.perf_counter() - started
         if manifest["annotation_error"]:  # the source's images are indexed without annotations; validation reports them
             log.error("source %r: %s", args.source, manifest["annotation_error"])
+        counts = (manifest[name] for name in ("images", "bytes", "groups", "ignored_files", "unsafe_keys"))
         log.info(
             "source %r: %d images (%d bytes) in %d groups, %d ignored files, %d unsafe keys, in %.1f s",
             args.source,
-            manifest["images"],
-            manifest["bytes"],
-            manifest["groups"],
-            manifest["ignored_files"],
-            manifest["unsafe_keys"],
+            *counts,
             wall_s,
         )
-        manifest_bytes = read_bytes(join(args.out, MANIFEST))
         pipes.report_asset_materialization(
-            metadata=report_metadata(manifest, wall_s), data_version=sha256_bytes(manifest_bytes)
+            metadata=report_metadata(manifest, wall_s), data_version=sha256_bytes(read_bytes(join(args.out, MANIFEST)))
         )
 
 

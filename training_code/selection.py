@@ -41,12 +41,11 @@ RULE_COUNTS = {
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--plan", required=True, help="the plan folder: plan.json and policy.sql")
-    parser.add_argument("--out", required=True, help="local folder the training set is written to")
-    parser.add_argument(
-        "--memory-limit-gb", type=float, default=None, help="the engine's memory limit; default 3/4 of this host's"
-    )
-    parser.add_argument("--threads", type=int, default=None, help="the engine's threads; default one per core")
+    add = parser.add_argument
+    add("--plan", required=True, help="the plan folder: plan.json and policy.sql")
+    add("--out", required=True, help="local folder the training set is written to")
+    add("--memory-limit-gb", type=float, help="the engine's memory limit; default 3/4 of this host's")
+    add("--threads", type=int, help="the engine's threads; default one per core")
     return parser
 
 
@@ -116,12 +115,8 @@ def main(args: argparse.Namespace) -> None:
             engine.close()
         log.info(
             "selected %d of %d accepted images of %d sources in %.1f s (val share %.4f -> %.4f)",
-            metadata["dagster/row_count"],
-            metadata["accepted"],
-            len(plan.sources),
-            wall_s,
-            metadata["val_share_before"],
-            metadata["val_share_after"],
+            *(metadata["dagster/row_count"], metadata["accepted"], len(plan.sources), wall_s),
+            *(metadata["val_share_before"], metadata["val_share_after"]),
         )
         pipes.report_asset_materialization(metadata=metadata, data_version=manifest["data_version"])
 

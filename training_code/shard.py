@@ -49,34 +49,30 @@ PHASES = ("all", "map", "reduce")
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--selection", type=Path, required=True, help="the training set: selection.parquet")
-    parser.add_argument("--reads", type=Path, default=None, help="the read list: the only images this job reads")
-    parser.add_argument("--raw-uri", default=None, help="the raw root the selected keys are relative to")
-    parser.add_argument("--raw", type=Path, default=None, help="a local raw root, as a folder")
-    parser.add_argument("--out", type=Path, required=True, help="folder for the shards and manifest.json")
-    parser.add_argument("--target-shard-bytes", type=int, default=1_000_000_000)
-    parser.add_argument("--image-encoding", choices=ENCODINGS, default="original")
-    parser.add_argument("--max-side", type=int, default=1024, help="resize: longest upright side in pixels")
-    parser.add_argument("--jpeg-quality", type=int, default=90, help="resize: JPEG quality of the re-encoded image")
+    add = parser.add_argument
+    add("--selection", type=Path, required=True, help="the training set: selection.parquet")
+    add("--reads", type=Path, help="the read list: the only images this job reads")
+    add("--raw-uri", help="the raw root the selected keys are relative to")
+    add("--raw", type=Path, help="a local raw root, as a folder")
+    add("--out", type=Path, required=True, help="folder for the shards and manifest.json")
+    add("--target-shard-bytes", type=int, default=1_000_000_000)
+    add("--image-encoding", choices=ENCODINGS, default="original")
+    add("--max-side", type=int, default=1024, help="resize: longest upright side in pixels")
+    add("--jpeg-quality", type=int, default=90, help="resize: JPEG quality of the re-encoded image")
     defaults = DEFAULT_COMPACTION
     for name in ("compact_masked_share", "merge_small_share", "merge_rows_share"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
-    parser.add_argument(
-        "--workers", type=int, default=os.cpu_count() or 1, help="threads (original) or processes (resize)"
-    )
-    parser.add_argument(
-        "--previous", default=None, help="the earlier shard set (a folder or an s3:// URI), whose shards are kept"
-    )
-    parser.add_argument("--previous-name", default=None, help="the earlier set's folder name, beside --out's")
-    parser.add_argument("--selection-uri", default=None, help="where the training set is, as the manifest names it")
-    parser.add_argument("--phase", choices=PHASES, default="all", help="all, or a stage of a multi-instance pack")
-    parser.add_argument("--parts", type=Path, default=None, help="map: where its listing goes; reduce: all of them")
+        add(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
+    add("--workers", type=int, default=os.cpu_count() or 1, help="threads (original) or processes (resize)")
+    add("--previous", help="the earlier shard set (a folder or an s3:// URI), whose shards are kept")
+    add("--previous-name", help="the earlier set's folder name, beside --out's")
+    add("--selection-uri", help="where the training set is, as the manifest names it")
+    add("--phase", choices=PHASES, default="all", help="all, or a stage of a multi-instance pack")
+    add("--parts", type=Path, help="map: where its listing goes; reduce: all of them")
     return parser
 
 
 def planned_reads(inputs: Mapping[str, str], arguments: Mapping[str, Any]) -> ReadList:
-    """This job's read list for a request's `inputs` (the selection) and `arguments`: the rows its plan
-    packs. Tables only: runs before launch."""
+    """The read list (rows its plan packs) for a request's `inputs` and `arguments`; runs before launch."""
     flags = [token for key, value in arguments.items() for token in (f"--{key.replace('_', '-')}", str(value))]
     args = get_args_parser().parse_args([*flags, "--selection", inputs["selection"], "--out", "-"])
     config = {"target_shard_bytes": args.target_shard_bytes, **_encoding(args).config()}
@@ -151,18 +147,9 @@ def build_shards(
     return manifest, work
 
 
-def _pack(
-    raw: Path,
-    out: Path,
-    table: pa.Table,
-    index: dict[str, int],
-    selected: dict[str, tuple[str, str, str]],
-    plan: ShardPlan,
-    packing: tuple[int, Encoding, int],
-    only: set[str],
-) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+def _pack(raw: Path, out: Path, table: pa.Table, index, selected, plan: ShardPlan, packing, only: set[str]):
     """Pack the plan's rows in `only` (this host's) into new shards in pack order (`packing`: target
-    bytes, encoding, workers); return their entries and rows."""
+    bytes, encoding, workers): their entries and rows."""
     target, encoding, workers = packing
     entries: list[dict[str, Any]] = []
     rows: list[dict[str, str]] = []

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from training_code.lib import job_env, wandb_artifacts, wandb_run
 from training_code.lib.checkpoints import log_event, prepare_folder, resume_if_possible, save_checkpoint
 from training_code.lib.detection_data import Augmentation, ShardDetectionStream, build_train_loader
-from training_code.lib.detection_samples import ShardRef, verified_split
+from training_code.lib.detection_samples import verified_split
 from training_code.lib.distributed import DistributedContext, all_reduce_sum, distributed_session
 from training_code.lib.gpu_usage import GpuSampler, gpu_report
 from training_code.lib.model import ARCHITECTURES, DEFAULT_ARCH, build_model, model_config
@@ -37,8 +37,7 @@ class TrainingInterrupted(RuntimeError):
     pass
 
 
-# How a forced stop (`--stop-after-steps`) begins its failure reason: the rehearsal looks for it there.
-FORCED_STOP = "forced stop"
+FORCED_STOP = "forced stop"  # how a `--stop-after-steps` failure reason begins: the rehearsal looks for it
 
 
 def positive_int(text: str) -> int:
@@ -51,63 +50,52 @@ def positive_int(text: str) -> int:
 def get_args_parser() -> argparse.ArgumentParser:
     # Hyperparameters arrive as `--kebab-case value` pairs, as SageMaker script mode passes them.
     parser = argparse.ArgumentParser(description="Train the ZERO detector on Arrow shards")
-    parser.add_argument("--arch", default=DEFAULT_ARCH, choices=ARCHITECTURES)
-    parser.add_argument(
+    add = parser.add_argument
+    add("--arch", default=DEFAULT_ARCH, choices=ARCHITECTURES)
+    add(
         "--training-set",
-        default=None,
         help="the shard set's folder (its manifest.json) inside the `train` channel, when the channel holds the "
         "set and its shards beside it (SageMaker); without it the channel is the set's folder",
     )
-    parser.add_argument("--width", type=int, default=32, help="fcos_tiny backbone width")
-    parser.add_argument("--fpn-channels", type=int, default=64, help="fcos_tiny FPN channels (multiple of 32)")
-    parser.add_argument("--min-size", type=int, default=160, help="shorter image side fed to the model")
-    parser.add_argument("--max-size", type=int, default=320, help="longer image side cap")
-    parser.add_argument(
-        "--max-steps", type=positive_int, default=200, help="optimizer steps in total, including resumed ones"
-    )
-    parser.add_argument("--batch-size", type=positive_int, default=8, help="images per rank per step")
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--warmup-steps", type=int, default=50)
-    parser.add_argument("--final-lr-fraction", type=float, default=0.05, help="cosine decays the lr to lr * this")
-    parser.add_argument("--clip-grad", type=float, default=10.0, help="max gradient norm; 0 disables clipping")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--hflip-prob", type=float, default=0.5)
-    parser.add_argument("--color-jitter", type=float, default=0.2, help="brightness/contrast factor spread; 0 disables")
-    parser.add_argument("--shuffle-buffer", type=int, default=256)
-    parser.add_argument(
-        "--max-bad-samples", type=int, default=10, help="undecodable samples tolerated per rank; more fails the job"
-    )
-    parser.add_argument(
-        "--workers", type=int, default=1, help="DataLoader workers per rank (0: decode in the training process)"
-    )
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch threads per rank (default: CPUs / local ranks)"
-    )
-    parser.add_argument("--checkpoint-every", type=positive_int, default=50)
-    parser.add_argument(
+    add("--width", type=int, default=32, help="fcos_tiny backbone width")
+    add("--fpn-channels", type=int, default=64, help="fcos_tiny FPN channels (multiple of 32)")
+    add("--min-size", type=int, default=160, help="shorter image side fed to the model")
+    add("--max-size", type=int, default=320, help="longer image side cap")
+    add("--max-steps", type=positive_int, default=200, help="optimizer steps in total, including resumed ones")
+    add("--batch-size", type=positive_int, default=8, help="images per rank per step")
+    add("--lr", type=float, default=2e-3)
+    add("--weight-decay", type=float, default=0.01)
+    add("--warmup-steps", type=int, default=50)
+    add("--final-lr-fraction", type=float, default=0.05, help="cosine decays the lr to lr * this")
+    add("--clip-grad", type=float, default=10.0, help="max gradient norm; 0 disables clipping")
+    add("--seed", type=int, default=0)
+    add("--hflip-prob", type=float, default=0.5)
+    add("--color-jitter", type=float, default=0.2, help="brightness/contrast factor spread; 0 disables")
+    add("--shuffle-buffer", type=int, default=256)
+    add("--max-bad-samples", type=int, default=10, help="undecodable samples tolerated per rank; more fails the job")
+    add("--workers", type=int, default=1, help="DataLoader workers per rank (0: decode in the training process)")
+    add("--threads", type=int, help="torch threads per rank (default: CPUs / local ranks)")
+    add("--checkpoint-every", type=positive_int, default=50)
+    add(
         "--stop-after-steps",
         type=positive_int,
-        default=None,
         help="the rehearsal's forced stop: after this many steps of this job, checkpoint and fail, "
         "so that the next attempt resumes from the checkpoint",
     )
-    parser.add_argument("--keep-checkpoints", type=positive_int, default=3)
-    parser.add_argument("--log-every", type=positive_int, default=10)
-    parser.add_argument("--pg-timeout-min", type=float, default=30.0)
+    add("--keep-checkpoints", type=positive_int, default=3)
+    add("--log-every", type=positive_int, default=10)
+    add("--pg-timeout-min", type=float, default=30.0)
     wandb_run.add_arguments(parser)
     return parser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse the hyperparameters this trainer reads; log and ignore the rest (every trainer receives
-    every config field, including ones added after it was written)."""
+    """The hyperparameters this trainer reads; the rest (every trainer gets every config field) logged, ignored."""
     parser = get_args_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         log.warning("ignoring arguments this trainer does not read: %s", " ".join(unknown))
-    problem = wandb_run.missing_server(args)
-    if problem:
+    if problem := wandb_run.missing_server(args):
         parser.error(problem)
     return args
 
@@ -122,21 +110,11 @@ def warmup_cosine(warmup_steps: int, max_steps: int, final_fraction: float):
     return factor
 
 
-# The job log gets every training line; the run's event log at most one this often, plus the last.
-PROGRESS_EVENT_EVERY_S = 60.0
-
-
 class ProgressReport:
-    """Log each training line to the job log; send it to the run's event log (`send`) at most every
-    `every_s` seconds, and always the last line."""
+    """Log each training line to the job log; `send` it to the run's event log at most every `every_s`
+    seconds, and always the last line."""
 
-    def __init__(
-        self,
-        send: Callable[[str], None] | None,
-        ctx: DistributedContext,
-        every_s: float = PROGRESS_EVENT_EVERY_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, send: Callable[[str], None] | None, ctx, every_s: float = 60.0, clock=time.monotonic) -> None:
         self._send, self._ctx, self._every_s, self._clock = send, ctx, every_s, clock
         self._last_event = -math.inf
 
@@ -151,8 +129,8 @@ class ProgressReport:
 def train(
     args: argparse.Namespace, ctx: DistributedContext, pipes
 ) -> tuple[dict[str, Any], torch.nn.Module, dict[str, Any], Any]:
-    """Run (or finish) training; return the summary, the unwrapped model, its config and the W&B run
-    (rank 0, when tracking), left open for the model artifact."""
+    """Run (or finish) training: the summary, the unwrapped model, its config and the W&B run (rank 0,
+    when tracking), left open for the model artifact."""
     started = time.perf_counter()
     torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // ctx.local_world_size))
     manifest, shards = verified_split(
@@ -291,7 +269,7 @@ def train(
             "bad_samples_skipped": int(bad_samples),
             "world_size": ctx.world_size,
             "arch": args.arch,
-            "train_images": rows_trained_on(shards),
+            "train_images": sum(shard.live_rows for shard in shards),  # the stream's rows: all but masked ones
             "job_name": job_env.job_name(),
             "device": str(ctx.device),
             "wandb": tracking,
@@ -300,11 +278,6 @@ def train(
         config,
         tracker,
     )
-
-
-def rows_trained_on(shards: list[ShardRef]) -> int:
-    """The train split's rows the stream draws from: every row of its shards but the masked ones."""
-    return sum(shard.live_rows for shard in shards)
 
 
 def report_metadata(summary: dict[str, Any]) -> dict[str, Any]:

@@ -23,13 +23,10 @@ log = logging.getLogger("zero.warm")
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Load and verify a shard set on FSx for Lustre")
-    parser.add_argument("--batch-files", type=int, default=64, help="files per `lfs hsm_restore` call")
-    parser.add_argument(
-        "--training-set", default=None, help="the training set's folder inside the channel (the shard root)"
-    )
-    parser.add_argument(
-        "--restore-timeout-s", type=float, default=3 * 3600, help="give up waiting for restores after this"
-    )
+    add = parser.add_argument
+    add("--batch-files", type=int, default=64, help="files per `lfs hsm_restore` call")
+    add("--training-set", help="the training set's folder inside the channel (the shard root)")
+    add("--restore-timeout-s", type=float, default=3 * 3600, help="give up waiting for restores after this")
     return parser
 
 
@@ -65,8 +62,8 @@ def released_files(paths: list[str]) -> list[str]:
 
 
 def listed_shards(root: Path, training_set: str | None) -> tuple[bytes, list[tuple[Path, dict]], int]:
-    """The manifest's bytes, (path, entry) of every shard it lists, resolved inside the channel root,
-    and the bytes of the files beside it (the masked rows): the set at the root, or in `training_set`."""
+    """The manifest's bytes (of the set at the root, or in `training_set`), (path, entry) of every shard it lists
+    resolved inside the channel root, and the bytes of the masked rows beside it."""
     folder = root / training_set if training_set else root
     manifest = read_manifest(folder)  # zero-shards/4, or an error naming the file
     masked_keys(folder, manifest)  # the masked rows are there and are the ones listed, or this job fails
@@ -76,7 +73,7 @@ def listed_shards(root: Path, training_set: str | None) -> tuple[bytes, list[tup
 
 
 def verify_unproven(located: list[tuple[Path, dict]]) -> list[tuple[Path, ShardIntegrityError]]:
-    """Verify each (path, entry) in full and record its verdict; (path, what is wrong) of each that fails."""
+    """Verify each (path, entry) in full and record its verdict; (path, error) of each that fails."""
     damaged = []
     for path, entry in located:
         try:
@@ -87,9 +84,8 @@ def verify_unproven(located: list[tuple[Path, dict]]) -> list[tuple[Path, ShardI
 
 
 def release_damaged(path: Path, lake_key: str) -> str:
-    """Drop the file system's copy of a damaged shard so a later read fetches the lake object again;
-    not deleted, since an import brings back only objects changed in the lake. A dirty one (written
-    after its restore) cannot be released. Returns what became of it, in words; `lake_key`: its object."""
+    """Drop the file system's copy of a damaged shard (not deleted: an import brings back only objects changed
+    in the lake) so a later read fetches its lake object `lake_key` again; what became of it, in words."""
     lfs = shutil.which("lfs")
     if not path.is_file():
         return "not on the file system: its metadata was not imported from the lake"

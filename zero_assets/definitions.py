@@ -3,14 +3,12 @@
 from dagster import Definitions
 
 from zero_assets.backends.from_env import resources_from_env
-from zero_assets.defs.assets import ALL_ASSETS, JOB_SCRIPTS, SOURCE_SPECS
-from zero_assets.defs.assets.job_scripts import with_job_scripts
-from zero_assets.defs.campaign_ready import campaign_readiness_job, campaign_ready
+from zero_assets.defs.assets import ALL_ASSETS, JOB_SCRIPTS, SOURCE_SPECS, with_job_scripts
+from zero_assets.defs.campaign_ready import campaign_readiness_job, campaign_readiness_sensor, campaign_ready
 from zero_assets.defs.checks import ALL_CHECKS, freshness_sensor, limits_from_env
 from zero_assets.defs.executor import run_worker_executor
 from zero_assets.defs.jobs import ALL_JOBS, weekly_full_refresh
 from zero_assets.defs.orphaned_jobs import orphaned_jobs_sensor
-from zero_assets.defs.readiness_sensor import campaign_readiness_sensor
 from zero_assets.defs.run_cost import run_cost_sensors
 from zero_assets.defs.sensors import new_raw_data_sensor
 from zero_assets.defs.training_plan_start import training_plan_start_sensor

@@ -25,10 +25,9 @@ from sagemaker_fakes import FakeSageMaker, ThrottledLogs, fake_aws, fake_setting
 
 from zero_assets.backends.sagemaker import runner as sagemaker_runner
 from zero_assets.backends.sagemaker.job_params import build_job_params
-from zero_assets.backends.sagemaker.names import job_name
 from zero_assets.backends.sagemaker.runner import AwsClients, SageMakerJobRunner
 from zero_assets.backends.sagemaker.settings import JobCompute
-from zero_assets.core.job_request import JobRequest
+from zero_assets.core.job_request import JobRequest, job_name
 from zero_assets.core.output_marker import mark_output_complete
 from zero_assets.core.settings import REPO_ROOT, ZeroSettings
 

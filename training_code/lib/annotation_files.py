@@ -20,12 +20,8 @@ from .storage import is_s3, join, key_problem, local_etag, s3_call, s3_client, s
 def load_annotations(
     raw: Path, sources: set[str], max_bytes: int, listed: ListedRoot
 ) -> tuple[dict[str, SourceAnnotations | None], dict[str, str]]:
-    """Each source's parsed COCO file, None for a source without a usable one; and, per source whose
-    file exists but cannot be used, the error naming it (`label_policy` fails such a source).
-
-    A source whose name is no safe key is skipped (its images are unsafe_key verdicts). `raw` is the
-    local raw root or the job's fetch of the S3 one.
-    """
+    """Each source's parsed COCO file (None without a usable one), and the error naming each file that exists but
+    cannot be used. Sources with unsafe names are skipped. `raw`: the local raw root or the job's fetch of it."""
     parsed: dict[str, SourceAnnotations | None] = {}
     errors: dict[str, str] = {}
     for source in sorted(sources):
@@ -44,9 +40,8 @@ def load_annotations(
 
 
 def read_checked_annotations(raw: Path, source: str, max_bytes: int, listed: ListedRoot) -> bytes | None:
-    """The bytes of `<raw>/<source>/annotations.json`, proven to be the file the index recorded; None
-    when neither has one. `RawRootChanged` when it appeared, vanished or changed since the index;
-    Refused or OSError when it cannot be used, as the index found too."""
+    """The bytes of `<raw>/<source>/annotations.json`, proven to be the file the index recorded (None: neither has
+    one); else `RawRootChanged`, or Refused/OSError when it cannot be used, as the index found too."""
     key = f"{source}/{ANNOTATIONS_FILE}"
     indexed = listed.annotation_file(source)
     if not os.path.lexists(raw / key):
@@ -95,8 +90,8 @@ class AnnotationCounts:
 
 
 def count_source_annotations(raw_uri: str, source: str, max_bytes: int) -> AnnotationCounts:
-    """Parse `<raw_uri>/<source>/annotations.json` once, keeping only what counting needs. A file past
-    `max_bytes` is refused by its size before any byte is read; a local one is read only inside the root."""
+    """Parse `<raw_uri>/<source>/annotations.json` once, keeping only what counting needs; a file past
+    `max_bytes` is refused by its size, unread."""
     key = f"{source}/{ANNOTATIONS_FILE}"
     where = join(raw_uri, key)
     file, raw = (
@@ -128,7 +123,7 @@ def count_source_annotations(raw_uri: str, source: str, max_bytes: int) -> Annot
 
 def _read_local_annotations(raw: Path, key: str, max_bytes: int) -> tuple[IndexedFile | None, bytes | Refused | None]:
     """(what was read, its bytes): bytes None past `max_bytes`, a Refused for a file out of the root or
-    not regular; (None, None) when there is no file. Size and etag are the fstat of the file read."""
+    not regular; (None, None) for no file."""
     if not os.path.lexists(raw / key):
         return None, None
     try:

@@ -32,28 +32,12 @@ RETRY_WINDOW_S = 90.0  # an outage this long is ridden out by idempotent S3 call
 FIRST_DELAY_S, MAX_DELAY_S = 0.5, 8.0
 
 # ClientError codes that mean "try again later", whatever the service.
-RETRYABLE_CODES = {
-    "SlowDown",
-    "Throttling",
-    "ThrottlingException",
-    "ThrottledException",
-    "RequestThrottled",
-    "RequestLimitExceeded",
-    "TooManyRequestsException",
-    "ProvisionedThroughputExceededException",
-    "RequestThrottledException",
-    "LimitExceededException",
-    "ServiceUnavailable",
-    "ServiceUnavailableException",
-    "InternalError",
-    "InternalFailure",
-    "InternalServerError",
-    "RequestTimeout",
-    "RequestTimeoutException",
-    "PriorRequestNotComplete",
-    "BandwidthLimitExceeded",
-    "EC2ThrottledException",
-}
+RETRYABLE_CODES = frozenset(
+    "SlowDown Throttling ThrottlingException ThrottledException RequestThrottled RequestLimitExceeded "
+    "TooManyRequestsException ProvisionedThroughputExceededException RequestThrottledException LimitExceededException "
+    "ServiceUnavailable ServiceUnavailableException InternalError InternalFailure InternalServerError RequestTimeout "
+    "RequestTimeoutException PriorRequestNotComplete BandwidthLimitExceeded EC2ThrottledException".split()
+)
 
 _lock = threading.Lock()
 _clients: dict[tuple, Any] = {}
@@ -82,10 +66,6 @@ def _env_float(name: str, default: float) -> float:
         return float(value) if value else default
     except ValueError:
         raise ValueError(f"{name}={value!r} is not a number of seconds") from None
-
-
-def retry_window_s() -> float:
-    return _env_float("ZERO_AWS_RETRY_WINDOW_S", RETRY_WINDOW_S)
 
 
 def client_config(service: str, max_attempts: int | None = None):
@@ -120,11 +100,10 @@ def client(
 ):
     """The process's shared boto3 client for `service` (thread-safe to use from many threads)."""
     credentials = _credentials_key(access_key, secret_key)
-    attempts, timeouts = (
-        os.environ.get("ZERO_AWS_MAX_ATTEMPTS"),
-        (os.environ.get("ZERO_AWS_CONNECT_TIMEOUT_S"), os.environ.get("ZERO_AWS_READ_TIMEOUT_S")),
+    attempts, *timeouts = (
+        os.environ.get(f"ZERO_AWS_{n}") for n in ("MAX_ATTEMPTS", "CONNECT_TIMEOUT_S", "READ_TIMEOUT_S")
     )
-    key = (os.getpid(), service, region, endpoint_url or None, credentials, max_attempts or attempts, timeouts)
+    key = (os.getpid(), service, region, endpoint_url or None, credentials, max_attempts or attempts, *timeouts)
     found = _clients.get(key)
     if found is not None:
         return found
@@ -147,8 +126,7 @@ def client(
 
 
 def _new_session():
-    """A boto3 session whose clients parse timestamps with `aws_timestamps` (the parser factory's
-    documented default), not dateutil: most of a LIST's CPU otherwise."""
+    """A boto3 session whose clients parse timestamps with `aws_timestamps`, not dateutil (most of a LIST's CPU)."""
     import boto3
     import botocore.session
 
@@ -179,23 +157,13 @@ def is_retryable(error: BaseException) -> bool:
     from botocore.exceptions import ClientError, ConnectionError, HTTPClientError, IncompleteReadError
     from urllib3.exceptions import HTTPError as Urllib3Error
 
+    transient = (ConnectionError, HTTPClientError, IncompleteReadError, Urllib3Error, socket.timeout)
     for item in _chain(error):
         if isinstance(item, ClientError):
             code = item.response.get("Error", {}).get("Code", "")
             status = item.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
             return code in RETRYABLE_CODES or status >= 500 or status == 429
-        if isinstance(
-            item,
-            (
-                ConnectionError,
-                HTTPClientError,
-                IncompleteReadError,
-                Urllib3Error,
-                socket.timeout,
-                ConnectionResetError,
-                BrokenPipeError,
-            ),
-        ):
+        if isinstance(item, (*transient, ConnectionResetError, BrokenPipeError)):
             return True
     return False
 
@@ -203,7 +171,7 @@ def is_retryable(error: BaseException) -> bool:
 def retry_call(call: Callable[[], T], *, what: str, endpoint: str, window_s: float | None = None) -> T:
     """`call()` again after retryable errors, with capped exponential back-off, for up to the retry
     window; then `AwsUnavailableError` naming `what` and `endpoint`. Only for idempotent calls."""
-    window = retry_window_s() if window_s is None else window_s
+    window = _env_float("ZERO_AWS_RETRY_WINDOW_S", RETRY_WINDOW_S) if window_s is None else window_s
     started = time.monotonic()
     delay, tries = FIRST_DELAY_S, 0
     while True:
@@ -232,10 +200,8 @@ class Backoff:
 
     def __init__(self, first_s: float = 1.0, max_s: float = 60.0) -> None:
         self._first, self._max = first_s, max_s
-        self._delay = 0.0
-        self._resume_at = 0.0
-        self._last_failure = None
-        self.failures = 0
+        self._delay = self._resume_at = 0.0
+        self._last_failure, self.failures = None, 0
 
     def ready(self) -> bool:
         return time.monotonic() >= self._resume_at
@@ -248,8 +214,7 @@ class Backoff:
         return self._delay
 
     def succeeded(self) -> None:
-        self._delay = 0.0
-        self._resume_at = 0.0
+        self._delay = self._resume_at = 0.0
 
     def quiet_for(self) -> float:
         """Seconds since the last transient error (infinite when there was none)."""

@@ -1,8 +1,6 @@
-"""The timestamp parser every boto3 client of `aws_clients` is made with.
-
-botocore's dateutil parsing dominates the CPU of an S3 LIST; S3's one ISO 8601 form
-(`2026-12-02T05:11:04.000Z`) is parsed here with `datetime.fromisoformat` to the same instant, in `tzutc`.
-Anything else goes to botocore's parser.
+"""The timestamp parser of every boto3 client of `aws_clients`: botocore's dateutil parsing dominates an S3
+LIST's CPU, so S3's one ISO 8601 form (`2026-12-02T05:11:04.000Z`) is parsed with `datetime.fromisoformat`
+to the same instant, in `tzutc`; anything else goes to botocore's parser.
 """
 
 from __future__ import annotations

@@ -37,28 +37,13 @@ def log_event(ctx: DistributedContext, event: str, **fields: Any) -> None:
     log0(event, context=ctx, fields={"event": event, **fields})
 
 
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
 def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     found = [(int(m.group(1)), p) for p in Path(folder).glob("checkpoint-*.pt") if (m := CHECKPOINT_NAME.match(p.name))]
     return sorted(found)
 
 
 def lock_for_writing(folder: Path) -> None:
-    """Hold the folder's writer lock for the rest of this process; `CheckpointFolderBusy` when another
-    process holds it."""
+    """Hold the folder's writer lock for the rest of this process; `CheckpointFolderBusy` when another holds it."""
     folder = Path(folder).resolve()
     if folder in _held_locks:
         return
@@ -81,8 +66,7 @@ def lock_for_writing(folder: Path) -> None:
 
 
 def prepare_folder(folder: Path, ctx: DistributedContext) -> None:
-    """On rank 0: create the folder, take its writer lock, and drop temporary files a killed writer
-    left behind (never read; safe to delete once no other writer can exist)."""
+    """On rank 0: create the folder, take its writer lock, and drop temporary files a killed writer left."""
     if not ctx.is_main:
         return
     folder.mkdir(parents=True, exist_ok=True)
@@ -94,7 +78,10 @@ def prepare_folder(folder: Path, ctx: DistributedContext) -> None:
 
 def save_checkpoint(folder: Path, keep: int, state: dict[str, Any], ctx: DistributedContext) -> None:
     """Collective (every rank sends its RNG state); only rank 0 writes, then prunes to the newest `keep`."""
-    rng_by_rank = gather_to_all(rng_state())
+    rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    rng_by_rank = gather_to_all(rng)
     if not ctx.is_main:
         return
     path = folder / f"checkpoint-{state['step']:08d}.pt"
@@ -131,7 +118,11 @@ def resume_if_possible(
     written_by = len(state["rng"])  # one RNG state per rank that wrote it
     same_layout = written_by == ctx.world_size and state["args"]["batch_size"] == batch_size
     if same_layout:  # every rank continues its own random stream
-        restore_rng(state["rng"][ctx.rank])
+        rng = state["rng"][ctx.rank]
+        random.setstate(rng["python"])
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
     elif ctx.is_main:
         log.warning(
             "%s was written by %d processes with batch %d, this job has %d with batch %d: weights and optimizer "

@@ -58,16 +58,8 @@ def parse_annotations(
     file_key = f"{source}/{ANNOTATIONS_FILE}"
 
     def reject(entry: Any, place: str, reason: str, detail: str) -> None:
-        parsed.rejected.append(
-            {
-                "key": file_key,
-                "annotation_id": annotation_id(entry),
-                "category": "",
-                "bbox": [],
-                "reason": reason,
-                "detail": f"{place}: {detail}",
-            }
-        )
+        row = {"key": file_key, "annotation_id": annotation_id(entry), "category": "", "bbox": []}
+        parsed.rejected.append({**row, "reason": reason, "detail": f"{place}: {detail}"})
 
     for n, entry in enumerate(document["categories"]):
         place = f"categories[{n}]"

@@ -119,53 +119,39 @@ def score_detections(predictions: list[dict[str, Any]], ground_truth: dict[str, 
     evaluator.summarize()
     stats = evaluator.stats_as_dict
     metrics: dict[str, Any] = {name: _defined(stats[label]) for label, name in SUMMARY_NAMES.items()}
-    metrics["per_class"] = _per_class_ap(evaluator, categories)
-    metrics["pr_curve"] = _pr_curve(evaluator, categories)
+    metrics["per_class"], metrics["pr_curve"] = _per_class(evaluator, categories)
     return metrics
 
 
-def _pr_curve(evaluator: COCOeval_faster, categories: list[dict[str, Any]]) -> dict[str, Any]:
-    """Interpolated precision on COCO's 101 recall points at IoU 0.5 (area all, 100 detections): per class
-    (None for a class without ground truth) and the mean over the classes that have some."""
-    precision = np.asarray(evaluator.eval["precision"])
+def _per_class(evaluator: COCOeval_faster, categories: list[dict[str, Any]]) -> tuple[list[dict], dict[str, Any]]:
+    """AP per category, averaging only defined entries (-1 marks a class without ground truth), and the PR
+    curve: interpolated precision on COCO's 101 recall points at IoU 0.5, per class (None for a class
+    without ground truth) and the mean over the classes that have some. Both at area all, 100 detections."""
     params = evaluator.params
-    iou_50 = int(np.argmin(np.abs(np.asarray(params.iouThrs) - 0.5)))
-    at_50 = precision[iou_50, :, :, params.areaRngLbl.index("all"), params.maxDets.index(100)]  # [recall, class]
-    names = {c["id"]: c["name"] for c in categories}
-    per_class = {
-        names[category_id]: (at_50[:, column].round(4).tolist() if (at_50[:, column] > -1).all() else None)
+    # precision is [iou, recall, class, area, maxDets]
+    precision = np.asarray(evaluator.eval["precision"])[..., params.areaRngLbl.index("all"), params.maxDets.index(100)]
+    at_50 = precision[int(np.argmin(np.abs(np.asarray(params.iouThrs) - 0.5)))]  # [recall, class]
+    rows = [
+        {
+            "category": next(c["name"] for c in categories if c["id"] == category_id),
+            "category_id": int(category_id),
+            "ap": _mean_defined(precision[:, :, column]),
+            "ap_50": _mean_defined(at_50[:, column]),
+        }
         for column, category_id in enumerate(params.catIds)
-    }
+    ]
+    names = {c["id"]: c["name"] for c in categories}
     defined = at_50[:, (at_50 > -1).all(axis=0)]
-    return {
+    curve = {
         "iou": 0.5,
         "recall": np.asarray(params.recThrs).round(2).tolist(),
         "mean": defined.mean(axis=1).round(4).tolist() if defined.size else None,
-        "per_class": per_class,
+        "per_class": {
+            names[category_id]: (at_50[:, column].round(4).tolist() if (at_50[:, column] > -1).all() else None)
+            for column, category_id in enumerate(params.catIds)
+        },
     }
-
-
-def _per_class_ap(evaluator: COCOeval_faster, categories: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """AP per category from the precision array [iou, recall, class, area, maxDets] at area=all, maxDets=100,
-    averaging only defined entries (-1 marks a class without ground truth)."""
-    precision = np.asarray(evaluator.eval["precision"])
-    params = evaluator.params
-    area_all = params.areaRngLbl.index("all")
-    max_dets = params.maxDets.index(100)
-    iou_50 = int(np.argmin(np.abs(np.asarray(params.iouThrs) - 0.5)))
-    rows = []
-    for column, category_id in enumerate(params.catIds):
-        per_iou = precision[:, :, column, area_all, max_dets]
-        name = next(c["name"] for c in categories if c["id"] == category_id)
-        rows.append(
-            {
-                "category": name,
-                "category_id": int(category_id),
-                "ap": _mean_defined(per_iou),
-                "ap_50": _mean_defined(per_iou[iou_50]),
-            }
-        )
-    return rows
+    return rows, curve
 
 
 def _mean_defined(values: np.ndarray) -> float | None:

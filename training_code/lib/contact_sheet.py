@@ -43,8 +43,7 @@ class Thumbnail:
 
 
 def thumbnail_png(item: tuple[str, str], max_bytes: int, max_pixels: int, side: int = THUMBNAIL_SIDE) -> bytes | None:
-    """PNG bytes of the file's thumbnail, or None when it may not or cannot be drawn. Runs in a pool
-    worker: a decoder that hangs or crashes costs this file, never the pass."""
+    """PNG bytes of the file's thumbnail, or None when it may not or cannot be drawn. Runs in a pool worker."""
     path, sha256 = item
     try:
         data = read_limited(Path(path), max_bytes)
@@ -68,16 +67,9 @@ def thumbnail_png(item: tuple[str, str], max_bytes: int, max_pixels: int, side: 
 
 
 def quarantine_thumbnails(
-    raw: Path,
-    quarantine: pd.DataFrame,
-    *,
-    max_bytes: int,
-    max_pixels: int,
-    timeout_s: float,
-    workers: int = 1,
+    raw: Path, quarantine: pd.DataFrame, *, max_bytes: int, max_pixels: int, timeout_s: float, workers: int = 1
 ) -> list[Thumbnail]:
-    """Thumbnails of the first drawable rows of `quarantine` (key, sha256, reason), by key, from the
-    raw root `raw` (as `raw_files.locate` takes it)."""
+    """Thumbnails of the first drawable rows of `quarantine` (key, sha256, reason), by key, from the raw root `raw`."""
     drawable = quarantine[quarantine["reason"].isin(DRAWABLE_REASONS) & quarantine["sha256"].notna()]
     items: dict[tuple[str, str], tuple[str, str]] = {}  # (path, sha256) -> (key, reason)
     for row in drawable.sort_values("key", kind="stable").head(MAX_ATTEMPTS).itertuples(index=False):
@@ -98,7 +90,7 @@ def quarantine_thumbnails(
     return sorted(drawn, key=lambda thumbnail: thumbnail.key)[:MAX_THUMBNAILS]
 
 
-def draw_contact_sheet(thumbnails: list[Thumbnail], columns: int = COLUMNS) -> Image.Image:
+def contact_sheet_png(thumbnails: list[Thumbnail], columns: int = COLUMNS) -> bytes:
     """The full-size sheet: a grid of thumbnails, each with its reason and key printed under it."""
     cell_width, cell_height = THUMBNAIL_SIDE + 8, THUMBNAIL_SIDE + CAPTION_HEIGHT
     rows = max(1, -(-len(thumbnails) // columns))
@@ -109,12 +101,8 @@ def draw_contact_sheet(thumbnails: list[Thumbnail], columns: int = COLUMNS) -> I
         sheet.paste(thumbnail.image(), (x, y + 2))
         draw.text((x, y + THUMBNAIL_SIDE + 4), thumbnail.reason, fill=(200, 30, 30))
         draw.text((x, y + THUMBNAIL_SIDE + 15), _fit(thumbnail.key, 26), fill="black")
-    return sheet
-
-
-def contact_sheet_png(thumbnails: list[Thumbnail]) -> bytes:
     buffer = io.BytesIO()
-    draw_contact_sheet(thumbnails).save(buffer, "PNG", optimize=True)
+    sheet.save(buffer, "PNG", optimize=True)
     return buffer.getvalue()
 
 

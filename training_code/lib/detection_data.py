@@ -39,11 +39,8 @@ class TooManyBadSamplesError(RuntimeError):
 
 
 def augment(picture: Image.Image, target: dict[str, torch.Tensor], settings: Augmentation, draws: random.Random):
-    """Flip picture and boxes, and draw the sample's photometric factors into `target["photometric"]`,
-    from a per-sample generator so any rank or worker augments a sample alike.
-
-    `apply_photometric` applies the factors later, on the float batch on the training device, where it
-    is cheaper. No saturation or hue jitter: colour is a class cue for parts."""
+    """Flip picture and boxes, and draw the photometric factors into `target["photometric"]` for
+    `apply_photometric` (on the training device). No saturation or hue jitter: colour is a class cue for parts."""
     flip, brightness, contrast = draws.random(), draws.random(), draws.random()
     if flip < settings.hflip_prob:
         # No clamping: validation rejected boxes outside the image, and a flip keeps them inside.
@@ -58,8 +55,7 @@ def augment(picture: Image.Image, target: dict[str, torch.Tensor], settings: Aug
 
 
 def apply_photometric(images: list[torch.Tensor], targets: list[dict[str, Any]]) -> list[torch.Tensor]:
-    """Apply each sample's brightness then contrast factors (from `augment`) to float images in [0, 1];
-    pops the factors from the targets, which the model must not see."""
+    """Apply each sample's brightness then contrast factors (popped from its target) to float images in [0, 1]."""
     adjusted = []
     for image, target in zip(images, targets):
         factors = target.pop("photometric", None)  # absent when the stream does not augment
@@ -71,12 +67,9 @@ def apply_photometric(images: list[torch.Tensor], targets: list[dict[str, Any]])
 
 
 class ShardDetectionStream(IterableDataset):
-    """Endless training stream of this rank over epochs 0, 1, ...; each DataLoader worker takes every n-th sample of it.
-
-    Endless so `--max-steps` alone decides when training stops and DDP ranks agree on the step count.
-    `resume_batches` skips, without decoding, what each worker delivered before a checkpoint, so a
-    resumed job sees the same batches. Each worker keeps the rank's `open_shards` lanes memory-mapped.
-    """
+    """Endless training stream of this rank (so `--max-steps` alone decides when training stops); each
+    DataLoader worker takes every n-th sample. `resume_batches` skips, undecoded, what each worker delivered
+    before a checkpoint, so a resumed job sees the same batches."""
 
     def __init__(
         self,
@@ -107,18 +100,9 @@ class ShardDetectionStream(IterableDataset):
     def rank_order(self) -> Iterator[tuple[int, int, int, int]]:
         """(epoch, position in the epoch, shard index, row) of this rank's stream, endlessly; reads no shard."""
         rows, sources = [s.rows for s in self.shards], [s.source for s in self.shards]
+        layout = {name: getattr(self, name) for name in ("seed", "rank", "world_size", "open_shards", "shuffle_buffer")}
         for epoch in itertools.count():
-            pairs = read_order.rank_epoch(
-                rows,
-                sources,
-                seed=self.seed,
-                epoch=epoch,
-                rank=self.rank,
-                world_size=self.world_size,
-                open_shards=self.open_shards,
-                shuffle_buffer=self.shuffle_buffer,
-            )
-            for position, (shard, row) in enumerate(pairs):
+            for position, (shard, row) in enumerate(read_order.rank_epoch(rows, sources, epoch=epoch, **layout)):
                 yield epoch, position, shard, row
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
@@ -177,12 +161,9 @@ class ShardDetectionStream(IterableDataset):
             yield F.pil_to_tensor(picture), target
 
 
-def collate_detection(
-    batch: list[tuple[torch.Tensor, dict[str, Any]]],
-) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
-    """Images and targets as lists (box counts differ per image), shaped for the trip from a DataLoader
-    worker: that costs per tensor, so the images share one buffer and the targets travel as plain lists.
-    `targets_on` makes them tensors on the training device."""
+def collate_detection(batch: list[tuple[torch.Tensor, dict]]) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
+    """Images and targets as lists (box counts differ per image); a worker's trip costs per tensor, so the
+    images share one buffer and the targets travel as plain lists (`targets_on` makes them tensors)."""
     images, targets = zip(*batch)
     lists = [
         {name: value.tolist() if isinstance(value, torch.Tensor) else value for name, value in target.items()}
@@ -192,8 +173,7 @@ def collate_detection(
 
 
 def _in_one_buffer(images: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The CHW uint8 images as views of one buffer, laid out as `pil_to_tensor` returns them (channels-first
-    views of HWC memory). In a worker the buffer is allocated in shared memory, as default collate does."""
+    """The CHW uint8 images as views (of HWC memory, as `pil_to_tensor` gives) of one buffer, shared in a worker."""
     flat = [image.permute(1, 2, 0).reshape(-1) for image in images]
     sizes = [part.numel() for part in flat]
     out = None
@@ -218,8 +198,7 @@ def targets_on(targets: list[dict[str, Any]], device: torch.device) -> list[dict
 
 
 def _ignore_sigterm(worker_id: int) -> None:
-    """Ignore SIGTERM in a worker: the training process turns SIGTERM into a checkpoint, which needs its
-    workers alive; they exit when it closes the loader."""
+    """SIGTERM makes the training process checkpoint, which needs its workers alive until it closes the loader."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 

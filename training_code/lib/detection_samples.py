@@ -1,7 +1,5 @@
 """Detection samples from verified Arrow shards: a split's shards checked against their manifest, a stored
-row decoded into an upright picture and its boxes, and the ordered evaluation pass.
-
-The training stream that mixes and augments these samples is `detection_data`.
+row decoded into an upright picture and its boxes, and the ordered evaluation pass (training: `detection_data`).
 """
 
 from __future__ import annotations
@@ -45,13 +43,9 @@ class BadSampleError(ValueError):
 def verified_split(
     folder: Path, split: str, rank: int = 0, world_size: int = 1, training_set_dir: str | None = None
 ) -> tuple[dict[str, Any], list[ShardRef]]:
-    """The shard-set manifest (zero-shards/4) and the split's shards, checked against it.
-
-    Shard paths may leave the manifest's folder but never the root: the channel `folder` with
-    `training_set_dir` (the manifest's folder inside it, as on SageMaker), else two folders above the
-    manifest's. Every rank checks sizes and rows; the sha256 checks are divided among ranks by stride.
-    Any mismatch raises `ShardIntegrityError`.
-    """
+    """The shard-set manifest (zero-shards/4) and the split's shards, checked against it (else
+    `ShardIntegrityError`); the sha256 checks are divided among ranks by stride. Shards stay inside the root:
+    the channel `folder` with `training_set_dir` (the manifest's folder in it), else two folders above the manifest."""
     root = Path(folder)
     if training_set_dir is not None:
         inner = Path(training_set_dir)
@@ -83,8 +77,8 @@ def shard_source(path: Path) -> str:
 
 
 class ShardRows:
-    """One memory-mapped shard: image bytes read per row from the map, the label columns converted to
-    Python a chunk of rows at a time when first needed (per-row Arrow scalar access is slow)."""
+    """One memory-mapped shard: image bytes read per row, label columns converted to Python a chunk of rows at
+    a time when first needed (per-row Arrow scalar access is slow)."""
 
     CHUNK_ROWS = 256
 
@@ -113,11 +107,8 @@ class ShardRows:
 def decode_sample(
     rows: ShardRows, row: int, min_box_side: float = 0.0
 ) -> tuple[Image.Image, dict[str, torch.Tensor], str]:
-    """One row as (upright RGB picture, {"boxes" [N,4] float32 xyxy, "labels" [N] int64}, key).
-
-    The picture stays a PIL image so a flip is cheap before the one copy into a tensor. Boxes with a side
-    under `min_box_side` are dropped (training passes 1, as SanitizeBoundingBoxes would; evaluation 0).
-    """
+    """One row as (upright RGB PIL picture, {"boxes" [N,4] float32 xyxy, "labels" [N] int64}, key); boxes
+    with a side under `min_box_side` are dropped (training passes 1, as SanitizeBoundingBoxes would)."""
     record = rows.record(row)
     try:
         picture = shard_format.decode_upright(record["image"])
@@ -150,8 +141,7 @@ class EvalSample:
 
 
 def iter_eval_samples(shards: list[ShardRef]) -> Iterator[EvalSample]:
-    """Every sample in shard order, unaugmented. An undecodable sample fails the evaluation: scores on a
-    silently smaller set would not compare between checkpoints."""
+    """Every sample in shard order, unaugmented; an undecodable one fails (scores on fewer would not compare)."""
     for shard in shards:
         table = ShardRows(shard.path)
         for row in range(table.table.num_rows):

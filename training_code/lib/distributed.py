@@ -50,23 +50,15 @@ def _env_int(name: str, default: int) -> int:
 
 def read_context() -> DistributedContext:
     """Rank layout from torchrun's environment; the device follows the local rank."""
-    rank, world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
-    local_rank = _env_int("LOCAL_RANK", 0)
-    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-    return DistributedContext(rank, local_rank, world_size, local_world_size, device)
+    rank, world_size, local_rank = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0)
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    return DistributedContext(rank, local_rank, world_size, _env_int("LOCAL_WORLD_SIZE", world_size), device)
 
 
 @contextmanager
 def distributed_session(timeout_min: float = 30.0) -> Iterator[DistributedContext]:
-    """Join the process group for the duration of the block and always leave it.
-
-    The timeout is generous because rank 0 alone does slow side effects (checkpoints, shard
-    hashing) while the other ranks wait in a collective.
-    """
+    """Join the process group for the block and always leave it. The timeout is generous: rank 0 alone does
+    slow side effects (checkpoints, shard hashing) while the other ranks wait in a collective."""
     context = read_context()
     die_with_launcher()
     if context.device.type == "cuda":
@@ -88,11 +80,8 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def die_with_launcher() -> None:
-    """Under torchrun, let the kernel kill this worker when the launcher dies.
-
-    torchrun starts workers in their own sessions, so a launcher killed with SIGKILL would leave them
-    training as orphans, writing checkpoints into the folder a retry resumes from.
-    """
+    """Under torchrun, let the kernel kill this worker when the launcher dies: workers run in their own sessions,
+    so they would train on as orphans, writing checkpoints into the folder a retry resumes from."""
     if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return
     launcher = os.getppid()

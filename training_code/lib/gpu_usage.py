@@ -1,7 +1,5 @@
-"""GPU utilisation while training: each rank samples its own GPU from NVML on a thread; rank 0 gets them all.
-
-`GpuSampler(device).start()` before the loop and `.stop()` after it; then `gpu_report` on every rank gives
-the figures `trained_checkpoint` records, or, without a GPU or NVML, why there are none.
+"""GPU utilisation while training: each rank samples its own GPU from NVML on a thread (`GpuSampler`);
+`gpu_report`, on every rank, gathers the figures, or, without a GPU or NVML, why there are none.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Keep Python's cyclic garbage collector off the objects a pass starts with.
-
-A pass starts with many long-lived objects (its libraries' modules) that full collections walk in
-vain; `gc.freeze` hides them for the pass, `gc.unfreeze` hands them back after. Newer objects are
-collected as before.
+"""Keep Python's cyclic garbage collector off the long-lived objects a pass starts with (its libraries'
+modules), which full collections would walk in vain; newer objects are collected as before.
 """
 
 from __future__ import annotations

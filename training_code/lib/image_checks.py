@@ -10,11 +10,10 @@ from __future__ import annotations
 import io
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import wraps
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
@@ -30,7 +29,6 @@ DEFAULT_ALLOWED_FORMATS = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF", "MPO")
 DEFAULT_MAX_IMAGE_BYTES = 128 << 20
 DEFAULT_MAX_PIXELS = 1_000_000_000
 ORIENTATION_TAG = 0x0112
-_T = TypeVar("_T")
 _ORIENTATIONS = frozenset(range(1, 9))
 _SWAPS_SIDES = frozenset(range(5, 9))  # transpose, rotate 270, transverse, rotate 90
 _TURNS = frozenset(range(2, 9))  # the tags exif_transpose acts on (it looks them up in a dict, so 6.0 acts too)
@@ -106,28 +104,13 @@ def check_image_file(
     return check_image_bytes(data, allowed_formats, min_side, max_pixels)
 
 
-def check_image_bytes(
-    data: bytes, allowed_formats: tuple[str, ...], min_side: int, max_pixels: int = DEFAULT_MAX_PIXELS
-) -> ImageVerdict:
-    digest = sha256_bytes(data)
-    if not data:
-        return ImageVerdict(sha256=digest, size=0, reason="empty", stage="read", error="the file has zero bytes")
-    if ImageFile.LOAD_TRUNCATED_IMAGES:
-        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is on; it would let truncated images through")
-    return _judge(data, digest, allowed_formats, min_side, max_pixels)
-
-
-def _bomb_warning_is_an_error(function: Callable[..., _T]) -> Callable[..., _T]:
-    """Run `function` with Pillow's DecompressionBombWarning raised as an error, so such a file is
-    quarantined `bomb`, never decoded. Only for the steps where Pillow checks that limit."""
-
-    @wraps(function)
-    def with_bomb_errors(*args: Any, **kwargs: Any) -> _T:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            return function(*args, **kwargs)
-
-    return with_bomb_errors
+@contextmanager
+def _bomb_warning_is_an_error() -> Iterator[None]:
+    """Pillow's DecompressionBombWarning raised as an error, so such a file is quarantined `bomb`, never
+    decoded. A decorator of the steps where Pillow checks that limit."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        yield
 
 
 @contextmanager
@@ -141,7 +124,15 @@ def _pixel_limit(limit: int | None) -> Iterator[None]:
         Image.MAX_IMAGE_PIXELS = saved
 
 
-def _judge(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side: int, max_pixels: int) -> ImageVerdict:
+def check_image_bytes(
+    data: bytes, allowed_formats: tuple[str, ...], min_side: int, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> ImageVerdict:
+    digest = sha256_bytes(data)
+    if not data:
+        return ImageVerdict(sha256=digest, size=0, reason="empty", stage="read", error="the file has zero bytes")
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is on; it would let truncated images through")
+
     def quarantine(reason: str, error: str) -> ImageVerdict:
         return ImageVerdict(sha256=digest, size=len(data), reason=reason, stage="decode", error=error)
 
@@ -184,20 +175,10 @@ def _strict_jpeg(data: bytes, digest: str, min_side: int, quarantine, header: Im
     except ValueError:
         # A truncation, variant or header libjpeg-turbo refuses: Pillow's passes judge it.
         return None
-
-    return _upright_verdict(
-        header,
-        digest,
-        len(data),
-        original_mode=header.mode,
-        min_side=min_side,
-        image_format=header.format,
-        stored_size=header.size,
-        small=small,
-    )
+    return _upright_verdict(header, digest, len(data), header.mode, min_side, header.format, header.size, small)
 
 
-@_bomb_warning_is_an_error
+@_bomb_warning_is_an_error()
 def _decode(data: bytes, digest: str, allowed_formats: tuple[str, ...], min_side: int, quarantine) -> ImageVerdict:
     # Pass 1: verify() (structure and CRCs, no pixel decoding).
     failures: list[tuple[str, str, str]] = []  # (step, reason, text)
@@ -287,7 +268,7 @@ def _classify(error: BaseException) -> str:
     return "decode_error"
 
 
-@_bomb_warning_is_an_error
+@_bomb_warning_is_an_error()
 def _diagnose_unidentified(data: bytes) -> tuple[str, str]:
     """Tell "not an image" apart from "a known format whose variant Pillow cannot open", by rerunning
     the plugins whose magic-byte check accepts the file (Image.open hides their complaints)."""

@@ -1,8 +1,6 @@
-"""The decode step of the validation pass: a verdict per listed image, reached in isolated workers
-on exactly the file the index listed.
-
-Unsafe keys and keys leading out of the raw root get their verdict here, never opened. A file that is
-not the one listed fails the pass (`RawRootChanged`): its verdict would be cached under the index.
+"""The decode step of the validation pass: a verdict per listed image, reached in isolated workers on exactly
+the file the index listed (else `RawRootChanged`: its verdict would be cached under the index). Unsafe keys
+and keys leading out of the raw root get their verdict here, never opened.
 """
 
 from __future__ import annotations
@@ -30,11 +28,7 @@ PROGRESS_EVERY_S = 10.0
 def start_decoders(check: Callable[..., ImageVerdict] = check_image_file) -> None:
     """Start the decode workers' forkserver now, so it imports what they need while the pass reads its
     tables and `decode_workers` later only forks."""
-    start_forkserver(_preload(check))
-
-
-def _preload(check: Callable[..., ImageVerdict]) -> list[str]:
-    return [check.__module__, __name__]
+    start_forkserver([check.__module__, __name__])
 
 
 def decode_workers(
@@ -53,7 +47,7 @@ def decode_workers(
         max_pixels=args.max_pixels,
     )
     workers = max(1, min(args.workers, images))
-    return IsolatedPool(function, workers=workers, timeout_s=args.timeout_s, preload=_preload(check))
+    return IsolatedPool(function, workers=workers, timeout_s=args.timeout_s, preload=[check.__module__, __name__])
 
 
 def decode_all(
@@ -63,10 +57,8 @@ def decode_all(
     max_image_bytes: int,
     listed_etags: dict[str, str] | None = None,
 ) -> dict[str, ImageVerdict]:
-    """A verdict per key of the raw root `raw`, decoded by the entered `pool` (None only for no keys).
-
-    `listed_etags`: key -> the index's etag, checked as each file is read (a local root; without it
-    the files were already proven by an IfMatch fetch). Keys of the same file are decoded once."""
+    """A verdict per key of the raw root `raw`, decoded once per file by the entered `pool` (None only for no
+    keys). `listed_etags`: key -> the index's etag, checked on read (a local root; else fetched with IfMatch)."""
     verdicts: dict[str, ImageVerdict] = {}
     if not keys:
         return verdicts

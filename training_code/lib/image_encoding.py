@@ -1,8 +1,6 @@
-"""Read one selected image as a shard stores it: raw bytes checked against validation's sha256, kept
-as they are or resized and re-encoded, a batch of rows at a time.
-
-Runs in the packing pool's workers, so it imports only Pillow and small modules: a forkserver child
-importing pyarrow would cost several times more.
+"""Read selected images as a shard stores them: raw bytes checked against validation's sha256, kept or
+resized and re-encoded. Runs in the packing pool's workers, so it imports only Pillow and small modules
+(a forkserver child importing pyarrow would cost several times more).
 """
 
 from __future__ import annotations
@@ -86,15 +84,6 @@ def resize_encode(data: bytes, upright_target: tuple[int, int], orientation: int
     return buffer.getvalue()
 
 
-def load_image_bytes(task: tuple[str, str, str, tuple[int, int], int, Encoding]) -> bytes:
-    """The `image` column value for one row; runs in a worker (thread or process)."""
-    path, key, sha256, upright_target, orientation, encoding = task
-    data = read_checked(path, key, sha256)  # the raw bytes are checked before anything is derived from them
-    if encoding.mode == "original":
-        return data
-    return resize_encode(data, upright_target, orientation, encoding.jpeg_quality)
-
-
 def read_batch(task: tuple[Locator, list[tuple], Encoding]) -> list[bytes]:
     """The `image` column values of one batch of rows; runs in a worker (thread or process)."""
     locator, batch, encoding = task
@@ -107,5 +96,8 @@ def read_batch(task: tuple[Locator, list[tuple], Encoding]) -> list[bytes]:
             raise RuntimeError(
                 f"{key}: {refused}; the raw root changed since validation, rematerialize validated_images"
             ) from None
-        images.append(load_image_bytes((path, key, sha256, target, int(orientation), encoding)))
+        data = read_checked(path, key, sha256)  # the raw bytes are checked before anything is derived from them
+        if encoding.mode == "resize":
+            data = resize_encode(data, target, int(orientation), encoding.jpeg_quality)
+        images.append(data)
     return images

@@ -55,8 +55,7 @@ class ListedRoot:
 
 
 def read_listed_root(index_dir: Path) -> ListedRoot:
-    """What `<index_dir>/manifest.json` says was listed; an error naming the file when it is missing or
-    predates these fields."""
+    """What `<index_dir>/manifest.json` says was listed; an error naming the file when it is missing."""
     path = Path(index_dir) / INDEX_MANIFEST
     if not path.is_file():
         raise FileNotFoundError(
@@ -64,11 +63,6 @@ def read_listed_root(index_dir: Path) -> ListedRoot:
             "which the job checks what it reads against; rematerialize raw_image_index"
         )
     manifest = json.loads(path.read_text())
-    if ANNOTATION_FILES not in manifest or "raw_uri" not in manifest:
-        raise ValueError(
-            f"{path} has no `{ANNOTATION_FILES}` (an index written before they were recorded); "
-            "rematerialize raw_image_index"
-        )
     files = {
         source: None if entry is None else IndexedFile(**entry) for source, entry in manifest[ANNOTATION_FILES].items()
     }

@@ -71,10 +71,8 @@ def _scaled(image: Image.Image, width: int) -> Image.Image:
 
 
 def inline_picture(picture: Picture, alt: str, caption: str = "") -> str:
-    """`![alt](data:...)` and the caption under it, shorter than INLINE_LIMIT characters in all.
-
-    `picture` is an image (scaled down to fit) or a function drawing one for a given width, for
-    drawings that should be redrawn small rather than shrunk (lines stay one pixel wide)."""
+    """`![alt](data:...)` and the caption under it, shorter than INLINE_LIMIT characters in all. `picture` is an
+    image (scaled down to fit) or a function drawing one for a width (redrawn small, lines stay one pixel)."""
     alt_text, caption_text = markdown_text(alt), markdown_text(caption)
     tail = f"\n\n{caption_text}" if caption_text else ""
     tried: set[tuple[int, int]] = set()

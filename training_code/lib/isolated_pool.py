@@ -16,7 +16,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
@@ -36,20 +35,13 @@ BLAS_THREADS_VARIABLE = "OPENBLAS_NUM_THREADS"  # numpy's wheels bundle OpenBLAS
 def start_forkserver(preload: Sequence[str]) -> None:
     """Start the pools' forkserver now, importing `preload`, and return at once, so the imports are done
     by the time workers fork. A forkserver already running is kept, with its imports."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(preload))
-    with _single_blas_thread_environment():
-        multiprocessing.forkserver.ensure_running()
-
-
-@contextmanager
-def _single_blas_thread_environment() -> Iterator[None]:
-    """Ask OpenBLAS for one thread while the forkserver starts: it reads the variable only as numpy
-    loads, and would otherwise spin a thread per core there. The variable is put back at once."""
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(preload))
+    # One OpenBLAS thread in the forkserver: it reads the variable only as numpy loads, and would otherwise
+    # spin a thread per core there. The variable is put back at once.
     saved = os.environ.get(BLAS_THREADS_VARIABLE)
     os.environ[BLAS_THREADS_VARIABLE] = "1"
     try:
-        yield
+        multiprocessing.forkserver.ensure_running()
     finally:
         if saved is None:
             del os.environ[BLAS_THREADS_VARIABLE]
@@ -72,9 +64,8 @@ class TaskRaised(RuntimeError):
 class IsolatedPool:
     """`with IsolatedPool(fn, workers=4, timeout_s=20) as pool: for item, result in pool.imap_unordered(items): ...`
 
-    `fn` must be picklable. `preload` names modules the forkserver imports once; it runs with the
-    default sys.path, so one it cannot import there is imported by each worker instead (only slower).
-    A batch holds about `batch_s` of work, at most `max_batch` items.
+    `fn` must be picklable. `preload`: modules the forkserver imports once (with the default sys.path; one it
+    cannot import there each worker imports). A batch holds about `batch_s` of work, at most `max_batch` items.
     """
 
     def __init__(
@@ -86,12 +77,9 @@ class IsolatedPool:
         max_batch: int = MAX_BATCH,
         batch_s: float = BATCH_S,
     ) -> None:
-        if workers < 1:
-            raise ValueError(f"workers must be at least 1, got {workers}")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        for name, value in (("workers", workers), ("timeout_s", timeout_s), ("max_batch", max_batch)):
+            if value <= 0:
+                raise ValueError(f"{name} must be {'positive' if name == 'timeout_s' else 'at least 1'}, got {value}")
         self.function, self.workers, self.timeout_s = function, workers, timeout_s
         self.max_batch, self.batch_s = max_batch, batch_s
         # forkserver, not fork: workers must not inherit the parent's threads and locks.
@@ -124,7 +112,7 @@ class IsolatedPool:
             self._start_error = error
 
     def _started(self) -> None:
-        """Wait for the starting thread; raise what stopped it, in the caller's thread."""
+        """Wait for the starting thread; raise what stopped it in the caller's thread."""
         if self._starter is not None:
             self._starter.join()
             self._starter = None
@@ -253,10 +241,8 @@ class IsolatedPool:
     def _batch_size(self, left: int) -> int:
         """About `batch_s` of work, and at most an equal share of what is left, so no worker is left with
         a long batch at the end."""
-        if self._done:
-            size = int(self.batch_s / max(self._done_s / self._done, 1e-6))
-        else:
-            size = 1  # nothing known yet: the first results size the next batches
+        # Nothing known yet: 1, and the first results size the next batches.
+        size = int(self.batch_s / max(self._done_s / self._done, 1e-6)) if self._done else 1
         return max(1, min(size, self.max_batch, math.ceil(left / self.workers)))
 
     def _assign_next(self, worker: Worker, todo: deque[Any]) -> Worker | None:

@@ -19,13 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dagster_pipes import (
-    PipesContext,
-    PipesEnvVarParamsLoader,
-    PipesS3ContextLoader,
-    PipesS3MessageWriter,
-    open_dagster_pipes,
-)
+from dagster_pipes import PipesContext as PipesContext  # re-exported: train.py tells a real context by it
+from dagster_pipes import PipesEnvVarParamsLoader, PipesS3ContextLoader, PipesS3MessageWriter, open_dagster_pipes
 
 log = logging.getLogger("zero.job")
 
@@ -54,8 +49,7 @@ def peak_rss_bytes() -> int | None:
 
 
 def scratch_root() -> Path:
-    """Where a Processing job keeps scratch files: on its volume under /opt/ml/processing, never in an
-    output; the system's temporary folder for a script run by hand."""
+    """Scratch for a Processing job: on its volume under /opt/ml/processing; else the system's temp folder."""
     processing = opt_ml() / "processing"
     if not processing.is_dir():
         return Path(tempfile.gettempdir())
@@ -99,21 +93,13 @@ class _LogOnlyReporter:
     def __init__(self) -> None:
         self.log = log
 
-    def report_asset_materialization(
-        self, metadata: dict[str, Any] | None = None, data_version: str | None = None, **_: Any
-    ) -> None:
+    def report_asset_materialization(self, metadata: dict | None = None, data_version: str | None = None, **_) -> None:
         if is_rank_zero():
-            print(json.dumps({"event": "materialization", "data_version": data_version, "metadata": _plain(metadata)}))
-
-    def report_custom_message(self, payload: Any) -> None:
-        if is_rank_zero():
-            print(json.dumps({"event": "message", "payload": payload}))
-
-
-def _plain(metadata: dict[str, Any] | None) -> dict[str, Any]:
-    return {
-        k: (v.get("raw_value") if isinstance(v, dict) and "raw_value" in v else v) for k, v in (metadata or {}).items()
-    }
+            plain = {
+                k: v["raw_value"] if isinstance(v, dict) and "raw_value" in v else v
+                for k, v in (metadata or {}).items()
+            }
+            print(json.dumps({"event": "materialization", "data_version": data_version, "metadata": plain}))
 
 
 # A job keeps most of what it allocates until it writes its tables, so the default threshold (700) makes
@@ -123,10 +109,8 @@ GC_THRESHOLDS = (100_000, 50, 1000)
 
 @contextmanager
 def pipes_session() -> Iterator[Any]:
-    """Open Dagster Pipes on rank 0 when launched by Dagster; otherwise a reporter that only logs.
-
-    On failure, write `/opt/ml/output/failure` (SageMaker's FailureReason) before re-raising.
-    """
+    """Dagster Pipes on rank 0 when launched by Dagster, else a reporter that only logs; on failure, write
+    `/opt/ml/output/failure` (SageMaker's FailureReason) before re-raising."""
     _configure_logging()
     gc.set_threshold(*GC_THRESHOLDS)
     params = PipesEnvVarParamsLoader()
@@ -172,9 +156,7 @@ def current_host() -> str:
 def is_first_host() -> bool:
     """Multi-instance Processing jobs run the script on every host; only the first one reports."""
     config = _resource_config()
-    if not config:
-        return True
-    return config.get("current_host") == sorted(config.get("hosts", [config.get("current_host")]))[0]
+    return not config or config.get("current_host") == sorted(config.get("hosts", [config.get("current_host")]))[0]
 
 
 def _configure_logging() -> None:
@@ -226,11 +208,8 @@ _COLUMN_TYPES = ((bool, "bool"), (int, "int"), (float, "float"))
 def table(
     rows: list[dict[str, Any]], columns: dict[str, str] | None = None, types: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """Pipes metadata value for a typed table (Dagster's TableMetadataValue).
-
-    `columns` maps each column to a description (default: the first row's keys). Types are `types[name]`
-    where given (so an empty table keeps them), else inferred from the values; None is an empty cell.
-    """
+    """Pipes metadata value for a typed table: `columns` maps each column to a description (default: the first
+    row's keys); types are `types[name]` where given (an empty table keeps them), else inferred; None: empty."""
     names = list(columns or (rows[0] if rows else {}))
 
     def column_type(name: str) -> str:
@@ -256,16 +235,3 @@ def table(
         "type": "table",
         "raw_value": {"schema": schema, "records": [{name: row.get(name) for name in names} for row in rows]},
     }
-
-
-__all__ = [
-    "PipesContext",
-    "channel_dir",
-    "checkpoint_dir",
-    "is_rank_zero",
-    "job_name",
-    "table",
-    "model_dir",
-    "opt_ml",
-    "pipes_session",
-]

@@ -23,11 +23,9 @@ class CorruptData(Exception):
 
 
 def decode_small(data: bytes, grey: bool = False) -> np.ndarray:
-    """The picture reduced (each side at least MIN_SIDE), decoded with warnings as errors: its luma
-    (h x w) with `grey`, else RGB (h x w x 3). Grey skips chroma reconstruction but not its entropy
-    decoding, so the warnings are the same.
-
-    Raises CorruptData for a corrupt-data warning, ValueError for anything else libjpeg-turbo refuses."""
+    """The picture reduced (each side at least MIN_SIDE), decoded with warnings as errors: its luma (h x w) with
+    `grey` (same warnings: chroma is still entropy-decoded), else RGB (h x w x 3). CorruptData for a
+    corrupt-data warning, ValueError for anything else libjpeg-turbo refuses."""
     try:
         pixels = simplejpeg.decode_jpeg(
             data, colorspace="GRAY" if grey else "RGB", min_height=MIN_SIDE, min_width=MIN_SIDE, strict=True

@@ -1,9 +1,7 @@
 """What an image's labels are when its source's annotations.json says nothing of it, per source.
 
 Listed with no annotations: a negative. No entry: not a training image, unless the source is in
-`unlabelled_are_negatives`. A source without a usable annotations.json fails validation unless it is in
-`unlabelled_sources`. Each accepted image records its case (`tables.ANNOTATION_STATES`).
-"""
+`unlabelled_are_negatives`. A source without a usable annotations.json fails unless in `unlabelled_sources`."""
 
 from __future__ import annotations
 
@@ -69,8 +67,7 @@ class LabelPolicy:
         return set(sources) - self.unlabelled_sources
 
     def state(self, source: str, parsed: SourceAnnotations | None, file_name: str) -> str:
-        """One of `tables.ANNOTATION_STATES` for the image `file_name` of `source`. Without a parsed
-        annotations.json (`parsed` None) an image is never a negative: a source is not all background."""
+        """One of `tables.ANNOTATION_STATES`; without a parsed annotations.json an image is never a negative."""
         if source in self.unlabelled_sources:
             return UNLABELLED_SOURCE
         if parsed is None:
@@ -98,9 +95,7 @@ class LabelPolicy:
         errors: dict[str, str],
         raw_uri: str,
     ) -> None:
-        """Fail (SystemExit, nothing written) when a source that is not unlabelled has no usable
-        annotations.json, since its images could not be told from negatives; the message names each file
-        and the fix. A source whose folder name is no safe key is skipped (all unsafe_key verdicts)."""
+        """SystemExit naming each file and the fix when a labelled source has no usable annotations.json."""
         problems = {}
         for source in sorted(set(sources) - self.unlabelled_sources):
             key = f"{source}/{ANNOTATIONS_FILE}"

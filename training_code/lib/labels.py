@@ -1,9 +1,7 @@
 """Turn one image's COCO annotations into checked boxes in the upright frame, or rejections with a reason.
 
-COCO boxes are `[x, y, w, h]` in the stored pixel frame; training sees pixels after
-`ImageOps.exif_transpose`, so every box goes through the same transpose. Box coordinates are pixel
-edges (0..width), the frame `Image.getbbox()` reports.
-"""
+COCO boxes are `[x, y, w, h]` in the stored pixel frame; training sees pixels after `ImageOps.exif_transpose`,
+so every box goes through the same transpose. Box coordinates are pixel edges (0..width)."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ from typing import Any, NamedTuple
 
 INT64_MAX = 2**63 - 1
 MAX_VALUE_CHARS = 80  # a value from annotations.json quoted in a detail is cut to this
-# Pixels a box may overshoot the image edge and still be clipped; annotation tools round, but a box
-# further out means the annotation and the image disagree, and clipping would hide that.
+# Pixels a box may overshoot the image edge and still be clipped (tools round); further out is a disagreement.
 EDGE_TOLERANCE_PX = 1.0
 _PLAIN_NUMBERS = frozenset({int, float})  # the types of the numbers json gives (bool is its own type)
 
@@ -24,32 +21,17 @@ def upright_size(stored_width: int, stored_height: int, orientation: int) -> tup
     return (stored_height, stored_width) if orientation in (5, 6, 7, 8) else (stored_width, stored_height)
 
 
-def stored_size(upright_width: int, upright_height: int, orientation: int) -> tuple[int, int]:
-    return upright_size(upright_width, upright_height, orientation)  # swapping is its own inverse
-
-
-def point_to_upright(
-    x: float, y: float, orientation: int, stored_width: int, stored_height: int
-) -> tuple[float, float]:
-    """Where the stored-frame point (x, y) lands after the transpose exif_transpose applies."""
-    w, h = stored_width, stored_height
-    if orientation == 1:
-        return x, y
-    if orientation == 2:  # FLIP_LEFT_RIGHT
-        return w - x, y
-    if orientation == 3:  # ROTATE_180
-        return w - x, h - y
-    if orientation == 4:  # FLIP_TOP_BOTTOM
-        return x, h - y
-    if orientation == 5:  # TRANSPOSE: mirror across the main diagonal
-        return y, x
-    if orientation == 6:  # ROTATE_270: 90 degrees clockwise
-        return h - y, x
-    if orientation == 7:  # TRANSVERSE: mirror across the anti-diagonal
-        return h - y, w - x
-    if orientation == 8:  # ROTATE_90: 90 degrees counter-clockwise
-        return y, w - x
-    raise ValueError(f"EXIF orientation must be 1..8, got {orientation!r}")
+# Where exif_transpose takes the stored-frame point (x, y) of a w x h picture, by EXIF orientation.
+_TO_UPRIGHT = {
+    1: lambda x, y, w, h: (x, y),
+    2: lambda x, y, w, h: (w - x, y),  # FLIP_LEFT_RIGHT
+    3: lambda x, y, w, h: (w - x, h - y),  # ROTATE_180
+    4: lambda x, y, w, h: (x, h - y),  # FLIP_TOP_BOTTOM
+    5: lambda x, y, w, h: (y, x),  # TRANSPOSE: mirror across the main diagonal
+    6: lambda x, y, w, h: (h - y, x),  # ROTATE_270: 90 degrees clockwise
+    7: lambda x, y, w, h: (h - y, w - x),  # TRANSVERSE: mirror across the anti-diagonal
+    8: lambda x, y, w, h: (y, w - x),  # ROTATE_90: 90 degrees counter-clockwise
+}
 
 
 def box_to_upright(
@@ -59,14 +41,15 @@ def box_to_upright(
     x1, y1, x2, y2 = box
     if orientation == 1:  # nearly every photo: the box is upright already
         return [x1, y1, x2, y2]
-    ax, ay = point_to_upright(x1, y1, orientation, stored_width, stored_height)
-    bx, by = point_to_upright(x2, y2, orientation, stored_width, stored_height)
+    if orientation not in _TO_UPRIGHT:
+        raise ValueError(f"EXIF orientation must be 1..8, got {orientation!r}")
+    ax, ay = _TO_UPRIGHT[orientation](x1, y1, stored_width, stored_height)
+    bx, by = _TO_UPRIGHT[orientation](x2, y2, stored_width, stored_height)
     return [min(ax, bx), min(ay, by), max(ax, bx), max(ay, by)]
 
 
 class HugeInteger:
-    """A JSON integer with more digits than any id or coordinate has (`coco` parses it as this, not as
-    an int: int() of 5,000 digits raises); rejected as `bad_number` or `bad_id` where it is used."""
+    """A JSON integer too long for int() (as `coco` parses it): rejected as `bad_number` or `bad_id`."""
 
     def __init__(self, digits: int) -> None:
         self.digits = digits
@@ -96,7 +79,7 @@ def check_labels(
     upright_height: int,
 ) -> ImageLabels:
     """Accept or reject each annotation of the image `key` (see `tables.LABEL_REASONS`)."""
-    width, height = stored_size(upright_width, upright_height, orientation)
+    width, height = upright_size(upright_width, upright_height, orientation)  # swapping is its own inverse
     result = ImageLabels()
     for annotation in annotations:
         bbox = annotation.get("bbox")
@@ -123,8 +106,7 @@ def _judge_box(
     bbox: Any, category_id: Any, categories: dict[int, str], width: int, height: int
 ) -> tuple[float, float, float, float] | Rejection:
     """The stored-frame box with sub-pixel overshoot clipped, or why it is rejected."""
-    # What json gives nearly every box: an int category and a list of 4 ints and floats (no
-    # HugeInteger, no bool, whose type is bool); only the rest goes through the general checks.
+    # What json gives nearly every box (an int category, 4 ints or floats) skips the general checks.
     plain = (
         type(category_id) is int
         and type(bbox) is list
@@ -160,24 +142,17 @@ def _judge_box(
             "outside_image",
             f"box {x1:g},{y1:g},{x2:g},{y2:g} runs more than {tol:g} px outside the stored image {width}x{height}",
         )
-    if x1 >= 0 and y1 >= 0 and x2 <= width and y2 <= height:
-        clipped = (x1, y1, x2, y2)  # within the image: nothing to clip (most boxes)
-    else:
-        clipped = (
-            min(max(x1, 0.0), width),
-            min(max(y1, 0.0), height),
-            min(max(x2, 0.0), width),
-            min(max(y2, 0.0), height),
-        )
-    if clipped[2] <= clipped[0] or clipped[3] <= clipped[1]:
+    if not (x1 >= 0 and y1 >= 0 and x2 <= width and y2 <= height):  # most boxes need no clipping
+        x1, y1, x2, y2 = (min(max(v, 0.0), side) for v, side in zip((x1, y1, x2, y2), (width, height) * 2))
+    if x2 <= x1 or y2 <= y1:
         return Rejection("degenerate", f"bbox {short(bbox)} has no area left inside the {width}x{height} image")
-    return clipped
+    return x1, y1, x2, y2
 
 
-def _is_number_list(value: Any, length: int) -> bool:
+def _is_number_list(value: Any, length: int | None = None) -> bool:
     return (
         isinstance(value, (list, tuple))
-        and len(value) == length
+        and (length is None or len(value) == length)
         and all(isinstance(v, Real) and not isinstance(v, bool) for v in value)
     )
 
@@ -195,12 +170,10 @@ def is_int(value: Any) -> bool:
 
 def _numbers_or_empty(bbox: Any) -> list[float]:
     """The bbox as floats for the Parquet column; one that is not all floats is kept only in `detail`."""
-    if isinstance(bbox, (list, tuple)) and all(isinstance(v, Real) and not isinstance(v, bool) for v in bbox):
-        try:
-            return [float(v) for v in bbox]
-        except OverflowError:
-            return []
-    return []
+    try:
+        return [float(v) for v in bbox] if _is_number_list(bbox) else []
+    except OverflowError:
+        return []
 
 
 def annotation_id(annotation: Any) -> int:

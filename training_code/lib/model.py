@@ -1,13 +1,12 @@
 """Detector construction from a plain config dict, and the `model.pt` file that carries weights and config.
 
-The config travels inside every checkpoint and `model.pt` (`model_config`), so `evaluate.py` rebuilds
-exactly what `train.py` trained. Nothing here downloads weights: every torchvision builder is called
-with `weights=None, weights_backbone=None`.
-"""
+The config travels inside every checkpoint and `model.pt`, so `evaluate.py` rebuilds exactly what
+`train.py` trained. Nothing here downloads weights (`weights=None, weights_backbone=None`)."""
 
 from __future__ import annotations
 
-import os
+import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,8 @@ from torchvision.models import detection
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.fcos import FCOSHead
 from torchvision.ops import FeaturePyramidNetwork
+
+from .storage import write_atomically
 
 DEFAULT_ARCH = "fcos_tiny"
 
@@ -93,8 +94,7 @@ def _conv_bn_relu(in_channels: int, out_channels: int, stride: int) -> nn.Sequen
 
 
 class TinyBackboneWithFPN(nn.Module):
-    """A small strided conv net (strides 8/16/32 at c3/c4/c5) under a torchvision FPN, sized for CPU
-    rehearsals and small industrial scenes."""
+    """A small strided conv net (strides 8/16/32 at c3/c4/c5) under a torchvision FPN."""
 
     def __init__(self, width: int, out_channels: int) -> None:
         super().__init__()
@@ -133,31 +133,20 @@ MODEL_FILE = "model.pt"
 
 
 def atomic_torch_save(payload: dict[str, Any], path: Path) -> None:
-    """torch.save to a temporary name beside `path`, then rename: readers never see half a file.
+    """torch.save through an open temporary file, then rename (a name would be recorded in the bytes)."""
 
-    Saved through an open file, not by name: torch.save records a given name in the archive, so equal
-    payloads saved by two processes would differ in bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    try:
+    def save(temporary: Path) -> None:
         with open(temporary, "wb") as handle:
             torch.save(payload, handle)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+
+    write_atomically(Path(path), save)
 
 
 def save_model_file(folder: Path, model: nn.Module, config: dict[str, Any], step: int, args: dict[str, Any]) -> Path:
     """The job's final artifact: weights plus everything needed to rebuild and label them."""
     path = Path(folder) / MODEL_FILE
-    payload = {
-        "model": model.state_dict(),
-        "model_config": config,
-        "categories": config["categories"],
-        "step": step,
-        "args": args,
-    }
-    atomic_torch_save(payload, path)
+    payload = {"model": model.state_dict(), "model_config": config, "categories": config["categories"]}
+    atomic_torch_save({**payload, "step": step, "args": args}, path)
     return path
 
 
@@ -179,3 +168,21 @@ def load_model_file(path: Path, device: torch.device) -> tuple[nn.Module, dict[s
     model = build_model(payload["model_config"])
     model.load_state_dict(payload["model"])
     return model.to(device).eval(), payload
+
+
+def model_version(state_dict: dict[str, torch.Tensor], config: dict[str, Any], step: int) -> str:
+    """The model's data version: sha256 of the weights (name, dtype, shape, values), config and step, never
+    of how `model.pt` was written, so equal weights keep one version whatever else the file records."""
+    digest = hashlib.sha256(b"zero-model-version/1\n")
+    described = {"model_config": config, "categories": config["categories"], "step": int(step)}
+    digest.update(json.dumps(described, sort_keys=True, separators=(",", ":")).encode() + b"\n")
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach().to("cpu").contiguous()  # values, whatever the memory format
+        digest.update(f"{name}:{tensor.dtype}:{list(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def payload_version(payload: dict[str, Any]) -> str:
+    """`model_version` of a loaded `model.pt` payload."""
+    return model_version(payload["model"], payload["model_config"], payload["step"])

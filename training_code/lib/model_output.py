@@ -1,30 +1,25 @@
-"""The training job's model folder: `model.pt`, `training_summary.json`, the model's W&B artifact, and the
-manifest that proves the folder complete, written last. Rank 0 only."""
+"""The training job's model folder: `model.pt`, `training_summary.json`, the W&B artifact, the manifest last."""
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from torch import nn
 
 from training_code.lib import job_env, wandb_artifacts
-from training_code.lib.model import save_model_file
-from training_code.lib.model_version import model_version
+from training_code.lib.model import model_version, save_model_file
 from training_code.lib.output_manifest import write_output_manifest
 from training_code.lib.shard_format import sha256_file
+from training_code.lib.storage import write_bytes_atomic
 from training_code.lib.wandb_run import SUMMARY_FILE
 
 
 def publish_model(
     model: nn.Module, config: dict[str, Any], summary: dict[str, Any], arguments: dict[str, Any], tracker
 ) -> None:
-    """Write the model folder, updating `summary` with the data version and files, and log the model
-    artifact to `tracker` (the open W&B run, or None).
-
-    The data version is `model_version` (what was trained), not the file's sha256, so equal weights
-    leave downstream fresh. `arguments` (less the W&B ones) are recorded in model.pt."""
+    """Write the model folder, `summary` updated with the data version (`model_version`, so equal
+    weights leave downstream fresh) and files, and log the model artifact to `tracker` (or None)."""
     model_path = save_model_file(job_env.model_dir(), model, config, summary["steps"], arguments)
     version = model_version(model.state_dict(), config, summary["steps"])
     summary.update(
@@ -41,8 +36,6 @@ def publish_model(
         tracker.log_artifact(wandb_artifacts.model_artifact(name, model_path, payload, version))
         summary["wandb"]["model_artifact"] = name  # the evaluation uses it by this name
     summary_path = model_path.with_name(SUMMARY_FILE)
-    temporary = summary_path.with_name(f".tmp-{summary_path.name}")
-    temporary.write_text(json.dumps(summary, indent=2))
-    os.replace(temporary, summary_path)
+    write_bytes_atomic(summary_path, json.dumps(summary, indent=2).encode())
     # Written last: what proves the model folder complete (see zero_assets/core/output_marker.py).
     write_output_manifest(model_path.parent, [model_path.name, summary_path.name], format="zero-model/1")

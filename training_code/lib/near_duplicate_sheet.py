@@ -1,8 +1,6 @@
 """What the selection job reports of its near-duplicate clusters: counts, a table of their images, a contact sheet.
 
-The sheet draws the first `SHEET_CLUSTERS` clusters, up to `SHEET_IMAGES` images each with its outcome,
-read by key, checked against the selected sha256 and drawn reduced; an unreadable or changed one is grey.
-"""
+An image on the sheet is read by key and checked against the selected sha256; an unreadable or changed one is grey."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ COLUMN_MEANINGS = {
 
 
 def near_duplicate_metadata(engine, raw_uri: str) -> dict[str, Any]:
-    """Counts, the table and the contact sheet of the policy's `near_duplicates` (with `accepted` for
-    each image's sha256)."""
+    """Counts, the table and the contact sheet of the policy's `near_duplicates`."""
     clusters, images, largest = engine.execute(
         """SELECT count(DISTINCT cluster), count(*), coalesce(max(size), 0)
         FROM (SELECT *, count(*) OVER (PARTITION BY cluster) AS size FROM near_duplicates)"""

@@ -1,9 +1,5 @@
-"""Object keys: which keys may name a file under a root, how any key is written printably, and the
-(key, size, etag) a listing gives for each object.
-
-`storage` joins keys onto roots only through `safe_relative_key`, so a key from a raw root, an index
-or a manifest can never reach a file outside the root or another object's file.
-"""
+"""Object keys: which keys may name a file under a root, how any key is written printably, and
+the (key, size, etag) a listing gives. `storage` joins keys onto roots only through `safe_relative_key`."""
 
 from __future__ import annotations
 
@@ -11,8 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 
-# What a key may not hold: control characters, backslashes (a separator elsewhere, and printable_key's
-# escape) and lone surrogates (undecodable name bytes, as os.listdir hands them over).
+# What a key may not hold: control characters, backslashes (printable_key's escape), lone surrogates (undecodable).
 _UNSAFE_CHARS = re.compile(r"[\x00-\x1f\x7f\\\ud800-\udfff]")
 
 
@@ -24,8 +19,7 @@ class ObjectInfo:
 
 
 def local_etag(info: os.stat_result) -> str:
-    """The etag a local file is listed with, `<mtime_ns>-<size>`, which a reader compares with its
-    fstat to know it reads the file the listing saw."""
+    """The etag a local file is listed with, `<mtime_ns>-<size>`, for a reader's fstat to compare."""
     return f"{info.st_mtime_ns}-{info.st_size}"
 
 
@@ -38,10 +32,7 @@ def safe_relative_key(key: str) -> str:
 
 
 def key_problem(key: str) -> str | None:
-    """Why `key` cannot name a file under a root, or None when it can.
-
-    A safe key is already canonical: no `..`, `.` or empty segment, not absolute. Keys are never
-    normalised, since on S3 `a/./b`, `a//b` and `a/b` are different objects; such keys are refused."""
+    """Why `key` cannot name a file under a root (never normalised: on S3 `a/./b` is another object), or None."""
     if not key:
         return "empty"
     if _UNSAFE_CHARS.search(key):
@@ -57,9 +48,7 @@ def key_problem(key: str) -> str | None:
 
 
 def printable_key(key: str) -> str:
-    """`key` with backslashes, control characters and undecodable bytes written as escapes (`\\`,
-    `\\x0a`, `\\xff`): one line of valid UTF-8 that a table can store, and distinct for distinct keys.
-    Safe keys come back unchanged; an escaped one holds a backslash, so it is never a safe key."""
+    """`key` with backslashes, control characters and undecodable bytes escaped: distinct, never a safe key."""
     if not _UNSAFE_CHARS.search(key):
         return key
     out = []

@@ -1,8 +1,5 @@
-"""The files a job's `manifest.json` vouches for, whatever job wrote it.
-
-`named_files` reads every shape jobs write: `files` as name -> sha256 (validation) or name -> {"bytes",
-"sha256"} (the others), and `shards` entries (zero-shards; kept shards outside the folder: `outside_files`).
-"""
+"""The files a job's `manifest.json` vouches for, whatever job wrote it: `files` as name -> sha256 or
+name -> {"bytes", "sha256"}, and `shards` entries (those outside the folder: `outside_files`)."""
 
 from __future__ import annotations
 
@@ -20,10 +17,7 @@ RETRY_NEXT_TIME = "retry_next_time"
 
 
 def named_files(manifest: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
-    """File name -> what the manifest says of it (`bytes` and `sha256` when it has them).
-
-    `where` names the manifest in errors. A manifest that is not an object, or names a file in an
-    unknown shape, is an error: an output whose manifest cannot be read is not complete."""
+    """File name -> what the manifest says of it (`bytes`, `sha256`); a shape it cannot read is an error."""
     if not isinstance(manifest, dict):
         raise ValueError(f"{where}: the manifest is a {type(manifest).__name__}, not a JSON object")
     named: dict[str, dict[str, Any]] = {}
@@ -47,8 +41,7 @@ def named_files(manifest: dict[str, Any], where: str) -> dict[str, dict[str, Any
 
 
 def outside_files(manifest: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
-    """The files a manifest names outside its own folder (a shard set's shards kept from an earlier
-    set, `../<folder>/shards/<name>`): path relative to the manifest's folder -> `bytes` and `sha256`."""
+    """Files the manifest names outside its folder (`../<folder>/shards/<name>`) -> `bytes` and `sha256`."""
     return {
         name: {k: entry[k] for k in ("bytes", "sha256") if k in entry}
         for name, entry in _shard_entries(manifest, where)
@@ -65,8 +58,7 @@ def _shard_entries(manifest: dict[str, Any], where: str) -> list[tuple[str, dict
 
 
 def write_output_manifest(folder: Path, files: list[str], **fields: Any) -> bytes:
-    """Write `folder/manifest.json` last: each of `files` (relative names) with its size and sha256,
-    plus `fields`. Returns the bytes written."""
+    """Write `folder/manifest.json` (last): each of `files` with size and sha256, plus `fields`."""
     folder = Path(folder)
     listed = {
         name: {"bytes": (folder / name).stat().st_size, "sha256": sha256_file(folder / name)} for name in sorted(files)

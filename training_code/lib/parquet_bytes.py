@@ -1,9 +1,5 @@
-"""Parquet as bytes: read from bytes already in memory through a copy Arrow owns; written whole, the
-same table to the same bytes.
-
-The copy is there because Arrow's threads must never hold the last reference to a Python object:
-releasing it takes the GIL, which aborts the process during interpreter exit (apache/arrow#34314).
-"""
+"""Parquet as bytes: read through a copy Arrow owns (Arrow's threads must never hold the last reference
+to a Python object: apache/arrow#34314); written whole, the same table to the same bytes."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Perceptual hashes of a decoded picture: re-encoded, resized and cropped copies get hashes a few bits apart.
 
-For each of the centre VIEWS of the upright picture: a 64-bit DCT pHash (low 8x8 frequencies of a 32x32
-resample, bit set above their median) and a difference hash (8x9 resample, bit set where a sample is
-brighter than its left neighbour). Stored as signed int64 (Parquet has no uint64 every reader agrees on).
-"""
+Per centre view (VIEWS) of the upright picture: a 64-bit DCT pHash (low 8x8 of a 32x32 resample, above the
+median) and a difference hash (8x9 resample). Stored as signed int64 (no uint64 every Parquet reader agrees on)."""
 
 from __future__ import annotations
 
@@ -16,21 +14,18 @@ from PIL import Image
 SIDE = 32  # the grey picture the DCT is taken of
 LOW = 8  # the low-frequency block kept: LOW x LOW coefficients, less the constant one, plus one more
 BITS = 64
-# The centre share of each side each pair of hashes is taken of: a copy cropped to 90-100% of each side
-# hashes within a few bits of one of its original's views.
+# The centre share of each side a view takes: a copy cropped to 90-100% hashes near one of these views.
 VIEWS = (1.0, 0.95, 0.9)
 DHASH_ROWS, DHASH_COLUMNS = 8, 9  # the difference hash compares each of 8x9 samples with its right neighbour
 LUMA = np.array([0.299, 0.587, 0.114])  # ITU-R BT.601, the weights of Pillow's own "L" conversion
-# EXIF orientation -> (quarter turns for np.rot90, counter-clockwise; mirror left-right first), as
-# exif_transpose applies them.
+# EXIF orientation -> (counter-clockwise quarter turns for np.rot90, mirror left-right first), as exif_transpose.
 _UPRIGHT = {2: (0, True), 3: (2, False), 4: (2, True), 5: (1, True), 6: (3, False), 7: (3, True), 8: (1, False)}
 # Numeric modes whose values are not 0..255: their grey is the value itself (only comparisons matter).
 _NUMERIC = frozenset({"I", "F"})
 
 
 class Hashes(NamedTuple):
-    """A picture's hashes, one per view of VIEWS, signed int64: the DCT pHash finds candidate copies,
-    the difference hash (another transform of the same view) confirms them."""
+    """A picture's hashes, one per view: the pHash finds candidate copies, the difference hash confirms them."""
 
     phash: tuple[int, ...]
     dhash: tuple[int, ...]
@@ -50,8 +45,7 @@ _KEPT = np.array([r * (LOW + 1) + c for r in range(LOW) for c in range(LOW) if (
 
 
 def resample_matrix(n: int, side: int = SIDE, share: float = 1.0) -> np.ndarray:
-    """side x n resampling matrix over the centre `share` of a side: a triangle filter, one output sample
-    wide when shrinking, one input sample wide when enlarging; each row sums to 1."""
+    """side x n triangle-filter resampling matrix over the centre `share` of a side; rows sum to 1."""
     start = n * (1 - share) / 2
     scale = n * share / side
     support = max(scale, 1.0)
@@ -62,8 +56,7 @@ def resample_matrix(n: int, side: int = SIDE, share: float = 1.0) -> np.ndarray:
 
 @lru_cache(maxsize=512)
 def _side_rows(n: int, columns: bool) -> np.ndarray:
-    """For a side of n samples, every view's rows stacked: its 9 low DCT rows (`_DCT @ resample`), then
-    the difference hash's resampling."""
+    """Every view's rows for a side of n samples: its low DCT rows, then the difference hash's resampling."""
     dhash_side = DHASH_COLUMNS if columns else DHASH_ROWS
     blocks = [_DCT @ resample_matrix(n, SIDE, share) for share in VIEWS]
     blocks += [resample_matrix(n, dhash_side, share) for share in VIEWS]
@@ -71,8 +64,7 @@ def _side_rows(n: int, columns: bool) -> np.ndarray:
 
 
 def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
-    """`pixels` (rows first) turned as exif_transpose turns a picture with EXIF `orientation`: a view,
-    or `pixels` itself when it is upright already."""
+    """`pixels` (rows first) turned as exif_transpose turns a picture with EXIF `orientation` (a view)."""
     turn = _UPRIGHT.get(orientation)
     if turn is None:  # 1, or a tag exif_transpose ignores: upright as stored
         return pixels
@@ -104,8 +96,7 @@ def _bits(flags: np.ndarray) -> int:
 
 
 def hashes_of_pixels(pixels: np.ndarray, orientation: int = 1) -> Hashes:
-    """The hashes (signed int64) of decoded 8-bit pixels, h x w grey or h x w x 3 RGB as stored;
-    `orientation` is the EXIF tag."""
+    """The hashes (signed int64) of decoded 8-bit pixels, grey or RGB as stored, EXIF `orientation`."""
     grey = pixels @ LUMA if pixels.ndim == 3 else pixels.astype(np.float64)
     return _signed(hash_bits(upright(grey, orientation)))
 
@@ -120,8 +111,7 @@ def _signed(hashes: Hashes) -> Hashes:
 
 
 def _grey(image: Image.Image) -> np.ndarray:
-    """`image` as a float grey array, first shrunk by a whole factor when its shorter side is 4*SIDE or
-    more (leaving at least 2*SIDE for the triangle filter)."""
+    """`image` as a float grey array, first shrunk by a whole factor when at least 4*SIDE a side."""
     if image.mode.startswith("I;16"):
         image = image.convert("I")
     elif image.mode not in _NUMERIC:

@@ -1,8 +1,5 @@
-"""The worker side of `IsolatedPool`: a process that runs the function over the batches it receives.
-
-Before each item the worker writes the item's position and start time to memory shared with the parent
-(`Worker.step`), so the parent can time each item without a message per item.
-"""
+"""The worker side of `IsolatedPool`: a process that runs the function over the batches it receives,
+writing each item's position and start time to memory it shares with the parent (`Worker.step`)."""
 
 from __future__ import annotations
 
@@ -20,16 +17,13 @@ from typing import Any
 from threadpoolctl import threadpool_limits
 
 STARTUP_TIMEOUT_S = 120.0  # a worker that cannot even import its modules in this long is a broken environment
-# The shared progress: 2 * position + 1 while that item runs, 2 * position + 2 once done, and since when
-# (CLOCK_MONOTONIC, one clock for every process of the machine).
+# Shared progress: 2 * position + 1 while that item runs, + 2 once done, and since when (CLOCK_MONOTONIC).
 _STEP, _SINCE = 0, 1
 
 
 def serve(conn: Connection, function: Callable[[Any], Any], progress: Any) -> None:
-    """Worker loop: receive a batch, send back ("ok", results), or (status, position, payload) when the
-    item at `position` ran out of memory or raised."""
-    # One thread per worker (there is a worker per core): OpenBLAS would otherwise spin a thread per core
-    # even for the perceptual hash's small products. The function's modules are loaded by now.
+    """Worker loop: receive a batch, send ('ok', None, results), or (status, position, payload) on a failure."""
+    # One thread per worker (a worker per core): OpenBLAS would spin a thread per core even for small products.
     threadpool_limits(1)
     conn.send(("ready", None))
     while True:
@@ -126,10 +120,7 @@ def names_main(function: Callable[[Any], Any]) -> bool:
 
 @contextmanager
 def main_not_rerun() -> Iterator[None]:
-    """While a worker starts, hide the parent's `__main__` module and file from multiprocessing.
-
-    Otherwise every forkserver child re-runs `__main__` as `__mp_main__`, importing the whole job script's
-    dependencies. The worker's function names no `__main__` (`names_main`); both attributes are put back."""
+    """While a worker starts, hide the parent's `__main__` so forkserver children do not re-run it."""
     main = sys.modules["__main__"]
     saved = {name: vars(main)[name] for name in ("__spec__", "__file__") if name in vars(main)}
     main.__spec__ = None
@@ -141,8 +132,7 @@ def main_not_rerun() -> Iterator[None]:
 
 
 def main_module_imports() -> list[str]:
-    """The modules the parent's `__main__` imported, to preload in the forkserver when the function is
-    the script's own and each worker must re-run `__main__`."""
+    """The modules the parent's `__main__` imported, to preload in the forkserver."""
     names = set()
     for value in vars(sys.modules["__main__"]).values():
         name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)

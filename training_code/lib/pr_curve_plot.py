@@ -1,5 +1,4 @@
-"""The precision-recall plot's thumbnail for the UI, small enough to sit inline in a Markdown entry
-(`inline_pictures`); drawn with the unaliased bitmap font so it stays a few flat colours."""
+"""The precision-recall plot's thumbnail for an inline Markdown entry, in the unaliased bitmap font."""
 
 from __future__ import annotations
 
@@ -17,9 +16,7 @@ MARGIN = (12, 2, 2, 10)  # left, top, right, bottom: room for the y labels and t
 
 
 def draw_pr_thumbnail(curve: dict[str, Any], width: int) -> Image.Image:
-    """Precision by recall (`curve` as metrics.json holds it) in a `width`-pixel plot: axes, the 0.5
-    grid, each class with ground truth in its colour, the mean in black, and a legend (mean first)
-    naming up to five classes, as many rows as fit."""
+    """Precision by recall in a `width`-pixel plot: each class in its colour, the mean in black, a legend."""
     size = (width, max(2, round(width * THUMBNAIL_ASPECT)))
     image = Image.new("RGB", size, "white")
     draw = ImageDraw.Draw(image)

@@ -1,9 +1,6 @@
-"""Fetch raw objects by key, exactly the ones a job reads: parallel GETs, each with IfMatch on the listed ETag.
-
-IfMatch proves the bytes are the listed object's, so an object replaced or deleted since the index (even
-mid-fetch of its ranges) is `RawRootChanged`. Objects land at `<dest>/<key>`, renamed once complete;
-an unsafe key is never fetched.
-"""
+"""Fetch raw objects by key, exactly the ones a job reads: parallel GETs, each with IfMatch on the listed ETag,
+so an object replaced or deleted since the index (even mid-fetch) is `RawRootChanged`. Objects land at
+`<dest>/<key>`, renamed once complete; an unsafe key is never fetched."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .raw_files import RawRootChanged
-from .s3_storage import s3_call, s3_client, split_s3
+from .s3_storage import is_missing, precondition_failed, s3_call, s3_client, split_s3
 from .storage import is_s3, key_problem
 
 log = logging.getLogger("zero.fetch")
@@ -51,9 +48,7 @@ class _Range:
 def fetch_objects(
     raw_uri: str, rows: Iterable[tuple[str, int, str]], dest: Path, workers: int = FETCH_THREADS
 ) -> tuple[dict[str, Path], Fetched]:
-    """Fetch each (key, size, etag) of `rows` from the S3 raw root `raw_uri` to `<dest>/<key>`; returns
-    key -> local path, and what was read. `RawRootChanged` when an object is gone, has another ETag, or
-    another size than listed; ValueError for a key that is not safe (never fetched)."""
+    """Fetch (key, size, etag) `rows` from the S3 raw root to `<dest>/<key>`: key -> local path, and what was read."""
     started = time.monotonic()
     bucket, prefix = split_s3(raw_uri)
     ranges, paths = [], {}
@@ -88,8 +83,7 @@ def fetch_objects(
 
 
 def _get_range(bucket: str, key: str, part: _Range) -> bytes:
-    """The bytes [start, end) of the object, only while its ETag is the listed one; a cut body is
-    retried (s3_call) with the same condition."""
+    """The bytes [start, end) of the object while its ETag is the listed one (a cut body is retried)."""
     from botocore.exceptions import ClientError
 
     condition = {"IfMatch": f'"{part.etag}"'}
@@ -100,11 +94,9 @@ def _get_range(bucket: str, key: str, part: _Range) -> bytes:
         try:
             response = s3_client().get_object(Bucket=bucket, Key=key, **condition)
         except ClientError as error:
-            code = error.response.get("Error", {}).get("Code")
-            status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-            if code in ("NoSuchKey", "404", "NotFound"):
+            if is_missing(error):
                 raise RawRootChanged(part.key, "listed by the index, but gone") from None
-            if code == "PreconditionFailed" or status == 412:
+            if precondition_failed(error):
                 raise RawRootChanged(part.key, f"its ETag is no longer {part.etag}: replaced since the index") from None
             raise
         if response["ETag"].strip('"') != part.etag:  # a server that ignored the condition
@@ -122,8 +114,7 @@ def _get_range(bucket: str, key: str, part: _Range) -> bytes:
 
 
 def scratch_folder(opt_ml: Path) -> Path:
-    """Where a job fetches to: SageMaker's ML storage volume (`/opt/ml/processing`), else a temporary
-    folder."""
+    """Where a job fetches to: SageMaker's ML storage volume (`/opt/ml/processing`), else a temporary folder."""
     volume = Path(opt_ml) / "processing"
     base = volume if volume.is_dir() and os.access(volume, os.W_OK) else None
     return Path(tempfile.mkdtemp(prefix="zero-fetched-", dir=base))
@@ -133,8 +124,7 @@ def scratch_folder(opt_ml: Path) -> Path:
 def readable_root(
     raw_uri: str, rows: list[tuple[str, int, str]], opt_ml: Path
 ) -> Iterator[tuple[Path, Fetched | None]]:
-    """A local folder holding the objects of `rows` at their keys, and what was fetched: a local raw
-    root as is, or a scratch folder they are fetched into from S3, removed on exit."""
+    """A local folder holding `rows` at their keys: a local raw root as is, or a scratch folder fetched from S3."""
     if not is_s3(raw_uri):
         yield Path(raw_uri), None
         return

@@ -1,9 +1,7 @@
 """Open a raw file by its key without leaving the raw root, and read it only up to a size limit.
 
-The raw root is untrusted: an unsafe key, a symlink out of the root or an oversized file is a `Refused`
-(a `tables.REASONS` code) and no byte is read. With `listed_etag` (`<mtime_ns>-<size>`) a read also
-proves it got the file the index listed, else `RawChanged`: the pass fails and publishes nothing.
-"""
+The raw root is untrusted: an unsafe key, a symlink out of the root or an oversized file is `Refused` and
+no byte is read. With `listed_etag` a read proves it got the file the index listed, else `RawChanged`."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ class Refused(Exception):
 
 
 class RawChanged(Refused):
-    """The file is not the one the index listed (edited, replaced or gone). A Refused with reason
-    RAW_CHANGED, on which the validation pass fails instead of recording a verdict."""
+    """The file is not the one the index listed (edited, replaced or gone): the validation pass fails on it."""
 
     def __init__(self, detail: str) -> None:
         super().__init__(RAW_CHANGED, detail)
@@ -50,14 +47,12 @@ class RawRootChanged(RuntimeError):
 
 
 def locate(raw: Path, key: str) -> Path:
-    """The real path (no symlinks left) of `key` under the raw root `raw`, checked to lie inside it.
-    A key that is a dangling symlink is `unreadable`."""
-    return Locator(raw).locate(key)
+    """The real path (no symlinks left) of `key` under the raw root `raw`, checked to lie inside it."""
+    return Path(Locator(raw).located(key))
 
 
 class Locator:
-    """`locate` for many keys of one raw root, resolving each folder's real path once. A read still
-    proves the file is where it was located (`read_with_stat`)."""
+    """`locate` for many keys of one raw root, resolving each folder's real path once."""
 
     def __init__(self, raw: Path) -> None:
         self.real_root = os.path.realpath(str(raw))
@@ -65,11 +60,8 @@ class Locator:
         self._inside = self.real_root if self.real_root.endswith(os.sep) else self.real_root + os.sep
         self._folders: dict[str, str] = {}
 
-    def locate(self, key: str) -> Path:
-        return Path(self.located(key))
-
     def located(self, key: str) -> str:
-        """`locate` as a str (the pool's items are str)."""
+        """`locate` as a str (the pool's items are str); a dangling symlink is `unreadable`."""
         problem = key_problem(key)
         if problem:
             raise Refused("unsafe_key", f"the key has {problem}; not read")
@@ -91,14 +83,12 @@ class Locator:
 
 
 def read_limited(path: str | Path, max_bytes: int, listed_etag: str | None = None) -> bytes:
-    """The bytes of the located file `path`; `too_large` past `max_bytes` before any is read.
-    With `listed_etag`, `RawChanged` unless the file read is the one listed."""
+    """The bytes of the located file `path`; `too_large` past `max_bytes`, `RawChanged` unless it is listed."""
     return read_with_stat(path, max_bytes, listed_etag)[0]
 
 
 def read_with_stat(path: str | Path, max_bytes: int, listed_etag: str | None = None) -> tuple[bytes, os.stat_result]:
-    """`read_limited`, plus the fstat of the file read. Opened without following a final symlink and
-    without blocking (a FIFO swapped in must not hang), then checked to be a regular file still at `path`."""
+    """`read_limited` and the fstat of the file read; never follows a final symlink nor blocks on a FIFO."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as error:
@@ -124,8 +114,7 @@ def read_with_stat(path: str | Path, max_bytes: int, listed_etag: str | None = N
 
 
 def read_regular(path: str) -> bytes:
-    """The whole located regular file `path`, for a reader that checks the bytes itself (a recorded
-    sha256). Does not follow a final symlink or block on a FIFO; anything but a regular file is `Refused`."""
+    """The whole located regular file `path`, for a reader that checks the bytes itself."""
     fd = os.open(path, _OPEN_FLAGS)
     try:
         info = os.fstat(fd)
@@ -137,9 +126,7 @@ def read_regular(path: str) -> bytes:
 
 
 def _read_regular_fd(fd: int, size: int, max_bytes: int | None = None) -> bytes:
-    """The rest of the open regular file `fd` of fstat size `size`; `too_large` past `max_bytes` (it grew).
-    Asks for one byte more than the size to detect the end in one read; otherwise (grown, or a short
-    read: Linux returns at most 2 GiB) reads on in chunks until a read returns nothing."""
+    """The rest of the open regular file `fd` of size `size`, in chunks if it grew or read short."""
     limit = size if max_bytes is None else min(size, max_bytes)
     data = os.read(fd, limit + 1)
     if len(data) == size <= limit:

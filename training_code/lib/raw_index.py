@@ -1,9 +1,7 @@
 """Index ONE source of the raw root into `index.parquet`, streamed in record batches, manifest last.
 
-One row per image file (tables.RAW_INDEX), in listing order; images are never read. The manifest records
-the source's annotations.json (size, etag, sha256 parsed) that jobs check their reads against (indexed_raw).
-Unsafe keys stay in, escaped by `printable_key`, for validation to give a verdict; never read.
-"""
+One row per image file (tables.RAW_INDEX), in listing order; images are never read; unsafe keys stay in,
+escaped. The manifest records the source's annotations.json that jobs check their reads against."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ from .coco import ANNOTATIONS_FILE, DEFAULT_MAX_ANNOTATION_BYTES
 from .hashing import sha256_file
 from .heap_freeze import heap_frozen
 from .indexed_raw import ANNOTATION_FILES
-from .raw_index_groups import GroupCounts, group_hash, group_of
-from .raw_index_listing import check_source, list_source
+from .raw_index_listing import GroupCounts, check_source, group_hash, group_of, list_source
 from .storage import ObjectInfo, copy_file_atomic, delete_file, join, key_problem, printable_key, write_bytes_atomic
 from .tables import RAW_INDEX, checked
 
@@ -57,13 +54,10 @@ def write_source_index(
     inventory_manifest_uri: str | None = None,
     sample_images: int | None = None,
 ) -> dict[str, Any]:
-    """Write `<out>/index.parquet` then `<out>/manifest.json` for `<raw_uri>/<source>/` (listed, or read
-    from an S3 Inventory report); return the manifest plus `uri` (the output folder).
-
-    `sample_images`: keep whole groups in group-hash order until about that many images are in."""
+    """Write `<out>/index.parquet`, then `<out>/manifest.json`; `sample_images` keeps whole groups."""
     check_source(source)
     pattern = re.compile(group_pattern) if group_pattern else None
-    _withdraw_manifest(out_dir_or_uri)
+    delete_file(join(out_dir_or_uri, MANIFEST))  # it must not vouch for an index this run fails to finish
     annotations = count_source_annotations(raw_uri, source, max_annotation_bytes)
     listing = _ListingPass(source, pattern, annotations)
     with tempfile.TemporaryDirectory(prefix="zero-index-") as scratch:
@@ -71,14 +65,10 @@ def write_source_index(
         batches = listing.batches(list_source(raw_uri, source, inventory_manifest_uri))
         if sample_images:
             full = Path(scratch) / "all.parquet"
-            limit = _write_all_with_hashes(batches, full).sample_limit(sample_images)
-            with _IndexWriter(final) as writer:
-                for frame, hashes in _read_back(full, limit):
-                    writer.write(frame, hashes)
-        else:
-            with _IndexWriter(final) as writer:
-                for frame, hashes in batches:
-                    writer.write(frame, hashes)
+            batches = _read_back(full, _write_all_with_hashes(batches, full).sample_limit(sample_images))
+        with _IndexWriter(final) as writer:
+            for frame, hashes in batches:
+                writer.write(frame, hashes)
         copy_file_atomic(final, join(out_dir_or_uri, INDEX_FILE))
         files = {INDEX_FILE: {"bytes": final.stat().st_size, "sha256": sha256_file(final)}}
     missing = listing.missing_annotated()
@@ -117,8 +107,7 @@ def source_listing_fingerprint(
     max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES,
     inventory_manifest_uri: str | None = None,
 ) -> str:
-    """The `listing_fingerprint` write_source_index would record for `<raw_uri>/<source>/`, from one
-    streamed pass over the listing, writing nothing."""
+    """The `listing_fingerprint` write_source_index would record, writing nothing."""
     check_source(source)
     listing = _ListingPass(source, None, count_source_annotations(raw_uri, source, max_annotation_bytes))
     for _ in listing.batches(list_source(raw_uri, source, inventory_manifest_uri)):
@@ -129,8 +118,7 @@ def source_listing_fingerprint(
 def whole_root_manifest(
     raw_uri: str, sources: list[str], max_annotation_bytes: int = DEFAULT_MAX_ANNOTATION_BYTES
 ) -> dict[str, Any]:
-    """The index-manifest fields the jobs read (`raw_uri`, `annotation_files`), for an index of several
-    sources in one folder (benchmarks, tests). Sources whose name is no safe key are left out."""
+    """The index-manifest fields jobs read, for an index of several sources (benchmarks, tests)."""
     files = {}
     for source in sorted(set(sources)):
         if key_problem(f"{source}/{ANNOTATIONS_FILE}") is None:
@@ -139,16 +127,9 @@ def whole_root_manifest(
     return {"format": MANIFEST_FORMAT, "raw_uri": str(raw_uri), ANNOTATION_FILES: files}
 
 
-def _withdraw_manifest(out: str | Path) -> None:
-    """Remove an earlier manifest, so it cannot vouch for an index this run fails to finish."""
-    delete_file(join(out, MANIFEST))
-
-
 class _ListingPass:
-    """Turns the listing into row batches, keeping the fingerprint and the listing's own counts.
-
-    Fingerprint: sha256 of the JSON list of [key, size, etag] of every listed object in listing order,
-    with the annotations.json entry last and taken from the bytes parsed (an inventory may be older)."""
+    """Turns the listing into row batches, keeping the fingerprint (sha256 of the JSON list of [key, size,
+    etag] in listing order, annotations.json last as parsed) and the listing's own counts."""
 
     def __init__(self, source: str, pattern: re.Pattern[str] | None, annotations: AnnotationCounts) -> None:
         self.source, self.pattern, self.annotations = source, pattern, annotations
@@ -160,8 +141,7 @@ class _ListingPass:
         self._hash, self._first = hashlib.sha256(b"["), True
 
     def _hash_entries(self, keys: pa.Array, sizes: pa.Array, etags: pa.Array) -> None:
-        """Feed `[key,size,etag]` of each entry to the fingerprint: json.dumps(..., separators=(",", ":")),
-        by columns where every text is plain printable ASCII (its JSON is itself in quotes)."""
+        """Feed `[key,size,etag]` entries to the fingerprint as json.dumps writes them."""
         if not len(keys):
             return
         if (

@@ -1,9 +1,5 @@
-"""Stream the objects of an S3 Inventory report under a raw root, sorted by key, in bounded memory.
-
-Data files (CSV.gz or Parquet) are read in blocks; the wanted rows are sorted in runs of `RUN_ROWS`
-spilled to scratch and merged at most `MERGE_FAN_IN` at a time, so memory does not grow with the report.
-The report is as old as its date: objects written since are not in it.
-"""
+"""Stream the objects of an S3 Inventory report under a raw root, sorted by key, in bounded memory:
+rows sorted in runs of `RUN_ROWS` spilled to scratch, merged `MERGE_FAN_IN` at a time."""
 
 from __future__ import annotations
 
@@ -57,8 +53,7 @@ def read_inventory_manifest(manifest_uri: str, raw_uri: str) -> dict[str, Any]:
 
 
 def inventory_objects(manifest_uri: str, raw_uri: str, under: str = "") -> Iterator[ObjectInfo]:
-    """Every object of the report under `raw_uri` (and under `under`, relative to it, e.g. "<source>/"),
-    sorted by key, keys relative to `raw_uri`. Keys ending in '/' (folder markers) are left out."""
+    """Every object of the report under `raw_uri` (and `under`), sorted by key, folder markers left out."""
     manifest = read_inventory_manifest(manifest_uri, raw_uri)
     bucket, prefix = split_s3(raw_uri)
     base = f"{prefix}/" if prefix else ""
@@ -134,11 +129,7 @@ def _write_run(rows: Iterable[tuple[str, int, str]], path: Path) -> Path:
     rows = iter(rows)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, RUN_SCHEMA) as writer:
         while chunk := list(itertools.islice(rows, RUN_BATCH_ROWS)):
-            writer.write_batch(
-                pa.record_batch(
-                    [[r[0] for r in chunk], [r[1] for r in chunk], [r[2] for r in chunk]], schema=RUN_SCHEMA
-                )
-            )
+            writer.write_batch(pa.record_batch([list(column) for column in zip(*chunk)], schema=RUN_SCHEMA))
     return path
 
 

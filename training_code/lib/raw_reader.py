@@ -1,9 +1,5 @@
-"""Where a validation run reads the raw objects the index listed, and the proof that it read those.
-
-A local raw root is read in place, each file fstat-checked against its listed etag. From an S3 root the
-run fetches by key (IfMatch) only what it reads into a scratch folder laid out as the raw root; objects
-past the size limit are never fetched. A file not as listed is `RawRootChanged`: nothing is published.
-"""
+"""Where a validation run reads the raw objects the index listed: a local root in place (fstat-checked), an
+S3 root fetched by key (IfMatch) into scratch. A file not as listed is `RawRootChanged`."""
 
 from __future__ import annotations
 
@@ -66,8 +62,7 @@ class RawReader:
         return {} if self.local else {"fetched_objects": self.fetched_objects, "fetched_bytes": self.fetched_bytes}
 
     def decode(self, reads: ReadList, args: argparse.Namespace, pool: IsolatedPool | None) -> dict[str, ImageVerdict]:
-        """A verdict per object of `reads`, each read from the object the index listed, decoded by the
-        entered `pool` (`image_decoding.decode_workers`)."""
+        """A verdict per object of `reads`, each read from the object the index listed."""
         rows = reads.rows()
         if self.local:
             etags = {key: etag for key, _, etag in rows}
@@ -84,8 +79,7 @@ class RawReader:
     def annotations(
         self, sources: set[str], max_bytes: int
     ) -> tuple[dict[str, SourceAnnotations | None], dict[str, str]]:
-        """Each source's parsed annotations.json (`annotation_files.load_annotations`); on S3 a file past
-        `max_bytes` is not fetched, and its source fails as a local one would."""
+        """Each source's parsed annotations.json; on S3 one past `max_bytes` is not fetched."""
         if self.local:
             return load_annotations(self.root, sources, max_bytes, self.listed)
         too_large: dict[str, str] = {}
@@ -104,8 +98,7 @@ class RawReader:
         return {**parsed, **dict.fromkeys(too_large)}, {**errors, **too_large}
 
     def thumbnails(self, quarantine: pa.Table, index: pa.Table, args: argparse.Namespace) -> list[Thumbnail]:
-        """The contact sheet's thumbnails (`contact_sheet.quarantine_thumbnails`). On S3 only the files it
-        may draw are fetched (at most MAX_ATTEMPTS); one that changed since the index is left out."""
+        """The contact sheet's thumbnails; on S3 only the files it may draw are fetched."""
         quarantine = quarantine.to_pandas()  # the quarantined rows only
         if not self.local:
             index = index.filter(pc.is_in(index.column("key"), pa.array(quarantine["key"], pa.string()))).to_pandas()

@@ -1,13 +1,8 @@
-"""A job's read list: the raw objects it reads, by key, written before it is launched.
-
-A folder: `reads.parquet` (key, size, etag; sorted by key) and `reads.json` (format, raw root, counts,
-the table's sha256), written last. Objects above `max_object_bytes` are listed but never read. Each
-host of a fanned-out job reads `part`: every n-th row from its place among the sorted hosts.
-"""
+"""A job's read list, written before launch: `reads.parquet` (key, size, etag; sorted) and `reads.json` last.
+Objects above `max_object_bytes` are listed, never read; each host of a fanned-out job reads its `part`."""
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +11,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .hashing import sha256_bytes
-from .parquet_bytes import read_parquet_bytes
+from .parquet_bytes import parquet_bytes, read_parquet_bytes
 from .storage import join, read_bytes, write_bytes_atomic
 
 FORMAT = "zero-reads/1"
@@ -43,7 +37,8 @@ class ReadList:
     @property
     def read_bytes(self) -> int:
         """Bytes of the objects a job reads: every listed one up to `max_object_bytes`."""
-        return _read_bytes(self.table.column("size"), self.max_object_bytes)
+        sizes = self.table.column("size")
+        return int(pc.sum(pc.filter(sizes, pc.less_equal(sizes, self.max_object_bytes))).as_py() or 0)
 
     def keys(self) -> list[str]:
         return self.table.column("key").to_pylist()
@@ -77,11 +72,6 @@ class ReadList:
         }
 
 
-def _read_bytes(sizes: pa.ChunkedArray | pa.Array, max_object_bytes: int) -> int:
-    read = pc.filter(sizes, pc.less_equal(sizes, max_object_bytes))
-    return int(pc.sum(read).as_py() or 0)
-
-
 def read_list_of(raw_uri: str, table: pa.Table, max_object_bytes: int, basis: dict[str, Any] | None = None) -> ReadList:
     """A read list of (key, size, etag) rows, cast to the schema and sorted by key."""
     rows = table.select(SCHEMA.names).cast(SCHEMA)
@@ -90,9 +80,7 @@ def read_list_of(raw_uri: str, table: pa.Table, max_object_bytes: int, basis: di
 
 def write_read_list(uri: str, reads: ReadList) -> None:
     """The list at `uri` (a folder; local or s3://), `reads.json` last."""
-    sink = io.BytesIO()
-    pq.write_table(reads.table, sink)
-    table_bytes = sink.getvalue()
+    table_bytes = parquet_bytes(reads.table)
     write_bytes_atomic(join(uri, TABLE), table_bytes)
     write_bytes_atomic(join(uri, MANIFEST), json.dumps(reads.manifest(table_bytes), indent=1).encode())
 
@@ -118,8 +106,7 @@ def read_read_list(folder: str | Path) -> ReadList:
 
 
 def host_slot(resource_config: dict[str, Any]) -> tuple[int, int]:
-    """(this host's place among the sorted hosts, how many) from a Processing job's resource config
-    (`{"current_host": ..., "hosts": [...]}`); (0, 1) outside a multi-instance job."""
+    """(this host's place among the sorted hosts, how many) from a resource config; (0, 1) outside one."""
     hosts = sorted(resource_config.get("hosts") or [])
     current = resource_config.get("current_host")
     if not hosts or current is None:

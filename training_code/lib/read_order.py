@@ -1,9 +1,5 @@
-"""The order one training rank reads its samples in: row ranges of many shards each epoch, several open at once, mixed.
-
-Each epoch the shards' row ranges are dealt to the ranks (seeded, balanced; every row read once). A rank
-reads its ranges in up to `open_shards` lanes, sources spread evenly over the epoch, then through a seeded
-shuffle buffer. The order depends only on seed, epoch, rank, world size and `open_shards`.
-"""
+"""The order one training rank reads its samples in: shards' row ranges dealt to ranks each epoch (seeded,
+balanced), read in up to `open_shards` lanes, then through a seeded shuffle buffer."""
 
 from __future__ import annotations
 
@@ -31,9 +27,7 @@ class Piece:
 
 
 def cut_pieces(rows: Sequence[int], sources: Sequence[str], world_size: int, spread: int) -> list[Piece]:
-    """Every shard cut into about equal row ranges, enough for each source's rows to reach every rank in
-    `spread` pieces or more (so a one-source shard still spreads over ranks); cut more when small shards
-    leave fewer pieces than ranks."""
+    """Every shard cut into about equal row ranges, enough for each source to reach every rank."""
     if sum(rows) < world_size:
         raise ValueError(f"{sum(rows)} rows cannot give each of {world_size} ranks rows of its own")
     shards_of: dict[str, int] = {}
@@ -51,9 +45,7 @@ def cut_pieces(rows: Sequence[int], sources: Sequence[str], world_size: int, spr
 
 
 def deal_to_ranks(pieces: list[Piece], world_size: int, rng: random.Random) -> list[list[Piece]]:
-    """Deal each shard's pieces (largest first, seeded order) to as many different ranks, those with the
-    fewest of the source's rows so far (ties: fewest rows in all, then lowest rank), so every rank gets
-    its share of every source and the loads stay within a piece of each other."""
+    """Deal each shard's pieces to different ranks, balancing each source's rows and the total."""
     groups = list(_by_source(pieces, rng).values())
     rng.shuffle(groups)
     dealt: list[list[Piece]] = [[] for _ in range(world_size)]
@@ -96,11 +88,6 @@ def _least_loaded(items: list[T], count: int, rows: Callable[[T], int] = lambda 
     return bins
 
 
-def _balanced(pieces: list[Piece], count: int) -> list[list[Piece]]:
-    """`pieces` (already in a seeded order) split into at most `count` lanes of about equal rows."""
-    return [lane for lane in _least_loaded(pieces, count) if lane]
-
-
 def _interleaved(groups: list[list[Piece]], rng: random.Random) -> list[Piece]:
     """Several sources' pieces in one lane, each source's spread evenly along it (seeded phase per source)."""
     placed = []
@@ -130,7 +117,7 @@ def plan_lanes(pieces: list[Piece], open_shards: int, rng: random.Random) -> lis
         spare -= 1
         if lanes[source] < len(by_source[source]):
             heapq.heappush(wanting, (-rows[source] / lanes[source], source))
-    return [lane for source in sources for lane in _balanced(by_source[source], lanes[source])]
+    return [lane for source in sources for lane in _least_loaded(by_source[source], lanes[source]) if lane]
 
 
 def _lane_rows(lane: list[Piece], phase: float) -> Iterator[tuple[float, int, int]]:

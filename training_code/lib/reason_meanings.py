@@ -1,7 +1,4 @@
-"""What each quarantine and label-rejection reason code means, in a line, for the tables people read in the UI.
-
-Every code of `tables.REASONS` and `tables.LABEL_REASONS` has one (tests/test_report_pictures.py checks).
-"""
+"""What each quarantine and label-rejection reason code means, in a line; the codes of `tables`."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Paths a manifest gives relative to its own folder, into that folder or a folder beside it.
-
-Such a path is leading `..` segments then a safe key (e.g. `../<earlier set>/shards/<name>`), resolved
-by its text (never by following links), locally or on S3 alike, and optionally held inside a root.
-"""
+"""Paths a manifest gives relative to its own folder: leading `..` segments then a safe key, resolved by
+their text (never by following links), locally or on S3 alike."""
 
 from __future__ import annotations
 
@@ -25,8 +22,7 @@ def split_relative(path: str) -> tuple[int, str]:
 
 
 def resolve(folder: str | os.PathLike, path: str, root: str | os.PathLike | None = None) -> str:
-    """Where the manifest path `path` points from `folder` (a local path or s3:// URI). With `root`,
-    a path that leaves it is refused (ValueError naming both)."""
+    """Where the manifest path `path` points from `folder`; refused (ValueError) when it leaves `root`."""
     ups, key = split_relative(path)
     if is_s3(folder):
         bucket, prefix = split_s3(str(folder))

@@ -1,6 +1,4 @@
-"""The evaluation report's pictures, drawn with Pillow: a precision-recall plot and sample predictions
-against ground truth, full size for the output and as thumbnails for `inline_pictures`.
-"""
+"""The evaluation report's pictures: a precision-recall plot and sample predictions against ground truth."""
 
 from __future__ import annotations
 
@@ -70,8 +68,7 @@ def draw_pr_curve(curve: dict[str, Any]) -> Image.Image:
 
 
 def draw_sample(sample: SamplePicture, width: int, enlarge: bool = False) -> Image.Image:
-    """The image scaled to `width` (a thumbnail is never enlarged), boxes drawn after scaling so they
-    stay visible: ground truth in green, predictions in red."""
+    """The image scaled to `width` (a thumbnail never enlarged), truth boxes green, predictions red."""
     tile = Image.fromarray(sample.image.permute(1, 2, 0).contiguous().numpy())
     scale = width / tile.width if enlarge else min(1.0, width / tile.width)
     tile = tile.resize(

@@ -1,8 +1,5 @@
-"""The S3 half of `storage`: the same operations on `s3://bucket/prefix` URIs, each call retried.
-
-Every call is idempotent and goes through `s3_call` (retried up to the AWS retry window); PUTs and
-completed multipart uploads are all-or-nothing, so every write is atomic.
-"""
+"""The S3 half of `storage`: the same operations on `s3://bucket/prefix` URIs, each idempotent call retried
+(`s3_call`); PUTs and completed multipart uploads are all-or-nothing, so every write is atomic."""
 
 from __future__ import annotations
 
@@ -29,14 +26,12 @@ def s3_client():
 
 
 def s3_call(call, what: str):
-    """An idempotent S3 call, retried through throttling, cut bodies and outages up to the retry window;
-    past it, an error that names the endpoint and `what` (the operation and the s3:// URI)."""
+    """An idempotent S3 call, retried up to the retry window; past it, an error naming the endpoint and `what`."""
     return retry_call(call, what=what, endpoint=endpoint_of(s3_client()))
 
 
 def read_bytes(uri: str) -> bytes:
-    """The whole object: the GET and the body read are retried together, a cut body starts over.
-    A missing object is a FileNotFoundError, as for a local path."""
+    """The whole object (GET and body read retried together); a missing one is a FileNotFoundError."""
     from botocore.exceptions import ClientError
 
     bucket, key = split_s3(uri)
@@ -45,7 +40,7 @@ def read_bytes(uri: str) -> bytes:
         try:
             return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
         except ClientError as error:
-            if _is_missing(error):
+            if is_missing(error):
                 raise FileNotFoundError(f"s3://{bucket}/{key} does not exist") from error
             raise
 
@@ -53,8 +48,7 @@ def read_bytes(uri: str) -> bytes:
 
 
 def list_objects(root: str, workers: int = LISTING_THREADS) -> list[ObjectInfo]:
-    """List an S3 prefix one folder level down in parallel: the folders under it (Delimiter="/"), then
-    each folder's keys in a thread pool, so many sources list in about the time of the largest."""
+    """List an S3 prefix: its folders (Delimiter='/'), then each folder's keys in a thread pool."""
     bucket, prefix = split_s3(root)
     base = f"{prefix}/" if prefix else ""
     paginator = s3_client().get_paginator("list_objects_v2")
@@ -82,22 +76,12 @@ def list_objects(root: str, workers: int = LISTING_THREADS) -> list[ObjectInfo]:
 
 
 def exists(uri: str) -> bool:
-    """Whether the object with exactly this key is there: a HEAD, so `.../manifest.json.tmp` does not
-    answer for `.../manifest.json` as a LIST by prefix would."""
-    from botocore.exceptions import ClientError
-
-    bucket, key = split_s3(uri)
-
-    def head() -> bool:
-        try:
-            s3_client().head_object(Bucket=bucket, Key=key)
-        except ClientError as error:
-            if _is_missing(error):
-                return False
-            raise
-        return True
-
-    return s3_call(head, f"HEAD s3://{bucket}/{key}")
+    """Whether the object with exactly this key is there: a HEAD, never a LIST by prefix."""
+    try:
+        etag(uri)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def etag(uri: str) -> str:
@@ -110,7 +94,7 @@ def etag(uri: str) -> str:
         try:
             return s3_client().head_object(Bucket=bucket, Key=key)["ETag"].strip('"')
         except ClientError as error:
-            if _is_missing(error):
+            if is_missing(error):
                 raise FileNotFoundError(uri) from None
             raise
 
@@ -122,8 +106,7 @@ class ObjectChanged(Exception):
 
 
 def read_bytes_if_match(uri: str, etag: str) -> bytes:
-    """The object's bytes, only while its ETag is `etag` (GetObject IfMatch): `ObjectChanged` when it
-    has another ETag (412) or is gone. A cut body is retried with the same condition."""
+    """The object's bytes while its ETag is `etag` (IfMatch), else `ObjectChanged`."""
     from botocore.exceptions import ClientError
 
     bucket, key = split_s3(uri)
@@ -132,9 +115,9 @@ def read_bytes_if_match(uri: str, etag: str) -> bytes:
         try:
             response = s3_client().get_object(Bucket=bucket, Key=key, IfMatch=f'"{etag}"')
         except ClientError as error:
-            if _is_missing(error):
+            if is_missing(error):
                 raise ObjectChanged("gone (no object with this key)") from None
-            if error.response.get("Error", {}).get("Code") == "PreconditionFailed" or _status(error) == 412:
+            if precondition_failed(error):
                 raise ObjectChanged(f"its ETag is no longer {etag}") from None
             raise
         if response["ETag"].strip('"') != etag:  # a server that ignored the condition
@@ -144,17 +127,17 @@ def read_bytes_if_match(uri: str, etag: str) -> bytes:
     return s3_call(get, f"GET s3://{bucket}/{key} (IfMatch {etag})")
 
 
-def _status(error) -> int:
-    return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-
-
-def _is_missing(error) -> bool:
+def is_missing(error) -> bool:
     return error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound")
 
 
+def precondition_failed(error) -> bool:
+    status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    return error.response.get("Error", {}).get("Code") == "PreconditionFailed" or status == 412
+
+
 def delete_prefix(uri: str) -> None:
-    """Every object under `prefix/`, folder markers and keys `list_objects` refuses included; a sibling
-    `prefix-x/` is untouched. Refuses a bucket root."""
+    """Every object under `prefix/` (not a sibling `prefix-x/`); refuses a bucket root."""
     bucket, prefix = split_s3(uri)
     if not prefix:
         raise ValueError(f"refusing to delete the whole bucket {uri!r}; name a prefix inside it")

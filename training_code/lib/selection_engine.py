@@ -1,8 +1,5 @@
-"""The selection job's engine: a policy (an SQL file) run by DuckDB over the chosen sources' validated tables.
-
-`stage_inputs` verifies and stages the plan's tables, `run_policy` runs the SQL in bounded memory
-(`open_engine`), `write_selection` writes what it left. docs/selection.md is the policy's contract.
-"""
+"""The selection job's engine: a policy (an SQL file) run by DuckDB over the chosen sources' validated
+tables, in bounded memory. docs/selection.md is the policy's contract."""
 
 from __future__ import annotations
 
@@ -15,7 +12,6 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .label_policy import EXCLUDED_BECAUSE
 from .perceptual_hash import BITS
@@ -25,17 +21,15 @@ from .training_set import CHUNK_ROWS, POLICY, SELECTION_SCHEMA, read_manifest, w
 from .validated_files import ACCEPTED_FILE, CATEGORIES_FILE, VERDICTS_FILE
 from .verified_read import local_verified_copy, read_verified
 
-# The rules whose excluded images a run lists by key (the ones a user acts on); the others are counted,
-# and `zero-assets lineage --image KEY` explains one on demand.
+# The rules whose excluded images a run lists by key; `zero-assets lineage --image KEY` explains the others.
 LISTED_RULES = ("duplicate", "near_duplicate")
 NEAR_DUPLICATE_RULE = "near_duplicate"  # the last rule: what it takes out of val is what moved the val share
 # What a policy leaves: each table and the columns the job reads of it.
 DECISION_COLUMNS = ("source", "key", "split", "rule", "reason", "copy_of")
 NEAR_DUPLICATE_COLUMNS = ("cluster", "source", "key", "group", "validated_split", "outcome", "copy_of")
 SELECTED_COLUMNS = tuple(name for name in SELECTION_SCHEMA.names if name != "etag")  # the job adds the etag
-# Bands of the near-duplicate candidate join over a view's 128 pHash+dhash bits: 6 bands of 21 bits in
-# each of 2 fixed permutations. Wide enough to keep chance candidates few; copies up to 6 bits apart
-# always share a band.
+# The near-duplicate candidate join's bands over a view's 128 pHash+dhash bits: 6 of 21 bits in each of 2
+# fixed permutations, so copies up to 6 bits apart always share one and chance candidates are few.
 BAND_BITS, BANDS_PER_LAYOUT, BAND_LAYOUTS, LAYOUT_SEED = 21, 6, 2, 22
 FETCH_THREADS = 8  # validated sets fetched or checked at a time
 # The relations the job provides: a user's table may not take one of their names.
@@ -47,8 +41,7 @@ class PolicyError(RuntimeError):
 
 
 def band_masks() -> tuple[list[int], list[int]]:
-    """The candidate join's bands as masks of a view's pHash and difference hash (signed 64-bit, as
-    stored): two views share a band when their bits under both its masks are equal."""
+    """The candidate join's bands as masks of a view's pHash and difference hash (signed 64-bit)."""
     rng = np.random.default_rng(LAYOUT_SEED)
     phash_masks, dhash_masks = [], []
     for _ in range(BAND_LAYOUTS):
@@ -66,8 +59,7 @@ def _signed_mask(bits: list[int]) -> int:
 
 
 def open_engine(scratch: Path, memory_limit_gb: float | None = None, threads: int | None = None):
-    """A DuckDB database on `scratch` with memory bounded (three quarters of this host's unless given),
-    spilling to `scratch` past it."""
+    """A DuckDB database on `scratch`, memory bounded (3/4 of the host's unless given), spilling there."""
     scratch.mkdir(parents=True, exist_ok=True)
     engine = duckdb.connect(str(scratch / "selection.duckdb"))
     limit = memory_limit_gb if memory_limit_gb is not None else 0.75 * host_memory_bytes() / 2**30
@@ -90,15 +82,12 @@ def host_memory_bytes() -> int:
 
 
 def stage_inputs(engine, plan: SelectionPlan, scratch: Path) -> list[str]:
-    """Create the policy's inputs (docs/selection.md): the view `accepted` over every source's tables,
-    the settings' tables and variables, and the user's tables by name. Returns every category name of
-    the chosen sources."""
+    """Create the policy's inputs (docs/selection.md); returns every category name of the chosen sources."""
 
     def fetch(numbered: tuple[int, dict[str, str]]) -> tuple[Path, Path, set[str]]:
         number, entry = numbered
         uri, local = entry["validated_uri"], scratch / "inputs" / f"{number:06d}"
         accepted = local_verified_copy(join(uri, ACCEPTED_FILE), local / ACCEPTED_FILE)
-        _check_accepted(accepted, join(uri, ACCEPTED_FILE), entry["source"])
         verdicts = local_verified_copy(join(uri, VERDICTS_FILE), local / VERDICTS_FILE)
         return accepted, verdicts, {c["name"] for c in json.loads(read_verified(join(uri, CATEGORIES_FILE)))}
 
@@ -153,29 +142,12 @@ def provide_settings(engine, policy: SelectionPolicy) -> None:
 
 
 def _table(engine, name: str, columns: dict[str, list]) -> None:
-    arrow = pa.table(columns) if any(columns.values()) else _empty(columns, name)
+    types = {"cap": pa.int64(), "weight": pa.float64()}  # of an empty table's columns; the rest are strings
+    empty = {column: pa.array([], types.get(column, pa.string())) for column in columns}
+    arrow = pa.table(columns if any(columns.values()) else empty)
     engine.register(f"{name}_input", arrow)
     engine.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM {name}_input")
     engine.unregister(f"{name}_input")
-
-
-def _empty(columns: dict[str, list], name: str) -> pa.Table:
-    types = {"cap": pa.int64(), "weight": pa.float64()}
-    return pa.table({column: pa.array([], types.get(column, pa.string())) for column in columns})
-
-
-def _check_accepted(path: Path, uri: str, source: str) -> None:
-    """The accepted table has the columns the policy reads, hashes of every view among them."""
-    schema = pq.read_schema(path)
-    for name in ("phash", "dhash"):
-        found = schema.field(name).type if name in schema.names else None
-        if found is not None and not pa.types.is_list(found) and not pa.types.is_null(found):
-            found = None
-        if found is None:
-            raise ValueError(
-                f"{uri} has no list column {name!r} (written before near-duplicates were found on crops); "
-                f"rematerialize validated_images for source {source}"
-            )
 
 
 def quoted(columns) -> str:
@@ -192,8 +164,7 @@ def _quoted(path: Path | str) -> str:
 
 
 def run_policy(engine, sql: str, name: str) -> None:
-    """Run the policy's statements in order, then check it left `decisions` and `near_duplicates` with
-    the columns the job reads; a failure names the file and the statement."""
+    """Run the policy's statements, then check it left what the job reads; a failure names the statement."""
     try:
         statements = engine.extract_statements(sql)
     except duckdb.Error as error:
@@ -222,8 +193,7 @@ def run_policy(engine, sql: str, name: str) -> None:
 
 
 def write_selection(engine, out: Path, plan: SelectionPlan, sql: str, categories: list[str]) -> tuple[dict, int]:
-    """Write the training set the policy decided into the local folder `out`, each table streamed in
-    order, the manifest last."""
+    """Write the training set the policy decided into the local folder `out`, manifest last."""
     listed = ", ".join(f"'{rule}'" for rule in LISTED_RULES)
 
     def rows(query: str):
@@ -254,8 +224,7 @@ def write_selection(engine, out: Path, plan: SelectionPlan, sql: str, categories
 
 
 def source_counts(engine, plan: SelectionPlan) -> list[dict[str, Any]]:
-    """Per chosen source: where its validated set is, its data version, and its images accepted,
-    selected and excluded (in all, and by rule)."""
+    """Per chosen source: its validated set, data version, and images accepted, selected and excluded."""
     found = engine.execute(
         "SELECT source, coalesce(rule, ''), count(*) FROM decisions GROUP BY ALL ORDER BY ALL"
     ).fetchall()
@@ -279,9 +248,7 @@ def source_counts(engine, plan: SelectionPlan) -> list[dict[str, Any]]:
 
 
 def explain(training_set: str, key: str, scratch: Path) -> dict[str, Any] | None:
-    """The policy's decision (rule, reason, copy_of) for the accepted image `key`, recomputed from the
-    training set's manifest and policy.sql; None when no chosen source accepted it. For the rules a run
-    does not list (LISTED_RULES)."""
+    """The policy's decision (rule, reason, copy_of) for the accepted image `key`, recomputed; None if unknown."""
     manifest = read_manifest(training_set)
     sql = read_verified(join(training_set, POLICY)).decode()
     sources = [

@@ -1,9 +1,5 @@
-"""The selection job's plan: what the Dagster side hands the job, written before launch.
-
-`<plan>/policy.sql` is the policy's SQL (the default, training_code/selection_policy.sql, or the user's);
-`<plan>/plan.json`, written last, names each chosen source's validated output by URI with its data version,
-the policy's settings (the variables the SQL reads) and the user's tables. Rows never travel in it.
-"""
+"""The selection job's plan, written before launch: `<plan>/policy.sql` (the policy's SQL) and `plan.json`,
+written last, naming each chosen source's validated output and data version, the settings and tables."""
 
 from __future__ import annotations
 

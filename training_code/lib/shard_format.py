@@ -1,22 +1,8 @@
-"""The Arrow shard format: column schema, manifest layout, and verified reading.
+"""The Arrow shard format (docs/shards.md): column schema, manifest layout, and verified reading.
 
-A shard set (`zero-shards/4`) is a `manifest.json`, written last, that lists every shard training
-reads by `path`, relative to the manifest's folder: the shards its own materialization packed
-(`shards/<split>-<sha256[:16]>.arrow`) and the ones it kept from earlier sets (`../<their folder>/
-shards/...`), each with its split, rows, bytes and sha256. Shard names are content-addressed (the
-file's own sha256), so one name is one content wherever it lies. `masked.parquet` (path, key) names
-the rows of listed shards that are no longer selected: readers skip them. `rows.parquet` lists every
-row of every listed shard with its sha256, split and label digest, so the next set is planned
-without reading a shard (see shard_plan). Readers trust only the manifest. Boxes are absolute
-`x1, y1, x2, y2` pixels in the upright frame: decode the stored image bytes (`image_bytes`) with
-`decode_upright` (EXIF orientation applied).
-
-Each shard is also a Hugging Face dataset (see shard_hf): its schema carries the `datasets` features,
-so `datasets.Dataset.from_file(shard)` yields PIL images and `ClassLabel` category ids, and the folder
-loads with `datasets.load_from_disk` as a `DatasetDict` by split. Beside the flat columns the trainer
-reads, a shard holds `image_id` and `objects` in the Hugging Face detection convention (`bbox` COCO
-`x, y, w, h`, `category` a ClassLabel, `area`, `id`), which the writer derives from the flat ones.
-"""
+A shard set's `manifest.json`, written last, lists every shard by `path` from its folder (content-addressed:
+`shards/<split>-<sha256[:16]>.arrow`, or `../<earlier set>/shards/...`); `masked.parquet` names rows readers
+skip, `rows.parquet` every row (see shard_plan). Boxes are upright-frame `x1, y1, x2, y2` pixels."""
 
 from __future__ import annotations
 
@@ -36,10 +22,6 @@ from .storage import join
 from .verified_read import read_verified
 
 MANIFEST = "manifest.json"
-# 2: image as struct<bytes, path>, category ids int64, every column nullable, `datasets` features in
-# the schema: the storage `datasets` needs to read the features (see shard_hf). 3: shards of the
-# selection listed by `path` (content-addressed, possibly in earlier sets' folders), masked rows.
-# 4: `image_id` and `objects` (the Hugging Face detection convention) beside the flat columns.
 FORMAT = "zero-shards/4"
 # What an earlier set lacks, for the error that refuses it (the next set packs every row again).
 EARLIER_FORMATS = {
@@ -50,7 +32,7 @@ SHARDS = "shards"  # the folder of a set's own shards
 MASKED = "masked.parquet"
 ROWS = "rows.parquet"
 MASKED_SCHEMA = pa.schema([pa.field("path", pa.string(), nullable=False), pa.field("key", pa.string(), nullable=False)])
-# `labels`: shard_rows.label_digest of the selected row a shard row was packed from.
+# `labels`: shard_packing.label_digests of the selected row a shard row was packed from.
 ROWS_SCHEMA = pa.schema(
     [pa.field(name, pa.string(), nullable=False) for name in ("path", "key", "sha256", "split", "labels")]
 )
@@ -61,8 +43,7 @@ BOXES_NOTE = {
     "objects.bbox": "x,y,w,h (COCO) absolute pixels, the same boxes",
 }
 
-# The columns and their storage. Nullable because `datasets` ignores a column's features when its field
-# is not: the writer refuses nulls instead (ShardWriter). A shard's own schema adds the features.
+# Nullable because `datasets` ignores a non-nullable column's features; the writer refuses nulls instead.
 SHARD_SCHEMA = pa.schema(
     [
         pa.field("image", IMAGE_TYPE),  # the stored bytes; `path` is always null
@@ -100,9 +81,14 @@ class ShardIntegrityError(RuntimeError):
 def read_manifest(folder: Path) -> dict[str, Any]:
     """The shard-set manifest in `folder`; an error naming it when it is missing or of another format."""
     path = Path(folder) / MANIFEST
-    if not path.is_file():
+    return checked_manifest(path.read_bytes() if path.is_file() else None, path)
+
+
+def checked_manifest(data: bytes | None, path: Path | str) -> dict[str, Any]:
+    """The shard-set manifest `data` read from `path` (None: there is none), checked to be of FORMAT."""
+    if data is None:
         raise FileNotFoundError(f"no shard manifest at {path}: the shard set is incomplete or was never written")
-    manifest = json.loads(path.read_text())
+    manifest = json.loads(data)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         why = f" ({EARLIER_FORMATS[found]})" if isinstance(found, str) and found in EARLIER_FORMATS else ""
@@ -118,8 +104,7 @@ def shards_for_split(manifest: dict[str, Any], split: str) -> list[dict[str, Any
 
 
 def shard_path(folder: Path, entry: dict[str, Any], root: Path | None = None) -> Path:
-    """Where the shard of a manifest entry is: its `path` resolved from the manifest's folder, refused
-    (ValueError) when it leaves `root`."""
+    """Where the shard of a manifest entry is, from the manifest's folder; ValueError when it leaves `root`."""
     return Path(relative_paths.resolve(folder, entry["path"], root))
 
 
@@ -129,11 +114,14 @@ def verify_shard(folder: Path, entry: dict[str, Any], check_sha256: bool = True,
 
 
 def masked_keys(folder: str | Path, manifest: dict[str, Any]) -> dict[str, frozenset[str]]:
-    """Shard path (as the manifest lists it) -> the keys of its rows that readers skip; read from
-    `masked.parquet`, checked against the manifest's sha256. A set that names no such file masks none."""
+    """Shard path -> the keys of its rows that readers skip (`masked.parquet`, checked against the manifest)."""
     if MASKED not in manifest.get("files", {}):
         return {}
-    table = read_parquet_bytes(read_verified(join(folder, MASKED)))  # a local folder or an s3:// one
+    return masked_by_path(read_parquet_bytes(read_verified(join(folder, MASKED))))  # local or s3://
+
+
+def masked_by_path(table: pa.Table) -> dict[str, frozenset[str]]:
+    """A MASKED_SCHEMA table as shard path -> the keys of its masked rows."""
     by_path: dict[str, set[str]] = {}
     for path, key in zip(table.column("path").to_pylist(), table.column("key").to_pylist()):
         by_path.setdefault(path, set()).add(key)
@@ -141,8 +129,7 @@ def masked_keys(folder: str | Path, manifest: dict[str, Any]) -> dict[str, froze
 
 
 def verify_shard_file(path: Path, entry: dict[str, Any], check_sha256: bool = True) -> None:
-    """`verify_shard` for the file at `path`, whatever its name: a copy fetched to a temporary name is
-    checked against its manifest entry before it is renamed into place."""
+    """`verify_shard` for the file at `path`, whatever its name (a copy fetched to a temporary name)."""
     if not path.is_file():
         raise ShardIntegrityError(f"{path}: listed in the manifest but missing")
     size = path.stat().st_size

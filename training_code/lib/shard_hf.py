@@ -1,34 +1,7 @@
-"""The Hugging Face `datasets` view of a shard set: the features each shard's schema declares, and the
-`load_from_disk` files that make the shard folder a `DatasetDict` by split.
-
-`datasets` reads a table's features from the `huggingface` key of the Arrow schema metadata, and uses
-one only where the column's Arrow type is exactly that feature's storage type (nullable included). So
-the shard columns are stored the way the features say: `image` as `Image`'s struct<bytes, path> (the
-stored bytes; `path` always null), category ids as `ClassLabel`'s int64. The JSON below is what
-`datasets.Features.to_dict()` writes; it is spelled out here so that reading or writing a shard never
-imports `datasets` (seconds at start), and tests/test_hf_dataset_shards.py checks it against the
-installed `datasets`.
-
-Beside the flat columns the trainer reads (`boxes` xyxy, `category_ids`), each row carries the
-Hugging Face detection convention that `transformers`' object-detection recipes read: `image_id`, and
-`objects` with `bbox` (COCO `x, y, w, h` absolute pixels, the same boxes), `category` (a `ClassLabel`,
-the same ids), `area` (`w * h`) and `id`, one list entry an object. The writer derives both from the
-flat columns (`convention_columns`); ids are stable 63-bit hashes of the image's key (and the object's
-place in it), the same in every set that holds the row.
-
-Category ids are the detector's labels 1..K (torchvision keeps 0 for the background), so the
-`ClassLabel` names are `__background__` followed by the K category names: `int2str(id)` is the
-category's name for every stored id.
-
-`load_from_disk(folder)` reads `dataset_dict.json`, then per split `<split>/state.json` and
-`<split>/dataset_info.json`, whose data files are the split's shards by their manifest paths, one
-folder up (`../shards/train-<sha16>.arrow`, `../../<earlier set>/shards/...`): the shards stay where
-every other reader finds them, and nothing is copied. `load_from_disk` knows no masked rows, so it
-yields every stored row; `shard_hf_remote.load_live(folder)` is the same DatasetDict without the masked
-ones (an indices mapping over the same memory-mapped shards, nothing copied). `load_from_disk` copies only a
-split's folder from a remote filesystem, not the shards it points at, so a set on S3 loads with
-`shard_hf_remote.load_url`.
-"""
+"""The Hugging Face `datasets` view of a shard set: the features each shard's schema declares (spelled out,
+so a shard is read without importing `datasets`; tests check them), the derived `image_id` and `objects`
+(COCO `bbox`, ClassLabel `category`; ids stable hashes of the key), and the `load_from_disk` files whose
+data files are the shards where they lie. ClassLabel names are `__background__` then categories 1..K."""
 
 from __future__ import annotations
 
@@ -103,12 +76,6 @@ def features(names: list[str]) -> dict[str, Any]:
     }
 
 
-def _key_hashes(keys: pa.Array) -> np.ndarray:
-    """A stable 64-bit hash of each row's key (blake2b), as uint64."""
-    digests = b"".join(hashlib.blake2b(key.encode(), digest_size=8).digest() for key in keys.to_pylist())
-    return np.frombuffer(digests, dtype=">u8").astype(np.uint64)
-
-
 def _mix(values: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer: distinct inputs give distinct, well-spread outputs (a bijection)."""
     with np.errstate(over="ignore"):
@@ -124,9 +91,7 @@ def _id63(values: np.ndarray) -> pa.Array:
 
 
 def objects_column(hashes: np.ndarray, keys: pa.Array, boxes: pa.Array, category_ids: pa.Array) -> pa.StructArray:
-    """The `objects` of each row from its flat `boxes` (x1, y1, x2, y2) and `category_ids`: `bbox` as
-    COCO x, y, w, h, `area` w * h, `category` the id, `id` a mix of the key's hash and the object's
-    place in the row. Columns only: no Python work an object."""
+    """The `objects` of each row from its flat `boxes` and `category_ids`, by columns only."""
     counts = pc.list_value_length(boxes).to_numpy(zero_copy_only=False)
     labels = pc.list_value_length(category_ids).to_numpy(zero_copy_only=False)
     if not np.array_equal(counts, labels):
@@ -155,9 +120,10 @@ def objects_column(hashes: np.ndarray, keys: pa.Array, boxes: pa.Array, category
 
 
 def convention_columns(columns: dict[str, pa.Array]) -> list[pa.Array]:
-    """The derived columns (shard_format.DERIVED: `image_id`, `objects`) of rows given as flat columns:
-    `image_id` is a hash of the key, each object's `id` a mix of that hash and its place in the row."""
-    hashes = _key_hashes(columns["key"])
+    """The derived columns (`image_id`, `objects`) of rows given as flat columns."""
+    keys = columns["key"].to_pylist()  # a stable 64-bit hash of each (blake2b)
+    digests = b"".join(hashlib.blake2b(key.encode(), digest_size=8).digest() for key in keys)
+    hashes = np.frombuffer(digests, dtype=">u8").astype(np.uint64)
     return [_id63(hashes), objects_column(hashes, columns["key"], columns["boxes"], columns["category_ids"])]
 
 
@@ -169,8 +135,7 @@ def schema_metadata(names: list[str]) -> bytes:
 def write_dataset_dict(
     folder: Path, entries: list[dict[str, Any]], categories: list[dict[str, Any]]
 ) -> dict[str, dict[str, Any]]:
-    """Write the `load_from_disk` files for the splits that have shards; returns name -> {bytes, sha256}
-    for the manifest, so an output is complete only with them. Written before the manifest, like the shards."""
+    """Write the `load_from_disk` files for the splits that have shards; name -> {bytes, sha256}."""
     folder = Path(folder)
     names = class_names(categories)
     splits = list(dict.fromkeys(e["split"] for e in entries))

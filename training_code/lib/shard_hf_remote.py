@@ -1,25 +1,15 @@
-"""A shard set loaded with `datasets`: a local folder without its masked rows (`load_live`), or wherever
-fsspec reaches it, `s3://` (s3fs, the `hf` extra) or local, without this project's storage layer (`load_url`).
-
-`datasets.load_from_disk` copies only a split's own folder from a remote filesystem, never the shards
-its `state.json` points at one folder up (or in an earlier set's folder), so it cannot load a set on
-S3. `load_url` reads the set's `manifest.json` through fsspec, hands `datasets.load_dataset("arrow",
-...)` each split's shard URLs (resolved from the manifest's paths, kept shards included) with the set's
-features (the manifest's categories name the `ClassLabel`s: a kept shard's own names may be fewer), and
-leaves out the rows the manifest masks. As for any remote data files, `datasets` downloads and
-prepares the shards into its cache (`cache_dir`), or, `streaming`, reads them as they are iterated.
-
-Imports `datasets` and fsspec only when called: reading a shard never does.
-"""
+"""A shard set loaded with `datasets` without its masked rows: a local folder (`load_live`), or any fsspec
+URL, s3:// included (`load_url`: `load_from_disk` would not copy the shards a split points at).
+Imports `datasets` and fsspec only when called."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from . import relative_paths, shard_format, shard_hf
-from .shard_format import FORMAT, MANIFEST, MASKED, shards_for_split
+from .parquet_bytes import read_parquet_bytes
+from .shard_format import MANIFEST, MASKED, shards_for_split
 from .storage import join
 
 
@@ -34,14 +24,10 @@ def read_set(url: str, storage_options: dict[str, Any] | None = None) -> tuple[d
     """The set's manifest and, by split, the URL of each of its shards in manifest order."""
     where = join(url, MANIFEST)
     try:
-        manifest = json.loads(_read(where, storage_options))
+        data = _read(where, storage_options)
     except FileNotFoundError:
-        raise FileNotFoundError(
-            f"no shard manifest at {where}: the shard set is incomplete or was never written"
-        ) from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise ValueError(f"{where}: format {found!r} is not {FORMAT!r}; rematerialize arrow_shards")
+        data = None
+    manifest = shard_format.checked_manifest(data, where)
     splits = dict.fromkeys(entry["split"] for entry in manifest["shards"])
     files = {
         split: [relative_paths.resolve(url, entry["path"]) for entry in shards_for_split(manifest, split)]
@@ -54,13 +40,7 @@ def masked_keys(url: str, manifest: dict[str, Any], storage_options: dict[str, A
     """Shard path (as the manifest lists it) -> the keys of its rows the manifest masks."""
     if MASKED not in manifest.get("files", {}):
         return {}
-    from .parquet_bytes import read_parquet_bytes
-
-    table = read_parquet_bytes(_read(join(url, MASKED), storage_options))
-    by_path: dict[str, set[str]] = {}
-    for path, key in zip(table.column("path").to_pylist(), table.column("key").to_pylist()):
-        by_path.setdefault(path, set()).add(key)
-    return {path: frozenset(keys) for path, keys in by_path.items()}
+    return shard_format.masked_by_path(read_parquet_bytes(_read(join(url, MASKED), storage_options)))
 
 
 def load_url(
@@ -71,10 +51,7 @@ def load_url(
     cache_dir: str | None = None,
     streaming: bool = False,
 ):
-    """The shard set at `url` as a `DatasetDict` by split, with the set's features (`objects` with
-    `bbox` and a `ClassLabel` `category`); `live` leaves out the masked rows, as training does.
-    `streaming`: an `IterableDatasetDict` that reads the shards as it is iterated, nothing prepared
-    in the cache (for a set larger than a disk)."""
+    """The shard set at `url` as a `DatasetDict` by split (`streaming`: an `IterableDatasetDict`)."""
     import datasets  # seconds to import: only where a `datasets` object is asked for
 
     manifest, files = read_set(url, storage_options)
@@ -109,8 +86,7 @@ def _without(shard: Any, keys: frozenset[str] | None) -> Any:
 
 
 def load_live(folder: Path):
-    """`datasets.load_from_disk(folder)` without the rows the manifest masks: a `DatasetDict` by split
-    of the rows training reads (imports `datasets`, which reading a shard otherwise never does)."""
+    """`datasets.load_from_disk(folder)` without the rows the manifest masks."""
     import datasets  # seconds to import: only where a `datasets` object is asked for
 
     manifest = shard_format.read_manifest(folder)
@@ -119,8 +95,7 @@ def load_live(folder: Path):
 
 
 def without_masked(loaded, manifest: dict[str, Any], masked: dict[str, frozenset[str]]):
-    """A `DatasetDict` whose splits hold their shards' rows in manifest order, less the `masked` ones
-    (shard path -> keys): an indices mapping, nothing copied."""
+    """A `DatasetDict` of its shards' rows less the `masked` ones: an indices mapping, nothing copied."""
     import datasets
 
     live = {}

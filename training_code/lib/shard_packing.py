@@ -1,8 +1,6 @@
-"""A split's rows as the packing job hands them to the ShardWriter: columns, not one dict a row.
-
-`label_columns` builds every shard column but `image` with Arrow compute (as `shard_rows.shard_labels`
-would per row); `image_batches` reads, checks and (for resize) re-encodes the images in batches on a pool.
-"""
+"""A split's rows as the packing job hands them to the ShardWriter: labels (per row, or as Arrow columns)
+and images, read, checked and (for resize) re-encoded in batches on a pool. Labels are a pure function of
+the selected row and the encoding, so a `label_digest` tells whether an earlier shard's row stands."""
 
 from __future__ import annotations
 
@@ -17,17 +15,46 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .image_encoding import Encoding, read_batch
+from .hashing import sha256_json
+from .image_encoding import Encoding, read_batch, resized_size
 from .raw_files import Locator
 from .shard_format import LABEL_SCHEMA
-from .shard_rows import shard_labels
 
 READ_ROWS = 64  # images a pool task reads: small files cost a hand-off each otherwise
 READ_BYTES = 8 << 20  # and at most about this many bytes, so large photos keep few in flight
-# Resizing costs a decode and an encode an image: a task holds about one photo, so the last tasks
-# spread over every worker.
-RESIZE_BYTES = 1 << 20
+RESIZE_BYTES = 1 << 20  # a resize task holds about one photo (decode and encode), so the last spread out
 BATCHES_PER_WORKER = 3  # tasks in flight per worker: enough to hide I/O and a flush, bounded so memory stays flat
+# The selected row's columns a shard row's labels are made of (the encoding is fixed per shard set).
+LABEL_SOURCES = ("format", "width", "height", "orientation", "boxes", "category_names")
+
+
+def label_digests(selected: pa.Table) -> list[str]:
+    """`label_digest` of each row of a selection table, in its order."""
+    columns = selected.select(list(LABEL_SOURCES)).to_pydict()
+    return [sha256_json(values)[:16] for values in zip(*columns.values())]
+
+
+def shard_labels(row: dict[str, Any], category_id: dict[str, int], encoding: Encoding) -> dict[str, Any]:
+    """Every shard column but `image` for one selected row (training_set.SELECTION_SCHEMA as a dict)."""
+    width, height = int(row["width"]), int(row["height"])
+    boxes = [[float(v) for v in box] for box in row["boxes"]]
+    image_format = row["format"]
+    if encoding.mode == "resize":
+        new_width, new_height = resized_size(width, height, encoding.max_side)
+        sx, sy = new_width / width, new_height / height
+        boxes = [[x1 * sx, y1 * sy, x2 * sx, y2 * sy] for x1, y1, x2, y2 in boxes]
+        width, height, image_format = new_width, new_height, "JPEG"
+    return {
+        "image_format": image_format,
+        "width": width,
+        "height": height,
+        "boxes": boxes,
+        "category_ids": [category_id[name] for name in row["category_names"]],
+        "category_names": list(row["category_names"]),
+        "source": row["source"],
+        "key": row["key"],
+        "sha256": row["sha256"],
+    }
 
 
 def label_columns(rows: pa.Table, categories: list[dict[str, Any]], encoding: Encoding) -> pa.Table:
@@ -69,8 +96,7 @@ def _refuse_unknown_category(rows: pa.Table, names: pa.ListArray, position: pa.A
 
 @contextmanager
 def reading_pool(encoding: Encoding, workers: int) -> Iterator[Executor]:
-    """The pool `image_batches` reads on, one per pack: processes to resize (decode and encode hold the
-    GIL), threads to read originals. Starting a process pool is slow, so one serves every split."""
+    """The pool `image_batches` reads on: processes to resize (decode holds the GIL), else threads."""
     if encoding.mode == "resize":
         executor: Executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
     else:
@@ -82,8 +108,7 @@ def reading_pool(encoding: Encoding, workers: int) -> Iterator[Executor]:
 def image_batches(
     raw: Path, rows: pa.Table, labels: pa.Table, encoding: Encoding, pool: Executor, workers: int
 ) -> Iterator[list[bytes]]:
-    """The stored bytes of `rows` (with `labels` their label_columns), in order, in batches of up to
-    READ_ROWS rows or READ_BYTES of raw files, read on `pool` (of `workers`)."""
+    """The stored bytes of `rows`, in order, in batches of READ_ROWS rows or READ_BYTES, read on `pool`."""
     locator = Locator(raw)
     columns = [rows.column(name).to_pylist() for name in ("key", "sha256", "size", "orientation")]
     targets = zip(labels.column("width").to_pylist(), labels.column("height").to_pylist())

@@ -1,14 +1,8 @@
 """Plan a shard set of the selection from the previous one: the shards it keeps, the rows it masks, the rows it packs.
 
-The incremental contract of arrow_shards (zero-shards/4):
-- Nothing of an earlier set of another format, BYTES_CONFIG or pack order is kept: all is packed afresh.
-- An earlier shard is kept by reference while it holds a live row; a row is masked when no longer
-  selected, selected with another sha256/split/labels, or live in a shard listed before it.
-- Compaction: a kept shard past `compact_masked_share` masked is repacked; a split's kept shards under
-  `merge_small_share` of the target are merged when they hold over `merge_rows_share` of its rows.
-- New rows are packed per split in `pack_order` (every (source, group) spread evenly; keys alone decide).
-- Category ids are append-only: earlier ids stay, new names take the next ids in name order.
-"""
+An earlier shard is kept by reference while it holds a live row (nothing is kept across another format,
+BYTES_CONFIG or pack order); compaction repacks mostly-masked and merges small shards; new rows are packed
+in `pack_order`; category ids are append-only."""
 
 from __future__ import annotations
 
@@ -45,8 +39,7 @@ class Compaction:
 
 @dataclass(frozen=True)
 class PreviousSet:
-    """An earlier shard set as the planner reads it: its manifest, `rows.parquet` and masked rows, and
-    its folder's name (its shards are listed from the new set as `../<name>/shards/...`)."""
+    """An earlier shard set as the planner reads it; its shards are listed as `../<name>/shards/...`."""
 
     manifest: dict[str, Any]
     rows: pa.Table  # ROWS_SCHEMA
@@ -83,8 +76,7 @@ def plan_shards(
     compaction: Compaction,
     previous: PreviousSet | None,
 ) -> ShardPlan:
-    """`selected`: key -> (split, sha256, label digest) of every selected row; `groups`: key ->
-    (source, group); `config`: this set's shard config (BYTES_CONFIG fields)."""
+    """`selected`: key -> (split, sha256, label digest); `groups`: key -> (source, group)."""
     keep = previous is not None and _keeps(previous.manifest, config)
     plan = ShardPlan(categories=append_categories(previous.manifest["categories"] if keep else [], category_names))
     live: dict[str, list[str]] = {}  # kept shard path (from the new set) -> its live keys
@@ -184,8 +176,7 @@ def _compact(
 
 
 def rebased(path: str, previous_name: str) -> str:
-    """An earlier manifest's shard path as the new set lists it: its own shards become `../<name>/...`,
-    the ones it kept are siblings of both already."""
+    """An earlier manifest's shard path as the new set lists it (its own shards become `../<name>/...`)."""
     ups, key = split_relative(path)
     if ups == 0:
         return f"../{previous_name}/{key}"
@@ -212,8 +203,7 @@ def masked_table(rows: list[dict[str, str]]) -> pa.Table:
 
 
 def pack_order(keys: list[str], groups: dict[str, tuple[str, str]], seed: int = PACK_ORDER["seed"]) -> list[str]:
-    """`keys` with every (source, group) spread evenly: the i-th of a group's m keys (seeded order) goes
-    at (i + phase) / m with a seeded phase, so any run of rows holds each group in proportion to its size."""
+    """`keys` with every (source, group) spread evenly along the order (seeded)."""
     members: dict[tuple[str, str], list[str]] = {}
     for key in keys:
         members.setdefault(groups[key], []).append(key)

@@ -1,9 +1,5 @@
-"""What a pack of the selection works from, and what its map stage hands on: the shard plan, the rows
-it packs (its read list), and the map hosts' listings.
-
-`plan_for` plans from the selection and the earlier set's manifest and tables (never a shard);
-`rows_to_pack` is the plan's read list, written before launch; `collected_parts` gathers `part-<host>.json`.
-"""
+"""What a pack of the selection works from: the shard plan (from the selection and the earlier set's
+manifest and tables, never a shard), the rows it packs (its read list), and the map hosts' listings."""
 
 from __future__ import annotations
 
@@ -18,8 +14,8 @@ from . import training_set as ts
 from .parquet_bytes import read_parquet_bytes
 from .read_list import ReadList, read_list_of
 from .shard_format import FORMAT, MANIFEST, ROWS, ROWS_SCHEMA, masked_keys
+from .shard_packing import label_digests
 from .shard_plan import Compaction, PreviousSet, ShardPlan, plan_shards, rows_table
-from .shard_rows import label_digests
 from .storage import join, read_bytes
 from .tables import SPLITS
 from .verified_read import read_verified
@@ -28,8 +24,7 @@ ANY_SIZE = 1 << 62  # packing reads every selected image, whatever its size (val
 
 
 def read_previous(folder: Path, name: str | None) -> PreviousSet:
-    """What the planner reads of an earlier set: its manifest and, unless it is of another format (then
-    nothing is kept), its rows and masked rows, checked against the manifest."""
+    """An earlier set's manifest and, if of this format, its rows and masked rows, checked."""
     manifest = json.loads(read_bytes(join(folder, MANIFEST)))
     if not name:
         raise ValueError(f"--previous {folder} needs --previous-name, the folder's name beside --out's")

@@ -1,9 +1,5 @@
-"""Write rows into size-capped Arrow IPC stream shards named by their content.
-
-Each shard is written under a temporary name, hashed as it is written, then renamed to
-`<split>-<sha256[:16]>.arrow`: one name is one content. Returns manifest entries (`path`: `shards/<name>`);
-the caller writes the manifest last. The schema carries the categories' `datasets` features.
-"""
+"""Write rows into size-capped Arrow IPC stream shards named by their content (`<split>-<sha256[:16]>.arrow`,
+hashed as written, renamed at the end); returns manifest entries, the caller writes the manifest."""
 
 from __future__ import annotations
 
@@ -24,16 +20,10 @@ from .shard_hf import convention_columns
 
 ROWS_PER_BATCH = 64  # small record batches keep memory flat and let readers slice cheaply
 BATCH_BYTES = 4 << 20  # and about this much image data per batch, so flushes stay short
-_COLUMNS = ["image", *LABEL_SCHEMA.names]  # the given ones: the writer derives `image_id` and `objects`
 
 
 class ShardWriter:
-    """`with ShardWriter(out, "train", target_bytes, categories=manifest_categories) as writer: ...`; then
-    `writer.entries`. The shards go to `out/shards/`.
-
-    `write_batch(images, labels)` takes rows as columns; `write(row)` one row as a dict (`image` as the
-    bytes). Both cut a batch at ROWS_PER_BATCH rows or BATCH_BYTES of images, and a shard at the row
-    that takes it to the target size."""
+    """`with ShardWriter(out, split, target_bytes, categories=...) as writer:` rows to `out/shards/`."""
 
     def __init__(self, out_dir: Path, split: str, target_bytes: int, *, categories: list[dict[str, Any]]) -> None:
         if target_bytes <= 0:
@@ -42,7 +32,6 @@ class ShardWriter:
         self.schema = shard_schema(categories)
         self.opened = 0
         self.entries: list[dict[str, Any]] = []
-        self._dict_rows: list[dict[str, Any]] = []  # rows given one by one, not yet columns
         self._pieces: list[tuple[list[bytes] | pa.Array, pa.Table]] = []  # pending (images, labels) slices
         self._pending_rows = self._pending_bytes = 0
         self._written = 0  # bytes of the open shard on disk, as of its last batch
@@ -59,23 +48,18 @@ class ShardWriter:
         if exc_type is None:
             self._flush()
             self._close_shard()
-        else:
-            self._abort()
+        elif self._stream is not None:  # abandon the open shard
+            self._sink.close()
+            self._hasher.finish(None)
+            self._tmp_path().unlink(missing_ok=True)
+            self._stream = self._sink = None
 
     def write(self, row: dict[str, Any]) -> None:
-        # The schema's fields are nullable for `datasets`' sake, so Arrow would store a missing value as null.
-        if missing := [name for name in _COLUMNS if row.get(name) is None]:
-            raise ValueError(
-                f"shard row {row.get('key')!r}: column {missing[0]!r} is missing or None; "
-                "every shard column needs a value"
-            )
-        self._dict_rows.append(row)
-        self._add_row(len(row["image"]))
+        """One row as a dict, `image` the bytes to store."""
+        self.write_batch([row.get("image")], pa.Table.from_pylist([row], schema=LABEL_SCHEMA))
 
     def write_batch(self, images: Sequence[bytes] | pa.Array | pa.ChunkedArray, labels: pa.Table) -> None:
-        """Rows as columns: `images` (the bytes to store, a list or a binary Arrow column) and `labels`
-        (every other SHARD_SCHEMA column, any order; cast to the shard's types). Cuts batches and shards
-        where `write` would."""
+        """Rows as columns: `images` (bytes) and `labels` (every other column, cast to the shard's)."""
         if len(images) != labels.num_rows:
             raise ValueError(f"{len(images)} images for {labels.num_rows} label rows")
         labels = _label_columns(labels)
@@ -92,7 +76,6 @@ class ShardWriter:
             images = list(images)
             sizes = np.fromiter((-1 if image is None else len(image) for image in images), np.int64, len(images))
         _refuse_nulls(sizes, labels)
-        self._pieces_from_dict_rows()
         ends = np.cumsum(sizes, dtype=np.int64)
         start = 0
         while start < len(images):
@@ -106,36 +89,14 @@ class ShardWriter:
             self._pending_rows += end - start
             self._pending_bytes += int(ends[end - 1]) - before
             start = end
-            if self._row_ends_batch():
-                self._end_batch()
-
-    def _add_row(self, size: int) -> None:
-        self._pending_rows += 1
-        self._pending_bytes += size
-        if self._row_ends_batch():
-            self._end_batch()
-
-    def _row_ends_batch(self) -> bool:
-        return (
-            self._written + self._pending_bytes >= self.target_bytes
-            or self._pending_rows >= ROWS_PER_BATCH
-            or self._pending_bytes >= BATCH_BYTES
-        )
-
-    def _end_batch(self) -> None:
-        # Roll over by the row, not by the batch, so a shard ends close to the target whatever the batch size.
-        full = self._written + self._pending_bytes >= self.target_bytes
-        self._flush()
-        if full:
-            self._close_shard()
-
-    def _pieces_from_dict_rows(self) -> None:
-        if self._dict_rows:
-            rows, self._dict_rows = self._dict_rows, []
-            self._pieces.append(([row["image"] for row in rows], pa.Table.from_pylist(rows, schema=LABEL_SCHEMA)))
+            # Roll over by the row, not by the batch, so a shard ends close to the target whatever the batch size.
+            full = self._written + self._pending_bytes >= self.target_bytes
+            if full or self._pending_rows >= ROWS_PER_BATCH or self._pending_bytes >= BATCH_BYTES:
+                self._flush()
+                if full:
+                    self._close_shard()
 
     def _flush(self) -> None:
-        self._pieces_from_dict_rows()
         if not self._pieces:
             return
         pieces, self._pieces = self._pieces, []
@@ -181,13 +142,6 @@ class ShardWriter:
         self._stream = self._sink = None
         self._written = 0
 
-    def _abort(self) -> None:
-        if self._stream is not None:
-            self._sink.close()
-            self._hasher.finish(None)
-            self._tmp_path().unlink(missing_ok=True)
-            self._stream = self._sink = None
-
 
 def _binary_array(images: list[bytes]) -> pa.Array:
     """`pa.array(images, pa.binary())`, faster: one join and the offsets (a batch is far from 2 GiB)."""
@@ -218,8 +172,7 @@ def _label_columns(labels: pa.Table) -> pa.Table:
 
 
 def _refuse_nulls(image_sizes: np.ndarray, labels: pa.Table) -> None:
-    """Refuse a missing value (`image_sizes` -1, or a null label): the schema's fields are nullable for
-    `datasets`' sake, so Arrow would store it as null."""
+    """Refuse a missing value: the schema is nullable for `datasets`, so Arrow would store a null."""
     missing_images = image_sizes < 0
     if missing_images.any():
         _refuse_missing(labels, "image", pa.array(missing_images))
@@ -237,8 +190,7 @@ def _refuse_missing(labels: pa.Table, name: str, missing: pa.Array | pa.ChunkedA
 
 
 def _record_batch(pieces: list[tuple[list[bytes] | pa.Array, pa.Table]], schema: pa.Schema) -> pa.RecordBatch:
-    """The pending pieces as one batch of `schema`, `image` as its struct (bytes, null path). Every column
-    goes into fresh buffers, so a shard's bytes depend on its rows only, however they were handed in."""
+    """The pending pieces as one batch of `schema`, in fresh buffers (bytes depend on rows only)."""
     if all(isinstance(images, list) for images, _ in pieces):
         stored = _binary_array([image for images, _ in pieces for image in images])
     else:
@@ -254,8 +206,7 @@ def _record_batch(pieces: list[tuple[list[bytes] | pa.Array, pa.Table]], schema:
 
 
 class _TrailingHasher:
-    """sha256 of a file being written, in a thread that reads each flushed part back from the page
-    cache, so the hash costs no second pass over the shard."""
+    """sha256 of a file being written, read back from the page cache in a thread."""
 
     CHUNK = 8 << 20
 

@@ -1,49 +1,17 @@
-"""One storage layer for local paths and `s3://` URIs: list, read, atomic write, publish a folder.
-
-Every write is atomic (temporary name then rename locally, one PUT on S3); `publish_folder` writes
-manifests last. The S3 half is `s3_storage`, the key rules `object_keys`; callers use them through here.
-"""
+"""One storage layer for local paths and `s3://` URIs: list, read, atomic write, publish a folder (manifests
+last). The S3 half is `s3_storage`, the key rules `object_keys`; callers use them through here."""
 
 from __future__ import annotations
 
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from . import s3_storage
-from .object_keys import ObjectInfo, key_problem, local_etag, printable_key, safe_relative_key
-from .s3_storage import ObjectChanged, read_bytes_if_match, s3_call, s3_client, split_s3
-
-__all__ = [
-    "MANIFEST_NAMES",
-    "ObjectChanged",
-    "ObjectInfo",
-    "copy_file_atomic",
-    "delete_file",
-    "delete_prefix",
-    "download_prefix",
-    "exists",
-    "fetch_file",
-    "is_s3",
-    "join",
-    "key_problem",
-    "list_objects",
-    "local_etag",
-    "local_object_info",
-    "newest_write",
-    "printable_key",
-    "publish_folder",
-    "read_bytes",
-    "read_bytes_if_match",
-    "s3_call",
-    "s3_client",
-    "safe_relative_key",
-    "split_s3",
-    "version",
-    "write_bytes_atomic",
-]
+from .object_keys import ObjectInfo, key_problem, local_etag, printable_key, safe_relative_key  # noqa: F401
+from .s3_storage import ObjectChanged, read_bytes_if_match, s3_call, s3_client, split_s3  # noqa: F401
 
 MANIFEST_NAMES = ("manifest.json",)
 
@@ -59,11 +27,7 @@ def join(root: str | os.PathLike, relative: str) -> str:
 
 
 def list_objects(root: str | os.PathLike, include_unsafe: bool = False) -> Iterator[ObjectInfo]:
-    """Every object under `root`, sorted by key. Local etag is `<mtime_ns>-<size>`.
-
-    Keys `key_problem` refuses are left out unless `include_unsafe`. S3 folder markers are never objects.
-    Locally, symlinked folders are not descended into, and a symlink out of `root` is listed by its own
-    lstat (nothing outside is opened)."""
+    """Every object under `root` sorted by key, unsafe keys left out unless `include_unsafe`."""
     if is_s3(root):
         objects = s3_storage.list_objects(str(root))
     else:
@@ -90,8 +54,7 @@ def _list_local(root: Path) -> Iterator[ObjectInfo]:
 
 
 def local_object_info(entry: os.DirEntry, key: str, real_root: str) -> ObjectInfo | None:
-    """A non-folder entry of a local raw root as a listed object (etag: mtime-size), or None for what is
-    not a file anyone uploaded (FIFOs, sockets, devices) and for symlinks that leave the root."""
+    """A local entry as a listed object; None for FIFOs, sockets, devices and links out of the root."""
     if entry.is_symlink():
         stat = _symlinked_file_stat(entry.path, real_root)
     elif entry.is_file(follow_symlinks=False):
@@ -102,8 +65,7 @@ def local_object_info(entry: os.DirEntry, key: str, real_root: str) -> ObjectInf
 
 
 def _symlinked_file_stat(path: str, real_root: str) -> os.stat_result | None:
-    """A link to a file inside the root: its target's stat (so an edit shows). A link out of the root,
-    or a dangling one: the link's own lstat, target untouched. A link to a folder: None (not followed)."""
+    """A link into the root: its target's stat; out of it or dangling: its own; to a folder: None."""
     target = os.path.realpath(path)
     if os.path.commonpath([target, real_root]) != real_root:
         return os.lstat(path)
@@ -133,9 +95,7 @@ def exists(uri: str | os.PathLike) -> bool:
 
 
 def delete_prefix(uri: str | os.PathLike) -> None:
-    """Remove a folder (local) or every object under `prefix/` (S3); a sibling `prefix-x/` is untouched.
-
-    Local symlinks are removed, never followed. Refuses a bucket root."""
+    """Remove a folder (never following links) or every object under `prefix/` (S3)."""
     if is_s3(uri):
         s3_storage.delete_prefix(str(uri))
         return
@@ -190,12 +150,16 @@ def write_bytes_atomic(uri: str | os.PathLike, data: bytes) -> None:
 def copy_file_atomic(src: Path, dest: str | os.PathLike) -> None:
     if is_s3(dest):
         s3_storage.upload_file(src, str(dest))
-        return
-    dest = Path(dest)
+    else:
+        write_atomically(Path(dest), lambda tmp: shutil.copyfile(src, tmp))
+
+
+def write_atomically(dest: Path, write: Callable[[Path], object]) -> None:
+    """`write` a temporary file beside `dest`, then rename it into place (removed on failure)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:
-        shutil.copyfile(src, tmp)
+        write(tmp)
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -215,8 +179,7 @@ def publish_folder(src: Path, dest: str | os.PathLike) -> list[str]:
 
 
 def download_prefix(uri: str, dest: Path, keys: list[str] | None = None) -> Path:
-    """Copy an S3 prefix (or only `keys`, relative to it) into a local folder. Unsafe keys are not
-    listed, so no object lands outside `dest` or on another object's file."""
+    """Copy an S3 prefix (or only `keys`) into a local folder; unsafe keys are not listed."""
     bucket, prefix = split_s3(uri)
     for key in [obj.key for obj in list_objects(uri)] if keys is None else keys:
         target = dest / safe_relative_key(key)
@@ -229,12 +192,5 @@ def fetch_file(uri: str, dest: Path) -> None:
     """Copy one object (local path or s3:// URI) to a local file atomically."""
     if not is_s3(uri):
         copy_file_atomic(Path(uri), dest)
-        return
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    try:
-        s3_storage.download_file(uri, tmp)
-        os.replace(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    else:
+        write_atomically(dest, lambda tmp: s3_storage.download_file(uri, tmp))

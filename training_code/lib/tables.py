@@ -1,6 +1,4 @@
-"""The pipeline's tables: each a Parquet file with an Arrow schema and pandera checks (pyarrow backend),
-run whenever one is written and read; a read also checks the sha256 its folder's manifest records.
-"""
+"""The pipeline's tables: Parquet files with an Arrow schema and pandera checks, run on every write and read."""
 
 from __future__ import annotations
 
@@ -16,42 +14,14 @@ import pyarrow.parquet as pq
 
 from .label_policy import STATE_MEANINGS
 from .parquet_bytes import arrow_owned_reader, parquet_bytes
+from .reason_meanings import IMAGE_REASONS
+from .reason_meanings import LABEL_REASONS as LABEL_MEANINGS
 from .storage import write_bytes_atomic
 from .verified_read import read_verified
 
-REASONS = (
-    "empty",
-    "unidentified",
-    "truncated",
-    "checksum",
-    "bomb",
-    "timeout",
-    "crash",
-    "unsupported",
-    "format_not_allowed",
-    "too_small",
-    "exif",
-    "decode_error",
-    "corrupt_data",  # a JPEG whose compressed data libjpeg-turbo reports corrupt (Pillow decodes it silently)
-    "unreadable",  # listed in the index but could not be read (vanished, permissions): stage "read"
-    # Decided before a byte is read (see training_code/lib/raw_files.py): stage "read".
-    "unsafe_key",
-    "outside_root",
-    "too_large",
-)
-LABEL_REASONS = (
-    "outside_image",
-    "degenerate",
-    "non_finite",
-    "unknown_category",
-    "malformed",
-    "bad_number",  # a bbox value that is no usable number (an integer too large for a float, a bool)
-    # Entries of annotations.json itself, keyed by that file (see training_code/lib/coco.py):
-    "not_an_object",
-    "bad_id",
-    "bad_file_name",
-    "unknown_image",
-)
+# What each quarantine and label-rejection reason means is in reason_meanings; the codes are its keys.
+REASONS = tuple(IMAGE_REASONS)
+LABEL_REASONS = tuple(LABEL_MEANINGS)
 SPLITS = ("train", "val")
 # What an accepted image's labels are (training_code/lib/label_policy.py): only the first two train.
 ANNOTATION_STATES = tuple(STATE_MEANINGS)
@@ -146,8 +116,7 @@ QUARANTINE = table_spec(
     nullable=("sha256",),
 )
 
-# Every image verdict of a validation run with the listing identity it was reached for: the cache an
-# incremental run reuses (verdict_cache). Left out of the manifest's file hashes: a local etag holds an mtime.
+# Every image verdict with the listing identity it was reached for: the next run's cache (verdict_cache).
 VERDICTS = table_spec(
     "verdicts",
     {
@@ -194,8 +163,7 @@ UNMATCHED = table_spec(
 )
 
 
-# One check at a time per process: pandera imports optional engines on each call, and another thread
-# seeing that import half-done gets an AttributeError.
+# One check at a time: pandera imports optional engines on each call, and a thread seeing one half-done fails.
 _CHECKING = threading.Lock()
 
 
@@ -249,8 +217,7 @@ def write_table(
 
 
 def read_table(uri: str | os.PathLike, spec: TableSpec) -> pyarrow.Table:
-    """Read the Parquet table at `uri` (local path or s3:// URI) whole, check its bytes against its
-    folder's manifest (`FileIntegrityError` when they differ) and its rows against `spec`."""
+    """The Parquet table at `uri`, its bytes checked against its folder's manifest and its rows against `spec`."""
     table = pq.read_table(arrow_owned_reader(read_verified(uri)), pre_buffer=False)  # why: parquet_bytes
     try:
         return checked(table.replace_schema_metadata(None), spec)

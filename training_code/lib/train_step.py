@@ -1,5 +1,4 @@
-"""One optimizer step of data-parallel training: forward, one all-reduce that agrees the loss and
-whether to stop across ranks, backward, update; and the SIGTERM flag the step agrees on."""
+"""One optimizer step of data-parallel training, with one all-reduce that agrees the loss and any SIGTERM."""
 
 from __future__ import annotations
 
@@ -21,10 +20,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
+        self._previous = signal.signal(signal.SIGTERM, lambda signum, frame: setattr(self, "requested", True))
 
     def restore(self) -> None:
         signal.signal(signal.SIGTERM, self._previous)
@@ -33,8 +29,7 @@ class StopRequest:
 def train_step(
     model, model_without_ddp, optimizer, images, targets, step: int, args, ctx: DistributedContext, stop: StopRequest
 ) -> tuple[float, bool]:
-    """Forward, agree across ranks, backward, clip, update. Returns the sample-weighted mean loss over
-    all ranks and whether any rank was asked to stop."""
+    """Forward, agree across ranks, backward, clip, update: (mean loss over all ranks, whether to stop)."""
     images = [image.to(ctx.device, non_blocking=True).float().div_(255) for image in images]
     images = apply_photometric(images, targets)
     targets = targets_on(targets, ctx.device)

@@ -1,10 +1,6 @@
-"""The training set's files: the selection of validated images that arrow_shards packs, and what was left out.
-
-`<lake>/training_set/<fingerprint16>/`: `selection.parquet` (SELECTION_SCHEMA, one row per selected image,
-sorted by source, key), `excluded.parquet` (the LISTED_RULES exclusions), `near_duplicates.parquet`,
-`policy.sql`, and `manifest.json` (`zero-selection/2`: sources, policy, categories, data version, each
-file's bytes and sha256), written last.
-"""
+"""The training set's files: `selection.parquet` (SELECTION_SCHEMA, by source and key) that arrow_shards packs,
+`excluded.parquet` (LISTED_RULES exclusions), `near_duplicates.parquet`, `policy.sql`, and `manifest.json`
+(`zero-selection/2`: sources, policy, categories, data version, each file's bytes and sha256), written last."""
 
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ import pyarrow.parquet as pq
 
 from .hashing import sha256_bytes, sha256_file, sha256_json
 from .parquet_bytes import read_parquet_bytes
-from .storage import join, read_bytes, write_bytes_atomic
+from .storage import join, read_bytes, write_atomically, write_bytes_atomic
 from .verified_read import read_verified
 
 FORMAT = "zero-selection/2"
@@ -32,46 +28,29 @@ EXCLUDED = "excluded.parquet"
 NEAR_DUPLICATES = "near_duplicates.parquet"
 POLICY = "policy.sql"
 
-# The accepted table's columns as validation wrote them, plus the etag validation read each image at:
-# what packing needs to fetch, check and label every row.
+
+def _required(*names: str, kind: pa.DataType | None = None) -> list[pa.Field]:
+    return [pa.field(name, pa.string() if kind is None else kind, nullable=False) for name in names]
+
+
+# The accepted table's columns plus the etag validation read each image at: what packing needs. Keys are
+# relative to the raw root ("<source>/<file>"); sizes and boxes (x1, y1, x2, y2) in the upright frame.
 SELECTION_SCHEMA = pa.schema(
     [
-        pa.field("source", pa.string(), nullable=False),
-        pa.field("key", pa.string(), nullable=False),  # relative to the raw root: "<source>/<file>"
-        pa.field("sha256", pa.string(), nullable=False),
-        pa.field("size", pa.int64(), nullable=False),
-        pa.field("etag", pa.string(), nullable=False),
-        pa.field("format", pa.string(), nullable=False),
-        pa.field("mode", pa.string(), nullable=False),
-        pa.field("width", pa.int64(), nullable=False),  # upright frame
-        pa.field("height", pa.int64(), nullable=False),
-        pa.field("orientation", pa.int64(), nullable=False),
-        pa.field("group", pa.string(), nullable=False),
-        pa.field("split", pa.string(), nullable=False),
-        pa.field("boxes", pa.list_(pa.list_(pa.float64())), nullable=False),  # x1, y1, x2, y2, upright frame
-        pa.field("category_names", pa.list_(pa.string()), nullable=False),  # one per box
+        *_required("source", "key", "sha256"),
+        *_required("size", kind=pa.int64()),
+        *_required("etag", "format", "mode"),
+        *_required("width", "height", "orientation", kind=pa.int64()),
+        *_required("group", "split"),
+        *_required("boxes", kind=pa.list_(pa.list_(pa.float64()))),
+        *_required("category_names", kind=pa.list_(pa.string())),  # one per box
     ]
 )
-EXCLUDED_SCHEMA = pa.schema(
-    [
-        pa.field("source", pa.string(), nullable=False),
-        pa.field("key", pa.string(), nullable=False),
-        pa.field("rule", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("copy_of", pa.string()),  # the kept image it copies
-    ]
-)
-# One row per image in a near-duplicate cluster of two or more, named by its first image (by source, key).
+EXCLUDED_SCHEMA = pa.schema([*_required("source", "key", "rule", "reason"), pa.field("copy_of", pa.string())])
+# One row per image in a near-duplicate cluster of two or more, named by its first image (by source, key);
+# `outcome` is train, val, or "left val" (it copies a train image: `copy_of`).
 NEAR_DUPLICATES_SCHEMA = pa.schema(
-    [
-        pa.field("cluster", pa.string(), nullable=False),
-        pa.field("source", pa.string(), nullable=False),
-        pa.field("key", pa.string(), nullable=False),
-        pa.field("group", pa.string(), nullable=False),
-        pa.field("validated_split", pa.string(), nullable=False),
-        pa.field("outcome", pa.string(), nullable=False),  # train, val, or "left val" (it copies a train image)
-        pa.field("copy_of", pa.string()),
-    ]
+    [*_required("cluster", "source", "key", "group", "validated_split", "outcome"), pa.field("copy_of", pa.string())]
 )
 CHUNK_ROWS = 1 << 16  # rows in a Parquet row group, and in a piece of the content hash
 
@@ -87,11 +66,8 @@ def write_training_set(
     near_duplicates: Rows | None = None,
     policy_sql: str | None = None,
 ) -> tuple[dict[str, Any], int]:
-    """Stream the files into the local folder `out`, then the manifest (with `fields`: sources, policy,
-    categories) last. Returns the manifest and the bytes written.
-
-    The data version hashes the selected rows less their etags (a local etag holds an mtime), the policy,
-    its SQL and the categories, so an equal selection keeps its version and its shards."""
+    """Stream the files into the local folder `out`, the manifest (with `fields`) last: (manifest, bytes).
+    The data version hashes the selected rows less their etags, the policy, its SQL and the categories."""
     out = Path(out)
     content = hashlib.sha256()
     listed = {SELECTION: _write_parquet(out / SELECTION, selected, SELECTION_SCHEMA, content)}
@@ -110,16 +86,14 @@ def write_training_set(
 
 
 def _write_parquet(path: Path, rows: Rows, schema: pa.Schema, content: Any = None) -> dict[str, Any]:
-    """Write `rows` in order as Parquet at `path` (atomically) in row groups of CHUNK_ROWS, so the same
-    rows give the same bytes however batched. `content`, a hash object, is fed the rows less their etags."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write `rows` atomically in row groups of CHUNK_ROWS; `content`, a hash, is fed them less etags."""
     hashed = None
     if content is not None:
         hashed = pa.ipc.new_stream(
             pa.PythonFile(_HashSink(content), mode="w"), schema.remove(schema.get_field_index("etag"))
         )
-    try:
+
+    def write(tmp: Path) -> None:
         with pq.ParquetWriter(tmp, schema) as writer:
             for piece in _pieces(rows, schema):
                 writer.write_table(piece, row_group_size=CHUNK_ROWS)
@@ -127,10 +101,8 @@ def _write_parquet(path: Path, rows: Rows, schema: pa.Schema, content: Any = Non
                     hashed.write_table(piece.drop_columns(["etag"]).take(pa.array(range(piece.num_rows))))
         if hashed is not None:
             hashed.close()
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    write_atomically(path, write)
     return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 

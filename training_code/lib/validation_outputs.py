@@ -1,11 +1,9 @@
-"""Assemble the validation pass's tables and counts from per-image verdicts and COCO annotations.
-
-Bookkeeping by Arrow columns, no decoding: every index row ends in exactly one of accepted, quarantine
-or duplicates, and `images_in == accepted + quarantined + duplicates` is asserted before any write.
-"""
+"""Assemble the validation pass's tables and counts from per-image verdicts and COCO annotations, by
+Arrow columns: every index row ends in exactly one of accepted, quarantine or duplicates (asserted)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,7 +24,6 @@ from .label_policy import (
     annotation_counts,
 )
 from .labels import check_labels, vocabulary
-from .split import assign_splits, find_exact_duplicates
 from .storage import write_bytes_atomic
 from .tables import ACCEPTED, DUPLICATES, QUARANTINE, REJECTED_LABELS, UNMATCHED, as_table, write_table
 from .validated_files import ACCEPTED_FILE, CATEGORIES_FILE
@@ -53,9 +50,7 @@ def build_outputs(
     val_fraction: float,
     label_policy: LabelPolicy | None = None,
 ) -> ValidationOutputs:
-    """The tables of `index` (RAW_INDEX rows, key order) from its VERDICTS rows `verdicts` (key order)
-    and `annotations`, each source's parsed annotations.json (None only for a source `label_policy`
-    names unlabelled). Labels are checked anew for each kept image; the rest is by columns."""
+    """The tables of `index` from its `verdicts` and each source's parsed `annotations`."""
     label_policy = label_policy or LabelPolicy()
     keys = index.column("key")
     if not keys.equals(verdicts.column("key")):
@@ -104,13 +99,12 @@ class _Labels:
 
 
 def _labels(kept: pa.Table, annotations: dict[str, SourceAnnotations | None], label_policy: LabelPolicy) -> _Labels:
-    """Each kept image's checked boxes and annotation state, and the entries rejected on the way
-    (those of each annotations file that fit no image first)."""
+    """Each kept image's checked boxes and state, and the entries rejected (unmatched files' first)."""
     labels = _Labels(rejected=[row for parsed in annotations.values() if parsed for row in parsed.rejected])
     columns = (kept.column(c).to_pylist() for c in ("key", "source", "orientation", "width", "height"))
     for key, source, orientation, width, height in zip(*columns):
         parsed = annotations.get(source)
-        file_name = _file_name(source, key)
+        file_name = key[len(source) + 1 :]
         state = label_policy.state(source, parsed, file_name)
         file_annotations = parsed.annotations_for(file_name) if parsed and state in TRAINING_STATES else []
         checked = check_labels(key, file_annotations, parsed.categories if parsed else {}, orientation, width, height)
@@ -124,8 +118,7 @@ def _labels(kept: pa.Table, annotations: dict[str, SourceAnnotations | None], la
 def _unmatched(
     index: pa.Table, annotations: dict[str, SourceAnnotations | None], label_policy: LabelPolicy
 ) -> pa.Table:
-    """Images with no COCO image entry (each saying what that makes it), and COCO entries with
-    annotations whose image is not in the index, in key order."""
+    """Images with no COCO image entry, and COCO entries whose image is not in the index, by key."""
     parts = []
     for source in pc.unique(index.column("source")).to_pylist():
         keys = index.column("key").filter(pc.equal(index.column("source"), source))
@@ -207,5 +200,23 @@ def write_outputs(outputs: ValidationOutputs, out: Path) -> dict[str, str]:
     return {name: sha256_file(out / name) for name in [*tables, CATEGORIES_FILE]}
 
 
-def _file_name(source: str, key: str) -> str:
-    return key[len(source) + 1 :]
+def split_of_group(group: str, seed: int, val_fraction: float) -> str:
+    """A group's split from a hash of the seed and its name alone: adding data never moves a group."""
+    point = int(hashlib.sha256(f"{seed}:{group}".encode()).hexdigest()[:8], 16) / 2**32
+    return "val" if point < val_fraction else "train"
+
+
+def assign_splits(groups: pa.Array | pa.ChunkedArray, seed: int, val_fraction: float) -> pa.Array:
+    """Each row's split: one hash a distinct group, taken back to the rows by column."""
+    if not 0.0 <= val_fraction <= 1.0:
+        raise ValueError(f"--val-fraction must be within [0, 1], got {val_fraction}")
+    distinct = pc.unique(groups)
+    splits = pa.array([split_of_group(group, seed, val_fraction) for group in distinct.to_pylist()], pa.string())
+    return splits.take(pc.index_in(groups, value_set=distinct)) if len(groups) else pa.array([], pa.string())
+
+
+def find_exact_duplicates(rows: pa.Table) -> pa.Table:
+    """(key, sha256, duplicate_of) for every image whose bytes equal a key sorted before it, by key."""
+    first = rows.group_by("sha256").aggregate([("key", "min")]).rename_columns(["sha256", "duplicate_of"])
+    joined = rows.select(["key", "sha256"]).join(first, keys="sha256")
+    return joined.filter(pc.not_equal(joined["key"], joined["duplicate_of"])).sort_by("key")

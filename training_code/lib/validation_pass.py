@@ -1,8 +1,5 @@
-"""The validation pass of `training_code/validate.py`, on its parsed arguments.
-
-`validate` is the whole pass on one host (`--phase all`) or the reduce stage (`--phase reduce`);
-`decode_part` is the map stage on one host. Both paths write the same manifest for the same data.
-"""
+"""The validation pass of `training_code/validate.py`: `validate` is the whole pass on one host or the
+reduce stage, `decode_part` the map stage on one host; both write the same manifest for the same data."""
 
 from __future__ import annotations
 
@@ -46,6 +43,7 @@ MANIFEST_FORMAT = "zero-validated/1"
 # Bump when a change here or in image_checks/labels could change a verdict, so cached verdicts are redone.
 VALIDATOR_VERSION = "validate-9"
 PHASES = ("all", "map", "reduce")
+DECODE_ARGUMENTS = ("min_side", "allowed_formats", "timeout_s", "max_image_bytes", "max_pixels")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -88,21 +86,14 @@ def load_index(index_dir: Path) -> pa.Table:
     return index
 
 
+def _arguments(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: list(args.allowed_formats) if name == "allowed_formats" else getattr(args, name) for name in names}
+
+
 def run_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The knobs that decide the output. Paths and --workers are left out, so the same data gives the
-    same manifest, hence the same data version, wherever and however widely it runs."""
-    return {
-        "val_fraction": args.val_fraction,
-        "split_seed": args.split_seed,
-        "max_quarantine_rate": args.max_quarantine_rate,
-        "min_side": args.min_side,
-        "allowed_formats": list(args.allowed_formats),
-        "timeout_s": args.timeout_s,
-        "max_image_bytes": args.max_image_bytes,
-        "max_pixels": args.max_pixels,
-        "max_annotation_bytes": args.max_annotation_bytes,
-        **label_policy(args).as_config(),
-    }
+    """The knobs that decide the output: no paths nor --workers, so the same data gives the same manifest."""
+    names = ("val_fraction", "split_seed", "max_quarantine_rate", *DECODE_ARGUMENTS, "max_annotation_bytes")
+    return {**_arguments(args, names), **label_policy(args).as_config()}
 
 
 def label_policy(args: argparse.Namespace) -> LabelPolicy:
@@ -111,16 +102,9 @@ def label_policy(args: argparse.Namespace) -> LabelPolicy:
 
 def decode_settings(args: argparse.Namespace) -> dict[str, Any]:
     """Everything that can change an image's verdict; a cached verdict is reused only when all match."""
-    return {
-        "validator_version": VALIDATOR_VERSION,
-        "pillow_version": PIL.__version__,
-        "simplejpeg_version": simplejpeg.__version__,  # the strict JPEG decoder (jpeg_strict)
-        "min_side": args.min_side,
-        "allowed_formats": list(args.allowed_formats),
-        "timeout_s": args.timeout_s,
-        "max_image_bytes": args.max_image_bytes,
-        "max_pixels": args.max_pixels,
-    }
+    versions = {"validator_version": VALIDATOR_VERSION, "pillow_version": PIL.__version__}
+    versions["simplejpeg_version"] = simplejpeg.__version__  # the strict JPEG decoder (jpeg_strict)
+    return {**versions, **_arguments(args, DECODE_ARGUMENTS)}
 
 
 def check_quarantine_rate(counts: dict[str, Any], max_rate: float, out: Path) -> None:
@@ -140,8 +124,7 @@ def check_quarantine_rate(counts: dict[str, Any], max_rate: float, out: Path) ->
 def validate(
     args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file
 ) -> tuple[dict[str, Any], bytes, dict[str, int], list[Thumbnail]]:
-    """Run the whole pass (or its reduce stage); return the manifest, its exact bytes, the counts of
-    images decoded, reused and fetched, and the quarantine contact sheet's thumbnails."""
+    """The whole pass (or reduce): manifest, its bytes, the work counts and the contact sheet's thumbnails."""
     check_args(args)
     if args.phase == "all":
         start_decoders(check)  # its imports run while the tables below are read
@@ -207,8 +190,7 @@ def validate(
 
 
 def checked_reads(args: argparse.Namespace, pending: pa.Table, raw_uri: str) -> ReadList:
-    """What this run reads: the `--reads` list, checked to name every image to decode (the job reads
-    nothing else); without one, the images to decode themselves."""
+    """What this run reads: `--reads`, checked to name every image to decode, else those images."""
     rows = pending.select(["key", "size", "etag"])
     if args.reads is None:
         return read_list_of(raw_uri, rows, args.max_image_bytes)
@@ -224,8 +206,7 @@ def checked_reads(args: argparse.Namespace, pending: pa.Table, raw_uri: str) -> 
 
 
 def retry_next_time(counts: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's RETRY_NEXT_TIME entry when some verdicts were not the files' fault: such an output
-    is never reused, and the next run decodes only those images again."""
+    """The manifest's RETRY_NEXT_TIME entry when some verdicts were not the files' fault."""
     retry = counts["images_to_retry"]
     if not retry:
         return {}
@@ -239,8 +220,7 @@ def retry_next_time(counts: dict[str, Any]) -> dict[str, Any]:
 
 
 def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = check_image_file) -> dict[str, Any]:
-    """The map stage on one host: decode this host's part of the read list and write its verdicts
-    for the reduce stage."""
+    """The map stage on one host: decode its part of the read list and write its verdicts."""
     check_args(args)
     host = job_env.current_host()
     slot, hosts = host_slot(resource_config(job_env.opt_ml()))
@@ -277,8 +257,7 @@ def reused_and_to_decode(args: argparse.Namespace, index: pa.Table) -> tuple[pa.
 
 
 def collect_map_verdicts(decoded: Path, pending: pa.Table) -> pa.Table:
-    """The map hosts' verdicts for the rows in `pending`. A key no host reached a verdict for raises
-    `RawRootChanged`: nothing is published."""
+    """The map hosts' verdicts for `pending`; a key none reached is `RawRootChanged`."""
     parts = sorted(decoded.glob("verdicts-*.parquet"))
     if not parts:
         raise FileNotFoundError(

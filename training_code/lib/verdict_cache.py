@@ -1,9 +1,5 @@
-"""Reuse image verdicts from an earlier validation run for files that did not change, as columns.
-
-A verdict is reused only when the key, the listed etag and size, and the decode settings all match.
-Never reused: `unreadable` (it may read now) and verdicts reached without reading (`unsafe_key`,
-`outside_root`). Reuse is an Arrow join of the verdicts table with the index.
-"""
+"""Reuse image verdicts from an earlier validation run for unchanged files (key, listed etag and size, and
+decode settings all match), by an Arrow join. Never reused: NEVER_REUSED (it may read now, or was not read)."""
 
 from __future__ import annotations
 
@@ -23,14 +19,12 @@ from .validated_files import VERDICTS_FILE
 log = logging.getLogger("zero.validate")
 
 NEVER_REUSED = frozenset({"unreadable", "unsafe_key", "outside_root"})
-# Of those, the verdicts that are not the file's fault (permissions, I/O): an output holding any is never
-# a cache hit (validation_pass.retry_next_time), so the next run decodes exactly these again.
+# Of those, not the file's fault: an output holding any is never reused, and the next run decodes these again.
 RETRIED_REASONS = frozenset({"unreadable"})
 
 
 def verdict_table(listed: pa.Table, verdicts: dict[str, ImageVerdict]) -> pa.Table:
-    """VERDICTS rows for the index rows `listed` (key, etag, size), each with its verdict in `verdicts`.
-    The table has no nulls: a missing sha256 or reason is "", missing hashes []."""
+    """VERDICTS rows for the index rows `listed`, no nulls: a missing sha256 or reason is empty, hashes []."""
     keys = listed.column("key").to_pylist()
     rows = [verdicts[key] for key in keys]
     columns: dict[str, Any] = {name: [getattr(verdict, name) for verdict in rows] for name in ImageVerdict._fields}
@@ -45,8 +39,7 @@ def verdict_table(listed: pa.Table, verdicts: dict[str, ImageVerdict]) -> pa.Tab
 
 
 def reusable_verdicts(previous: str | os.PathLike, decode_settings: dict[str, Any]) -> pa.Table | None:
-    """The previous run's VERDICTS rows this run may reuse (only its manifest and verdicts table are
-    read), or None when none may be."""
+    """The previous run's VERDICTS rows this run may reuse, or None when none may be."""
     manifest_uri = join(previous, "manifest.json")
     if not exists(manifest_uri):
         log.warning("--previous %s has no manifest.json (an unfinished run): every image is decoded", previous)
@@ -63,8 +56,7 @@ def reusable_verdicts(previous: str | os.PathLike, decode_settings: dict[str, An
 
 
 def split_reused(listed: pa.Table, reusable: pa.Table | None) -> tuple[pa.Table, list[str]]:
-    """The reusable verdicts of the index rows `listed` (key, etag, size), and the keys that must be
-    decoded (new or changed): a join on the listing's identity, in key order."""
+    """The reusable verdicts of `listed`, and the keys to decode (new or changed), in key order."""
     if reusable is None or not reusable.num_rows:
         return VERDICTS.empty(), sorted(listed.column("key").to_pylist())
     identity = listed.select(["key", "etag", "size"]).rename_columns(["key", "etag", "listed_size"])

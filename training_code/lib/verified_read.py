@@ -1,8 +1,5 @@
-"""Read a file its folder's `manifest.json` vouches for, checked against the size and sha256 it records.
-
-A file the manifest does not name, or a folder without a manifest, is returned as read; an unreadable
-manifest is an error.
-"""
+"""Read a file its folder's `manifest.json` vouches for, checked against the size and sha256 it records;
+a file it does not name, or a folder without one, is read as is; an unreadable manifest is an error."""
 
 from __future__ import annotations
 
@@ -18,13 +15,11 @@ from .storage import fetch_file, is_s3, join, read_bytes
 
 
 class FileIntegrityError(RuntimeError):
-    """A file differs from what its folder's manifest says of it: edited, truncated or replaced after
-    the job that wrote it finished."""
+    """A file differs from what its folder's manifest says of it."""
 
 
 def read_verified(uri: str | os.PathLike) -> bytes:
-    """The bytes at `uri` (local path or s3:// URI), verified against its folder's manifest when that
-    manifest names it; raises `FileIntegrityError` naming the file, the manifest and both values."""
+    """The bytes at `uri`, verified against its folder's manifest when it names them."""
     folder, name = split_folder(uri)
     expected = manifest_entry(folder, name)
     data = read_bytes(uri)
@@ -34,8 +29,7 @@ def read_verified(uri: str | os.PathLike) -> bytes:
 
 
 def local_verified_copy(uri: str | os.PathLike, dest: Path) -> Path:
-    """A local file holding the bytes at `uri`, verified as `read_verified` does but hashed as a stream
-    (bounded memory): a local `uri` itself, or an s3:// one fetched to `dest`."""
+    """A local verified file of `uri` (hashed as a stream): `uri` itself, or fetched to `dest`."""
     folder, name = split_folder(uri)
     expected = manifest_entry(folder, name)
     path = dest if is_s3(uri) else Path(uri)
@@ -58,8 +52,7 @@ def _verify(
 
 
 def manifest_entry(folder: str, name: str) -> dict[str, Any] | None:
-    """What `folder/manifest.json` says of `name` (`bytes`, `sha256`), or None when there is no manifest
-    or it does not name the file. An unreadable manifest is an error, never "nothing to check"."""
+    """What `folder/manifest.json` says of `name`, or None without a manifest or an entry."""
     manifest_uri = join(folder, MANIFEST)
     try:
         manifest_bytes = read_bytes(manifest_uri)

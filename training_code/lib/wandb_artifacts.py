@@ -1,9 +1,6 @@
-"""W&B lineage of a job: a run id that follows its fingerprint, the shard set it read and the model it wrote.
-
-A graph job `zero-<label>-<fingerprint16>-a<attempt>` logs every attempt into run `<name less attempt>`.
-The shard set is a `dataset` artifact `shards-<sha256(manifest)[:16]>` of references (no copies, shards
-unchecksummed); the model is `model-<fingerprint16>`, a checksummed reference to `model.pt`.
-"""
+"""W&B lineage of a job: a run id that follows its fingerprint (`zero-<label>-<fingerprint16>-a<attempt>`
+logs into run `<name less attempt>`), the shard set it read (`shards-<sha256(manifest)[:16]>`, references)
+and the model it wrote (`model-<fingerprint16>`, a checksummed reference to `model.pt`)."""
 
 from __future__ import annotations
 
@@ -31,8 +28,7 @@ def fingerprint16(job_name: str) -> str | None:
 
 
 def use(run, artifact) -> None:
-    """Declare `artifact` an input of `run`. Offline W&B refuses `use_artifact`, so write the record
-    with `use_after_commit` that `wandb sync` turns into the use."""
+    """Declare `artifact` an input of `run` (offline, as the record `wandb sync` turns into the use)."""
     if run.offline:
         run._log_artifact(artifact, is_user_created=True, use_after_commit=True)
     else:
@@ -44,16 +40,14 @@ def _uri(path: Path) -> str:
 
 
 def _reference(path: Path, channel: Path, source: str | None) -> str:
-    """Where `path` (below the input folder `channel`) lies for whoever reads the artifact: below the
-    input's s3:// or fsx:// source, or this machine's file:// path when the input is local."""
+    """Where `path` below the input folder `channel` lies for a reader: under `source`, else file://."""
     if source and source.startswith(("s3://", "fsx://")):
         return f"{source.rstrip('/')}/{path.relative_to(channel).as_posix()}"
     return _uri(path)
 
 
 def shard_set_artifact(folder: Path, training_set_dir: str | None = None, source: str | None = None):
-    """The shard set at `folder` (or its `training_set_dir` inside it) as a reference artifact, paths
-    resolved as `detection_samples.verified_split` does. `source`: where `folder` came from (`job_env.input_uri`)."""
+    """The shard set at `folder` (or its `training_set_dir`) as a reference artifact."""
     import wandb
 
     channel = root = Path(folder)
@@ -91,8 +85,7 @@ def model_artifact_name(fingerprint: str | None, data_version: str) -> str:
 
 
 def model_artifact(name: str, model_path: Path, payload: dict[str, Any], data_version: str):
-    """`model.pt` at `model_path` (loaded as `payload`) as the model artifact `name`; training and
-    evaluation build it alike, so both name one version."""
+    """`model.pt` at `model_path` as the model artifact `name`, built alike by training and evaluation."""
     import wandb
 
     config = payload["model_config"]

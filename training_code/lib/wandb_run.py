@@ -1,9 +1,5 @@
-"""W&B tracking for the job scripts: one run per job, training and evaluation of a checkpoint in one group.
-
-Train and evaluate share the `--wandb-*` flags (`add_arguments`); modes `disabled`, `offline` (to
-`WANDB_DIR` or the job's output data folder), `online` (to `--wandb-base-url`). Online, the API key
-comes from the `ZERO_WANDB_SECRET_ARN` secret, in memory only, else W&B's usual lookup.
-"""
+"""W&B tracking for the job scripts: one run per job, a checkpoint's training and evaluations in one group.
+Modes `disabled`, `offline`, `online` (to `--wandb-base-url`, the key from `ZERO_WANDB_SECRET_ARN` in memory)."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ SUMMARY_FILE = "training_summary.json"  # where training records its W&B setting
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, follows_training: bool = False) -> None:
-    """The `--wandb-*` flags. With `follows_training` (evaluation) the mode, project, entity, group and
-    server left unset are filled from the checkpoint's training run (see `follow_training`)."""
+    """The `--wandb-*` flags; with `follows_training` unset ones follow the checkpoint's training run."""
     group = parser.add_argument_group("Weights & Biases")
     default_mode = AS_TRAINING if follows_training else "offline"
     group.add_argument(
@@ -45,22 +40,19 @@ def add_arguments(parser: argparse.ArgumentParser, *, follows_training: bool = F
 
 
 def missing_server(args: argparse.Namespace) -> str | None:
-    """Why the flags cannot run, or None: online tracking sends metrics off the machine, so the
-    destination must be named, never a library default."""
+    """Why the flags cannot run: online tracking must name its server, never a library default."""
     if args.wandb_mode == "online" and not args.wandb_base_url:
         return "--wandb-mode online needs --wandb-base-url (e.g. https://api.wandb.ai or your server)"
     return None
 
 
 def without_tracking(arguments: dict[str, Any]) -> dict[str, Any]:
-    """The arguments less the W&B ones, for model files and checkpoints: where a run was tracked must
-    not change the weights' bytes (their data version)."""
+    """The arguments less the W&B ones: where a run was tracked must not change the weights' bytes."""
     return {key: value for key, value in arguments.items() if not key.startswith("wandb_")}
 
 
 def follow_training(args: argparse.Namespace, model_dir: Path) -> None:
-    """Fill the W&B flags left unset from the checkpoint's `training_summary.json`, so the evaluation
-    lands in the training run's project and group."""
+    """Fill the W&B flags left unset from the checkpoint's `training_summary.json`."""
     summary_path = Path(model_dir) / SUMMARY_FILE
     recorded = json.loads(summary_path.read_text()).get("wandb", {}) if summary_path.is_file() else {}
     if args.wandb_mode == AS_TRAINING:
@@ -68,9 +60,7 @@ def follow_training(args: argparse.Namespace, model_dir: Path) -> None:
     for name in ("mode", "project", "entity", "group", "base_url"):
         if getattr(args, f"wandb_{name}") is None:
             setattr(args, f"wandb_{name}", recorded.get(name))
-    args.wandb_mode = (
-        args.wandb_mode or "disabled"
-    )  # a checkpoint that records no tracking (made by hand) is not tracked
+    args.wandb_mode = args.wandb_mode or "disabled"  # a checkpoint that records no tracking is not tracked
     args.wandb_project = args.wandb_project or "zero"
     args.wandb_model_artifact = recorded.get("model_artifact")  # the model artifact training logged, if any
 
@@ -112,10 +102,7 @@ def start(args: argparse.Namespace, *, job_type: str, config: dict[str, Any], of
     default_dir = offline_dir or Path(os.environ.get("SM_OUTPUT_DATA_DIR", job_env.opt_ml() / "output" / "data"))
     run_dir = Path(os.environ.get("WANDB_DIR") or default_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    options: dict[str, Any] = {
-        "console": "off",
-        "silent": True,
-    }  # stdout/stderr carry structured lines and Pipes messages
+    options: dict[str, Any] = {"console": "off", "silent": True}  # stdout/stderr carry structured lines and Pipes
     if args.wandb_mode == "online":
         options["base_url"] = args.wandb_base_url
         arn = os.environ.get(SECRET_ARN_VARIABLE)
@@ -139,8 +126,7 @@ def start(args: argparse.Namespace, *, job_type: str, config: dict[str, Any], of
 
 
 def recorded(args: argparse.Namespace, run) -> dict[str, Any]:
-    """The job's tracking settings and, when a run was made, its id and location; training records this
-    in training_summary.json for `follow_training`."""
+    """The job's tracking settings and, with a run, its id and location (for training_summary.json)."""
     found = {
         "mode": args.wandb_mode,
         "project": args.wandb_project,
@@ -161,8 +147,7 @@ def location_of(run, mode: str) -> str:
 
 
 def report_metadata(tracking: dict[str, Any]) -> dict[str, Any]:
-    """Pipes metadata from `recorded`: where the run is (a URL or a path, shown as such), its mode,
-    project, group and id, and the artifacts it names."""
+    """Pipes metadata from `recorded`: the run's location, mode, project, group, id and artifacts."""
     metadata: dict[str, Any] = {"wandb_mode": tracking["mode"]}
     if "location" in tracking:
         kind = "url" if tracking["mode"] == "online" else "path"

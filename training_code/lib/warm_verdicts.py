@@ -1,10 +1,5 @@
-"""Recorded verdicts of warm shards: a shard verified where the trainer reads it is not read again while
-its file is unchanged.
-
-A verdict, `<shards folder>/.verified/<shard name>.json`, records the entry checked (bytes, sha256, rows)
-and the file's size, mtime_ns, ctime_ns and inode; it holds while both match (ctime, because no call can
-set it back). Used by the local warm step and the FSx warm job alike.
-"""
+"""Recorded verdicts of warm shards: `<shards folder>/.verified/<shard name>.json` records the entry checked
+and the file's size, mtime_ns, ctime_ns and inode; the shard is not read again while both match."""
 
 from __future__ import annotations
 
@@ -41,8 +36,7 @@ def checked_facts(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def verdict_holds(shard: Path, entry: dict[str, Any]) -> bool:
-    """Whether a recorded verdict says the file at `shard` is `entry`'s shard, and the file has not
-    changed since: no read of the shard, one `stat`. A missing or unreadable verdict does not hold."""
+    """Whether a recorded verdict says the file at `shard` is `entry`'s shard, unchanged since (one stat)."""
     try:
         recorded = json.loads(verdict_path(shard).read_bytes())
         state = file_state(shard)
@@ -57,8 +51,7 @@ def verdict_holds(shard: Path, entry: dict[str, Any]) -> bool:
 
 
 def record_verdict(shard: Path, entry: dict[str, Any], state: dict[str, int] | None = None) -> None:
-    """Record that the file at `shard` was verified as `entry`'s shard, in `state` (default: its state
-    now, for a copy verified under a temporary name and then renamed into place)."""
+    """Record that `shard` was verified as `entry`'s shard, in `state` (default: its state now)."""
     verdict = {
         "format": FORMAT,
         "name": shard.name,
@@ -69,8 +62,7 @@ def record_verdict(shard: Path, entry: dict[str, Any], state: dict[str, int] | N
 
 
 def verify_and_record(shard: Path, entry: dict[str, Any]) -> None:
-    """Verify the file at `shard` against `entry` in full and record the verdict; raises
-    `ShardIntegrityError` (and forgets any earlier verdict) when it does not match or changed meanwhile."""
+    """Verify `shard` against `entry` in full and record it; `ShardIntegrityError` if not."""
     forget_verdict(shard)
     before = file_state(shard) if shard.is_file() else None
     verify_shard_file(shard, entry)  # missing, wrong size, sha256 or rows: ShardIntegrityError
@@ -80,8 +72,7 @@ def verify_and_record(shard: Path, entry: dict[str, Any]) -> None:
 
 
 def note_reuse(shard: Path) -> None:
-    """Mark the verdict as used now (its mtime), so `zero-assets gc` counts the shard as written by the
-    warm that relies on it; the shard itself is not touched."""
+    """Touch the verdict, so `zero-assets gc` counts the shard as written by the warm relying on it."""
     os.utime(verdict_path(shard))
 
 

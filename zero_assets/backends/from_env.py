@@ -1,6 +1,5 @@
-"""The one place the backend (`ZERO_BACKEND`) is chosen and its settings built, `ZERO_PROFILE` applied.
-
-The code location and the `zero-assets` commands both take their settings from here.
+"""The one place the backend (`ZERO_BACKEND`) is chosen and its settings built, `ZERO_PROFILE` applied; the
+code location and the `zero-assets` commands both take their settings from here.
 """
 
 from __future__ import annotations
@@ -11,8 +10,14 @@ from dagster import ConfigurableResource
 
 from zero_assets.backends.job_runner import JobRunner
 from zero_assets.backends.local.runner import LocalJobRunner
-from zero_assets.backends.sagemaker.profiles import profile_fields, profile_from_env, sample_images
-from zero_assets.backends.sagemaker.settings import SageMakerSettings, s3_root_from_env, sagemaker_settings_from_env
+from zero_assets.backends.sagemaker.settings import (
+    REHEARSAL_SAMPLE_IMAGES,
+    SageMakerSettings,
+    profile_fields,
+    profile_from_env,
+    s3_root_from_env,
+    sagemaker_settings_from_env,
+)
 from zero_assets.core.settings import ZeroSettings, backend_from_env, settings_from_env
 
 Resource = TypeVar("Resource", bound=ConfigurableResource)
@@ -32,19 +37,16 @@ def backend_settings() -> tuple[ZeroSettings, SageMakerSettings | None]:
     """The configured backend's settings: `ZeroSettings`, and the SageMaker backend's own (None locally)."""
     if backend_from_env() == "sagemaker":
         return sagemaker_settings()
-    return settings_from_env(**_profile_fields(profile_from_env())), None
+    return settings_from_env(**_sample(profile_from_env())), None
 
 
 def sagemaker_settings() -> tuple[ZeroSettings, SageMakerSettings]:
-    """The SageMaker backend's settings whatever `ZERO_BACKEND` says (for `render-jobs`).
-
-    The lake and raw root default to `s3://<bucket>/<prefix>/lake` and `.../raw`."""
+    """The SageMaker backend's settings whatever `ZERO_BACKEND` says (for `render-jobs`); the lake and raw
+    root default to `s3://<bucket>/<prefix>/lake` and `.../raw`."""
     profile = profile_from_env()
     aws = sagemaker_settings_from_env(**profile_fields(profile))
-    # From the environment, not `aws`: its fields are EnvVar bindings until Dagster resolves them.
-    root = s3_root_from_env()
-    settings = settings_from_env(lake_uri=f"{root}/lake", raw_uri=f"{root}/raw", **_profile_fields(profile))
-    return settings, aws
+    root = s3_root_from_env()  # not `aws`'s: its fields are EnvVar bindings until Dagster resolves them
+    return settings_from_env(lake_uri=f"{root}/lake", raw_uri=f"{root}/raw", **_sample(profile)), aws
 
 
 def resolved(resource: Resource) -> Resource:
@@ -52,6 +54,5 @@ def resolved(resource: Resource) -> Resource:
     return resource.process_config_and_initialize()
 
 
-def _profile_fields(profile: str) -> dict[str, int]:
-    sample = sample_images(profile)
-    return {"sample_images": sample} if sample else {}
+def _sample(profile: str) -> dict[str, int]:
+    return {"sample_images": REHEARSAL_SAMPLE_IMAGES} if profile == "rehearsal" else {}

@@ -1,8 +1,6 @@
-"""What a job cost: instance-seconds, spot savings and an estimate in USD, from its Describe*Job answer.
-
-`instance_seconds` is run time summed over instances on every backend; the estimate is billable
-instance-hours x the on-demand price (`prices.json`, overlaid by `ZERO_SM_PRICE_TABLE`), or on a
-Training Plan the job's share of the plan's fee. No price, no figure: `cost_note` says what is missing.
+"""What a job cost: instance-seconds (run time summed over instances, on every backend), spot savings and
+an estimate in USD: billable instance-hours x the on-demand price (`prices.json`, overlaid by
+`ZERO_SM_PRICE_TABLE`), or on a Training Plan the job's share of its fee. No price: `cost_note` says why.
 """
 
 from __future__ import annotations
@@ -49,9 +47,6 @@ class PlanFee:
     upfront_fee: float
     currency: str
     reserved_instance_hours: float
-
-    def per_instance_hour(self) -> float:
-        return self.upfront_fee / self.reserved_instance_hours
 
 
 @dataclass(frozen=True)
@@ -168,7 +163,7 @@ def cost_metadata(
 
 def plan_share(fee: PlanFee, billable_instance_seconds: float) -> dict[str, Any]:
     """A job's share of its plan's fee: the instance-hours it used at the fee's rate per reserved instance-hour."""
-    rate = fee.per_instance_hour()
+    rate = fee.upfront_fee / fee.reserved_instance_hours
     share = round(billable_instance_seconds / 3600 * rate, 4)
     metadata: dict[str, Any] = {
         "training_plan_upfront_fee": fee.upfront_fee,

@@ -1,7 +1,5 @@
-"""The one interface every backend implements: run a `JobRequest`, warm a shard set; plain results back.
-
-A runner never sees an asset: the assets turn what it returns into their materializations.
-"""
+"""The one interface every backend implements: run a `JobRequest`, warm a shard set; plain results back
+(a runner never sees an asset)."""
 
 from __future__ import annotations
 
@@ -35,10 +33,9 @@ class WarmedShards:
     rows: int  # rows of every warm shard
     bytes: int  # what the trainer reads there: every shard, the shard-set manifest and the files beside it
     shards: int
-    copied: int | None = None  # shards copied this time; None where the backend copies nothing itself
-    already_warm: int | None = None  # shards found intact and left alone; None where it copies nothing
-    # What this warm read (None where the backend does not count it); `reused_verdicts`: shards trusted
-    # on an earlier verdict for the unchanged file, not read.
+    # None where the backend does not count it; `reused_verdicts`: trusted on an earlier verdict, not read.
+    copied: int | None = None
+    already_warm: int | None = None  # shards found intact and left alone
     copied_bytes: int | None = None
     verified: int | None = None
     verified_bytes: int | None = None
@@ -50,8 +47,6 @@ class WarmedShards:
 
 @dataclass(frozen=True)
 class TuningRun:
-    """What a backend's search found: plain values."""
-
     job: str  # the tuning job (SageMaker) or the local search, by name
     # Each trial: job, hyperparameters (the tuned ones), objective (None: no figure), status, seconds.
     trials: list[dict[str, Any]]
@@ -70,8 +65,7 @@ class JobRunner(ConfigurableResource):
 
     @abstractmethod
     def instance_count(self, request: JobRequest, work: Work) -> int:
-        """Instances the planned Processing job `request` spreads over for `work`; fails naming the
-        setting when the job cannot fit."""
+        """Instances the planned Processing job `request` spreads over for `work`; fails when it cannot fit."""
 
     @abstractmethod
     def read_list_uri(self, request: JobRequest) -> str:
@@ -83,9 +77,8 @@ class JobRunner(ConfigurableResource):
 
     @abstractmethod
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput, lease: str) -> WarmedShards:
-        """Make `shards` readable by the trainer at `warm_location(shards)`, verified.
-
-        `lease`: the warm's output lease, held meanwhile; a job the warm launches names it."""
+        """Make `shards` readable by the trainer at `warm_location(shards)`, verified; `lease`: the warm's output
+        lease, which a job the warm launches names."""
 
     @abstractmethod
     def tune(
@@ -109,7 +102,7 @@ class JobRunner(ConfigurableResource):
 
     def preflight(self, settings: ZeroSettings, tracking: Mapping[str, Any]) -> list[Finding]:
         """The campaign's preflight for a training tracked as `tracking`: checkpoint folders writable and,
-        tracking online, the W&B key `wandb login` left valid."""
+        tracking online, a valid W&B key."""
         findings = [
             writable_prefix(str(settings.jobs_root() / asset), f"{asset} checkpoints") for asset in TRAINING_ASSETS
         ]
@@ -121,5 +114,5 @@ class JobRunner(ConfigurableResource):
         self, orphaned_since: dict[str, float], holder: Callable[[str], Any], log: Any
     ) -> tuple[dict[str, float] | None, str]:
         """Stop the jobs whose output lease no live run (`holder`) has held for the grace period; the new
-        `orphaned_since` (job name -> since when; None: nothing is watched) and a summary."""
+        `orphaned_since` (None: nothing is watched) and a summary."""
         return None, "local backend: a job process dies with the process that started it"

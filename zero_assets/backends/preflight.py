@@ -1,6 +1,5 @@
-"""Preflight checks that take seconds on any backend: a writable checkpoint prefix and a valid W&B key.
-
-Each answers a `Finding` naming what is wrong and what to do; SageMaker's own are in `sagemaker/preflight.py`.
+"""Preflight checks that take seconds on any backend, each a `Finding` naming what is wrong and what to do:
+a writable checkpoint prefix and a valid W&B key (SageMaker's own are in `sagemaker/preflight.py`).
 """
 
 from __future__ import annotations
@@ -27,8 +26,6 @@ VIEWER_QUERY = "query Viewer { viewer { id username entity } }"
 
 @dataclass(frozen=True)
 class Finding:
-    """One preflight check's answer: `ok`, and in `detail` what was found or what is wrong and what to do."""
-
     check: str
     ok: bool
     detail: str

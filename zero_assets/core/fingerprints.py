@@ -1,7 +1,8 @@
-"""Input fingerprints: what a materialization was built from.
+"""Input fingerprints and the rehearsal key.
 
-A fingerprint hashes the job script's code version (derived from the files), the config and the
-upstream data versions; outputs are written under it, so equal inputs write to the same place.
+A fingerprint hashes the job script's code version (derived from the files), the config and the upstream
+data versions; outputs are written under it, so equal inputs write to the same place. The rehearsal key is
+what a passed rehearsal vouches for (never the data), so production training can ask whether one passed.
 """
 
 from __future__ import annotations
@@ -19,25 +20,23 @@ from dagster import Failure
 from training_code.lib.hashing import sha256_bytes, sha256_json
 
 DATA_VERSION_TAG = "dagster/data_version"
-
-
 CODE_PACKAGES = ("training_code", "zero_assets")
+KEY_FORMAT = "zero-rehearsal-key/2"  # 2: numbers keyed by their type, not their value
+# A rehearsal runs a few steps of the same training; these may differ between the two.
+SCALE_KNOBS = ("max_steps", "checkpoint_every")
+UNKEYED_TRACKING = ("wandb_group",)  # names the checkpoint (its fingerprint), not where the login goes
 
 
 @cache
 def code_version(*modules: str) -> str:
-    """Hash of the source of `modules` and every project module they import, transitively.
-
-    What an asset declares as its code version; cached, so it reflects the files at definitions load.
-    """
+    """Hash of the source of `modules` and every project module they import, transitively, cached: what an
+    asset declares as its code version, the files at definitions load."""
     return current_code_version(*modules)
 
 
 def current_code_version(*modules: str) -> str:
-    """`code_version` from the files as they are now, never cached: what a launch fingerprints.
-
-    Imports are followed into this project's packages and each module's own top-level package
-    (`acme` for `acme.detector.train`)."""
+    """`code_version` from the files as they are now, never cached: what a launch fingerprints. Imports are
+    followed into this project's packages and each module's own top-level package (`acme` for `acme.x`)."""
     if not modules:
         raise ValueError("code_version needs at least one module name")
     packages = {*CODE_PACKAGES, *(module.split(".")[0] for module in modules)}
@@ -48,9 +47,8 @@ def current_code_version(*modules: str) -> str:
 
 
 def check_job_module(module: str, setting: str) -> None:
-    """Raise `Failure` unless the module that config field `setting` names can run as `python -m`.
-
-    Imports its parent packages to find it, never the module itself."""
+    """Raise `Failure` unless the module config field `setting` names can run as `python -m` (imports its
+    parent packages to find it, never the module itself)."""
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError) as error:  # a parent package is missing or fails to import
@@ -100,9 +98,7 @@ def _import_closure(module: str, packages: set[str]) -> dict[str, bytes]:
 
 @lru_cache(maxsize=4096)
 def _import_statements(source: bytes, filename: str) -> tuple[ast.Import | ast.ImportFrom, ...]:
-    """The import statements anywhere in a module's source, lazy ones included.
-
-    Cached by the source bytes, so an edit is always seen."""
+    """The import statements anywhere in a module's source, lazy ones included (cached by the source bytes)."""
     return tuple(node for node in ast.walk(_parse(source, filename)) if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
@@ -110,10 +106,8 @@ _PARSING = threading.Lock()
 
 
 def _parse(source: bytes, filename: str) -> ast.Module:
-    """`ast.parse` of the file, one thread at a time.
-
-    CPython 3.11's AST converter shares a depth counter across threads ("recursion depth mismatch");
-    a parse elsewhere, outside this lock, can still collide, so that error is retried once."""
+    """`ast.parse`, one thread at a time: CPython 3.11's AST converter shares a depth counter across threads
+    ("recursion depth mismatch"); a parse outside this lock can still collide, so that error is retried once."""
     with _PARSING:
         try:
             return ast.parse(source, filename=filename)
@@ -172,3 +166,45 @@ def upstream_name(output: UpstreamOutput, upstream: list[UpstreamOutput]) -> str
     """The asset's name, or `asset[source]` where `upstream` holds several sources of that asset."""
     shared = sum(u.asset == output.asset for u in upstream) > 1
     return f"{output.asset}[{output.partition}]" if shared and output.partition else output.asset
+
+
+def rehearsal_key_inputs(
+    module: str, hyperparameters: dict[str, Any], tracking: dict[str, Any], environment: dict[str, str]
+) -> dict[str, Any]:
+    """What the rehearsal key hashes: `module` and its current code version, `hyperparameters` less the scale
+    knobs (numbers by type), `tracking` less the group, and `environment` (the runner and its images)."""
+    return {
+        "format": KEY_FORMAT,
+        "module": module,
+        "code": current_code_version(module),
+        "config": {name: _keyed(value) for name, value in sorted(hyperparameters.items()) if name not in SCALE_KNOBS},
+        "tracking": {name: value for name, value in sorted(tracking.items()) if name not in UNKEYED_TRACKING},
+        "environment": dict(sorted(environment.items())),
+    }
+
+
+def _keyed(value: Any) -> Any:
+    """A number by its type name (so a sweep keeps the key), anything else by its value."""
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return type(value).__name__ if numeric else value
+
+
+def rehearsal_key(inputs: dict[str, Any]) -> str:
+    """The key of `rehearsal_key_inputs(...)`: 32 hex digits."""
+    return sha256_json(inputs)[:32]
+
+
+def key_differences(rehearsed: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """What differs between the key inputs a rehearsal recorded and those a training wants, in words."""
+    changes = []
+    for part in ("module", "code"):
+        if rehearsed.get(part) != wanted.get(part):
+            changes.append(f"{part} {rehearsed.get(part)!r} -> {wanted.get(part)!r}")
+    for part in ("config", "tracking", "environment"):
+        before, now = rehearsed.get(part) or {}, wanted.get(part) or {}
+        changes += [
+            f"{part} {name}: {before.get(name)!r} -> {now.get(name)!r}"
+            for name in sorted(set(before) | set(now))
+            if before.get(name) != now.get(name)
+        ]
+    return changes

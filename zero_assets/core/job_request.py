@@ -1,6 +1,5 @@
-"""What an asset asks a backend to run: one job script, its inputs, outputs and settings.
-
-Backend-neutral: the local runner lays it out as SageMaker's `/opt/ml` contract, SageMaker makes a Create*Job call.
+"""What an asset asks a backend to run: one job script, its inputs, outputs and settings, backend-neutral
+(the local runner lays it out as SageMaker's `/opt/ml` contract, SageMaker makes a Create*Job call).
 """
 
 from __future__ import annotations
@@ -24,9 +23,8 @@ MODULE_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 
 def job_name(label: str, fingerprint: str, attempt: int) -> str:
-    """`zero-<label>-<fingerprint16>-a<attempt>`, the label shortened to fit SageMaker's 63 characters.
-
-    Deterministic, so a restarted run finds the attempt its predecessor launched."""
+    """`zero-<label>-<fingerprint16>-a<attempt>`, the label shortened to fit SageMaker's 63 characters;
+    deterministic, so a restarted run finds the attempt its predecessor launched."""
     if attempt < 1:
         raise ValueError(f"attempt numbers start at 1, got {attempt}")
     if not re.fullmatch(r"[0-9a-f]{16,}", fingerprint):
@@ -86,7 +84,7 @@ class JobRequest:
     merged_outputs: tuple[str, ...] = ()
     launcher: Literal["torchrun", "python"] = "torchrun"  # training: torchrun, or one plain process per instance
     fsx_access: Literal["ro", "rw"] = "ro"  # training: how an FSx input is mounted
-    stage: Literal["", "map", "reduce"] = ""  # one of the two jobs of a fanned-out materialization (see `fan_out`)
+    stage: Literal["", "map", "reduce"] = ""  # one of the two jobs of a fanned-out materialization (`spread_over`)
     # The output's lease (`output_lease_location`), held while the job runs; see `defs/orphaned_jobs`.
     lease: str = ""
 
@@ -97,7 +95,7 @@ class JobRequest:
 
     @property
     def job_name(self) -> str:
-        """The name of the first attempt: `job_name(label, fingerprint, 1)`."""
+        """The name of the first attempt."""
         return job_name(self.label, self.fingerprint, 1)
 
     def argument_list(self) -> list[str]:
@@ -114,28 +112,21 @@ class JobRequest:
 RUNS_FOLDER = "runs"  # under a materialization folder: one folder per Dagster run
 
 
-def materialization_folder(jobs_root: Path, request: JobRequest) -> Path:
-    """The folder of the output `request` builds (see `output_jobs_folder`)."""
-    return output_jobs_folder(jobs_root, request.asset, request.fingerprint)
-
-
-def output_jobs_folder(jobs_root: Path, asset: str, fingerprint: str) -> Path:
-    """`<jobs root>/<asset>/<fingerprint[:16]>`: what one output's jobs keep on this machine.
-
-    Holds `lease.json`, `checkpoints/` and `runs/<run id>/<job name>/`."""
-    return Path(jobs_root) / asset / fingerprint[:16]
-
-
-LEASE_FILE = "lease.json"
 LEASE_SUFFIX = ".lease.json"
+
+
+def materialization_folder(jobs_root: Path, request: JobRequest) -> Path:
+    """`<jobs root>/<asset>/<fingerprint[:16]>`: what the output `request` builds keeps on this machine
+    (`lease.json`, `checkpoints/` and `runs/<run id>/<job name>/`)."""
+    return Path(jobs_root) / request.asset / request.fingerprint[:16]
 
 
 def output_lease_location(jobs_root: Path, asset: str, fingerprint: str, output: str) -> str:
     """Where the lease of `output` is kept: `<output>.lease.json` beside an s3:// output (visible to
-    every host), else `lease.json` in its `output_jobs_folder`."""
+    every host), else `lease.json` in its job folder."""
     if is_s3(output):
         return output.rstrip("/") + LEASE_SUFFIX
-    return str(output_jobs_folder(jobs_root, asset, fingerprint) / LEASE_FILE)
+    return str(Path(jobs_root) / asset / fingerprint[:16] / "lease.json")
 
 
 # (inputs, arguments) of a request -> the read list of its job
@@ -146,10 +137,9 @@ Planner = Callable[[Mapping[str, str], Mapping[str, Any]], ReadList]
 class FanOut:
     """A Processing job that reads raw objects by key, planned before launch and spread over instances.
 
-    `plan` derives the read list from inputs and arguments (tables only), handed to the job as
-    `reads_input`. On several instances a `map` stage reads each host's part and a one-instance `reduce`
-    stage reads their files as `collected_input`; the script takes `--phase map|reduce` and
-    `--<collected_input> DIR`."""
+    `plan` derives the read list (handed to the job as `reads_input`) from inputs and arguments. On several
+    instances a `map` stage reads each host's part and a one-instance `reduce` stage reads their files as
+    `collected_input`; the script takes `--phase map|reduce` and `--<collected_input> DIR`."""
 
     plan: Planner
     collected_input: str
@@ -181,9 +171,8 @@ def spread_over(
     read_list_uri: str,
     write: bool = True,
 ) -> tuple[JobRequest | None, JobRequest]:
-    """(map stage or None, the job that writes the output) for `request`, planned and sized.
-
-    With `write`, the read list is written at `read_list_uri`; fanned out at 2 or more instances."""
+    """(map stage or None, the job that writes the output) for `request`, planned and sized; with `write`, the
+    read list is written at `read_list_uri`."""
     planned = spread.plan(request.inputs, request.arguments)
     if write:
         write_read_list(read_list_uri, planned)
@@ -195,40 +184,27 @@ def spread_over(
     instances = instance_count(request, work)
     if instances < 2:
         return None, request
-    return fan_out(request, spread, instances, work)
-
-
-def fan_out(request: JobRequest, plan: FanOut, instances: int, work: Work) -> tuple[JobRequest, JobRequest]:
-    """The (map, reduce) requests that replace the planned `request` on `instances` instances.
-
-    Both keep the request's fingerprint, so caching ignores the instance count; the map output sits
-    in a `-map` folder beside the asset's output.
-    """
-    if plan.reads_input not in request.inputs or request.reads is None:
-        raise ValueError(
-            f"{request.asset}: a fan-out needs its read list planned first (`spread_over`); "
-            f"its inputs are {sorted(request.inputs)}"
-        )
-    if instances < 2:
-        raise ValueError(f"{request.asset}: a fan-out needs at least 2 instances, got {instances}")
+    # Fanned out: both stages keep the fingerprint (caching ignores the instance count); the map output
+    # sits in a `-map` folder beside the asset's output.
     collected = request.outputs["out"].rstrip("/") + "-map"
+    outputs = {**request.outputs, spread.collected_input: collected} if spread.map_keeps_output else {"out": collected}
     mapped = replace(
         request,
         stage="map",
         instance_count=instances,
-        inputs={name: request.inputs[name] for name in plan.map_inputs if name in request.inputs},
+        inputs={name: request.inputs[name] for name in spread.map_inputs if name in request.inputs},
         arguments={**request.arguments, "phase": "map"},
-        outputs={**request.outputs, plan.collected_input: collected} if plan.map_keeps_output else {"out": collected},
-        reads=request.reads.on(work.host_bytes(instances)),
+        outputs=outputs,
+        reads=reads.on(work.host_bytes(instances)),
     )
     reduced = replace(
         request,
         stage="reduce",
         instance_count=1,
-        inputs={**request.inputs, plan.collected_input: collected},
+        inputs={**request.inputs, spread.collected_input: collected},
         arguments={**request.arguments, "phase": "reduce"},
-        reads=request.reads.on(0),
-        merged_outputs=tuple(request.outputs) if plan.map_keeps_output else (),
+        reads=reads.on(0),
+        merged_outputs=tuple(request.outputs) if spread.map_keeps_output else (),
     )
     return mapped, reduced
 

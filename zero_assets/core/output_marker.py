@@ -16,11 +16,7 @@ from training_code.lib.relative_paths import resolve, split_relative
 from training_code.lib.storage import delete_file, is_s3, join, list_objects, read_bytes, write_bytes_atomic
 
 OUTPUT_MARKER = "_output.json"  # written last, after the job's own manifest
-
-
 MARKER_FORMAT = "zero-output/2"
-
-
 SMALL_FILE_BYTES = 16 << 20  # other files up to this size are hashed when marked and when checked
 # Hashed at any size: their readers read them whole anyway. Shards are left to their readers' checks.
 TABLE_SUFFIXES = (".parquet", ".json")
@@ -46,8 +42,7 @@ def mark_output_complete(
 
     Raises `OutputNotComplete` (naming `uri`) when the manifest is missing or unreadable, nothing else is
     there, or a named file is missing or differs. An earlier marker over the same files keeps its
-    fingerprints, so materializations sharing one output do not unmark each other.
-    """
+    fingerprints, so materializations sharing one output do not unmark each other."""
     try:
         present = {o.key: o.size for o in list_objects(uri) if o.key != OUTPUT_MARKER and not is_temporary(o.key)}
     except FileNotFoundError:
@@ -104,9 +99,8 @@ def is_hashed(name: str, size: int) -> bool:
 
 def retract_output_marker(uri: str) -> None:
     """Withdraw an output's marker before it is rebuilt, so nothing vouches for a half-replaced set."""
-    if not output_is_checkable(uri):
-        return
-    delete_file(join(uri, OUTPUT_MARKER))
+    if output_is_checkable(uri):
+        delete_file(join(uri, OUTPUT_MARKER))
 
 
 def output_is_checkable(uri: str) -> bool:
@@ -147,9 +141,8 @@ def complete_marker(uri: str, fingerprint: str) -> dict[str, Any] | None:
 
 
 def _outside_facts(uri: str, manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """`{name: {"bytes": size}}` for the files the manifest names outside `uri`.
-
-    Raises `OutputNotComplete` naming one that is missing or of another size."""
+    """`{name: {"bytes": size}}` for the files the manifest names outside `uri`; `OutputNotComplete` naming
+    one that is missing or of another size."""
     named = outside_files(manifest, f"{uri}/{MANIFEST}")
     try:
         sizes = _outside_sizes(uri, list(named))

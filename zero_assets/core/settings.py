@@ -1,7 +1,5 @@
-"""Where things live (`ZeroSettings`), and the one reader of the project's `ZERO_*` variables.
-
-The tables map settings fields to variables; set ones bind through `EnvVar`, unset fields keep their
-defaults under `.zero/` (the SageMaker backend's defaults are in `backends/from_env.py`).
+"""Where things live (`ZeroSettings`), and the one reader of the project's `ZERO_*` variables: set ones
+bind through `EnvVar`, unset fields keep their defaults under `.zero/`.
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ DEFAULT_STATE = REPO_ROOT / ".zero"
 JOBS_FOLDER = "_jobs"  # a local lake's job folders: `<lake>/_jobs`
 BACKENDS = ("local", "sagemaker")
 
-# Field -> the variable it is read from; the SageMaker backend's lists, tags and per-job compute
-# are parsed in backends/sagemaker/settings.py.
+# Field -> the variable it is read from (the SageMaker backend's lists, tags and compute: its settings.py).
 SETTINGS_VARIABLES = {
     "raw_uri": "ZERO_RAW_URI",
     "lake_uri": "ZERO_LAKE_URI",
@@ -45,18 +42,15 @@ SAGEMAKER_VARIABLES = {
 
 
 def zero_env(name: str, environ: Mapping[str, str] | None = None) -> str:
-    """The value of the `ZERO_*` variable `name`, stripped, or "" when unset or empty.
-
-    `environ` stands in for the process environment."""
+    """The value of the `ZERO_*` variable `name` (in `environ`, default the process's), stripped; "" when unset."""
     if not name.startswith("ZERO_"):
         raise ValueError(f"{name!r} is not a zero_assets setting (they are named ZERO_*)")
     return (os.environ if environ is None else environ).get(name, "").strip()
 
 
 def env_bindings(variables: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """`field -> EnvVar(variable)` for each of `variables` that is set; with `environ`, the values instead.
-
-    `EnvVar` so Dagster reads the value at resource init and its UI names the variable."""
+    """`field -> EnvVar(variable)` for each of `variables` that is set (Dagster reads it at resource init and
+    its UI names the variable); with `environ`, the values instead."""
     if environ is None:
         return {field: EnvVar(var) for field, var in variables.items() if zero_env(var)}
     return {field: zero_env(var, environ) for field, var in variables.items() if zero_env(var, environ)}
@@ -82,9 +76,7 @@ class ZeroSettings(ConfigurableResource):
     raw_inventory_manifest_uri: Optional[str] = None
 
     def asset_uri(self, asset: str, key: str, partition: str | None = None) -> str:
-        """Output prefix of one materialization, `<lake>/<asset>[/<source>]/<key>`.
-
-        Keyed by content, so concurrent runs never collide."""
+        """Output prefix of one materialization, `<lake>/<asset>[/<source>]/<key>` (keyed by content)."""
         base = self.lake_uri.rstrip("/")
         parts = [asset, *([partition] if partition else []), key]
         return "/".join([base, *parts]) if is_s3(base) else str(Path(base, *parts))

@@ -1,8 +1,7 @@
 """A hyperparameter search as SageMaker's tuning takes it: ranges, objective, strategy, limits.
 
-SageMaker runs a `TuningSpec` as one CreateHyperParameterTuningJob (`backends/sagemaker/tuning_params.py`);
-the local backend runs the trials `local_trials` samples. The objective is a number the trainer logs as a
-key of its JSON lines (`"final_loss": 0.41`), which `metric_definitions` matches in the job's log.
+SageMaker runs a `TuningSpec` as one tuning job; the local backend runs the trials `local_trials` samples.
+The objective is a number the trainer logs in its JSON lines (`"final_loss": 0.41`), matched in the job's log.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 STRATEGIES = ("Bayesian", "Random", "Hyperband", "Grid")
-LOCAL_STRATEGIES = ("Random", "Grid")  # the local backend samples Bayesian and Hyperband searches at random
 _NUMBER = r"(-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
 
 
@@ -86,8 +84,8 @@ class TuningSpec:
             raise ValueError(f"{field}: " + "; ".join(problems))
 
     def local_trials(self, base: dict[str, Any]) -> list[dict[str, Any]]:
-        """The trials' hyperparameters (`base` with the tuned ones set), as the local backend runs them:
-        every combination for Grid (at most max_trials), else max_trials seeded random draws."""
+        """The trials' hyperparameters (`base` with the tuned ones set) the local backend runs: every
+        combination for Grid (at most max_trials), else max_trials seeded random draws."""
         rng = random.Random(self.seed)
         if self.strategy == "Grid":
             grid = itertools.product(*(tuned.values for tuned in self.ranges))

@@ -1,18 +1,19 @@
-"""When each asset runs by itself (Declarative Automation conditions).
-
-Cheap stages follow their inputs eagerly; training runs only at a `ZERO_TRAIN_CRON` tick when its
-data changed. The index has no condition: the change-detection sensor requests it.
-"""
+"""When each asset runs by itself: cheap stages follow their inputs eagerly, training only at a `ZERO_TRAIN_CRON`
+tick when its data changed (the index has no condition: the change-detection sensor requests it). And the
+job-backed assets' step retries (`ZERO_JOB_RETRIES`): by default on SageMaker, where a retry reattaches to or
+reuses its attempts, not locally, where it would rerun the whole job."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dagster import AssetSelection, AutomationCondition
+from dagster import AssetSelection, AutomationCondition, Backoff, RetryPolicy
 
-from zero_assets.core.settings import zero_env
+from zero_assets.core.settings import backend_from_env, zero_env
 
 DEFAULT_TRAIN_CRON = "0 3 * * *"
+SAGEMAKER_RETRIES = 2
+FIRST_DELAY_S = 60  # then 120 s: long enough for a throttle or a short outage to pass
 
 EAGER = AutomationCondition.eager()
 
@@ -38,7 +39,6 @@ AFTER_CHECKPOINT = (
 
 
 def train_cron(environ: Mapping[str, str] | None = None) -> str:
-    """`ZERO_TRAIN_CRON`, or the default when it is unset."""
     return zero_env("ZERO_TRAIN_CRON", environ) or DEFAULT_TRAIN_CRON
 
 
@@ -55,3 +55,17 @@ def training_condition(cron: str) -> AutomationCondition:
 
 
 TRAINING = training_condition(train_cron())
+
+
+def job_retry_policy() -> RetryPolicy | None:
+    default = SAGEMAKER_RETRIES if backend_from_env() == "sagemaker" else 0
+    configured = zero_env("ZERO_JOB_RETRIES") or str(default)
+    if not configured.isdigit():
+        raise ValueError(
+            f"ZERO_JOB_RETRIES={configured!r} is not a whole number of step retries; set it to 0 or more, or unset it"
+        )
+    retries = int(configured)
+    return RetryPolicy(max_retries=retries, delay=FIRST_DELAY_S, backoff=Backoff.EXPONENTIAL) if retries > 0 else None
+
+
+JOB_RETRY_POLICY = job_retry_policy()

@@ -1,9 +1,8 @@
-"""`campaign_ready`: before the Training Plan starts, whatever is not ready for it, with the time left.
+"""`campaign_ready`: a blocking check on `fsx_warm_state` of what is not ready for the Training Plan (training
+set, warm state, rehearsal, preflight), with the time left and the warm lead time; ERROR with a plan, else WARN.
+Its sensor runs it every half hour while the plan waits to start."""
 
-A blocking check on `fsx_warm_state` covering the chosen training set, its warm state, the rehearsal and
-the preflight; an ERROR with a plan configured, else a WARN. Shows the warm lead time beside the time left.
-"""
-
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -15,30 +14,31 @@ from dagster import (
     AssetSelection,
     DagsterEventType,
     DagsterInstance,
+    DefaultSensorStatus,
     EventLogRecord,
     MetadataValue,
+    RunRequest,
+    SensorEvaluationContext,
+    SkipReason,
     asset_check,
     define_asset_job,
+    sensor,
 )
 
 from zero_assets.backends.job_runner import JobRunner
-from zero_assets.backends.sagemaker.training_plan import utc_now
+from zero_assets.backends.sagemaker.training_plan import WAITING, utc_now
 from zero_assets.core.output_marker import output_is_checkable, output_is_complete
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets import fsx_warm_state
 from zero_assets.defs.assets.trained_checkpoint import TrainConfig
 from zero_assets.defs.rehearsal_gate import training_gate
-from zero_assets.defs.training_plan_start import (
-    LOOK_BACK,
-    TRAINING_SET,
-    blocking_failure,
-    not_built_from,
-)
+from zero_assets.defs.training_plan_start import chosen_training_set, not_built_from, version_of
 from zero_assets.launch.upstream import latest_materializations
 
 READY_CHECK = "campaign_ready"
 WARM_STATE = fsx_warm_state.key
 MEASURED_LOOK_BACK = 10  # warm materializations searched for one that warmed something, newest first
+READINESS_EVERY_S = 1800
 
 
 @dataclass(frozen=True)
@@ -77,26 +77,28 @@ class LeadTime:
 )
 def campaign_ready(context: AssetCheckExecutionContext, settings: ZeroSettings, jobs: JobRunner) -> AssetCheckResult:
     instance, now = context.instance, utc_now()
-    graph = code_location_graph(context)
+    # The code location's whole graph, not the job's (a run of this check alone holds one asset).
+    graph = context.op_execution_context.job_def.asset_layer.asset_graph
+    graph = getattr(graph, "source_asset_graph", graph)
     plan = jobs.training_plan()
     chosen, refused = chosen_training_set(instance, graph)
     items = [
         Item(
             "training set",
             chosen is not None,
-            f"{_version(chosen)[:16]}, its blocking checks passed"
+            f"{version_of(chosen)[:16]}, its blocking checks passed"
             if chosen
             else f"none passed its blocking checks ({'; '.join(refused) or 'training_set has no materialization'})",
         )
     ]
-    warms = latest_materializations(instance, WARM_STATE)
-    items += warm_items(instance, graph, warms[0] if warms else None, chosen)
+    warm = next(iter(latest_materializations(instance, WARM_STATE)), None)
+    items += warm_items(instance, graph, warm, chosen)
     default = TrainConfig()
-    gate = training_gate(instance, jobs, default.module, default.hyperparameters(), default.tracking("0" * 16))
-    items.append(Item("rehearsal", gate.passed or not gate.enforced, gate.summary()))
     tracking = default.tracking("0" * 16)
+    gate = training_gate(instance, jobs, default.module, default.hyperparameters(), tracking)
+    items.append(Item("rehearsal", gate.passed or not gate.enforced, gate.summary()))
     items += [Item(f"preflight: {f.check}", f.ok, f.detail) for f in jobs.preflight(settings, tracking)]
-    lead = lead_time(instance, warms[0] if warms else None)
+    lead = lead_time(instance, warm)
     waiting = [item for item in items if not item.ready]
     if plan is None:
         when = "no Training Plan configured (ZERO_SM_TRAINING_PLAN_ARN)"
@@ -133,26 +135,8 @@ def campaign_ready(context: AssetCheckExecutionContext, settings: ZeroSettings, 
     )
 
 
-def code_location_graph(context: AssetCheckExecutionContext):
-    """The code location's whole asset graph, not the job's (a run of this check alone holds one asset)."""
-    graph = context.op_execution_context.job_def.asset_layer.asset_graph
-    return getattr(graph, "source_asset_graph", graph)
-
-
-def chosen_training_set(instance: DagsterInstance, graph) -> tuple[EventLogRecord | None, list[str]]:
-    """The newest training_set materialization whose blocking checks passed, and why each newer one did not."""
-    refused = []
-    for record in latest_materializations(instance, TRAINING_SET, limit=LOOK_BACK):
-        problem = blocking_failure(instance, graph, record)
-        if problem is None:
-            return record, refused
-        refused.append(f"{_version(record)[:16]}: {problem}")
-    return None, refused
-
-
 def warm_items(instance: DagsterInstance, graph, warm: EventLogRecord | None, chosen: EventLogRecord | None) -> list:
-    """Whether everything between the chosen training set and training was built from it and passed its
-    blocking checks, and the warm output is still complete where this process can see it."""
+    """Whether all between the chosen set and training was built from it and passed, and the warm output is complete."""
     if warm is None:
         return [Item("warm state", False, "fsx_warm_state has no materialization: materialize it")]
     if chosen is None:
@@ -164,7 +148,7 @@ def warm_items(instance: DagsterInstance, graph, warm: EventLogRecord | None, ch
             Item(
                 "warm state",
                 False,
-                f"{names}: the latest materialization is not built from training set {_version(chosen)[:16]} or "
+                f"{names}: the latest materialization is not built from training set {version_of(chosen)[:16]} or "
                 "failed a blocking check; materialize them",
             )
         ]
@@ -224,11 +208,6 @@ def _count(record: EventLogRecord, key: str) -> int:
     return int(value.value) if value is not None and value.value is not None else 0
 
 
-def _version(record: EventLogRecord | None) -> str:
-    tags = (record.asset_materialization.tags or {}) if record else {}
-    return tags.get("dagster/data_version", "(no data version)")
-
-
 def _duration(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds)))
 
@@ -238,3 +217,22 @@ campaign_readiness_job = define_asset_job(
     selection=AssetSelection.checks(campaign_ready),
     description="the readiness check alone (campaign_ready), before a Training Plan starts",
 )
+
+
+@sensor(
+    job=campaign_readiness_job,
+    minimum_interval_seconds=60,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="runs campaign_ready every half hour while the Training Plan (ZERO_SM_TRAINING_PLAN_ARN) waits",
+)
+def campaign_readiness_sensor(context: SensorEvaluationContext, jobs: JobRunner):
+    plan = jobs.training_plan()
+    if plan is None:
+        return SkipReason("no Training Plan configured for trained_checkpoint (ZERO_SM_TRAINING_PLAN_ARN)")
+    if plan.status not in WAITING:
+        return SkipReason(f"training plan {plan.name} is {plan.status}: readiness is checked before it starts")
+    # The run key dedupes ticks within a half hour.
+    return RunRequest(
+        run_key=f"readiness:{plan.name}:{int(time.time() // READINESS_EVERY_S)}",
+        tags={"zero/trigger": "training plan waiting", "zero/training_plan": plan.name},
+    )

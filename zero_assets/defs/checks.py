@@ -1,9 +1,5 @@
-"""Asset checks: quarantine rate, val share and shard manifest block downstream work; mAP regression,
-map_report freshness and GPU utilisation warn.
-
-A check that cannot check fails as a WARN with `skipped` in its metadata: never a silent pass, never
-blocking. A real mismatch in a blocking check is an ERROR.
-"""
+"""Asset checks: quarantine rate, val share and shard manifest block; mAP regression, map_report freshness and
+GPU utilisation warn. A check that cannot check fails as a WARN with `skipped` in its metadata, never blocking."""
 
 import datetime
 import json
@@ -36,8 +32,7 @@ from zero_assets.launch.upstream import latest_materializations
 
 PARTITION_TAG = "dagster/partition"
 DEFAULT_MAP_REGRESSION_MARGIN = 0.02  # how far mAP may fall below the previous report
-# Under this the data pipeline or the model is the bottleneck; the data wait tells which.
-DEFAULT_MIN_GPU_UTILIZATION = 0.8
+DEFAULT_MIN_GPU_UTILIZATION = 0.8  # under it the data pipeline or the model is the bottleneck
 DATA_BOUND_WAIT = 0.1  # a loop waiting for batches this share of its time is fed too slowly
 
 
@@ -56,7 +51,6 @@ def _latest_metadata(context: AssetCheckExecutionContext, asset: str, nth: int =
 
 
 def _skipped(context: AssetCheckExecutionContext, why: str) -> AssetCheckResult:
-    """Not checked, and said so: a WARN failure (never blocking), with the reason in the metadata."""
     partition = context.run.tags.get(PARTITION_TAG)
     return AssetCheckResult(
         passed=False,
@@ -154,7 +148,6 @@ def val_share_held(context: AssetCheckExecutionContext) -> AssetCheckResult:
     ),
 )
 def shard_manifest_integrity(context: AssetCheckExecutionContext) -> AssetCheckResult:
-    # Unpartitioned: its latest materialization, whatever source a whole-graph run was launched for.
     records = latest_materializations(context.instance, AssetKey("arrow_shards"))
     if not records:
         return _never_materialized(context, "arrow_shards")
@@ -236,11 +229,7 @@ def gpu_utilization_held(context: AssetCheckExecutionContext, limits: CheckLimit
     metadata = _latest_metadata(context, "trained_checkpoint")
     if metadata is None:
         return _never_materialized(context, "trained_checkpoint")
-    return gpu_utilization_result(metadata, limits.min_gpu_utilization)
-
-
-def gpu_utilization_result(metadata: dict[str, Any], minimum: float) -> AssetCheckResult:
-    """The check's verdict on a training's metadata."""
+    minimum = limits.min_gpu_utilization
     if "gpu_utilization" not in metadata:
         why = metadata.get("gpu_utilization_why", "the training recorded no GPU figure")
         return AssetCheckResult(passed=True, description=f"no GPU figure: {why}", metadata={"why": why})
@@ -270,8 +259,7 @@ def cron_period(cron: str) -> datetime.timedelta:
     return next(ticks) - first
 
 
-# At each training tick map_report must have materialized since the previous one. Built with the
-# superseded freshness-check builders so it shows with the other checks and needs no decorator change.
+# At each training tick map_report must have materialized since the previous one.
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     MAP_REPORT_FRESHNESS = build_last_update_freshness_checks(

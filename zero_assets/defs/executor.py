@@ -1,8 +1,6 @@
 """The code location's executor: Dagster's multi_or_in_process executor, after recording the run worker and
-failing this host's dead runs, so no dead run holds a pool slot.
-
-Unless the run config picks a start method, sequential runs without pool slots run in process and
-others fork step workers from a preloaded `forkserver`."""
+failing this host's dead runs; unless the run config picks a start method, one-step-at-a-time runs without
+pool slots run in process and others fork step workers from a preloaded `forkserver`."""
 
 from __future__ import annotations
 
@@ -27,9 +25,7 @@ CODE_LOCATION = "zero_assets.definitions"
 
 
 class RunWorkerExecutor(Executor):
-    """Dagster's executor `inner`, after recording the run worker and failing the dead runs.
-
-    `in_process`, when given, runs the plans whose steps run one at a time and take no pool slot."""
+    """`inner` after recording the run worker and failing dead runs; `in_process` runs one-step-at-a-time plans."""
 
     def __init__(self, inner: Executor, in_process: Executor | None = None) -> None:
         self.inner, self.in_process = inner, in_process
@@ -77,8 +73,8 @@ def one_step_at_a_time(execution_plan: ExecutionPlan) -> bool:
 
 
 def step_worker_preload(instance: DagsterInstance) -> list[str]:
-    """Modules a forkserver preloads: the code location, the run worker's `__main__` imports (a forked
-    worker runs it again), and the instance's storage classes (the worker rebuilds its instance)."""
+    """Modules a forkserver preloads: the code location, the run worker's `__main__` imports (a forked worker
+    runs it again) and the instance's storage classes (the worker rebuilds its instance)."""
     parts = [
         instance.run_storage,
         instance.event_log_storage,
@@ -101,7 +97,7 @@ def _main_module_imports() -> Sequence[str]:
 
 
 def _create(init_context) -> Executor:
-    freeze_loaded_code()
+    gc.freeze()
     config = init_context.executor_config
     if "in_process" in config:
         return RunWorkerExecutor(_core_in_process_executor_creation(config["in_process"]))
@@ -118,16 +114,9 @@ def _create(init_context) -> Executor:
     )
 
 
-def freeze_loaded_code() -> None:
-    """Move every object alive now out of the garbage collector's reach, for the life of the process.
-
-    The loaded code location lives as long as the process anyway; frozen, it is not collected again at
-    exit, and forked step workers do not copy its pages when they collect.
-    """
-    gc.freeze()
-
-
-freeze_loaded_code()
+# The loaded code lives as long as the process: frozen, it is not collected again at exit, and forked step
+# workers do not copy its pages when they collect.
+gc.freeze()
 
 run_worker_executor = ExecutorDefinition(
     name="run_worker_executor",

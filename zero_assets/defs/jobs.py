@@ -1,8 +1,5 @@
-"""Manual and scheduled runs beside the automation: the whole graph, one source, the training tail.
-
-The whole-graph job leaves out the tuning (many trainings, run by hand); the weekly refresh re-indexes
-every source and the tail follows by automation.
-"""
+"""Manual and scheduled runs beside the automation: the whole graph less the tuning, one source, the training
+tail, and a weekly refresh that re-indexes every source (the tail follows by automation)."""
 
 from dagster import (
     AssetSelection,

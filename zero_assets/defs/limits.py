@@ -1,9 +1,4 @@
-"""The quarantine limit, read once from the environment, so the asset and its check judge by one number.
-
-`validated_images` takes its default from here; the check judges each materialization by the limit it recorded.
-"""
-
-from collections.abc import Mapping
+"""The quarantine limit from the environment: `validated_images`' default, so the asset and its check agree."""
 
 from zero_assets.core.settings import zero_env
 
@@ -11,9 +6,9 @@ MAX_QUARANTINE_RATE_VAR = "ZERO_MAX_QUARANTINE_RATE"
 DEFAULT_MAX_QUARANTINE_RATE = 0.2  # share of a source's images that may be quarantined
 
 
-def rate_from_env(var: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+def rate_from_env(var: str, default: float) -> float:
     """A share in [0, 1] from `var`, or `default` when unset or empty; anything else names the variable."""
-    raw = zero_env(var, environ)
+    raw = zero_env(var)
     if not raw:
         return default
     try:
@@ -25,5 +20,5 @@ def rate_from_env(var: str, default: float, environ: Mapping[str, str] | None = 
     return value
 
 
-def max_quarantine_rate(environ: Mapping[str, str] | None = None) -> float:
-    return rate_from_env(MAX_QUARANTINE_RATE_VAR, DEFAULT_MAX_QUARANTINE_RATE, environ)
+def max_quarantine_rate() -> float:
+    return rate_from_env(MAX_QUARANTINE_RATE_VAR, DEFAULT_MAX_QUARANTINE_RATE)

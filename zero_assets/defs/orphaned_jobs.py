@@ -1,8 +1,5 @@
-"""Stop the SageMaker jobs no run waits on any more, so a killed Dagster process never leaves one billing.
-
-The runner judges (`JobRunner.stop_orphaned_jobs`); the cursor keeps since when each job has had no live
-holder of its output lease. Local jobs die with their process anyway.
-"""
+"""Stop the SageMaker jobs no run waits on any more (`JobRunner.stop_orphaned_jobs` judges); the cursor keeps
+since when each has had no live holder of its output lease. Local jobs die with their process anyway."""
 
 from __future__ import annotations
 

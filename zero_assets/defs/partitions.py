@@ -1,7 +1,5 @@
-"""The partitions of the per-source assets: one per source, the raw contract's top-level folders.
-
-Dynamic: the change-detection sensor (or `zero-assets sources --register`) adds a source when its folder appears.
-"""
+"""The per-source assets' partitions, one per top-level folder of the raw root; the change-detection sensor
+(or `zero-assets sources --register`) adds a source when its folder appears."""
 
 from dagster import DynamicPartitionsDefinition
 

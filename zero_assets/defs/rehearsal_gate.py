@@ -1,8 +1,5 @@
-"""The rehearsal gate: production training launches only what a passed rehearsal ran.
-
-A training passes when a `training_rehearsal` materialization recorded its rehearsal key. `ZERO_REHEARSAL_GATE`
-(`auto`: SageMaker production only) decides where a miss blocks; elsewhere the check only warns.
-"""
+"""The rehearsal gate: production training launches only what a passed rehearsal (a `training_rehearsal`
+materialization recording its key) ran; `ZERO_REHEARSAL_GATE` decides where a miss blocks, else it warns."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ from typing import Any
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetKey, DagsterInstance, EventLogRecord, MetadataValue
 
 from zero_assets.backends.job_runner import GATE_VARIABLE, JobRunner
-from zero_assets.core.rehearsal_key import key_differences, rehearsal_key, rehearsal_key_inputs
+from zero_assets.core.fingerprints import key_differences, rehearsal_key, rehearsal_key_inputs
 from zero_assets.core.settings import zero_env
 from zero_assets.launch.upstream import latest_materializations
 
@@ -38,7 +35,7 @@ def gate_policy(jobs: JobRunner, environ: Mapping[str, str] | None = None) -> tu
 
 @dataclass(frozen=True)
 class GateVerdict:
-    """What the gate found for one training: its key, the passed rehearsal (or None) and else how the newest differs."""
+    """What the gate found for one training: its key, the passed rehearsal (or None), else how the newest differs."""
 
     key: str
     inputs: dict[str, Any]
@@ -60,7 +57,7 @@ class GateVerdict:
         )
 
     def check_result(self) -> AssetCheckResult:
-        """`rehearsal_passed`: passed; else an ERROR where the gate is enforced (it blocks), a WARN elsewhere."""
+        """`rehearsal_passed`: passed, else an ERROR where the gate is enforced (it blocks), a WARN elsewhere."""
         metadata: dict[str, Any] = {
             REHEARSAL_KEY: self.key,
             REHEARSAL_KEY_INPUTS: MetadataValue.json(self.inputs),
@@ -105,7 +102,6 @@ def training_key_inputs(
 def training_gate(
     instance: DagsterInstance, jobs: JobRunner, module: str, hyperparameters: dict[str, Any], tracking: dict[str, Any]
 ) -> GateVerdict:
-    """The gate's verdict on training `module` with `hyperparameters` and `tracking` on `jobs`."""
     inputs = training_key_inputs(jobs, module, hyperparameters, tracking)
     key = rehearsal_key(inputs)
     enforced, policy = gate_policy(jobs)

@@ -1,9 +1,6 @@
-"""The rehearsal's three jobs and what each must prove; `training_rehearsal` runs them as its build.
-
-A training forced to stop at step K, its next attempt resuming from K to the end on two or more
-processes, then the evaluator. Each build gets its own job fingerprint, so no earlier build's
-checkpoints or attempts can stand in for its stop and resume.
-"""
+"""The rehearsal's three jobs, `training_rehearsal`'s build: a training forced to stop at step K, its next attempt
+resuming from K to the end on two or more processes, then the evaluator; each must prove its part. Each build
+gets its own job fingerprint, so no earlier build's checkpoints can stand in for its stop and resume."""
 
 from __future__ import annotations
 
@@ -43,10 +40,6 @@ class RehearsalJobs:
     warm: UpstreamOutput
 
     @property
-    def model_uri(self) -> str:
-        return self.resume.outputs["out"]
-
-    @property
     def report_uri(self) -> str:
         return self.evaluate.outputs["out"]
 
@@ -65,9 +58,7 @@ def rehearsal_jobs(
     warm: UpstreamOutput,
     lease: str = "",
 ) -> RehearsalJobs:
-    """The rehearsal's requests, writing under `output`; `training` and `evaluation` are (module, arguments).
-
-    `build_id` makes this build's jobs its own; `lease` is the rehearsal output's."""
+    """The requests, writing under `output`; `training`, `evaluation`: (module, arguments); `build_id` keys the jobs."""
     fingerprint = sha256_json({"output": output, "build": build_id})
     (train_module, train_arguments), (eval_module, eval_arguments) = training, evaluation
     resume = JobRequest(

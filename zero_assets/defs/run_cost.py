@@ -1,8 +1,5 @@
-"""A run's cost, totalled by run status sensors when it ends and written on the run as `zero/*` tags.
-
-Adds the cost metadata of its materializations (map stages included, cache hits excluded) and final
-step failures; retried failures keep no metadata, so `zero/cost_note` counts them.
-"""
+"""A run's cost as `zero/*` run tags, when it ends: the cost metadata of its materializations (map stages too,
+cache hits not) and final step failures; retried failures keep none, so `zero/cost_note` counts them."""
 
 from __future__ import annotations
 
@@ -97,14 +94,6 @@ def run_cost(entries: Iterable[EventLogEntry]) -> RunCost:
     return total
 
 
-def tag_run_cost(context: RunStatusSensorContext) -> None:
-    run_id = context.dagster_run.run_id
-    total = run_cost(context.instance.all_logs(run_id, of_type=COUNTED))
-    tags = total.tags()
-    context.instance.add_run_tags(run_id, tags)
-    context.log.info(f"run {run_id}: {tags}")
-
-
 def _cost_sensor(status: DagsterRunStatus) -> SensorDefinition:
     @run_status_sensor(
         run_status=status,
@@ -116,7 +105,10 @@ def _cost_sensor(status: DagsterRunStatus) -> SensorDefinition:
         ),
     )
     def cost_sensor(context: RunStatusSensorContext) -> None:
-        tag_run_cost(context)
+        run_id = context.dagster_run.run_id
+        tags = run_cost(context.instance.all_logs(run_id, of_type=COUNTED)).tags()
+        context.instance.add_run_tags(run_id, tags)
+        context.log.info(f"run {run_id}: {tags}")
 
     return cost_sensor
 

@@ -1,9 +1,6 @@
-"""React to the raw root: register new sources, observe `raw_data` and request one `raw_image_index` run
-per changed source; the other per-source assets follow by automation.
-
-Run keys are `<source>:<version token>:<change number>`: a retried tick repeats its keys, and a root
-returning to an earlier state gets a new number, so each change runs exactly once.
-"""
+"""React to the raw root: register new sources, observe `raw_data`, request one `raw_image_index` run per
+changed source. Run keys are `<source>:<version token>:<change number>`: a retried tick repeats its keys, and
+a root returning to an earlier state gets a new number, so each change runs exactly once."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ from training_code.lib.raw_index import source_listing_fingerprint
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.change_detection import Detection
 from zero_assets.defs.change_detection.inventory_diff import detect_from_inventory
-from zero_assets.defs.change_detection.listing_digest import detect_from_listing
+from zero_assets.defs.change_detection.source_digests import detect_from_listing
 from zero_assets.defs.change_detection.sqs_detector import detect_from_queue
 from zero_assets.defs.partitions import RAW_SOURCES
 from zero_assets.launch.upstream import latest_by_partition
@@ -29,7 +26,7 @@ QUEUE_WAIT_S = 5.0  # long poll of a tick's first receive, so an empty queue is 
 
 def detect(settings: ZeroSettings, cursor: dict | None, context: SensorEvaluationContext) -> Detection:
     """The detector the settings call for; one that does not match the cursor's kind starts afresh."""
-    store = context.instance.run_storage  # the key-value store beside the cursor (see tick_state)
+    store = context.instance.run_storage  # the key-value store beside the cursor (see TickState)
     if settings.raw_events_queue_url:
         return detect_from_queue(
             settings.raw_events_queue_url, settings.raw_uri, cursor, store, budget_s=QUEUE_BUDGET_S, wait_s=QUEUE_WAIT_S
@@ -37,11 +34,6 @@ def detect(settings: ZeroSettings, cursor: dict | None, context: SensorEvaluatio
     if settings.raw_inventory_manifest_uri:
         return detect_from_inventory(settings.raw_inventory_manifest_uri, settings.raw_uri, cursor, store)
     return detect_from_listing(settings.raw_uri, cursor, store)
-
-
-def new_sources(context: SensorEvaluationContext, sources: list[str]) -> list[str]:
-    """The changed sources that are not partitions yet."""
-    return [s for s in sources if not context.instance.has_dynamic_partition(RAW_SOURCES.name, s)]
 
 
 def indexed_as_now(context: SensorEvaluationContext, raw_uri: str, sources: list[str]) -> list[str]:
@@ -70,7 +62,7 @@ def sensor_result(context: SensorEvaluationContext, detection: Detection, raw_ur
     if not detection.changed:
         return SensorResult(skip_reason=f"no changed sources: {detection.summary}", cursor=cursor)
     sources = sorted(detection.changed)
-    added = new_sources(context, sources)
+    added = [s for s in sources if not context.instance.has_dynamic_partition(RAW_SOURCES.name, s)]
     observations = [
         AssetObservation(asset_key=RAW_DATA, partition=s, tags={"dagster/data_version": detection.changed[s]})
         for s in sources
@@ -97,7 +89,6 @@ def sensor_result(context: SensorEvaluationContext, detection: Detection, raw_ur
 
 
 def _some(names: list[str], shown: int = 20) -> str:
-    """A bounded list for a log line."""
     return f"{len(names)} ({', '.join(names[:shown])}{', ...' if len(names) > shown else ''})"
 
 

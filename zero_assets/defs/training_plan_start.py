@@ -1,9 +1,5 @@
-"""Start training when the Training Plan turns Active: one run of `trained_checkpoint` per plan window,
-from the latest training set whose blocking checks passed.
-
-Assets in between not built from that set (by Dagster's input-event-pointer provenance) are rebuilt
-first. The run key names the plan and its start, so each window starts training once.
-"""
+"""Start `trained_checkpoint` once per Training Plan window (the run key) when the plan turns Active, from the
+latest training set whose blocking checks passed, first rebuilding what in between was not built from it."""
 
 from __future__ import annotations
 
@@ -53,26 +49,31 @@ def blocking_failure(instance: DagsterInstance, asset_graph, record: EventLogRec
     return None
 
 
+def chosen_training_set(instance: DagsterInstance, asset_graph) -> tuple[EventLogRecord | None, list[str]]:
+    """The newest training_set materialization whose blocking checks passed, and why each newer one did not."""
+    refused = []
+    for record in latest_materializations(instance, TRAINING_SET, limit=LOOK_BACK):
+        problem = blocking_failure(instance, asset_graph, record)
+        if problem is None:
+            return record, refused
+        refused.append(f"{version_of(record)[:16]}: {problem}")
+    return None, refused
+
+
 def start_request(instance: DagsterInstance, asset_graph, plan: TrainingPlan) -> RunRequest | SkipReason:
     """What a tick does about `plan`, as DescribeTrainingPlan read it."""
     if plan.status != "Active":
         when = f", starting {plan.window()}" if plan.status in ("Scheduled", "Pending") else ""
         return SkipReason(f"training plan {plan.name} is {plan.status}{when}: training starts when it is Active")
-    sets = latest_materializations(instance, TRAINING_SET, limit=LOOK_BACK)
-    refused = []
-    for record in sets:
-        problem = blocking_failure(instance, asset_graph, record)
-        if problem is None:
-            break
-        refused.append(f"{_version(record)[:16]}: {problem}")
-    else:
+    record, refused = chosen_training_set(instance, asset_graph)
+    if record is None:
         why = "; ".join(refused) or "training_set has no materialization"
         return SkipReason(
             f"training plan {plan.name} is Active, but no training set passed its blocking checks ({why})"
         )
-    version = _version(record)
+    version = version_of(record)
     stale = not_built_from(instance, asset_graph, record)
-    if stale and record is not sets[0]:
+    if stale and refused:  # not the latest
         return SkipReason(
             f"training plan {plan.name} is Active; training set {version[:16]} passed its checks, but it is not "
             f"the latest ({'; '.join(refused)}) and {', '.join(k.to_user_string() for k in stale)} were not "
@@ -91,8 +92,8 @@ def start_request(instance: DagsterInstance, asset_graph, plan: TrainingPlan) ->
 
 
 def not_built_from(instance: DagsterInstance, asset_graph, chosen: EventLogRecord) -> list[AssetKey]:
-    """The assets between `training_set` and `trained_checkpoint`, in graph order, whose latest
-    materialization was not built from `chosen` or did not pass its blocking checks."""
+    """The assets between training_set and trained_checkpoint, in graph order, whose latest materialization
+    was not built from `chosen` or did not pass its blocking checks."""
     between = {
         key
         for key in asset_graph.get_ancestor_asset_keys(TRAINED)
@@ -115,13 +116,12 @@ def not_built_from(instance: DagsterInstance, asset_graph, chosen: EventLogRecor
     return stale
 
 
-def _version(record: EventLogRecord) -> str:
+def version_of(record: EventLogRecord) -> str:
     tags = record.asset_materialization.tags or {}
     return tags.get(DATA_VERSION_TAG, "(no data version)")
 
 
 @sensor(
-    # trained_checkpoint and what lies between it and the training set.
     target=AssetSelection.assets(TRAINED).upstream() - AssetSelection.assets(TRAINING_SET).upstream(),
     minimum_interval_seconds=TICK_INTERVAL_S,
     default_status=DefaultSensorStatus.RUNNING,

@@ -1,8 +1,5 @@
-"""Skip work whose inputs did not change, after proving that the earlier output is complete.
-
-A hit is an earlier materialization with the same fingerprint whose output the marker still proves
-complete; a miss says what changed. An output whose manifest has `retry_next_time` is never a hit.
-"""
+"""Skip work whose inputs did not change: a hit is an earlier materialization of the same fingerprint whose output
+the marker still proves complete (and whose manifest has no `retry_next_time`); a miss says what changed."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ from training_code.lib.output_manifest import MANIFEST, RETRY_NEXT_TIME
 from training_code.lib.storage import join, read_bytes
 from zero_assets.core.fingerprints import DATA_VERSION_TAG, FingerprintInputs
 from zero_assets.core.output_marker import output_is_complete
-from zero_assets.launch.metadata import hit_metadata, published_paths
+from zero_assets.launch.metadata import hit_metadata
 from zero_assets.launch.upstream import context_partition, latest_materializations
 
 SEARCH_LIMIT = 100  # earlier materializations examined for a matching fingerprint
@@ -52,8 +49,7 @@ def cache_decision(context: AssetExecutionContext, inputs: FingerprintInputs) ->
         if refusal is not None:
             return CacheDecision(None, f"same inputs as run {record.run_id}, but {refusal}")
         reason = f"same input fingerprint as run {record.run_id}; its output at {uri} is complete"
-        # Older records may name the staging folder.
-        reused = hit_metadata(published_paths(event.metadata, {"out": uri}), reason, record.run_id)
+        reused = hit_metadata(event.metadata, reason, record.run_id)
         version = event.tags.get(DATA_VERSION_TAG) if event.tags else None
         return CacheDecision(
             MaterializeResult(metadata=reused, data_version=DataVersion(version) if version else None), reason
@@ -95,17 +91,8 @@ def standard_metadata(marker: dict[str, Any]) -> dict[str, Any]:
     return metadata
 
 
-def reported_row_count(metadata: Any) -> int | None:
-    """The `dagster/row_count` a materialization's metadata carries (a plain int or an IntMetadataValue), or None."""
-    return _reported_int(metadata, "dagster/row_count")
-
-
-def reported_size_bytes(metadata: Any) -> int | None:
-    """The `dagster/size_bytes` a build counted itself, or None."""
-    return _reported_int(metadata, "dagster/size_bytes")
-
-
-def _reported_int(metadata: Any, key: str) -> int | None:
+def reported_int(metadata: Any, key: str) -> int | None:
+    """The number under `key` in a build's metadata (a plain int or an IntMetadataValue), or None."""
     value = (metadata or {}).get(key)
     return None if value is None else int(getattr(value, "value", value))
 

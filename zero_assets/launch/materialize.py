@@ -10,7 +10,7 @@ from dagster import AssetExecutionContext, DataVersion, MaterializeResult
 
 from zero_assets.backends.job_runner import JobRunner
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput
-from zero_assets.core.job_request import FanOut, JobRequest, build_job_request, spread_over
+from zero_assets.core.job_request import FanOut, build_job_request, spread_over
 from zero_assets.launch.metadata import job_result, upstream_metadata
 from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import context_partition
@@ -28,12 +28,9 @@ def launch_job(
     data_version_of: Callable[[str], str] | None = None,
     **request_fields: Any,
 ) -> MaterializeResult:
-    """Launch the asset's job unless an earlier materialization with the same inputs is still complete.
-
-    `request_fields` go to `build_job_request`. `plan(uri)` writes the job's input `plan` before a launch.
-    `spread` fans the job out (`job_request.spread_over`). `data_version_of(output uri)` overrides the
-    job's data version. A miss and a hit carry the same standard `dagster/*` keys.
-    """
+    """Launch the asset's job unless an earlier materialization with the same inputs is still complete;
+    `request_fields` go to `build_job_request`, `plan(uri)` writes the job's input `plan` before a launch,
+    `spread` fans the job out (`spread_over`), `data_version_of(output uri)` overrides the job's data version."""
     fingerprint_inputs = FingerprintInputs.of(module, config, upstream)
     request = build_job_request(
         context.asset_key.to_user_string(),
@@ -47,11 +44,19 @@ def launch_job(
     output = request.outputs["out"]
 
     def build() -> MaterializeResult:
-        staged = request
+        staged, map_metadata = request, {}
         if plan is not None:
             plan(location := jobs.read_list_uri(request))
             staged = replace(request, inputs={**request.inputs, "plan": location})
-        result = _run_job(context, jobs, staged, spread, upstream)
+        if spread is not None:
+            mapped, staged = spread_over(staged, spread, jobs.instance_count, jobs.read_list_uri(staged))
+            if mapped is not None:  # the map stage reports no materialization; its launcher's facts are kept
+                map_invocation, map_run = jobs.run(context, mapped)
+                map_metadata = {
+                    f"map_{k}": v for k, v in {**map_invocation.metadata, **map_run}.items() if k != "backend"
+                }
+        invocation, job_metadata = jobs.run(context, staged)
+        result = job_result(invocation, {"upstream": upstream_metadata(upstream), **job_metadata, **map_metadata})
         if data_version_of is None:
             return result
         reported = result.data_version.value if result.data_version else None
@@ -60,7 +65,6 @@ def launch_job(
             data_version=DataVersion(data_version_of(output)),
         )
 
-    # Recorded as a miss records it (training_set reads the shards' validated set there).
     return materialize_once(
         context,
         inputs=fingerprint_inputs,
@@ -69,28 +73,4 @@ def launch_job(
         build=build,
         known={"upstream": upstream_metadata(upstream)},
         skipped="no job launched",
-    )
-
-
-def _run_job(
-    context: AssetExecutionContext,
-    jobs: JobRunner,
-    request: JobRequest,
-    spread: FanOut | None,
-    upstream: list[UpstreamOutput],
-) -> MaterializeResult:
-    map_metadata: dict[str, Any] = {}
-    mapped, request = (
-        spread_over(request, spread, jobs.instance_count, jobs.read_list_uri(request)) if spread else (None, request)
-    )
-    if mapped is not None:
-        map_invocation, map_run = jobs.run(context, mapped)
-        # The map stage reports no materialization; its launcher's facts are kept.
-        map_metadata = {
-            f"map_{key}": value for key, value in {**map_invocation.metadata, **map_run}.items() if key != "backend"
-        }
-    invocation, job_metadata = jobs.run(context, request)
-    return job_result(
-        invocation,
-        {"upstream": upstream_metadata(upstream), **job_metadata, **map_metadata},
     )

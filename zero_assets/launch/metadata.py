@@ -1,5 +1,4 @@
-"""Metadata helpers shared by the assets: column schemas, job results, published paths, cache-hit
-metadata and display rounding."""
+"""Metadata helpers of the assets: column schemas, job results, published paths, cache hits, display rounding."""
 
 from __future__ import annotations
 
@@ -95,33 +94,12 @@ def _published(value: Any, outputs: Mapping[str, str]) -> Any:
 
 # Keys about the build rather than the output; a cache hit renames them `built_<key>`, as this run built nothing.
 BUILD_KEYS = frozenset(
-    {
-        "job_name",
-        "job_status",
-        "backend",
-        "instance_type",
-        "instance_count",
-        "job_wall_s",
-        "wall_s",
-        "validate_wall_s",
-        "select_wall_s",
-        "instance_seconds",
-        "billable_instance_seconds",
-        "estimated_cost_usd",
-        "spot_savings_usd",
-        "spot_savings_pct",
-        "managed_spot",
-        "on_demand_usd_per_instance_hour",
-        "spot_usd_per_instance_hour",
-        "price_source",
-        "cost_note",
-        "job_logs",
-        "console_url",
-        "logs_url",
-        "status_history",
-        "code_package",
-        "model_artifact",
-    }
+    """
+    job_name job_status backend instance_type instance_count job_wall_s wall_s validate_wall_s select_wall_s
+    instance_seconds billable_instance_seconds estimated_cost_usd spot_savings_usd spot_savings_pct
+    managed_spot on_demand_usd_per_instance_hour spot_usd_per_instance_hour price_source cost_note job_logs
+    console_url logs_url status_history code_package model_artifact
+    """.split()
 )
 BUILD_PREFIXES = ("map_", "training_plan")  # a map stage's launch; the Training Plan the job ran on
 CACHE_FIRST = ("cache", "cache_reason", "built_by_run", "built_by_job", "step_wall_s")

@@ -1,8 +1,5 @@
-"""The one protocol of every asset that writes an output: build it once per input fingerprint.
-
-A complete earlier output is a hit; else hold the output's lease, look again for one published
-meanwhile, else build and mark the output complete (the marker is the last write).
-"""
+"""Every asset that writes an output builds it once per input fingerprint: a complete earlier output is a hit;
+else hold the output's lease, look again for one published meanwhile, else build and mark it complete (last)."""
 
 from __future__ import annotations
 
@@ -10,7 +7,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dagster import AssetExecutionContext, MaterializeResult, MetadataValue
+from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue
 
 from zero_assets.core.fingerprints import FingerprintInputs
 from zero_assets.core.output_marker import (
@@ -24,8 +21,7 @@ from zero_assets.launch.cache import (
     cache_decision,
     miss_metadata,
     published_hit,
-    reported_row_count,
-    reported_size_bytes,
+    reported_int,
     reuse_refusal,
     standard_metadata,
 )
@@ -44,18 +40,15 @@ def materialize_once(
     known: Mapping[str, Any] | None = None,
     skipped: str = "nothing built",
 ) -> MaterializeResult:
-    """Materialize the asset's output at `output` (where `build` publishes it) unless it already is.
-
-    `lease` is held while building (jobs the build launches name it). `build()` writes the output and
-    returns its metadata and data version. An output not checkable from here (`fsx://`) is never
-    marked, so never a hit. `known` is added to a hit on another run's output.
-    """
+    """Materialize the output at `output` unless it already is, holding `lease` while `build()` writes it and
+    returns its metadata and data version. An output not checkable from here (`fsx://`) is never marked, so
+    never a hit. `known` is added to a hit on another run's output."""
     started = time.perf_counter()
     watch_over_step(context)
     decision = cache_decision(context, inputs)
     if decision.hit is not None:
         context.log.info(f"cache hit, {skipped}: {decision.reason}")
-        return _timed(decision.hit, started)
+        return _timed(decision.hit.metadata, decision.hit.data_version, started)
     context.log.info(f"cache miss: {decision.reason}")
 
     def waiting(owner: dict[str, Any]) -> None:
@@ -78,10 +71,7 @@ def materialize_once(
         hit = None if refusal else published_hit(output, marker, inputs, reason, held.waited_for)
         if hit is not None:
             context.log.info(f"cache hit, {skipped}: {reason}")
-            return _timed(
-                MaterializeResult(metadata={**(hit.metadata or {}), **(known or {})}, data_version=hit.data_version),
-                started,
-            )
+            return _timed({**(hit.metadata or {}), **(known or {})}, hit.data_version, started)
         if refusal:
             context.log.info(f"cache miss: the output published at {output} is complete, but {refusal}")
             decision = CacheDecision(None, f"an output of the same inputs is published, but {refusal}")
@@ -93,8 +83,8 @@ def materialize_once(
                 output,
                 inputs.fingerprint,
                 built.data_version.value if built.data_version else None,
-                reported_row_count(built.metadata),
-                reported_size_bytes(built.metadata),
+                reported_int(built.metadata, "dagster/row_count"),
+                reported_int(built.metadata, "dagster/size_bytes"),
             )
             if output_is_checkable(output)
             else None
@@ -102,17 +92,16 @@ def materialize_once(
     metadata = {
         "dagster/uri": MetadataValue.path(output),
         **(standard_metadata(marker) if marker is not None else {}),
-        # A job's container paths mapped to where they were published.
         **published_paths(built.metadata or {}, {"out": output}),
         **miss_metadata(inputs, decision.reason),
         "built_by_run": context.run.run_id,
     }
     if "job_name" in metadata:
         metadata["built_by_job"] = metadata["job_name"]
-    return _timed(MaterializeResult(metadata=metadata, data_version=built.data_version), started)
+    return _timed(metadata, built.data_version, started)
 
 
-def _timed(result: MaterializeResult, started: float) -> MaterializeResult:
-    """`result` with this step's own wall time (`step_wall_s`), the cache verdict first."""
-    metadata = {**(result.metadata or {}), "step_wall_s": round(time.perf_counter() - started, 2)}
-    return MaterializeResult(metadata=cache_first(metadata), data_version=result.data_version)
+def _timed(metadata: Mapping[str, Any] | None, version: DataVersion | None, started: float) -> MaterializeResult:
+    """The result with this step's own wall time (`step_wall_s`), the cache verdict first."""
+    metadata = {**(metadata or {}), "step_wall_s": round(time.perf_counter() - started, 2)}
+    return MaterializeResult(metadata=cache_first(metadata), data_version=version)

@@ -1,8 +1,5 @@
-"""One builder per output: a lease that a second run with the same fingerprint waits on.
-
-An S3 output is leased on S3 beside it (`s3_lease`), so runs on any host build it once; any other by a
-file on this machine (`file_lease`). A holder renews it from a heartbeat thread while building.
-"""
+"""One builder per output: a lease a second run of the same fingerprint waits on, on S3 beside an S3 output
+(`s3_lease`, for any host), else a file on this machine (`FileLeaseStore`), renewed by a heartbeat thread."""
 
 from __future__ import annotations
 
@@ -17,30 +14,26 @@ from typing import Any
 
 from training_code.lib.aws_clients import AwsUnavailableError
 from training_code.lib.storage import is_s3
-from zero_assets.launch.file_lease import FileLeaseStore
-from zero_assets.launch.lease_store import Lease, LeaseStore, stale_after_s
+from zero_assets.launch.lease_store import FileLeaseStore, Lease, LeaseStore, stale_after_s
 from zero_assets.launch.s3_lease import OutputLeaseError, S3LeaseStore
 
 log = logging.getLogger("zero.lease")
 
 
 def lease_store(location: Path | str) -> LeaseStore:
-    """The store of the lease at `location` (an s3:// URI or a file path)."""
     return S3LeaseStore(str(location)) if is_s3(str(location)) else FileLeaseStore(Path(location))
 
 
 def try_acquire(
     location: Path | str, run_id: str, stale_after_s: float | None = None
 ) -> tuple[Lease | None, dict[str, Any] | None]:
-    """Take the lease at `location` if it is free or its owner is gone; else (None, the owner's record).
-
-    Nothing renews a lease taken here; builds use `hold_lease`."""
+    """Take the lease if it is free or its owner gone, else (None, the owner's record); nothing renews it here."""
     return lease_store(location).try_acquire(run_id, _stale(stale_after_s))
 
 
-def live_holder(location: Path | str, stale_after_s: float | None = None) -> dict[str, Any] | None:
+def live_holder(location: Path | str) -> dict[str, Any] | None:
     """The record of the run that holds the lease at `location` and is alive; None when none does."""
-    return lease_store(location).holder(_stale(stale_after_s))
+    return lease_store(location).holder(_stale(None))
 
 
 @contextmanager
@@ -49,17 +42,11 @@ def hold_lease(
     run_id: str,
     *,
     on_wait: Callable[[dict[str, Any]], None] = lambda record: None,
-    stale_after_s: float | None = None,
     heartbeat_s: float | None = None,
-    poll_s: float | None = None,
 ) -> Iterator[Lease]:
-    """Hold the lease at `location` for the block, waiting while another live run holds it.
-
-    `on_wait` is called once with the owner's record when this run has to wait. The stale limit is
-    `ZERO_OUTPUT_LEASE_STALE_S` (60 s) unless given; heartbeat and poll intervals are the store's."""
-    store = lease_store(location)
-    stale = _stale(stale_after_s)
-    waited_for = None
+    """Hold the lease at `location` for the block, waiting (`on_wait(owner record)`, once) while another live run
+    holds it; the stale limit is `ZERO_OUTPUT_LEASE_STALE_S`, the heartbeat the store's unless given."""
+    store, stale, waited_for = lease_store(location), _stale(None), None
     while True:
         lease, owner = store.try_acquire(run_id, stale)
         if lease is not None:
@@ -67,7 +54,7 @@ def hold_lease(
         if waited_for is None:
             waited_for = str(owner.get("run_id", "unknown run"))
             on_wait(owner)
-        time.sleep(store.poll_s if poll_s is None else poll_s)
+        time.sleep(store.poll_s)
     holding = [replace(lease, waited_for=waited_for)]  # the lease as last written; the heartbeat renews it
     stop = threading.Event()
     beat = threading.Thread(

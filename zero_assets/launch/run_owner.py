@@ -1,8 +1,5 @@
-"""Which process runs a Dagster run, and failing a run whose process is gone, so no dead run holds pool slots.
-
-The run worker records itself in the run's tags (`zero/run_worker_host`, `zero/run_worker`); Dagster
-records no pid for runs it did not launch. Only this host's runs are judged.
-"""
+"""Which process runs a Dagster run (recorded in its tags, as Dagster records no pid for runs it did not launch),
+and failing a run of this host whose process is gone, so no dead run holds pool slots."""
 
 from __future__ import annotations
 
@@ -44,8 +41,7 @@ class RunWorker:
 
     @classmethod
     def from_tags(cls, run: DagsterRun) -> RunWorker | None:
-        """The run worker recorded for `run`; None when none is, or the tags were copied from another run
-        (a re-execution copies its parent's tags)."""
+        """The run worker recorded for `run`; None when none is, or a re-execution copied its parent's tags."""
         host, value = run.tags.get(HOST_TAG), run.tags.get(WORKER_TAG)
         if not host or not value:
             return None
@@ -91,7 +87,6 @@ def _pid_namespace() -> str:
 
 
 def this_process(run_id: str) -> RunWorker:
-    """This process, as the run worker of `run_id`."""
     pid = os.getpid()
     return RunWorker(
         host=socket.gethostname(),
@@ -104,7 +99,6 @@ def this_process(run_id: str) -> RunWorker:
 
 
 def record_run_worker(instance: DagsterInstance, run_id: str) -> RunWorker:
-    """Record this process as the run worker of `run_id` (in the run's tags)."""
     worker = this_process(run_id)
     instance.add_run_tags(run_id, {HOST_TAG: worker.host, WORKER_TAG: worker.tag_value()})
     return worker
@@ -158,8 +152,8 @@ _watched: set[str] = set()  # the runs this process watches the run worker of (a
 
 
 def watch_over_step(context: AssetExecutionContext) -> None:
-    """At the start of a step: record the run worker if none is, fail this host's dead runs, and in a
-    separate step worker process watch the run worker so the step ends with it."""
+    """At a step's start: record the run worker if none is, fail this host's dead runs, and in a separate step
+    worker watch the run worker so the step ends with it."""
     instance, run_id = context.instance, context.run.run_id
     if run_id in _watched:
         return
@@ -182,9 +176,8 @@ def _watch_run_worker(instance: DagsterInstance, worker: RunWorker) -> None:
 
 
 def _end_orphaned_step(instance: DagsterInstance, worker: RunWorker, reason: str) -> None:
-    """Kill the local jobs, record the run's failure (bounded in time), and exit without another event.
-
-    Needed because the jobs' parent-death signal names this step worker, which outlives the run worker."""
+    """Kill the local jobs (their parent-death signal names this step worker, which outlives the run worker),
+    record the run's failure (bounded in time), and exit without another event."""
     killed = end_orphaned_jobs()
     print(
         f"zero_assets: run {worker.run_id}: {reason}; killed its local jobs ({len(killed)} processes)",

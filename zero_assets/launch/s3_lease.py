@@ -1,9 +1,6 @@
-"""An output's lease as an object on S3 beside the output (`<output uri>.lease.json`), for `s3://` lakes.
-
-Every change is a conditional write (`If-None-Match`/`If-Match`), so S3 decides between racing runs;
-staleness is judged on S3's clock only (LastModified against the response's Date). A refused write
-is settled by reading the lease's token again, as a retried write may have landed.
-"""
+"""An output's lease as an object beside it on S3 (`<output uri>.lease.json`): every change a conditional write,
+so S3 decides between racing runs; staleness judged on S3's clock only (LastModified against the response's
+Date); a refused write settled by reading the lease's token again, as a retried write may have landed."""
 
 from __future__ import annotations
 
@@ -11,6 +8,7 @@ import json
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from typing import Any, NoReturn
@@ -20,8 +18,7 @@ from training_code.lib.s3_storage import s3_call, s3_client, split_s3
 from zero_assets.launch.lease_store import Lease, LeaseStore, owner_record
 
 LEASE_FORMAT = "zero-output-lease/1"
-# A refused conditional write means another run changed the lease in between: look again a few times.
-ACQUIRE_ROUNDS = 4
+ACQUIRE_ROUNDS = 4  # a refused conditional write means another run changed the lease: look again a few times
 # The answers to a conditional request whose condition did not hold: 412, a concurrent conditional
 # request on the key (409), or an If-Match on a key that is gone (404).
 REFUSED = {"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404", "409", "412"}
@@ -100,51 +97,44 @@ class S3LeaseStore(LeaseStore):
         return json.dumps({"format": LEASE_FORMAT, **record, "renewed_at": time.time()}, indent=1).encode()
 
     def _get(self) -> Found | None:
-        from botocore.exceptions import ClientError
+        def get() -> Found:
+            response = s3_client().get_object(Bucket=self.bucket, Key=self.key)
+            return Found(_record(response["Body"].read()), response["ETag"], _age_s(response, self.location))
 
-        def get() -> Found | None:
-            try:
-                response = s3_client().get_object(Bucket=self.bucket, Key=self.key)
-                body = response["Body"].read()
-            except ClientError as error:
-                if _code(error) in MISSING:
-                    return None
-                self._fail("GET", error)
-            return Found(_record(body), response["ETag"], _age_s(response, self.location))
-
-        return s3_call(get, f"GET {self.location}")
+        return self._call("GET", "", get, MISSING, None)
 
     def _put(self, body: bytes, **condition: str) -> str | None:
         """The ETag written, or None when the condition did not hold."""
-        from botocore.exceptions import ClientError
 
-        def put() -> str | None:
-            try:
-                response = s3_client().put_object(
-                    Bucket=self.bucket, Key=self.key, Body=body, ContentType="application/json", **condition
-                )
-            except ClientError as error:
-                if _code(error) in REFUSED:
-                    return None
-                self._fail(f"PUT ({condition})", error)
-            return response["ETag"]
+        def put() -> str:
+            return s3_client().put_object(
+                Bucket=self.bucket, Key=self.key, Body=body, ContentType="application/json", **condition
+            )["ETag"]
 
-        return s3_call(put, f"PUT {self.location} ({condition})")
+        return self._call("PUT", f" ({condition})", put, REFUSED, None)
 
     def _delete(self, version: str | None) -> bool:
         """Whether the lease written as `version` was deleted (False: it is not that version any more)."""
-        from botocore.exceptions import ClientError
 
         def delete() -> bool:
-            try:
-                s3_client().delete_object(Bucket=self.bucket, Key=self.key, IfMatch=version)
-            except ClientError as error:
-                if _code(error) in REFUSED:
-                    return False
-                self._fail(f"DELETE (IfMatch {version})", error)
+            s3_client().delete_object(Bucket=self.bucket, Key=self.key, IfMatch=version)
             return True
 
-        return s3_call(delete, f"DELETE {self.location} (IfMatch {version})")
+        return self._call("DELETE", f" (IfMatch {version})", delete, REFUSED, False)
+
+    def _call(self, verb: str, condition: str, request: Callable[[], Any], answered: set[str], answer: Any) -> Any:
+        """`request()` through `s3_call`; a refusal whose code is in `answered` gives `answer`, others `_fail`."""
+        from botocore.exceptions import ClientError
+
+        def call() -> Any:
+            try:
+                return request()
+            except ClientError as error:
+                if _code(error) in answered:
+                    return answer
+                self._fail(f"{verb}{condition}", error)
+
+        return s3_call(call, f"{verb} {self.location}{condition}")
 
     def _fail(self, what: str, error) -> NoReturn:
         """Re-raise a transient `error` (`s3_call` retries it), else raise `OutputLeaseError` naming what to check."""
@@ -168,9 +158,7 @@ def _record(body: bytes) -> dict[str, Any]:
 
 
 def _age_s(response: dict[str, Any], uri: str) -> float:
-    """Seconds since the object was last written, by S3's clock (LastModified against the response's Date).
-
-    A proxy may prepend its own Date header; the last one is the server's."""
+    """Seconds since the object was last written, by S3's clock (a proxy may prepend a Date: the last is S3's)."""
     dates = HTTP_DATE.findall(response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date", ""))
     if not dates:
         raise OutputLeaseError(

@@ -54,7 +54,6 @@ def _asset_key(asset: str | AssetKey) -> AssetKey:
 
 
 def context_partition(context: AssetExecutionContext) -> str | None:
-    """The source this materialization is for, or None for the unpartitioned assets."""
     return context.partition_key if context.has_partition_key else None
 
 
@@ -128,10 +127,8 @@ def output_of(record: EventLogRecord, asset: str, partition: str | None = None) 
 
 
 def previous_output(context: AssetExecutionContext) -> str | None:
-    """Where this asset's latest materialization wrote its output, when that output is still complete.
-
-    Incremental jobs take it as `--previous`; it is not in the fingerprint, as results must not depend on it.
-    """
+    """Where this asset's latest materialization wrote its output, when still complete: incremental jobs'
+    `--previous`, outside the fingerprint, as results must not depend on it."""
     records = latest_materializations(context.instance, context.asset_key, context_partition(context))
     if not records or records[0].asset_materialization is None:
         return None

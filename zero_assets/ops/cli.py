@@ -30,18 +30,18 @@ def _make_demo_data(args: argparse.Namespace) -> int:
 
 
 def _settings():
-    """The `ZeroSettings` the code location's assets get in this environment, resolved as a run resolves them."""
+    """The `ZeroSettings` the code location's assets get here, resolved as a run resolves them."""
     from zero_assets.backends.from_env import backend_settings, resolved
 
     return resolved(backend_settings()[0])
 
 
 def _sources(args: argparse.Namespace) -> int:
+    from dagster import DagsterInstance
+
     from zero_assets.defs.change_detection.raw_sources import list_sources, register_sources, remove_source
 
     if args.remove:
-        from dagster import DagsterInstance
-
         with DagsterInstance.get() as instance:
             for source in args.remove:
                 remove_source(instance, source)
@@ -55,8 +55,6 @@ def _sources(args: argparse.Namespace) -> int:
         else:  # stdout stays a plain list (scripts loop over it); the note goes to stderr
             print(f"no sources (top-level folders) under {raw_uri}", file=sys.stderr)
         return 0
-    from dagster import DagsterInstance
-
     with DagsterInstance.get() as instance:
         added, refused = register_sources(instance, sources)
     for source in sources:
@@ -219,13 +217,6 @@ def build_parser() -> argparse.ArgumentParser:
         "the one the next materialization sends (default: stand-in upstream versions)",
     )
     render.set_defaults(handler=_render_jobs)
-    _add_lineage(commands)
-    _add_gc(commands)
-    _add_fail_dead_runs(commands)
-    return parser
-
-
-def _add_lineage(commands) -> None:
     lineage = commands.add_parser("lineage", help="which raw images reached which checkpoint")
     target = lineage.add_mutually_exclusive_group()
     target.add_argument(
@@ -233,9 +224,6 @@ def _add_lineage(commands) -> None:
     )
     target.add_argument("--image", help="a raw image key (<source>/<path>): which checkpoints it reached, or why not")
     lineage.set_defaults(handler=_lineage)
-
-
-def _add_gc(commands) -> None:
     gc = commands.add_parser(
         "gc", help="list (with --delete, remove) lake outputs and job folders no stored materialization names"
     )
@@ -243,9 +231,6 @@ def _add_gc(commands) -> None:
     gc.add_argument("--grace-hours", type=float, help="keep anything written this recently, in hours (default: a day)")
     gc.add_argument("--lake", help="the lake the assets write to (ZERO_LAKE_URI, else the backend's default)")
     gc.set_defaults(handler=_gc)
-
-
-def _add_fail_dead_runs(commands) -> None:
     dead = commands.add_parser(
         "fail-dead-runs",
         help="mark failed the runs in progress whose run worker on this host is gone, and free their pool slots",
@@ -258,6 +243,7 @@ def _add_fail_dead_runs(commands) -> None:
         help="fail this run whatever this host can tell (a run of a host that is gone for good); repeatable",
     )
     dead.set_defaults(handler=_fail_dead_runs)
+    return parser
 
 
 def _fail_dead_runs(args: argparse.Namespace) -> int:

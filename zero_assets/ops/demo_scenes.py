@@ -20,13 +20,7 @@ class Part:
 
 # The difficulty knobs: hard enough that the demo detector scores well short of perfect (so a regression
 # can show), easy enough to beat shuffled labels. tests/test_demo_difficulty.py holds the score in range.
-FINISHES = (
-    (200, 200, 210),
-    (205, 165, 60),
-    (60, 110, 210),
-    (215, 110, 45),
-    (45, 48, 55),
-)  # CATEGORIES' usual ones first
+FINISHES = ((200, 200, 210), (205, 165, 60), (60, 110, 210), (215, 110, 45), (45, 48, 55))  # CATEGORIES' first
 FINISH_MATCH = 0.75  # the share of parts in their category's usual finish; the rest take any
 PARTS_PER_SCENE = (1, 6)  # inclusive range of labeled parts
 SIZE_RANGE = (0.1, 0.34)  # part size as a share of the scene's shorter side, drawn log-uniform
@@ -131,17 +125,13 @@ def _draw_clutter(draw: ImageDraw.ImageDraw, rng: np.random.Generator, width: in
         draw.line(points, fill=_shade(color, 0.5), width=max(2, int(size * 0.08)))
     else:
         long, thin = size * 1.4, size * 0.18
-        if rng.random() < 0.5:
-            draw.rectangle((x, y, x + long, y + thin), fill=color)
-        else:
-            draw.rectangle((x, y, x + thin, y + long), fill=color)
+        w, h = (long, thin) if rng.random() < 0.5 else (thin, long)
+        draw.rectangle((x, y, x + w, y + h), fill=color)
 
 
 def _covered(box, later: list) -> float:
     """Share of `box` that the union of the `later` boxes covers (by counting a coarse grid)."""
-    xs = np.linspace(box[0], box[2], 12)
-    ys = np.linspace(box[1], box[3], 12)
-    gx, gy = np.meshgrid(xs, ys)
+    gx, gy = np.meshgrid(np.linspace(box[0], box[2], 12), np.linspace(box[1], box[3], 12))
     hidden = np.zeros(gx.shape, dtype=bool)
     for b in later:
         hidden |= (gx >= b[0]) & (gx <= b[2]) & (gy >= b[1]) & (gy <= b[3])

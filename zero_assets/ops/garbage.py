@@ -1,29 +1,17 @@
 """`zero-assets gc`: the lake outputs and job folders that nothing the instance holds refers to.
 
-What the lake holds, and when each part is referenced (kept):
-- `<asset>/<fingerprint16>/` (`<asset>/<source>/<fingerprint16>/` for the per-source assets), an
-  output: a materialization the instance still holds names it (its `dagster/uri`, or `warm_s3_uri`,
-  the S3 side of an FSx warm folder, is the folder, inside it or above it). Every stored
-  materialization counts, not only the latest: the cache reuses an older output when its inputs come
-  back (a reverted config), and lineage reads the outputs of older checkpoints. Wiping an asset's
-  history frees them.
-- `_jobs/<asset>/<fingerprint16>/runs/<run id>/`, one run's job folder: that run recorded a stored
-  materialization, or is still in progress or queued, or a stored materialization's metadata (its
-  job log) points inside it.
-- `_jobs/<asset>/<fingerprint16>/` itself (the output's lease and training checkpoints, for a
-  per-source asset too): its output is referenced, a stored materialization of the asset records that
-  fingerprint (the warm state's output is not named by it), or one of its run folders is kept. It goes
-  only with all of its runs.
-- `_jobs/<job name>/` (the layout before per-run folders): named by a stored materialization's job
-  name or a path in its metadata, or holding the id of a run in progress.
-- Shard sets (see `garbage_shards`): an arrow_shards output stays while a kept one's manifest lists
-  a shard in it; on a warm mount, a set while a stored materialization names it, a shard while a set
-  that stays lists it.
-An s3:// lake keeps its job folders on this machine (`.zero/jobs`): they are judged the same way.
-Unreferenced folders are kept all the same when written since the oldest run in progress started or
-within the grace period: a run publishes its output before it records the materialization. Only
-this project's asset folders, the job folders and the warm mount's sets and shards are looked at;
-nothing else is touched.
+Kept (referenced), by unit:
+- an output `<asset>[/<source>]/<fingerprint16>/`: any stored materialization (not only the latest: the
+  cache and lineage reuse older ones) names it by `dagster/uri` or `warm_s3_uri`, inside, at or above it;
+- a run's job folder `_jobs/<asset>/<fingerprint16>/runs/<run id>/`: its run recorded a stored
+  materialization or is live, or stored metadata points inside it;
+- `_jobs/<asset>/<fingerprint16>/` (lease, checkpoints): its output is referenced, a stored
+  materialization records that fingerprint, or one of its run folders is kept;
+- `_jobs/<job name>/` (the layout before per-run folders): named by stored metadata or a live run's id;
+- shard sets and the warm mount: see `garbage_shards`.
+An s3:// lake's job folders are on this machine (`.zero/jobs`), judged the same. Unreferenced folders
+written since the oldest live run started, or within the grace period, stay all the same. Nothing
+outside the asset folders, the job folders and the warm mount's sets and shards is touched.
 """
 
 from __future__ import annotations
@@ -40,16 +28,13 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from training_code.lib.storage import delete_file, delete_prefix, is_s3, join, list_objects, newest_write
 from zero_assets.core.job_request import RUNS_FOLDER
 from zero_assets.core.settings import JOBS_FOLDER
-from zero_assets.ops.garbage_report import Folder, Verdict, age, report_lines
 from zero_assets.ops.garbage_shards import (
     SHARD_ASSET,
     WARM_ASSET,
-    WARM_MOUNT_KEYS,
+    WARM_MOUNT_KEY,
     kept_for_their_shards,
     unreferenced_on_mount,
 )
-
-__all__ = ["DEFAULT_GRACE_HOURS", "Folder", "Verdict", "delete_unreferenced", "find_unreferenced", "report_lines"]
 
 URI_KEYS = ("dagster/uri", "warm_s3_uri")
 PAGE = 1000  # materializations fetched per query
@@ -62,6 +47,30 @@ LIVE_STATUSES = [
     DagsterRunStatus.CANCELING,
 ]
 DEFAULT_GRACE_HOURS = 24.0
+
+
+@dataclass(frozen=True)
+class Folder:
+    """One collectable unit of the lake, with what the listing says about it."""
+
+    key: str  # relative to the lake
+    # "output", "run" (one run's job folder), "jobs" (an output's lease and checkpoints, or an older job
+    # folder), or on the warm mount "warm set", "warm shard", "warm leftover" (garbage_shards)
+    kind: str
+    uri: str
+    bytes: int  # of the files that belong to this unit alone (a "jobs" folder's runs are units of their own)
+    files: tuple[str, ...] = ()  # a unit of single files (a warm shard and its verdict), deleted one by one, last first
+
+    @property
+    def parts(self) -> list[str]:
+        return self.key.split("/")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    folder: Folder
+    why: str  # why it is unreferenced
+    kept_because: str | None  # set when it is unreferenced but must stay (a run may still be writing it)
 
 
 @dataclass
@@ -86,9 +95,7 @@ class References:
         return any(path == here or path.startswith(here + "/") or here.startswith(path + "/") for path in self.paths)
 
     def names_output(self, lake: str, asset: str, fingerprint16: str) -> bool:
-        """Whether a stored materialization names an output of `asset` under this fingerprint:
-        `<asset>/<fingerprint16>`, or `<asset>/<source>/<fingerprint16>` for a per-source asset (whose
-        lease and checkpoints are `_jobs/<asset>/<fingerprint16>` all the same)."""
+        """Whether a stored materialization names `<asset>[/<source>]/<fingerprint16>`."""
         base = normalize(join(lake, asset)) + "/"
         for path in self.paths:
             if path.startswith(base) and fingerprint16 in path[len(base) :].split("/")[:2]:
@@ -123,10 +130,8 @@ def unit_of(key: str, assets: set[str]) -> tuple[str, str] | None:
 
 
 def lake_folders(lake: str, assets: Iterable[str], jobs_root: str | None = None) -> list[Folder]:
-    """Every collectable unit in the lake, run folders before the folder above them.
-
-    `jobs_root`: where job folders are when not at `<lake>/_jobs` (an s3:// lake keeps them on this
-    machine); its units are keyed `_jobs/...` all the same."""
+    """Every collectable unit in the lake, run folders before the folder above them; `jobs_root`: the job
+    folders when not at `<lake>/_jobs`, keyed `_jobs/...` all the same."""
     assets = set(assets)
     roots = {"": lake}
     separate_jobs = jobs_root is not None and normalize(jobs_root) != normalize(join(lake, JOBS_FOLDER))
@@ -169,7 +174,7 @@ def references(instance: DagsterInstance) -> References:
                     value = entry.value
                     if not isinstance(value, str) or not value:
                         continue
-                    if key.to_user_string() == WARM_ASSET and name in WARM_MOUNT_KEYS:
+                    if key.to_user_string() == WARM_ASSET and name == WARM_MOUNT_KEY:
                         mounts.add(normalize(value))  # where its sets are, not one: naming it keeps nothing
                         continue
                     if name == "fingerprint":
@@ -194,9 +199,7 @@ def normalize(uri: str) -> str:
 
 
 def why_unreferenced(folder: Folder, lake: str, refs: References, kept_runs: set[str]) -> str | None:
-    """None when something refers to the folder; else why nothing does, in words.
-
-    `kept_runs`: the keys of the run folders that stay (a "jobs" folder stays with any of them)."""
+    """None when something refers to the folder, else why nothing does; `kept_runs`: the run folders that stay."""
     if refs.names_path(folder.uri):
         return None
     parts = folder.parts
@@ -232,8 +235,7 @@ def find_unreferenced(
     grace_s: float = DEFAULT_GRACE_HOURS * 3600,
     jobs_root: str | None = None,
 ) -> list[Verdict]:
-    """The unreferenced units of the lake (and of `jobs_root`, and of the warm mounts the instance
-    knows), each with why, and whether it must stay anyway."""
+    """The unreferenced units of the lake, `jobs_root` and the known warm mounts, each with why and whether it stays."""
     return _find(instance, lake, assets, grace_s, jobs_root)[1]
 
 
@@ -290,8 +292,7 @@ def delete_unreferenced(
     grace_s: float = DEFAULT_GRACE_HOURS * 3600,
     jobs_root: str | None = None,
 ) -> tuple[list[Verdict], list[Folder]]:
-    """Judge afresh and remove what is collectable: a run that started, or a write made, since a dry
-    run is seen. Returns the verdicts and the folders deleted."""
+    """Judge afresh (seeing what changed since a dry run) and remove what is collectable: (verdicts, deleted)."""
     refs, verdicts = _find(instance, lake, assets, grace_s, jobs_root)
     roots = [normalize(root) for root in (lake, jobs_root, *sorted(refs.warm_mounts)) if root is not None]
     deleted = []
@@ -310,3 +311,32 @@ def delete_unreferenced(
             delete_prefix(folder.uri)
         deleted.append(folder)
     return verdicts, deleted
+
+
+def age(epoch_s: float) -> str:
+    seconds = max(0.0, time.time() - epoch_s)
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds:.0f} s"
+
+
+def report_lines(verdicts: list[Verdict], deleted: list[Folder] | None) -> list[str]:
+    """The table (path, bytes, why unreferenced), then what stays anyway, then a total."""
+    collectable = [v for v in verdicts if v.kept_because is None]
+    width = max([len(v.folder.uri) for v in collectable] + [4])
+    lines = [f"{'path':<{width}}  {'bytes':>14}  why unreferenced"]
+    lines += [f"{v.folder.uri:<{width}}  {v.folder.bytes:>14,}  {v.why}" for v in collectable]
+    kept = [v for v in verdicts if v.kept_because is not None]
+    if kept:
+        lines.append("")
+        lines += [f"kept: {v.folder.uri} ({v.folder.bytes:,} bytes): {v.why}; {v.kept_because}" for v in kept]
+    total = sum(v.folder.bytes for v in collectable)
+    lines.append("")
+    if deleted is None:
+        lines.append(
+            f"total: {len(collectable)} unreferenced folders, {total:,} bytes "
+            "(dry run: nothing deleted; --delete removes them)"
+        )
+    else:
+        lines.append(
+            f"total: deleted {len(deleted)} unreferenced folders, {sum(f.bytes for f in deleted):,} bytes freed"
+        )
+    return lines

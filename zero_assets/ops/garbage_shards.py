@@ -21,7 +21,7 @@ from zero_assets.backends.local.warm_state import SETS
 
 SHARD_ASSET = "arrow_shards"
 WARM_ASSET = "fsx_warm_state"
-WARM_MOUNT_KEYS = ("warm_mount", "mount")  # what fsx_warm_state records its mount as (`mount` before the sets)
+WARM_MOUNT_KEY = "warm_mount"  # what fsx_warm_state records its mount as
 WARM_SET, WARM_SHARD, WARM_LEFTOVER = "warm set", "warm shard", "warm leftover"
 _KEY = re.compile(r"[0-9a-f]{16}")
 
@@ -57,18 +57,9 @@ def kept_for_their_shards(
     return kept
 
 
-def warm_mounts(records: Iterable[tuple[str, str, object]]) -> set[str]:
-    """The local mounts stored fsx_warm_state materializations recorded: (asset, metadata key, value)."""
-    return {
-        os.path.realpath(value)
-        for asset, name, value in records
-        if asset == WARM_ASSET and name in WARM_MOUNT_KEYS and isinstance(value, str) and value.startswith("/")
-    }
-
-
 def mount_units(mount: str) -> list[tuple[str, str, list[str]]]:
-    """(key relative to the mount, kind, files) of every collectable unit on a warm mount: sets (their
-    folder), shards (the shard and its verdict), verdicts without a shard and temporary files."""
+    """(key relative to the mount, kind, files) of every unit on a warm mount: sets (their folder), shards
+    (the shard and its verdict), verdicts without a shard and temporary files."""
     root = Path(mount)
     units: list[tuple[str, str, list[str]]] = []
     sets = sorted((root / SETS).iterdir()) if (root / SETS).is_dir() else []
@@ -109,8 +100,8 @@ class Candidate:
 
 
 def unreferenced_on_mount(mount: str, names_path: Callable[[str], bool], cutoff: float) -> list[Candidate]:
-    """The units of a warm mount nothing keeps: sets no materialization names (`names_path`), then shards
-    no set that stays lists (a set written since `cutoff` stays)."""
+    """The units of a warm mount nothing keeps: sets no materialization names (`names_path`), then shards no
+    set that stays lists (a set written since `cutoff` stays)."""
     candidates, listed = [], set()
     for key, kind, files in mount_units(mount):
         uri = os.path.join(mount, key)

@@ -1,8 +1,7 @@
 """`render-jobs`: every request the graph would send to AWS for the current configuration, without sending it.
 
-With an instance lookup, fingerprints use the latest upstream data versions (the requests the next
-materializations send); otherwise stand-in versions give the right shapes. Per-source jobs are rendered
-for one source. Makes no AWS call, so without `training_plan` the runner's plan bounds are noted on stderr.
+With an instance lookup, fingerprints use the latest upstream data versions; otherwise stand-in versions give
+the right shapes. Per-source jobs are rendered for one source. Makes no AWS call.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from training_code.lib.hashing import sha256_json
 from training_code.lib.read_list import ReadList, read_list_of
 from training_code.lib.storage import join
 from zero_assets.backends.sagemaker.code_package import build_code_package
-from zero_assets.backends.sagemaker.fsx import shards_on_fsx
 from zero_assets.backends.sagemaker.fsx_warm import (
     association_params,
     import_task_params,
@@ -32,8 +30,9 @@ from zero_assets.backends.sagemaker.pipes_io import bootstrap_environment
 from zero_assets.backends.sagemaker.runner import SageMakerJobRunner
 from zero_assets.backends.sagemaker.settings import TRAINING_ASSET, SageMakerSettings
 from zero_assets.backends.sagemaker.training_plan import TrainingPlan, launch_problems, plan_name, utc_now
-from zero_assets.backends.sagemaker.training_set_channel import channel_shards, channel_training_set
+from zero_assets.backends.sagemaker.training_set_channel import channel_shards, channel_training_set, shards_on_fsx
 from zero_assets.backends.sagemaker.tuning import OPERATION as TUNING_OPERATION
+from zero_assets.backends.sagemaker.tuning import tuning_params
 from zero_assets.backends.sagemaker.work_sizing import instances_for, read_list_uri
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput
 from zero_assets.core.job_request import FanOut, JobRequest, TableScan, build_job_request, job_name, spread_over
@@ -49,8 +48,6 @@ from zero_assets.defs.assets.validated_images import VALIDATION_SPREAD, Validati
 from zero_assets.launch.upstream import latest_materializations, output_of
 
 Lookup = Callable[[str, Optional[str]], Optional[UpstreamOutput]]  # (asset, source) -> its latest output
-
-
 EXAMPLE_SOURCE = "example_source"
 JOB_CONFIGS = {
     "validated_images": ValidationConfig,
@@ -63,9 +60,7 @@ JOB_CONFIGS = {
 
 
 def job_configs(run_config: Mapping[str, Any]) -> dict[str, Config]:
-    """The config of each rendered asset's job as `run_config` (Dagster's `{"ops": ...}` shape) gives it.
-
-    Fails on an asset name that is not in the graph."""
+    """The config of each rendered asset's job as `run_config` (Dagster's `{"ops": ...}` shape) gives it."""
     ops = run_config.get("ops") or {}
     assets = {key.to_user_string() for asset in ALL_ASSETS for key in asset.keys}
     unknown = sorted(set(ops) - assets)
@@ -98,7 +93,7 @@ def render_jobs(
     """(label, service, operation, parameters) for every AWS call that launches work, in graph order.
 
     Labels are assets, with `-map` / `-reduce` for fanned-out jobs. `training_plan`: as read at `now`.
-    Jobs with read lists are planned as the runner plans them; `read_lists` receives them (nothing is written)."""
+    `read_lists` receives the read lists, planned as the runner plans them (nothing is written)."""
     configs = job_configs(run_config or {})
     now = now or utc_now()
     code = build_code_package(requirements=not aws.images_hold_requirements)
@@ -125,19 +120,12 @@ def render_jobs(
             now=now,
         )
         if "TrainingPlanArn" in params.get("ResourceConfig", {}):
-            rendered.append(
-                (
-                    request.label,
-                    "sagemaker",
-                    "DescribeTrainingPlan",
-                    {"TrainingPlanName": plan_name(params["ResourceConfig"]["TrainingPlanArn"])},
-                )
-            )
+            described = {"TrainingPlanName": plan_name(params["ResourceConfig"]["TrainingPlanArn"])}
+            rendered.append((request.label, "sagemaker", "DescribeTrainingPlan", described))
             _check_or_note(plan, request.asset, params, aws, now)
         rendered.append((request.label, "sagemaker", operation, params))
 
     def planned(request: JobRequest, spread: FanOut, raw_uri: str, upstream_known: bool) -> None:
-        """Add the request as the runner stages it, planned from the upstream outputs (empty for stand-ins)."""
         found = _planned_or_empty(spread, request, raw_uri, upstream_known)
         if read_lists is not None:
             read_lists[request.asset] = found
@@ -211,15 +199,12 @@ def render_jobs(
         warm_uri = location.uri
     warm = UpstreamOutput("fsx_warm_state", warm_uri, shards.data_version)
     search, spec, _ = tuning_request(settings, configs["tuned_hyperparameters"], warm)
-    tuning = SageMakerJobRunner(settings=settings, aws=aws).tuning_params(search, spec, code, None)
+    tuning = tuning_params(search, aws, settings.lake_uri, spec, code, None)
     rendered.append(("tuned_hyperparameters", "sagemaker", TUNING_OPERATION, tuning))
-    train = configs["trained_checkpoint"]
-    tracking = train.tracking(FingerprintInputs.of(train.module, train.hyperparameters(), [warm]).fingerprint)
-    add(
-        build_job_request(
-            "trained_checkpoint", settings=settings, **training_job(train, train.hyperparameters(), tracking, [warm])
-        )
-    )
+    train, hyperparameters = configs["trained_checkpoint"], configs["trained_checkpoint"].hyperparameters()
+    tracking = train.tracking(FingerprintInputs.of(train.module, hyperparameters, [warm]).fingerprint)
+    trained = training_job(train, hyperparameters, tracking, [warm])
+    add(build_job_request("trained_checkpoint", settings=settings, **trained))
     checkpoint = upstream("trained_checkpoint")
     add(build_job_request("map_report", settings=settings, **evaluation_job(configs["map_report"], checkpoint, warm)))
     return rendered
@@ -235,9 +220,7 @@ def _planned_or_empty(spread: FanOut, request: JobRequest, raw_uri: str, upstrea
         "does at launch",
         file=sys.stderr,
     )
-    empty = pa.table(
-        {"key": pa.array([], pa.string()), "size": pa.array([], pa.int64()), "etag": pa.array([], pa.string())}
-    )
+    empty = pa.schema([("key", pa.string()), ("size", pa.int64()), ("etag", pa.string())]).empty_table()
     return read_list_of(raw_uri, empty, 0)
 
 

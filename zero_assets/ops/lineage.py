@@ -1,7 +1,6 @@
-"""Answer lineage questions from Dagster's own provenance and the manifests the assets wrote.
-
-A checkpoint is walked back by Dagster's input event pointers to its warm set, shard set, selection and
-validated sets. The images it trained on are the selection's train rows, so no shard is read.
+"""Answer lineage questions from Dagster's own provenance and the manifests the assets wrote: a checkpoint is
+walked back by Dagster's input event pointers to its warm set, shard set, selection and validated sets; the
+images it trained on are the selection's train rows, so no shard is read.
 """
 
 from __future__ import annotations
@@ -118,17 +117,9 @@ def checkpoint_lineage(instance: DagsterInstance, checkpoint: Materialization) -
                 f"its validated_images materialization {found.storage_id} has {found.data_version}"
             )
         validated_sets[name] = found
-    return CheckpointLineage(
-        checkpoint,
-        warm,
-        shards,
-        chosen,
-        validated_sets,
-        sources,
-        _json(join(shards.uri, MANIFEST))["shards"],
-        _trained_rows(chosen.uri, shards.uri),
-        _reports(instance, checkpoint),
-    )
+    shard_entries = _json(join(shards.uri, MANIFEST))["shards"]
+    trained, reports = _trained_rows(chosen.uri, shards.uri), _reports(instance, checkpoint)
+    return CheckpointLineage(checkpoint, warm, shards, chosen, validated_sets, sources, shard_entries, trained, reports)
 
 
 def _reports(instance: DagsterInstance, checkpoint: Materialization) -> list[Materialization]:
@@ -154,8 +145,8 @@ def _table(uri: str, columns: tuple[str, ...]) -> pd.DataFrame:
 
 @lru_cache(maxsize=32)
 def _trained_rows(training_set_uri: str, shards_uri: str) -> pd.DataFrame:
-    """The images a training on this shard set read: the selection's train rows, checked against the
-    shard set's live train row count."""
+    """The images a training on this shard set read: the selection's train rows, checked against the shard
+    set's live train row count."""
     selected = _table(join(training_set_uri, ts.SELECTION), ("source", "key", "sha256", "split"))
     train = selected[selected["split"] == "train"]
     live = _json(join(shards_uri, MANIFEST))["rows"]["train"]
@@ -174,11 +165,8 @@ def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
     _require_indexed(instance, source, key)
     latest = next(materializations(instance, "validated_images", source), None)
     if latest is None:
-        return {
-            "key": key,
-            "status": "not yet processed",
-            "detail": f"validated_images was never materialized for source {source}",
-        }
+        detail = f"validated_images was never materialized for source {source}"
+        return {"key": key, "status": "not yet processed", "detail": detail}
     fate = _verdict(latest.uri, key)
     chosen = next(materializations(instance, "training_set"), None)
     if fate["status"] == "accepted" and chosen is not None:
@@ -277,14 +265,8 @@ def _verdict(validated_uri: str, key: str) -> dict[str, Any]:
         return {"key": key, "status": "accepted", "split": row["split"], "sha256": row["sha256"]}
     if not (quarantined := rows("quarantine.parquet")).empty:
         row = quarantined.iloc[0]
-        return {
-            "key": key,
-            "status": "quarantined",
-            "reason": row["reason"],
-            "stage": row["stage"],
-            "error": row["error"],
-            "sha256": row["sha256"],
-        }
+        found = {name: row[name] for name in ("reason", "stage", "error", "sha256")}
+        return {"key": key, "status": "quarantined", **found}
     if not (duplicate := rows("duplicates.parquet")).empty:
         row = duplicate.iloc[0]
         return {"key": key, "status": "duplicate", "duplicate_of": row["duplicate_of"], "sha256": row["sha256"]}

@@ -1,6 +1,5 @@
-"""The materializations Dagster holds, and the upstream event each one recorded reading: what lineage walks.
-
-Provenance is Dagster's own input tags, never a copy in metadata.
+"""The materializations Dagster holds, and the upstream event each one recorded reading (Dagster's own input
+tags, never a copy in metadata): what lineage walks.
 """
 
 from __future__ import annotations
@@ -56,8 +55,7 @@ class Materialization:
         return provenance.input_data_versions[key].value, provenance.input_storage_ids[key]
 
     def pointer(self, upstream: str) -> int | None:
-        """The storage id of the `upstream` event Dagster recorded this materialization read; None when it
-        recorded none."""
+        """The storage id of the `upstream` event Dagster recorded this materialization read, if any."""
         recorded = self._recorded(upstream)
         return recorded[1] if recorded else None
 
@@ -113,10 +111,8 @@ def upstream_of(instance: DagsterInstance, found: Materialization, asset: str) -
 def source_upstream_of(
     instance: DagsterInstance, found: Materialization, asset: str, source: str, uri: str
 ) -> Materialization:
-    """The materialization of `asset` for `source` that `found` was built from, which wrote `uri`.
-
-    Dagster points at a partitioned upstream's newest event of any source, so this takes the source's
-    newest at or before that pointer."""
+    """The materialization of `asset` for `source` that `found` was built from, which wrote `uri`: the source's
+    newest at or before Dagster's pointer (which is at a partitioned upstream's newest event of any source)."""
     _, pointer = found.read_from(asset)
     upstream = next(materializations(instance, asset, source, before_storage_id=pointer + 1), None)
     if upstream is None or upstream.uri != uri:

@@ -1,4 +1,5 @@
-"""Start a local job process that dies with its run, in an environment that holds no secrets.
+"""Start a local job process that dies with its run, in an environment that holds no secrets, and read
+its Pipes messages.
 
 Each job gets its own process group and a parent-death signal; its merged output goes to `job.log` and
 the step's stdout. The environment is allow-listed, as job scripts decode untrusted files.
@@ -7,15 +8,18 @@ the step's stdout. The environment is allow-listed, as job scripts decode untrus
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -23,57 +27,24 @@ from dagster import (
     AssetExecutionContext,
     DagsterExecutionInterruptedError,
     PipesClientCompletedInvocation,
+    PipesMessageHandler,
+    PipesMessageReader,
     PipesTempFileContextInjector,
     open_pipes_session,
 )
-
-from .pipes_messages import WholeLineMessageReader
+from dagster_pipes import PipesDefaultMessageWriter, PipesParams
 
 log = logging.getLogger("zero.jobs")
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 STOP_GRACE_S = 30.0  # a stopped job gets this long after SIGTERM to save a checkpoint, as SageMaker's stop gives
 
 # What a job may see of the Dagster process's environment; never a name that says it is a secret.
-ALLOWED_NAMES = {
-    "PATH",
-    "HOME",
-    "USER",
-    "LOGNAME",
-    "SHELL",
-    "TERM",
-    "TZ",
-    "TMPDIR",
-    "TEMP",
-    "TMP",
-    "LANG",
-    "LANGUAGE",
-    "VIRTUAL_ENV",
-    "LD_LIBRARY_PATH",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "CUDA_VISIBLE_DEVICES",
-    "HF_HOME",
-    "HF_DATASETS_CACHE",
-    "HF_DATASETS_OFFLINE",
-    "HF_HUB_OFFLINE",
-    "WANDB_MODE",
-    "WANDB_DIR",
-    "WANDB_SILENT",
-}
-ALLOWED_PREFIXES = (
-    "LC_",
-    "PYTHON",
-    "OMP_",
-    "MKL_",
-    "OPENBLAS_",
-    "KMP_",
-    "TORCH",
-    "NCCL_",
-    "GLOO_",
-    "CUDA_",
-    "NVIDIA_",
-    "ZERO_",
+ALLOWED_NAMES = set(
+    "PATH HOME USER LOGNAME SHELL TERM TZ TMPDIR TEMP TMP LANG LANGUAGE VIRTUAL_ENV LD_LIBRARY_PATH SSL_CERT_FILE "
+    "SSL_CERT_DIR CUDA_VISIBLE_DEVICES HF_HOME HF_DATASETS_CACHE HF_DATASETS_OFFLINE HF_HUB_OFFLINE WANDB_MODE "
+    "WANDB_DIR WANDB_SILENT".split()
 )
+ALLOWED_PREFIXES = tuple("LC_ PYTHON OMP_ MKL_ OPENBLAS_ KMP_ TORCH NCCL_ GLOO_ CUDA_ NVIDIA_ ZERO_".split())
 AWS_PREFIXES = ("AWS_",)  # only for jobs that read or write s3:// themselves
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|CREDENTIAL|PRIVATE", re.IGNORECASE)
 
@@ -82,16 +53,12 @@ class JobExitedNonZero(Exception):
     """The job process ended with a non-zero exit code (its failure reason is in its output folder)."""
 
 
-def job_environment(
-    extra: Mapping[str, str], *, s3_access: bool, source: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """The allow-listed part of `source` (default: this process's environment), then `extra`.
-
-    With `s3_access`, the AWS_* variables (credentials included) pass too: the job needs them."""
-    source = os.environ if source is None else source
+def job_environment(extra: Mapping[str, str], *, s3_access: bool) -> dict[str, str]:
+    """The allow-listed part of this process's environment, then `extra`; with `s3_access`, the AWS_*
+    variables (credentials included) too."""
     prefixes = ALLOWED_PREFIXES + (AWS_PREFIXES if s3_access else ())
     kept = {}
-    for name, value in source.items():
+    for name, value in os.environ.items():
         allowed = name in ALLOWED_NAMES or name.startswith(prefixes)
         if allowed and (not SECRET_NAME.search(name) or (s3_access and name.startswith(AWS_PREFIXES))):
             kept[name] = value
@@ -107,9 +74,7 @@ def _die_with_parent(parent: int, prctl) -> None:
 
 
 class JobProcess(subprocess.Popen):
-    """A job process whose merged output a thread copies to its job log and to stdout (after `prefix`).
-
-    `end_process_group` waits for the copy."""
+    """A job process whose merged output a thread copies to its job log and to stdout (after `prefix`)."""
 
     def __init__(self, command: Sequence[str], *, log: Path, prefix: str = "", **popen_args) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -133,10 +98,9 @@ _orphaned = threading.Event()  # set once this process's run worker died: its jo
 
 
 def copy_output(pipe: IO[bytes], log_file: IO[bytes], prefix: str) -> None:
-    """Copy `pipe` line by line to `log_file` and to `sys.stdout` (after `prefix`), flushing each line.
-
-    `sys.stdout` is looked up per line so Dagster's step capture gets it. A failing destination is
-    dropped but the pipe is still read to its end, or the job would block on its next write."""
+    """Copy `pipe` line by line to `log_file` and to `sys.stdout` (looked up per line, for Dagster's step
+    capture), after `prefix`. A failing destination is dropped, but the pipe is read to its end, or the job
+    would block on its next write."""
     to_log, to_stdout = True, True
     with pipe, log_file:
         for line in iter(pipe.readline, b""):
@@ -188,9 +152,8 @@ OUTPUT_DRAIN_S = 10.0  # how long the copy may take to reach the end of the outp
 
 
 def end_process_group(process: subprocess.Popen) -> None:
-    """Kill the job's process group and the job, then let the copy of its output finish (bounded).
-
-    Once the run worker died (`end_orphaned_jobs`), blocks until the process exits."""
+    """Kill the job's process group and the job, then let the copy of its output finish (bounded); once the
+    run worker died (`end_orphaned_jobs`), block until the process exits."""
     while _orphaned.is_set():
         time.sleep(1)
     with _running_lock:
@@ -226,10 +189,8 @@ def run_with_pipes(
     log: Path,
     prefix: str = "",
 ) -> PipesClientCompletedInvocation:
-    """Run the job through Dagster Pipes; raises `JobExitedNonZero` when it exits non-zero.
-
-    Opened here, not with Dagster's subprocess client, which passes the whole environment on. A
-    terminated run stops the job; nothing it started outlives it."""
+    """Run the job through Dagster Pipes (not Dagster's subprocess client, which passes the whole environment
+    on); a terminated run stops the job. Raises `JobExitedNonZero` when it exits non-zero."""
     with open_pipes_session(
         context=context, context_injector=PipesTempFileContextInjector(), message_reader=WholeLineMessageReader()
     ) as session:
@@ -270,10 +231,8 @@ def _signal(pid: int, number: int) -> None:
 
 
 def kill_process_tree(root: int) -> list[int]:
-    """SIGKILL `root` and every process below it, in whatever group; returns the pids signalled.
-
-    A group kill misses torchrun's workers and W&B's service. Each level is SIGSTOPped before its
-    children are read, so nothing forks or is reparented away mid-walk."""
+    """SIGKILL `root` and every process below it, in whatever group (a group kill misses torchrun's workers
+    and W&B's service); returns the pids. Each level is SIGSTOPped before its children are read."""
     if not Path("/proc").is_dir():  # no process table to walk: the job's group is all that can be found
         _signal(-root, signal.SIGKILL)
         return [root]
@@ -290,9 +249,8 @@ def kill_process_tree(root: int) -> list[int]:
 
 
 def end_orphaned_jobs() -> list[int]:
-    """SIGKILL every job this process started, with their trees and groups, and start none after.
-
-    For when the run worker died: the parent-death signal only reaches the step worker. Returns the pids killed."""
+    """SIGKILL every job this process started, with their trees and groups, and start none after: for when the
+    run worker died (the parent-death signal only reaches the step worker). Returns the pids killed."""
     with _running_lock:
         _orphaned.set()
         jobs = list(_running)
@@ -301,3 +259,64 @@ def end_orphaned_jobs() -> list[int]:
         killed += kill_process_tree(job.pid)
         _signal(-job.pid, signal.SIGKILL)  # what the job started and left behind in its group
     return killed
+
+
+POLL_S = 0.01  # as Dagster's tail
+
+
+def whole_lines(path: str, finished: Callable[[], bool]) -> Iterator[str]:
+    """The lines appended to `path`, each once it is whole, until `finished()` and nothing is left to read
+    (a last line the writer never ended comes out as it is)."""
+    with open(path, encoding="utf-8") as stream:
+        pending = ""
+        while True:
+            ending = finished()  # before the read: what was written before the end is read below
+            piece = stream.readline()
+            if piece:
+                pending += piece
+                if pending.endswith("\n"):
+                    yield pending
+                    pending = ""
+            elif ending:
+                if pending:
+                    yield pending
+                return
+            else:
+                time.sleep(POLL_S)
+
+
+class WholeLineMessageReader(PipesMessageReader):
+    """A local job's Pipes messages from a temp file, each line parsed once whole: Dagster's
+    `PipesTempFileMessageReader` parses a partial line of a long message, which stops its thread and loses
+    every later message (its reading thread is private, so this is built on `PipesMessageReader`)."""
+
+    @contextmanager
+    def read_messages(self, handler: PipesMessageHandler) -> Iterator[PipesParams]:
+        with tempfile.TemporaryDirectory(prefix="zero-pipes-") as folder:
+            path = os.path.join(folder, "messages.jsonl")
+            open(path, "w").close()
+            ended = threading.Event()
+            reader = threading.Thread(
+                target=self._read, args=(path, handler, ended), daemon=True, name="zero-pipes-reader"
+            )
+            reader.start()
+            try:
+                yield {
+                    PipesDefaultMessageWriter.FILE_PATH_KEY: path,
+                    PipesDefaultMessageWriter.INCLUDE_STDIO_IN_MESSAGES_KEY: False,
+                }
+            finally:
+                ended.set()
+                reader.join()
+
+    @staticmethod
+    def _read(path: str, handler: PipesMessageHandler, ended: threading.Event) -> None:
+        try:
+            for line in whole_lines(path, ended.is_set):
+                handler.handle_message(json.loads(line))
+        except Exception:
+            handler.report_pipes_framework_exception("the local jobs' Pipes message reader", sys.exc_info())
+            raise
+
+    def no_messages_debug_text(self) -> str:
+        return "Attempted to read messages from a local temporary file."

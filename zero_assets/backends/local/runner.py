@@ -1,7 +1,8 @@
 """Run job scripts on this machine with SageMaker's container contract, through Dagster Pipes.
 
 Each run of a job gets its own `/opt/ml` folder (`.../runs/<run id>/<job name>/`); on success its staged
-outputs move to their destinations, manifests last, as SageMaker uploads them when a job completes.
+outputs move to their destinations, manifests last, as SageMaker uploads them. A search runs each trial
+as the training job itself, a few at a time; a warm start does not run a draw an earlier search ran.
 """
 
 from __future__ import annotations
@@ -10,18 +11,20 @@ import errno
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from dagster import AssetExecutionContext, Failure, MetadataValue, PipesClientCompletedInvocation
 
+from training_code.lib.hashing import sha256_json
 from training_code.lib.job_env import input_uri_variable
-from training_code.lib.storage import MANIFEST_NAMES, download_prefix, is_s3, publish_folder
-from zero_assets.backends.job_cost import local_cost
+from training_code.lib.storage import MANIFEST_NAMES, download_prefix, is_s3, join, publish_folder
+from zero_assets.backends.job_cost import INSTANCE_SECONDS, local_cost
 from zero_assets.backends.job_runner import JobRunner, TuningRun, WarmedShards
 from zero_assets.backends.local.process import (
     JobExitedNonZero,
@@ -30,7 +33,6 @@ from zero_assets.backends.local.process import (
     run_with_pipes,
     start_job_process,
 )
-from zero_assets.backends.local.tuning import run_trials
 from zero_assets.backends.local.warm_state import SETS, set_channel, set_folder, warm_shard_set
 from zero_assets.core.fingerprints import UpstreamOutput
 from zero_assets.core.job_request import RUNS_FOLDER, JobRequest, Work, materialization_folder
@@ -75,17 +77,16 @@ class LocalJobRunner(JobRunner):
             f"{' '.join(self._command(request, paths[first]))}"
         )
         started = time.perf_counter()
+
+        def launch(host: str) -> tuple:  # command, environment, cwd, log and `[host] ` for a multi-host job's lines
+            environment = self._environment(layouts[host], request, paths[host], host, hosts)
+            prefix = f"[{host}] " if len(hosts) > 1 else ""
+            return self._command(request, paths[host]), environment, str(REPO_ROOT), _job_log(layouts[host]), prefix
+
         # Only the first host reports through Pipes, as on SageMaker.
-        siblings = {host: self._start_sibling(layouts[host], request, paths[host], host, hosts) for host in others}
+        siblings = {host: start_job_process(*launch(host)) for host in others}
         try:
-            invocation = run_with_pipes(
-                context,
-                self._command(request, paths[first]),
-                self._environment(layouts[first], request, paths[first], first, hosts),
-                str(REPO_ROOT),
-                _job_log(layouts[first]),
-                _line_prefix(first, hosts),
-            )
+            invocation = run_with_pipes(context, *launch(first))
             exit_codes = {host: process.wait() for host, process in siblings.items()}
         except JobExitedNonZero as error:
             raise _job_failure(request, layouts[first], first) from error
@@ -96,10 +97,7 @@ class LocalJobRunner(JobRunner):
             if code != 0:
                 raise _job_failure(request, layouts[host], host)
         wall = time.perf_counter() - started
-        for (
-            name,
-            destination,
-        ) in request.outputs.items():  # every host uploads its own files to one destination, as S3 outputs do
+        for name, destination in request.outputs.items():  # every host uploads its files to one destination
             merged = name in request.merged_outputs
             publish_output([paths[host][name] for host in hosts], destination, run_dir / "replaced", merged)
         return invocation, {
@@ -116,31 +114,40 @@ class LocalJobRunner(JobRunner):
         self, context: AssetExecutionContext, request: JobRequest, spec: TuningSpec, earlier: Mapping[str, Any] | None
     ) -> TuningRun:
         """Run each trial as a training job on this machine, `spec.max_parallel_trials` at a time."""
-        return run_trials(self.run, context, request, spec, earlier)
+        tuned = [r.name for r in spec.ranges]
+        earlier_trials = (earlier or {}).get("trials", [])
+        done = {sha256_json(t["hyperparameters"]): t for t in earlier_trials if t["objective"] is not None}
+        reused, planned = [], []
+        for n, arguments in enumerate(spec.local_trials(request.arguments)):
+            chosen = {name: arguments[name] for name in tuned}
+            if (found := done.get(sha256_json(chosen))) is not None:
+                reused.append({**found, "status": f"reused from {earlier['job']}"})
+            else:
+                planned.append(_trial_request(request, n, arguments))
+        if spec.strategy not in ("Random", "Grid"):
+            context.log.info(f"the local backend draws the {spec.strategy} search's trials at random")
+        context.log.info(
+            f"tuning: {len(planned)} trials to run, {spec.max_parallel_trials} at a time; {len(reused)} reused"
+        )
+        with ThreadPoolExecutor(spec.max_parallel_trials, thread_name_prefix="trial") as pool:
+            ran = list(
+                pool.map(lambda trial: _run_trial(self.run, context, trial, tuned, spec.objective_metric), planned)
+            )
+        trials = reused + ran
+        seconds = sum(t["seconds"] or 0.0 for t in ran)  # the trials' instance-seconds, summed
+        job = f"local-tuning-{request.fingerprint[:16]}"
+        return TuningRun(job=job, trials=trials, best=spec.best(trials), cost=local_cost(seconds, hosts=1))
 
     def run_folder(self, request: JobRequest, run_id: str) -> Path:
-        """This run's folder for the job: no other run reads or writes it."""
         return materialization_folder(self.settings.jobs_root(), request) / RUNS_FOLDER / run_id / request.job_name
-
-    def _start_sibling(
-        self, opt_ml: Path, request: JobRequest, paths: dict[str, Path], host: str, hosts: list[str]
-    ) -> subprocess.Popen:
-        return start_job_process(
-            self._command(request, paths),
-            self._environment(opt_ml, request, paths, host, hosts),
-            str(REPO_ROOT),
-            _job_log(opt_ml),
-            _line_prefix(host, hosts),
-        )
 
     def warm_location(self, shards: UpstreamOutput) -> str:
         """`<warm mount>/sets/<data version[:16]>`: the shard set's folder in the folder standing in for FSx."""
         return str(set_folder(self.settings.warm_mount(), shards.data_version))
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput, lease: str) -> WarmedShards:
-        """Warm the shard set in the folder standing in for the FSx mount, copying only what is not yet warm.
-
-        Runs in this step, so no job names `lease`."""
+        """Warm the shard set in the folder standing in for the FSx mount, copying only what is not yet warm
+        (in this step, so no job names `lease`)."""
         mount = self.settings.warm_mount()
         warmed = warm_shard_set(shards.uri, mount, key=Path(self.warm_location(shards)).name)
         context.log.info(f"{warmed.summary()} under {mount}")
@@ -217,23 +224,12 @@ class LocalJobRunner(JobRunner):
 
     def _command(self, request: JobRequest, paths: dict[str, Path]) -> list[str]:
         if request.kind == "training":
-            launcher = [
-                self.python,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc_per_node={request.processes_per_host}",
-            ]
-            return [*launcher, "-m", request.module, *request.argument_list(), *self._warm_set_arguments(request)]
-        io_arguments = [token for name, path in paths.items() for token in (f"--{name}", str(path))]
-        return [
-            self.python,
-            "-m",
-            request.module,
-            *io_arguments,
-            *request.argument_list(),
-            *self._warm_set_arguments(request),
-        ]
+            launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={request.processes_per_host}"]
+            io_arguments = []
+        else:
+            launcher, io_arguments = [], [token for name, path in paths.items() for token in (f"--{name}", str(path))]
+        arguments = [*io_arguments, *request.argument_list(), *self._warm_set_arguments(request)]
+        return [self.python, *launcher, "-m", request.module, *arguments]
 
     def _warm_set_arguments(self, request: JobRequest) -> list[str]:
         """`--training-set sets/<key>` for the job reading a warm set (see `warm_set_channel`)."""
@@ -246,10 +242,8 @@ class LocalJobRunner(JobRunner):
 
 
 def publish_output(staged: list[Path], destination: str, replaced: Path, merged: bool = False) -> None:
-    """Move the staged output folders' files to `destination`, manifests last, leaving no copy behind.
-
-    An existing local destination is moved aside to `replaced` and deleted after, unless `merged`
-    (an earlier stage's files are there to keep)."""
+    """Move the staged output folders' files to `destination`, manifests last, leaving no copy behind. An
+    existing local destination is moved aside to `replaced` and deleted after, unless `merged` (kept)."""
     if is_s3(destination):
         for folder in staged:
             publish_folder(folder, destination)
@@ -278,22 +272,18 @@ def publish_output(staged: list[Path], destination: str, replaced: Path, merged:
 
 
 def _job_failure(request: JobRequest, opt_ml: Path, host: str) -> Failure:
+    failure, log = opt_ml / "output" / "failure", _job_log(opt_ml)
+    reason = "the script exited non-zero without writing a failure reason"
+    reason = failure.read_text().strip() if failure.is_file() else reason
+    tail = "(no job log written)"
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]) if log.is_file() else tail
     return Failure(
-        description=f"job {request.job_name} failed on {host}: {_failure_reason(opt_ml)}",
+        description=f"job {request.job_name} failed on {host}: {reason}",
         metadata={
             "job_name": request.job_name,
             "host": host,
-            "log_tail": MetadataValue.md(f"```\n{_log_tail(opt_ml)}\n```"),
+            "log_tail": MetadataValue.md(f"```\n{tail}\n```"),
         },
-    )
-
-
-def _failure_reason(opt_ml: Path) -> str:
-    failure = opt_ml / "output" / "failure"
-    return (
-        failure.read_text().strip()
-        if failure.is_file()
-        else "the script exited non-zero without writing a failure reason"
     )
 
 
@@ -302,13 +292,31 @@ def _job_log(opt_ml: Path) -> Path:
     return opt_ml / "output" / "job.log"
 
 
-def _line_prefix(host: str, hosts: list[str]) -> str:
-    """`[host] ` for a multi-host job's lines in the step's stdout, else nothing."""
-    return f"[{host}] " if len(hosts) > 1 else ""
+def _trial_request(request: JobRequest, n: int, arguments: dict[str, Any]) -> JobRequest:
+    """Trial `n`: the training request with its own arguments, fingerprint (so job name and checkpoints)
+    and output, `trials/<n>` under the tuning's."""
+    fingerprint = sha256_json({"tuning": request.fingerprint, "arguments": arguments})
+    return replace(
+        request,
+        fingerprint=fingerprint,
+        arguments=arguments,
+        outputs={"out": join(request.outputs["out"], f"trials/{n:03d}")},
+    )
 
 
-def _log_tail(opt_ml: Path) -> str:
-    log = _job_log(opt_ml)
-    if not log.is_file():
-        return "(no job log written)"
-    return "\n".join(log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
+def _run_trial(run: Callable, context: AssetExecutionContext, trial: JobRequest, tuned: list[str], metric: str) -> dict:
+    chosen = {name: trial.arguments[name] for name in tuned}
+    record: dict[str, Any] = {"job": trial.job_name, "hyperparameters": chosen, "objective": None, "seconds": None}
+    try:
+        invocation, launched = run(context, trial)
+    except Failure as failure:
+        context.log.warning(f"trial {trial.job_name} ({chosen}) failed: {failure.description}")
+        return {**record, "status": "Failed"}
+    reported = invocation.get_materialize_result().metadata or {}
+    value = getattr(reported.get(metric), "value", reported.get(metric))
+    record["seconds"] = launched.get(INSTANCE_SECONDS)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        context.log.warning(f"trial {trial.job_name} reported no number {metric!r}: {value!r}")
+        return {**record, "status": f"Completed without {metric}"}
+    context.log.info(f"trial {trial.job_name} ({chosen}): {metric} {value}")
+    return {**record, "objective": float(value), "status": "Completed"}

@@ -1,15 +1,14 @@
 """Make an `arrow_shards` shard set warm in the folder standing in for FSx, copying only what is not there.
 
 Layout: `<mount>/shards/<name>` (flat, content-addressed, verdicts in `.verified/`) and `<mount>/sets/<key>/`
-(the set's manifest, its shard paths rewritten to `../../shards/<name>`). The manifest is written last,
-so a trainer that finds it finds every shard it lists whole.
+(the set's manifest, written last, its shard paths rewritten to `../../shards/<name>`).
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -46,23 +45,10 @@ class WarmResult:
 
     def as_warmed_shards(self, mount: Path) -> WarmedShards:
         """This result as the runner's `WarmedShards`, the mount among its paths (gc reads it there)."""
-        return WarmedShards(
-            location=str(self.path),
-            rows=self.rows,
-            bytes=self.bytes,
-            shards=self.shards,
-            copied=self.copied,
-            already_warm=self.already_warm,
-            copied_bytes=self.copied_bytes,
-            verified=self.verified,
-            verified_bytes=self.verified_bytes,
-            reused_verdicts=self.reused_verdicts,
-            paths={"warm_mount": str(mount)},
-            details={
-                "verified_by": "size, sha256 and row count of every shard copied or without a holding verdict",
-                "backend": "local",
-            },
-        )
+        counts = {name: value for name, value in asdict(self).items() if name != "path"}
+        verified_by = "size, sha256 and row count of every shard copied or without a holding verdict"
+        details = {"verified_by": verified_by, "backend": "local"}
+        return WarmedShards(location=str(self.path), **counts, paths={"warm_mount": str(mount)}, details=details)
 
 
 def set_folder(mount: Path, data_version: str) -> Path:
@@ -71,9 +57,8 @@ def set_folder(mount: Path, data_version: str) -> Path:
 
 
 def set_channel(uri: str, mount: Path) -> tuple[Path, str] | None:
-    """(the mount, `sets/<key>`) when `uri` is a set's folder on `mount`, else None.
-
-    The job's channel is the whole mount, so the set's `../../shards/<name>` paths stay inside it."""
+    """(the mount, `sets/<key>`) when `uri` is a set's folder on `mount`, else None: the job's channel is
+    the whole mount, so the set's `../../shards/<name>` paths stay inside it."""
     if "://" in uri:
         return None
     folder, root = Path(uri).resolve(), mount.resolve()
@@ -81,9 +66,8 @@ def set_channel(uri: str, mount: Path) -> tuple[Path, str] | None:
 
 
 def warm_shard_set(shards_uri: str, mount: Path, key: str) -> WarmResult:
-    """Warm the shard set at `shards_uri` into `mount/sets/key`, reading only shards without a holding verdict.
-
-    Raises `ShardIntegrityError` naming a lake shard that does not match the manifest (none of it is left)."""
+    """Warm the shard set at `shards_uri` into `mount/sets/key`, reading only shards without a holding verdict;
+    `ShardIntegrityError` names a lake shard that does not match the manifest (none of it is left)."""
     manifest_bytes = read_bytes(join(shards_uri, MANIFEST))
     manifest = json.loads(manifest_bytes)
     if manifest.get("format") != FORMAT:
@@ -143,9 +127,8 @@ def warm_shard(source: str, entry: dict[str, Any], dest: Path, set_manifest: Pat
 
 
 def fetch_verified(source: str, entry: dict[str, Any], dest: Path) -> None:
-    """Fetch the shard to a temporary name, verify it, rename it to `dest` and record its verdict.
-
-    On any failure nothing is left under the shard's name."""
+    """Fetch the shard to a temporary name, verify it, rename it to `dest` and record its verdict (on any
+    failure nothing is left under the shard's name)."""
     fetched = dest.parent / f".{dest.name}.{secrets.token_hex(8)}.tmp"
     try:
         fetch_file(source, fetched)
@@ -182,9 +165,7 @@ def mount_names(entries: list[dict[str, Any]], where: str) -> list[str]:
 
 
 def shard_source(shards_uri: str, path: str) -> str:
-    """Where in the lake the shard listed as `path` is, relative to the manifest's folder.
-
-    Refuses a path that leaves the asset's folder."""
+    """Where the shard listed as `path` is in the lake (relative to the manifest, never outside the asset)."""
     folder = shards_uri.rstrip("/")
     asset_folder = folder.rpartition("/")[0] if is_s3(folder) else str(Path(folder).parent)
     try:

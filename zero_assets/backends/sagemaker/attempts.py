@@ -1,11 +1,11 @@
-"""Which attempt of a materialization's SageMaker job to run: the bookkeeping beside the Pipes client.
-
-Attempts are found by deterministic name: a running one is reattached, a stopping one waited for, a
-completed one with a complete output reused; otherwise the next name is launched.
+"""Which attempt of a materialization's SageMaker job to run, found by deterministic name: a running one
+is reattached, a stopping one waited for, a completed one with a complete output reused, else the next launched.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from dagster import Failure, PipesClientCompletedInvocation
 
-from zero_assets.backends.sagemaker.names import attempt_of
+from training_code.lib.storage import list_objects, read_bytes, write_bytes_atomic
 
 if TYPE_CHECKING:
     from zero_assets.backends.sagemaker.job_api import Kind
@@ -23,6 +23,14 @@ BeforeLaunch = Callable[[dict[str, Any]], None]  # raises to refuse launching a 
 
 TERMINAL = ("Completed", "Failed", "Stopped")
 MAX_ATTEMPTS = 50
+
+
+def attempt_of(name: str) -> int:
+    """The attempt number a name from `core.job_request.job_name` ends with."""
+    found = re.search(r"-a(\d+)$", name)
+    if not found:
+        raise ValueError(f"{name!r} is not a job name from job_name(): it does not end in -a<attempt>")
+    return int(found.group(1))
 
 
 class ReportUnreadable(Exception):
@@ -40,7 +48,7 @@ class JobAttempts(ABC):
 
     @abstractmethod
     def job_status(self, kind: Kind, job: dict[str, Any]) -> str:
-        """The job's status in its description: InProgress, Completed, Failed, Stopping or Stopped."""
+        """InProgress, Completed, Failed, Stopping or Stopped."""
 
     @abstractmethod
     def run(
@@ -49,13 +57,11 @@ class JobAttempts(ABC):
         context,
         kind: Kind,
         params: dict[str, Any],
-        extras: Optional[dict[str, Any]] = None,
         before_launch: Optional[BeforeLaunch] = None,
         training_plan: Optional[TrainingPlan] = None,
     ) -> PipesClientCompletedInvocation:
-        """Launch the job `params` describe (`before_launch` may refuse it), or reattach to it, and wait.
-
-        Raises `ReportUnreadable` when a reattached job's report cannot be read."""
+        """Launch the job `params` describe (`before_launch` may refuse it), or reattach to it, and wait;
+        `ReportUnreadable` when a reattached job's report cannot be read."""
 
     def run_attempts(
         self,
@@ -68,10 +74,8 @@ class JobAttempts(ABC):
         before_launch: Optional[BeforeLaunch] = None,
         training_plan: Optional[TrainingPlan] = None,
     ) -> tuple[str, dict[str, Any], PipesClientCompletedInvocation]:
-        """Run the materialization's job: reattach, reuse, or launch the next attempt.
-
-        `before_launch` sees only attempts about to be launched. Returns the attempt's name, its
-        parameters and the invocation."""
+        """Run the materialization's job (reattach, reuse, or launch the next attempt): its name, parameters
+        and invocation. `before_launch` sees only attempts about to be launched."""
         first_attempt = 1
         while True:
             name = self.resolve_job_name(context, kind, name_for_attempt, output_ready, first_attempt)
@@ -93,9 +97,8 @@ class JobAttempts(ABC):
         output_ready: Optional[Callable[[str, dict], bool]] = None,
         first_attempt: int = 1,
     ) -> str:
-        """The first attempt name from `first_attempt` that is free, running, or `Completed` with `output_ready`.
-
-        A `Stopping` attempt is waited for, so two attempts never write one output at once."""
+        """The first attempt name from `first_attempt` that is free, running, or `Completed` with `output_ready`;
+        a `Stopping` attempt is waited for, so two attempts never write one output at once."""
         for attempt in range(first_attempt, MAX_ATTEMPTS + 1):
             name = name_for_attempt(attempt)
             job = self.describe_patiently(kind, name)
@@ -127,3 +130,37 @@ class JobAttempts(ABC):
                 context.log.info(f"[pipes] {name} has ended {self.job_status(kind, job)}")
                 return job
             time.sleep(self.poll_interval)
+
+
+# A map stage writes no manifest or marker: a later run reuses it only while every file its record lists
+# is still there with its size.
+def record_uri(s3_root: str, job_name: str) -> str:
+    return f"{s3_root}/attempts/{job_name}.json"
+
+
+def record_outputs(s3_root: str, job_name: str, outputs: dict[str, str]) -> None:
+    files = {name: {o.key: o.size for o in list_objects(uri)} for name, uri in outputs.items()}
+    empty = [name for name, listed in files.items() if not listed]
+    if empty:
+        raise RuntimeError(
+            f"SageMaker job {job_name} Completed but uploaded nothing to {[outputs[n] for n in empty]}; check its logs"
+        )
+    write_bytes_atomic(
+        record_uri(s3_root, job_name),
+        json.dumps({"job_name": job_name, "outputs": outputs, "files": files}, indent=1).encode(),
+    )
+
+
+def outputs_as_recorded(s3_root: str, job_name: str, outputs: dict[str, str]) -> bool:
+    """True when the job's record exists, names these outputs, and every file it lists is still there."""
+    try:
+        record = json.loads(read_bytes(record_uri(s3_root, job_name)))
+    except (FileNotFoundError, ValueError):
+        return False
+    if record.get("outputs") != outputs:
+        return False
+    for name, uri in outputs.items():
+        present = {o.key: o.size for o in list_objects(uri)}
+        if any(present.get(key) != size for key, size in record["files"][name].items()):
+            return False
+    return True

@@ -1,6 +1,5 @@
-"""The job scripts as SageMaker receives them, packaged once per content hash under `<s3_root>/code/<hash>/`.
-
-Training jobs get `sourcedir.tar.gz`, Processing jobs the same files under `files/`.
+"""The job scripts as SageMaker receives them, packaged once per content hash under `<s3_root>/code/<hash>/`:
+`sourcedir.tar.gz` for Training jobs, the same files under `files/` for Processing jobs.
 """
 
 from __future__ import annotations
@@ -17,19 +16,9 @@ from zero_assets.core.settings import REPO_ROOT
 
 PACKAGE_DIRS = ("training_code",)
 # What the scripts import beyond the container's Python and torch; pinned from requirements.lock.
-JOB_REQUIREMENTS = (
-    "dagster-pipes",
-    "pyarrow",
-    "duckdb",
-    "pandas",
-    "pandera",
-    "pillow",
-    "simplejpeg",
-    "faster-coco-eval",
-    "nvidia-ml-py",
-    "boto3",
-    "datasets",
-    "wandb",
+JOB_REQUIREMENTS = tuple(
+    "dagster-pipes pyarrow duckdb pandas pandera pillow simplejpeg faster-coco-eval nvidia-ml-py boto3 datasets "
+    "wandb".split()
 )
 TARBALL = "sourcedir.tar.gz"
 MARKER = "PACKAGE_COMPLETE"
@@ -66,8 +55,7 @@ def build_code_package(
     modules: tuple[str, ...] = (),
     requirements: bool = True,
 ) -> CodePackage:
-    """`package_dirs` under `root`, plus the top-level package of each of `modules`, at the archive's root.
-
+    """`package_dirs` under `root`, plus the top-level package of each of `modules`, at the archive's root;
     `requirements`: add the pinned `requirements.txt` (not needed when the images hold them)."""
     files: dict[str, bytes] = {}
     for package in package_dirs:
@@ -85,9 +73,8 @@ def build_code_package(
 
 
 def module_package_files(module: str) -> dict[str, bytes]:
-    """The Python files of `module`'s top-level package (or the module file), by archive name.
-
-    Its own requirements are not resolved: they must be in the job image or JOB_REQUIREMENTS."""
+    """The Python files of `module`'s top-level package (or the module file), by archive name (its own
+    requirements must be in the job image or JOB_REQUIREMENTS)."""
     top = module.split(".")[0]
     spec = importlib.util.find_spec(top)
     if spec is None or spec.origin is None and not spec.submodule_search_locations:

@@ -1,7 +1,6 @@
-"""`fsx_warm_state` on AWS: link the shard prefix to FSx for Lustre, import the new shards' metadata, and
-restore and verify them with a small job (training_code/warm.py); without FSx, check the set on S3 by size.
-
-"New" means not listed by the set last warmed on that file system (`_training_sets/warm-<fs-id>.json`).
+"""`fsx_warm_state` on AWS: link the shard prefix to FSx for Lustre, import the metadata of the shards the
+set last warmed there did not list, and restore and verify them with a small job (training_code/warm.py);
+without FSx, check the set on S3 by size.
 """
 
 from __future__ import annotations
@@ -12,12 +11,14 @@ from collections import defaultdict
 
 from training_code.lib.shard_format import MANIFEST
 from training_code.lib.storage import join, list_objects, read_bytes, write_bytes_atomic
-from zero_assets.backends.sagemaker.fsx import LINKED_PATH, FsxLocation, linked_s3_prefix
 from zero_assets.backends.sagemaker.training_set_channel import (
     FILE_LIST,
+    LINKED_PATH,
     TRAINING_SETS,
     ChannelShard,
     ChannelTrainingSet,
+    FsxLocation,
+    linked_s3_prefix,
 )
 from zero_assets.core.fingerprints import UpstreamOutput
 from zero_assets.core.job_request import JobRequest
@@ -25,7 +26,6 @@ from zero_assets.core.settings import ZeroSettings
 
 WARM_MODULE = "training_code.warm"
 WARM_CONFIG = {"batch_files": 64}
-
 ASSOCIATION_TIMEOUT_S = 1800
 IMPORT_TIMEOUT_S = 3 * 3600
 
@@ -117,8 +117,7 @@ def ensure_association(fsx, file_system_id: str, lake_uri: str, log) -> str:
                 if association["DataRepositoryPath"].rstrip("/") != repository.rstrip("/"):
                     raise RuntimeError(
                         f"{file_system_id}:{LINKED_PATH} is linked to {association['DataRepositoryPath']}, "
-                        f"not {repository}; "
-                        "delete that association or use another file system"
+                        f"not {repository}; delete that association or use another file system"
                     )
                 return _wait_available(fsx, association["AssociationId"], log)
     created = fsx.create_data_repository_association(**association_params(file_system_id, lake_uri))["Association"]
@@ -172,8 +171,7 @@ def _import_batch(fsx, file_system_id: str, paths: list[str], log) -> str:
 
 
 def warm_job_request(shards: UpstreamOutput, location: FsxLocation, settings: ZeroSettings, lease: str) -> JobRequest:
-    """The job that restores and verifies a shard set on the file system, reusing recorded verdicts.
-
+    """The job that restores and verifies a shard set on the file system, reusing recorded verdicts;
     `lease`: the fsx_warm_state step's, as its output is the set on the file system."""
     from zero_assets.core.job_request import build_job_request
 

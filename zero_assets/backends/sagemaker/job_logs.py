@@ -1,22 +1,40 @@
-"""Tail every CloudWatch log stream of a SageMaker job, to the step's stdout, keeping the last lines.
+"""Tail every CloudWatch log stream of a SageMaker job to the step's stdout, keeping the last lines.
 
-A throttled CloudWatch never ends the tail: it backs off and resumes each stream where it was. Not
-dagster-aws's `PipesCloudWatchLogReader`, which follows one named stream and gives up when throttled.
+Unlike dagster-aws's `PipesCloudWatchLogReader` (one stream, gives up when throttled), a throttled read
+backs off and each stream resumes where it was.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
-from typing import IO, Optional
+from typing import IO, Optional, TypeVar
 
-from training_code.lib.aws_clients import Backoff
-from zero_assets.backends.sagemaker.guarded_read import guarded_read
+from training_code.lib.aws_clients import Backoff, is_retryable
 
+T = TypeVar("T")
+log = logging.getLogger("zero.sagemaker")
 PIPES_MESSAGE_MARK = '"__dagster_pipes_version"'  # a Pipes message, read by the message reader, not a log line
+
+
+def guarded_read(backoff: Backoff, read: Callable[[], T], when_refused: T, where: str) -> T:
+    """One read of a poll loop that never gives up: `when_refused` while backing off or after a transient
+    error (logged, growing the back-off); any other error is raised."""
+    if not backoff.ready():
+        return when_refused
+    try:
+        found = read()
+    except Exception as error:  # noqa: BLE001 - transient ones back off, the rest are raised
+        if not is_retryable(error):
+            raise
+        log.warning("%s: %s; next read in %.0fs", where, error, backoff.failed())
+        return when_refused
+    backoff.succeeded()
+    return found
 
 
 class JobLogTail:
@@ -96,9 +114,8 @@ class JobLogTail:
         return self.poll()
 
     def forward(self, log, lines: Iterable[tuple[str, str]], target: Optional[IO[str]] = None) -> None:
-        """Write the job's lines to `target`, and log one event per new host saying where its lines are.
-
-        Not one Dagster event per line: that would flood the event log over days of training."""
+        """Write the job's lines to `target`, and log one event per new host (not per line: that would flood the
+        event log over days of training) saying where its lines are."""
         for host in self.hosts[self._announced :]:
             log.info(
                 f"[pipes] {self._job_name}: host {host}'s log (CloudWatch stream {self._job_name}/{host}) "
@@ -110,7 +127,7 @@ class JobLogTail:
 
 def write_lines(lines: Iterable[tuple[str, str]], target: Optional[IO[str]] = None) -> int:
     """Write (host, line) pairs to `target` (default: the current stdout, Dagster's step capture), each
-    after `[host] `. Returns how many lines were written."""
+    after `[host] `; how many were written."""
     stream = target or sys.stdout
     written = 0
     for host, line in lines:

@@ -1,7 +1,5 @@
-"""Turn a `JobRequest` into the exact CreateTrainingJob / CreateProcessingJob parameters.
-
-Pure (no AWS calls), so `render-jobs` writes what the runner sends; SageMaker's limits are checked
-here, naming the entry at fault.
+"""Turn a `JobRequest` into the exact CreateTrainingJob / CreateProcessingJob parameters: pure (no AWS calls),
+so `render-jobs` writes what the runner sends; SageMaker's limits are checked here, naming the entry at fault.
 """
 
 from __future__ import annotations
@@ -12,8 +10,7 @@ from typing import Any, Optional
 from training_code.lib.job_env import input_uri_variable
 from training_code.lib.wandb_run import SECRET_ARN_VARIABLE
 from zero_assets.backends.sagemaker.code_package import CodePackage
-from zero_assets.backends.sagemaker.fsx import is_fsx, parse_fsx_uri, s3_behind_fsx
-from zero_assets.backends.sagemaker.job_tags import job_tags
+from zero_assets.backends.sagemaker.job_api import job_tags
 from zero_assets.backends.sagemaker.settings import (
     REHEARSAL_ASSET,
     TRAINING_ASSET,
@@ -22,7 +19,13 @@ from zero_assets.backends.sagemaker.settings import (
     compute_variable,
 )
 from zero_assets.backends.sagemaker.training_plan import TrainingPlan, bounded_runtime, plan_name, utc_now
-from zero_assets.backends.sagemaker.training_set_channel import FILE_LIST, split_training_set
+from zero_assets.backends.sagemaker.training_set_channel import (
+    FILE_LIST,
+    is_fsx,
+    parse_fsx_uri,
+    s3_behind_fsx,
+    split_training_set,
+)
 from zero_assets.backends.sagemaker.work_sizing import request_instance_type, request_volume_gb
 from zero_assets.core.job_request import JobRequest
 
@@ -49,9 +52,8 @@ def build_job_params(
     training_plan: Optional[TrainingPlan] = None,
     now: Optional[datetime] = None,
 ) -> tuple[str, dict[str, Any]]:
-    """(operation, parameters) for one job; `environment` holds the Pipes bootstrap variables.
-
-    With `training_plan`, MaxRuntimeInSeconds is bounded by the plan's end for a job submitted at `now`."""
+    """(operation, parameters) for one job; `environment` holds the Pipes bootstrap variables. With
+    `training_plan`, MaxRuntimeInSeconds is bounded by the plan's end for a job submitted at `now`."""
     lake = lake_uri or settings.lake_uri()
     if request.kind == "training":
         params = _training_params(request, settings, job_name, code, environment)
@@ -119,13 +121,14 @@ def _training_params(
         "AlgorithmSpecification": {"TrainingImage": settings.training_image_uri, "TrainingInputMode": input_mode},
         "HyperParameters": hyperparameters,
         "OutputDataConfig": _with_kms({"S3OutputPath": training_output_path(settings)}, settings),
-        "ResourceConfig": _with_volume_kms(
+        "ResourceConfig": _with_kms(
             {
                 "InstanceType": compute.instance_type,
                 "InstanceCount": compute.instance_count,
                 "VolumeSizeInGB": compute.volume_size_gb,
             },
             settings,
+            "VolumeKmsKeyId",
         ),
         "StoppingCondition": {"MaxRuntimeInSeconds": compute.max_runtime_s},
         # A prefix, so another fingerprint's folder is never synced down.
@@ -210,8 +213,6 @@ def _processing_params(
     request: JobRequest, settings: SageMakerSettings, job_name: str, code: CodePackage, env: dict, lake: str
 ) -> dict:
     compute = settings.compute(request.asset)
-    # A planned job carries its instance count (see job_request.spread_over).
-    instances = request.instance_count
     if compute.instance_count > 1 and request.reads is None:
         # Every instance would process the whole input and upload to the same output prefix.
         raise ValueError(
@@ -260,13 +261,14 @@ def _processing_params(
         "ProcessingInputs": inputs,
         "ProcessingOutputConfig": _with_kms({"Outputs": outputs}, settings),
         "ProcessingResources": {
-            "ClusterConfig": _with_volume_kms(
+            "ClusterConfig": _with_kms(
                 {
-                    "InstanceCount": instances,
+                    "InstanceCount": request.instance_count,  # planned (see job_request.spread_over)
                     "InstanceType": request_instance_type(request, compute),
                     "VolumeSizeInGB": request_volume_gb(request, compute),
                 },
                 settings,
+                "VolumeKmsKeyId",
             )
         },
         "StoppingCondition": {"MaxRuntimeInSeconds": compute.max_runtime_s},
@@ -331,9 +333,5 @@ def _require_s3(name: str, uri: str) -> None:
         )
 
 
-def _with_kms(config: dict, settings: SageMakerSettings) -> dict:
-    return {**config, "KmsKeyId": settings.kms_key_id} if settings.kms_key_id else config
-
-
-def _with_volume_kms(config: dict, settings: SageMakerSettings) -> dict:
-    return {**config, "VolumeKmsKeyId": settings.kms_key_id} if settings.kms_key_id else config
+def _with_kms(config: dict, settings: SageMakerSettings, key: str = "KmsKeyId") -> dict:
+    return {**config, key: settings.kms_key_id} if settings.kms_key_id else config

@@ -1,8 +1,7 @@
 """`PipesSageMakerClient`: SageMaker Training and Processing jobs as Dagster Pipes invocations.
 
-Shaped like dagster-aws's ECS and Glue clients, plus: reattaching by deterministic job name, `Stopped`
-as a failure, and failures carrying FailureReason and the last log lines. Transient AWS errors while
-waiting are waited out, never taken for the job's end.
+Shaped like dagster-aws's ECS and Glue clients, plus: reattaching by deterministic job name, `Stopped` as a
+failure, failures carrying FailureReason and the last log lines, and transient AWS errors waited out.
 """
 
 from __future__ import annotations
@@ -17,19 +16,15 @@ from dagster import (
     MetadataValue,
     PipesClient,
     PipesClientCompletedInvocation,
-    PipesContextInjector,
-    PipesMessageReader,
     open_pipes_session,
 )
 from dagster._core.definitions.resource_annotation import TreatAsResourceParam  # not exported by dagster
 from dagster_aws.pipes import PipesCloudWatchMessageReader
 
 from training_code.lib.aws_clients import Backoff, endpoint_of, is_retryable, retry_call
-from training_code.lib.aws_clients import client as aws_client
-from training_code.lib.storage import s3_client as storage_s3_client
 from zero_assets.backends.job_cost import job_cost, price_table
 from zero_assets.backends.sagemaker.attempts import TERMINAL, BeforeLaunch, JobAttempts, ReportUnreadable
-from zero_assets.backends.sagemaker.job_api import API, REATTACHABLE, Kind, failure_description
+from zero_assets.backends.sagemaker.job_api import API, REATTACHABLE, Kind, failure_description, stop_job
 from zero_assets.backends.sagemaker.job_logs import JobLogTail
 from zero_assets.backends.sagemaker.job_params import check_environment
 from zero_assets.backends.sagemaker.pipes_io import (
@@ -39,32 +34,22 @@ from zero_assets.backends.sagemaker.pipes_io import (
     message_reader_for,
     report_message_stream,
 )
-from zero_assets.backends.sagemaker.running_jobs import stop_job
 from zero_assets.backends.sagemaker.training_plan import PendingWait, TrainingPlan, plan_metadata
 
 
 class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
     """A Pipes client for SageMaker Training and Processing jobs.
 
-    Args:
-        client: boto3 SageMaker client. logs_client: boto3 CloudWatch Logs client (job logs, messages).
-        s3_client: boto3 S3 client for the default context injector and message reader.
-        pipes_uri: `s3://bucket/prefix` for contexts and messages, keyed by job name (the default
-            injector and reader; required unless both are given).
-        messages: where the default reader reads: "s3" (reattach-safe) or "cloudwatch".
-        forward_termination: stop the job when the Dagster run is terminated.
-        log_target: where the job's CloudWatch lines go, each after `[host] ` (default: stdout, the
-            step's captured stdout). Status changes stay Dagster events.
-    """
+    `pipes_uri`: `s3://bucket/prefix` for contexts and messages, keyed by job name; `messages`: where the
+    reader reads, "s3" (reattach-safe) or "cloudwatch"; `log_target`: where the job's CloudWatch lines go,
+    each after `[host] ` (default: the step's stdout)."""
 
     def __init__(
         self,
-        client=None,
-        logs_client=None,
-        s3_client=None,
-        context_injector: Optional[PipesContextInjector] = None,
-        message_reader: Optional[PipesMessageReader] = None,
-        pipes_uri: Optional[str] = None,
+        client,
+        logs_client,
+        s3_client,
+        pipes_uri: str,
         messages: Literal["s3", "cloudwatch"] = "s3",
         forward_termination: bool = True,
         poll_interval: float = 15.0,
@@ -72,16 +57,7 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
         log_tail_lines: int = 30,
         log_target: Optional[IO[str]] = None,
     ):
-        self._client = client or aws_client("sagemaker")
-        self._logs = logs_client or aws_client("logs")
-        self._s3 = s3_client or storage_s3_client()  # honours ZERO_S3_ENDPOINT_URL
-        self._context_injector = context_injector
-        self._message_reader = message_reader
-        if pipes_uri is None and (context_injector is None or message_reader is None):
-            raise ValueError(
-                "PipesSageMakerClient needs pipes_uri (s3://bucket/prefix) "
-                "unless both context_injector and message_reader are given"
-            )
+        self._client, self._logs, self._s3 = client, logs_client, s3_client
         self._pipes_uri = pipes_uri
         self._messages = messages
         self.forward_termination = forward_termination
@@ -126,13 +102,11 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
         context,
         kind: Kind,
         params: dict[str, Any],
-        extras: Optional[dict[str, Any]] = None,
         before_launch: Optional[BeforeLaunch] = None,
         training_plan: Optional[TrainingPlan] = None,
     ) -> PipesClientCompletedInvocation:
-        """Launch the job `params` describe (Create*Job parameters), or reattach to it, and wait.
-
-        `before_launch(params)` may refuse a launch (not a reattach) by raising."""
+        """Launch the job `params` describe, or reattach to it, and wait; `before_launch(params)` may refuse a
+        launch (not a reattach) by raising."""
         api = API[kind]
         name = params[api.name_key]
         existing = self.describe_patiently(kind, name)
@@ -145,9 +119,7 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
             before_launch(params)
         injector, reader = self._pipes_io(name)
         logs = JobLogTail(self._logs, api.log_group, name, keep_lines=self.log_tail_lines)
-        with open_pipes_session(
-            context=context, message_reader=reader, context_injector=injector, extras=extras
-        ) as session:
+        with open_pipes_session(context=context, message_reader=reader, context_injector=injector) as session:
             if existing is None:
                 environment = {**params.get("Environment", {}), **session.get_bootstrap_env_vars()}
                 check_environment(environment, kind)
@@ -209,10 +181,8 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
         context.log.info(f"[pipes] launched SageMaker {kind} job {name}")
 
     def _pipes_io(self, job_name: str):
-        injector = self._context_injector or JobKeyedS3ContextInjector(
-            pipes_uri=self._pipes_uri, job_name=job_name, client=self._s3
-        )
-        reader = self._message_reader or message_reader_for(
+        injector = JobKeyedS3ContextInjector(pipes_uri=self._pipes_uri, job_name=job_name, client=self._s3)
+        reader = message_reader_for(
             self._messages,
             pipes_uri=self._pipes_uri,
             job_name=job_name,

@@ -1,7 +1,5 @@
-"""Pipes context and message locations on S3, keyed by the job name so a reattaching run finds them.
-
-The context goes to S3 because SageMaker caps environment values (512/256 characters). Both readers
-back off on refused reads and resume where they were, so no message is lost.
+"""Pipes context and message locations on S3, keyed by the job name so a reattaching run finds them (the
+context goes to S3: SageMaker caps environment values). Both readers back off on refused reads and resume.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from dagster_pipes import PipesBlobStoreMessageWriter, PipesDefaultMessageWriter
 
 from training_code.lib.aws_clients import Backoff, endpoint_of, retry_call
 from training_code.lib.storage import split_s3
-from zero_assets.backends.sagemaker.guarded_read import guarded_read
+from zero_assets.backends.sagemaker.job_logs import guarded_read
 
 REPORT_GRACE_S = 5.0  # after the job ends: how long past a reader's last refused read to wait for the report
 REPORT_WAIT_S = 600.0  # and how long at most, while the message store keeps refusing reads
@@ -119,9 +117,7 @@ def await_report(log, session, reader, name: str, poll_interval: float) -> None:
 
 
 def report_message_stream(logs, session, log_group: str) -> bool:
-    """Point the CloudWatch reader at the first host's stream (rank 0 writes messages) once it exists.
-
-    Returns whether it did."""
+    """Point the CloudWatch reader at the first host's stream (rank 0 writes messages) if it exists; whether it did."""
     streams = logs.streams()
     if not streams:
         return False

@@ -1,7 +1,5 @@
-"""Preflight on AWS, in seconds: may the job role do what the jobs do, and does the FSx association cover
-the lake's shards. Each answers a `preflight.Finding`.
-
-The role check simulates its policies, which needs `iam:SimulatePrincipalPolicy` on the role.
+"""Preflight on AWS, in seconds: may the job role do what the jobs do (simulating its policies, which needs
+`iam:SimulatePrincipalPolicy`), and does the FSx association cover the lake's shards.
 """
 
 from __future__ import annotations
@@ -23,8 +21,9 @@ from zero_assets.backends.preflight import (
     wandb_key_finding,
     writable_prefix,
 )
-from zero_assets.backends.sagemaker.fsx import LINKED_PATH, linked_s3_prefix
+from zero_assets.backends.sagemaker.job_api import paged
 from zero_assets.backends.sagemaker.settings import SageMakerSettings
+from zero_assets.backends.sagemaker.training_set_channel import LINKED_PATH, linked_s3_prefix
 from zero_assets.core.settings import ZeroSettings
 
 ECR_IMAGE = re.compile(
@@ -47,8 +46,8 @@ ALLOWED = "allowed"
 
 
 def sagemaker_preflight(aws: SageMakerSettings, settings: ZeroSettings, tracking: Mapping[str, Any]) -> list[Finding]:
-    """The checkpoint prefixes writable by this process, the job role allowed what the jobs do, the FSx
-    association (with FSx) and, tracking online, the W&B key in ZERO_SM_WANDB_SECRET_ARN's secret."""
+    """The checkpoint prefixes writable, the job role allowed what the jobs do, the FSx association (with
+    FSx) and, tracking online, the W&B key in ZERO_SM_WANDB_SECRET_ARN's secret."""
     # One level above SageMaker's per-fingerprint CheckpointConfig prefix.
     prefixes = [(asset, aws.checkpoint_uri(asset, "0" * 16).rsplit("/", 1)[0]) for asset in TRAINING_ASSETS]
     findings = [writable_prefix(prefix, f"{asset} checkpoints") for asset, prefix in prefixes]
@@ -62,7 +61,7 @@ def sagemaker_preflight(aws: SageMakerSettings, settings: ZeroSettings, tracking
 
 
 def secret_wandb_login(aws: SageMakerSettings, base_url: str) -> WandbLogin:
-    """The login the jobs make: with the key in ZERO_SM_WANDB_SECRET_ARN's secret."""
+    """The login the jobs make, with the key in ZERO_SM_WANDB_SECRET_ARN's secret."""
     if not aws.wandb_secret_arn:
         return WandbLogin(base_url, None, "ZERO_SM_WANDB_SECRET_ARN is not set")
     source = f"secret {aws.wandb_secret_arn}"
@@ -149,7 +148,8 @@ def association_finding(fsx, file_system_id: str, lake_uri: str) -> Finding:
     check = "FSx association"
     repository = linked_s3_prefix(lake_uri)
     try:
-        associations = _associations(fsx, file_system_id)
+        filters = [{"Name": "file-system-id", "Values": [file_system_id]}]
+        associations = paged(fsx.describe_data_repository_associations, "Associations", Filters=filters)
     except (ClientError, BotoCoreError) as error:
         return Finding(check, False, f"cannot list the associations of {file_system_id} ({error_text(error)})")
     linked = [a for a in associations if a.get("FileSystemPath") == LINKED_PATH]
@@ -196,19 +196,6 @@ def _simulated(iam, role_arn: str, actions: list[str], resource: str) -> list[di
         if not page.get("IsTruncated"):
             return results
         marker = page["Marker"]
-
-
-def _associations(fsx, file_system_id: str) -> list[dict]:
-    found: list[dict] = []
-    token = None
-    while True:
-        page = fsx.describe_data_repository_associations(
-            Filters=[{"Name": "file-system-id", "Values": [file_system_id]}], **({"NextToken": token} if token else {})
-        )
-        found += page["Associations"]
-        token = page.get("NextToken")
-        if not token:
-            return found
 
 
 def _arn_part(arn: str, index: int) -> str:

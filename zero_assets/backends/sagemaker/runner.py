@@ -20,8 +20,8 @@ from training_code.lib.storage import exists, fetch_file, join, publish_folder
 from zero_assets.backends.job_cost import JobUsage, cost_metadata, price_table
 from zero_assets.backends.job_runner import JobRunner, TuningRun, WarmedShards
 from zero_assets.backends.preflight import Finding
-from zero_assets.backends.sagemaker.code_package import CodePackage, build_code_package, upload_code_package
-from zero_assets.backends.sagemaker.fsx import shards_on_fsx
+from zero_assets.backends.sagemaker.attempts import outputs_as_recorded, record_outputs
+from zero_assets.backends.sagemaker.code_package import build_code_package, upload_code_package
 from zero_assets.backends.sagemaker.fsx_warm import (
     counted_on_s3,
     ensure_association,
@@ -30,14 +30,16 @@ from zero_assets.backends.sagemaker.fsx_warm import (
     record_warmed_set,
     warm_job_request,
 )
+from zero_assets.backends.sagemaker.job_api import stop_orphaned
 from zero_assets.backends.sagemaker.job_params import build_job_params, model_artifact_uri
-from zero_assets.backends.sagemaker.names import job_name
 from zero_assets.backends.sagemaker.pipes_client import PipesSageMakerClient
 from zero_assets.backends.sagemaker.preflight import sagemaker_preflight
-from zero_assets.backends.sagemaker.profiles import profile_from_env
-from zero_assets.backends.sagemaker.running_jobs import stop_orphaned
-from zero_assets.backends.sagemaker.settings import TRAINING_ASSET, SageMakerSettings, compute_variable
-from zero_assets.backends.sagemaker.stage_outputs import outputs_as_recorded, record_outputs
+from zero_assets.backends.sagemaker.settings import (
+    TRAINING_ASSET,
+    SageMakerSettings,
+    compute_variable,
+    profile_from_env,
+)
 from zero_assets.backends.sagemaker.training_plan import (
     TrainingPlan,
     launch_problems,
@@ -45,11 +47,15 @@ from zero_assets.backends.sagemaker.training_plan import (
     read_training_plan,
     utc_now,
 )
-from zero_assets.backends.sagemaker.training_set_channel import channel_training_set, write_channel_training_set
-from zero_assets.backends.sagemaker.tuning import build_tuning_params, run_tuning, tuning_job_name
+from zero_assets.backends.sagemaker.training_set_channel import (
+    channel_training_set,
+    shards_on_fsx,
+    write_channel_training_set,
+)
+from zero_assets.backends.sagemaker.tuning import run_tuning, tuning_params
 from zero_assets.backends.sagemaker.work_sizing import instances_for, read_list_uri
 from zero_assets.core.fingerprints import UpstreamOutput
-from zero_assets.core.job_request import JobRequest, Work
+from zero_assets.core.job_request import JobRequest, Work, job_name
 from zero_assets.core.output_marker import output_is_complete
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.core.tuning import TuningSpec
@@ -149,24 +155,14 @@ class SageMakerJobRunner(JobRunner):
         clients = self.clients()
         package = build_code_package(modules=(request.module,), requirements=not self.aws.images_hold_requirements)
         upload_code_package(package, self.aws.s3_root(), clients.s3)
-        params = self.tuning_params(request, spec, package, (earlier or {}).get("job"))
+        parent = (earlier or {}).get("job")
+        params = tuning_params(request, self.aws, self.settings.lake_uri, spec, package, parent)
         found = run_tuning(context, clients.sagemaker, params, spec, self.aws.poll_interval_s)
         seconds = sum(t["seconds"] or 0.0 for t in found["trials"])
         resources = params["TrainingJobDefinition"]["ResourceConfig"]
         usage = JobUsage(resources["InstanceType"], resources["InstanceCount"], seconds, seconds)
         cost = cost_metadata(usage, self.aws.region, price_table())
         return TuningRun(job=found["job"], trials=found["trials"], best=found["best"], cost=cost)
-
-    def tuning_params(
-        self, request: JobRequest, spec: TuningSpec, package: CodePackage, parent: str | None
-    ) -> dict[str, Any]:
-        """The CreateHyperParameterTuningJob request of `request`'s search."""
-        name = tuning_job_name(request.fingerprint)
-        _, training = build_job_params(
-            request, self.aws, job_name=name, code=package, environment={}, lake_uri=self.settings.lake_uri
-        )
-        training.pop("CheckpointConfig")  # shared by every trial, each would resume another's checkpoint
-        return build_tuning_params(training, spec, name, parent)
 
     def environment(self) -> dict[str, str]:
         images = {"training_image": self.aws.training_image_uri, "processing_image": self.aws.processing_image_uri}
@@ -188,13 +184,11 @@ class SageMakerJobRunner(JobRunner):
         return stop_orphaned(sagemaker, orphaned_since, self.aws.orphaned_job_grace_s, holder, log)
 
     def training_plan(self, asset: str = TRAINING_ASSET, clients: AwsClients | None = None) -> TrainingPlan | None:
-        """The Training Plan `asset`'s compute names, described now; None when none is named."""
         arn = self.aws.compute(asset).training_plan_arn
         if not arn:
             return None
-        return read_training_plan(
-            (clients or self.clients()).sagemaker, arn, compute_variable(asset, "training_plan_arn")
-        )
+        variable = compute_variable(asset, "training_plan_arn")
+        return read_training_plan((clients or self.clients()).sagemaker, arn, variable)
 
     def refuse_unless_plan_fits(self, asset: str, plan: TrainingPlan, params: dict[str, Any]) -> None:
         """Raise a non-retryable `Failure` naming each field of `params` that does not fit `plan`."""
@@ -215,7 +209,6 @@ class SageMakerJobRunner(JobRunner):
         return all(output_is_complete(uri, request.fingerprint) for uri in request.outputs.values())
 
     def instance_count(self, request: JobRequest, work: Work) -> int:
-        """From the work and the asset's compute; fails before launch when it cannot fit."""
         return instances_for(request.asset, self.aws.compute(request.asset), work)
 
     def read_list_uri(self, request: JobRequest) -> str:
@@ -229,9 +222,7 @@ class SageMakerJobRunner(JobRunner):
         return shards_on_fsx(warm_uri, self.settings.lake_uri, self.aws.fsx_file_system_id, self.aws.fsx_mount_name).uri
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput, lease: str) -> WarmedShards:
-        """Lay the set out under the shard root, then warm and verify it on FSx, or verify it on S3 without FSx.
-
-        No shard is copied."""
+        """Lay the set out under the shard root (no shard copied), then warm and verify it on FSx, or on S3."""
         channel, listed = write_channel_training_set(shards.uri, self.settings.lake_uri, shards.data_version)
         base = {"backend": "sagemaker", "training_set_folder": channel.folder}
         if not self.aws.fsx_enabled():
@@ -251,7 +242,7 @@ class SageMakerJobRunner(JobRunner):
         fsx = self.clients().fsx
         association = ensure_association(fsx, fs_id, lake, context.log)
         new = new_to_file_system(channel, listed, fs_id)
-        # Only what the file system does not list yet.
+        # Import only what the file system does not list yet.
         paths = [location.path] + [shards_on_fsx(join(channel.root, key), lake, fs_id, mount).path for key in new]
         import_tasks = import_metadata(fsx, fs_id, paths, context.log)
         request = warm_job_request(shards, location, self.settings, lease)

@@ -1,37 +1,20 @@
-"""Where and how SageMaker jobs run: account, images, compute per job, network, encryption, tags.
-
-`sagemaker_settings_from_env` binds each field to its `ZERO_SM_*` variable; no credentials (boto3 finds those).
+"""Where and how SageMaker jobs run (account, images, compute per job, network, encryption, tags), and
+the run profiles (`ZERO_PROFILE`). Each field binds to its `ZERO_SM_*` variable; no credentials (boto3 finds them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from dagster import Config, ConfigurableResource
 
 from zero_assets.core.settings import SAGEMAKER_VARIABLES, env_bindings, zero_env
 
-# Assets whose materialization launches a SageMaker job, in graph order, then the rehearsal's two jobs.
-JOB_ASSETS = (
-    "validated_images",
-    "training_set",
-    "arrow_shards",
-    "fsx_warm_state",
-    "trained_checkpoint",
-    "map_report",
-    "tuned_hyperparameters",
-    "training_rehearsal",
-    "rehearsal_evaluation",
-)
-
 
 class JobCompute(Config):
-    """Instances of one job.
-
-    A job with a read list spreads by `images_per_instance`/`bytes_per_instance` within
-    `instance_count`..`max_instance_count`; a table scan is sized by `memory_bytes_per_row` within
-    `instance_type`'s family (see `work_sizing`); other jobs run on `instance_count`."""
+    """Instances of one job: a read list spreads it by `images_per_instance`/`bytes_per_instance` within
+    `instance_count`..`max_instance_count`, a table scan by `memory_bytes_per_row` (see `work_sizing`)."""
 
     instance_type: str
     instance_count: int = 1
@@ -68,6 +51,8 @@ DEFAULT_COMPUTE = {
     ),
     "rehearsal_evaluation": JobCompute(instance_type="ml.g4dn.xlarge", volume_size_gb=50, max_runtime_s=3600),
 }
+# Assets whose materialization launches a SageMaker job, in graph order, then the rehearsal's two jobs.
+JOB_ASSETS = tuple(DEFAULT_COMPUTE)
 
 
 DEFAULT_PREFIX = "zero"
@@ -86,13 +71,7 @@ WHOLE_NUMBERS = (
     "memory_bytes_per_row",
     "volume_size_gb",
 )
-# Whole-second settings: field -> (variable, least value).
-WHOLE_SECONDS = {
-    "plan_checkpoint_margin_s": ("ZERO_SM_PLAN_CHECKPOINT_MARGIN_S", 0),
-    "plan_min_time_left_s": ("ZERO_SM_PLAN_MIN_TIME_LEFT_S", 0),
-    "warm_pool_keep_alive_s": ("ZERO_SM_WARM_POOL_KEEP_ALIVE_S", 0),
-    "orphaned_job_grace_s": ("ZERO_SM_ORPHANED_JOB_GRACE_S", 0),
-}
+WHOLE_SECONDS = ("plan_checkpoint_margin_s", "plan_min_time_left_s", "warm_pool_keep_alive_s", "orphaned_job_grace_s")
 
 
 def bucket_root(bucket: str, prefix: str) -> str:
@@ -178,9 +157,7 @@ REQUIRED = ("region", "role_arn", "bucket", "training_image_uri", "processing_im
 
 
 def sagemaker_settings_from_env(environ: Optional[Mapping[str, str]] = None, **overrides) -> SageMakerSettings:
-    """Settings from `ZERO_SM_*` (with `environ`, its values); fails naming every missing required variable.
-
-    Lists are comma-separated, tags `key=value,...`."""
+    """Settings from `ZERO_SM_*` (with `environ`, its values); fails naming every missing required variable."""
     missing = [
         SAGEMAKER_VARIABLES[f] for f in REQUIRED if not zero_env(SAGEMAKER_VARIABLES[f], environ) and f not in overrides
     ]
@@ -208,9 +185,12 @@ def _parsed_fields(environ: Optional[Mapping[str, str]]) -> dict:
         fields["use_spot"] = env("ZERO_SM_USE_SPOT").lower() in ("1", "true", "yes")
     if env("ZERO_SM_POLL_INTERVAL_S"):
         fields["poll_interval_s"] = _seconds("ZERO_SM_POLL_INTERVAL_S", env("ZERO_SM_POLL_INTERVAL_S"))
-    for field, (var, least) in WHOLE_SECONDS.items():
+    for field in WHOLE_SECONDS:
+        var = f"ZERO_SM_{field.upper()}"
         if env(var):
-            fields[field] = _whole_seconds(var, env(var), least)
+            if not env(var).isdigit():
+                raise ValueError(f"{var}={env(var)!r} is not a whole number of seconds (0 or more)")
+            fields[field] = int(env(var))
     for field, var in (("infra_check", "ZERO_SM_INFRA_CHECK"), ("images_hold_requirements", IMAGES_VARIABLE)):
         if env(var):
             fields[field] = _flag(var, env(var))
@@ -243,12 +223,6 @@ def compute_variable(asset: str, field: str) -> str:
     return f"ZERO_SM_{asset.upper()}_{field.upper()}"
 
 
-def _whole_seconds(var: str, value: str, least: int) -> int:
-    if not value.isdigit() or int(value) < least:
-        raise ValueError(f"{var}={value!r} is not a whole number of seconds ({least} or more)")
-    return int(value)
-
-
 def _flag(var: str, value: str) -> bool:
     if value.lower() not in ("1", "true", "yes", "0", "false", "no"):
         raise ValueError(f"{var}={value!r} is not true or false")
@@ -263,3 +237,30 @@ def _seconds(var: str, value: str) -> float:
     if not seconds > 0:
         raise ValueError(f"{var}={value!r} is not a number of seconds above 0")
     return seconds
+
+
+PROFILES = ("production", "rehearsal")  # rehearsal: the graph on AWS cheaply, on a sample and small instances
+REHEARSAL_SAMPLE_IMAGES = 2000
+REHEARSAL_COMPUTE = {
+    "validated_images": JobCompute(
+        instance_type="ml.m5.xlarge", instance_count=2, volume_size_gb=50, max_runtime_s=2 * 3600
+    ),
+    "arrow_shards": JobCompute(instance_type="ml.m5.xlarge", volume_size_gb=50, max_runtime_s=2 * 3600),
+    "fsx_warm_state": JobCompute(instance_type="ml.m5.large", volume_size_gb=30, max_runtime_s=3600),
+    # The rehearsal asset's own compute (training_rehearsal), so both rehearsals train on the same instances.
+    "trained_checkpoint": DEFAULT_COMPUTE["training_rehearsal"],
+    "map_report": DEFAULT_COMPUTE["rehearsal_evaluation"],
+}
+
+
+def profile_from_env(environ: Mapping[str, str] | None = None) -> str:
+    profile = zero_env("ZERO_PROFILE", environ) or "production"
+    if profile not in PROFILES:
+        raise ValueError(f"ZERO_PROFILE={profile!r} is not a profile; use one of {PROFILES}")
+    return profile
+
+
+def profile_fields(profile: str) -> dict[str, Any]:
+    """The `SageMakerSettings` fields a profile sets, for the constructor (Dagster rebuilds a resource from
+    its constructor fields, dropping a `model_copy(update=...)`). No spot for a short, cheap rehearsal."""
+    return {**REHEARSAL_COMPUTE, "use_spot": False} if profile == "rehearsal" else {}

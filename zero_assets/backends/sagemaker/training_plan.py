@@ -1,8 +1,5 @@
 """A SageMaker Training Plan as the graph reads it: its window, reserved capacity and upfront fee, and
-whether a training request may launch on it.
-
-`plan_problems` says why a request must not launch; `bounded_runtime` stops a job, checkpointed,
-before the reservation ends.
+whether a training request may launch on it (`plan_problems`) and for how long (`bounded_runtime`).
 """
 
 from __future__ import annotations
@@ -71,26 +68,18 @@ class TrainingPlan:
     def window(self) -> str:
         return f"{_when(self.start)} to {_when(self.end)}"
 
-    def usable_from(self, now: datetime) -> Optional[datetime]:
-        """When a job submitted at `now` can start: now on an active plan, else the plan's start."""
-        return None if self.start is None else max(now, self.start)
-
     def seconds_left(self, now: datetime) -> Optional[float]:
-        """Seconds of the reservation a job submitted at `now` can use (None: no window yet)."""
-        begin = self.usable_from(now)
-        return None if begin is None or self.end is None else (self.end - begin).total_seconds()
-
-    def reserved_instance_hours(self) -> Optional[float]:
+        """Seconds of the reservation a job submitted at `now` can use, from when it can start (None: no window)."""
         if self.start is None or self.end is None:
             return None
-        return self.instance_count * (self.end - self.start).total_seconds() / 3600
+        return (self.end - max(now, self.start)).total_seconds()
 
     def fee(self) -> Optional[PlanFee]:
         """What the plan's upfront fee buys, for the cost of each job on it (see job_cost)."""
-        hours = self.reserved_instance_hours()
-        if self.upfront_fee is None or not hours:
+        if self.upfront_fee is None or self.start is None or self.end is None:
             return None
-        return PlanFee(self.name, self.upfront_fee, self.currency, hours)
+        hours = self.instance_count * (self.end - self.start).total_seconds() / 3600
+        return PlanFee(self.name, self.upfront_fee, self.currency, hours) if hours else None
 
 
 def plan_name(arn: str, variable: str = "ZERO_SM_TRAINING_PLAN_ARN") -> str:
@@ -135,8 +124,7 @@ def plan_problems(
     margin_s: float,
     settings_named: Mapping[str, str] = {},
 ) -> list[str]:
-    """Why a training job with these instances must not launch on `plan` at `now` ([] when it may).
-
+    """Why a training job with these instances must not launch on `plan` at `now` ([] when it may);
     `settings_named` maps a request field to the setting that sets it, for the messages."""
 
     def setting(field: str) -> str:
@@ -147,7 +135,8 @@ def plan_problems(
         said = f": {plan.status_message}" if plan.status_message else ""
         return [
             f"{where}: Status is {plan.status}{said}; a job on it would never run. "
-            f"Point {setting_name(settings_named)} at a Scheduled or Active plan, or unset it"
+            f"Point {settings_named.get('TrainingPlanArn', 'ZERO_SM_TRAINING_PLAN_ARN')} at a Scheduled or "
+            "Active plan, or unset it"
         ]
     problems = []
     if plan.target_resources and TRAINING_JOBS not in plan.target_resources:
@@ -202,9 +191,8 @@ def launch_problems(plan: TrainingPlan, aws: SageMakerSettings, asset: str, para
 
 
 def bounded_runtime(plan: TrainingPlan, max_runtime_s: int, margin_s: float, now: datetime) -> int:
-    """MaxRuntimeInSeconds for a job submitted at `now`, bounded so it stops `margin_s` before the plan ends.
-
-    Counted from the earliest the job can start, so it is never too long."""
+    """MaxRuntimeInSeconds for a job submitted at `now`, counted from the earliest it can start, bounded so it
+    stops `margin_s` before the plan ends."""
     left = plan.seconds_left(now)
     if left is None:
         return max_runtime_s
@@ -260,10 +248,6 @@ class PendingWait:
             self.waited_s, self.since = now - self.since, None
             on = f"training plan {self.plan.name}" if self.plan else "capacity"
             log.info(f"[pipes] {self.job_name} waited {_duration(self.waited_s)} for {on}; it is {secondary_status}")
-
-
-def setting_name(settings_named: Mapping[str, str]) -> str:
-    return settings_named.get("TrainingPlanArn", "ZERO_SM_TRAINING_PLAN_ARN")
 
 
 def utc_now() -> datetime:

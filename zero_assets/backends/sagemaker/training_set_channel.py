@@ -1,30 +1,81 @@
-"""A shard set as one SageMaker input: the shard root as the channel, the set's folder inside it.
+"""FSx for Lustre naming, and a shard set as one SageMaker input: the shard root as the channel, the set's
+folder inside it.
 
-Sets list shards across sibling folders of `<lake>/arrow_shards/`, so the channel is that root. The warm
-step writes `<root>/_training_sets/<key>/` (manifest last, paths rewritten, nothing copied); Processing
-jobs, which cannot mount FSx, read exactly its files through `files.manifest`.
+`<lake>/arrow_shards/` is linked to `/arrow_shards` by a data repository association; warm sets are
+`fsx://<fs-id>/<mount>/<path>`. Sets list shards across sibling folders of the shard root, so the channel
+is that root. The warm step writes `<root>/_training_sets/<key>/` (manifest last, paths rewritten, nothing
+copied); Processing jobs, which cannot mount FSx, read exactly its files through `files.manifest`.
 """
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from training_code.lib import relative_paths
 from training_code.lib.hashing import sha256_bytes
-from training_code.lib.parquet_bytes import read_parquet_bytes
+from training_code.lib.parquet_bytes import parquet_bytes, read_parquet_bytes
 from training_code.lib.shard_format import FORMAT, MANIFEST, MASKED
 from training_code.lib.storage import join, read_bytes, write_bytes_atomic
 from training_code.lib.verified_read import read_verified
-from zero_assets.backends.sagemaker.fsx import linked_s3_prefix
 
+SHARDS_ASSET = "arrow_shards"
+LINKED_PATH = f"/{SHARDS_ASSET}"
 TRAINING_SETS = "_training_sets"
 FILE_LIST = "files.manifest"  # S3DataType=ManifestFile: a prefix line, then keys relative to it
+
+
+@dataclass(frozen=True)
+class FsxLocation:
+    file_system_id: str
+    mount_name: str
+    path: str  # on the file system, "/arrow_shards/<key>"
+
+    @property
+    def uri(self) -> str:
+        return f"fsx://{self.file_system_id}/{self.mount_name}{self.path}"
+
+    @property
+    def directory_path(self) -> str:
+        """What `FileSystemDataSource.DirectoryPath` wants: the mount name, then the path."""
+        return f"/{self.mount_name}{self.path}"
+
+
+def is_fsx(uri: str) -> bool:
+    return uri.startswith("fsx://")
+
+
+def parse_fsx_uri(uri: str) -> FsxLocation:
+    file_system_id, _, rest = uri[len("fsx://") :].partition("/")
+    mount_name, _, path = rest.partition("/")
+    if not (uri.startswith("fsx://") and file_system_id and mount_name and path):
+        raise ValueError(f"{uri!r} is not an fsx://<file-system-id>/<mount-name>/<path> URI")
+    return FsxLocation(file_system_id, mount_name, f"/{path.strip('/')}")
+
+
+def shards_on_fsx(shards_uri: str, lake_uri: str, file_system_id: str, mount_name: str) -> FsxLocation:
+    """Where an `arrow_shards` output of the lake appears on the linked file system."""
+    linked = linked_s3_prefix(lake_uri)
+    if not shards_uri.startswith(linked):
+        raise ValueError(
+            f"shard set {shards_uri} is not under the linked prefix {linked}; was it written by another lake?"
+        )
+    return FsxLocation(file_system_id, mount_name, f"{LINKED_PATH}/{shards_uri[len(linked) :].strip('/')}")
+
+
+def s3_behind_fsx(uri: str, lake_uri: str) -> str:
+    """The S3 prefix that holds the same bytes as an fsx:// shard location."""
+    location = parse_fsx_uri(uri)
+    if not location.path.startswith(f"{LINKED_PATH}/"):
+        raise ValueError(f"{uri} is outside the linked path {LINKED_PATH}; only shard sets are linked")
+    return linked_s3_prefix(lake_uri) + location.path[len(LINKED_PATH) + 1 :]
+
+
+def linked_s3_prefix(lake_uri: str) -> str:
+    return f"{lake_uri.rstrip('/')}/{SHARDS_ASSET}/"
 
 
 @dataclass(frozen=True)
@@ -59,17 +110,16 @@ class ChannelShard:
 def write_channel_training_set(
     shards_uri: str, lake_uri: str, data_version: str
 ) -> tuple[ChannelTrainingSet, list[ChannelShard]]:
-    """Write the shard set at `shards_uri` at its `channel_training_set` folder, the manifest last.
-
-    Returns where it is on S3 and each listed shard's key below the root."""
+    """Write the shard set at `shards_uri` at its `channel_training_set` folder, the manifest last; where it
+    is on S3 and each listed shard's key below the root."""
     channel = channel_training_set(lake_uri, data_version)
     manifest, shards = channel_shards(shards_uri, channel.root)
     moved = {shard.entry["path"]: f"../../{shard.key}" for shard in shards}
     files: dict[str, dict[str, Any]] = {}
     if MASKED in manifest.get("files", {}):
         masked = read_parquet_bytes(read_verified(join(shards_uri, MASKED)))
-        paths = [moved[path] for path in masked.column("path").to_pylist()]
-        data = _parquet(masked.set_column(masked.schema.get_field_index("path"), "path", pa.array(paths, pa.string())))
+        paths = pa.array([moved[path] for path in masked.column("path").to_pylist()], pa.string())
+        data = parquet_bytes(masked.set_column(masked.schema.get_field_index("path"), "path", paths))
         write_bytes_atomic(join(channel.uri, MASKED), data)
         files[MASKED] = {"bytes": len(data), "sha256": sha256_bytes(data)}
     listed = [f"{channel.folder}/{name}" for name in (*files, MANIFEST)] + [shard.key for shard in shards]
@@ -105,9 +155,3 @@ def _below_root(shards_uri: str, root: str, path: str) -> str:
             "was it written by another lake? Rematerialize arrow_shards with this ZERO_LAKE_URI"
         ) from error
     return where[len(root.rstrip("/")) + 1 :]
-
-
-def _parquet(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    return sink.getvalue()

@@ -1,8 +1,8 @@
 """A tuning as one SageMaker CreateHyperParameterTuningJob: its parameters (pure) and its run.
 
-The trial definition is the training job's own CreateTrainingJob request (`build_job_params`) less what
-differs per trial or would be shared by every trial: the name, the tuned hyperparameters, the job-name
-variable and the checkpoint prefix. Trials report through their metrics (MetricDefinitions), not Pipes.
+The trial definition is the training job's own CreateTrainingJob request less what differs per trial or
+would be shared by every trial: the name, the tuned hyperparameters, the job-name variable and the
+checkpoint prefix. Trials report through their metrics (MetricDefinitions), not Pipes.
 """
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ from typing import Any
 
 from dagster import AssetExecutionContext, Failure
 
+from zero_assets.backends.sagemaker.code_package import CodePackage
+from zero_assets.backends.sagemaker.job_params import build_job_params
+from zero_assets.backends.sagemaker.settings import SageMakerSettings
+from zero_assets.core.job_request import JobRequest
 from zero_assets.core.tuning import TuningSpec
 
 OPERATION = "CreateHyperParameterTuningJob"
-MAX_TUNING_NAME = 32  # SageMaker's limit on tuning job names
 DONE = ("Completed", "Failed", "Stopped")
 # CreateTrainingJob fields a trial definition takes as they are.
 _SHARED = (
@@ -31,6 +34,21 @@ _SHARED = (
 def tuning_job_name(fingerprint: str, attempt: int = 1) -> str:
     """`zero-tune-<fingerprint16>-a<attempt>`: 29 characters, within SageMaker's 32."""
     return f"zero-tune-{fingerprint[:16]}-a{attempt}"
+
+
+def tuning_params(
+    request: JobRequest,
+    aws: SageMakerSettings,
+    lake_uri: str,
+    spec: TuningSpec,
+    package: CodePackage,
+    parent: str | None,
+) -> dict[str, Any]:
+    """The CreateHyperParameterTuningJob request of the training `request`'s search."""
+    name = tuning_job_name(request.fingerprint)
+    _, training = build_job_params(request, aws, job_name=name, code=package, environment={}, lake_uri=lake_uri)
+    training.pop("CheckpointConfig")  # shared by every trial, each would resume another's checkpoint
+    return build_tuning_params(training, spec, name, parent)
 
 
 def build_tuning_params(training: dict[str, Any], spec: TuningSpec, name: str, parent: str | None) -> dict[str, Any]:

@@ -1,8 +1,6 @@
-"""How many instances a planned Processing job runs on, and how large each one's volume is, from its work.
-
-The count follows `images_per_instance`/`bytes_per_instance` within `instance_count`..`max_instance_count`;
-each volume is `volume_size_gb` plus what its busiest host fetches. A job that cannot fit fails before
-launch, naming the setting to raise.
+"""How many instances a planned Processing job runs on, and how large each one's volume is, from its work:
+the count follows `images_per_instance`/`bytes_per_instance` within `instance_count`..`max_instance_count`,
+each volume is `volume_size_gb` plus what its busiest host fetches. A job that cannot fit fails before launch.
 """
 
 from __future__ import annotations
@@ -77,15 +75,15 @@ def instances_for(asset: str, compute: JobCompute, work: Work) -> int:
 
 
 def request_volume_gb(request: JobRequest, compute: JobCompute) -> int:
-    """The volume of each instance of `request`: the base, plus what its busiest host fetches, plus three
-    times the tables it reads whole (fetched, spilled, written again)."""
+    """The volume of each instance: the base, what its busiest host fetches, and three times the tables it
+    reads whole (fetched, spilled, written again)."""
     scanned = 3 * request.scan.bytes if request.scan else 0
     return volume_gb(compute, (request.reads.disk_bytes if request.reads else 0) + scanned)
 
 
 def request_instance_type(request: JobRequest, compute: JobCompute) -> str:
-    """`compute.instance_type`, or for a table scan the smallest `MEMORY_LADDER` instance, no smaller
-    than the one set, with `memory_bytes_per_row` per row (the largest if none has enough)."""
+    """`compute.instance_type`, or for a table scan the smallest `MEMORY_LADDER` instance, no smaller than
+    the one set, with `memory_bytes_per_row` per row (the largest if none has enough)."""
     if request.scan is None or not compute.memory_bytes_per_row:
         return compute.instance_type
     names = [name for name, _ in MEMORY_LADDER]

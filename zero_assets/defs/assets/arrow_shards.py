@@ -1,7 +1,5 @@
-"""`arrow_shards`: the training set's selected rows packed into Arrow IPC shards, run as a Processing job.
-
-Incremental: the previous output's shards are kept by reference, deselected rows masked, only new rows packed.
-"""
+"""`arrow_shards`: the selected rows packed into Arrow IPC shards by a Processing job; incremental: the previous
+output's shards are kept by reference, deselected rows masked, only new rows packed."""
 
 import json
 from typing import Any, Literal
@@ -18,9 +16,8 @@ from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, cod
 from zero_assets.core.job_request import FanOut
 from zero_assets.core.output_marker import output_is_complete
 from zero_assets.core.settings import ZeroSettings
-from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.assets.training_set import training_set
-from zero_assets.defs.automation import EAGER
+from zero_assets.defs.automation import EAGER, JOB_RETRY_POLICY
 from zero_assets.launch.materialize import launch_job
 from zero_assets.launch.metadata import table_schema
 from zero_assets.launch.upstream import latest_materializations, upstream_output
@@ -51,7 +48,6 @@ class ShardConfig(Config):
     )
     max_side: int = Field(1024, description="Longest side in pixels after resizing (image_encoding=resize only).")
     jpeg_quality: int = Field(90, description="JPEG quality 1-95 of re-encoded images (image_encoding=resize only).")
-    # Compaction: when kept shards are rewritten.
     compact_masked_share: float = Field(
         0.25, description="Rewrite a kept shard once more than this share of its rows is masked (no longer selected)."
     )
@@ -69,8 +65,7 @@ class ShardConfig(Config):
 def packing_job(
     config: ShardConfig, selection: UpstreamOutput, settings: ZeroSettings, previous: tuple[str, str] | None
 ) -> dict[str, Any]:
-    """The packing job of `selection` (`build_job_request`'s fields): what the asset launches, render-jobs prints.
-    `previous`: (uri, folder name) of the shard set whose shards it keeps."""
+    """The packing job (`build_job_request`'s fields); `previous`: (uri, folder name) of the set it keeps shards of."""
     return {
         "kind": "processing",
         "module": SHARD_MODULE,
@@ -99,9 +94,7 @@ def arrow_shards(
     context: AssetExecutionContext, config: ShardConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> MaterializeResult:
     """Arrow IPC shards of the selected rows, content-addressed, with `masked.parquet`, `rows.parquet` and
-    `manifest.json` (zero-shards/4).
-
-    `dagster/row_count` is the live rows; kept shards stay in earlier outputs' folders."""
+    `manifest.json` (zero-shards/4); `dagster/row_count` is the live rows."""
     selection = upstream_output(context, "training_set")
     hyperparameters = config.model_dump()
     fingerprint = FingerprintInputs.of(SHARD_MODULE, hyperparameters, [selection]).fingerprint  # as launch_job's
@@ -116,8 +109,7 @@ def arrow_shards(
 
 
 def usable_previous(context: AssetExecutionContext, out: str) -> tuple[str, str] | None:
-    """(uri, folder name) of the latest output when its shards may be kept: complete, and keeping none in
-    `out`, which this materialization replaces. Not in the fingerprint: the result is the same without it."""
+    """(uri, folder name) of the latest output when complete and keeping no shard in `out`, which this replaces."""
     records = latest_materializations(context.instance, context.asset_key)
     if not records or records[0].asset_materialization is None:
         return None

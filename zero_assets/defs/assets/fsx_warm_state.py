@@ -9,14 +9,12 @@ from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, cod
 from zero_assets.core.job_request import output_lease_location
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.arrow_shards import arrow_shards
-from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
-from zero_assets.defs.automation import EAGER
+from zero_assets.defs.automation import EAGER, JOB_RETRY_POLICY
 from zero_assets.launch.metadata import upstream_metadata
 from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import upstream_output
 
-# The code that warms and verifies on either backend (their imports are covered too). One code version
-# for both, as Dagster reads it once whichever backend the resources choose.
+# The code that warms on either backend: one code version for both, as Dagster reads it once.
 WARM_CODE = (
     "zero_assets.backends.local.warm_state",
     "zero_assets.backends.sagemaker.training_set_channel",
@@ -34,11 +32,8 @@ WARM_CODE = (
     retry_policy=JOB_RETRY_POLICY,
 )
 def fsx_warm_state(context: AssetExecutionContext, settings: ZeroSettings, jobs: JobRunner) -> MaterializeResult:
-    """The arrow_shards shard set where the trainer reads it, every shard verified, the manifest last.
-
-    A folder locally, FSx for Lustre or S3 on SageMaker; shards already warm with a holding verdict are
-    not read again. The data version is arrow_shards', so rewarming does not make training stale.
-    """
+    """The shard set where the trainer reads it (a folder, FSx for Lustre or S3), every shard verified, the
+    manifest last; the data version is arrow_shards', so rewarming does not make training stale."""
     shards = upstream_output(context, "arrow_shards")
     inputs = warm_inputs(type(jobs).__name__, shards)
     output = jobs.warm_location(shards)
@@ -66,12 +61,10 @@ def warm_lease(settings: ZeroSettings, inputs: FingerprintInputs, output: str) -
     return output_lease_location(settings.jobs_root(), "fsx_warm_state", inputs.fingerprint, output)
 
 
-# What a backend counted of its warm, where it counted them.
 WARM_COUNTS = ("copied", "copied_bytes", "already_warm", "verified", "verified_bytes", "reused_verdicts")
 
 
 def warm_materialization(warmed: WarmedShards, shards: UpstreamOutput) -> MaterializeResult:
-    """The backend's result as the asset's metadata, with the shard set's data version."""
     counts: dict[str, Any] = {name: value for name in WARM_COUNTS if (value := getattr(warmed, name)) is not None}
     return MaterializeResult(
         metadata={

@@ -11,15 +11,13 @@ from zero_assets.core.fingerprints import UpstreamOutput, check_job_module, code
 from zero_assets.core.job_request import MODULE_NAME_PATTERN
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.fsx_warm_state import fsx_warm_state
-from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.assets.trained_checkpoint import trained_checkpoint
-from zero_assets.defs.automation import AFTER_CHECKPOINT
+from zero_assets.defs.automation import AFTER_CHECKPOINT, JOB_RETRY_POLICY
 from zero_assets.launch.materialize import launch_job
 from zero_assets.launch.metadata import rounded_for_display
 from zero_assets.launch.upstream import upstream_output
 
-# The default job script, whose code version the UI shows; the cache fingerprints the module the config names.
-EVALUATE_MODULE = "training_code.evaluate"
+EVALUATE_MODULE = "training_code.evaluate"  # the UI's code version; the cache fingerprints the config's module
 
 
 class EvalConfig(Config):
@@ -32,7 +30,6 @@ class EvalConfig(Config):
             "paired with the trainer whose model folder it reads."
         ),
     )
-    # Evaluating on train only measures fit, never generalisation.
     split: Literal["val", "train"] = Field(
         "val", description="Which split of the shards to evaluate on: val (held-out groups) or train."
     )
@@ -42,7 +39,6 @@ class EvalConfig(Config):
             "Drop detections scoring below this. 0 keeps every detection: COCO mAP integrates over the score ranking."
         ),
     )
-    # Project, entity, group and server always follow the checkpoint's training run.
     wandb_mode: Literal["as_training", "offline", "online", "disabled"] = Field(
         "as_training",
         description=(
@@ -52,16 +48,14 @@ class EvalConfig(Config):
     )
 
     def arguments(self) -> dict:
-        """The script's `--key value` arguments the fingerprint covers: every field but the module and tracking."""
+        """The script's `--key value` arguments the fingerprint covers: all but the module and tracking."""
         return self.model_dump(exclude={"module", "wandb_mode"})
 
     def tracking(self) -> dict:
-        """The W&B arguments, outside the fingerprint."""
         return {"wandb_mode": self.wandb_mode}
 
 
 def evaluation_job(config: EvalConfig, checkpoint: UpstreamOutput, shards: UpstreamOutput) -> dict[str, Any]:
-    """The evaluation job (`build_job_request`'s fields): what the asset launches, render-jobs prints."""
     return {
         "kind": "processing",
         "module": config.module,
@@ -88,14 +82,12 @@ def map_report(
     checkpoint = upstream_output(context, "trained_checkpoint")
     shards = upstream_output(context, "fsx_warm_state")
     result = launch_job(context, jobs=jobs, settings=settings, **evaluation_job(config, checkpoint, shards))
-    # The default evaluator draws these; another may not.
     out = str(result.metadata["dagster/uri"].value).rstrip("/")
     pictures = {
         f"{name}_png": MetadataValue.path(f"{out}/{name}.png")
         for name in ("pr_curve", "sample_predictions")
-        if exists(f"{out}/{name}.png")
+        if exists(f"{out}/{name}.png")  # the default evaluator draws these; another may not
     }
-
     return MaterializeResult(
         metadata={**rounded_for_display(result.metadata), **pictures}, data_version=result.data_version
     )

@@ -1,8 +1,5 @@
-"""`raw_image_index`: one row per raw image of one source, built from its listing alone (no image bytes read).
-
-Indexed in this process, or as the job `training_code.index` past `job_above_images`; both give the same
-output and data version (the index fingerprint, which includes the code version).
-"""
+"""`raw_image_index`: one row per raw image of one source, from its listing alone, in this process or as the
+job `training_code.index` past `job_above_images` (same output and data version); and `raw_data`, its source."""
 
 import functools
 import json
@@ -10,7 +7,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetExecutionContext,
+    AssetSpec,
+    Config,
+    DataVersion,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
 from pydantic import Field
 
 from training_code.lib.hashing import sha256_json
@@ -21,7 +27,6 @@ from zero_assets.backends.job_runner import JobRunner
 from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, code_version
 from zero_assets.core.job_request import output_lease_location
 from zero_assets.core.settings import ZeroSettings
-from zero_assets.defs.assets.raw_data import raw_data
 from zero_assets.defs.change_detection.raw_sources import require_source
 from zero_assets.defs.partitions import RAW_SOURCES
 from zero_assets.launch.materialize import launch_job
@@ -29,8 +34,16 @@ from zero_assets.launch.metadata import table_schema
 from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import latest_materializations
 
-# Both paths run this module's code, so they share one input fingerprint.
-INDEX_MODULE = "training_code.index"
+INDEX_MODULE = "training_code.index"  # both paths run its code, so they share one input fingerprint
+
+# Never materialized: the change-detection sensor observes each changed source with a version token.
+raw_data = AssetSpec(
+    "raw_data",
+    partitions_def=RAW_SOURCES,
+    group_name="zero",
+    kinds={"s3"},
+    description="The raw images and annotations.json of one source: the raw root's top-level folder <source>/.",
+)
 
 
 class RawIndexConfig(Config):
@@ -68,39 +81,23 @@ class RawIndexConfig(Config):
 def raw_image_index(
     context: AssetExecutionContext, config: RawIndexConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> MaterializeResult:
-    """Index of every image of one source (the raw root's folder `<source>/`): key, size, etag, group,
-    annotation count."""
+    """Index of every image of one source (the raw root's folder `<source>/`): key, size, etag, group, annotations."""
     source = context.partition_key
     require_source(settings.raw_uri, source)
-    # The job's arguments are exactly the fingerprinted config, so both paths fingerprint alike.
-    arguments = _job_arguments(settings, source, config)
-    previous = _previous_images(context, source)
-    if previous is not None and previous > config.job_above_images:
-        return _index_as_job(context, settings, jobs, source, config, arguments, previous)
-    return _index_in_process(context, settings, source, config, arguments)
-
-
-def _job_arguments(settings: ZeroSettings, source: str, config: RawIndexConfig) -> dict[str, Any]:
     arguments: dict[str, Any] = {"raw": settings.raw_uri, "source": source, "group_pattern": config.group_pattern}
     if config.inventory_manifest_uri:
         arguments["inventory_manifest"] = config.inventory_manifest_uri
     if settings.sample_images:  # the rehearsal profile: a small, stable sample of whole groups
         arguments["sample_images"] = settings.sample_images
-    return arguments
+    records = latest_materializations(context.instance, context.asset_key, source)
+    images = records[0].asset_materialization.metadata.get("dagster/row_count") if records else None
+    if images is not None and int(images.value) > config.job_above_images:
+        return _index_as_job(context, settings, jobs, source, config, arguments, int(images.value))
+    return _index_in_process(context, settings, source, config, arguments)
 
 
 def _listing(settings: ZeroSettings, source: str, listing_fingerprint: str) -> UpstreamOutput:
     return UpstreamOutput("raw_listing", join(settings.raw_uri, source), listing_fingerprint, source)
-
-
-def _previous_images(context: AssetExecutionContext, source: str) -> int | None:
-    """The image count of this source's previous index, or None."""
-    records = latest_materializations(context.instance, context.asset_key, source)
-    if not records:
-        return None
-    metadata = records[0].asset_materialization.metadata
-    images = metadata.get("dagster/row_count", metadata.get("images"))  # `images` before the standard key
-    return None if images is None else int(images.value)
 
 
 def _index_in_process(
@@ -128,9 +125,7 @@ def _index_in_process(
 
         def publish() -> MaterializeResult:
             copy_file_atomic(Path(staging, INDEX_FILE), join(out, INDEX_FILE))
-            write_bytes_atomic(
-                join(out, MANIFEST), Path(staging, MANIFEST).read_bytes()
-            )  # last: it vouches for the index
+            write_bytes_atomic(join(out, MANIFEST), Path(staging, MANIFEST).read_bytes())  # last: it vouches
             _log_problems(context, manifest)
             return MaterializeResult(
                 metadata={"indexed_by": "dagster process", **_metadata(settings, manifest, inputs)},
@@ -169,7 +164,6 @@ def _index_as_job(
     inputs = FingerprintInputs.of(INDEX_MODULE, arguments, upstream)
     out = settings.asset_uri("raw_image_index", inputs.fingerprint[:16], source)
     manifest = functools.cache(lambda: json.loads(read_bytes(join(out, MANIFEST))))  # read once, after the job
-    # The asset's version is the index fingerprint on both paths, not the job's reported one.
     result = launch_job(
         context,
         jobs=jobs,

@@ -11,19 +11,15 @@ from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, che
 from zero_assets.core.job_request import MODULE_NAME_PATTERN
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.fsx_warm_state import fsx_warm_state
-from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.assets.tuning_record import tuned_values
-from zero_assets.defs.automation import TRAINING
+from zero_assets.defs.automation import JOB_RETRY_POLICY, TRAINING
 from zero_assets.defs.rehearsal_gate import REHEARSAL_CHECK, training_gate
 from zero_assets.launch.materialize import launch_job
 from zero_assets.launch.metadata import rounded_for_display
 from zero_assets.launch.upstream import upstream_output
 
 TRAINING_POOL = "training"  # how many train at once: the pool's limit in the instance config (dagster.yaml)
-
-
-# The default job script, whose code version the UI shows; the cache fingerprints the module the config names.
-TRAIN_MODULE = "training_code.train"
+TRAIN_MODULE = "training_code.train"  # the UI's code version; the cache fingerprints the config's module
 
 
 class TrainConfig(Config):
@@ -36,8 +32,7 @@ class TrainConfig(Config):
             "The cache fingerprints its code; the UI's code version stays the default's."
         ),
     )
-    # training_code.lib.model.ARCHITECTURES, spelled out so this process need not import torch (a test keeps
-    # them equal).
+    # training_code.lib.model.ARCHITECTURES, spelled out so this process need not import torch (a test checks).
     arch: Literal[
         "fcos_tiny",
         "fcos_resnet50_fpn",
@@ -62,7 +57,6 @@ class TrainConfig(Config):
         description="Train with the best values of the newest tuned_hyperparameters of this data and trainer code "
         "(they replace the fields it tuned); fails when there is none.",
     )
-    # Where the run is tracked, never what it computes: outside the fingerprint (see `tracking`).
     wandb_mode: Literal["offline", "online", "disabled"] = Field(
         "offline",
         description=(
@@ -83,14 +77,12 @@ class TrainConfig(Config):
     )
 
     def hyperparameters(self) -> dict:
-        """The script's `--key value` arguments the fingerprint covers: every field but launch and tracking ones."""
+        """The script's `--key value` arguments the fingerprint covers: all but launch and tracking fields."""
         return self.model_dump(exclude={"processes", "module", "use_tuning", *WANDB_FIELDS})
 
     def tracking(self, fingerprint: str) -> dict:
-        """The W&B arguments of the job with input `fingerprint`.
-
-        The default group is keyed by the fingerprint, so every attempt, resume and evaluation of one
-        checkpoint lands in one group."""
+        """The W&B arguments (outside the fingerprint); the default group is the input `fingerprint`'s, so every
+        attempt, resume and evaluation of one checkpoint lands in one group."""
         chosen = {
             **self.model_dump(include=WANDB_FIELDS),
             "wandb_group": self.wandb_group or f"checkpoint-{fingerprint[:16]}",
@@ -106,8 +98,7 @@ WANDB_FIELDS = {"wandb_mode", "wandb_project", "wandb_entity", "wandb_group", "w
 def training_job(
     config: TrainConfig, hyperparameters: dict[str, Any], tracking: dict[str, Any], upstream: list[UpstreamOutput]
 ) -> dict[str, Any]:
-    """The training job on the warm shards (`upstream[0]`), `build_job_request`'s fields: what the asset
-    launches, render-jobs prints."""
+    """The training job on the warm shards (`upstream[0]`), `build_job_request`'s fields."""
     return {
         "kind": "training",
         "module": config.module,
@@ -139,18 +130,15 @@ def training_job(
 def trained_checkpoint(
     context: AssetExecutionContext, config: TrainConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> Iterator[MaterializeResult | AssetCheckResult]:
-    """`model.pt` (weights, model config, categories, step) trained under torchrun on the warm shards.
-
-    Where the rehearsal gate is enforced, fails without launching unless a rehearsal of this training passed."""
+    """`model.pt` (weights, model config, categories, step) trained under torchrun on the warm shards; where the
+    rehearsal gate is enforced, fails without launching unless a rehearsal of this training passed."""
     check_job_module(config.module, "trained_checkpoint config field `module`")
     warm = upstream_output(context, "fsx_warm_state")
     hyperparameters, upstream, tuning = config.hyperparameters(), [warm], {}
     if config.use_tuning:
         tuned, tuned_output, tuning = tuned_values(context, config.module, warm)
         hyperparameters, upstream = {**hyperparameters, **tuned}, [warm, tuned_output]
-    tracking = config.tracking(
-        FingerprintInputs.of(config.module, hyperparameters, upstream).fingerprint
-    )  # as launch_job fingerprints it
+    tracking = config.tracking(FingerprintInputs.of(config.module, hyperparameters, upstream).fingerprint)
     gate = training_gate(context.instance, jobs, config.module, hyperparameters, tracking)
     refusal = gate.refusal("trained_checkpoint")
     if refusal is not None:

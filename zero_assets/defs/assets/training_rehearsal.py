@@ -6,9 +6,14 @@ from pydantic import Field
 
 from zero_assets.backends.job_runner import JobRunner
 from zero_assets.backends.preflight import failed
-from zero_assets.core.fingerprints import FingerprintInputs, check_job_module, code_version, current_code_version
+from zero_assets.core.fingerprints import (
+    FingerprintInputs,
+    check_job_module,
+    code_version,
+    current_code_version,
+    rehearsal_key,
+)
 from zero_assets.core.job_request import output_lease_location
-from zero_assets.core.rehearsal_key import rehearsal_key
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs.assets.fsx_warm_state import fsx_warm_state
 from zero_assets.defs.assets.map_report import EVALUATE_MODULE, EvalConfig
@@ -19,7 +24,6 @@ from zero_assets.launch.metadata import upstream_metadata
 from zero_assets.launch.once import materialize_once
 from zero_assets.launch.upstream import upstream_output
 
-# The production job scripts it runs; the cache fingerprints the modules its config names.
 REHEARSAL_CODE = (TRAIN_MODULE, EVALUATE_MODULE)
 
 
@@ -59,9 +63,8 @@ class RehearsalConfig(Config):
 def training_rehearsal(
     context: AssetExecutionContext, config: RehearsalConfig, settings: ZeroSettings, jobs: JobRunner
 ) -> MaterializeResult:
-    """Preflight, then the production trainer force-stopped and resumed on two nodes or more, then the evaluator.
-
-    Materialized only when every proof held; `rehearsal.json` says what was proven."""
+    """Preflight, the production trainer force-stopped and resumed on two nodes or more, then the evaluator;
+    materialized only when every proof held (`rehearsal.json`)."""
     training, evaluation = config.training, config.evaluation
     check_job_module(training.module, "training_rehearsal config field `training.module`")
     check_job_module(evaluation.module, "training_rehearsal config field `evaluation.module`")

@@ -1,8 +1,5 @@
-"""`training_set`: the selection, which validated images of which sources training reads, run as a Processing job.
-
-An SQL policy that DuckDB runs in the job over the chosen sources' validated tables; the Dagster process
-only writes the job's plan. The data version hashes what was selected, so an equal selection leaves shards alone.
-"""
+"""`training_set`: which validated images training reads, an SQL policy DuckDB runs in a Processing job over the
+chosen sources' validated tables; its data version hashes the selection, so an equal one leaves shards alone."""
 
 from dataclasses import replace
 from typing import Any, Optional
@@ -19,8 +16,7 @@ from zero_assets.backends.job_runner import JobRunner
 from zero_assets.core.fingerprints import UpstreamOutput, code_version
 from zero_assets.core.job_request import TableScan
 from zero_assets.core.settings import ZeroSettings
-from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
-from zero_assets.defs.automation import TRAINING_SET
+from zero_assets.defs.automation import JOB_RETRY_POLICY, TRAINING_SET
 from zero_assets.defs.partitions import RAW_SOURCES
 from zero_assets.launch.materialize import launch_job
 from zero_assets.launch.metadata import table_schema
@@ -131,14 +127,11 @@ class TrainingSetConfig(Config):
 def chosen_validated(
     context: AssetExecutionContext, config: TrainingSetConfig
 ) -> tuple[list[UpstreamOutput], TableScan]:
-    """The latest validated set of each chosen source, and the rows and bytes the job will read of them.
-
-    Fails on a named source without one, or one that is not registered."""
+    """The latest validated set of each chosen source and the rows and bytes the job reads; fails on a named
+    source without one, or one not registered."""
     registered = context.instance.get_dynamic_partitions(RAW_SOURCES.name)
-    named = {"sources": set(config.sources), "source_caps": set(config.source_caps)}
-    named["source_weights"] = set(config.source_weights)
-    for setting, sources in named.items():
-        if unknown := sorted(sources - set(registered)):
+    for setting in ("sources", "source_caps", "source_weights"):
+        if unknown := sorted(set(getattr(config, setting)) - set(registered)):
             raise Failure(
                 f"training_set config {setting} names sources {unknown} that are not registered "
                 f"({sorted(registered)}); run `zero-assets sources --register` or fix the config"
@@ -166,8 +159,7 @@ def chosen_validated(
 
 @asset(
     code_version=code_version(SELECT_MODULE),
-    # By key, not the asset object: importing its module would make validated_images' job script
-    # (training_code.validate) part of this asset's code version.
+    # By key: importing validated_images would put its job script into this asset's code version.
     deps=["validated_images"],
     automation_condition=TRAINING_SET,
     group_name="zero",
@@ -182,7 +174,7 @@ def training_set(
     (`excluded.parquet`), the near-duplicate clusters, the policy and the manifest."""
     chosen, scan = chosen_validated(context, config)
     fingerprinted, plan, sql = selection_job(config, chosen, settings.raw_uri)
-    # Where the job reads: the validated sets, your tables, and the raw root for the near-duplicates' sheet.
+    # Where the job reads: the validated sets, your tables, the raw root (for the near-duplicates' sheet).
     scan = replace(scan, uris=(*(v.uri for v in chosen), *plan.tables.values(), settings.raw_uri))
     return launch_job(
         context,
@@ -204,9 +196,7 @@ def selection_job(
     config: TrainingSetConfig, chosen: list[UpstreamOutput], raw_uri: str
 ) -> tuple[dict[str, Any], SelectionPlan, str]:
     """(the fingerprint's config, the job's plan, the policy's SQL) for a selection over `chosen`."""
-    sql = config.policy_text()
-    policy = config.policy()
-    tables = config.table_versions()
+    sql, policy, tables = config.policy_text(), config.policy(), config.table_versions()
     fingerprinted: dict[str, Any] = {
         **policy.as_config(),
         "policy_sql_sha256": sha256_bytes(sql.encode()),

@@ -10,19 +10,14 @@ from pydantic import Field
 from training_code.lib.hashing import sha256_json
 from training_code.lib.storage import join, write_bytes_atomic
 from zero_assets.backends.job_runner import JobRunner
-from zero_assets.core.fingerprints import (
-    FingerprintInputs,
-    UpstreamOutput,
-    check_job_module,
-    code_version,
-)
+from zero_assets.core.fingerprints import FingerprintInputs, UpstreamOutput, check_job_module, code_version
 from zero_assets.core.job_request import JobRequest, build_job_request
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.core.tuning import ParameterRange, TuningSpec, typed_like
 from zero_assets.defs.assets.fsx_warm_state import fsx_warm_state
-from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.assets.trained_checkpoint import TRAIN_MODULE, TRAINING_POOL, TrainConfig
 from zero_assets.defs.assets.tuning_record import BEST, RECORD, TUNED_FOR, TUNING_ASSET, latest_tuning, tuned_for
+from zero_assets.defs.automation import JOB_RETRY_POLICY
 from zero_assets.defs.rehearsal_gate import training_gate
 from zero_assets.launch.metadata import upstream_metadata
 from zero_assets.launch.once import materialize_once
@@ -74,8 +69,7 @@ class TuningConfig(Config):
 def tuning_request(
     settings: ZeroSettings, config: TuningConfig, warm: UpstreamOutput
 ) -> tuple[JobRequest, TuningSpec, FingerprintInputs]:
-    """The training request every trial varies, the search, and what the tuning is built from: what the
-    asset runs and render-jobs prints."""
+    """The training request every trial varies, the search, and what the tuning is built from."""
     training, spec = config.training, config.spec()
     hyperparameters = training.hyperparameters()
     spec.check(hyperparameters, f"{TUNING_ASSET} config")

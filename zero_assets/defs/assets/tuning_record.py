@@ -1,5 +1,5 @@
-"""What a `tuned_hyperparameters` materialization hands on: for which data and trainer code it holds,
-its record (`manifest.json`), and the best values `trained_checkpoint` takes when `use_tuning` is set."""
+"""What a `tuned_hyperparameters` materialization hands on: for which data and trainer code it holds, its record
+(`manifest.json`), and the best values `trained_checkpoint` takes when `use_tuning` is set."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def latest_tuning(context: AssetExecutionContext, key: str) -> tuple[EventLogRec
 def tuned_values(
     context: AssetExecutionContext, module: str, warm: UpstreamOutput
 ) -> tuple[dict[str, Any], UpstreamOutput, dict[str, Any]]:
-    """The best hyperparameters of the newest tuning of this data and trainer, that tuning as an upstream
-    output (its data version joins the training's fingerprint), and what the training records of it."""
+    """The best values of the newest tuning of this data and trainer, that tuning as an upstream output (in the
+    training's fingerprint), and what the training records of it."""
     found = latest_tuning(context, tuned_for(module, warm))
     if found is None:
         raise Failure(

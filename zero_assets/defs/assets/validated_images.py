@@ -1,8 +1,9 @@
 """`validated_images`: the corrupt-image pass over the index, run as a Processing job."""
 
+from collections.abc import Mapping
 from typing import Any
 
-from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, Config, DagsterInstance, Failure, MaterializeResult, MetadataValue, asset
 from pydantic import Field
 
 from training_code.lib.contact_sheet import SHEET_FILE
@@ -12,19 +13,16 @@ from zero_assets.backends.job_runner import JobRunner
 from zero_assets.core.fingerprints import UpstreamOutput, code_version
 from zero_assets.core.job_request import FanOut
 from zero_assets.core.settings import ZeroSettings, zero_env
-from zero_assets.defs.assets.contact_sheets import contact_sheets_entry
-from zero_assets.defs.assets.job_retry import JOB_RETRY_POLICY
 from zero_assets.defs.assets.raw_image_index import raw_image_index
-from zero_assets.defs.automation import EAGER
+from zero_assets.defs.automation import EAGER, JOB_RETRY_POLICY
 from zero_assets.defs.limits import MAX_QUARANTINE_RATE_VAR, max_quarantine_rate
 from zero_assets.defs.partitions import RAW_SOURCES
 from zero_assets.launch.materialize import launch_job
 from zero_assets.launch.metadata import table_schema
-from zero_assets.launch.upstream import previous_output, upstream_output
+from zero_assets.launch.upstream import latest_by_partition, previous_output, upstream_output
 
 VALIDATE_MODULE = "training_code.validate"
-
-
+ENTRY = "quarantine_contact_sheets"
 VALIDATION_SPREAD = FanOut(plan=planned_reads, collected_input="decoded")
 
 # Defaults read at load, so a run automation launches (with no run config) keeps them.
@@ -39,7 +37,6 @@ UNLABELLED_IMAGES = {
 
 
 def sources_from_env(var: str) -> list[str]:
-    """Source names, comma-separated, from `var`; none when it is unset."""
     return sorted({name.strip() for name in zero_env(var).split(",") if name.strip()})
 
 
@@ -142,8 +139,7 @@ def validated_images(
         if unknown := sorted(set(getattr(config, setting)) - registered):
             context.log.warning(f"validated_images config {setting} names sources {unknown} that are not registered")
     index = upstream_output(context, "raw_image_index", source)
-    # Lets the job decode only new or changed images; outside the fingerprint and read in place, not an
-    # input SageMaker would download whole.
+    # Lets the job decode only new or changed images; outside the fingerprint, read in place (not an input).
     previous = previous_output(context)
     result = launch_job(
         context,
@@ -160,3 +156,34 @@ def validated_images(
         extra["quarantine_contact_sheet_png"] = MetadataValue.path(f"{out}/{SHEET_FILE}")
     extra.update(contact_sheets_entry(context.instance, source, result.metadata or {}))
     return MaterializeResult(metadata={**(result.metadata or {}), **extra}, data_version=result.data_version)
+
+
+def contact_sheets_entry(instance: DagsterInstance, source: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """`{ENTRY: a Markdown table}` of each source's quarantined images and how many its sheet shows (`source`'s
+    row from `metadata`, the one being reported), so a page without a sheet points at those with one."""
+    rows, others = [], set(instance.get_dynamic_partitions(RAW_SOURCES.name)) - {source}
+    latest = latest_by_partition(instance, "validated_images", others)
+    for name in sorted(others | {source}):
+        if name == source:
+            found: Mapping[str, Any] | None = metadata
+        else:
+            record = latest.get(name)
+            found = dict(record.asset_materialization.metadata) if record and record.asset_materialization else None
+        rows.append(f"| {name}{' (this source)' if name == source else ''} | {_sheet(found)} |")
+    table = "\n".join(["| source | quarantined images shown |", "| --- | --- |", *rows])
+    return {ENTRY: MetadataValue.md(table)}
+
+
+def _sheet(metadata: Mapping[str, Any] | None) -> str:
+    if metadata is None:
+        return "not validated yet"
+    quarantined, shown = _int(metadata.get("quarantined")), _int(metadata.get("quarantined_images_shown"))
+    if not quarantined:
+        return "none quarantined"
+    if not shown:
+        return f"{quarantined} quarantined, none that still decodes: no sheet"
+    return f"{shown} of {quarantined} on its contact sheet"
+
+
+def _int(value: Any) -> int:
+    return int(getattr(value, "value", value) or 0)

@@ -1,8 +1,5 @@
-"""Change detection from S3 Inventory reports, where no event queue is configured.
-
-`ZERO_RAW_INVENTORY_MANIFEST_URI` names one report's `manifest.json` or the configuration's folder (the
-newest dated report wins). A report already diffed is not read again; a new one is digested per source.
-"""
+"""Change detection from S3 Inventory reports: `ZERO_RAW_INVENTORY_MANIFEST_URI` names one report's manifest.json
+or the configuration's folder (the newest dated report wins); each new report is digested per source, once."""
 
 from __future__ import annotations
 
@@ -12,10 +9,9 @@ import re
 
 from training_code.lib.raw_index_inventory import inventory_objects
 from training_code.lib.storage import read_bytes
-from zero_assets.defs.change_detection import Detection
+from zero_assets.defs.change_detection import Detection, TickState
 from zero_assets.defs.change_detection.raw_sources import list_sources
 from zero_assets.defs.change_detection.source_digests import SourceDigests, changed_sources, previous_digests
-from zero_assets.defs.change_detection.tick_state import TickState
 
 KIND = "inventory"
 MANIFEST = "manifest.json"
@@ -57,7 +53,7 @@ def detect_from_inventory(location: str, raw_uri: str, cursor: dict | None, stor
             change_number=previous.get("changes", 0),
         )
     state, tick = TickState(store, f"{KIND} {raw_uri}"), previous.get("tick", 0)
-    accumulator = SourceDigests.of(inventory_objects(manifest_uri, raw_uri))
+    accumulator = SourceDigests(inventory_objects(manifest_uri, raw_uri))
     digests = accumulator.digests()
     before, problems = previous_digests(state, tick)
     changed = changed_sources(before, digests)

@@ -1,6 +1,5 @@
-"""The raw root's sources (its top-level folders, from one delimiter listing), and registering, checking
-and removing them as partitions of the per-source assets.
-"""
+"""The raw root's sources (its top-level folders, from one delimiter listing), and registering, checking and
+removing them as partitions of the per-source assets."""
 
 from __future__ import annotations
 
@@ -85,14 +84,10 @@ def source_problem(raw_uri: str, source: str) -> str | None:
         found = "no object under it"
     return (
         f"partition {source!r} of raw_sources is not a source of the raw root {raw_uri}: its folder "
-        f"{join_source(raw_uri, source)}/ is {found}. A partition is a top-level folder of the raw root; one "
+        f"{raw_uri.rstrip('/')}/{source}/ is {found}. A partition is a top-level folder of the raw root; one "
         "added by hand (the UI's 'Add a partition') or whose folder was removed fails every time. Remove it "
         f"with `{REMOVE_COMMAND} {source}` (from the repo root, the instance at $DAGSTER_HOME), or create the folder"
     )
-
-
-def join_source(raw_uri: str, source: str) -> str:
-    return f"{raw_uri.rstrip('/')}/{source}"
 
 
 def require_source(raw_uri: str, source: str) -> None:

@@ -1,8 +1,5 @@
-"""Parse an SQS message body holding S3 Event Notifications into the object events it reports.
-
-Accepts the S3 event itself, one wrapped in an SNS notification, and `s3:TestEvent`; keys are decoded
-with non-UTF-8 bytes kept as surrogates, as a local listing gives them.
-"""
+"""The object events of an SQS message body holding S3 Event Notifications (bare, wrapped in SNS, or a test
+event); keys decoded with non-UTF-8 bytes kept as surrogates, as a local listing gives them."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Which source a raw key belongs to, and whether the index reads it (the same rule as `write_source_index`).
-
-A bad key inside a source still maps to it (validation judges it); a source whose name cannot be a
-partition is reported and left out, as it would become a path segment of every per-source output.
-"""
+"""Which source a raw key belongs to, if the index reads it (`write_source_index`'s rule): a bad key still maps to
+its source (validation judges it); a source whose name cannot be a partition is reported and left out."""
 
 from __future__ import annotations
 

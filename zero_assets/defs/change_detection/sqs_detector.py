@@ -1,25 +1,29 @@
-"""Change detection from the raw bucket's S3 Event Notifications, read from an SQS queue; no listing.
-
-At least once: a message is deleted only by the tick after the one that read it was committed, so a
-lost tick's messages come back. A message that is not an S3 event is left for the dead-letter queue.
-"""
+"""Change detection from the raw bucket's S3 Event Notifications on an SQS queue, at least once: a message is
+deleted only by the tick after the one that read it was committed; one not an S3 event is left for the DLQ.
+Receiving is one long poll, then short polls to drain; `ZERO_SQS_ENDPOINT_URL` points at an SQS-compatible one."""
 
 from __future__ import annotations
 
+import re
+import time
 from collections import defaultdict
+from dataclasses import dataclass
 
+from training_code.lib.aws_clients import client
 from training_code.lib.hashing import sha256_json
 from training_code.lib.storage import printable_key, split_s3
-from zero_assets.defs.change_detection import Detection
+from zero_assets.core.settings import zero_env
+from zero_assets.defs.change_detection import Detection, TickState
 from zero_assets.defs.change_detection.s3_events import MalformedMessage, parse_body
 from zero_assets.defs.change_detection.source_digests import DIGEST_CHARS
 from zero_assets.defs.change_detection.sources import MAX_PROBLEMS, SourceFilter
-from zero_assets.defs.change_detection.sqs_queue import delete, receive
-from zero_assets.defs.change_detection.tick_state import TickState
 
 KIND = "sqs"
 MAX_MESSAGES_PER_TICK = 1000  # about 100 receive calls; bounds the receipts kept between ticks
 VISIBILITY_TIMEOUT_S = 900  # several tick intervals, so received messages stay hidden until deleted
+BATCH = 10  # SQS's most messages per ReceiveMessage and per DeleteMessageBatch
+LONG_POLL_MAX_S = 20  # SQS's longest WaitTimeSeconds
+_REGION_IN_URL = re.compile(r"^https://sqs[.-]([a-z0-9-]+)\.amazonaws\.com")
 
 
 def detect_from_queue(
@@ -30,7 +34,6 @@ def detect_from_queue(
     *,
     budget_s: float,
     wait_s: float | None = None,
-    max_messages: int = MAX_MESSAGES_PER_TICK,
     visibility_timeout_s: int = VISIBILITY_TIMEOUT_S,
 ) -> Detection:
     """`store`: the instance's run storage, which keeps the receipts between ticks."""
@@ -57,7 +60,7 @@ def detect_from_queue(
         queue_url,
         budget_s=budget_s,
         wait_s=wait_s,
-        max_messages=max_messages,
+        max_messages=MAX_MESSAGES_PER_TICK,
         visibility_timeout_s=visibility_timeout_s,
     )
     events_by_source: dict[str, list] = defaultdict(list)
@@ -103,3 +106,56 @@ def detect_from_queue(
     }
     summary = f"{len(messages)} messages from {queue_url}: {events} object events in {len(changed)} sources"
     return Detection(changed, new_cursor, summary, problems, change_number)
+
+
+@dataclass(frozen=True)
+class Message:
+    message_id: str
+    receipt: str
+    body: str
+
+
+def sqs_client(queue_url: str):
+    """The shared SQS client for `queue_url`: its region from the URL when it is AWS's, else the environment's."""
+    match = _REGION_IN_URL.match(queue_url)
+    return client(
+        "sqs", region=match.group(1) if match else None, endpoint_url=zero_env("ZERO_SQS_ENDPOINT_URL") or None
+    )
+
+
+def receive(
+    queue_url: str, *, budget_s: float, max_messages: int, visibility_timeout_s: int, wait_s: float | None = None
+) -> list[Message]:
+    """Up to `max_messages` messages within about `budget_s`, the first receive waiting up to `wait_s`."""
+    sqs = sqs_client(queue_url)
+    deadline = time.monotonic() + budget_s
+    messages: list[Message] = []
+    wait = int(min(LONG_POLL_MAX_S, max(0.0, budget_s if wait_s is None else min(wait_s, budget_s))))
+    while len(messages) < max_messages:
+        answer = sqs.receive_message(
+            QueueUrl=queue_url,
+            MaxNumberOfMessages=min(BATCH, max_messages - len(messages)),
+            WaitTimeSeconds=wait,
+            VisibilityTimeout=visibility_timeout_s,
+            AttributeNames=["All"],
+        )
+        batch = answer.get("Messages", [])
+        messages += [Message(m["MessageId"], m["ReceiptHandle"], m.get("Body", "")) for m in batch]
+        # A short poll may answer empty while a few messages wait elsewhere: the next tick gets them.
+        if not batch or time.monotonic() >= deadline:
+            break
+        wait = 0
+    return messages
+
+
+def delete(queue_url: str, receipts: list[str]) -> list[str]:
+    """Delete the messages by receipt; a line for each that could not be (it will be delivered again)."""
+    sqs = sqs_client(queue_url)
+    failures = []
+    for start in range(0, len(receipts), BATCH):
+        entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts[start : start + BATCH])]
+        answer = sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
+        failures += [
+            f"{queue_url}: delete failed ({f.get('Code')}: {f.get('Message', '')})" for f in answer.get("Failed", [])
+        ]
+    return failures
