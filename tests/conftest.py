@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from dagster import instance_for_test
-from local_s3 import LocalS3Server
+from helpers.local_s3 import LocalS3Server
 
 from zero_assets.backends.local.runner import LocalJobRunner
 from zero_assets.core.settings import ZeroSettings
@@ -62,7 +62,7 @@ def s3_env(s3_server, monkeypatch):
 @pytest.fixture(scope="module")
 def moto_endpoint():
     """A moto server (S3, CloudWatch Logs) on loopback for one module: the SageMaker fake's AWS side."""
-    from sagemaker_fakes import moto_server
+    from helpers.sagemaker_fakes import moto_server
 
     with moto_server() as endpoint:
         yield endpoint
@@ -71,7 +71,7 @@ def moto_endpoint():
 @pytest.fixture(scope="module")
 def sqs_endpoint():
     """A real SQS-compatible server (moto) for one module; its endpoint is in ZERO_SQS_ENDPOINT_URL."""
-    from sqs_server import sqs_server  # moto is imported only by the modules that use it
+    from helpers.sqs_server import sqs_server  # moto is imported only by the modules that use it
 
     with sqs_server() as endpoint:
         yield endpoint
@@ -80,7 +80,7 @@ def sqs_endpoint():
 @pytest.fixture
 def queue(sqs_endpoint, request):
     """A new queue on the module's SQS server for this test; its URL."""
-    from sqs_server import sqs
+    from helpers.sqs_server import sqs
 
     name = f"raw-events-{request.node.name[:40].replace('[', '-').replace(']', '')}-{time.monotonic_ns() % 10**9}"
     return sqs().create_queue(QueueName=name)["QueueUrl"]

@@ -1,6 +1,6 @@
 """Real processes for the fault tests: Dagster runs in their own processes against one instance on
 disk, and the waits a test needs to find and kill a job at a chosen point (the /proc look-ups are
-tests/process_tree.py, shared with the training-resume test)."""
+tests/helpers/process_tree.py, shared with the training-resume test)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from process_tree import alive
+from helpers.process_tree import alive
 
 FAULTS = Path(__file__).resolve().parent
 REPO = FAULTS.parents[1]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from fault_processes import REPO, finish, make_lab, wait_for, wait_gone
-from process_tree import descendants
+from helpers.process_tree import descendants
 
 from zero_assets.core.output_marker import OUTPUT_MARKER, output_is_complete
 from zero_assets.launch.output_lease import hold_lease, try_acquire

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import make_resources
 from dagster import AssetKey, AssetMaterialization, DagsterInstance, DagsterRun, DagsterRunStatus, MetadataValue
-from graph_runs import materialize_source
-from local_s3 import LocalS3Server
-from shard_sets import image_row, kept, pack, write_manifest
+from helpers.graph_runs import materialize_source
+from helpers.local_s3 import LocalS3Server
+from helpers.shard_sets import image_row, kept, pack, write_manifest
 
 from training_code.lib.shard_format import verify_shard_file
 from training_code.lib.storage import delete_prefix

@@ -32,11 +32,11 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import make_resources
 from dagster import instance_for_test
-from graph_runs import materialize_source
+from helpers.graph_runs import materialize_source
+from helpers.process_tree import PEAK_RSS
+from helpers.raw_index_reference import build_raw_index
+from helpers.selections import write_selection
 from PIL import Image
-from process_tree import PEAK_RSS
-from raw_index_reference import build_raw_index
-from selections import write_selection
 
 from training_code.lib.raw_index import whole_root_manifest
 from training_code.lib.tables import RAW_INDEX, write_table
@@ -293,7 +293,7 @@ def test_assets_on_two_hosts_give_the_same_verdicts(hostile, tmp_path):
     resources = make_resources(raw, tmp_path / "state")
     resources["jobs"] = LocalJobRunner(settings=resources["settings"], instances={"validated_images": 2})
     # One source (cam) holds nearly every hostile file: more than half of it is quarantined, by design.
-    # The sources whose annotations.json is unusable would fail (tests/test_unannotated_images): unlabelled here.
+    # Sources whose annotations.json is unusable would fail (tests/dagster/test_unannotated_images.py).
     config = {
         "max_annotation_bytes": ANNOTATION_LIMIT,
         "max_quarantine_rate": 0.9,

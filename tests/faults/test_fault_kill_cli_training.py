@@ -26,8 +26,8 @@ import pytest
 from conftest import make_resources
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 from fault_processes import wait_for, wait_gone
-from graph_runs import materialize_source, materialize_tail, sources_of
-from process_tree import alive, command_line, descendants
+from helpers.graph_runs import materialize_source, materialize_tail, sources_of
+from helpers.process_tree import alive, command_line, descendants
 
 from zero_assets.defs.assets import TAIL_ASSETS, map_report, trained_checkpoint
 

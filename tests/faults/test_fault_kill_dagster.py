@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 from fault_processes import make_lab, paused_pids, wait_for, wait_gone
-from process_tree import alive, descendants
+from helpers.process_tree import alive, descendants
 
 from zero_assets.core.output_marker import OUTPUT_MARKER, output_is_complete
 

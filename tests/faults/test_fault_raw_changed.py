@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 from conftest import make_resources
 from dagster import instance_for_test
-from graph_runs import materialize_source
+from helpers.graph_runs import materialize_source
 from PIL import Image
 
 from training_code.lib import storage

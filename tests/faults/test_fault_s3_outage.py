@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from dagster import AssetKey
-from graph_runs import materialize_source
-from local_s3 import LocalS3Server
+from helpers.graph_runs import materialize_source
+from helpers.local_s3 import LocalS3Server
 
 from training_code.lib import storage
 from zero_assets.backends.local.runner import LocalJobRunner

@@ -1,5 +1,5 @@
 """SageMaker attempts under faults, through the real runner and Pipes client, with the fake SageMaker
-(tests/sagemaker_fakes.py) really running a job script, S3 and CloudWatch Logs on a moto server:
+(tests/helpers/sagemaker_fakes.py) really running a job script, S3 and CloudWatch Logs on a moto server:
 
 - a `Completed` attempt whose output is missing is not reused: attempt 2 is launched;
 - a `Completed` attempt whose output is complete but whose Pipes messages are gone counts as failed:
@@ -21,7 +21,7 @@ import sys
 
 import pytest
 from dagster import AssetKey, asset, materialize
-from sagemaker_fakes import FakeSageMaker, ThrottledLogs, fake_aws, fake_settings
+from helpers.sagemaker_fakes import FakeSageMaker, ThrottledLogs, fake_aws, fake_settings
 
 from zero_assets.backends.sagemaker import runner as sagemaker_runner
 from zero_assets.backends.sagemaker.job_params import build_job_params

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from dagster._core.storage.tags import RUN_KEY_TAG
-from sensor_ticks import SensorDaemon
+from helpers.sensor_ticks import SensorDaemon
 
 from zero_assets.core.settings import ZeroSettings
 
@@ -107,7 +107,7 @@ def raw_root(tiny_raw_root, tmp_path) -> Path:
 def test_every_change_launches_one_run_per_changed_source_and_a_return_to_an_earlier_state_is_not_dropped(
     instance, raw_root
 ):
-    # SensorDaemon (tests/sensor_ticks.py) drops a request whose run key this sensor used before, as the daemon does.
+    # SensorDaemon (tests/helpers/sensor_ticks.py) drops a request whose run key was used before, as Dagster does.
     daemon = SensorDaemon(instance, ZeroSettings(raw_uri=str(raw_root)))
     first, launched = daemon.tick()
     assert sorted(r.partition_key for r in launched) == ["line_a_camera", "line_b_camera", "warehouse_scanner"], (

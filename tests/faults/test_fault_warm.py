@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from local_s3 import LocalS3Server
-from shard_sets import image_row, pack, write_manifest
+from helpers.local_s3 import LocalS3Server
+from helpers.shard_sets import image_row, pack, write_manifest
 from test_fault_s3_outage import FaultProxy
 
 from training_code.lib.aws_clients import AwsUnavailableError

@@ -2,7 +2,7 @@
 
 Pillow lets libjpeg's warnings pass, so mid-stream damage decodes to garbage and is accepted; simplejpeg
 with `strict=True` raises them. A reduced decode still entropy-decodes every block, so it raises the same
-warnings as a full-size one (tests/test_corrupt_jpeg.py checks they agree).
+warnings as a full-size one (tests/jobs/test_corrupt_jpeg.py checks they agree).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ class Part:
 
 
 # The difficulty knobs: hard enough that the demo detector scores well short of perfect (so a regression
-# can show), easy enough to beat shuffled labels. tests/test_demo_difficulty.py holds the score in range.
+# can show), easy enough to beat shuffled labels. tests/e2e/test_demo_difficulty.py holds the score in range.
 FINISHES = ((200, 200, 210), (205, 165, 60), (60, 110, 210), (215, 110, 45), (45, 48, 55))  # CATEGORIES' first
 FINISH_MATCH = 0.75  # the share of parts in their category's usual finish; the rest take any
 PARTS_PER_SCENE = (1, 6)  # inclusive range of labeled parts
