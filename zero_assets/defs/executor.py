@@ -9,15 +9,15 @@ import sys
 from collections.abc import Iterator, Sequence
 from types import ModuleType
 
-from dagster import DagsterEvent, DagsterInstance, Executor, ExecutorDefinition, multi_or_in_process_executor
-from dagster._core.definitions.executor_definition import (  # not exported by dagster
-    _core_in_process_executor_creation,
-    _core_multiprocess_executor_creation,
+from dagster import (
+    DagsterEvent,
+    DagsterInstance,
+    Executor,
+    ExecutorDefinition,
+    InitExecutorContext,
+    multi_or_in_process_executor,
 )
-from dagster._core.events import EngineEventData  # not exported by dagster
-from dagster._core.execution.context.system import PlanOrchestrationContext  # not exported by dagster
-from dagster._core.execution.plan.plan import ExecutionPlan  # not exported by dagster
-from dagster._core.execution.retries import RetryMode  # not exported by dagster
+from dagster._core.events import EngineEventData  # engine_event requires one; dagster does not export it
 
 from zero_assets.launch.run_owner import fail_dead_runs, record_run_worker
 
@@ -31,18 +31,18 @@ class RunWorkerExecutor(Executor):
         self.inner, self.in_process = inner, in_process
 
     @property
-    def retries(self) -> RetryMode:
+    def retries(self):
         return self.inner.retries
 
     @property
     def step_dependency_config(self):
         return self.inner.step_dependency_config
 
-    def execute(self, plan_context: PlanOrchestrationContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
+    def execute(self, plan_context, execution_plan) -> Iterator[DagsterEvent]:
         record_run_worker(plan_context.instance, plan_context.run_id)
         for run_id, reason in fail_dead_runs(plan_context.instance).items():
             yield DagsterEvent.engine_event(
-                plan_context, f"run {run_id}: {reason}; marked failed, its pool slots freed", EngineEventData()
+                plan_context, f"run {run_id}: {reason}; marked failed, its pool slots freed"
             )
         if self.in_process is not None and one_step_at_a_time(execution_plan):
             yield DagsterEvent.engine_event(
@@ -55,7 +55,7 @@ class RunWorkerExecutor(Executor):
             yield from self.inner.execute(plan_context, execution_plan)
 
 
-def one_step_at_a_time(execution_plan: ExecutionPlan) -> bool:
+def one_step_at_a_time(execution_plan) -> bool:
     """Whether no step takes a pool slot and no two materializing steps could run side by side."""
     for level in execution_plan.get_steps_to_execute_by_level():
         if any(step.pool for step in level):
@@ -96,21 +96,32 @@ def _main_module_imports() -> Sequence[str]:
     return sorted(names)
 
 
-def _create(init_context) -> Executor:
+def _create(init_context: InitExecutorContext) -> Executor:
     gc.freeze()
     config = init_context.executor_config
-    if "in_process" in config:
-        return RunWorkerExecutor(_core_in_process_executor_creation(config["in_process"]))
+    if "in_process" in config or config["multiprocess"].get("start_method"):  # or the run config chose
+        return RunWorkerExecutor(_default_executor(init_context, config))
     multiprocess = dict(config["multiprocess"])
-    if multiprocess.get("start_method"):  # the run config chose
-        return RunWorkerExecutor(_core_multiprocess_executor_creation(multiprocess))
     multiprocess["start_method"] = {"forkserver": {"preload_modules": step_worker_preload(init_context.instance)}}
     in_process = {
         "retries": multiprocess["retries"],
         "step_dependency_config": multiprocess.get("step_dependency_config"),
     }
     return RunWorkerExecutor(
-        _core_multiprocess_executor_creation(multiprocess), _core_in_process_executor_creation(in_process)
+        _default_executor(init_context, {"multiprocess": multiprocess}),
+        _default_executor(init_context, {"in_process": in_process}),
+    )
+
+
+def _default_executor(init_context: InitExecutorContext, config: dict) -> Executor:
+    """Dagster's multi_or_in_process executor for `config` (`{"multiprocess": ...}` or `{"in_process": ...}`)."""
+    return multi_or_in_process_executor.executor_creation_fn(
+        InitExecutorContext(
+            job=init_context.job,
+            executor_def=multi_or_in_process_executor,
+            executor_config=config,
+            instance=init_context.instance,
+        )
     )
 
 
