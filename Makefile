@@ -55,9 +55,9 @@ demo: venv bytecode $(HOME_CONFIG)
 	ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/dg launch --assets 'key:training_set+ and not group:campaign'
 	ZERO_RAW_URI="$(ZERO_RAW_URI)" $(VENV)/bin/zero-assets summary
 
-# Two pytest-xdist workers, each taking whole files (a module's fixtures are built once): most tests wait on
-# jobs, servers and subprocesses, so two share 2 cores well. PYTEST_WORKERS=0 runs in one process.
-PYTEST_WORKERS ?= 2
+# Four pytest-xdist workers, each taking whole files (a module's fixtures are built once): most tests wait on
+# jobs, servers and subprocesses, so four keep 2 cores busy. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 4
 test: venv bytecode $(HOME_CONFIG)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
