@@ -25,7 +25,7 @@ from training_code.lib.hashing import sha256_bytes
 from training_code.lib.image_encoding import ENCODINGS, Encoding
 from training_code.lib.parquet_bytes import parquet_bytes
 from training_code.lib.raw_fetch import readable_root
-from training_code.lib.read_list import ReadList, host_slot, read_read_list, resource_config
+from training_code.lib.read_list import ReadList, read_read_list
 from training_code.lib.shard_format import FORMAT, MANIFEST, MASKED, ROWS
 from training_code.lib.shard_hf import write_dataset_dict
 from training_code.lib.shard_packing import image_batches, label_columns, reading_pool
@@ -110,9 +110,9 @@ def build_shards(
         entries, new_rows = collected_parts(parts)
     else:
         todo = rows_to_pack(table, plan, reads.raw_uri if reads else str(raw))
-        mine = todo if phase == "all" else (reads or todo).part(*host_slot(resource_config(job_env.opt_ml())))
+        mine = todo if phase == "all" else (reads or todo).part(*job_env.host_slot())
         only = set(mine.keys())
-        with readable_root(mine.raw_uri, mine.rows(), job_env.opt_ml()) as (root, fetched):
+        with readable_root(mine.raw_uri, mine.rows()) as (root, fetched):
             packing = (target_shard_bytes, encoding, workers)
             entries, new_rows = _pack(root, out, table, index, selected, plan, packing, only)
     work = {**plan.work(), "shards_packed": len(entries), "bytes_packed": sum(e["bytes"] for e in entries)}

@@ -14,6 +14,7 @@ from .coco import ANNOTATIONS_FILE, INDEX_FIELDS, AnnotationError, SourceAnnotat
 from .hashing import sha256_bytes
 from .indexed_raw import IndexedFile, ListedRoot, proven_copy_bytes
 from .raw_files import RawChanged, RawRootChanged, Refused, locate, read_limited, read_with_stat
+from .s3_storage import is_missing
 from .storage import is_s3, join, key_problem, local_etag, s3_call, s3_client, split_s3
 
 
@@ -151,7 +152,7 @@ def _read_s3_annotations(raw_uri: str, key: str, max_bytes: int) -> tuple[Indexe
         try:
             response = client.get_object(Bucket=bucket, Key=object_key)
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            if is_missing(error):
                 return None, None
             raise
         size, etag = int(response["ContentLength"]), response["ETag"].strip('"')

@@ -61,11 +61,16 @@ def parse_annotations(
         row = {"key": file_key, "annotation_id": annotation_id(entry), "category": "", "bbox": []}
         parsed.rejected.append({**row, "reason": reason, "detail": f"{place}: {detail}"})
 
-    for n, entry in enumerate(document["categories"]):
-        place = f"categories[{n}]"
-        if not isinstance(entry, dict):
-            reject(None, place, "not_an_object", f"is a JSON {_json_type(entry)}, not an object")
-        elif not is_int(entry.get("id")):
+    def objects(section: str) -> Iterable[tuple[str, dict[str, Any]]]:
+        """(place, entry) of each entry of `section` that is an object; the others are rejected."""
+        for n, entry in enumerate(document[section]):
+            if isinstance(entry, dict):
+                yield f"{section}[{n}]", entry
+            else:
+                reject(None, f"{section}[{n}]", "not_an_object", f"is a JSON {_json_type(entry)}, not an object")
+
+    for place, entry in objects("categories"):
+        if not is_int(entry.get("id")):
             reject(None, place, "bad_id", f"'id' is {short(entry.get('id'))}, not an integer")
         elif not isinstance(entry.get("name"), str) or not entry["name"].strip():
             reject(None, place, "malformed", f"'name' is {short(entry.get('name'))}, not a usable category name")
@@ -73,11 +78,7 @@ def parse_annotations(
             parsed.categories[entry["id"]] = entry["name"].strip()
     files_by_id: dict[int, str] = {}
     refused_images: dict[int, str] = {}  # id -> the images[n] whose file_name was refused
-    for n, image in enumerate(document["images"]):
-        place = f"images[{n}]"
-        if not isinstance(image, dict):
-            reject(None, place, "not_an_object", f"is a JSON {_json_type(image)}, not an object")
-            continue
+    for place, image in objects("images"):
         image_id, file_name = image.get("id"), image.get("file_name")
         if not is_int(image_id):
             reject(None, place, "bad_id", f"'id' is {short(image_id)}, not an integer")
@@ -91,11 +92,7 @@ def parse_annotations(
             files_by_id[image_id] = file_name
             parsed.image_entries[file_name] = image
             parsed.by_file.setdefault(file_name, [])
-    for n, annotation in enumerate(document["annotations"]):
-        place = f"annotations[{n}]"
-        if not isinstance(annotation, dict):
-            reject(None, place, "not_an_object", f"is a JSON {_json_type(annotation)}, not an object")
-            continue
+    for place, annotation in objects("annotations"):
         image_id = annotation.get("image_id")
         if not is_int(image_id):
             reject(annotation, place, "bad_id", f"'image_id' is {short(image_id)}, not an integer")

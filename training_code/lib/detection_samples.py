@@ -4,7 +4,6 @@ row decoded into an upright picture and its boxes, and the ordered evaluation pa
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,16 +45,7 @@ def verified_split(
     """The shard-set manifest (zero-shards/4) and the split's shards, checked against it (else
     `ShardIntegrityError`); the sha256 checks are divided among ranks by stride. Shards stay inside the root:
     the channel `folder` with `training_set_dir` (the manifest's folder in it), else two folders above the manifest."""
-    root = Path(folder)
-    if training_set_dir is not None:
-        inner = Path(training_set_dir)
-        if inner.is_absolute() or ".." in inner.parts:
-            raise ValueError(
-                f"training set {training_set_dir!r} must be a folder inside the channel {folder}, without '..'"
-            )
-        folder = root / inner
-    else:
-        root = Path(os.path.abspath(root)).parent.parent
+    folder, root = shard_format.set_in_channel(folder, training_set_dir)
     manifest = shard_format.read_manifest(folder)
     masked = shard_format.masked_keys(folder, manifest)
     entries = shard_format.shards_for_split(manifest, split)

@@ -153,6 +153,17 @@ def current_host() -> str:
     return _resource_config().get("current_host") or os.environ.get("SM_CURRENT_HOST", "algo-1")
 
 
+def host_slot() -> tuple[int, int]:
+    """(this host's place among the sorted hosts, how many) from the resource config; (0, 1) outside one."""
+    config = _resource_config()
+    hosts, current = sorted(config.get("hosts") or []), config.get("current_host")
+    if not hosts or current is None:
+        return 0, 1
+    if current not in hosts:
+        raise ValueError(f"resourceconfig.json: current_host {current!r} is not among its hosts {hosts}")
+    return hosts.index(current), len(hosts)
+
+
 def is_first_host() -> bool:
     """Multi-instance Processing jobs run the script on every host; only the first one reports."""
     config = _resource_config()

@@ -31,7 +31,7 @@ def publish_model(
         }
     )
     if tracker is not None:
-        name = wandb_artifacts.model_artifact_name(wandb_artifacts.fingerprint16(job_env.job_name()), version)
+        name = f"model-{wandb_artifacts.fingerprint16(job_env.job_name()) or version[:16]}"
         payload = {"model_config": config, "step": summary["steps"]}
         tracker.log_artifact(wandb_artifacts.model_artifact(name, model_path, payload, version))
         summary["wandb"]["model_artifact"] = name  # the evaluation uses it by this name

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import job_env
 from .raw_files import RawRootChanged
 from .s3_storage import is_missing, precondition_failed, s3_call, s3_client, split_s3
 from .storage import is_s3, key_problem
@@ -113,22 +114,20 @@ def _get_range(bucket: str, key: str, part: _Range) -> bytes:
     return s3_call(get, f"GET s3://{bucket}/{key} (IfMatch {part.etag}, bytes {part.start}-{part.end})")
 
 
-def scratch_folder(opt_ml: Path) -> Path:
+def scratch_folder() -> Path:
     """Where a job fetches to: SageMaker's ML storage volume (`/opt/ml/processing`), else a temporary folder."""
-    volume = Path(opt_ml) / "processing"
+    volume = job_env.opt_ml() / "processing"
     base = volume if volume.is_dir() and os.access(volume, os.W_OK) else None
     return Path(tempfile.mkdtemp(prefix="zero-fetched-", dir=base))
 
 
 @contextmanager
-def readable_root(
-    raw_uri: str, rows: list[tuple[str, int, str]], opt_ml: Path
-) -> Iterator[tuple[Path, Fetched | None]]:
+def readable_root(raw_uri: str, rows: list[tuple[str, int, str]]) -> Iterator[tuple[Path, Fetched | None]]:
     """A local folder holding `rows` at their keys: a local raw root as is, or a scratch folder fetched from S3."""
     if not is_s3(raw_uri):
         yield Path(raw_uri), None
         return
-    scratch = scratch_folder(opt_ml)
+    scratch = scratch_folder()
     try:
         _, fetched = fetch_objects(raw_uri, rows, scratch)
         yield scratch, fetched

@@ -5,7 +5,6 @@ and the split groups of what it lists, counted by the first 8 bytes of their nam
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -13,7 +12,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from .raw_index_inventory import inventory_objects
-from .storage import ObjectInfo, is_s3, key_problem, local_object_info, s3_call, s3_client, split_s3
+from .storage import ObjectInfo, is_s3, key_problem, s3_call, s3_client, split_s3, walk_local
 
 S3_PAGE_KEYS = 1000
 
@@ -35,36 +34,12 @@ def list_source(raw_uri: str, source: str, inventory_manifest_uri: str | None = 
         return inventory_objects(inventory_manifest_uri, raw_uri, under=f"{source}/")
     if is_s3(raw_uri):
         return _list_s3_source(raw_uri, source)
-    return _walk_local(Path(raw_uri), source)
-
-
-def _walk_local(raw: Path, source: str) -> Iterator[ObjectInfo]:
-    """As `storage.list_objects` lists a local root, one folder at a time, in full-key order."""
-    top = raw / source
-    if top.is_symlink() or not top.is_dir():
+    raw = Path(raw_uri)
+    if (raw / source).is_symlink() or not (raw / source).is_dir():
         raise FileNotFoundError(
-            f"{top} is not a folder of the raw root {raw} (a symlinked source folder is not followed)"
+            f"{raw / source} is not a folder of the raw root {raw} (a symlinked source folder is not followed)"
         )
-    real_root = os.path.realpath(raw)
-    stack = [iter(_sorted_entries(str(top), f"{source}/"))]
-    while stack:
-        item = next(stack[-1], None)
-        if item is None:
-            stack.pop()
-            continue
-        entry, key = item
-        if entry.is_dir(follow_symlinks=False):
-            stack.append(iter(_sorted_entries(entry.path, f"{key}/")))
-            continue
-        found = local_object_info(entry, key, real_root)
-        if found is not None:
-            yield found
-
-
-def _sorted_entries(folder: str, prefix: str) -> list[tuple[os.DirEntry, str]]:
-    with os.scandir(folder) as entries:
-        listed = [(entry, prefix + entry.name) for entry in entries]
-    return sorted(listed, key=lambda item: item[1] + "/" if item[0].is_dir(follow_symlinks=False) else item[1])
+    return walk_local(raw, source)
 
 
 def _list_s3_source(raw_uri: str, source: str) -> Iterator[ObjectInfo]:

@@ -12,7 +12,6 @@ from types import TracebackType
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import job_env
 from .annotation_files import annotation_error, load_annotations
 from .coco import ANNOTATIONS_FILE, SourceAnnotations
 from .contact_sheet import DRAWABLE_REASONS, MAX_ATTEMPTS, Thumbnail, quarantine_thumbnails
@@ -39,7 +38,7 @@ class RawReader:
                 f"--raw {local_root} names a local folder, but the index listed the S3 raw root {listed.raw_uri}: "
                 "an S3 root is fetched by key; leave --raw out"
             )
-        self.root = (local_root or Path(listed.raw_uri)) if self.local else scratch_folder(job_env.opt_ml())
+        self.root = (local_root or Path(listed.raw_uri)) if self.local else scratch_folder()
         self.fetched_objects = self.fetched_bytes = 0
 
     def __enter__(self) -> RawReader:

@@ -103,20 +103,3 @@ def read_read_list(folder: str | Path) -> ReadList:
         raise ValueError(f"{join(folder, TABLE)} is not the table {manifest_uri} lists; materialize the asset again")
     table = read_parquet_bytes(table_bytes).cast(SCHEMA)
     return ReadList(str(manifest["raw_uri"]), table, int(manifest["max_object_bytes"]), manifest.get("basis") or {})
-
-
-def host_slot(resource_config: dict[str, Any]) -> tuple[int, int]:
-    """(this host's place among the sorted hosts, how many) from a resource config; (0, 1) outside one."""
-    hosts = sorted(resource_config.get("hosts") or [])
-    current = resource_config.get("current_host")
-    if not hosts or current is None:
-        return 0, 1
-    if current not in hosts:
-        raise ValueError(f"resourceconfig.json: current_host {current!r} is not among its hosts {hosts}")
-    return hosts.index(current), len(hosts)
-
-
-def resource_config(opt_ml: Path) -> dict[str, Any]:
-    """`<opt_ml>/config/resourceconfig.json`, as Processing containers have it; {} outside a job."""
-    path = Path(opt_ml) / "config" / "resourceconfig.json"
-    return json.loads(path.read_text()) if path.is_file() else {}

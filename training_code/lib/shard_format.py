@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,20 @@ def checked_manifest(data: bytes | None, path: Path | str) -> dict[str, Any]:
 
 def shards_for_split(manifest: dict[str, Any], split: str) -> list[dict[str, Any]]:
     return [s for s in manifest["shards"] if s["split"] == split]
+
+
+def set_in_channel(channel: Path, training_set_dir: str | None) -> tuple[Path, Path]:
+    """(the set's folder, the root its shards stay inside): `training_set_dir` inside the channel and the
+    channel, else the channel and two folders above it."""
+    root = Path(channel)
+    if training_set_dir is None:
+        return root, Path(os.path.abspath(root)).parent.parent
+    inner = Path(training_set_dir)
+    if inner.is_absolute() or ".." in inner.parts:
+        raise ValueError(
+            f"training set {training_set_dir!r} must be a folder inside the channel {channel}, without '..'"
+        )
+    return root / inner, root
 
 
 def shard_path(folder: Path, entry: dict[str, Any], root: Path | None = None) -> Path:

@@ -31,29 +31,36 @@ def list_objects(root: str | os.PathLike, include_unsafe: bool = False) -> Itera
     if is_s3(root):
         objects = s3_storage.list_objects(str(root))
     else:
-        objects = sorted(_list_local(Path(root)), key=lambda o: o.key)
+        if not Path(root).is_dir():
+            raise FileNotFoundError(f"raw root {root} does not exist or is not a folder")
+        objects = walk_local(Path(root))
     for obj in objects:
         if include_unsafe or key_problem(obj.key) is None:
             yield obj
 
 
-def _list_local(root: Path) -> Iterator[ObjectInfo]:
-    if not root.is_dir():
-        raise FileNotFoundError(f"raw root {root} does not exist or is not a folder")
+def walk_local(root: Path, under: str = "") -> Iterator[ObjectInfo]:
+    """Every file under `root` (or its folder `under`) in key order, holding one folder's entries at a time."""
     real_root = os.path.realpath(root)
-    folders = [root]
-    while folders:
-        with os.scandir(folders.pop()) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    folders.append(Path(entry.path))
-                    continue
-                found = local_object_info(entry, Path(entry.path).relative_to(root).as_posix(), real_root)
-                if found is not None:
-                    yield found
+    stack = [iter(_sorted_entries(os.path.join(root, under), f"{under}/" if under else ""))]
+    while stack:
+        item = next(stack[-1], None)
+        if item is None:
+            stack.pop()
+        elif item[0].is_dir(follow_symlinks=False):
+            stack.append(iter(_sorted_entries(item[0].path, f"{item[1]}/")))
+        elif (found := _local_object_info(*item, real_root)) is not None:
+            yield found
 
 
-def local_object_info(entry: os.DirEntry, key: str, real_root: str) -> ObjectInfo | None:
+def _sorted_entries(folder: str, prefix: str) -> list[tuple[os.DirEntry, str]]:
+    """A folder's (entry, key), in the order of full keys (a folder sorts as its name and a '/')."""
+    with os.scandir(folder) as entries:
+        listed = [(entry, prefix + entry.name) for entry in entries]
+    return sorted(listed, key=lambda item: item[1] + "/" if item[0].is_dir(follow_symlinks=False) else item[1])
+
+
+def _local_object_info(entry: os.DirEntry, key: str, real_root: str) -> ObjectInfo | None:
     """A local entry as a listed object; None for FIFOs, sockets, devices and links out of the root."""
     if entry.is_symlink():
         stat = _symlinked_file_stat(entry.path, real_root)

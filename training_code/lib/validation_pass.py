@@ -29,7 +29,7 @@ from .object_keys import key_problem
 from .output_manifest import RETRY_NEXT_TIME
 from .raw_files import RawRootChanged
 from .raw_reader import RawReader
-from .read_list import ReadList, host_slot, read_list_of, read_read_list, resource_config
+from .read_list import ReadList, read_list_of, read_read_list
 from .storage import write_bytes_atomic
 from .tables import RAW_INDEX, VERDICTS, read_table, write_table
 from .validated_files import VERDICTS_FILE
@@ -223,7 +223,7 @@ def decode_part(args: argparse.Namespace, check: Callable[..., ImageVerdict] = c
     """The map stage on one host: decode its part of the read list and write its verdicts."""
     check_args(args)
     host = job_env.current_host()
-    slot, hosts = host_slot(resource_config(job_env.opt_ml()))
+    slot, hosts = job_env.host_slot()
     reads = read_read_list(args.reads)
     part = reads.part(slot, hosts)
     log.info(

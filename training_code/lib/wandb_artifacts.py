@@ -50,11 +50,8 @@ def shard_set_artifact(folder: Path, training_set_dir: str | None = None, source
     """The shard set at `folder` (or its `training_set_dir`) as a reference artifact."""
     import wandb
 
-    channel = root = Path(folder)
-    if training_set_dir is not None:
-        folder = root / training_set_dir
-    else:
-        root = Path(os.path.abspath(root)).parent.parent
+    channel = Path(folder)
+    folder, root = shard_format.set_in_channel(channel, training_set_dir)
     manifest = shard_format.read_manifest(folder)
     manifest_bytes = (Path(folder) / shard_format.MANIFEST).read_bytes()
     splits = sorted({entry["split"] for entry in manifest["shards"]})
@@ -78,10 +75,6 @@ def shard_set_artifact(folder: Path, training_set_dir: str | None = None, source
         path = shard_format.shard_path(folder, entry, root)
         artifact.add_reference(_reference(path, channel, source), name=f"shards/{path.name}", checksum=False)
     return artifact
-
-
-def model_artifact_name(fingerprint: str | None, data_version: str) -> str:
-    return f"model-{fingerprint or data_version[:16]}"
 
 
 def model_artifact(name: str, model_path: Path, payload: dict[str, Any], data_version: str):

@@ -92,14 +92,14 @@ def api_key_from_secret(arn: str) -> str:
     return text
 
 
-def start(args: argparse.Namespace, *, job_type: str, config: dict[str, Any], offline_dir: Path | None = None):
+def start(args: argparse.Namespace, *, job_type: str, config: dict[str, Any]):
     """The job's W&B run, or None when tracking is disabled. Call on the reporting process only."""
     if args.wandb_mode == "disabled":
         return None
     import wandb  # imported only when tracking is asked for
 
     # WANDB_DIR (when set) is where the user keeps runs; else the output data folder SageMaker uploads.
-    default_dir = offline_dir or Path(os.environ.get("SM_OUTPUT_DATA_DIR", job_env.opt_ml() / "output" / "data"))
+    default_dir = os.environ.get("SM_OUTPUT_DATA_DIR", job_env.opt_ml() / "output" / "data")
     run_dir = Path(os.environ.get("WANDB_DIR") or default_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     options: dict[str, Any] = {"console": "off", "silent": True}  # stdout/stderr carry structured lines and Pipes

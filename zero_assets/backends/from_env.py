@@ -41,8 +41,7 @@ def backend_settings() -> tuple[ZeroSettings, SageMakerSettings | None]:
 
 
 def sagemaker_settings() -> tuple[ZeroSettings, SageMakerSettings]:
-    """The SageMaker backend's settings whatever `ZERO_BACKEND` says (for `render-jobs`); the lake and raw
-    root default to `s3://<bucket>/<prefix>/lake` and `.../raw`."""
+    """The SageMaker backend's settings whatever `ZERO_BACKEND` says; lake and raw root under `s3://<bucket>/<prefix>/`."""
     profile = profile_from_env()
     aws = sagemaker_settings_from_env(**profile_fields(profile))
     root = s3_root_from_env()  # not `aws`'s: its fields are EnvVar bindings until Dagster resolves them

@@ -77,8 +77,7 @@ class JobRunner(ConfigurableResource):
 
     @abstractmethod
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput, lease: str) -> WarmedShards:
-        """Make `shards` readable by the trainer at `warm_location(shards)`, verified; `lease`: the warm's output
-        lease, which a job the warm launches names."""
+        """Make `shards` readable, verified, at `warm_location(shards)`; `lease`: the warm's output lease."""
 
     @abstractmethod
     def tune(
@@ -101,8 +100,7 @@ class JobRunner(ConfigurableResource):
         return None
 
     def preflight(self, settings: ZeroSettings, tracking: Mapping[str, Any]) -> list[Finding]:
-        """The campaign's preflight for a training tracked as `tracking`: checkpoint folders writable and,
-        tracking online, a valid W&B key."""
+        """Checkpoint folders writable and, tracking online, a valid W&B key."""
         findings = [
             writable_prefix(str(settings.jobs_root() / asset), f"{asset} checkpoints") for asset in TRAINING_ASSETS
         ]
@@ -113,6 +111,5 @@ class JobRunner(ConfigurableResource):
     def stop_orphaned_jobs(
         self, orphaned_since: dict[str, float], holder: Callable[[str], Any], log: Any
     ) -> tuple[dict[str, float] | None, str]:
-        """Stop the jobs whose output lease no live run (`holder`) has held for the grace period; the new
-        `orphaned_since` (None: nothing is watched) and a summary."""
+        """Stop jobs no live run (`holder`) held for the grace period: (new `orphaned_since` or None, summary)."""
         return None, "local backend: a job process dies with the process that started it"

@@ -29,14 +29,12 @@ UNKEYED_TRACKING = ("wandb_group",)  # names the checkpoint (its fingerprint), n
 
 @cache
 def code_version(*modules: str) -> str:
-    """Hash of the source of `modules` and every project module they import, transitively, cached: what an
-    asset declares as its code version, the files at definitions load."""
+    """Hash of `modules` and every project module they import, transitively (cached)."""
     return current_code_version(*modules)
 
 
 def current_code_version(*modules: str) -> str:
-    """`code_version` from the files as they are now, never cached: what a launch fingerprints. Imports are
-    followed into this project's packages and each module's own top-level package (`acme` for `acme.x`)."""
+    """`code_version` from the files as they are now, never cached: what a launch fingerprints."""
     if not modules:
         raise ValueError("code_version needs at least one module name")
     packages = {*CODE_PACKAGES, *(module.split(".")[0] for module in modules)}
@@ -47,8 +45,7 @@ def current_code_version(*modules: str) -> str:
 
 
 def check_job_module(module: str, setting: str) -> None:
-    """Raise `Failure` unless the module config field `setting` names can run as `python -m` (imports its
-    parent packages to find it, never the module itself)."""
+    """Raise `Failure` unless the module `setting` names can run as `python -m` (not imported)."""
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError) as error:  # a parent package is missing or fails to import
@@ -171,8 +168,7 @@ def upstream_name(output: UpstreamOutput, upstream: list[UpstreamOutput]) -> str
 def rehearsal_key_inputs(
     module: str, hyperparameters: dict[str, Any], tracking: dict[str, Any], environment: dict[str, str]
 ) -> dict[str, Any]:
-    """What the rehearsal key hashes: `module` and its current code version, `hyperparameters` less the scale
-    knobs (numbers by type), `tracking` less the group, and `environment` (the runner and its images)."""
+    """What the rehearsal key hashes: module and code version, hyperparameters less scale knobs, tracking, runner."""
     return {
         "format": KEY_FORMAT,
         "module": module,

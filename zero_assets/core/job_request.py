@@ -23,8 +23,7 @@ MODULE_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 
 def job_name(label: str, fingerprint: str, attempt: int) -> str:
-    """`zero-<label>-<fingerprint16>-a<attempt>`, the label shortened to fit SageMaker's 63 characters;
-    deterministic, so a restarted run finds the attempt its predecessor launched."""
+    """`zero-<label>-<fingerprint16>-a<attempt>`, shortened to SageMaker's 63 characters; deterministic."""
     if attempt < 1:
         raise ValueError(f"attempt numbers start at 1, got {attempt}")
     if not re.fullmatch(r"[0-9a-f]{16,}", fingerprint):
@@ -116,14 +115,12 @@ LEASE_SUFFIX = ".lease.json"
 
 
 def materialization_folder(jobs_root: Path, request: JobRequest) -> Path:
-    """`<jobs root>/<asset>/<fingerprint[:16]>`: what the output `request` builds keeps on this machine
-    (`lease.json`, `checkpoints/` and `runs/<run id>/<job name>/`)."""
+    """`<jobs root>/<asset>/<fingerprint[:16]>`: the output's lease, checkpoints and run folders."""
     return Path(jobs_root) / request.asset / request.fingerprint[:16]
 
 
 def output_lease_location(jobs_root: Path, asset: str, fingerprint: str, output: str) -> str:
-    """Where the lease of `output` is kept: `<output>.lease.json` beside an s3:// output (visible to
-    every host), else `lease.json` in its job folder."""
+    """`<output>.lease.json` beside an s3:// output, else `lease.json` in its job folder."""
     if is_s3(output):
         return output.rstrip("/") + LEASE_SUFFIX
     return str(Path(jobs_root) / asset / fingerprint[:16] / "lease.json")
@@ -171,8 +168,7 @@ def spread_over(
     read_list_uri: str,
     write: bool = True,
 ) -> tuple[JobRequest | None, JobRequest]:
-    """(map stage or None, the job that writes the output) for `request`, planned and sized; with `write`, the
-    read list is written at `read_list_uri`."""
+    """(map stage or None, the job writing the output), planned and sized; `write`: write the read list."""
     planned = spread.plan(request.inputs, request.arguments)
     if write:
         write_read_list(read_list_uri, planned)

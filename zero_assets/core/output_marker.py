@@ -141,8 +141,7 @@ def complete_marker(uri: str, fingerprint: str) -> dict[str, Any] | None:
 
 
 def _outside_facts(uri: str, manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """`{name: {"bytes": size}}` for the files the manifest names outside `uri`; `OutputNotComplete` naming
-    one that is missing or of another size."""
+    """`{name: {"bytes": size}}` of the files named outside `uri`; `OutputNotComplete` if one is off."""
     named = outside_files(manifest, f"{uri}/{MANIFEST}")
     try:
         sizes = _outside_sizes(uri, list(named))

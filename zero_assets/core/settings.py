@@ -49,8 +49,7 @@ def zero_env(name: str, environ: Mapping[str, str] | None = None) -> str:
 
 
 def env_bindings(variables: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """`field -> EnvVar(variable)` for each of `variables` that is set (Dagster reads it at resource init and
-    its UI names the variable); with `environ`, the values instead."""
+    """`field -> EnvVar(variable)` for each set variable; with `environ`, the values instead."""
     if environ is None:
         return {field: EnvVar(var) for field, var in variables.items() if zero_env(var)}
     return {field: zero_env(var, environ) for field, var in variables.items() if zero_env(var, environ)}

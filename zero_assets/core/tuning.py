@@ -84,8 +84,7 @@ class TuningSpec:
             raise ValueError(f"{field}: " + "; ".join(problems))
 
     def local_trials(self, base: dict[str, Any]) -> list[dict[str, Any]]:
-        """The trials' hyperparameters (`base` with the tuned ones set) the local backend runs: every
-        combination for Grid (at most max_trials), else max_trials seeded random draws."""
+        """The local backend's trials: every Grid combination (at most max_trials), else seeded random draws."""
         rng = random.Random(self.seed)
         if self.strategy == "Grid":
             grid = itertools.product(*(tuned.values for tuned in self.ranges))

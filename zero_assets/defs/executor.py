@@ -73,8 +73,7 @@ def one_step_at_a_time(execution_plan) -> bool:
 
 
 def step_worker_preload(instance: DagsterInstance) -> list[str]:
-    """Modules a forkserver preloads: the code location, the run worker's `__main__` imports (a forked worker
-    runs it again) and the instance's storage classes (the worker rebuilds its instance)."""
+    """Modules a forkserver preloads: the code location, the run worker's `__main__` imports and storages."""
     parts = [
         instance.run_storage,
         instance.event_log_storage,

@@ -92,8 +92,7 @@ def start_request(instance: DagsterInstance, asset_graph, plan: TrainingPlan) ->
 
 
 def not_built_from(instance: DagsterInstance, asset_graph, chosen: EventLogRecord) -> list[AssetKey]:
-    """The assets between training_set and trained_checkpoint, in graph order, whose latest materialization
-    was not built from `chosen` or did not pass its blocking checks."""
+    """The assets from training_set to trained_checkpoint not built from `chosen` or failing a check."""
     between = {
         key
         for key in asset_graph.get_ancestor_asset_keys(TRAINED)

@@ -109,8 +109,7 @@ BUILT = "built_"
 def hit_metadata(
     earlier: Mapping[str, Any], reason: str, built_by_run: str | None, recorded: bool = True
 ) -> dict[str, Any]:
-    """A cache hit's metadata: verdict, the run and job that first built the output, then `earlier`'s
-    entries with build keys as `built_<key>`. `recorded`: `earlier` is a recorded materialization."""
+    """A cache hit's metadata: verdict, first builder, then `earlier`'s entries with build keys as `built_<key>`."""
     carried = {key: value for key, value in earlier.items() if key not in CACHE_FIRST}
     run = _plain(earlier.get("built_by_run")) or built_by_run
     job = _plain(earlier.get("built_by_job")) or _plain(earlier.get("job_name"))

@@ -44,8 +44,7 @@ def hold_lease(
     on_wait: Callable[[dict[str, Any]], None] = lambda record: None,
     heartbeat_s: float | None = None,
 ) -> Iterator[Lease]:
-    """Hold the lease at `location` for the block, waiting (`on_wait(owner record)`, once) while another live run
-    holds it; the stale limit is `ZERO_OUTPUT_LEASE_STALE_S`, the heartbeat the store's unless given."""
+    """Hold the lease at `location` for the block, waiting (`on_wait(owner)`, once) while a live run holds it."""
     store, stale, waited_for = lease_store(location), _stale(None), None
     while True:
         lease, owner = store.try_acquire(run_id, stale)

@@ -152,8 +152,7 @@ _watched: set[str] = set()  # the runs this process watches the run worker of (a
 
 
 def watch_over_step(context: AssetExecutionContext) -> None:
-    """At a step's start: record the run worker if none is, fail this host's dead runs, and in a separate step
-    worker watch the run worker so the step ends with it."""
+    """Record the run worker, fail dead runs, and in a separate step worker end the step with it."""
     instance, run_id = context.instance, context.run.run_id
     if run_id in _watched:
         return
@@ -176,8 +175,7 @@ def _watch_run_worker(instance: DagsterInstance, worker: RunWorker) -> None:
 
 
 def _end_orphaned_step(instance: DagsterInstance, worker: RunWorker, reason: str) -> None:
-    """Kill the local jobs (their parent-death signal names this step worker, which outlives the run worker),
-    record the run's failure (bounded in time), and exit without another event."""
+    """Kill the local jobs, record the run's failure (bounded), and exit without another event."""
     killed = end_orphaned_jobs()
     print(
         f"zero_assets: run {worker.run_id}: {reason}; killed its local jobs ({len(killed)} processes)",

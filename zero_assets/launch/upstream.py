@@ -127,8 +127,7 @@ def output_of(record: EventLogRecord, asset: str, partition: str | None = None) 
 
 
 def previous_output(context: AssetExecutionContext) -> str | None:
-    """Where this asset's latest materialization wrote its output, when still complete: incremental jobs'
-    `--previous`, outside the fingerprint, as results must not depend on it."""
+    """The latest output of this asset, when still complete: incremental jobs' `--previous`."""
     records = latest_materializations(context.instance, context.asset_key, context_partition(context))
     if not records or records[0].asset_materialization is None:
         return None

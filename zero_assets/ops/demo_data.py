@@ -63,9 +63,7 @@ def demo_images(images: int, rng: np.random.Generator) -> list[DemoImage]:
 
 
 def shuffle_labels(drawn: list[DemoImage], seed: int) -> list[DemoImage]:
-    """The same images, each with another image's boxes (scaled) and permuted categories.
-
-    A detector trained on these should score near zero: a check that the real labels carry the signal."""
+    """The same images, each with another's boxes and permuted categories: a model should score near zero."""
     rng = np.random.default_rng([seed, 0x5107])
     # One random cycle through all images: every image gets another image's boxes, never its own.
     cycle = rng.permutation(len(drawn))
@@ -84,9 +82,7 @@ def shuffle_labels(drawn: list[DemoImage], seed: int) -> list[DemoImage]:
 
 
 def make_demo_raw_root(out: Path, images: int = 240, seed: int = 0, shuffled_labels: bool = False) -> dict:
-    """Write the demo raw root to `out` (which must be empty) and return a summary.
-
-    `shuffled_labels` shuffles the good images' annotations (see shuffle_labels)."""
+    """Write the demo raw root to the empty `out` and return a summary."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} is not empty; pick a new --out folder or delete this one first")
@@ -145,8 +141,7 @@ def _png_with_bad_crc(png: bytes) -> bytes:
 
 
 def plant_bad_cases(rng: np.random.Generator, blobs: dict, coco: dict, sources: tuple[str, str, str]) -> dict[str, str]:
-    """Add one of each bad case the validation pass must report to `blobs` ((source, key) -> bytes) and
-    `coco` (source -> its annotations), in place; returns case -> key."""
+    """Add one of each bad case to `blobs` and `coco`, in place; returns case -> key."""
     a, b, c = sources
     planted: dict[str, str] = {}
 

@@ -17,7 +17,6 @@ outside the asset folders, the job folders and the warm mount's sets and shards 
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -26,14 +25,17 @@ from dataclasses import dataclass, field
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from training_code.lib.storage import delete_file, delete_prefix, is_s3, join, list_objects, newest_write
-from zero_assets.core.job_request import RUNS_FOLDER
 from zero_assets.core.settings import JOBS_FOLDER
 from zero_assets.ops.garbage_shards import (
     SHARD_ASSET,
     WARM_ASSET,
     WARM_MOUNT_KEY,
+    Folder,
+    Verdict,
+    age,
     kept_for_their_shards,
-    unreferenced_on_mount,
+    unit_of,
+    unreferenced_on_mounts,
 )
 
 URI_KEYS = ("dagster/uri", "warm_s3_uri")
@@ -47,30 +49,6 @@ LIVE_STATUSES = [
     DagsterRunStatus.CANCELING,
 ]
 DEFAULT_GRACE_HOURS = 24.0
-
-
-@dataclass(frozen=True)
-class Folder:
-    """One collectable unit of the lake, with what the listing says about it."""
-
-    key: str  # relative to the lake
-    # "output", "run" (one run's job folder), "jobs" (an output's lease and checkpoints, or an older job
-    # folder), or on the warm mount "warm set", "warm shard", "warm leftover" (garbage_shards)
-    kind: str
-    uri: str
-    bytes: int  # of the files that belong to this unit alone (a "jobs" folder's runs are units of their own)
-    files: tuple[str, ...] = ()  # a unit of single files (a warm shard and its verdict), deleted one by one, last first
-
-    @property
-    def parts(self) -> list[str]:
-        return self.key.split("/")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    folder: Folder
-    why: str  # why it is unreferenced
-    kept_because: str | None  # set when it is unreferenced but must stay (a run may still be writing it)
 
 
 @dataclass
@@ -110,28 +88,8 @@ class References:
         return graced, f"written within the grace period ({grace_s / 3600:g} h)"
 
 
-_FINGERPRINT = re.compile(r"[0-9a-f]{16}")
-
-
-def unit_of(key: str, assets: set[str]) -> tuple[str, str] | None:
-    """(unit key, kind) that a listed file belongs to, None for files gc never touches."""
-    parts = key.split("/")
-    if parts[0] in assets and len(parts) >= 3:
-        # A per-source asset's outputs sit one folder deeper, under the source's folder.
-        depth = 2 if _FINGERPRINT.fullmatch(parts[1]) else 3
-        return ("/".join(parts[:depth]), "output") if len(parts) > depth else None
-    if parts[0] != JOBS_FOLDER or len(parts) < 3:
-        return None  # anything else in the lake is not ours to judge
-    if parts[1] not in assets:
-        return "/".join(parts[:2]), "jobs"  # the older one-folder-per-job layout
-    if len(parts) >= 6 and parts[3] == RUNS_FOLDER:
-        return "/".join(parts[:5]), "run"
-    return ("/".join(parts[:3]), "jobs") if len(parts) >= 4 else None
-
-
 def lake_folders(lake: str, assets: Iterable[str], jobs_root: str | None = None) -> list[Folder]:
-    """Every collectable unit in the lake, run folders before the folder above them; `jobs_root`: the job
-    folders when not at `<lake>/_jobs`, keyed `_jobs/...` all the same."""
+    """Every collectable unit, run folders first; `jobs_root`: job folders kept elsewhere."""
     assets = set(assets)
     roots = {"": lake}
     separate_jobs = jobs_root is not None and normalize(jobs_root) != normalize(join(lake, JOBS_FOLDER))
@@ -250,14 +208,16 @@ def _find(
             f"{lake} would count as unreferenced. Point DAGSTER_HOME at the instance that built this lake (`source "
             ".venv/bin/activate` sets the repo's); to drop a lake whose history is gone, delete the folder yourself."
         )
-    return refs, _judge(folders, lake, refs, grace_s, set(assets)) + _judge_warm(refs, grace_s)
+    cutoff, recent = refs.cutoff(grace_s)
+    warm = unreferenced_on_mounts(sorted(refs.warm_mounts), refs.names_path, cutoff, recent)
+    return refs, _judge(folders, lake, refs, grace_s, set(assets)) + warm
 
 
 def _judge(folders: list[Folder], lake: str, refs: References, grace_s: float, assets: set[str]) -> list[Verdict]:
     cutoff, recent = refs.cutoff(grace_s)
     outputs = [(f.key, f.uri) for f in folders if f.kind == "output" and f.parts[0] == SHARD_ASSET]
     by_shards = kept_for_their_shards(  # an output stays on its own merits: named, or written since the cutoff
-        outputs, lambda uri: refs.names_path(uri) or (newest_write(uri) or 0.0) >= cutoff, assets, unit_of
+        outputs, lambda uri: refs.names_path(uri) or (newest_write(uri) or 0.0) >= cutoff, assets
     )
     verdicts, kept_runs = [], set()
     for folder in folders:  # run folders come first: a "jobs" folder above them needs their verdicts
@@ -269,20 +229,6 @@ def _judge(folders: list[Folder], lake: str, refs: References, grace_s: float, a
         if why is not None:
             verdicts.append(Verdict(folder, why, kept))
     return verdicts
-
-
-def _judge_warm(refs: References, grace_s: float) -> list[Verdict]:
-    """The warm mounts' units nothing keeps (see `garbage_shards.unreferenced_on_mount`)."""
-    cutoff, recent = refs.cutoff(grace_s)
-    return [
-        Verdict(
-            Folder(c.key, c.kind, c.uri, c.bytes, c.files),
-            c.why,
-            f"last {recent}, {age(c.written)} ago" if c.written >= cutoff else None,
-        )
-        for mount in sorted(refs.warm_mounts)
-        for c in unreferenced_on_mount(mount, refs.names_path, cutoff)
-    ]
 
 
 def delete_unreferenced(
@@ -311,11 +257,6 @@ def delete_unreferenced(
             delete_prefix(folder.uri)
         deleted.append(folder)
     return verdicts, deleted
-
-
-def age(epoch_s: float) -> str:
-    seconds = max(0.0, time.time() - epoch_s)
-    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds:.0f} s"
 
 
 def report_lines(verdicts: list[Verdict], deleted: list[Folder] | None) -> list[str]:

@@ -1,7 +1,6 @@
-"""What shard sets keep alive for `zero-assets gc`: earlier arrow_shards folders, and the warm mount.
-
-An earlier shard folder stays while an output that stays on its own lists a shard in it (one level only).
-On a warm mount a set stays while a materialization names it, and a shard while a set that stays lists it.
+"""What gc judges by, and what shard sets keep alive: the units of the lake (`unit_of`), earlier arrow_shards
+folders an output lists shards in (one level only), and a warm mount's sets (kept while a materialization names
+them) and shards (kept while a set that stays lists them).
 """
 
 from __future__ import annotations
@@ -10,6 +9,7 @@ import json
 import os
 import posixpath
 import re
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +18,92 @@ from training_code.lib.shard_format import SHARDS
 from training_code.lib.storage import join, read_bytes
 from training_code.lib.warm_verdicts import VERDICTS
 from zero_assets.backends.local.warm_state import SETS
+from zero_assets.core.job_request import RUNS_FOLDER
+from zero_assets.core.settings import JOBS_FOLDER
 
 SHARD_ASSET = "arrow_shards"
 WARM_ASSET = "fsx_warm_state"
 WARM_MOUNT_KEY = "warm_mount"  # what fsx_warm_state records its mount as
 WARM_SET, WARM_SHARD, WARM_LEFTOVER = "warm set", "warm shard", "warm leftover"
-_KEY = re.compile(r"[0-9a-f]{16}")
+
+
+@dataclass(frozen=True)
+class Folder:
+    """One collectable unit of the lake, with what the listing says about it."""
+
+    key: str  # relative to the lake
+    # "output", "run" (one run's job folder), "jobs" (an output's lease and checkpoints, or an older job
+    # folder), or on the warm mount "warm set", "warm shard", "warm leftover"
+    kind: str
+    uri: str
+    bytes: int  # of the files that belong to this unit alone (a "jobs" folder's runs are units of their own)
+    files: tuple[str, ...] = ()  # a unit of single files (a warm shard and its verdict), deleted one by one, last first
+
+    @property
+    def parts(self) -> list[str]:
+        return self.key.split("/")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    folder: Folder
+    why: str  # why it is unreferenced
+    kept_because: str | None  # set when it is unreferenced but must stay (a run may still be writing it)
+
+
+_FINGERPRINT = re.compile(r"[0-9a-f]{16}")  # also a warm set's key
+
+
+def unit_of(key: str, assets: set[str]) -> tuple[str, str] | None:
+    """(unit key, kind) that a listed file belongs to, None for files gc never touches."""
+    parts = key.split("/")
+    if parts[0] in assets and len(parts) >= 3:
+        # A per-source asset's outputs sit one folder deeper, under the source's folder.
+        depth = 2 if _FINGERPRINT.fullmatch(parts[1]) else 3
+        return ("/".join(parts[:depth]), "output") if len(parts) > depth else None
+    if parts[0] != JOBS_FOLDER or len(parts) < 3:
+        return None  # anything else in the lake is not ours to judge
+    if parts[1] not in assets:
+        return "/".join(parts[:2]), "jobs"  # the older one-folder-per-job layout
+    if len(parts) >= 6 and parts[3] == RUNS_FOLDER:
+        return "/".join(parts[:5]), "run"
+    return ("/".join(parts[:3]), "jobs") if len(parts) >= 4 else None
+
+
+def age(epoch_s: float) -> str:
+    seconds = max(0.0, time.time() - epoch_s)
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds:.0f} s"
+
+
+def unreferenced_on_mounts(
+    mounts: list[str], names_path: Callable[[str], bool], cutoff: float, recent: str
+) -> list[Verdict]:
+    """Warm-mount units nothing keeps: unnamed sets, then shards no kept set lists."""
+    verdicts = []
+    for mount in mounts:
+        listed: set[str] = set()
+        for key, kind, files in mount_units(mount):
+            uri = os.path.join(mount, key)
+            if kind == WARM_SET:
+                named, written = names_path(uri), _newest(uri)
+                if named or written >= cutoff:
+                    listed |= {posixpath.basename(path) for path in shard_paths(join(uri, "manifest.json"))}
+                if named:
+                    continue
+                why, size, files = "warm set: no stored materialization names it", _folder_bytes(uri), []
+            elif kind == WARM_SHARD and key.rpartition("/")[2] in listed:
+                continue
+            else:
+                why = (
+                    "warm shard: no set kept on the mount lists it"
+                    if kind == WARM_SHARD
+                    else "warm leftover: a verdict without its shard, or a temporary copy a fetch left"
+                )
+                size = sum(os.lstat(path).st_size for path in files)
+                written = max(os.lstat(path).st_mtime for path in files)
+            kept = f"last {recent}, {age(written)} ago" if written >= cutoff else None
+            verdicts.append(Verdict(Folder(key, kind, uri, size, tuple(files)), why, kept))
+    return verdicts
 
 
 def shard_paths(manifest_uri: str) -> list[str]:
@@ -40,7 +120,6 @@ def kept_for_their_shards(
     outputs: Iterable[tuple[str, str]],
     stays: Callable[[str], bool],
     assets: set[str],
-    unit_of: Callable[[str, set[str]], tuple[str, str] | None],
 ) -> set[str]:
     """The keys of arrow_shards outputs holding a shard listed by another of `outputs` (key, uri) that `stays`."""
     kept = set()
@@ -58,12 +137,11 @@ def kept_for_their_shards(
 
 
 def mount_units(mount: str) -> list[tuple[str, str, list[str]]]:
-    """(key relative to the mount, kind, files) of every unit on a warm mount: sets (their folder), shards
-    (the shard and its verdict), verdicts without a shard and temporary files."""
+    """(key, kind, files) of each set, shard (with verdict) and leftover on a warm mount."""
     root = Path(mount)
     units: list[tuple[str, str, list[str]]] = []
     sets = sorted((root / SETS).iterdir()) if (root / SETS).is_dir() else []
-    earlier = [p for p in sorted(root.iterdir()) if _KEY.fullmatch(p.name)] if root.is_dir() else []
+    earlier = [p for p in sorted(root.iterdir()) if _FINGERPRINT.fullmatch(p.name)] if root.is_dir() else []
     units += [(str(p.relative_to(root)), WARM_SET, [str(p)]) for p in [*sets, *earlier] if p.is_dir()]
     shards, verdicts = root / SHARDS, root / SHARDS / VERDICTS
     names = sorted(p.name for p in shards.iterdir() if p.is_file()) if shards.is_dir() else []
@@ -79,51 +157,6 @@ def mount_units(mount: str) -> list[tuple[str, str, list[str]]]:
         if p.name.removesuffix(".json") not in names
     ]
     return units
-
-
-def set_shard_names(set_uri: str) -> set[str]:
-    """The mount shards a warm set's manifest lists (`../../shards/<name>`)."""
-    return {posixpath.basename(path) for path in shard_paths(join(set_uri, "manifest.json"))}
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A unit on a warm mount nothing keeps, with what gc reports and judges it by."""
-
-    key: str  # relative to the mount
-    kind: str
-    uri: str
-    bytes: int
-    files: tuple[str, ...]  # a shard unit's files (the shard, then its verdict); empty for a set's folder
-    why: str
-    written: float  # its newest write, epoch seconds: a unit written since the cutoff stays
-
-
-def unreferenced_on_mount(mount: str, names_path: Callable[[str], bool], cutoff: float) -> list[Candidate]:
-    """The units of a warm mount nothing keeps: sets no materialization names (`names_path`), then shards no
-    set that stays lists (a set written since `cutoff` stays)."""
-    candidates, listed = [], set()
-    for key, kind, files in mount_units(mount):
-        uri = os.path.join(mount, key)
-        if kind == WARM_SET:
-            named, written = names_path(uri), _newest(uri)
-            if named or written >= cutoff:
-                listed |= set_shard_names(uri)
-            if not named:
-                why = "warm set: no stored materialization names it"
-                candidates.append(Candidate(key, kind, uri, _folder_bytes(uri), (), why, written))
-            continue
-        if kind == WARM_SHARD and key.rpartition("/")[2] in listed:
-            continue
-        why = (
-            "warm shard: no set kept on the mount lists it"
-            if kind == WARM_SHARD
-            else "warm leftover: a verdict without its shard, or a temporary copy a fetch left"
-        )
-        size = sum(os.lstat(path).st_size for path in files)
-        written = max(os.lstat(path).st_mtime for path in files)
-        candidates.append(Candidate(key, kind, uri, size, tuple(files), why, written))
-    return candidates
 
 
 def _newest(path: str) -> float:

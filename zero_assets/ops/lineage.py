@@ -145,8 +145,7 @@ def _table(uri: str, columns: tuple[str, ...]) -> pd.DataFrame:
 
 @lru_cache(maxsize=32)
 def _trained_rows(training_set_uri: str, shards_uri: str) -> pd.DataFrame:
-    """The images a training on this shard set read: the selection's train rows, checked against the shard
-    set's live train row count."""
+    """The selection's train rows, checked against the shard set's live train row count."""
     selected = _table(join(training_set_uri, ts.SELECTION), ("source", "key", "sha256", "split"))
     train = selected[selected["split"] == "train"]
     live = _json(join(shards_uri, MANIFEST))["rows"]["train"]
@@ -159,8 +158,7 @@ def _trained_rows(training_set_uri: str, shards_uri: str) -> pd.DataFrame:
 
 
 def image_fate(instance: DagsterInstance, key: str) -> dict[str, Any]:
-    """Where one raw image went: its verdict, whether the latest training set selected it (or why not),
-    the latest shards holding it, and the checkpoints that trained on it."""
+    """One raw image's verdict, selection, shards and the checkpoints trained on it."""
     source = key.partition("/")[0]
     _require_indexed(instance, source, key)
     latest = next(materializations(instance, "validated_images", source), None)

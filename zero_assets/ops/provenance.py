@@ -111,8 +111,7 @@ def upstream_of(instance: DagsterInstance, found: Materialization, asset: str) -
 def source_upstream_of(
     instance: DagsterInstance, found: Materialization, asset: str, source: str, uri: str
 ) -> Materialization:
-    """The materialization of `asset` for `source` that `found` was built from, which wrote `uri`: the source's
-    newest at or before Dagster's pointer (which is at a partitioned upstream's newest event of any source)."""
+    """The materialization of `asset` for `source` that `found` was built from, which wrote `uri`."""
     _, pointer = found.read_from(asset)
     upstream = next(materializations(instance, asset, source, before_storage_id=pointer + 1), None)
     if upstream is None or upstream.uri != uri:

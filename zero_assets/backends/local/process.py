@@ -54,8 +54,7 @@ class JobExitedNonZero(Exception):
 
 
 def job_environment(extra: Mapping[str, str], *, s3_access: bool) -> dict[str, str]:
-    """The allow-listed part of this process's environment, then `extra`; with `s3_access`, the AWS_*
-    variables (credentials included) too."""
+    """The allow-listed environment, then `extra`; with `s3_access`, the AWS_* variables too."""
     prefixes = ALLOWED_PREFIXES + (AWS_PREFIXES if s3_access else ())
     kept = {}
     for name, value in os.environ.items():
@@ -152,8 +151,7 @@ OUTPUT_DRAIN_S = 10.0  # how long the copy may take to reach the end of the outp
 
 
 def end_process_group(process: subprocess.Popen) -> None:
-    """Kill the job's process group and the job, then let the copy of its output finish (bounded); once the
-    run worker died (`end_orphaned_jobs`), block until the process exits."""
+    """Kill the job's group and the job, then let its output copy finish (bounded); blocks once orphaned."""
     while _orphaned.is_set():
         time.sleep(1)
     with _running_lock:
@@ -189,8 +187,7 @@ def run_with_pipes(
     log: Path,
     prefix: str = "",
 ) -> PipesClientCompletedInvocation:
-    """Run the job through Dagster Pipes (not Dagster's subprocess client, which passes the whole environment
-    on); a terminated run stops the job. Raises `JobExitedNonZero` when it exits non-zero."""
+    """Run the job through Pipes with our own environment; `JobExitedNonZero` on a non-zero exit."""
     with open_pipes_session(
         context=context, context_injector=PipesTempFileContextInjector(), message_reader=WholeLineMessageReader()
     ) as session:
@@ -231,8 +228,7 @@ def _signal(pid: int, number: int) -> None:
 
 
 def kill_process_tree(root: int) -> list[int]:
-    """SIGKILL `root` and every process below it, in whatever group (a group kill misses torchrun's workers
-    and W&B's service); returns the pids. Each level is SIGSTOPped before its children are read."""
+    """SIGKILL `root` and every process below it, in any group, each level SIGSTOPped first; the pids."""
     if not Path("/proc").is_dir():  # no process table to walk: the job's group is all that can be found
         _signal(-root, signal.SIGKILL)
         return [root]
@@ -249,8 +245,7 @@ def kill_process_tree(root: int) -> list[int]:
 
 
 def end_orphaned_jobs() -> list[int]:
-    """SIGKILL every job this process started, with their trees and groups, and start none after: for when the
-    run worker died (the parent-death signal only reaches the step worker). Returns the pids killed."""
+    """SIGKILL every job this process started, trees and groups, and start none after; the pids killed."""
     with _running_lock:
         _orphaned.set()
         jobs = list(_running)
@@ -265,8 +260,7 @@ POLL_S = 0.01  # as Dagster's tail
 
 
 def whole_lines(path: str, finished: Callable[[], bool]) -> Iterator[str]:
-    """The lines appended to `path`, each once it is whole, until `finished()` and nothing is left to read
-    (a last line the writer never ended comes out as it is)."""
+    """The lines appended to `path`, each once whole, until `finished()` and nothing is left to read."""
     with open(path, encoding="utf-8") as stream:
         pending = ""
         while True:

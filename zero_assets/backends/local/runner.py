@@ -146,8 +146,7 @@ class LocalJobRunner(JobRunner):
         return str(set_folder(self.settings.warm_mount(), shards.data_version))
 
     def warm_shards(self, context: AssetExecutionContext, shards: UpstreamOutput, lease: str) -> WarmedShards:
-        """Warm the shard set in the folder standing in for the FSx mount, copying only what is not yet warm
-        (in this step, so no job names `lease`)."""
+        """Warm the set in the folder standing in for FSx, copying only what is not yet warm."""
         mount = self.settings.warm_mount()
         warmed = warm_shard_set(shards.uri, mount, key=Path(self.warm_location(shards)).name)
         context.log.info(f"{warmed.summary()} under {mount}")
@@ -242,8 +241,7 @@ class LocalJobRunner(JobRunner):
 
 
 def publish_output(staged: list[Path], destination: str, replaced: Path, merged: bool = False) -> None:
-    """Move the staged output folders' files to `destination`, manifests last, leaving no copy behind. An
-    existing local destination is moved aside to `replaced` and deleted after, unless `merged` (kept)."""
+    """Move staged files to `destination`, manifests last; an existing local one goes to `replaced` unless `merged`."""
     if is_s3(destination):
         for folder in staged:
             publish_folder(folder, destination)
@@ -293,8 +291,7 @@ def _job_log(opt_ml: Path) -> Path:
 
 
 def _trial_request(request: JobRequest, n: int, arguments: dict[str, Any]) -> JobRequest:
-    """Trial `n`: the training request with its own arguments, fingerprint (so job name and checkpoints)
-    and output, `trials/<n>` under the tuning's."""
+    """Trial `n`: the training request with its own arguments, fingerprint and output `trials/<n>`."""
     fingerprint = sha256_json({"tuning": request.fingerprint, "arguments": arguments})
     return replace(
         request,

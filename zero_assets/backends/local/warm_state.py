@@ -57,8 +57,7 @@ def set_folder(mount: Path, data_version: str) -> Path:
 
 
 def set_channel(uri: str, mount: Path) -> tuple[Path, str] | None:
-    """(the mount, `sets/<key>`) when `uri` is a set's folder on `mount`, else None: the job's channel is
-    the whole mount, so the set's `../../shards/<name>` paths stay inside it."""
+    """(the mount, `sets/<key>`) when `uri` is a set's folder on `mount` (the channel is the whole mount)."""
     if "://" in uri:
         return None
     folder, root = Path(uri).resolve(), mount.resolve()
@@ -66,8 +65,7 @@ def set_channel(uri: str, mount: Path) -> tuple[Path, str] | None:
 
 
 def warm_shard_set(shards_uri: str, mount: Path, key: str) -> WarmResult:
-    """Warm the shard set at `shards_uri` into `mount/sets/key`, reading only shards without a holding verdict;
-    `ShardIntegrityError` names a lake shard that does not match the manifest (none of it is left)."""
+    """Warm the set at `shards_uri` into `mount/sets/key`, reading only shards without a holding verdict."""
     manifest_bytes = read_bytes(join(shards_uri, MANIFEST))
     manifest = json.loads(manifest_bytes)
     if manifest.get("format") != FORMAT:
@@ -127,8 +125,7 @@ def warm_shard(source: str, entry: dict[str, Any], dest: Path, set_manifest: Pat
 
 
 def fetch_verified(source: str, entry: dict[str, Any], dest: Path) -> None:
-    """Fetch the shard to a temporary name, verify it, rename it to `dest` and record its verdict (on any
-    failure nothing is left under the shard's name)."""
+    """Fetch, verify, rename to `dest` and record its verdict; on any failure nothing is left there."""
     fetched = dest.parent / f".{dest.name}.{secrets.token_hex(8)}.tmp"
     try:
         fetch_file(source, fetched)

@@ -60,8 +60,7 @@ class JobAttempts(ABC):
         before_launch: Optional[BeforeLaunch] = None,
         training_plan: Optional[TrainingPlan] = None,
     ) -> PipesClientCompletedInvocation:
-        """Launch the job `params` describe (`before_launch` may refuse it), or reattach to it, and wait;
-        `ReportUnreadable` when a reattached job's report cannot be read."""
+        """Launch or reattach and wait; `ReportUnreadable` when a reattached job's report cannot be read."""
 
     def run_attempts(
         self,
@@ -74,8 +73,7 @@ class JobAttempts(ABC):
         before_launch: Optional[BeforeLaunch] = None,
         training_plan: Optional[TrainingPlan] = None,
     ) -> tuple[str, dict[str, Any], PipesClientCompletedInvocation]:
-        """Run the materialization's job (reattach, reuse, or launch the next attempt): its name, parameters
-        and invocation. `before_launch` sees only attempts about to be launched."""
+        """Reattach, reuse or launch the next attempt: (name, parameters, invocation)."""
         first_attempt = 1
         while True:
             name = self.resolve_job_name(context, kind, name_for_attempt, output_ready, first_attempt)
@@ -97,8 +95,7 @@ class JobAttempts(ABC):
         output_ready: Optional[Callable[[str, dict], bool]] = None,
         first_attempt: int = 1,
     ) -> str:
-        """The first attempt name from `first_attempt` that is free, running, or `Completed` with `output_ready`;
-        a `Stopping` attempt is waited for, so two attempts never write one output at once."""
+        """The first attempt from `first_attempt` free, running or reusable; a `Stopping` one is waited for."""
         for attempt in range(first_attempt, MAX_ATTEMPTS + 1):
             name = name_for_attempt(attempt)
             job = self.describe_patiently(kind, name)

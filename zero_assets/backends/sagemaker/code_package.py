@@ -55,8 +55,7 @@ def build_code_package(
     modules: tuple[str, ...] = (),
     requirements: bool = True,
 ) -> CodePackage:
-    """`package_dirs` under `root`, plus the top-level package of each of `modules`, at the archive's root;
-    `requirements`: add the pinned `requirements.txt` (not needed when the images hold them)."""
+    """`package_dirs` and each of `modules`' top-level packages; `requirements`: add requirements.txt."""
     files: dict[str, bytes] = {}
     for package in package_dirs:
         for path in sorted((root / package).rglob("*.py")):
@@ -73,8 +72,7 @@ def build_code_package(
 
 
 def module_package_files(module: str) -> dict[str, bytes]:
-    """The Python files of `module`'s top-level package (or the module file), by archive name (its own
-    requirements must be in the job image or JOB_REQUIREMENTS)."""
+    """The Python files of `module`'s top-level package (or the module file), by archive name."""
     top = module.split(".")[0]
     spec = importlib.util.find_spec(top)
     if spec is None or spec.origin is None and not spec.submodule_search_locations:

@@ -171,8 +171,7 @@ def _import_batch(fsx, file_system_id: str, paths: list[str], log) -> str:
 
 
 def warm_job_request(shards: UpstreamOutput, location: FsxLocation, settings: ZeroSettings, lease: str) -> JobRequest:
-    """The job that restores and verifies a shard set on the file system, reusing recorded verdicts;
-    `lease`: the fsx_warm_state step's, as its output is the set on the file system."""
+    """The job that restores and verifies a shard set on the file system; `lease`: fsx_warm_state's."""
     from zero_assets.core.job_request import build_job_request
 
     return build_job_request(

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import IO, Optional, TypeVar
+from typing import TypeVar
 
 from training_code.lib.aws_clients import Backoff, is_retryable
 
@@ -22,8 +22,7 @@ PIPES_MESSAGE_MARK = '"__dagster_pipes_version"'  # a Pipes message, read by the
 
 
 def guarded_read(backoff: Backoff, read: Callable[[], T], when_refused: T, where: str) -> T:
-    """One read of a poll loop that never gives up: `when_refused` while backing off or after a transient
-    error (logged, growing the back-off); any other error is raised."""
+    """One read of a never-ending poll: `when_refused` while backing off or after a transient error."""
     if not backoff.ready():
         return when_refused
     try:
@@ -38,7 +37,7 @@ def guarded_read(backoff: Backoff, read: Callable[[], T], when_refused: T, where
 
 
 class JobLogTail:
-    def __init__(self, client, log_group: str, job_name: str, keep_lines: int = 30) -> None:
+    def __init__(self, client, log_group: str, job_name: str) -> None:
         self._client = client
         self._group = log_group
         self._prefix = f"{job_name}/"
@@ -46,7 +45,7 @@ class JobLogTail:
         self._backoff = Backoff(first_s=1.0, max_s=20.0)
         self._where = f"CloudWatch Logs {log_group} for {self._prefix}*"
         self._job_name = job_name
-        self.last_lines: deque[str] = deque(maxlen=keep_lines)
+        self.last_lines: deque[str] = deque(maxlen=30)
         self.hosts: list[str] = []  # the hosts whose streams were read, in the order they appeared
         self._announced = 0  # hosts whose log stream an event has pointed at
 
@@ -113,26 +112,14 @@ class JobLogTail:
             waited += 0.5
         return self.poll()
 
-    def forward(self, log, lines: Iterable[tuple[str, str]], target: Optional[IO[str]] = None) -> None:
-        """Write the job's lines to `target`, and log one event per new host (not per line: that would flood the
-        event log over days of training) saying where its lines are."""
+    def forward(self, log, lines: Iterable[tuple[str, str]]) -> None:
+        """Write the job's lines to stdout (the step capture) after `[host] `; log where, once per host."""
         for host in self.hosts[self._announced :]:
             log.info(
                 f"[pipes] {self._job_name}: host {host}'s log (CloudWatch stream {self._job_name}/{host}) "
                 f"is copied to this step's stdout, each line after [{host}]"
             )
         self._announced = len(self.hosts)
-        write_lines(lines, target)
-
-
-def write_lines(lines: Iterable[tuple[str, str]], target: Optional[IO[str]] = None) -> int:
-    """Write (host, line) pairs to `target` (default: the current stdout, Dagster's step capture), each
-    after `[host] `; how many were written."""
-    stream = target or sys.stdout
-    written = 0
-    for host, line in lines:
-        stream.write(f"[{host}] {line}\n")
-        written += 1
-    if written:
-        stream.flush()
-    return written
+        for host, line in lines:
+            sys.stdout.write(f"[{host}] {line}\n")
+        sys.stdout.flush()

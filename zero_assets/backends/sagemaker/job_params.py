@@ -52,8 +52,7 @@ def build_job_params(
     training_plan: Optional[TrainingPlan] = None,
     now: Optional[datetime] = None,
 ) -> tuple[str, dict[str, Any]]:
-    """(operation, parameters) for one job; `environment` holds the Pipes bootstrap variables. With
-    `training_plan`, MaxRuntimeInSeconds is bounded by the plan's end for a job submitted at `now`."""
+    """(operation, parameters) for one job; `environment`: the Pipes bootstrap variables."""
     lake = lake_uri or settings.lake_uri()
     if request.kind == "training":
         params = _training_params(request, settings, job_name, code, environment)

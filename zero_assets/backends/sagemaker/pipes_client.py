@@ -7,7 +7,7 @@ failure, failures carrying FailureReason and the last log lines, and transient A
 from __future__ import annotations
 
 import time
-from typing import IO, Any, Literal, Optional
+from typing import Any, Literal, Optional
 
 from botocore.exceptions import ClientError
 from dagster import (
@@ -41,8 +41,7 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
     """A Pipes client for SageMaker Training and Processing jobs.
 
     `pipes_uri`: `s3://bucket/prefix` for contexts and messages, keyed by job name; `messages`: where the
-    reader reads, "s3" (reattach-safe) or "cloudwatch"; `log_target`: where the job's CloudWatch lines go,
-    each after `[host] ` (default: the step's stdout)."""
+    reader reads, "s3" (reattach-safe) or "cloudwatch"; the job's CloudWatch lines go to the step's stdout."""
 
     def __init__(
         self,
@@ -54,8 +53,6 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
         forward_termination: bool = True,
         poll_interval: float = 15.0,
         message_poll_interval: float = 10.0,
-        log_tail_lines: int = 30,
-        log_target: Optional[IO[str]] = None,
     ):
         self._client, self._logs, self._s3 = client, logs_client, s3_client
         self._pipes_uri = pipes_uri
@@ -63,8 +60,6 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
         self.forward_termination = forward_termination
         self.poll_interval = poll_interval
         self.message_poll_interval = message_poll_interval
-        self.log_tail_lines = log_tail_lines
-        self.log_target = log_target
         # Read before any job launches: a bad ZERO_SM_PRICE_TABLE fails here, not after the job.
         self._prices = price_table()
 
@@ -105,8 +100,7 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
         before_launch: Optional[BeforeLaunch] = None,
         training_plan: Optional[TrainingPlan] = None,
     ) -> PipesClientCompletedInvocation:
-        """Launch the job `params` describe, or reattach to it, and wait; `before_launch(params)` may refuse a
-        launch (not a reattach) by raising."""
+        """Launch the job `params` describe, or reattach to it, and wait; `before_launch` may refuse a launch."""
         api = API[kind]
         name = params[api.name_key]
         existing = self.describe_patiently(kind, name)
@@ -118,7 +112,7 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
         if existing is None and before_launch is not None:
             before_launch(params)
         injector, reader = self._pipes_io(name)
-        logs = JobLogTail(self._logs, api.log_group, name, keep_lines=self.log_tail_lines)
+        logs = JobLogTail(self._logs, api.log_group, name)
         with open_pipes_session(context=context, message_reader=reader, context_injector=injector) as session:
             if existing is None:
                 environment = {**params.get("Environment", {}), **session.get_bootstrap_env_vars()}
@@ -218,11 +212,11 @@ class PipesSageMakerClient(JobAttempts, PipesClient, TreatAsResourceParam):
                 history.append(status)
                 context.log.info(f"[pipes] {name}: {status}")
             pending.seen(context.log, job.get("SecondaryStatus") if kind == "training" else None)
-            logs.forward(context.log, logs.poll(), self.log_target)
+            logs.forward(context.log, logs.poll())
             if reads_cloudwatch and not reported_stream:
                 reported_stream = report_message_stream(logs, session, log_group)
             if job[status_key] in TERMINAL:
-                logs.forward(context.log, logs.final_poll(), self.log_target)
+                logs.forward(context.log, logs.final_poll())
                 if reads_cloudwatch and not reported_stream:
                     await_message_stream(logs, session, log_group, within_s=120)
                 if logs.throttled:

@@ -46,8 +46,7 @@ ALLOWED = "allowed"
 
 
 def sagemaker_preflight(aws: SageMakerSettings, settings: ZeroSettings, tracking: Mapping[str, Any]) -> list[Finding]:
-    """The checkpoint prefixes writable, the job role allowed what the jobs do, the FSx association (with
-    FSx) and, tracking online, the W&B key in ZERO_SM_WANDB_SECRET_ARN's secret."""
+    """Checkpoint prefixes writable, the role's permissions, the FSx association and the W&B secret."""
     # One level above SageMaker's per-fingerprint CheckpointConfig prefix.
     prefixes = [(asset, aws.checkpoint_uri(asset, "0" * 16).rsplit("/", 1)[0]) for asset in TRAINING_ASSETS]
     findings = [writable_prefix(prefix, f"{asset} checkpoints") for asset, prefix in prefixes]

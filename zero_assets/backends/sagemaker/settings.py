@@ -13,8 +13,7 @@ from zero_assets.core.settings import SAGEMAKER_VARIABLES, env_bindings, zero_en
 
 
 class JobCompute(Config):
-    """Instances of one job: a read list spreads it by `images_per_instance`/`bytes_per_instance` within
-    `instance_count`..`max_instance_count`, a table scan by `memory_bytes_per_row` (see `work_sizing`)."""
+    """Instances of one job, spread by a read list or a table scan (see `work_sizing`)."""
 
     instance_type: str
     instance_count: int = 1

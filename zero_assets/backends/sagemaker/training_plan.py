@@ -124,8 +124,7 @@ def plan_problems(
     margin_s: float,
     settings_named: Mapping[str, str] = {},
 ) -> list[str]:
-    """Why a training job with these instances must not launch on `plan` at `now` ([] when it may);
-    `settings_named` maps a request field to the setting that sets it, for the messages."""
+    """Why a job with these instances must not launch on `plan` at `now` ([] when it may)."""
 
     def setting(field: str) -> str:
         return f" ({settings_named[field]})" if field in settings_named else ""
@@ -191,8 +190,7 @@ def launch_problems(plan: TrainingPlan, aws: SageMakerSettings, asset: str, para
 
 
 def bounded_runtime(plan: TrainingPlan, max_runtime_s: int, margin_s: float, now: datetime) -> int:
-    """MaxRuntimeInSeconds for a job submitted at `now`, counted from the earliest it can start, bounded so it
-    stops `margin_s` before the plan ends."""
+    """MaxRuntimeInSeconds that stops the job `margin_s` before the plan ends."""
     left = plan.seconds_left(now)
     if left is None:
         return max_runtime_s

@@ -110,8 +110,7 @@ class ChannelShard:
 def write_channel_training_set(
     shards_uri: str, lake_uri: str, data_version: str
 ) -> tuple[ChannelTrainingSet, list[ChannelShard]]:
-    """Write the shard set at `shards_uri` at its `channel_training_set` folder, the manifest last; where it
-    is on S3 and each listed shard's key below the root."""
+    """Write the set's channel folder (manifest last): where it is, and each listed shard's key below the root."""
     channel = channel_training_set(lake_uri, data_version)
     manifest, shards = channel_shards(shards_uri, channel.root)
     moved = {shard.entry["path"]: f"../../{shard.key}" for shard in shards}

@@ -52,8 +52,7 @@ def tuning_params(
 
 
 def build_tuning_params(training: dict[str, Any], spec: TuningSpec, name: str, parent: str | None) -> dict[str, Any]:
-    """CreateHyperParameterTuningJob for the CreateTrainingJob request `training`; `parent`: an earlier
-    tuning of the same data and trainer to warm-start from."""
+    """CreateHyperParameterTuningJob for `training`; `parent`: an earlier tuning to warm-start from."""
     tuned = {r.name.replace("_", "-") for r in spec.ranges}
     environment = {k: v for k, v in training["Environment"].items() if k != "ZERO_JOB_NAME"}
     resources = {k: v for k, v in training["ResourceConfig"].items() if k != "KeepAlivePeriodInSeconds"}
@@ -108,8 +107,7 @@ def _ranges(spec: TuningSpec) -> dict[str, list[dict[str, Any]]]:
 def run_tuning(
     context: AssetExecutionContext, sagemaker: Any, params: dict[str, Any], spec: TuningSpec, poll_s: float
 ) -> dict[str, Any]:
-    """Create the tuning job unless it exists (a restarted run reattaches), wait for it, and return its
-    trials (tuned hyperparameters in the trainer's names, objective, status, seconds) and best trial."""
+    """Create the tuning job unless it exists, wait for it: its trials and best trial."""
     name = params["HyperParameterTuningJobName"]
     try:
         described = sagemaker.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName=name)

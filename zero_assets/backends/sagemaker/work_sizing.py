@@ -75,15 +75,13 @@ def instances_for(asset: str, compute: JobCompute, work: Work) -> int:
 
 
 def request_volume_gb(request: JobRequest, compute: JobCompute) -> int:
-    """The volume of each instance: the base, what its busiest host fetches, and three times the tables it
-    reads whole (fetched, spilled, written again)."""
+    """The base volume, what the busiest host fetches, and three times the tables it reads whole."""
     scanned = 3 * request.scan.bytes if request.scan else 0
     return volume_gb(compute, (request.reads.disk_bytes if request.reads else 0) + scanned)
 
 
 def request_instance_type(request: JobRequest, compute: JobCompute) -> str:
-    """`compute.instance_type`, or for a table scan the smallest `MEMORY_LADDER` instance, no smaller than
-    the one set, with `memory_bytes_per_row` per row (the largest if none has enough)."""
+    """`compute.instance_type`, or for a table scan the smallest `MEMORY_LADDER` type with room for its rows."""
     if request.scan is None or not compute.memory_bytes_per_row:
         return compute.instance_type
     names = [name for name, _ in MEMORY_LADDER]

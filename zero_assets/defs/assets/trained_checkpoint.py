@@ -81,8 +81,7 @@ class TrainConfig(Config):
         return self.model_dump(exclude={"processes", "module", "use_tuning", *WANDB_FIELDS})
 
     def tracking(self, fingerprint: str) -> dict:
-        """The W&B arguments (outside the fingerprint); the default group is the input `fingerprint`'s, so every
-        attempt, resume and evaluation of one checkpoint lands in one group."""
+        """The W&B arguments (outside the fingerprint), grouped by default by the input `fingerprint`."""
         chosen = {
             **self.model_dump(include=WANDB_FIELDS),
             "wandb_group": self.wandb_group or f"checkpoint-{fingerprint[:16]}",

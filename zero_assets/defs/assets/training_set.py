@@ -127,8 +127,7 @@ class TrainingSetConfig(Config):
 def chosen_validated(
     context: AssetExecutionContext, config: TrainingSetConfig
 ) -> tuple[list[UpstreamOutput], TableScan]:
-    """The latest validated set of each chosen source and the rows and bytes the job reads; fails on a named
-    source without one, or one not registered."""
+    """The latest validated set of each chosen source, and the rows and bytes the job reads."""
     registered = context.instance.get_dynamic_partitions(RAW_SOURCES.name)
     for setting in ("sources", "source_caps", "source_weights"):
         if unknown := sorted(set(getattr(config, setting)) - set(registered)):

@@ -41,8 +41,7 @@ def latest_tuning(context: AssetExecutionContext, key: str) -> tuple[EventLogRec
 def tuned_values(
     context: AssetExecutionContext, module: str, warm: UpstreamOutput
 ) -> tuple[dict[str, Any], UpstreamOutput, dict[str, Any]]:
-    """The best values of the newest tuning of this data and trainer, that tuning as an upstream output (in the
-    training's fingerprint), and what the training records of it."""
+    """The newest tuning's best values, that tuning as an upstream output, and its record."""
     found = latest_tuning(context, tuned_for(module, warm))
     if found is None:
         raise Failure(

@@ -93,8 +93,7 @@ class ValidationConfig(Config):
         return "negatives" if source in self.unlabelled_are_negatives else "excluded"
 
     def job_config(self, source: str) -> dict[str, Any]:
-        """The job's arguments (and fingerprint config) for `source`, label settings narrowed to it so
-        another source's setting never changes this one's fingerprint."""
+        """The job's arguments for `source`, label settings narrowed to it (so to its fingerprint)."""
         config = self.model_dump(exclude=set(LABEL_SETTINGS))
         mode = self.unlabelled_images(source)
         if mode == "negatives":

@@ -60,8 +60,7 @@ def previous_digests(state, tick: int) -> tuple[dict[str, str], list[str]]:
 
 
 def detect_from_listing(raw_uri: str, cursor: dict | None, store) -> Detection:
-    """One digest per source of a listing of the raw root: for local roots, and s3:// ones without a queue or
-    inventory (the summary says so). `store`: the instance's run storage, for `TickState`."""
+    """One digest per source from a listing of the raw root (local roots, or S3 without queue or inventory)."""
     previous = cursor if cursor and cursor.get("kind") == LISTING and cursor.get("raw") == raw_uri else {}
     state, tick = TickState(store, f"{LISTING} {raw_uri}"), previous.get("tick", 0)
     accumulator = SourceDigests(list_objects(raw_uri, include_unsafe=True))
