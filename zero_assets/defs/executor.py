@@ -42,7 +42,7 @@ class RunWorkerExecutor(Executor):
         record_run_worker(plan_context.instance, plan_context.run_id)
         for run_id, reason in fail_dead_runs(plan_context.instance).items():
             yield DagsterEvent.engine_event(
-                plan_context, f"run {run_id}: {reason}; marked failed, its pool slots freed"
+                plan_context, f"run {run_id}: {reason}; marked failed, its pool slots freed", EngineEventData()
             )
         if self.in_process is not None and one_step_at_a_time(execution_plan):
             yield DagsterEvent.engine_event(
