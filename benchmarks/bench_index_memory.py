@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote_plus
 
-from tests.local_s3 import LocalS3Server
+from tests.helpers.local_s3 import LocalS3Server
 
 from .report import BenchResult
 from .scripts import run_script

@@ -18,7 +18,7 @@ from unittest import mock
 
 import boto3
 
-from tests.local_s3 import LocalS3Server
+from tests.helpers.local_s3 import LocalS3Server
 from training_code.lib.raw_index import write_source_index
 
 from .images import best_of_interleaved

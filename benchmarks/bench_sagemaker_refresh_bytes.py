@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dagster import instance_for_test, materialize
 
-from tests.local_s3 import LocalS3Server
+from tests.helpers.local_s3 import LocalS3Server
 from training_code.lib.read_list import ReadList
 from zero_assets.backends.local.runner import LocalJobRunner
 from zero_assets.backends.sagemaker.settings import sagemaker_settings_from_env

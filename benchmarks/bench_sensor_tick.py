@@ -41,7 +41,7 @@ from dagster import DagsterRun, RunsFilter, build_sensor_context, instance_for_t
 from dagster._core.storage.tags import PARTITION_NAME_TAG, RUN_KEY_TAG, SENSOR_NAME_TAG
 from moto.server import ThreadedMotoServer
 
-from tests.local_s3 import LocalS3Server
+from tests.helpers.local_s3 import LocalS3Server
 from training_code.lib.aws_clients import client
 from zero_assets.core.settings import ZeroSettings
 from zero_assets.defs import sensors
