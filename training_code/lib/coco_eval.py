@@ -90,7 +90,7 @@ def _defined(value: float) -> float | None:
 
 
 def score_detections(predictions: list[dict[str, Any]], ground_truth: dict[str, Any]) -> dict[str, Any]:
-    """COCO bbox metrics plus per-class AP; an empty prediction list scores 0.0 everywhere."""
+    """COCO bbox metrics plus per-class AP; no predictions score 0.0 wherever there is ground truth."""
     validate_ground_truth(ground_truth)
     validate_predictions(predictions, ground_truth)
     categories = sorted(ground_truth["categories"], key=lambda c: c["id"])
@@ -98,9 +98,13 @@ def score_detections(predictions: list[dict[str, Any]], ground_truth: dict[str, 
         # A model that detects nothing has zero precision and recall; COCO tools reject an empty result set.
         with_truth = {a["category_id"] for a in ground_truth["annotations"]}
         recall = np.linspace(0.0, 1.0, 101).round(2).tolist()
+        ap = {c["id"]: 0.0 if c["id"] in with_truth else None for c in categories}  # no ground truth: undefined
         return {
             **{name: 0.0 for name in SUMMARY_NAMES.values()},
-            "per_class": [{"category": c["name"], "category_id": c["id"], "ap": 0.0, "ap_50": 0.0} for c in categories],
+            "per_class": [
+                {"category": c["name"], "category_id": c["id"], "ap": ap[c["id"]], "ap_50": ap[c["id"]]}
+                for c in categories
+            ],
             "pr_curve": {
                 "iou": 0.5,
                 "recall": recall,
