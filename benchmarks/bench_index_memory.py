@@ -1,16 +1,7 @@
 """`index_memory`: peak RSS indexing a 2,000,000-image source / a 20,000-image one (goal <= 3).
 
-Each source is indexed by `write_source_index` in a fresh subprocess that reports its own peak RSS
-(VmHWM). The sources are S3 Inventory reports (CSV.gz data files of 500,000 rows, the format S3
-writes) on the local S3-compatible server, generated here: two million real objects would take far
-longer to create than to index, and the listing is what must scale. Each report also holds another
-source of 1,000 images that the index must skip. The 20,000-image source has a realistic COCO
-annotations.json (1-4 boxes an image, with segmentation polygons, 12 MB); the 2,000,000-image
-source has none, so what is measured growing is the listing's path, not the one-source annotation
-counts (which grow with the annotated images: a third run indexes 200,000 annotated images, a
-123 MB file, and reports `annotation_kb_per_image`). Also prints the indexing time per image of the
-large source (`us_per_image`), from which the README computes an index refresh at a billion images.
-Measured here: 4,000,000 images peak at the same RSS as 2,000,000 (384 MB), at 7.7 us an image.
+Each source is an S3 Inventory report on the local S3 server, indexed by `write_source_index` in a fresh
+subprocess that reports its peak RSS; also prints `us_per_image` and `annotation_kb_per_image`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """`list`: indexing every source of a raw root on S3 against a bare paginated `list_objects_v2` loop over it.
 
-Runs on the local S3-compatible server (SeaweedFS on loopback, about 20 s to start). The project indexes
-each source with `write_source_index` (as each partition's run does; WORKERS sources side by side, as
-concurrent runs are), which also reads the source's annotations.json and writes index.parquet and manifest.json;
-the baseline only lists, with a plain `boto3.client("s3")` as anyone would make one (botocore's defaults,
-its dateutil timestamp parser included; the project's clients parse S3's timestamps with `aws_timestamps`).
+Runs on the local S3-compatible server; the baseline lists with a plain `boto3.client("s3")`.
 """
 
 from __future__ import annotations

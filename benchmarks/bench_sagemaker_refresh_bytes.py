@@ -1,18 +1,8 @@
 """`sagemaker_refresh_bytes`: the bytes the rendered SageMaker requests of a 1% refresh ask to download,
-against the source's bytes.
+against the source's bytes (goal: at most 5%).
 
-A source of 1,000 photos (0.3 MP, ~90 KB each, 91 MB) and its annotations.json on the loopback S3 server
-is indexed, validated, selected and packed by the real graph (the local backend on an s3:// raw root and
-lake). Then 1% new photos arrive. The SageMaker requests of the refresh are what `render-jobs
---from-instance` renders for it (the runner's own request builders and planner): validation's, rendered
-once the new index is there, and the pack's, once the new selection is (with the pack's config as the
-runs had it: a shard set of another target size is not kept). What they ask to download is
-every object under each S3Prefix input but the code package (tables: the index,
-the selection, the read lists), plus the objects their read lists name (fetched by key), plus the
-annotations.json validation fetches, and what each job reads of its previous output where it is
-(`--previous`: validation's manifest and verdicts, the pack's manifest, rows and masks). The figure
-before issue 20, for comparison: each job handed the
-whole source prefix (`whole_source_bytes`, twice the source). Goal: at most 5% of the source's bytes.
+A 1,000-photo source on the loopback S3 server goes through the real graph, then 1% new photos arrive;
+the refresh's requests are what `render-jobs --from-instance` renders for it.
 """
 
 from __future__ import annotations

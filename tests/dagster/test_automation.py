@@ -1,9 +1,5 @@
-"""Declarative Automation on a real instance: what the daemon's automation sensor would request.
-
-Materializations and check results are recorded as events in a real Dagster instance (what the
-runs would record); `evaluate_automation_conditions` then runs the same evaluation the daemon runs,
-tick by tick, with its cursor.
-"""
+"""Declarative Automation on a real instance: what the daemon's automation sensor would request, evaluated
+tick by tick by `evaluate_automation_conditions` over events recorded as the runs would record them."""
 
 import datetime as dt
 import uuid
